@@ -1,0 +1,21 @@
+"""django-reliable-executor: reliable background tasks on the database or Redis you already run."""
+
+from .exceptions import TaskSubmitError
+from .execution import TaskContext
+from .records import TaskInfo, TaskSubmitRequest
+from .registry import reliable_task_handler
+from .service import ReliableExecutor, executor
+from .states import TaskStatus
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ReliableExecutor",
+    "TaskContext",
+    "TaskInfo",
+    "TaskStatus",
+    "TaskSubmitError",
+    "TaskSubmitRequest",
+    "executor",
+    "reliable_task_handler",
+]

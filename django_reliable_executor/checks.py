@@ -1,0 +1,42 @@
+"""Django system checks: RELIABLE_EXECUTOR values are valid and point at configured services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, register
+
+from .conf import SETTING_NAME, validate
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    raw = getattr(settings, SETTING_NAME, None)
+    errors: list[CheckMessage] = [
+        Error(message, hint="See docs/settings.md.", obj=key, id="reliable_executor.E001")
+        for key, message in validate(raw)
+    ]
+    if errors:
+        return errors
+    raw = raw or {}
+    storage = raw.get("STORAGE", "database")
+    alias = raw.get("DATABASE_ALIAS", "default")
+    if storage == "database" and alias not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['DATABASE_ALIAS'] = {alias!r} is not a key of DATABASES",
+                obj="DATABASE_ALIAS",
+                id="reliable_executor.E002",
+            )
+        )
+    cache_alias = raw.get("REDIS_CACHE_ALIAS")
+    if storage == "redis" and cache_alias and cache_alias not in getattr(settings, "CACHES", {}):
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['REDIS_CACHE_ALIAS'] = {cache_alias!r} is not a key of CACHES",
+                obj="REDIS_CACHE_ALIAS",
+                id="reliable_executor.E003",
+            )
+        )
+    return errors

@@ -1,0 +1,171 @@
+"""Run one claimed task: start it, resolve the handler, convert the parameter, record the outcome."""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import logging
+import threading
+import time
+import traceback
+from typing import Any
+
+from .records import Claim, TaskInfo
+from .registry import TaskHandler, get_handler
+from .serialization import ConversionError, from_json_value, to_json_value
+from .service import ReliableExecutor
+from .states import TaskStatus
+
+logger = logging.getLogger("django_reliable_executor")
+
+CANCEL_CHECK_INTERVAL = 1.0  # seconds between storage reads behind context.is_cancelled()
+
+
+class TaskContext:
+    """Given to handlers declared with ``takes_context=True`` as ``context=``."""
+
+    def __init__(
+        self,
+        task: TaskInfo,
+        deadline_at: dt.datetime | None,
+        executor: ReliableExecutor,
+    ) -> None:
+        self.task_id = task.task_id
+        self.task_name = task.task_name
+        self.attempt = task.attempts
+        self.deadline_at = deadline_at
+        self._executor = executor
+        self._token_lock = threading.Lock()
+        self._cancelled = False
+        self._checked_at = 0.0
+
+    def is_cancelled(self) -> bool:
+        """True once a cancel was requested, or the task stopped being this attempt's (it timed
+        out or its lease was lost): the handler should stop, its outcome will not count.
+        Reads the storage at most once a second."""
+        with self._token_lock:
+            if self._cancelled:
+                return True
+            if time.monotonic() - self._checked_at < CANCEL_CHECK_INTERVAL:
+                return False
+            self._checked_at = time.monotonic()
+        task = self._executor.get_task(self.task_id)
+        cancelled = (
+            task is None
+            or task.cancel_requested
+            or task.status is not TaskStatus.RUNNING
+            or task.attempts != self.attempt
+        )
+        if cancelled:
+            self.mark_cancelled()
+        return cancelled
+
+    def mark_cancelled(self) -> None:
+        with self._token_lock:
+            self._cancelled = True
+
+    def __repr__(self) -> str:
+        return f"<TaskContext {self.task_id} attempt={self.attempt}>"
+
+
+class TaskRunner:
+    """Executes claims for one worker; every outcome write carries the claim's fencing token."""
+
+    def __init__(self, executor: ReliableExecutor, lease_seconds: float) -> None:
+        self.executor = executor
+        self.lease_seconds = lease_seconds
+        self.contexts: dict[str, TaskContext] = {}
+
+    @property
+    def storage(self) -> Any:
+        return self.executor.storage
+
+    def run(self, claim: Claim) -> TaskStatus | None:
+        """Run one claim to its outcome; returns the recorded status, or None when the claim was
+        no longer ours (cancelled, expired, or reclaimed after a lost lease)."""
+        executor = self.executor
+        now = executor.clock.now()
+        if claim.deadline_at is not None and now >= claim.deadline_at:
+            expired = self.storage.expire_claim(claim)
+            if expired is not None:
+                executor.announce(expired)
+                return expired.status
+            return None
+        started = self.storage.start(claim, self.lease_seconds)
+        if started is None:
+            logger.debug("task %s: claim no longer valid, not started", claim.task_id)
+            return None
+        executor.announce_started(started.task)
+        handler = get_handler(started.task.task_name)
+        if handler is None:
+            return self._record_error(
+                started,
+                f"no handler is registered for task name {started.task.task_name!r} "
+                "in this worker",
+            )
+        try:
+            parameter = from_json_value(started.task.parameter, handler.param_type)
+        except ConversionError as exc:
+            return self._record_error(started, f"parameter does not fit param_type: {exc}")
+        return self._call(started, handler, parameter)
+
+    def _call(self, claim: Claim, handler: TaskHandler[Any], parameter: Any) -> TaskStatus | None:
+        args = (parameter,) if handler.accepts_parameter else ()
+        kwargs: dict[str, Any] = {}
+        context = None
+        if handler.takes_context:
+            context = TaskContext(claim.task, claim.deadline_at, self.executor)
+            kwargs["context"] = context
+            self.contexts[claim.task_id] = context
+        try:
+            value = handler.func(*args, **kwargs)
+            if inspect.isawaitable(value):
+                from asgiref.sync import async_to_sync
+
+                async def wait(awaitable: Any = value) -> Any:
+                    return await awaitable
+
+                value = async_to_sync(wait)()
+        except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            retryable = isinstance(exc, handler.retry_on)
+            return self._record_failure(claim, traceback.format_exc(), retryable)
+        finally:
+            self.contexts.pop(claim.task_id, None)
+        try:
+            result = to_json_value(value)
+        except ConversionError as exc:
+            return self._record_failure(
+                claim, f"handler returned a value that is not JSON-serialisable: {exc}", False
+            )
+        transition = self.storage.complete(claim, result)
+        if transition is None:
+            self._discarded(claim)
+            return None
+        self.executor.announce(transition)
+        return transition.status
+
+    def _record_failure(
+        self, claim: Claim, error: str, retryable: bool, *, is_error: bool = False
+    ) -> TaskStatus | None:
+        transition = self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
+        if transition is None:
+            self._discarded(claim)
+            return None
+        self.executor.announce(transition)
+        return transition.status
+
+    def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:
+        """ERROR: the task cannot run here at all (no handler, unconvertible parameter)."""
+        return self._record_failure(claim, error, False, is_error=True)
+
+    @staticmethod
+    def _discarded(claim: Claim) -> None:
+        logger.warning(
+            "task %s (%s): outcome of attempt %s discarded: the task changed meanwhile "
+            "(lease lost, timed out or cancelled)",
+            claim.task_id,
+            claim.task.task_name,
+            claim.task.attempts,
+        )

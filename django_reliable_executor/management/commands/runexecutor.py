@@ -1,0 +1,82 @@
+"""manage.py runexecutor: parse options, build a Worker, run it until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_reliable_executor.service import executor
+from django_reliable_executor.worker import Worker, WorkerOptions
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run a reliable-executor worker: claim due tasks and execute them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queues", default="default", help="comma-separated queue names")
+        parser.add_argument("--core-pool-size", type=_positive_int, default=None)
+        parser.add_argument("--max-pool-size", type=_positive_int, default=None)
+        parser.add_argument("--queue-capacity", type=int, default=None)
+        parser.add_argument("--worker-id", default=None, help="default: hostname-pid-random")
+        parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=float,
+            default=30.0,
+            help="seconds running handlers get to finish after SIGTERM (default 30)",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="exit 0 once nothing of these queues is running or due within 60 s",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+        if not queues:
+            raise CommandError("--queues needs at least one queue name")
+        if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
+            raise CommandError("--queue-capacity must be >= 0")
+        if options["shutdown_timeout"] < 0:
+            raise CommandError("--shutdown-timeout must be >= 0")
+        worker_options = WorkerOptions.from_settings(
+            executor,
+            queues=tuple(queues),
+            core_pool_size=options["core_pool_size"],
+            max_pool_size=options["max_pool_size"],
+            queue_capacity=options["queue_capacity"],
+            worker_id=options["worker_id"],
+            shutdown_timeout=options["shutdown_timeout"],
+            burst=options["burst"],
+        )
+        if worker_options.max_pool_size < worker_options.core_pool_size:
+            worker_options.max_pool_size = worker_options.core_pool_size
+        metrics_port = options["metrics_port"]
+        if metrics_port is None:
+            metrics_port = executor.settings.METRICS_PORT
+        if metrics_port is not None:
+            from django_reliable_executor import metrics
+
+            metrics.serve(metrics_port)
+        worker = Worker(worker_options, executor)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            worker.request_stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.stdout.write(f"runexecutor {worker.worker_id}: queues {','.join(queues)}")
+        self.stdout.flush()
+        code = worker.run()
+        if code:
+            sys.exit(code)

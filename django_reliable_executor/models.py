@@ -1,0 +1,87 @@
+"""Tables of the database storage: tasks, the master lock and the live-worker registry."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from .states import TaskStatus
+
+
+class ReliableTask(models.Model):
+    """One task. Only DatabaseStorage writes these rows; everything else goes through the service."""
+
+    task_id = models.CharField(max_length=191, primary_key=True)
+    task_name = models.CharField(max_length=191)
+    status = models.CharField(
+        max_length=16, choices=[(s.value, s.value) for s in TaskStatus], default="CREATED"
+    )
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.IntegerField(default=0)
+    parameter = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Executions ever started.")
+    budget_attempts = models.PositiveIntegerField(
+        default=0, help_text="Executions since the retry budget was last reset."
+    )
+    retry_limit = models.PositiveIntegerField(default=3)
+    retry_interval = models.BigIntegerField(default=2000, help_text="Milliseconds.")
+    retry_backoff = models.CharField(max_length=16, default="fixed")
+    max_duration_millis = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    run_at = models.DateTimeField(help_text="Next time the task may start.")
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+    worker_id = models.CharField(max_length=191, null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    # True while the task waits for a worker (CREATED/PENDING and not claimed): the claim index.
+    available = models.BooleanField(default=True)
+    # Fencing token: bumped by every claim; every write by the claimer must match it.
+    lease_token = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "reliable_executor_task"
+        verbose_name = "reliable task"
+        indexes = [
+            # Claim: equality on available+queue, then the exact pickup order.
+            models.Index(
+                fields=["available", "queue", "-priority", "run_at"], name="rexec_claim_idx"
+            ),
+            models.Index(fields=["lease_expires_at"], name="rexec_lease_idx"),
+            models.Index(fields=["deadline_at"], name="rexec_deadline_idx"),
+            models.Index(fields=["status", "created_at"], name="rexec_status_idx"),
+            models.Index(fields=["queue", "status"], name="rexec_queue_status_idx"),
+            models.Index(fields=["task_name", "status"], name="rexec_name_status_idx"),
+            models.Index(fields=["finished_at"], name="rexec_finished_idx"),
+            models.Index(fields=["created_at"], name="rexec_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} [{self.task_id}] {self.status}"
+
+
+class ReliableLock(models.Model):
+    """A named lease (the master lock): taken and renewed by conditional UPDATE, never held open."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    owner = models.CharField(max_length=191, default="")
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "reliable_executor_lock"
+
+
+class ReliableWorker(models.Model):
+    """A runexecutor process, kept fresh by its heartbeat; rows past their lease are dead workers."""
+
+    worker_id = models.CharField(max_length=191, primary_key=True)
+    hostname = models.CharField(max_length=191, default="")
+    pid = models.IntegerField(default=0)
+    queues = models.CharField(max_length=1000, default="")
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "reliable_executor_worker"

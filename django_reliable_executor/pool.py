@@ -1,0 +1,160 @@
+"""A bounded thread pool with core/max threads and a local queue, in task priority order.
+
+Semantics follow the seed's (Java ThreadPoolExecutor): core threads start at once; claims wait
+in the local queue; only when more than ``queue_capacity`` wait does the pool grow towards
+``max_size`` threads, and extra threads retire after a minute idle. The fetcher asks
+``free_slots()`` before claiming, so nothing is ever rejected and nothing waits unseen.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import close_old_connections
+
+from .records import Claim
+
+logger = logging.getLogger("django_reliable_executor")
+
+KEEP_ALIVE_SECONDS = 60.0
+
+
+class BoundedPool:
+    def __init__(
+        self,
+        run: Callable[[Claim], object],
+        *,
+        core_size: int,
+        max_size: int,
+        queue_capacity: int,
+        name: str = "reliable-executor",
+    ) -> None:
+        self._run = run
+        self.core_size = core_size
+        self.max_size = max(max_size, core_size)
+        self.queue_capacity = queue_capacity
+        self._name = name
+        self._heap: list[tuple[int, int, Claim]] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._threads = 0
+        self._idle = 0
+        self._running: dict[str, Claim] = {}
+        self._closed = False
+        self._thread_ids = itertools.count(1)
+        for _ in range(core_size):
+            self._spawn(core=True)
+
+    # -- the fetcher's side ---------------------------------------------------------------
+    def free_slots(self) -> int:
+        """How many more claims the pool can take: max threads + queue capacity - held."""
+        with self._cond:
+            return max(0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running))
+
+    def submit(self, claim: Claim) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (-claim.task.priority, next(self._order), claim))
+            if len(self._heap) > self.queue_capacity and self._threads < self.max_size and not self._idle:
+                self._spawn(core=False)
+            self._cond.notify()
+
+    def wait_for_slot(self, timeout: float) -> None:
+        """Block until a claim finishes (or ``timeout``), when the pool is full."""
+        with self._cond:
+            if self.max_size + self.queue_capacity - len(self._heap) - len(self._running) <= 0:
+                self._cond.wait(timeout)
+
+    def take_queued(self) -> list[Claim]:
+        """Remove and return every claim not yet started (shutdown: hand them back)."""
+        with self._cond:
+            claims = [item[2] for item in sorted(self._heap)]
+            self._heap.clear()
+            return claims
+
+    def drop(self, task_ids: set[str]) -> list[Claim]:
+        """Remove queued claims whose lease was lost, so they are never started here."""
+        with self._cond:
+            kept = [item for item in self._heap if item[2].task_id not in task_ids]
+            dropped = [item[2] for item in self._heap if item[2].task_id in task_ids]
+            if dropped:
+                self._heap = kept
+                heapq.heapify(self._heap)
+            return dropped
+
+    def held(self) -> list[Claim]:
+        """Every claim queued or running here (for the heartbeat)."""
+        with self._cond:
+            return [item[2] for item in self._heap] + list(self._running.values())
+
+    def running_ids(self) -> set[str]:
+        with self._cond:
+            return set(self._running)
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._heap)
+
+    def is_idle(self) -> bool:
+        with self._cond:
+            return not self._heap and not self._running
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until nothing is queued or running; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._heap or self._running:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining if remaining is None else min(remaining, 0.5))
+            return True
+
+    def close(self) -> None:
+        """Let threads exit once the queue is empty (running tasks are not interrupted)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # -- the threads' side ----------------------------------------------------------------
+    def _spawn(self, *, core: bool) -> None:
+        self._threads += 1
+        thread = threading.Thread(
+            target=self._loop,
+            args=(core,),
+            name=f"{self._name}-{next(self._thread_ids)}",
+            daemon=True,  # a hard stop must not wait for a handler that never returns
+        )
+        thread.start()
+
+    def _loop(self, core: bool) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                idle_since = time.monotonic()
+                while not self._heap and not self._closed:
+                    if not core and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS:
+                        break
+                    self._cond.wait(1.0 if core else KEEP_ALIVE_SECONDS)
+                self._idle -= 1
+                if not self._heap:
+                    self._threads -= 1
+                    self._cond.notify_all()
+                    return
+                claim = heapq.heappop(self._heap)[2]
+                self._running[claim.task_id] = claim
+            try:
+                close_old_connections()
+                self._run(claim)
+            except Exception:
+                logger.exception("task %s: unexpected error in the worker", claim.task_id)
+            finally:
+                close_old_connections()
+                with self._cond:
+                    self._running.pop(claim.task_id, None)
+                    self._cond.notify_all()

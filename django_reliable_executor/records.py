@@ -1,0 +1,112 @@
+"""Frozen dataclasses exchanged between the service, the worker and the storages."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from .states import TaskStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSubmitRequest:
+    """What a caller asks for. Options left as None take the handler's, then the settings' value."""
+
+    task_name: str
+    task_parameter: Any = None
+    task_id: str | None = None
+    retry_limit: int | None = None
+    retry_interval: int | None = None  # milliseconds
+    retry_backoff: str | None = None  # "fixed" | "exponential"
+    max_duration_millis: int | None = None
+    queue: str | None = None
+    priority: int | None = None
+    delay_millis: int = 0
+    run_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInfo:
+    """A snapshot of one stored task. Datetimes are aware UTC."""
+
+    task_id: str
+    task_name: str
+    status: TaskStatus
+    queue: str
+    priority: int
+    parameter: Any
+    attempts: int
+    retry_limit: int
+    retry_interval: int
+    retry_backoff: str
+    max_duration_millis: int | None
+    created_at: dt.datetime
+    run_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    last_error: str | None
+    result: Any
+    worker_id: str | None
+    cancel_requested: bool
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status.is_terminal
+
+
+@dataclasses.dataclass(frozen=True)
+class NewTask:
+    """A validated, serialised task ready to be stored (built by the service)."""
+
+    task_id: str
+    task_name: str
+    queue: str
+    priority: int
+    parameter: Any
+    retry_limit: int
+    retry_interval: int
+    retry_backoff: str
+    max_duration_millis: int | None
+    created_at: dt.datetime
+    run_at: dt.datetime
+    deadline_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A task a worker holds under a lease. ``token`` fences every write the worker makes.
+
+    ``budget_attempts`` counts executions against the current retry budget (reset by a manual
+    retry); ``task.attempts`` counts every execution ever started.
+    """
+
+    task: TaskInfo
+    token: int
+    budget_attempts: int
+    deadline_at: dt.datetime | None
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """A state change that happened: what the service turns into signals, logs and metrics."""
+
+    task: TaskInfo
+    previous: TaskStatus
+
+    @property
+    def status(self) -> TaskStatus:
+        return self.task.status
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelResult:
+    """Outcome of a cancel: ``changed`` is what cancel_task returns."""
+
+    changed: bool
+    task: TaskInfo | None
+    requested_only: bool = False  # True when the task was RUNNING: only the flag was set

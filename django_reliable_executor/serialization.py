@@ -1,0 +1,145 @@
+"""JSON in and out: turn parameters and results into plain JSON values and back into param types.
+
+Only JSON ever reaches storage (never pickle), so nothing read back can make a worker run code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from typing import Any
+
+# typing.Optional[X] and X | None have different origins.
+_UNION_ORIGINS = (typing.Union, getattr(types, "UnionType", typing.Union))
+
+
+class ConversionError(ValueError):
+    """A value could not be turned into JSON, or JSON into the wanted type."""
+
+
+def to_json_value(value: Any, path: str = "$") -> Any:
+    """Plain JSON value for ``value``: dataclasses and pydantic models become dicts.
+
+    Raises ConversionError naming the JSON path of the first value that is not JSON.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConversionError(f"{path} is {value!r}, which JSON cannot represent")
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: to_json_value(getattr(value, f.name), f"{path}.{f.name}")
+            for f in dataclasses.fields(value)
+        }
+    dump = getattr(value, "model_dump", None)  # pydantic v2
+    if callable(dump) and not isinstance(value, type):
+        return to_json_value(dump(mode="json"), path)
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConversionError(f"{path} has a non-string key {key!r}")
+            out[key] = to_json_value(item, f"{path}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    raise ConversionError(f"{path} is a {type(value).__name__}, which is not JSON-serialisable")
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text of a value already made plain by ``to_json_value``."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+_PLAIN_TYPES: dict[Any, tuple[type, ...]] = {
+    int: (int,),
+    float: (int, float),
+    str: (str,),
+    bool: (bool,),
+    dict: (dict,),
+    list: (list,),
+}
+
+
+def _check_plain(value: Any, annotation: Any, path: str) -> Any:
+    """Convert/check ``value`` against a simple annotation; unknown annotations pass through."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any or annotation is typing.Any:
+        return value
+    if origin in _UNION_ORIGINS:
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_plain(value, arg, path)
+            except ConversionError as exc:
+                errors.append(str(exc))
+        raise ConversionError(errors[0] if errors else f"{path} does not match {annotation}")
+    if origin in (list, dict):
+        return _check_plain(value, origin, path)
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        return from_json_value(value, annotation, path)
+    expected = _PLAIN_TYPES.get(annotation)
+    if expected is not None:
+        if isinstance(value, bool) and annotation is not bool:
+            raise ConversionError(f"{path} must be {annotation.__name__}, got bool")
+        if not isinstance(value, expected):
+            raise ConversionError(
+                f"{path} must be {annotation.__name__}, got {type(value).__name__}"
+            )
+    return value
+
+
+def from_json_value(value: Any, param_type: Any, path: str = "$") -> Any:
+    """Turn a stored JSON value into ``param_type``; raises ConversionError saying why not."""
+    if param_type is None or param_type is Any:
+        return value
+    validate = getattr(param_type, "model_validate", None)  # pydantic v2
+    if callable(validate):
+        try:
+            return validate(value)
+        except Exception as exc:  # pydantic's ValidationError, without importing pydantic
+            raise ConversionError(f"{path} does not fit {param_type.__name__}: {exc}") from exc
+    if dataclasses.is_dataclass(param_type) and isinstance(param_type, type):
+        if not isinstance(value, dict):
+            raise ConversionError(
+                f"{path} must be an object for {param_type.__name__}, got {type(value).__name__}"
+            )
+        try:
+            hints = typing.get_type_hints(param_type)
+        except Exception:  # unresolved forward references: check names only
+            hints = {}
+        fields = {f.name: f for f in dataclasses.fields(param_type) if f.init}
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ConversionError(f"{path} has unknown field(s) for {param_type.__name__}: {unknown}")
+        missing = [
+            name
+            for name, f in fields.items()
+            if name not in value
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise ConversionError(f"{path} is missing field(s) of {param_type.__name__}: {missing}")
+        kwargs = {
+            name: _check_plain(item, hints.get(name, Any), f"{path}.{name}")
+            for name, item in value.items()
+        }
+        return param_type(**kwargs)
+    if param_type in _PLAIN_TYPES or typing.get_origin(param_type) is not None:
+        return _check_plain(value, param_type, path)
+    try:
+        return param_type(**value) if isinstance(value, dict) else param_type(value)
+    except Exception as exc:
+        name = getattr(param_type, "__name__", repr(param_type))
+        raise ConversionError(f"{path} cannot be turned into {name}: {exc}") from exc

@@ -1,0 +1,421 @@
+"""ReliableExecutor: validate and serialise submits, call the storage, announce transitions."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+import unicodedata
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+from django.dispatch import Signal
+
+from . import signals
+from .clock import Clock, system_clock
+from .conf import ExecutorSettings, get_settings
+from .exceptions import (
+    InvalidParameterError,
+    InvalidTaskIdError,
+    InvalidTaskOptionError,
+    ParameterTooLargeError,
+    TaskSubmitError,
+    UnknownTaskError,
+)
+from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition
+from .registry import TaskHandler, get_handler
+from .retries import BACKOFF_CHOICES
+from .serialization import ConversionError, dumps, from_json_value, to_json_value
+from .states import FAILURE_STATUSES, TaskStatus
+from .storage import TaskStorage, build_storage
+
+logger = logging.getLogger("django_reliable_executor")
+
+MAX_ID_LENGTH = 191
+MAX_QUEUE_LENGTH = 100
+_INT32 = 2**31
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class ReliableExecutor:
+    """The public service. Thread-safe; storage is built from settings on first use."""
+
+    def __init__(
+        self,
+        storage: TaskStorage | None = None,
+        *,
+        clock: Clock | None = None,
+        settings: ExecutorSettings | None = None,
+    ) -> None:
+        self._storage = storage
+        self._clock = clock
+        self._settings = settings
+        self._lock = threading.Lock()
+
+    # -- wiring ---------------------------------------------------------------------------
+    @property
+    def settings(self) -> ExecutorSettings:
+        return self._settings or get_settings()
+
+    @property
+    def clock(self) -> Clock:
+        if self._clock is not None:
+            return self._clock
+        return self._storage.clock if self._storage is not None else system_clock
+
+    @property
+    def storage(self) -> TaskStorage:
+        if self._storage is None:
+            with self._lock:
+                if self._storage is None:
+                    self._storage = build_storage(self.settings, self._clock)
+        return self._storage
+
+    def reset(self) -> None:
+        """Forget the storage so the next call builds it from current settings (tests)."""
+        with self._lock:
+            self._storage = None
+
+    # -- submitting -----------------------------------------------------------------------
+    def submit_task(self, request: TaskSubmitRequest) -> TaskInfo:
+        """Store one task and return it; an existing ``task_id`` returns the stored task as is.
+
+        On database storage the row is written in the caller's transaction, if any.
+        Raises a TaskSubmitError subclass (and stores nothing) on bad input.
+        """
+        return self.submit_many([request])[0]
+
+    def submit(self, task_name: str, parameter: Any = None, **options: Any) -> TaskInfo:
+        """Shorthand for ``submit_task(TaskSubmitRequest(task_name, parameter, **options))``."""
+        fields = {f.name for f in dataclasses.fields(TaskSubmitRequest)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise InvalidTaskOptionError(
+                f"unknown submit option(s): {', '.join(unknown)}", field=unknown[0]
+            )
+        return self.submit_task(
+            TaskSubmitRequest(task_name=task_name, task_parameter=parameter, **options)
+        )
+
+    def submit_many(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
+        """Validate every request first (one bad request stores nothing), then store them all
+        in one batch. Returns the tasks in request order."""
+        now = self.clock.now()
+        settings = self.settings
+        new_tasks = [self._prepare(request, now, settings, i) for i, request in enumerate(requests)]
+        if not new_tasks:
+            return []
+        results = self.storage.enqueue(new_tasks)
+        created = [info for info, was_created in results if was_created]
+        if created:
+            self._after_commit(lambda: self._announce_submitted(created))
+        return [info for info, _ in results]
+
+    def _after_commit(self, callback: Any) -> None:
+        """Run now, or when the caller's transaction on the task database commits."""
+        alias = getattr(self.storage, "alias", None)
+        if alias is not None and transaction.get_connection(alias).in_atomic_block:
+            transaction.on_commit(callback, using=alias)
+        else:
+            callback()
+
+    def _announce_submitted(self, created: list[TaskInfo]) -> None:
+        for info in created:
+            logger.debug("task %s (%s) submitted to queue %s", info.task_id, info.task_name, info.queue)
+            self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
+
+    def _prepare(
+        self, request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
+    ) -> NewTask:
+        if not isinstance(request, TaskSubmitRequest):
+            raise TaskSubmitError(
+                f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
+            )
+        name = request.task_name
+        if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
+            raise UnknownTaskError(
+                f"task_name must be a non-empty string of at most {MAX_ID_LENGTH} characters, "
+                f"got {name!r}",
+                field="task_name",
+            )
+        handler = get_handler(name)
+        if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
+            raise UnknownTaskError(
+                f"task_name {name!r} has no registered handler (is its tasks module in an "
+                "installed app?  Set ALLOW_UNKNOWN_TASKS to submit for another service)",
+                field="task_name",
+            )
+        task_id = self._task_id(request.task_id)
+        parameter = self._parameter(request.task_parameter, handler, settings)
+
+        def option(key: str, default: Any) -> Any:
+            value = getattr(request, key)
+            if value is None and handler is not None:
+                value = getattr(handler, key)
+            return default if value is None else value
+
+        retry_limit = option("retry_limit", settings.DEFAULT_RETRY_LIMIT)
+        retry_interval = option("retry_interval", settings.DEFAULT_RETRY_INTERVAL)
+        retry_backoff = option("retry_backoff", settings.DEFAULT_RETRY_BACKOFF)
+        max_duration = option("max_duration_millis", settings.DEFAULT_MAX_DURATION)
+        queue = option("queue", "default")
+        priority = option("priority", 0)
+        for key, value in (("retry_limit", retry_limit), ("retry_interval", retry_interval)):
+            if not _is_int(value) or value < 0 or value >= 2**62:
+                raise InvalidTaskOptionError(
+                    f"{key} must be an integer >= 0, got {value!r}", field=key
+                )
+        if retry_backoff not in BACKOFF_CHOICES:
+            raise InvalidTaskOptionError(
+                f"retry_backoff must be one of {BACKOFF_CHOICES}, got {retry_backoff!r}",
+                field="retry_backoff",
+            )
+        if max_duration is not None and (not _is_int(max_duration) or max_duration < 1):
+            raise InvalidTaskOptionError(
+                f"max_duration_millis must be None or an integer >= 1, got {max_duration!r}",
+                field="max_duration_millis",
+            )
+        if (
+            not isinstance(queue, str)
+            or not queue
+            or len(queue) > MAX_QUEUE_LENGTH
+            or any(c.isspace() or c == "," for c in queue)
+        ):
+            raise InvalidTaskOptionError(
+                f"queue must be 1..{MAX_QUEUE_LENGTH} characters without whitespace or commas, "
+                f"got {queue!r}",
+                field="queue",
+            )
+        if not _is_int(priority) or not -_INT32 <= priority < _INT32:
+            raise InvalidTaskOptionError(
+                f"priority must be a 32-bit integer, got {priority!r}", field="priority"
+            )
+        run_at = self._run_at(request, now)
+        return NewTask(
+            task_id=task_id,
+            task_name=name,
+            queue=queue,
+            priority=priority,
+            parameter=parameter,
+            retry_limit=retry_limit,
+            retry_interval=retry_interval,
+            retry_backoff=retry_backoff,
+            max_duration_millis=max_duration,
+            created_at=now,
+            run_at=run_at,
+            deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
+        )
+
+    @staticmethod
+    def _task_id(task_id: Any) -> str:
+        if task_id is None:
+            return uuid.uuid4().hex
+        if not isinstance(task_id, str):
+            raise InvalidTaskIdError(
+                f"task_id must be a string, got {type(task_id).__name__}", field="task_id"
+            )
+        if not 1 <= len(task_id) <= MAX_ID_LENGTH:
+            raise InvalidTaskIdError(
+                f"task_id must be 1..{MAX_ID_LENGTH} characters, got {len(task_id)}",
+                field="task_id",
+            )
+        for char in task_id:
+            if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+                raise InvalidTaskIdError(
+                    f"task_id {task_id!r} contains whitespace or a control character "
+                    f"({char!r})",
+                    field="task_id",
+                )
+        return task_id
+
+    @staticmethod
+    def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorSettings) -> Any:
+        try:
+            plain = to_json_value(value)
+            text = dumps(plain)
+        except (ConversionError, ValueError, RecursionError) as exc:
+            raise InvalidParameterError(
+                f"task_parameter is not JSON-serialisable: {exc}", field="task_parameter"
+            ) from exc
+        size = len(text.encode("utf-8"))
+        if size > settings.MAX_PARAMETER_BYTES:
+            raise ParameterTooLargeError(
+                f"task_parameter is {size} bytes as JSON, over MAX_PARAMETER_BYTES "
+                f"({settings.MAX_PARAMETER_BYTES})",
+                field="task_parameter",
+            )
+        if handler is not None:
+            if not handler.accepts_parameter and plain is not None:
+                raise InvalidParameterError(
+                    f"handler {handler.name!r} takes no parameter, got {type(value).__name__}",
+                    field="task_parameter",
+                )
+            if handler.param_type is not None:
+                try:
+                    from_json_value(plain, handler.param_type)
+                except ConversionError as exc:
+                    raise InvalidParameterError(
+                        f"task_parameter does not fit {handler.name!r}'s param_type: {exc}",
+                        field="task_parameter",
+                    ) from exc
+        return plain
+
+    @staticmethod
+    def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
+        delay = request.delay_millis
+        if not _is_int(delay) or delay < 0:
+            raise InvalidTaskOptionError(
+                f"delay_millis must be an integer >= 0, got {delay!r}", field="delay_millis"
+            )
+        if request.run_at is None:
+            return now + dt.timedelta(milliseconds=delay)
+        if delay:
+            raise InvalidTaskOptionError(
+                "give either delay_millis or run_at, not both", field="run_at"
+            )
+        run_at = request.run_at
+        if not isinstance(run_at, dt.datetime) or run_at.tzinfo is None:
+            raise InvalidTaskOptionError(
+                f"run_at must be an aware datetime, got {run_at!r}", field="run_at"
+            )
+        return max(run_at.astimezone(dt.timezone.utc), now)
+
+    # -- querying and operating -----------------------------------------------------------
+    def get_task(self, task_id: str) -> TaskInfo | None:
+        """The stored task, or None for an unknown id (never a made-up pending state)."""
+        if not isinstance(task_id, str) or not task_id:
+            return None
+        return self.storage.get(task_id)
+
+    def cancel_task(self, task_id: str) -> bool:
+        """CREATED/PENDING -> CANCELLED (True); RUNNING -> cancel requested (True); else False."""
+        result = self.storage.cancel(task_id)
+        if result.changed and result.task is not None:
+            if result.requested_only:
+                logger.info("task %s (%s): cancel requested while RUNNING", task_id, result.task.task_name)
+            else:
+                self.announce(Transition(task=result.task, previous=TaskStatus.PENDING))
+        return result.changed
+
+    def retry_task(self, task_id: str) -> bool:
+        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget."""
+        transition = self.storage.retry(task_id)
+        if transition is None:
+            return False
+        logger.info(
+            "task %s (%s): %s -> PENDING by manual retry",
+            task_id,
+            transition.task.task_name,
+            transition.previous,
+        )
+        return True
+
+    def list_tasks(
+        self,
+        status: TaskStatus | str | None = None,
+        task_name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[TaskInfo]:
+        """Tasks newest first, filtered by any of status, task_name and queue."""
+        if status is not None:
+            try:
+                status = TaskStatus(status)
+            except ValueError:
+                raise ValueError(f"unknown status {status!r}") from None
+        if not _is_int(limit) or limit < 0 or not _is_int(offset) or offset < 0:
+            raise ValueError("limit and offset must be integers >= 0")
+        return self.storage.list(
+            status=status, task_name=task_name, queue=queue, limit=limit, offset=offset
+        )
+
+    def count_by_status(self, queue: str | None = None) -> dict[TaskStatus, int]:
+        """How many tasks are in each status (every status present, zero included)."""
+        return self.storage.count(queue)
+
+    # -- announcing -----------------------------------------------------------------------
+    def announce(self, transition: Transition, attempt: int | None = None) -> None:
+        """Send the signal and write the log line for a transition that happened."""
+        task = transition.task
+        status = task.status
+        if status is TaskStatus.COMPLETED:
+            logger.info("task %s (%s): RUNNING -> COMPLETED", task.task_id, task.task_name)
+            self._send(
+                signals.task_completed,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                result=task.result,
+            )
+        elif status is TaskStatus.PENDING:
+            logger.warning(
+                "task %s (%s): attempt %s failed, retrying at %s: %s",
+                task.task_id,
+                task.task_name,
+                task.attempts,
+                task.run_at.isoformat(),
+                _first_line(task.last_error),
+            )
+            self._send(
+                signals.task_retrying,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                attempt=task.attempts,
+                error=task.last_error,
+                next_run_at=task.run_at,
+            )
+        elif status in FAILURE_STATUSES:
+            logger.error(
+                "task %s (%s): %s -> %s: %s",
+                task.task_id,
+                task.task_name,
+                transition.previous,
+                status,
+                _first_line(task.last_error),
+            )
+            self._send(
+                signals.task_failed,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                status=status,
+                error=task.last_error,
+            )
+        elif status is TaskStatus.CANCELLED:
+            logger.info("task %s (%s): -> CANCELLED", task.task_id, task.task_name)
+            self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
+
+    def announce_started(self, task: TaskInfo) -> None:
+        logger.debug("task %s (%s): attempt %s started", task.task_id, task.task_name, task.attempts)
+        self._send(
+            signals.task_started,
+            task_id=task.task_id,
+            task_name=task.task_name,
+            attempt=task.attempts,
+        )
+
+    @staticmethod
+    def _send(signal: Signal, **kwargs: Any) -> None:
+        for receiver, response in signal.send_robust(sender=ReliableExecutor, **kwargs):
+            if isinstance(response, Exception):
+                logger.error(
+                    "signal receiver %r failed",
+                    receiver,
+                    exc_info=(type(response), response, response.__traceback__),
+                )
+
+
+def _first_line(text: str | None) -> str:
+    if not text:
+        return ""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+#: The module-level executor: builds its storage from settings on first use.
+executor = ReliableExecutor()

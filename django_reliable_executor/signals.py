@@ -1,0 +1,27 @@
+"""The app's signals. Sent with send_robust and ``sender=ReliableExecutor``: a failing receiver is
+logged and never breaks submitting or executing."""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: A new task was stored (on database storage: once the submitting transaction commits).
+#: kwargs: task_id, task_name
+task_submitted = Signal()
+
+#: An attempt is about to run. kwargs: task_id, task_name, attempt (1-based, counts all runs)
+task_started = Signal()
+
+#: The handler returned. kwargs: task_id, task_name, result (the stored JSON value)
+task_completed = Signal()
+
+#: An attempt failed and another is scheduled.
+#: kwargs: task_id, task_name, attempt, error (str with traceback), next_run_at (aware UTC)
+task_retrying = Signal()
+
+#: The task ended unsuccessfully. kwargs: task_id, task_name, status (TaskStatus.FAILED, TIMEOUT
+#: or ERROR), error
+task_failed = Signal()
+
+#: The task ended CANCELLED. kwargs: task_id, task_name
+task_cancelled = Signal()

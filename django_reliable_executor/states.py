@@ -1,0 +1,63 @@
+"""Task statuses and the allowed-transition table: the single source of truth for the state machine."""
+
+from __future__ import annotations
+
+import enum
+
+
+class TaskStatus(str, enum.Enum):
+    """Where a task stands. Stored as its value; compares equal to the plain string."""
+
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    PENDING = "PENDING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+    ERROR = "ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.TIMEOUT,
+        TaskStatus.CANCELLED,
+        TaskStatus.ERROR,
+    }
+)
+# Waiting to run: claimable once due. A claimed-but-unstarted task keeps this status.
+WAITING_STATUSES = frozenset({TaskStatus.CREATED, TaskStatus.PENDING})
+# Statuses a manual retry accepts.
+RETRYABLE_BY_HAND = frozenset(
+    {TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus.ERROR, TaskStatus.CANCELLED}
+)
+# The final outcomes announced through the ``task_failed`` signal.
+FAILURE_STATUSES = frozenset({TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus.ERROR})
+
+S = TaskStatus
+TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    S.CREATED: frozenset({S.RUNNING, S.CANCELLED, S.TIMEOUT}),
+    S.PENDING: frozenset({S.RUNNING, S.CANCELLED, S.TIMEOUT}),
+    # RUNNING -> TIMEOUT also happens without the handler: the deadline passes while it runs.
+    S.RUNNING: frozenset({S.COMPLETED, S.PENDING, S.FAILED, S.TIMEOUT, S.CANCELLED, S.ERROR}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset({S.PENDING}),
+    S.TIMEOUT: frozenset({S.PENDING}),
+    S.CANCELLED: frozenset({S.PENDING}),
+    S.ERROR: frozenset({S.PENDING}),
+}
+del S
+
+
+def can_transition(source: TaskStatus, target: TaskStatus) -> bool:
+    """True when the state machine allows ``source -> target``."""
+    return target in TRANSITIONS[source]

@@ -1,0 +1,27 @@
+"""Storage backends behind one interface; ``build_storage`` picks the one the settings name."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ..clock import Clock
+from ..conf import ExecutorSettings
+from .base import TaskStorage
+
+
+def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> TaskStorage:
+    """A new storage object for ``settings``."""
+    if settings.STORAGE == "database":
+        from .database import DatabaseStorage
+
+        return DatabaseStorage(
+            alias=settings.DATABASE_ALIAS,
+            clock=clock,
+            backoff_cap_millis=settings.DEFAULT_RETRY_BACKOFF_MAX,
+        )
+    raise ImproperlyConfigured(
+        f"RELIABLE_EXECUTOR['STORAGE'] = {settings.STORAGE!r} is not available in this version"
+    )
+
+
+__all__ = ["TaskStorage", "build_storage"]

@@ -1,0 +1,144 @@
+"""The storage interface: one method per state change, each atomic, taking and returning records."""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+from collections.abc import Sequence
+
+from ..clock import Clock, system_clock
+from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition
+from ..states import TaskStatus
+
+
+class TaskStorage(abc.ABC):
+    """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
+    the claim's fencing token where a worker writes): a lost race changes nothing and returns
+    None/False. Implementations know SQL or Redis; nothing above them does.
+    """
+
+    #: enqueue() writes inside the caller's open transaction (database storage).
+    supports_transactional_enqueue: bool = False
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or system_clock
+
+    # -- submitting -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        """Store new tasks; an existing task_id is left unchanged. Returns ``(info, created)``
+        in input order (a task_id repeated within the batch is created once)."""
+
+    # -- the worker's path ----------------------------------------------------------------
+    @abc.abstractmethod
+    def claim(
+        self, worker_id: str, queues: Sequence[str], limit: int, lease_seconds: float
+    ) -> list[Claim]:
+        """Take up to ``limit`` due tasks, highest priority first then oldest, under a lease.
+        A claimed task keeps its CREATED/PENDING status until ``start``. Never blocks on rows
+        another worker is claiming."""
+
+    @abc.abstractmethod
+    def start(self, claim: Claim, lease_seconds: float) -> Claim | None:
+        """CREATED/PENDING (held with this token) -> RUNNING, counting an attempt. None when the
+        task was cancelled, timed out or reclaimed meanwhile: the worker must not run it."""
+
+    @abc.abstractmethod
+    def heartbeat(
+        self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
+    ) -> dict[str, tuple[int, bool]]:
+        """Extend the leases this worker still holds. Returns ``{task_id: (token,
+        cancel_requested)}`` for the tasks still held; a task missing from it is lost."""
+
+    @abc.abstractmethod
+    def complete(self, claim: Claim, result: object) -> Transition | None:
+        """RUNNING -> COMPLETED with ``result``, if the token still matches."""
+
+    @abc.abstractmethod
+    def fail(
+        self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
+    ) -> Transition | None:
+        """Record a failed attempt: -> PENDING (retry with backoff), FAILED, TIMEOUT (past the
+        deadline), CANCELLED (cancel was requested) or, with ``is_error``, ERROR."""
+
+    @abc.abstractmethod
+    def expire_claim(self, claim: Claim) -> Transition | None:
+        """A claimed, unstarted task past its deadline -> TIMEOUT without starting it."""
+
+    @abc.abstractmethod
+    def release(self, claims: Sequence[Claim]) -> int:
+        """Hand unstarted claims back to the queue; no attempt is counted."""
+
+    # -- operating ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def cancel(self, task_id: str) -> CancelResult:
+        """CREATED/PENDING -> CANCELLED; RUNNING -> cancel_requested; terminal -> unchanged."""
+
+    @abc.abstractmethod
+    def retry(self, task_id: str) -> Transition | None:
+        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, fresh retry budget and deadline."""
+
+    # -- leader-only chores (idempotent, batch-bounded) -----------------------------------
+    def promote_due(self, limit: int) -> int:
+        """Make due scheduled tasks claimable. A no-op where due tasks are claimable as is."""
+        return 0
+
+    @abc.abstractmethod
+    def recover_expired(self, limit: int) -> list[Transition]:
+        """Claims whose lease expired: unstarted ones go back to the queue (no attempt);
+        started ones count a failed attempt ("worker lost") and retry or fail."""
+
+    @abc.abstractmethod
+    def expire_overdue(self, limit: int) -> list[Transition]:
+        """Non-terminal tasks past their max-duration deadline -> TIMEOUT."""
+
+    @abc.abstractmethod
+    def purge_finished(self, finished_before: dt.datetime, limit: int) -> int:
+        """Delete up to ``limit`` terminal tasks finished before the given time."""
+
+    # -- reading --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def get(self, task_id: str) -> TaskInfo | None: ...
+
+    @abc.abstractmethod
+    def list(
+        self,
+        *,
+        status: TaskStatus | None = None,
+        task_name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[TaskInfo]:
+        """Newest first."""
+
+    @abc.abstractmethod
+    def count(self, queue: str | None = None) -> dict[TaskStatus, int]: ...
+
+    @abc.abstractmethod
+    def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
+        """True while a task of these queues is running or due within ``horizon_seconds``."""
+
+    # -- leadership and workers -----------------------------------------------------------
+    @abc.abstractmethod
+    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        """Take or renew the named lease for ``owner``; False while someone else holds it."""
+
+    @abc.abstractmethod
+    def release_lock(self, name: str, owner: str) -> None:
+        """Give the lease up if ``owner`` holds it."""
+
+    @abc.abstractmethod
+    def lock_owner(self, name: str) -> str | None:
+        """Who holds the named lease now, or None."""
+
+    @abc.abstractmethod
+    def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
+        """Record that a worker is alive (its heartbeat)."""
+
+    @abc.abstractmethod
+    def worker_gone(self, worker_id: str) -> None:
+        """Forget a worker that stopped cleanly."""
+
+    def close(self) -> None:
+        """Release connections held by this storage object."""

@@ -1,0 +1,656 @@
+"""DatabaseStorage: tasks as rows of reliable_executor_task, every transition a conditional UPDATE.
+
+Claiming takes a batch with ``SELECT ... FOR UPDATE SKIP LOCKED`` (MariaDB/MySQL, PostgreSQL) or
+with one ``UPDATE ... WHERE task_id IN (SELECT ... LIMIT n) RETURNING`` (SQLite, PostgreSQL), so
+concurrent workers never block on, or take, the same rows. A claim bumps ``lease_token``; every
+later write by that worker carries the token in its WHERE clause (the fencing token), so a worker
+whose lease expired cannot overwrite what the next holder recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from django.db import IntegrityError, OperationalError, connections, transaction
+from django.db.models import Count, F, Q, QuerySet
+
+from ..clock import Clock
+from ..models import ReliableLock, ReliableTask, ReliableWorker
+from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition
+from ..retries import after_failure
+from ..states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
+from .base import TaskStorage
+
+T = TypeVar("T")
+WAITING = [s.value for s in WAITING_STATUSES]
+LIVE = [*WAITING, TaskStatus.RUNNING.value]
+TERMINAL = [s.value for s in TERMINAL_STATUSES]
+# MySQL error codes worth retrying: deadlock found, lock wait timeout.
+_MYSQL_RETRYABLE = {1213, 1205}
+_CHUNK = 500  # ids per IN (...) list: well under every backend's parameter limit
+
+
+def _to_info(row: ReliableTask) -> TaskInfo:
+    return TaskInfo(
+        task_id=row.task_id,
+        task_name=row.task_name,
+        status=TaskStatus(row.status),
+        queue=row.queue,
+        priority=row.priority,
+        parameter=row.parameter,
+        attempts=row.attempts,
+        retry_limit=row.retry_limit,
+        retry_interval=row.retry_interval,
+        retry_backoff=row.retry_backoff,
+        max_duration_millis=row.max_duration_millis,
+        created_at=row.created_at,
+        run_at=row.run_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_error=row.last_error,
+        result=row.result,
+        worker_id=row.worker_id,
+        cancel_requested=row.cancel_requested,
+    )
+
+
+def _to_claim(row: ReliableTask) -> Claim:
+    return Claim(
+        task=_to_info(row),
+        token=row.lease_token,
+        budget_attempts=row.budget_attempts,
+        deadline_at=row.deadline_at,
+    )
+
+
+def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class DatabaseStorage(TaskStorage):
+    """Tasks in the ``reliable_executor_task`` table of one Django database connection."""
+
+    supports_transactional_enqueue = True
+
+    def __init__(
+        self,
+        alias: str = "default",
+        clock: Clock | None = None,
+        backoff_cap_millis: int | None = None,
+    ) -> None:
+        super().__init__(clock)
+        self.alias = alias
+        self._backoff_cap_millis = backoff_cap_millis
+
+    # -- helpers --------------------------------------------------------------------------
+    @property
+    def backoff_cap_millis(self) -> int:
+        if self._backoff_cap_millis is None:
+            from ..conf import get_settings
+
+            return get_settings().DEFAULT_RETRY_BACKOFF_MAX
+        return self._backoff_cap_millis
+
+    @property
+    def vendor(self) -> str:
+        return connections[self.alias].vendor
+
+    def _tasks(self) -> QuerySet[ReliableTask]:
+        return ReliableTask.objects.using(self.alias)
+
+    def _retrying(self, operation: Callable[[], T]) -> T:
+        """Run a short transaction again when MySQL reports a deadlock or lock wait timeout."""
+        for attempt in range(5):
+            try:
+                return operation()
+            except OperationalError as exc:
+                code = exc.args[0] if exc.args else None
+                if self.vendor != "mysql" or code not in _MYSQL_RETRYABLE or attempt == 4:
+                    raise
+                time.sleep(0.005 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    # -- submitting -----------------------------------------------------------------------
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        if len(tasks) == 1:
+            return [self._enqueue_one(tasks[0])]
+        unique: dict[str, NewTask] = {}
+        for task in tasks:
+            unique.setdefault(task.task_id, task)
+        ids = list(unique)
+        existing: dict[str, TaskInfo] = {}
+        for chunk in _chunks(ids):
+            existing.update((row.pk, _to_info(row)) for row in self._tasks().filter(pk__in=chunk))
+        fresh = [task for task_id, task in unique.items() if task_id not in existing]
+        created: dict[str, TaskInfo] = {}
+        try:
+            with transaction.atomic(using=self.alias):
+                self._tasks().bulk_create([self._new_row(t) for t in fresh], batch_size=_CHUNK)
+            created = {t.task_id: self._new_info(t) for t in fresh}
+        except IntegrityError:
+            # Another submitter inserted some of the same ids meanwhile: go one by one.
+            for task in fresh:
+                info, was_created = self._enqueue_one(task)
+                (created if was_created else existing)[task.task_id] = info
+        results: list[tuple[TaskInfo, bool]] = []
+        announced: set[str] = set()
+        for task in tasks:
+            if task.task_id in created and task.task_id not in announced:
+                announced.add(task.task_id)
+                results.append((created[task.task_id], True))
+            else:
+                results.append((existing.get(task.task_id) or created[task.task_id], False))
+        return results
+
+    def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:
+        row = self._new_row(task)
+        try:
+            if transaction.get_connection(self.alias).in_atomic_block:
+                # A savepoint, so a duplicate id does not abort the caller's transaction.
+                with transaction.atomic(using=self.alias):
+                    row.save(using=self.alias, force_insert=True)
+            else:
+                row.save(using=self.alias, force_insert=True)
+            return self._new_info(task), True
+        except IntegrityError:
+            existing = self.get(task.task_id)
+            if existing is None:
+                raise
+            return existing, False
+
+    @staticmethod
+    def _new_row(task: NewTask) -> ReliableTask:
+        return ReliableTask(
+            task_id=task.task_id,
+            task_name=task.task_name,
+            status=TaskStatus.CREATED.value,
+            queue=task.queue,
+            priority=task.priority,
+            parameter=task.parameter,
+            retry_limit=task.retry_limit,
+            retry_interval=task.retry_interval,
+            retry_backoff=task.retry_backoff,
+            max_duration_millis=task.max_duration_millis,
+            created_at=task.created_at,
+            run_at=task.run_at,
+            deadline_at=task.deadline_at,
+        )
+
+    @staticmethod
+    def _new_info(task: NewTask) -> TaskInfo:
+        return TaskInfo(
+            task_id=task.task_id,
+            task_name=task.task_name,
+            status=TaskStatus.CREATED,
+            queue=task.queue,
+            priority=task.priority,
+            parameter=task.parameter,
+            attempts=0,
+            retry_limit=task.retry_limit,
+            retry_interval=task.retry_interval,
+            retry_backoff=task.retry_backoff,
+            max_duration_millis=task.max_duration_millis,
+            created_at=task.created_at,
+            run_at=task.run_at,
+            started_at=None,
+            finished_at=None,
+            last_error=None,
+            result=None,
+            worker_id=None,
+            cancel_requested=False,
+        )
+
+    # -- the worker's path ----------------------------------------------------------------
+    def claim(
+        self, worker_id: str, queues: Sequence[str], limit: int, lease_seconds: float
+    ) -> list[Claim]:
+        if limit <= 0 or not queues:
+            return []
+        now = self.clock.now()
+        lease_until = now + dt.timedelta(seconds=lease_seconds)
+        if self.vendor in ("sqlite", "postgresql"):
+            ids = self._claim_returning(worker_id, list(queues), limit, now, lease_until)
+        else:
+            ids = self._retrying(
+                lambda: self._claim_skip_locked(worker_id, list(queues), limit, now, lease_until)
+            )
+        if not ids:
+            return []
+        rows = list(self._tasks().filter(pk__in=ids, worker_id=worker_id, available=False))
+        rows.sort(key=lambda r: (-r.priority, r.run_at))
+        return [_to_claim(row) for row in rows]
+
+    def _claim_returning(
+        self,
+        worker_id: str,
+        queues: list[str],
+        limit: int,
+        now: dt.datetime,
+        lease_until: dt.datetime,
+    ) -> list[str]:
+        """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
+        connection = connections[self.alias]
+        ops = connection.ops
+        table = ops.quote_name(ReliableTask._meta.db_table)
+        skip_locked = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+        queue_marks = ", ".join(["%s"] * len(queues))
+        sql = (
+            f"UPDATE {table} SET available = %s, worker_id = %s, "
+            "lease_token = lease_token + 1, lease_expires_at = %s "
+            f"WHERE task_id IN (SELECT task_id FROM {table} "
+            f"WHERE available = %s AND status IN (%s, %s) AND queue IN ({queue_marks}) "
+            f"AND run_at <= %s ORDER BY priority DESC, run_at ASC LIMIT %s{skip_locked}) "
+            "RETURNING task_id"
+        )
+        params = [
+            False,
+            worker_id,
+            ops.adapt_datetimefield_value(lease_until),
+            True,
+            *WAITING,
+            *queues,
+            ops.adapt_datetimefield_value(now),
+            limit,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [r[0] for r in cursor.fetchall()]
+
+    def _claim_skip_locked(
+        self,
+        worker_id: str,
+        queues: list[str],
+        limit: int,
+        now: dt.datetime,
+        lease_until: dt.datetime,
+    ) -> list[str]:
+        """MariaDB/MySQL have no UPDATE ... RETURNING: lock a batch, then mark it, in one
+        short transaction by primary key."""
+        with transaction.atomic(using=self.alias):
+            ids = list(
+                self._tasks()
+                .select_for_update(skip_locked=True)
+                .filter(available=True, status__in=WAITING, queue__in=queues, run_at__lte=now)
+                .order_by("-priority", "run_at")
+                .values_list("pk", flat=True)[:limit]
+            )
+            if ids:
+                self._tasks().filter(pk__in=ids).update(
+                    available=False,
+                    worker_id=worker_id,
+                    lease_token=F("lease_token") + 1,
+                    lease_expires_at=lease_until,
+                )
+            return ids
+
+    def start(self, claim: Claim, lease_seconds: float) -> Claim | None:
+        now = self.clock.now()
+        changed = self._tasks().filter(
+            pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING
+        ).update(
+            status=TaskStatus.RUNNING.value,
+            attempts=F("attempts") + 1,
+            budget_attempts=F("budget_attempts") + 1,
+            started_at=now,
+            lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+        )
+        if not changed:
+            return None
+        task = dataclasses.replace(
+            claim.task,
+            status=TaskStatus.RUNNING,
+            attempts=claim.task.attempts + 1,
+            started_at=now,
+        )
+        return dataclasses.replace(claim, task=task, budget_attempts=claim.budget_attempts + 1)
+
+    def heartbeat(
+        self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
+    ) -> dict[str, tuple[int, bool]]:
+        held: dict[str, tuple[int, bool]] = {}
+        lease_until = self.clock.now() + dt.timedelta(seconds=lease_seconds)
+        for chunk in _chunks(list(task_ids)):
+            mine = self._tasks().filter(
+                pk__in=chunk, worker_id=worker_id, available=False, status__in=LIVE
+            )
+            mine.update(lease_expires_at=lease_until)
+            for pk, token, cancel in mine.values_list("pk", "lease_token", "cancel_requested"):
+                held[pk] = (token, cancel)
+        return held
+
+    def complete(self, claim: Claim, result: object) -> Transition | None:
+        now = self.clock.now()
+        changed = self._tasks().filter(
+            pk=claim.task_id, lease_token=claim.token, status=TaskStatus.RUNNING.value
+        ).update(
+            status=TaskStatus.COMPLETED.value,
+            result=result,
+            finished_at=now,
+            lease_expires_at=None,
+            deadline_at=None,
+        )
+        if not changed:
+            return None
+        task = dataclasses.replace(
+            claim.task, status=TaskStatus.COMPLETED, result=result, finished_at=now
+        )
+        return Transition(task=task, previous=TaskStatus.RUNNING)
+
+    def fail(
+        self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
+    ) -> Transition | None:
+        now = self.clock.now()
+        # Optimistic: assume no cancel was requested; if the CAS misses, read and decide again.
+        for cancel_requested in (False, True):
+            if is_error:
+                status, run_at = TaskStatus.ERROR, None
+            else:
+                status, run_at = after_failure(
+                    budget_attempts=claim.budget_attempts,
+                    retry_limit=claim.task.retry_limit,
+                    retryable=retryable,
+                    cancel_requested=cancel_requested,
+                    deadline_at=claim.deadline_at,
+                    now=now,
+                    retry_interval=claim.task.retry_interval,
+                    retry_backoff=claim.task.retry_backoff,
+                    backoff_cap_millis=self.backoff_cap_millis,
+                )
+            changes = self._failure_changes(status, run_at, error, now)
+            changed = self._tasks().filter(
+                pk=claim.task_id,
+                lease_token=claim.token,
+                status=TaskStatus.RUNNING.value,
+                cancel_requested=cancel_requested,
+            ).update(**changes)
+            if changed:
+                task = dataclasses.replace(
+                    claim.task,
+                    status=status,
+                    last_error=error,
+                    run_at=run_at or claim.task.run_at,
+                    finished_at=changes.get("finished_at"),
+                    cancel_requested=cancel_requested,
+                )
+                return Transition(task=task, previous=TaskStatus.RUNNING)
+            if is_error:
+                # ERROR ignores the cancel flag; a miss means the claim is stale.
+                return None
+        return None
+
+    @staticmethod
+    def _failure_changes(
+        status: TaskStatus, run_at: dt.datetime | None, error: str, now: dt.datetime
+    ) -> dict[str, Any]:
+        if status is TaskStatus.PENDING:
+            assert run_at is not None
+            return {
+                "status": status.value,
+                "available": True,
+                "run_at": run_at,
+                "last_error": error,
+                "lease_expires_at": None,
+            }
+        return {
+            "status": status.value,
+            "available": False,
+            "last_error": error,
+            "finished_at": now,
+            "lease_expires_at": None,
+            "deadline_at": None,
+        }
+
+    def expire_claim(self, claim: Claim) -> Transition | None:
+        now = self.clock.now()
+        error = _timeout_message(claim.task.max_duration_millis, claim.task.last_error)
+        changed = self._tasks().filter(
+            pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING
+        ).update(**self._failure_changes(TaskStatus.TIMEOUT, None, error, now))
+        if not changed:
+            return None
+        task = dataclasses.replace(
+            claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+        )
+        return Transition(task=task, previous=claim.task.status)
+
+    def release(self, claims: Sequence[Claim]) -> int:
+        released = 0
+        for chunk in _chunks(list(claims), 100):
+            match = Q()
+            for claim in chunk:
+                match |= Q(pk=claim.task_id, lease_token=claim.token)
+            released += (
+                self._tasks()
+                .filter(match, available=False, status__in=WAITING)
+                .update(available=True, worker_id=None, lease_expires_at=None)
+            )
+        return released
+
+    # -- operating ------------------------------------------------------------------------
+    def cancel(self, task_id: str) -> CancelResult:
+        now = self.clock.now()
+        changed = self._tasks().filter(pk=task_id, status__in=WAITING).update(
+            status=TaskStatus.CANCELLED.value,
+            available=False,
+            finished_at=now,
+            lease_expires_at=None,
+            deadline_at=None,
+        )
+        if changed:
+            return CancelResult(changed=True, task=self.get(task_id))
+        requested = self._tasks().filter(pk=task_id, status=TaskStatus.RUNNING.value).update(
+            cancel_requested=True
+        )
+        if requested:
+            return CancelResult(changed=True, task=self.get(task_id), requested_only=True)
+        return CancelResult(changed=False, task=self.get(task_id))
+
+    def retry(self, task_id: str) -> Transition | None:
+        row = self._tasks().filter(pk=task_id).first()
+        if row is None or TaskStatus(row.status) not in {
+            TaskStatus.FAILED,
+            TaskStatus.TIMEOUT,
+            TaskStatus.ERROR,
+            TaskStatus.CANCELLED,
+        }:
+            return None
+        now = self.clock.now()
+        deadline = (
+            now + dt.timedelta(milliseconds=row.max_duration_millis)
+            if row.max_duration_millis
+            else None
+        )
+        changed = self._tasks().filter(pk=task_id, status=row.status).update(
+            status=TaskStatus.PENDING.value,
+            available=True,
+            run_at=now,
+            deadline_at=deadline,
+            budget_attempts=0,
+            cancel_requested=False,
+            finished_at=None,
+            result=None,
+            lease_expires_at=None,
+        )
+        if not changed:
+            return None
+        previous = TaskStatus(row.status)
+        row.status, row.run_at, row.finished_at = TaskStatus.PENDING.value, now, None
+        row.cancel_requested, row.result = False, None
+        return Transition(task=_to_info(row), previous=previous)
+
+    # -- leader-only chores ---------------------------------------------------------------
+    def recover_expired(self, limit: int) -> list[Transition]:
+        now = self.clock.now()
+        rows = list(
+            self._tasks()
+            .filter(available=False, lease_expires_at__lt=now, status__in=LIVE)
+            .order_by("lease_expires_at")[:limit]
+        )
+        transitions = []
+        for row in rows:
+            held = self._tasks().filter(
+                pk=row.pk,
+                lease_token=row.lease_token,
+                status=row.status,
+                available=False,
+                lease_expires_at__lt=now,
+                cancel_requested=row.cancel_requested,
+            )
+            if row.status != TaskStatus.RUNNING.value:
+                # Claimed but never started: back to the queue, no attempt counted.
+                held.update(available=True, worker_id=None, lease_expires_at=None)
+                continue
+            error = f"worker lost: {row.worker_id} stopped renewing its lease"
+            status, run_at = after_failure(
+                budget_attempts=row.budget_attempts,
+                retry_limit=row.retry_limit,
+                retryable=True,
+                cancel_requested=row.cancel_requested,
+                deadline_at=row.deadline_at,
+                now=now,
+                retry_interval=row.retry_interval,
+                retry_backoff=row.retry_backoff,
+                backoff_cap_millis=self.backoff_cap_millis,
+            )
+            changes = self._failure_changes(status, run_at, error, now)
+            if held.update(**changes):
+                for key, value in changes.items():
+                    setattr(row, key, value)
+                transitions.append(Transition(task=_to_info(row), previous=TaskStatus.RUNNING))
+        return transitions
+
+    def expire_overdue(self, limit: int) -> list[Transition]:
+        now = self.clock.now()
+        rows = list(
+            self._tasks()
+            .filter(deadline_at__lte=now, status__in=LIVE)
+            .order_by("deadline_at")[:limit]
+        )
+        transitions = []
+        for row in rows:
+            error = _timeout_message(row.max_duration_millis, row.last_error)
+            changes = self._failure_changes(TaskStatus.TIMEOUT, None, error, now)
+            changed = self._tasks().filter(
+                pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
+            ).update(**changes)
+            if changed:
+                previous = TaskStatus(row.status)
+                for key, value in changes.items():
+                    setattr(row, key, value)
+                transitions.append(Transition(task=_to_info(row), previous=previous))
+        return transitions
+
+    def purge_finished(self, finished_before: dt.datetime, limit: int) -> int:
+        ids = list(
+            self._tasks()
+            .filter(finished_at__lt=finished_before, status__in=TERMINAL)
+            .values_list("pk", flat=True)[:limit]
+        )
+        deleted = 0
+        for chunk in _chunks(ids):
+            deleted += self._tasks().filter(pk__in=chunk, status__in=TERMINAL).delete()[0]
+        return deleted
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, task_id: str) -> TaskInfo | None:
+        row = self._tasks().filter(pk=task_id).first()
+        return _to_info(row) if row is not None else None
+
+    def list(
+        self,
+        *,
+        status: TaskStatus | None = None,
+        task_name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[TaskInfo]:
+        qs = self._tasks()
+        if status is not None:
+            qs = qs.filter(status=TaskStatus(status).value)
+        if task_name is not None:
+            qs = qs.filter(task_name=task_name)
+        if queue is not None:
+            qs = qs.filter(queue=queue)
+        qs = qs.order_by("-created_at", "-task_id")[offset : offset + limit]
+        return [_to_info(row) for row in qs]
+
+    def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
+        qs = self._tasks()
+        if queue is not None:
+            qs = qs.filter(queue=queue)
+        counts = {status: 0 for status in TaskStatus}
+        for row in qs.order_by().values("status").annotate(n=Count("pk")):
+            counts[TaskStatus(row["status"])] = row["n"]
+        return counts
+
+    def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
+        horizon = self.clock.now() + dt.timedelta(seconds=horizon_seconds)
+        qs = self._tasks().filter(queue__in=list(queues))
+        return (
+            qs.filter(status=TaskStatus.RUNNING.value).exists()
+            or qs.filter(status__in=WAITING, run_at__lte=horizon).exists()
+        )
+
+    # -- leadership and workers -----------------------------------------------------------
+    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        now = self.clock.now()
+        expires = now + dt.timedelta(seconds=ttl_seconds)
+        locks = ReliableLock.objects.using(self.alias)
+        if locks.filter(Q(owner=owner) | Q(expires_at__lt=now), name=name).update(
+            owner=owner, expires_at=expires
+        ):
+            return True
+        try:
+            with transaction.atomic(using=self.alias):
+                locks.create(name=name, owner=owner, expires_at=expires)
+            return True
+        except IntegrityError:
+            return False
+
+    def release_lock(self, name: str, owner: str) -> None:
+        ReliableLock.objects.using(self.alias).filter(name=name, owner=owner).update(
+            owner="", expires_at=self.clock.now() - dt.timedelta(seconds=1)
+        )
+
+    def lock_owner(self, name: str) -> str | None:
+        row = ReliableLock.objects.using(self.alias).filter(name=name).first()
+        if row is None or not row.owner or row.expires_at < self.clock.now():
+            return None
+        return row.owner
+
+    def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
+        now = self.clock.now()
+        workers = ReliableWorker.objects.using(self.alias)
+        if workers.filter(pk=worker_id).update(last_seen_at=now):
+            return
+        try:
+            with transaction.atomic(using=self.alias):
+                workers.create(
+                    worker_id=worker_id,
+                    hostname=str(info.get("hostname", "")),
+                    pid=int(info.get("pid", 0)),  # type: ignore[call-overload]
+                    queues=",".join(info.get("queues", [])),  # type: ignore[arg-type]
+                    started_at=now,
+                    last_seen_at=now,
+                )
+        except IntegrityError:
+            workers.filter(pk=worker_id).update(last_seen_at=now)
+
+    def worker_gone(self, worker_id: str) -> None:
+        ReliableWorker.objects.using(self.alias).filter(pk=worker_id).delete()
+
+    def close(self) -> None:
+        connections[self.alias].close()
+
+
+def _timeout_message(max_duration_millis: int | None, previous_error: str | None) -> str:
+    message = f"max duration of {max_duration_millis} ms since creation exceeded"
+    if previous_error:
+        message += f"\nLast failure before the deadline:\n{previous_error}"
+    return message

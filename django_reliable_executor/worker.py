@@ -1,0 +1,251 @@
+"""The runexecutor worker: claim loop, bounded pool, heartbeat and scheduler threads, and the
+phased shutdown (quiet -> hand back unstarted claims -> drain -> stop)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+
+from django.db import close_old_connections
+
+from .execution import TaskRunner
+from .leadership import MasterLock
+from .pool import BoundedPool
+from .scheduler import Scheduler
+from .service import ReliableExecutor, executor as default_executor
+
+logger = logging.getLogger("django_reliable_executor")
+
+CLAIM_BATCH = 100  # most claims taken in one round trip
+MIN_IDLE_WAIT = 0.005  # first wait after the queue ran dry; doubles up to POLL_INTERVAL
+BURST_HORIZON_SECONDS = 60.0
+
+
+def default_worker_id() -> str:
+    """hostname-pid-random: unique even when a pid is reused after a restart."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclasses.dataclass
+class WorkerOptions:
+    queues: Sequence[str] = ("default",)
+    core_pool_size: int = 5
+    max_pool_size: int = 10
+    queue_capacity: int = 100
+    poll_interval: float = 1.0
+    lease_timeout: float = 60.0
+    master_lock_ttl: float = 10.0
+    finished_retention: float = 7 * 24 * 3600
+    shutdown_timeout: float = 30.0
+    burst: bool = False
+    worker_id: str = dataclasses.field(default_factory=default_worker_id)
+
+    @classmethod
+    def from_settings(cls, executor: ReliableExecutor, **overrides: object) -> WorkerOptions:
+        s = executor.settings
+        values: dict[str, object] = dict(
+            core_pool_size=s.CORE_POOL_SIZE,
+            max_pool_size=s.MAX_POOL_SIZE,
+            queue_capacity=s.QUEUE_CAPACITY,
+            poll_interval=s.POLL_INTERVAL,
+            lease_timeout=s.LEASE_TIMEOUT,
+            master_lock_ttl=s.MASTER_LOCK_TTL,
+            finished_retention=s.FINISHED_RETENTION,
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class Worker:
+    """One runexecutor process's worth of work. ``run()`` blocks until stopped."""
+
+    def __init__(self, options: WorkerOptions, executor: ReliableExecutor | None = None) -> None:
+        self.options = options
+        self.executor = executor or default_executor
+        self.worker_id = options.worker_id
+        self.runner = TaskRunner(self.executor, options.lease_timeout)
+        self.pool = BoundedPool(
+            self.runner.run,
+            core_size=options.core_pool_size,
+            max_size=options.max_pool_size,
+            queue_capacity=options.queue_capacity,
+        )
+        self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
+        self.scheduler = Scheduler(self.executor, options.finished_retention)
+        self.stopping = threading.Event()  # quiet: stop claiming, drain
+        self.hard_stop = threading.Event()  # stop now, do not wait for handlers
+        self._threads_done = threading.Event()
+        self.last_poll_at: float | None = None
+
+    # -- control --------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """First call: graceful stop. Second call: stop without waiting for handlers."""
+        if self.stopping.is_set():
+            self.hard_stop.set()
+        self.stopping.set()
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        """Claim and execute until stopped (or, with ``burst``, until no work is near).
+        Returns the process exit code: 0 after a graceful stop, 1 after a hard one."""
+        opts = self.options
+        logger.info(
+            "worker %s starting: queues=%s pool=%d..%d queue_capacity=%d",
+            self.worker_id,
+            ",".join(opts.queues),
+            opts.core_pool_size,
+            opts.max_pool_size,
+            opts.queue_capacity,
+        )
+        background = [
+            threading.Thread(target=self._heartbeat_loop, name="reliable-executor-heartbeat", daemon=True),
+            threading.Thread(target=self._scheduler_loop, name="reliable-executor-scheduler", daemon=True),
+        ]
+        self._beat()
+        for thread in background:
+            thread.start()
+        try:
+            self._claim_loop()
+        finally:
+            code = self._shutdown()
+            self._threads_done.set()
+            for thread in background:
+                thread.join(timeout=5)
+            self.master.release()
+            try:
+                self.executor.storage.worker_gone(self.worker_id)
+            except Exception:
+                logger.exception("could not unregister worker %s", self.worker_id)
+            close_old_connections()
+            logger.info("worker %s stopped", self.worker_id)
+        return code
+
+    def _claim_loop(self) -> None:
+        opts = self.options
+        storage = self.executor.storage
+        idle_wait = MIN_IDLE_WAIT
+        error_wait = 0.5
+        while not self.stopping.is_set():
+            slots = self.pool.free_slots()
+            if slots <= 0:
+                self.pool.wait_for_slot(opts.poll_interval)
+                continue
+            try:
+                claims = storage.claim(
+                    self.worker_id, opts.queues, min(slots, CLAIM_BATCH), opts.lease_timeout
+                )
+                self.last_poll_at = time.time()
+                error_wait = 0.5
+            except Exception:
+                logger.exception("claiming failed; retrying in %.1fs", error_wait)
+                close_old_connections()
+                self.stopping.wait(error_wait)
+                error_wait = min(error_wait * 2, 30.0)
+                continue
+            if claims:
+                for claim in claims:
+                    self.pool.submit(claim)
+                idle_wait = MIN_IDLE_WAIT
+                continue
+            if opts.burst and self.pool.is_idle() and not self._work_near():
+                logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
+                return
+            # Nothing due: wait, doubling the wait up to POLL_INTERVAL. A worker that just had
+            # work looks again within milliseconds; an idle one asks once per POLL_INTERVAL.
+            self.stopping.wait(idle_wait)
+            idle_wait = min(idle_wait * 2, opts.poll_interval)
+
+    def _work_near(self) -> bool:
+        try:
+            return self.executor.storage.has_work(self.options.queues, BURST_HORIZON_SECONDS)
+        except Exception:
+            logger.exception("burst: could not check for work")
+            return True
+
+    # -- shutdown -------------------------------------------------------------------------
+    def _shutdown(self) -> int:
+        # Phase 1 (quiet) happened: the claim loop returned. Phase 2: hand back what never
+        # started, at once, with no attempt counted, so other workers can take it.
+        unstarted = self.pool.take_queued()
+        if unstarted:
+            try:
+                released = self.executor.storage.release(unstarted)
+                logger.info("handed back %d unstarted claims", released)
+            except Exception:
+                logger.exception("could not hand back claims; their leases will expire")
+        self.pool.close()
+        # Phase 3: let running handlers finish, heartbeats still renewing their leases.
+        deadline = time.monotonic() + self.options.shutdown_timeout
+        while not self.hard_stop.is_set():
+            remaining = deadline - time.monotonic()
+            if self.pool.wait_idle(min(0.2, max(remaining, 0))):
+                return 0
+            if remaining <= 0:
+                break
+        still = self.pool.running_ids()
+        if still:
+            logger.warning(
+                "stopping with %d handlers still running (%s); their tasks are recovered "
+                "after their lease expires",
+                len(still),
+                ", ".join(sorted(still)),
+            )
+        return 1 if self.hard_stop.is_set() else 0
+
+    # -- background threads ---------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        interval = max(self.options.lease_timeout / 4, 0.05)
+        while not self._threads_done.wait(interval):
+            self._beat()
+        close_old_connections()
+
+    def _beat(self) -> None:
+        """Renew the leases of every claim held here; stop tracking any that were lost."""
+        storage = self.executor.storage
+        try:
+            storage.worker_seen(
+                self.worker_id,
+                {"hostname": socket.gethostname(), "pid": os.getpid(), "queues": list(self.options.queues)},
+            )
+            claims = self.pool.held()
+            if not claims:
+                return
+            held = storage.heartbeat(
+                self.worker_id, [c.task_id for c in claims], self.options.lease_timeout
+            )
+        except Exception:
+            logger.exception("heartbeat failed")
+            close_old_connections()
+            return
+        # The token moves only when the task is claimed again, so a different one means lost.
+        lost = {c.task_id for c in claims if held.get(c.task_id, (None,))[0] != c.token}
+        dropped = self.pool.drop(lost)
+        for claim in dropped:
+            logger.info("task %s: lease lost before it started; dropped", claim.task_id)
+        for task_id, (_, cancel_requested) in held.items():
+            context = self.runner.contexts.get(task_id)
+            if context is not None and cancel_requested:
+                context.mark_cancelled()
+        for task_id in lost:
+            context = self.runner.contexts.get(task_id)
+            if context is not None:
+                context.mark_cancelled()
+
+    def _scheduler_loop(self) -> None:
+        tick = min(1.0, self.options.master_lock_ttl / 4)
+        while not self._threads_done.is_set():
+            busy = False
+            try:
+                if self.master.hold():
+                    busy = self.scheduler.run_once()
+            except Exception:
+                logger.exception("scheduler round failed")
+                close_old_connections()
+            self._threads_done.wait(0.01 if busy else tick)
+        close_old_connections()

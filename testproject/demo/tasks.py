@@ -1,0 +1,82 @@
+"""Handlers of the demo and the test suite: a realistic mix of fast, failing, slow and flaky work."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from django_reliable_executor import TaskContext, reliable_task_handler
+from django_reliable_executor.conf import get_settings
+
+from .models import Execution
+
+
+@dataclasses.dataclass
+class OrderParam:
+    order_id: int
+    amount: float
+    currency: str = "EUR"
+
+
+class PaymentDeclined(Exception):
+    """Not worth retrying: excluded from retry_on."""
+
+
+@reliable_task_handler(name="demo.noop")
+def noop() -> None:
+    """Does nothing (benchmarks)."""
+
+
+@reliable_task_handler(name="demo.echo")
+def echo(param):
+    return param
+
+
+@reliable_task_handler(
+    name="demo.process_order",
+    param_type=OrderParam,
+    retry_on=(ConnectionError,),
+    retry_interval=200,
+)
+def process_order(param: OrderParam) -> dict:
+    if param.amount < 0:
+        raise PaymentDeclined(f"order {param.order_id}: negative amount")
+    time.sleep(0.05)
+    return {"order_id": param.order_id, "charged": param.amount, "currency": param.currency}
+
+
+@reliable_task_handler(name="demo.flaky", takes_context=True, retry_interval=100)
+def flaky(param: dict, context: TaskContext) -> str:
+    """Fails the first ``fail_times`` attempts, then succeeds."""
+    if context.attempt <= param.get("fail_times", 1):
+        raise ConnectionError(f"attempt {context.attempt}: upstream not reachable")
+    return f"succeeded on attempt {context.attempt}"
+
+
+@reliable_task_handler(name="demo.always_fails", retry_interval=100)
+def always_fails(param=None) -> None:
+    raise RuntimeError("this task always fails")
+
+
+@reliable_task_handler(name="demo.slow", takes_context=True)
+def slow(param: dict, context: TaskContext) -> str:
+    """Sleeps ``seconds`` in small steps, stopping early when cancelled."""
+    deadline = time.monotonic() + float(param.get("seconds", 1))
+    while time.monotonic() < deadline:
+        if context.is_cancelled():
+            raise InterruptedError("cancelled while running")
+        time.sleep(0.02)
+    return "done"
+
+
+@reliable_task_handler(name="demo.record", takes_context=True)
+def record(param: dict | None, context: TaskContext) -> int:
+    """Logs each execution in the Execution table (tests count them), then sleeps."""
+    executions = Execution.objects.using(get_settings().DATABASE_ALIAS)  # beside the tasks
+    row = executions.create(task_id=context.task_id, attempt=context.attempt, pid=os.getpid())
+    seconds = float((param or {}).get("sleep", 0))
+    if seconds:
+        time.sleep(seconds)
+    executions.filter(pk=row.pk).update(finished=True)
+    return os.getpid()

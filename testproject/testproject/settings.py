@@ -1,0 +1,127 @@
+"""Settings of the test and demo project.
+
+The default database is SQLite (no server needed). The test suite also uses the ``mariadb`` and
+``postgres`` aliases; their locations come from the environment:
+
+    RE_MARIADB_HOST (127.0.0.1) RE_MARIADB_PORT (3306) RE_MARIADB_USER (root) RE_MARIADB_PASSWORD ("")
+    RE_POSTGRES_HOST (127.0.0.1) RE_POSTGRES_PORT (5432) RE_POSTGRES_USER (postgres) RE_POSTGRES_PASSWORD ("")
+
+``RE_DATABASE`` (default|mariadb|postgres) picks which alias the executor stores tasks in, and
+``RE_TEST_DB_NAMES=1`` points every alias at its test database (runexecutor subprocesses started by
+the tests must see the tables pytest created).
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = "testproject-not-secret"
+DEBUG = True
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "testproject.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "/static/"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_reliable_executor",
+    "demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+env = os.environ.get
+test_names = env("RE_TEST_DB_NAMES") == "1"
+
+
+def _name(name: str) -> str:
+    return f"test_{name}" if test_names else name
+
+
+SQLITE_PATH = env("RE_SQLITE_PATH", str(BASE_DIR / "db.sqlite3"))
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        # With RE_TEST_DB_NAMES the tests give a file path for the test database too.
+        "NAME": env("RE_SQLITE_TEST_PATH", SQLITE_PATH) if test_names else SQLITE_PATH,
+        # WAL lets readers run beside the single writer; IMMEDIATE takes the write lock at
+        # BEGIN so two writers queue up instead of failing with "database is locked".
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        "TEST": {"NAME": env("RE_SQLITE_TEST_PATH", str(BASE_DIR / "test_db.sqlite3"))},
+    },
+    "mariadb": {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": _name(env("RE_MARIADB_NAME", "reliable_executor")),
+        "HOST": env("RE_MARIADB_HOST", "127.0.0.1"),
+        "PORT": env("RE_MARIADB_PORT", "3306"),
+        "USER": env("RE_MARIADB_USER", "root"),
+        "PASSWORD": env("RE_MARIADB_PASSWORD", ""),
+        "OPTIONS": {"charset": "utf8mb4"},
+        "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"},
+    },
+    "postgres": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _name(env("RE_POSTGRES_NAME", "reliable_executor")),
+        "HOST": env("RE_POSTGRES_HOST", "127.0.0.1"),
+        "PORT": env("RE_POSTGRES_PORT", "5432"),
+        "USER": env("RE_POSTGRES_USER", "postgres"),
+        "PASSWORD": env("RE_POSTGRES_PASSWORD", ""),
+    },
+}
+
+RELIABLE_EXECUTOR = {
+    "DATABASE_ALIAS": env("RE_DATABASE", "default"),
+}
+if env("RE_LEASE_TIMEOUT"):
+    RELIABLE_EXECUTOR["LEASE_TIMEOUT"] = float(env("RE_LEASE_TIMEOUT"))
+if env("RE_MASTER_LOCK_TTL"):
+    RELIABLE_EXECUTOR["MASTER_LOCK_TTL"] = float(env("RE_MASTER_LOCK_TTL"))
+if env("RE_POLL_INTERVAL"):
+    RELIABLE_EXECUTOR["POLL_INTERVAL"] = float(env("RE_POLL_INTERVAL"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "django_reliable_executor": {
+            "handlers": ["console"],
+            "level": env("RE_LOG_LEVEL", "WARNING"),
+        }
+    },
+}
