@@ -68,12 +68,12 @@ def _name(name: str) -> str:
 
 
 SQLITE_PATH = env("RE_SQLITE_PATH", str(BASE_DIR / "db.sqlite3"))
+SQLITE_TEST_PATH = env("RE_SQLITE_TEST_PATH", str(BASE_DIR / "test_db.sqlite3"))
 
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        # With RE_TEST_DB_NAMES the tests give a file path for the test database too.
-        "NAME": env("RE_SQLITE_TEST_PATH", SQLITE_PATH) if test_names else SQLITE_PATH,
+        "NAME": SQLITE_TEST_PATH if test_names else SQLITE_PATH,
         # WAL lets readers run beside the single writer; IMMEDIATE takes the write lock at
         # BEGIN so two writers queue up instead of failing with "database is locked".
         "OPTIONS": {
@@ -81,7 +81,8 @@ DATABASES = {
             "transaction_mode": "IMMEDIATE",
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         },
-        "TEST": {"NAME": env("RE_SQLITE_TEST_PATH", str(BASE_DIR / "test_db.sqlite3"))},
+        # A file, not memory: runexecutor subprocesses started by the tests share it.
+        "TEST": {"NAME": SQLITE_TEST_PATH},
     },
     "mariadb": {
         "ENGINE": "django.db.backends.mysql",
