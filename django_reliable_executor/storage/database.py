@@ -345,43 +345,52 @@ class DatabaseStorage(TaskStorage):
         self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
     ) -> Transition | None:
         now = self.clock.now()
-        # Optimistic: assume no cancel was requested; if the CAS misses, read and decide again.
+        if is_error:
+            # ERROR does not depend on the cancel flag: one CAS on state and token.
+            return self._record_failure(claim, TaskStatus.ERROR, None, error, now, None)
+        # Optimistic: assume no cancel was requested; if the CAS misses, decide again with it.
         for cancel_requested in (False, True):
-            if is_error:
-                status, run_at = TaskStatus.ERROR, None
-            else:
-                status, run_at = after_failure(
-                    budget_attempts=claim.budget_attempts,
-                    retry_limit=claim.task.retry_limit,
-                    retryable=retryable,
-                    cancel_requested=cancel_requested,
-                    deadline_at=claim.deadline_at,
-                    now=now,
-                    retry_interval=claim.task.retry_interval,
-                    retry_backoff=claim.task.retry_backoff,
-                    backoff_cap_millis=self.backoff_cap_millis,
-                )
-            changes = self._failure_changes(status, run_at, error, now)
-            changed = self._tasks().filter(
-                pk=claim.task_id,
-                lease_token=claim.token,
-                status=TaskStatus.RUNNING.value,
+            status, run_at = after_failure(
+                budget_attempts=claim.budget_attempts,
+                retry_limit=claim.task.retry_limit,
+                retryable=retryable,
                 cancel_requested=cancel_requested,
-            ).update(**changes)
-            if changed:
-                task = dataclasses.replace(
-                    claim.task,
-                    status=status,
-                    last_error=error,
-                    run_at=run_at or claim.task.run_at,
-                    finished_at=changes.get("finished_at"),
-                    cancel_requested=cancel_requested,
-                )
-                return Transition(task=task, previous=TaskStatus.RUNNING)
-            if is_error:
-                # ERROR ignores the cancel flag; a miss means the claim is stale.
-                return None
+                deadline_at=claim.deadline_at,
+                now=now,
+                retry_interval=claim.task.retry_interval,
+                retry_backoff=claim.task.retry_backoff,
+                backoff_cap_millis=self.backoff_cap_millis,
+            )
+            transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)
+            if transition is not None:
+                return transition
         return None
+
+    def _record_failure(
+        self,
+        claim: Claim,
+        status: TaskStatus,
+        run_at: dt.datetime | None,
+        error: str,
+        now: dt.datetime,
+        cancel_requested: bool | None,
+    ) -> Transition | None:
+        """CAS RUNNING (with this token, and this cancel flag unless None) -> ``status``."""
+        changes = self._failure_changes(status, run_at, error, now)
+        match = Q(pk=claim.task_id, lease_token=claim.token, status=TaskStatus.RUNNING.value)
+        if cancel_requested is not None:
+            match &= Q(cancel_requested=cancel_requested)
+        if not self._tasks().filter(match).update(**changes):
+            return None
+        task = dataclasses.replace(
+            claim.task,
+            status=status,
+            last_error=error,
+            run_at=run_at or claim.task.run_at,
+            finished_at=changes.get("finished_at"),
+            cancel_requested=bool(cancel_requested),
+        )
+        return Transition(task=task, previous=TaskStatus.RUNNING)
 
     @staticmethod
     def _failure_changes(

@@ -9,9 +9,14 @@ The default database is SQLite (no server needed). The test suite also uses the 
 ``RE_DATABASE`` (default|mariadb|postgres) picks which alias the executor stores tasks in, and
 ``RE_TEST_DB_NAMES=1`` points every alias at its test database (runexecutor subprocesses started by
 the tests must see the tables pytest created).
+
+Under pytest every run gets databases of its own: ``RE_DB_SUFFIX`` (default: the pytest process
+id) is appended to every database name and exported, so subprocesses inherit it and parallel runs
+(two tox environments, two developers) never share or drop each other's test databases.
 """
 
 import os
+import sys
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -61,14 +66,17 @@ TEMPLATES = [
 
 env = os.environ.get
 test_names = env("RE_TEST_DB_NAMES") == "1"
+if "pytest" in sys.modules and not env("RE_DB_SUFFIX"):
+    os.environ["RE_DB_SUFFIX"] = f"_{os.getpid()}"
+suffix = env("RE_DB_SUFFIX", "")
 
 
 def _name(name: str) -> str:
-    return f"test_{name}" if test_names else name
+    return f"test_{name}{suffix}" if test_names else f"{name}{suffix}"
 
 
 SQLITE_PATH = env("RE_SQLITE_PATH", str(BASE_DIR / "db.sqlite3"))
-SQLITE_TEST_PATH = env("RE_SQLITE_TEST_PATH", str(BASE_DIR / "test_db.sqlite3"))
+SQLITE_TEST_PATH = env("RE_SQLITE_TEST_PATH", str(BASE_DIR / f"test_db{suffix}.sqlite3"))
 
 DATABASES = {
     "default": {
