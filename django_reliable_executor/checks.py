@@ -30,6 +30,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="reliable_executor.E002",
             )
         )
+    if storage == "database" and not settings.USE_TZ:
+        errors.append(
+            Error(
+                "the database storage needs USE_TZ = True: task times are aware UTC datetimes",
+                obj="USE_TZ",
+                id="reliable_executor.E004",
+            )
+        )
     cache_alias = raw.get("REDIS_CACHE_ALIAS")
     if storage == "redis" and cache_alias and cache_alias not in getattr(settings, "CACHES", {}):
         errors.append(

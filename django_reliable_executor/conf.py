@@ -1,4 +1,4 @@
-"""RELIABLE_EXECUTOR settings -> one frozen, validated settings object, rebuilt on setting_changed."""
+"""RELIABLE_EXECUTOR -> one frozen, validated settings object, rebuilt on setting_changed."""
 
 from __future__ import annotations
 

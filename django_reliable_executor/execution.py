@@ -1,4 +1,4 @@
-"""Run one claimed task: start it, resolve the handler, convert the parameter, record the outcome."""
+"""Run one claimed task: start it, resolve the handler, convert the parameter, record it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import time
 import traceback
 from typing import Any
 
-from .records import Claim, TaskInfo
+from .batching import GroupCommitter
+from .records import Claim, TaskInfo, Transition
 from .registry import TaskHandler, get_handler
 from .serialization import ConversionError, from_json_value, to_json_value
 from .service import ReliableExecutor
@@ -75,6 +76,13 @@ class TaskRunner:
         self.executor = executor
         self.lease_seconds = lease_seconds
         self.contexts: dict[str, TaskContext] = {}
+        # Pool threads that start or finish at the same moment share one storage write.
+        self._starts: GroupCommitter[Claim, Claim | None] = GroupCommitter(
+            lambda claims: self.storage.start_many(claims, self.lease_seconds)
+        )
+        self._completions: GroupCommitter[tuple[Claim, Any], Transition | None] = GroupCommitter(
+            lambda outcomes: self.storage.complete_many(outcomes)
+        )
 
     @property
     def storage(self) -> Any:
@@ -91,7 +99,7 @@ class TaskRunner:
                 executor.announce(expired)
                 return expired.status
             return None
-        started = self.storage.start(claim, self.lease_seconds)
+        started = self._starts.submit(claim)
         if started is None:
             logger.debug("task %s: claim no longer valid, not started", claim.task_id)
             return None
@@ -100,8 +108,7 @@ class TaskRunner:
         if handler is None:
             return self._record_error(
                 started,
-                f"no handler is registered for task name {started.task.task_name!r} "
-                "in this worker",
+                f"no handler is registered for task name {started.task.task_name!r} in this worker",
             )
         try:
             parameter = from_json_value(started.task.parameter, handler.param_type)
@@ -139,7 +146,7 @@ class TaskRunner:
             return self._record_failure(
                 claim, f"handler returned a value that is not JSON-serialisable: {exc}", False
             )
-        transition = self.storage.complete(claim, result)
+        transition = self._completions.submit((claim, result))
         if transition is None:
             self._discarded(claim)
             return None

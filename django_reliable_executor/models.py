@@ -8,7 +8,7 @@ from .states import TaskStatus
 
 
 class ReliableTask(models.Model):
-    """One task. Only DatabaseStorage writes these rows; everything else goes through the service."""
+    """One task. Only DatabaseStorage writes these rows; all else goes through the service."""
 
     task_id = models.CharField(max_length=191, primary_key=True)
     task_name = models.CharField(max_length=191)
@@ -32,8 +32,8 @@ class ReliableTask(models.Model):
     deadline_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(null=True, blank=True)
-    worker_id = models.CharField(max_length=191, null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)  # noqa: DJ001 - None: no error yet
+    worker_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
     cancel_requested = models.BooleanField(default=False)
     # True while the task waits for a worker (CREATED/PENDING and not claimed): the claim index.
     available = models.BooleanField(default=True)
@@ -72,9 +72,12 @@ class ReliableLock(models.Model):
     class Meta:
         db_table = "reliable_executor_lock"
 
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.owner or 'nobody'} until {self.expires_at}"
+
 
 class ReliableWorker(models.Model):
-    """A runexecutor process, kept fresh by its heartbeat; rows past their lease are dead workers."""
+    """A runexecutor process, kept fresh by its heartbeat; stale rows are dead workers."""
 
     worker_id = models.CharField(max_length=191, primary_key=True)
     hostname = models.CharField(max_length=191, default="")
@@ -85,3 +88,6 @@ class ReliableWorker(models.Model):
 
     class Meta:
         db_table = "reliable_executor_worker"
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -15,8 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from django.db import close_old_connections
+from django.db import connections
 
+from .connections import tidy_connections
 from .records import Claim
 
 logger = logging.getLogger("django_reliable_executor")
@@ -54,12 +55,18 @@ class BoundedPool:
     def free_slots(self) -> int:
         """How many more claims the pool can take: max threads + queue capacity - held."""
         with self._cond:
-            return max(0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running))
+            return max(
+                0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running)
+            )
 
     def submit(self, claim: Claim) -> None:
         with self._cond:
             heapq.heappush(self._heap, (-claim.task.priority, next(self._order), claim))
-            if len(self._heap) > self.queue_capacity and self._threads < self.max_size and not self._idle:
+            if (
+                len(self._heap) > self.queue_capacity
+                and self._threads < self.max_size
+                and not self._idle
+            ):
                 self._spawn(core=False)
             self._cond.notify()
 
@@ -145,16 +152,28 @@ class BoundedPool:
                 if not self._heap:
                     self._threads -= 1
                     self._cond.notify_all()
-                    return
+                    break
                 claim = heapq.heappop(self._heap)[2]
                 self._running[claim.task_id] = claim
             try:
-                close_old_connections()
+                tidy_connections()
                 self._run(claim)
             except Exception:
                 logger.exception("task %s: unexpected error in the worker", claim.task_id)
             finally:
-                close_old_connections()
+                tidy_connections()
                 with self._cond:
                     self._running.pop(claim.task_id, None)
                     self._cond.notify_all()
+        connections.close_all()  # this thread's connections die with it
+
+    def join(self, timeout: float) -> bool:
+        """After ``close()``: wait for idle threads to exit; False if some are still busy."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._threads:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True

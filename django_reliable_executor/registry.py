@@ -88,10 +88,14 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
         raise bad("name must be a non-empty string of at most 191 characters")
     for key in ("retry_limit", "retry_interval"):
         value = options[key]
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
             raise bad(f"{key} must be an integer >= 0, got {value!r}")
     if options["retry_backoff"] is not None and options["retry_backoff"] not in BACKOFF_CHOICES:
-        raise bad(f"retry_backoff must be one of {BACKOFF_CHOICES}, got {options['retry_backoff']!r}")
+        raise bad(
+            f"retry_backoff must be one of {BACKOFF_CHOICES}, got {options['retry_backoff']!r}"
+        )
     duration = options["max_duration_millis"]
     if duration is not None and (not isinstance(duration, int) or duration < 1):
         raise bad(f"max_duration_millis must be a positive integer, got {duration!r}")

@@ -121,7 +121,9 @@ def from_json_value(value: Any, param_type: Any, path: str = "$") -> Any:
         fields = {f.name: f for f in dataclasses.fields(param_type) if f.init}
         unknown = sorted(set(value) - set(fields))
         if unknown:
-            raise ConversionError(f"{path} has unknown field(s) for {param_type.__name__}: {unknown}")
+            raise ConversionError(
+                f"{path} has unknown field(s) for {param_type.__name__}: {unknown}"
+            )
         missing = [
             name
             for name, f in fields.items()

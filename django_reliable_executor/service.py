@@ -127,7 +127,9 @@ class ReliableExecutor:
 
     def _announce_submitted(self, created: list[TaskInfo]) -> None:
         for info in created:
-            logger.debug("task %s (%s) submitted to queue %s", info.task_id, info.task_name, info.queue)
+            logger.debug(
+                "task %s (%s) submitted to queue %s", info.task_id, info.task_name, info.queue
+            )
             self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
 
     def _prepare(
@@ -228,8 +230,7 @@ class ReliableExecutor:
         for char in task_id:
             if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
                 raise InvalidTaskIdError(
-                    f"task_id {task_id!r} contains whitespace or a control character "
-                    f"({char!r})",
+                    f"task_id {task_id!r} contains whitespace or a control character ({char!r})",
                     field="task_id",
                 )
         return task_id
@@ -253,7 +254,8 @@ class ReliableExecutor:
         if handler is not None:
             if not handler.accepts_parameter and plain is not None:
                 raise InvalidParameterError(
-                    f"handler {handler.name!r} takes no parameter, got {type(value).__name__}",
+                    f"task_parameter must be None: handler {handler.name!r} takes no parameter, "
+                    f"got {type(value).__name__}",
                     field="task_parameter",
                 )
             if handler.param_type is not None:
@@ -298,7 +300,9 @@ class ReliableExecutor:
         result = self.storage.cancel(task_id)
         if result.changed and result.task is not None:
             if result.requested_only:
-                logger.info("task %s (%s): cancel requested while RUNNING", task_id, result.task.task_name)
+                logger.info(
+                    "task %s (%s): cancel requested while RUNNING", task_id, result.task.task_name
+                )
             else:
                 self.announce(Transition(task=result.task, previous=TaskStatus.PENDING))
         return result.changed
@@ -391,7 +395,9 @@ class ReliableExecutor:
             self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
 
     def announce_started(self, task: TaskInfo) -> None:
-        logger.debug("task %s (%s): attempt %s started", task.task_id, task.task_name, task.attempts)
+        logger.debug(
+            "task %s (%s): attempt %s started", task.task_id, task.task_name, task.attempts
+        )
         self._send(
             signals.task_started,
             task_id=task.task_id,

@@ -1,4 +1,4 @@
-"""Task statuses and the allowed-transition table: the single source of truth for the state machine."""
+"""Task statuses and the allowed-transition table: the one source of truth for the state machine."""
 
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from .execution import TaskRunner
 from .leadership import MasterLock
 from .pool import BoundedPool
 from .scheduler import Scheduler
-from .service import ReliableExecutor, executor as default_executor
+from .service import ReliableExecutor
+from .service import executor as default_executor
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -104,8 +105,12 @@ class Worker:
             opts.queue_capacity,
         )
         background = [
-            threading.Thread(target=self._heartbeat_loop, name="reliable-executor-heartbeat", daemon=True),
-            threading.Thread(target=self._scheduler_loop, name="reliable-executor-scheduler", daemon=True),
+            threading.Thread(
+                target=self._heartbeat_loop, name="reliable-executor-heartbeat", daemon=True
+            ),
+            threading.Thread(
+                target=self._scheduler_loop, name="reliable-executor-scheduler", daemon=True
+            ),
         ]
         self._beat()
         for thread in background:
@@ -185,6 +190,7 @@ class Worker:
         while not self.hard_stop.is_set():
             remaining = deadline - time.monotonic()
             if self.pool.wait_idle(min(0.2, max(remaining, 0))):
+                self.pool.join(1.0)
                 return 0
             if remaining <= 0:
                 break
@@ -211,7 +217,11 @@ class Worker:
         try:
             storage.worker_seen(
                 self.worker_id,
-                {"hostname": socket.gethostname(), "pid": os.getpid(), "queues": list(self.options.queues)},
+                {
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "queues": list(self.options.queues),
+                },
             )
             claims = self.pool.held()
             if not claims:

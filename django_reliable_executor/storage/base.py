@@ -43,6 +43,10 @@ class TaskStorage(abc.ABC):
         """CREATED/PENDING (held with this token) -> RUNNING, counting an attempt. None when the
         task was cancelled, timed out or reclaimed meanwhile: the worker must not run it."""
 
+    def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
+        """``start`` for several claims in one round trip where the backend can; same order."""
+        return [self.start(claim, lease_seconds) for claim in claims]
+
     @abc.abstractmethod
     def heartbeat(
         self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
@@ -53,6 +57,10 @@ class TaskStorage(abc.ABC):
     @abc.abstractmethod
     def complete(self, claim: Claim, result: object) -> Transition | None:
         """RUNNING -> COMPLETED with ``result``, if the token still matches."""
+
+    def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
+        """``complete`` for several ``(claim, result)`` pairs at once; same order."""
+        return [self.complete(claim, result) for claim, result in outcomes]
 
     @abc.abstractmethod
     def fail(
@@ -140,5 +148,5 @@ class TaskStorage(abc.ABC):
     def worker_gone(self, worker_id: str) -> None:
         """Forget a worker that stopped cleanly."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections held by this storage object."""

@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, OperationalError, connections, transaction
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Case, Count, F, JSONField, Q, QuerySet, Value, When
 
 from ..clock import Clock
 from ..models import ReliableLock, ReliableTask, ReliableWorker
 from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition
 from ..retries import after_failure
+from ..serialization import dumps
 from ..states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 from .base import TaskStorage
 
@@ -65,6 +66,14 @@ def _to_claim(row: ReliableTask) -> Claim:
         budget_attempts=row.budget_attempts,
         deadline_at=row.deadline_at,
     )
+
+
+def _claims_match(claims: Sequence[Claim]) -> Q:
+    """Rows still held under these claims' fencing tokens."""
+    match = Q()
+    for claim in claims:
+        match |= Q(pk=claim.task_id, lease_token=claim.token)
+    return match
 
 
 def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
@@ -289,25 +298,51 @@ class DatabaseStorage(TaskStorage):
             return ids
 
     def start(self, claim: Claim, lease_seconds: float) -> Claim | None:
+        return self.start_many([claim], lease_seconds)[0]
+
+    def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
+        """One UPDATE for the batch; which rows it changed is read back only on a partial hit."""
+        if not claims:
+            return []
         now = self.clock.now()
-        changed = self._tasks().filter(
-            pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING
-        ).update(
-            status=TaskStatus.RUNNING.value,
-            attempts=F("attempts") + 1,
-            budget_attempts=F("budget_attempts") + 1,
-            started_at=now,
-            lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+        held = _claims_match(claims)
+        changed = (
+            self._tasks()
+            .filter(held, available=False, status__in=WAITING)
+            .update(
+                status=TaskStatus.RUNNING.value,
+                attempts=F("attempts") + 1,
+                budget_attempts=F("budget_attempts") + 1,
+                started_at=now,
+                lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+            )
         )
-        if not changed:
-            return None
-        task = dataclasses.replace(
-            claim.task,
-            status=TaskStatus.RUNNING,
-            attempts=claim.task.attempts + 1,
-            started_at=now,
-        )
-        return dataclasses.replace(claim, task=task, budget_attempts=claim.budget_attempts + 1)
+        if changed == len(claims):
+            started = {c.task_id for c in claims}
+        elif not changed:
+            started = set()
+        else:
+            # This exact started_at under this token can only be this UPDATE's doing.
+            started = set(
+                self._tasks()
+                .filter(held, status=TaskStatus.RUNNING.value, started_at=now)
+                .values_list("pk", flat=True)
+            )
+        return [
+            dataclasses.replace(
+                claim,
+                task=dataclasses.replace(
+                    claim.task,
+                    status=TaskStatus.RUNNING,
+                    attempts=claim.task.attempts + 1,
+                    started_at=now,
+                ),
+                budget_attempts=claim.budget_attempts + 1,
+            )
+            if claim.task_id in started
+            else None
+            for claim in claims
+        ]
 
     def heartbeat(
         self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
@@ -324,22 +359,59 @@ class DatabaseStorage(TaskStorage):
         return held
 
     def complete(self, claim: Claim, result: object) -> Transition | None:
+        return self.complete_many([(claim, result)])[0]
+
+    def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
+        """One UPDATE for the batch (results picked per row with CASE when they differ)."""
+        if not outcomes:
+            return []
         now = self.clock.now()
-        changed = self._tasks().filter(
-            pk=claim.task_id, lease_token=claim.token, status=TaskStatus.RUNNING.value
-        ).update(
-            status=TaskStatus.COMPLETED.value,
-            result=result,
-            finished_at=now,
-            lease_expires_at=None,
-            deadline_at=None,
+        claims = [claim for claim, _ in outcomes]
+        results = [result for _, result in outcomes]
+        texts = [dumps(result) for result in results]  # JSON equality: 1 and True differ
+        if all(text == texts[0] for text in texts):
+            result_value: Any = Value(results[0], output_field=JSONField())
+        else:
+            result_value = Case(
+                *[
+                    When(pk=claim.task_id, then=Value(result, output_field=JSONField()))
+                    for claim, result in outcomes
+                ],
+                output_field=JSONField(),
+            )
+        held = _claims_match(claims)
+        changed = (
+            self._tasks()
+            .filter(held, status=TaskStatus.RUNNING.value)
+            .update(
+                status=TaskStatus.COMPLETED.value,
+                result=result_value,
+                finished_at=now,
+                lease_expires_at=None,
+                deadline_at=None,
+            )
         )
-        if not changed:
-            return None
-        task = dataclasses.replace(
-            claim.task, status=TaskStatus.COMPLETED, result=result, finished_at=now
-        )
-        return Transition(task=task, previous=TaskStatus.RUNNING)
+        if changed == len(claims):
+            done = {c.task_id for c in claims}
+        elif not changed:
+            done = set()
+        else:
+            done = set(
+                self._tasks()
+                .filter(held, status=TaskStatus.COMPLETED.value, finished_at=now)
+                .values_list("pk", flat=True)
+            )
+        return [
+            Transition(
+                task=dataclasses.replace(
+                    claim.task, status=TaskStatus.COMPLETED, result=result, finished_at=now
+                ),
+                previous=TaskStatus.RUNNING,
+            )
+            if claim.task_id in done
+            else None
+            for claim, result in outcomes
+        ]
 
     def fail(
         self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
@@ -417,9 +489,11 @@ class DatabaseStorage(TaskStorage):
     def expire_claim(self, claim: Claim) -> Transition | None:
         now = self.clock.now()
         error = _timeout_message(claim.task.max_duration_millis, claim.task.last_error)
-        changed = self._tasks().filter(
-            pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING
-        ).update(**self._failure_changes(TaskStatus.TIMEOUT, None, error, now))
+        changed = (
+            self._tasks()
+            .filter(pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING)
+            .update(**self._failure_changes(TaskStatus.TIMEOUT, None, error, now))
+        )
         if not changed:
             return None
         task = dataclasses.replace(
@@ -430,12 +504,9 @@ class DatabaseStorage(TaskStorage):
     def release(self, claims: Sequence[Claim]) -> int:
         released = 0
         for chunk in _chunks(list(claims), 100):
-            match = Q()
-            for claim in chunk:
-                match |= Q(pk=claim.task_id, lease_token=claim.token)
             released += (
                 self._tasks()
-                .filter(match, available=False, status__in=WAITING)
+                .filter(_claims_match(chunk), available=False, status__in=WAITING)
                 .update(available=True, worker_id=None, lease_expires_at=None)
             )
         return released
@@ -443,17 +514,23 @@ class DatabaseStorage(TaskStorage):
     # -- operating ------------------------------------------------------------------------
     def cancel(self, task_id: str) -> CancelResult:
         now = self.clock.now()
-        changed = self._tasks().filter(pk=task_id, status__in=WAITING).update(
-            status=TaskStatus.CANCELLED.value,
-            available=False,
-            finished_at=now,
-            lease_expires_at=None,
-            deadline_at=None,
+        changed = (
+            self._tasks()
+            .filter(pk=task_id, status__in=WAITING)
+            .update(
+                status=TaskStatus.CANCELLED.value,
+                available=False,
+                finished_at=now,
+                lease_expires_at=None,
+                deadline_at=None,
+            )
         )
         if changed:
             return CancelResult(changed=True, task=self.get(task_id))
-        requested = self._tasks().filter(pk=task_id, status=TaskStatus.RUNNING.value).update(
-            cancel_requested=True
+        requested = (
+            self._tasks()
+            .filter(pk=task_id, status=TaskStatus.RUNNING.value)
+            .update(cancel_requested=True)
         )
         if requested:
             return CancelResult(changed=True, task=self.get(task_id), requested_only=True)
@@ -474,16 +551,20 @@ class DatabaseStorage(TaskStorage):
             if row.max_duration_millis
             else None
         )
-        changed = self._tasks().filter(pk=task_id, status=row.status).update(
-            status=TaskStatus.PENDING.value,
-            available=True,
-            run_at=now,
-            deadline_at=deadline,
-            budget_attempts=0,
-            cancel_requested=False,
-            finished_at=None,
-            result=None,
-            lease_expires_at=None,
+        changed = (
+            self._tasks()
+            .filter(pk=task_id, status=row.status)
+            .update(
+                status=TaskStatus.PENDING.value,
+                available=True,
+                run_at=now,
+                deadline_at=deadline,
+                budget_attempts=0,
+                cancel_requested=False,
+                finished_at=None,
+                result=None,
+                lease_expires_at=None,
+            )
         )
         if not changed:
             return None
@@ -544,9 +625,13 @@ class DatabaseStorage(TaskStorage):
         for row in rows:
             error = _timeout_message(row.max_duration_millis, row.last_error)
             changes = self._failure_changes(TaskStatus.TIMEOUT, None, error, now)
-            changed = self._tasks().filter(
-                pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
-            ).update(**changes)
+            changed = (
+                self._tasks()
+                .filter(
+                    pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
+                )
+                .update(**changes)
+            )
             if changed:
                 previous = TaskStatus(row.status)
                 for key, value in changes.items():

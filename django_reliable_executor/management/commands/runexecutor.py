@@ -28,7 +28,9 @@ class Command(BaseCommand):
         parser.add_argument("--max-pool-size", type=_positive_int, default=None)
         parser.add_argument("--queue-capacity", type=int, default=None)
         parser.add_argument("--worker-id", default=None, help="default: hostname-pid-random")
-        parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+        parser.add_argument(
+            "--metrics-port", type=int, default=None, help="serve Prometheus metrics"
+        )
         parser.add_argument(
             "--shutdown-timeout",
             type=float,
