@@ -17,8 +17,14 @@ from django_reliable_executor.storage.database import DatabaseStorage
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SERVERS = {
-    "mariadb": (os.environ.get("RE_MARIADB_HOST", "127.0.0.1"), int(os.environ.get("RE_MARIADB_PORT", "3306"))),
-    "postgres": (os.environ.get("RE_POSTGRES_HOST", "127.0.0.1"), int(os.environ.get("RE_POSTGRES_PORT", "5432"))),
+    "mariadb": (
+        os.environ.get("RE_MARIADB_HOST", "127.0.0.1"),
+        int(os.environ.get("RE_MARIADB_PORT", "3306")),
+    ),
+    "postgres": (
+        os.environ.get("RE_POSTGRES_HOST", "127.0.0.1"),
+        int(os.environ.get("RE_POSTGRES_PORT", "5432")),
+    ),
 }
 DB_ALIASES = ["default", "mariadb", "postgres"]  # default is SQLite
 
@@ -71,3 +77,14 @@ def storage(alias: str, clock: FakeClock) -> DatabaseStorage:
 def executor(storage: DatabaseStorage, clock: FakeClock) -> ReliableExecutor:
     """A service over the test storage and the fake clock."""
     return ReliableExecutor(storage, clock=clock)
+
+
+@pytest.fixture
+def workers(tmp_path):
+    """Starts ``runexecutor`` subprocesses (tests/processes.py); kills every leftover at teardown,
+    before the test database is flushed."""
+    from tests.processes import Workers
+
+    started = Workers(tmp_path)
+    yield started
+    started.kill_all()

@@ -72,11 +72,13 @@ def slow(param: dict, context: TaskContext) -> str:
 
 @reliable_task_handler(name="demo.record", takes_context=True)
 def record(param: dict | None, context: TaskContext) -> int:
-    """Logs each execution in the Execution table (tests count them), then sleeps."""
+    """Logs each execution in the Execution table (tests count them), then sleeps ``sleep``
+    seconds — only in the first ``sleep_attempts`` attempts when that is given."""
+    param = param or {}
     executions = Execution.objects.using(get_settings().DATABASE_ALIAS)  # beside the tasks
     row = executions.create(task_id=context.task_id, attempt=context.attempt, pid=os.getpid())
-    seconds = float((param or {}).get("sleep", 0))
-    if seconds:
+    seconds = float(param.get("sleep", 0))
+    if seconds and context.attempt <= param.get("sleep_attempts", context.attempt):
         time.sleep(seconds)
     executions.filter(pk=row.pk).update(finished=True)
     return os.getpid()

@@ -1,0 +1,208 @@
+"""Start, watch and stop ``manage.py runexecutor`` subprocesses for the process tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from demo.models import Execution
+from django.db import connections
+from django.db.models import QuerySet
+
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage.database import DatabaseStorage
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE = ROOT / "testproject" / "manage.py"
+READY_BANNER = "runexecutor "
+# Settings of the test project that a subprocess must not inherit from the caller's shell.
+_OVERRIDDEN = (
+    "RE_DATABASE",
+    "RE_DEBUG",
+    "RE_TEST_DB_NAMES",
+    "RE_LEASE_TIMEOUT",
+    "RE_MASTER_LOCK_TTL",
+    "RE_POLL_INTERVAL",
+    "RE_LOG_LEVEL",
+)
+# Where testproject/settings.py reads each alias's database name from.
+_NAME_VARIABLES = {
+    "default": "RE_SQLITE_PATH",
+    "mariadb": "RE_MARIADB_NAME",
+    "postgres": "RE_POSTGRES_NAME",
+}
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    message: str,
+    *,
+    interval: float = 0.05,
+    logs: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy and return that; fail the test
+    with ``message`` (and the workers' logs) once ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            detail = f"\n--- worker logs ---\n{logs()}" if logs is not None else ""
+            raise AssertionError(f"timed out after {timeout:.1f}s: {message}{detail}")
+        time.sleep(interval)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, get SIGKILL when the test run itself dies, so no
+    worker outlives an interrupted pytest."""
+    if sys.platform == "linux":
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class WorkerProcess:
+    """One ``runexecutor`` subprocess; its stdout and stderr go to a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, worker_id: str):
+        self.worker_id = worker_id
+        self.log_path = log_path
+        with open(log_path, "wb") as log_file:  # the child keeps its own descriptor
+            self.popen = subprocess.Popen(
+                [sys.executable, str(MANAGE), "runexecutor", "--worker-id", worker_id, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the command printed its banner (settings loaded, worker built)."""
+
+        def ready() -> bool:
+            if not self.alive():
+                raise AssertionError(
+                    f"worker {self.worker_id} exited with {self.returncode} before it was ready:"
+                    f"\n{self.log()}"
+                )
+            return READY_BANNER in self.log()
+
+        wait_until(ready, timeout, f"worker {self.worker_id} did not start", logs=self.log)
+
+    def terminate(self) -> None:
+        """SIGTERM: a graceful stop (a second one is a hard stop)."""
+        self.popen.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL, then reap the process: it held nothing it could clean up."""
+        if self.alive():
+            self.popen.kill()
+        self.wait(10)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit and return its exit code; fail the test on timeout."""
+        try:
+            code = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"worker {self.worker_id} still running after {timeout:.1f}s:\n{self.log()}"
+            )
+        return code
+
+
+class Workers:
+    """Starts runexecutor processes for one test and kills every leftover at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: list[WorkerProcess] = []
+
+    def start(
+        self,
+        alias: str,
+        *args: str,
+        worker_id: str | None = None,
+        lease_timeout: float | None = None,
+        master_lock_ttl: float | None = None,
+        poll_interval: float | None = 0.2,
+        log_level: str = "INFO",
+        wait_ready: bool = True,
+    ) -> WorkerProcess:
+        """Start ``manage.py runexecutor *args`` on the test database behind ``alias``."""
+        worker_id = worker_id or f"w{len(self.started) + 1}-{uuid.uuid4().hex[:6]}"
+        env = {k: v for k, v in os.environ.items() if k not in _OVERRIDDEN}
+        env.update(
+            DJANGO_SETTINGS_MODULE="testproject.settings",
+            PYTHONUNBUFFERED="1",
+            RE_DEBUG="0",  # as in production: DEBUG would keep every query in memory
+            RE_DATABASE=alias,
+            RE_LOG_LEVEL=log_level,
+        )
+        # Exactly the name of the test database this test uses (whatever suffix pytest-django
+        # or the settings added), not the name the subprocess's settings would derive.
+        env[_NAME_VARIABLES[alias]] = str(connections[alias].settings_dict["NAME"])
+        env["RE_DB_SUFFIX"] = ""
+        for variable, value in (
+            ("RE_LEASE_TIMEOUT", lease_timeout),
+            ("RE_MASTER_LOCK_TTL", master_lock_ttl),
+            ("RE_POLL_INTERVAL", poll_interval),
+        ):
+            if value is not None:
+                env[variable] = str(value)
+        process = WorkerProcess(list(args), env, self.log_dir / f"{worker_id}.log", worker_id)
+        self.started.append(process)
+        if wait_ready:
+            process.wait_ready()
+        return process
+
+    def logs(self) -> str:
+        return "\n".join(f"=== {p.worker_id} (pid {p.pid}) ===\n{p.log()}" for p in self.started)
+
+    def by_id(self, worker_id: str | None) -> WorkerProcess | None:
+        return next((p for p in self.started if p.worker_id == worker_id), None)
+
+    def kill_all(self) -> None:
+        """SIGKILL and reap every process still running (teardown)."""
+        for process in self.started:
+            if process.alive():
+                process.popen.kill()
+        for process in self.started:
+            process.popen.wait()
+
+
+def service_for(alias: str) -> ReliableExecutor:
+    """A service over the same database alias the subprocesses store tasks in (real clock)."""
+    return ReliableExecutor(DatabaseStorage(alias=alias))
+
+
+def executions(alias: str, task_id: str | None = None) -> QuerySet[Execution]:
+    """Rows demo.record wrote, one per handler execution, oldest first."""
+    rows = Execution.objects.using(alias).order_by("pk")
+    return rows.filter(task_id=task_id) if task_id is not None else rows
