@@ -97,10 +97,19 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
             f"retry_backoff must be one of {BACKOFF_CHOICES}, got {options['retry_backoff']!r}"
         )
     duration = options["max_duration_millis"]
-    if duration is not None and (not isinstance(duration, int) or duration < 1):
+    if duration is not None and (
+        not isinstance(duration, int) or isinstance(duration, bool) or duration < 1
+    ):
         raise bad(f"max_duration_millis must be a positive integer, got {duration!r}")
-    if not isinstance(options["queue"], str) or not options["queue"]:
-        raise bad(f"queue must be a non-empty string, got {options['queue']!r}")
+    # The same rule submit applies, so a bad queue fails at import rather than at every submit.
+    queue = options["queue"]
+    if (
+        not isinstance(queue, str)
+        or not queue
+        or len(queue) > 100
+        or any(c.isspace() or c == "," for c in queue)
+    ):
+        raise bad(f"queue must be 1..100 characters without whitespace or commas, got {queue!r}")
     priority = options["priority"]
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise bad(f"priority must be an integer, got {priority!r}")

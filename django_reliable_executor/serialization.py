@@ -25,7 +25,10 @@ def to_json_value(value: Any, path: str = "$") -> Any:
 
     Raises ConversionError naming the JSON path of the first value that is not JSON.
     """
-    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+    if isinstance(value, str):
+        _check_text(value, path)
+        return value
+    if isinstance(value, bool) or value is None or isinstance(value, int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -44,11 +47,24 @@ def to_json_value(value: Any, path: str = "$") -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ConversionError(f"{path} has a non-string key {key!r}")
+            _check_text(key, f"{path} key {key!r}")
             out[key] = to_json_value(item, f"{path}.{key}")
         return out
     if isinstance(value, (list, tuple)):
         return [to_json_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
     raise ConversionError(f"{path} is a {type(value).__name__}, which is not JSON-serialisable")
+
+
+def _check_text(text: str, path: str) -> None:
+    """Refuse text that some storage cannot hold, so every storage accepts the same values:
+    PostgreSQL's jsonb rejects NUL, and lone surrogates cannot be encoded as UTF-8 at all."""
+    if "\x00" in text:
+        raise ConversionError(f"{path} contains a NUL character, which PostgreSQL cannot store")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConversionError(f"{path} contains a lone surrogate, not valid Unicode") from None
 
 
 def dumps(value: Any) -> str:

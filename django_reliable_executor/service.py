@@ -37,6 +37,9 @@ logger = logging.getLogger("django_reliable_executor")
 MAX_ID_LENGTH = 191
 MAX_QUEUE_LENGTH = 100
 _INT32 = 2**31
+# Longest delay, interval or duration accepted: far beyond any real use, and small enough that
+# now + it stays a valid datetime (a bigger one would overflow when the retry is scheduled).
+MAX_MILLIS = 100 * 365 * 24 * 3600 * 1000  # 100 years
 
 
 def _is_int(value: Any) -> bool:
@@ -168,19 +171,26 @@ class ReliableExecutor:
         max_duration = option("max_duration_millis", settings.DEFAULT_MAX_DURATION)
         queue = option("queue", "default")
         priority = option("priority", 0)
-        for key, value in (("retry_limit", retry_limit), ("retry_interval", retry_interval)):
-            if not _is_int(value) or value < 0 or value >= 2**62:
+        # retry_limit fits the 32-bit column; retry_interval must keep now + it a valid datetime.
+        for key, value, most in (
+            ("retry_limit", retry_limit, _INT32 - 1),
+            ("retry_interval", retry_interval, MAX_MILLIS),
+        ):
+            if not _is_int(value) or not 0 <= value <= most:
                 raise InvalidTaskOptionError(
-                    f"{key} must be an integer >= 0, got {value!r}", field=key
+                    f"{key} must be an integer from 0 to {most}, got {value!r}", field=key
                 )
         if retry_backoff not in BACKOFF_CHOICES:
             raise InvalidTaskOptionError(
                 f"retry_backoff must be one of {BACKOFF_CHOICES}, got {retry_backoff!r}",
                 field="retry_backoff",
             )
-        if max_duration is not None and (not _is_int(max_duration) or max_duration < 1):
+        if max_duration is not None and (
+            not _is_int(max_duration) or not 1 <= max_duration <= MAX_MILLIS
+        ):
             raise InvalidTaskOptionError(
-                f"max_duration_millis must be None or an integer >= 1, got {max_duration!r}",
+                f"max_duration_millis must be None or an integer from 1 to {MAX_MILLIS}, "
+                f"got {max_duration!r}",
                 field="max_duration_millis",
             )
         if (
@@ -271,9 +281,10 @@ class ReliableExecutor:
     @staticmethod
     def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
         delay = request.delay_millis
-        if not _is_int(delay) or delay < 0:
+        if not _is_int(delay) or not 0 <= delay <= MAX_MILLIS:
             raise InvalidTaskOptionError(
-                f"delay_millis must be an integer >= 0, got {delay!r}", field="delay_millis"
+                f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
+                field="delay_millis",
             )
         if request.run_at is None:
             return now + dt.timedelta(milliseconds=delay)
@@ -286,7 +297,12 @@ class ReliableExecutor:
             raise InvalidTaskOptionError(
                 f"run_at must be an aware datetime, got {run_at!r}", field="run_at"
             )
-        return max(run_at.astimezone(dt.timezone.utc), now)
+        try:
+            return max(run_at.astimezone(dt.timezone.utc), now)
+        except OverflowError:  # e.g. datetime.max in a zone west of UTC
+            raise InvalidTaskOptionError(
+                f"run_at is out of the datetime range in UTC, got {run_at!r}", field="run_at"
+            ) from None
 
     # -- querying and operating -----------------------------------------------------------
     def get_task(self, task_id: str) -> TaskInfo | None:

@@ -126,6 +126,13 @@ class DatabaseStorage(TaskStorage):
 
     # -- submitting -----------------------------------------------------------------------
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        if transaction.get_connection(self.alias).in_atomic_block:
+            # A deadlock aborts the caller's whole transaction: only the caller can retry it.
+            return self._enqueue(tasks)
+        # Racing submitters of overlapping ids can deadlock on MySQL: run the batch again.
+        return self._retrying(lambda: self._enqueue(tasks))
+
+    def _enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         if len(tasks) == 1:
             return [self._enqueue_one(tasks[0])]
         unique: dict[str, NewTask] = {}
@@ -135,7 +142,12 @@ class DatabaseStorage(TaskStorage):
         existing: dict[str, TaskInfo] = {}
         for chunk in _chunks(ids):
             existing.update((row.pk, _to_info(row)) for row in self._tasks().filter(pk__in=chunk))
-        fresh = [task for task_id, task in unique.items() if task_id not in existing]
+        # Inserted in id order: concurrent batches with overlapping ids then wait for each
+        # other instead of deadlocking (each would hold a row the other one needs).
+        fresh = sorted(
+            (task for task_id, task in unique.items() if task_id not in existing),
+            key=lambda task: task.task_id,
+        )
         created: dict[str, TaskInfo] = {}
         try:
             with transaction.atomic(using=self.alias):

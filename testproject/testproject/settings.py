@@ -102,7 +102,7 @@ DATABASES = {
         "PASSWORD": env("RE_MARIADB_PASSWORD", ""),
         "OPTIONS": {"charset": "utf8mb4"},
         # No dependency on "default", so a run that selects only this alias can set it up.
-        "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin", "DEPENDENCIES": []},
+        "TEST": {"CHARSET": "utf8mb4", "DEPENDENCIES": []},
     },
     "postgres": {
         "ENGINE": "django.db.backends.postgresql",
