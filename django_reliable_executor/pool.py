@@ -55,9 +55,26 @@ class BoundedPool:
     def free_slots(self) -> int:
         """How many more claims the pool can take: max threads + queue capacity - held."""
         with self._cond:
-            return max(
-                0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running)
-            )
+            return self._free()
+
+    def room(self) -> int:
+        """Claims worth asking for now: the free slots once the local queue has drained to half
+        its capacity, else 0. Refilling in batches keeps claims to one round trip per many
+        tasks instead of one per finished task."""
+        with self._cond:
+            return self._room()
+
+    def wait_for_room(self, timeout: float) -> None:
+        """Block until ``room()`` is positive (a claim finished), or ``timeout``."""
+        with self._cond:
+            if not self._room():
+                self._cond.wait(timeout)
+
+    def _free(self) -> int:
+        return max(0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running))
+
+    def _room(self) -> int:
+        return self._free() if len(self._heap) <= self.queue_capacity // 2 else 0
 
     def submit(self, claim: Claim) -> None:
         with self._cond:
@@ -69,12 +86,6 @@ class BoundedPool:
             ):
                 self._spawn(core=False)
             self._cond.notify()
-
-    def wait_for_slot(self, timeout: float) -> None:
-        """Block until a claim finishes (or ``timeout``), when the pool is full."""
-        with self._cond:
-            if self.max_size + self.queue_capacity - len(self._heap) - len(self._running) <= 0:
-                self._cond.wait(timeout)
 
     def take_queued(self) -> list[Claim]:
         """Remove and return every claim not yet started (shutdown: hand them back)."""
@@ -156,7 +167,6 @@ class BoundedPool:
                 claim = heapq.heappop(self._heap)[2]
                 self._running[claim.task_id] = claim
             try:
-                tidy_connections()
                 self._run(claim)
             except Exception:
                 logger.exception("task %s: unexpected error in the worker", claim.task_id)

@@ -137,9 +137,9 @@ class Worker:
         idle_wait = MIN_IDLE_WAIT
         error_wait = 0.5
         while not self.stopping.is_set():
-            slots = self.pool.free_slots()
+            slots = self.pool.room()
             if slots <= 0:
-                self.pool.wait_for_slot(opts.poll_interval)
+                self.pool.wait_for_room(opts.poll_interval)
                 continue
             try:
                 claims = storage.claim(

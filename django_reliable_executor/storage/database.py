@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, OperationalError, connections, transaction
-from django.db.models import Case, Count, F, JSONField, Q, QuerySet, Value, When
+from django.db.models import Count, F, Q, QuerySet
 
 from ..clock import Clock
 from ..models import ReliableLock, ReliableTask, ReliableWorker
@@ -30,6 +30,7 @@ T = TypeVar("T")
 WAITING = [s.value for s in WAITING_STATUSES]
 LIVE = [*WAITING, TaskStatus.RUNNING.value]
 TERMINAL = [s.value for s in TERMINAL_STATUSES]
+_NOT_WAITING = [TaskStatus.RUNNING.value, *TERMINAL]
 # MySQL error codes worth retrying: deadlock found, lock wait timeout.
 _MYSQL_RETRYABLE = {1213, 1205}
 _CHUNK = 500  # ids per IN (...) list: well under every backend's parameter limit
@@ -59,21 +60,40 @@ def _to_info(row: ReliableTask) -> TaskInfo:
     )
 
 
-def _to_claim(row: ReliableTask) -> Claim:
-    return Claim(
-        task=_to_info(row),
-        token=row.lease_token,
-        budget_attempts=row.budget_attempts,
-        deadline_at=row.deadline_at,
-    )
-
-
 def _claims_match(claims: Sequence[Claim]) -> Q:
     """Rows still held under these claims' fencing tokens."""
     match = Q()
     for claim in claims:
         match |= Q(pk=claim.task_id, lease_token=claim.token)
     return match
+
+
+def _held(claims: Sequence[Claim]) -> tuple[str, list[Any]]:
+    """SQL for "rows still held under these claims' fencing tokens". The leading primary-key
+    IN list steers every planner to the primary key: left to itself, PostgreSQL sometimes
+    chose the claim index for ``available = false`` and scanned every claimed row."""
+    marks = ", ".join(["%s"] * len(claims))
+    tokens = " OR ".join(["(task_id = %s AND lease_token = %s)"] * len(claims))
+    params: list[Any] = [claim.task_id for claim in claims]
+    for claim in claims:
+        params += [claim.task_id, claim.token]
+    return f"task_id IN ({marks}) AND ({tokens})", params
+
+
+_INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo)]
+_CLAIM_FIELDS = [*_INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]
+
+
+def _claim_from_values(values: Sequence[Any]) -> Claim:
+    info = dict(zip(_INFO_FIELDS, values, strict=False))
+    info["status"] = TaskStatus(info["status"])
+    token, budget_attempts, deadline_at = values[len(_INFO_FIELDS) :]
+    return Claim(
+        task=TaskInfo(**info),
+        token=token,
+        budget_attempts=budget_attempts,
+        deadline_at=deadline_at,
+    )
 
 
 def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
@@ -111,6 +131,24 @@ class DatabaseStorage(TaskStorage):
 
     def _tasks(self) -> QuerySet[ReliableTask]:
         return ReliableTask.objects.using(self.alias)
+
+    @property
+    def _table(self) -> str:
+        return connections[self.alias].ops.quote_name(ReliableTask._meta.db_table)
+
+    def _dt(self, value: dt.datetime) -> Any:
+        """A datetime as this backend's driver wants it in hand-written SQL."""
+        return connections[self.alias].ops.adapt_datetimefield_value(value)
+
+    def _execute(self, sql: str, params: Sequence[Any]) -> int:
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
+    def _ids_where(self, where: str, params: Sequence[Any]) -> set[str]:
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(f"SELECT task_id FROM {self._table} WHERE {where}", params)
+            return {row[0] for row in cursor.fetchall()}
 
     def _retrying(self, operation: Callable[[], T]) -> T:
         """Run a short transaction again when MySQL reports a deadlock or lock wait timeout."""
@@ -242,9 +280,13 @@ class DatabaseStorage(TaskStorage):
             )
         if not ids:
             return []
-        rows = list(self._tasks().filter(pk__in=ids, worker_id=worker_id, available=False))
-        rows.sort(key=lambda r: (-r.priority, r.run_at))
-        return [_to_claim(row) for row in rows]
+        # Plain tuples: instantiating a model per claimed row was a visible share of worker CPU.
+        # By primary key and worker only: "available = false" tempted PostgreSQL, on stale
+        # statistics, into scanning the claim index over every claimed or finished row.
+        rows = self._tasks().filter(pk__in=ids, worker_id=worker_id)
+        claims = [_claim_from_values(values) for values in rows.values_list(*_CLAIM_FIELDS)]
+        claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
+        return claims
 
     def _claim_returning(
         self,
@@ -263,8 +305,9 @@ class DatabaseStorage(TaskStorage):
         sql = (
             f"UPDATE {table} SET available = %s, worker_id = %s, "
             "lease_token = lease_token + 1, lease_expires_at = %s "
-            f"WHERE task_id IN (SELECT task_id FROM {table} "
-            f"WHERE available = %s AND status IN (%s, %s) AND queue IN ({queue_marks}) "
+            # available is re-checked outside too: a row may change between pick and lock.
+            f"WHERE available = %s AND task_id IN (SELECT task_id FROM {table} "
+            f"WHERE available = %s AND queue IN ({queue_marks}) "
             f"AND run_at <= %s ORDER BY priority DESC, run_at ASC LIMIT %s{skip_locked}) "
             "RETURNING task_id"
         )
@@ -273,7 +316,7 @@ class DatabaseStorage(TaskStorage):
             worker_id,
             ops.adapt_datetimefield_value(lease_until),
             True,
-            *WAITING,
+            True,
             *queues,
             ops.adapt_datetimefield_value(now),
             limit,
@@ -296,7 +339,7 @@ class DatabaseStorage(TaskStorage):
             ids = list(
                 self._tasks()
                 .select_for_update(skip_locked=True)
-                .filter(available=True, status__in=WAITING, queue__in=queues, run_at__lte=now)
+                .filter(available=True, queue__in=queues, run_at__lte=now)
                 .order_by("-priority", "run_at")
                 .values_list("pk", flat=True)[:limit]
             )
@@ -313,21 +356,29 @@ class DatabaseStorage(TaskStorage):
         return self.start_many([claim], lease_seconds)[0]
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
-        """One UPDATE for the batch; which rows it changed is read back only on a partial hit."""
+        """One UPDATE for the batch; which rows it changed is read back only on a partial hit.
+
+        Hand-written SQL: this runs once per task, and building the same statement through the
+        ORM cost more CPU than the round trip itself.
+        """
         if not claims:
             return []
         now = self.clock.now()
-        held = _claims_match(claims)
-        changed = (
-            self._tasks()
-            .filter(held, available=False, status__in=WAITING)
-            .update(
-                status=TaskStatus.RUNNING.value,
-                attempts=F("attempts") + 1,
-                budget_attempts=F("budget_attempts") + 1,
-                started_at=now,
-                lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
-            )
+        held_sql, held_params = _held(claims)
+        changed = self._execute(
+            f"UPDATE {self._table} SET status = %s, attempts = attempts + 1, "
+            "budget_attempts = budget_attempts + 1, started_at = %s, lease_expires_at = %s "
+            # The token alone proves the claim is still held (releasing and recovering bump it);
+            # "not yet started" is written as NOT IN so that no planner is tempted by the
+            # status index on stale statistics: the primary key must drive this.
+            f"WHERE status NOT IN ({', '.join(['%s'] * len(_NOT_WAITING))}) AND ({held_sql})",
+            [
+                TaskStatus.RUNNING.value,
+                self._dt(now),
+                self._dt(now + dt.timedelta(seconds=lease_seconds)),
+                *_NOT_WAITING,
+                *held_params,
+            ],
         )
         if changed == len(claims):
             started = {c.task_id for c in claims}
@@ -335,10 +386,9 @@ class DatabaseStorage(TaskStorage):
             started = set()
         else:
             # This exact started_at under this token can only be this UPDATE's doing.
-            started = set(
-                self._tasks()
-                .filter(held, status=TaskStatus.RUNNING.value, started_at=now)
-                .values_list("pk", flat=True)
+            started = self._ids_where(
+                f"status = %s AND started_at = %s AND ({held_sql})",
+                [TaskStatus.RUNNING.value, self._dt(now), *held_params],
             )
         return [
             dataclasses.replace(
@@ -380,38 +430,37 @@ class DatabaseStorage(TaskStorage):
         now = self.clock.now()
         claims = [claim for claim, _ in outcomes]
         results = [result for _, result in outcomes]
+        connection = connections[self.alias]
+        result_field = ReliableTask._meta.get_field("result")
         texts = [dumps(result) for result in results]  # JSON equality: 1 and True differ
         if all(text == texts[0] for text in texts):
-            result_value: Any = Value(results[0], output_field=JSONField())
+            result_sql = "%s"
+            result_params = [result_field.get_db_prep_save(results[0], connection)]
         else:
-            result_value = Case(
-                *[
-                    When(pk=claim.task_id, then=Value(result, output_field=JSONField()))
-                    for claim, result in outcomes
-                ],
-                output_field=JSONField(),
-            )
-        held = _claims_match(claims)
-        changed = (
-            self._tasks()
-            .filter(held, status=TaskStatus.RUNNING.value)
-            .update(
-                status=TaskStatus.COMPLETED.value,
-                result=result_value,
-                finished_at=now,
-                lease_expires_at=None,
-                deadline_at=None,
-            )
+            result_sql = "CASE task_id " + "WHEN %s THEN %s " * len(outcomes) + "END"
+            result_params = []
+            for claim, result in outcomes:
+                result_params += [claim.task_id, result_field.get_db_prep_save(result, connection)]
+        held_sql, held_params = _held(claims)
+        changed = self._execute(
+            f"UPDATE {self._table} SET status = %s, result = {result_sql}, finished_at = %s, "
+            f"lease_expires_at = NULL, deadline_at = NULL WHERE status = %s AND ({held_sql})",
+            [
+                TaskStatus.COMPLETED.value,
+                *result_params,
+                self._dt(now),
+                TaskStatus.RUNNING.value,
+                *held_params,
+            ],
         )
         if changed == len(claims):
             done = {c.task_id for c in claims}
         elif not changed:
             done = set()
         else:
-            done = set(
-                self._tasks()
-                .filter(held, status=TaskStatus.COMPLETED.value, finished_at=now)
-                .values_list("pk", flat=True)
+            done = self._ids_where(
+                f"status = %s AND finished_at = %s AND ({held_sql})",
+                [TaskStatus.COMPLETED.value, self._dt(now), *held_params],
             )
         return [
             Transition(
@@ -519,7 +568,12 @@ class DatabaseStorage(TaskStorage):
             released += (
                 self._tasks()
                 .filter(_claims_match(chunk), available=False, status__in=WAITING)
-                .update(available=True, worker_id=None, lease_expires_at=None)
+                .update(
+                    available=True,
+                    worker_id=None,
+                    lease_expires_at=None,
+                    lease_token=F("lease_token") + 1,  # the old holder can no longer start it
+                )
             )
         return released
 
@@ -605,7 +659,12 @@ class DatabaseStorage(TaskStorage):
             )
             if row.status != TaskStatus.RUNNING.value:
                 # Claimed but never started: back to the queue, no attempt counted.
-                held.update(available=True, worker_id=None, lease_expires_at=None)
+                held.update(
+                    available=True,
+                    worker_id=None,
+                    lease_expires_at=None,
+                    lease_token=F("lease_token") + 1,  # the old holder can no longer start it
+                )
                 continue
             error = f"worker lost: {row.worker_id} stopped renewing its lease"
             status, run_at = after_failure(
