@@ -16,9 +16,15 @@ PURGE_EVERY_SECONDS = 60.0
 
 
 class Scheduler:
-    def __init__(self, executor: ReliableExecutor, retention_seconds: float) -> None:
+    def __init__(
+        self,
+        executor: ReliableExecutor,
+        retention_seconds: float,
+        worker_ttl_seconds: float = 120.0,
+    ) -> None:
         self.executor = executor
         self.retention_seconds = retention_seconds
+        self.worker_ttl_seconds = worker_ttl_seconds
         self._next_purge = 0.0
 
     def run_once(self) -> bool:
@@ -37,6 +43,8 @@ class Scheduler:
             purged = storage.purge_finished(cutoff, BATCH)
             if purged:
                 logger.info("purged %d finished tasks older than %s", purged, cutoff.isoformat())
+            silent_since = self.executor.clock.now() - dt.timedelta(seconds=self.worker_ttl_seconds)
+            storage.forget_workers(silent_since)
             if purged >= BATCH:
                 busy = True
             else:

@@ -78,7 +78,10 @@ class Worker:
             queue_capacity=options.queue_capacity,
         )
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
-        self.scheduler = Scheduler(self.executor, options.finished_retention)
+        # A worker silent for several heartbeats (which come every lease/4) is dead.
+        self.scheduler = Scheduler(
+            self.executor, options.finished_retention, max(options.lease_timeout * 2, 60.0)
+        )
         self.stopping = threading.Event()  # quiet: stop claiming, drain
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
         self._threads_done = threading.Event()

@@ -419,3 +419,15 @@ def test_concurrent_cancel_and_start_agree(executor, alias, clock):
 
 def _request(i: int) -> TaskSubmitRequest:
     return TaskSubmitRequest("demo.echo", {"i": i}, task_id=f"c-{i:04d}")
+
+
+def test_dead_workers_are_forgotten_live_ones_kept(storage, clock):
+    storage.worker_seen("dead", {"hostname": "h", "pid": 1, "queues": ["default"]})
+    clock.advance(300)
+    storage.worker_seen("alive", {"hostname": "h", "pid": 2, "queues": ["default"]})
+    assert storage.forget_workers(clock.now() - dt.timedelta(seconds=120)) == 1
+    from django_reliable_executor.models import ReliableWorker
+
+    assert list(ReliableWorker.objects.using(storage.alias).values_list("pk", flat=True)) == [
+        "alive"
+    ]

@@ -413,7 +413,29 @@ def test_system_check_unknown_cache_alias():
     settings = {"STORAGE": "redis", "REDIS_CACHE_ALIAS": "nowhere"}
     with override_settings(RELIABLE_EXECUTOR=settings):
         errors = check_settings()
-    assert [(e.id, e.obj) for e in errors] == [("reliable_executor.E003", "REDIS_CACHE_ALIAS")]
+    assert [(e.id, e.obj) for e in errors] == [
+        ("reliable_executor.E005", "STORAGE"),  # until the Redis storage ships
+        ("reliable_executor.E003", "REDIS_CACHE_ALIAS"),
+    ]
+
+
+def test_database_check_reports_an_unreachable_task_database():
+    from django.db import connections
+
+    from django_reliable_executor.checks import check_database
+
+    wrapper = connections["postgres"]
+    wrapper.close()
+    port = wrapper.settings_dict["PORT"]
+    wrapper.settings_dict["PORT"] = "1"  # nothing listens there
+    try:
+        with override_settings(RELIABLE_EXECUTOR={"DATABASE_ALIAS": "postgres"}):
+            errors = check_database(databases=["postgres"])
+    finally:
+        wrapper.close()
+        wrapper.settings_dict["PORT"] = port
+    assert [(e.id, e.obj) for e in errors] == [("reliable_executor.E006", "DATABASE_ALIAS")]
+    assert "cannot be reached" in errors[0].msg
 
 
 def test_system_check_needs_use_tz():

@@ -148,5 +148,9 @@ class TaskStorage(abc.ABC):
     def worker_gone(self, worker_id: str) -> None:
         """Forget a worker that stopped cleanly."""
 
+    @abc.abstractmethod
+    def forget_workers(self, seen_before: dt.datetime) -> int:
+        """Forget workers whose last heartbeat is older than ``seen_before`` (they died)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections held by this storage object."""

@@ -810,6 +810,10 @@ class DatabaseStorage(TaskStorage):
     def worker_gone(self, worker_id: str) -> None:
         ReliableWorker.objects.using(self.alias).filter(pk=worker_id).delete()
 
+    def forget_workers(self, seen_before: dt.datetime) -> int:
+        workers = ReliableWorker.objects.using(self.alias)
+        return workers.filter(last_seen_at__lt=seen_before).delete()[0]
+
     def close(self) -> None:
         connections[self.alias].close()
 

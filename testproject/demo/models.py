@@ -9,3 +9,6 @@ class Execution(models.Model):
     pid = models.IntegerField()
     started_at = models.DateTimeField(auto_now_add=True)
     finished = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.task_id} attempt {self.attempt} in pid {self.pid}"

@@ -1,4 +1,4 @@
-"""Handlers of the demo and the test suite: a realistic mix of fast, failing, slow and flaky work."""
+"""Handlers of the demo and the tests: a realistic mix of fast, failing, slow and flaky work."""
 
 from __future__ import annotations
 

@@ -3,8 +3,10 @@
 The default database is SQLite (no server needed). The test suite also uses the ``mariadb`` and
 ``postgres`` aliases; their locations come from the environment:
 
-    RE_MARIADB_HOST (127.0.0.1) RE_MARIADB_PORT (3306) RE_MARIADB_USER (root) RE_MARIADB_PASSWORD ("")
-    RE_POSTGRES_HOST (127.0.0.1) RE_POSTGRES_PORT (5432) RE_POSTGRES_USER (postgres) RE_POSTGRES_PASSWORD ("")
+    RE_MARIADB_HOST (127.0.0.1) RE_MARIADB_PORT (3306) RE_MARIADB_USER (root)
+    RE_MARIADB_PASSWORD ("") RE_MARIADB_NAME (reliable_executor)
+    RE_POSTGRES_HOST (127.0.0.1) RE_POSTGRES_PORT (5432) RE_POSTGRES_USER (postgres)
+    RE_POSTGRES_PASSWORD ("") RE_POSTGRES_NAME (reliable_executor)
 
 ``RE_DATABASE`` (default|mariadb|postgres) picks which alias the executor stores tasks in, and
 ``RE_TEST_DB_NAMES=1`` points every alias at its test database (runexecutor subprocesses started by
@@ -79,7 +81,7 @@ def _name(name: str) -> str:
 SQLITE_PATH = env("RE_SQLITE_PATH", str(BASE_DIR / "db.sqlite3"))
 SQLITE_TEST_PATH = env("RE_SQLITE_TEST_PATH", str(BASE_DIR / f"test_db{suffix}.sqlite3"))
 
-DATABASES = {
+DATABASES: dict = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": SQLITE_TEST_PATH if test_names else SQLITE_PATH,
@@ -93,6 +95,11 @@ DATABASES = {
         # A file, not memory: runexecutor subprocesses started by the tests share it.
         "TEST": {"NAME": SQLITE_TEST_PATH},
     },
+}
+# The server databases exist only where wanted: under the tests, or when RE_DATABASE names one.
+# (Django 6 checks every configured alias before a command, and the demo must run without
+# any server.)
+SERVER_DATABASES = {
     "mariadb": {
         "ENGINE": "django.db.backends.mysql",
         "NAME": _name(env("RE_MARIADB_NAME", "reliable_executor")),
@@ -114,6 +121,9 @@ DATABASES = {
         "TEST": {"DEPENDENCIES": []},
     },
 }
+for _alias, _config in SERVER_DATABASES.items():
+    if "pytest" in sys.modules or test_names or env("RE_DATABASE") == _alias:
+        DATABASES[_alias] = _config
 
 RELIABLE_EXECUTOR = {
     "DATABASE_ALIAS": env("RE_DATABASE", "default"),

@@ -22,6 +22,15 @@ def _positive_int(value: str) -> int:
 class Command(BaseCommand):
     help = "Run a reliable-executor worker: claim due tasks and execute them."
 
+    def get_check_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Run the database checks (Django 6) on the worker's own database only: an unrelated
+        alias that is down must not keep workers from starting."""
+        kwargs: dict[str, Any] = dict(super().get_check_kwargs(options))  # type: ignore[misc]
+        settings = executor.settings
+        if settings.STORAGE == "database":
+            kwargs["databases"] = [settings.DATABASE_ALIAS]
+        return kwargs
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queues", default="default", help="comma-separated queue names")
         parser.add_argument("--core-pool-size", type=_positive_int, default=None)
