@@ -125,15 +125,13 @@ for _alias, _config in SERVER_DATABASES.items():
     if "pytest" in sys.modules or test_names or env("RE_DATABASE") == _alias:
         DATABASES[_alias] = _config
 
-RELIABLE_EXECUTOR = {
+RELIABLE_EXECUTOR: dict = {
     "DATABASE_ALIAS": env("RE_DATABASE", "default"),
 }
-if env("RE_LEASE_TIMEOUT"):
-    RELIABLE_EXECUTOR["LEASE_TIMEOUT"] = float(env("RE_LEASE_TIMEOUT"))
-if env("RE_MASTER_LOCK_TTL"):
-    RELIABLE_EXECUTOR["MASTER_LOCK_TTL"] = float(env("RE_MASTER_LOCK_TTL"))
-if env("RE_POLL_INTERVAL"):
-    RELIABLE_EXECUTOR["POLL_INTERVAL"] = float(env("RE_POLL_INTERVAL"))
+for _key in ("LEASE_TIMEOUT", "MASTER_LOCK_TTL", "POLL_INTERVAL"):
+    _value = env(f"RE_{_key}")
+    if _value:
+        RELIABLE_EXECUTOR[_key] = float(_value)
 
 LOGGING = {
     "version": 1,

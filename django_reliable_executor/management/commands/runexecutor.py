@@ -22,10 +22,10 @@ def _positive_int(value: str) -> int:
 class Command(BaseCommand):
     help = "Run a reliable-executor worker: claim due tasks and execute them."
 
-    def get_check_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
+    def get_check_kwargs(self, options: dict[str, Any]) -> Any:
         """Run the database checks (Django 6) on the worker's own database only: an unrelated
         alias that is down must not keep workers from starting."""
-        kwargs: dict[str, Any] = dict(super().get_check_kwargs(options))  # type: ignore[misc]
+        kwargs = super().get_check_kwargs(options)  # Django 6.0+ only calls this
         settings = executor.settings
         if settings.STORAGE == "database":
             kwargs["databases"] = [settings.DATABASE_ALIAS]
