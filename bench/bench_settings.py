@@ -1,0 +1,23 @@
+"""Django settings of the benchmark: the test project's settings, run as production would.
+
+``throughput.py`` points ``DJANGO_SETTINGS_MODULE`` here (for itself and for the worker it
+starts) after setting the ``RE_*`` variables that choose the database. Differences from
+``testproject.settings``:
+
+* ``DEBUG = False``: with ``DEBUG = True`` Django wraps every cursor to record each query,
+  which is not what a deployed worker pays.
+* ``RE_BENCH_CONN_MAX_AGE`` (optional, seconds; ``none`` = unlimited) sets ``CONN_MAX_AGE`` of
+  every database alias; unset keeps Django's default (0: a connection per request/task).
+"""
+
+import os
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import DATABASES
+
+DEBUG = False
+
+_max_age = os.environ.get("RE_BENCH_CONN_MAX_AGE")
+if _max_age:
+    for _database in DATABASES.values():
+        _database["CONN_MAX_AGE"] = None if _max_age.lower() == "none" else int(_max_age)
