@@ -11,11 +11,15 @@ O = TypeVar("O")  # noqa: E741 - outcome
 
 
 class _Slot(Generic[I, O]):
-    __slots__ = ("item", "done", "outcome", "error")
+    __slots__ = ("item", "wake", "finished", "must_lead", "outcome", "error")
 
     def __init__(self, item: I) -> None:
         self.item = item
-        self.done = False
+        # Each caller waits on its own event: waking only the callers concerned (not every
+        # waiter on a shared condition) matters with many threads on few cores.
+        self.wake = threading.Event()
+        self.finished = False
+        self.must_lead = False
         self.outcome: O | None = None
         self.error: BaseException | None = None
 
@@ -24,8 +28,8 @@ class GroupCommitter(Generic[I, O]):
     """Coalesce concurrent ``submit`` calls into batched ``flush`` calls.
 
     The first caller that finds no batch in flight becomes the leader: it flushes everything
-    waiting (its own item included), hands each caller its outcome, and repeats while more
-    arrived meanwhile. A lone caller pays one round trip, as without batching; eight busy
+    waiting (its own item included), hands each caller its outcome, and passes the lead to the
+    oldest caller still waiting. A lone caller pays one round trip, as without batching; eight busy
     threads share one. Every caller still returns only after its own write is done, so the
     semantics of the underlying call are unchanged.
     """
@@ -33,35 +37,45 @@ class GroupCommitter(Generic[I, O]):
     def __init__(self, flush: Callable[[list[I]], Sequence[O]], max_batch: int = 100) -> None:
         self._flush = flush
         self._max_batch = max_batch
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._waiting: list[_Slot[I, O]] = []
         self._leader_active = False
 
     def submit(self, item: I) -> O:
         slot: _Slot[I, O] = _Slot(item)
-        with self._cond:
+        with self._lock:
             self._waiting.append(slot)
-            while not slot.done and self._leader_active:
-                self._cond.wait()
-            if slot.done:
-                return self._result(slot)
+            slot.must_lead = not self._leader_active
             self._leader_active = True
-        try:
-            while True:
-                with self._cond:
-                    batch = self._waiting[: self._max_batch]
-                    del self._waiting[: self._max_batch]
-                    if not batch:
-                        break
+        while not slot.finished:
+            if slot.must_lead:
+                slot.must_lead = False
+                self._lead(slot)
+            else:
+                slot.wake.wait()
+                slot.wake.clear()
+        if slot.error is not None:
+            raise slot.error
+        return slot.outcome  # type: ignore[return-value]
+
+    def _lead(self, own: _Slot[I, O]) -> None:
+        """Flush batches until our own item is written, then pass the lead to the oldest
+        waiter: no thread is kept writing for others while its own work waits."""
+        while True:
+            with self._lock:
+                batch = self._waiting[: self._max_batch]
+                del self._waiting[: self._max_batch]
+            if batch:
                 self._run(batch)
-                if slot.done:
-                    # Our item is written; let a waiter lead the rest so we can return.
-                    break
-        finally:
-            with self._cond:
-                self._leader_active = False
-                self._cond.notify_all()
-        return self._result(slot)
+            if own.finished or not batch:
+                with self._lock:
+                    if self._waiting:
+                        successor = self._waiting[0]
+                        successor.must_lead = True
+                        successor.wake.set()
+                    else:
+                        self._leader_active = False
+                return
 
     def _run(self, batch: list[_Slot[I, O]]) -> None:
         try:
@@ -73,13 +87,6 @@ class GroupCommitter(Generic[I, O]):
         except BaseException as exc:  # every waiter learns of the failure
             for slot in batch:
                 slot.error = exc
-        with self._cond:
-            for slot in batch:
-                slot.done = True
-            self._cond.notify_all()
-
-    @staticmethod
-    def _result(slot: _Slot[I, O]) -> O:
-        if slot.error is not None:
-            raise slot.error
-        return slot.outcome  # type: ignore[return-value]
+        for slot in batch:
+            slot.finished = True
+            slot.wake.set()

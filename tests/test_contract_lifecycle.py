@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -670,3 +671,20 @@ def test_pending_failure_keeps_raising_receivers_isolated(executor):
     with connected(signals.task_retrying, broken):
         assert run_next(executor) is TaskStatus.PENDING
     assert executor.get_task("iso").status is TaskStatus.PENDING
+
+
+@pytest.mark.parametrize(
+    "parameter",
+    ["hello", 0, 1.5, True, None, [1, "two", None], {"nested": {"list": [1, 2.5, "é"]}}],
+    ids=["str", "int", "float", "bool", "null", "list", "dict"],
+)
+def test_claims_carry_exactly_what_get_task_reads(executor, storage, parameter):
+    """The claim is built from raw rows: it must match the ORM's reading field for field."""
+    executor.submit("demo.echo", parameter, task_id="raw", max_duration_millis=60000)
+    [claim] = storage.claim("w1", ["default"], 10, 60)
+    stored = executor.get_task("raw")
+    assert claim.task.parameter == parameter
+    assert type(claim.task.parameter) is type(parameter)
+    assert claim.task == dataclasses.replace(stored, worker_id="w1")
+    assert claim.deadline_at == stored.created_at + dt.timedelta(milliseconds=60000)
+    assert claim.task.created_at.tzinfo is not None
