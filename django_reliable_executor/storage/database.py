@@ -171,7 +171,12 @@ class DatabaseStorage(TaskStorage):
         ids = list(unique)
         existing: dict[str, TaskInfo] = {}
         for chunk in _chunks(ids):
-            existing.update((row.pk, _to_info(row)) for row in self._tasks().filter(pk__in=chunk))
+            if self.vendor == "postgresql":
+                # One array parameter: psycopg re-parses long placeholder lists on every call.
+                found = self._tasks().extra(where=["task_id = ANY(%s)"], params=[list(chunk)])
+            else:
+                found = self._tasks().filter(pk__in=chunk)
+            existing.update((row.pk, _to_info(row)) for row in found)
         # Inserted in id order: concurrent batches with overlapping ids then wait for each
         # other instead of deadlocking (each would hold a row the other one needs).
         fresh = sorted(
@@ -203,7 +208,6 @@ class DatabaseStorage(TaskStorage):
         """One multi-row INSERT. Hand-written: preparing 24 model fields per row through
         bulk_create cost several times the database's own work."""
         connection = connections[self.alias]
-        parameter_field = ReliableTask._meta.get_field("parameter")
         adapted: dict[dt.datetime, Any] = {}  # a batch shares created_at, and mostly run_at
 
         def when(value: dt.datetime | None) -> Any:
@@ -213,14 +217,13 @@ class DatabaseStorage(TaskStorage):
                 adapted[value] = self._dt(value)
             return adapted[value]
 
-        params: list[Any] = []
-        for task in tasks:
-            params += [
+        rows = [
+            (
                 task.task_id,
                 task.task_name,
                 task.queue,
                 task.priority,
-                parameter_field.get_db_prep_save(task.parameter, connection),
+                task.parameter,
                 task.retry_limit,
                 task.retry_interval,
                 task.retry_backoff,
@@ -228,15 +231,39 @@ class DatabaseStorage(TaskStorage):
                 when(task.created_at),
                 when(task.run_at),
                 when(task.deadline_at),
-            ]
-        row = "(%s, %s, 'CREATED', %s, %s, %s, 0, 0, %s, %s, %s, %s, %s, %s, %s, FALSE, TRUE, 0)"
-        self._execute(
+            )
+            for task in tasks
+        ]
+        insert = (
             f"INSERT INTO {self._table} (task_id, task_name, status, queue, priority, "
             "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
             "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
-            f"lease_token) VALUES {', '.join([row] * len(tasks))}",
-            params,
+            "lease_token) "
         )
+        if self.vendor == "postgresql" and len(rows) > 1:
+            # One array per column keeps the statement short: psycopg parses a statement with
+            # thousands of placeholders again on every call, which cost more than the INSERT.
+            columns = [list(column) for column in zip(*rows, strict=True)]
+            columns[4] = [None if v is None else dumps(v) for v in columns[4]]
+            self._execute(
+                insert + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, t.parameter, "
+                "0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, t.created, "
+                "t.run_at, t.deadline, FALSE, TRUE, 0 FROM unnest(%s::varchar[], "
+                "%s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], %s::int[], %s::bigint[], "
+                "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
+                "%s::timestamptz[]) AS t(id, name, queue, priority, parameter, retry_limit, "
+                "retry_interval, backoff, max_duration, created, run_at, deadline)",
+                columns,
+            )
+            return
+        parameter_field = ReliableTask._meta.get_field("parameter")
+        params: list[Any] = []
+        for row in rows:
+            prepared = list(row)
+            prepared[4] = parameter_field.get_db_prep_save(row[4], connection)
+            params += prepared
+        values = "(%s, %s, 'CREATED', %s, %s, %s, 0, 0, %s, %s, %s, %s, %s, %s, %s, FALSE, TRUE, 0)"
+        self._execute(insert + f"VALUES {', '.join([values] * len(rows))}", params)
 
     def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:
         try:
