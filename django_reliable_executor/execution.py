@@ -11,6 +11,7 @@ import traceback
 from typing import Any
 
 from .batching import GroupCommitter
+from .completions import CompletionWriter
 from .records import Claim, TaskInfo, Transition
 from .registry import TaskHandler, get_handler
 from .serialization import ConversionError, from_json_value, to_json_value
@@ -83,6 +84,17 @@ class TaskRunner:
         self._completions: GroupCommitter[tuple[Claim, Any], Transition | None] = GroupCommitter(
             lambda outcomes: self.storage.complete_many(outcomes)
         )
+        # Set by the worker: completions are then written in the background (see
+        # completions.py); without it, run() waits for its completion to be written.
+        self.writer: CompletionWriter | None = None
+
+    def start_writer(self) -> CompletionWriter:
+        self.writer = CompletionWriter(
+            lambda outcomes: self.storage.complete_many(outcomes),
+            self.executor.announce,
+            self._discarded,
+        )
+        return self.writer
 
     @property
     def storage(self) -> Any:
@@ -146,6 +158,9 @@ class TaskRunner:
             return self._record_failure(
                 claim, f"handler returned a value that is not JSON-serialisable: {exc}", False
             )
+        if self.writer is not None:
+            self.writer.put(claim, result)
+            return TaskStatus.COMPLETED  # recorded shortly, by the writer
         transition = self._completions.submit((claim, result))
         if transition is None:
             self._discarded(claim)

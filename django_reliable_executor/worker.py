@@ -115,6 +115,7 @@ class Worker:
                 target=self._scheduler_loop, name="reliable-executor-scheduler", daemon=True
             ),
         ]
+        writer = self.runner.start_writer()
         self._beat()
         for thread in background:
             thread.start()
@@ -122,6 +123,7 @@ class Worker:
             self._claim_loop()
         finally:
             code = self._shutdown()
+            writer.close()  # record the completions still pending before leases are dropped
             self._threads_done.set()
             for thread in background:
                 thread.join(timeout=5)
@@ -227,6 +229,8 @@ class Worker:
                 },
             )
             claims = self.pool.held()
+            if self.runner.writer is not None:
+                claims += self.runner.writer.held()
             if not claims:
                 return
             held = storage.heartbeat(

@@ -688,3 +688,37 @@ def test_claims_carry_exactly_what_get_task_reads(executor, storage, parameter):
     assert claim.task == dataclasses.replace(stored, worker_id="w1")
     assert claim.deadline_at == stored.created_at + dt.timedelta(milliseconds=60000)
     assert claim.task.created_at.tzinfo is not None
+
+
+def test_completion_writer_records_in_batches_and_announces(executor, storage):
+    """The worker's background writer: every put() ends COMPLETED and announced by close()."""
+    from django_reliable_executor.completions import CompletionWriter
+
+    ids = [executor.submit("demo.echo", {"i": i}, task_id=f"cw-{i}").task_id for i in range(5)]
+    started = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
+    announced = []
+    writer = CompletionWriter(storage.complete_many, announced.append, lambda claim: None)
+    for claim in started:
+        writer.put(claim, {"done": claim.task_id})
+    writer.close()
+    assert sorted(t.task.task_id for t in announced) == sorted(ids)
+    for task_id in ids:
+        info = executor.get_task(task_id)
+        assert (info.status, info.result) == (TaskStatus.COMPLETED, {"done": task_id})
+
+
+def test_completion_writer_failure_leaves_tasks_running_for_recovery(executor, storage):
+    from django_reliable_executor.completions import CompletionWriter
+
+    executor.submit("demo.echo", {}, task_id="cw-fail")
+    [claim] = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
+    announced, discarded = [], []
+
+    def broken(outcomes):
+        raise ConnectionError("database went away")
+
+    writer = CompletionWriter(broken, announced.append, discarded.append)
+    writer.put(claim, "result")
+    writer.close()
+    assert announced == [] and discarded == []
+    assert executor.get_task("cw-fail").status is TaskStatus.RUNNING  # lease recovery reruns it
