@@ -137,9 +137,28 @@ class DatabaseStorage(TaskStorage):
             cursor.execute(sql, params)
             return cursor.rowcount
 
-    def _ids_where(self, where: str, params: Sequence[Any]) -> set[str]:
+    def _hits(
+        self,
+        claims: Sequence[Claim],
+        changed: int,
+        status: TaskStatus,
+        stamp_column: str,
+        now: dt.datetime,
+        held_sql: str,
+        held_params: Sequence[Any],
+    ) -> set[str]:
+        """Which claims a batch UPDATE changed. Read back only on a partial hit: the new status
+        with this exact timestamp under this token can only be that UPDATE's doing."""
+        if changed == len(claims):
+            return {c.task_id for c in claims}
+        if not changed:
+            return set()
         with connections[self.alias].cursor() as cursor:
-            cursor.execute(f"SELECT task_id FROM {self._table} WHERE {where}", params)
+            cursor.execute(
+                f"SELECT task_id FROM {self._table} "
+                f"WHERE status = %s AND {stamp_column} = %s AND ({held_sql})",
+                [status.value, self._dt(now), *held_params],
+            )
             return {row[0] for row in cursor.fetchall()}
 
     def _retrying(self, operation: Callable[[], T]) -> T:
@@ -444,16 +463,9 @@ class DatabaseStorage(TaskStorage):
                 *held_params,
             ],
         )
-        if changed == len(claims):
-            started = {c.task_id for c in claims}
-        elif not changed:
-            started = set()
-        else:
-            # This exact started_at under this token can only be this UPDATE's doing.
-            started = self._ids_where(
-                f"status = %s AND started_at = %s AND ({held_sql})",
-                [TaskStatus.RUNNING.value, self._dt(now), *held_params],
-            )
+        started = self._hits(
+            claims, changed, TaskStatus.RUNNING, "started_at", now, held_sql, held_params
+        )
         return [
             dataclasses.replace(
                 claim,
@@ -517,15 +529,9 @@ class DatabaseStorage(TaskStorage):
                 *held_params,
             ],
         )
-        if changed == len(claims):
-            done = {c.task_id for c in claims}
-        elif not changed:
-            done = set()
-        else:
-            done = self._ids_where(
-                f"status = %s AND finished_at = %s AND ({held_sql})",
-                [TaskStatus.COMPLETED.value, self._dt(now), *held_params],
-            )
+        done = self._hits(
+            claims, changed, TaskStatus.COMPLETED, "finished_at", now, held_sql, held_params
+        )
         return [
             Transition(
                 task=dataclasses.replace(
