@@ -189,12 +189,12 @@ class DatabaseStorage(TaskStorage):
             unique.setdefault(task.task_id, task)
         ids = list(unique)
         existing: dict[str, TaskInfo] = {}
-        for chunk in _chunks(ids):
+        for id_chunk in _chunks(ids):
             if self.vendor == "postgresql":
                 # One array parameter: psycopg re-parses long placeholder lists on every call.
-                found = self._tasks().extra(where=["task_id = ANY(%s)"], params=[list(chunk)])
+                found = self._tasks().extra(where=["task_id = ANY(%s)"], params=[list(id_chunk)])
             else:
-                found = self._tasks().filter(pk__in=chunk)
+                found = self._tasks().filter(pk__in=id_chunk)
             existing.update((row.pk, _to_info(row)) for row in found)
         # Inserted in id order: concurrent batches with overlapping ids then wait for each
         # other instead of deadlocking (each would hold a row the other one needs).
