@@ -192,9 +192,15 @@ class DatabaseStorage(TaskStorage):
         for id_chunk in _chunks(ids):
             if self.vendor == "postgresql":
                 # One array parameter: psycopg re-parses long placeholder lists on every call.
-                found = self._tasks().extra(where=["task_id = ANY(%s)"], params=[list(id_chunk)])
-            else:
-                found = self._tasks().filter(pk__in=id_chunk)
+                with connections[self.alias].cursor() as cursor:
+                    cursor.execute(
+                        f"SELECT task_id FROM {self._table} WHERE task_id = ANY(%s)",
+                        [list(id_chunk)],
+                    )
+                    id_chunk = [row[0] for row in cursor.fetchall()]  # usually none
+                if not id_chunk:
+                    continue
+            found = self._tasks().filter(pk__in=id_chunk)
             existing.update((row.pk, _to_info(row)) for row in found)
         # Inserted in id order: concurrent batches with overlapping ids then wait for each
         # other instead of deadlocking (each would hold a row the other one needs).
