@@ -1,0 +1,105 @@
+"""The leader's chores on the database storage: recover leases, time out, purge."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db.models import F
+
+from ...records import Transition
+from ...retries import after_failure
+from ...states import TaskStatus
+from .access import DatabaseAccess
+from .rows import (
+    LIVE,
+    TERMINAL,
+    chunks,
+    failure_changes,
+    timeout_message,
+    to_info,
+)
+
+
+class Chores(DatabaseAccess):
+    """recover_expired, expire_overdue, purge_finished: batch-bounded, each row a CAS."""
+
+    def recover_expired(self, limit: int) -> list[Transition]:
+        now = self.clock.now()
+        rows = list(
+            self._tasks()
+            .filter(available=False, lease_expires_at__lt=now, status__in=LIVE)
+            .order_by("lease_expires_at")[:limit]
+        )
+        transitions = []
+        for row in rows:
+            held = self._tasks().filter(
+                pk=row.pk,
+                lease_token=row.lease_token,
+                status=row.status,
+                available=False,
+                lease_expires_at__lt=now,
+                cancel_requested=row.cancel_requested,
+            )
+            if row.status != TaskStatus.RUNNING.value:
+                # Claimed but never started: back to the queue, no attempt counted.
+                held.update(
+                    available=True,
+                    worker_id=None,
+                    lease_expires_at=None,
+                    lease_token=F("lease_token") + 1,  # the old holder can no longer start it
+                )
+                continue
+            error = f"worker lost: {row.worker_id} stopped renewing its lease"
+            status, run_at = after_failure(
+                budget_attempts=row.budget_attempts,
+                retry_limit=row.retry_limit,
+                retryable=True,
+                cancel_requested=row.cancel_requested,
+                deadline_at=row.deadline_at,
+                now=now,
+                retry_interval=row.retry_interval,
+                retry_backoff=row.retry_backoff,
+                backoff_cap_millis=self.backoff_cap_millis,
+            )
+            changes = failure_changes(status, run_at, error, now)
+            if held.update(**changes):
+                for key, value in changes.items():
+                    setattr(row, key, value)
+                transitions.append(Transition(task=to_info(row), previous=TaskStatus.RUNNING))
+        return transitions
+
+    def expire_overdue(self, limit: int) -> list[Transition]:
+        now = self.clock.now()
+        rows = list(
+            self._tasks()
+            .filter(deadline_at__lte=now, status__in=LIVE)
+            .order_by("deadline_at")[:limit]
+        )
+        transitions = []
+        for row in rows:
+            error = timeout_message(row.max_duration_millis, row.last_error)
+            changes = failure_changes(TaskStatus.TIMEOUT, None, error, now)
+            changed = (
+                self._tasks()
+                .filter(
+                    pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
+                )
+                .update(**changes)
+            )
+            if changed:
+                previous = TaskStatus(row.status)
+                for key, value in changes.items():
+                    setattr(row, key, value)
+                transitions.append(Transition(task=to_info(row), previous=previous))
+        return transitions
+
+    def purge_finished(self, finished_before: dt.datetime, limit: int) -> int:
+        ids = list(
+            self._tasks()
+            .filter(finished_at__lt=finished_before, status__in=TERMINAL)
+            .values_list("pk", flat=True)[:limit]
+        )
+        deleted = 0
+        for chunk in chunks(ids):
+            deleted += self._tasks().filter(pk__in=chunk, status__in=TERMINAL).delete()[0]
+        return deleted

@@ -1,0 +1,60 @@
+"""Reading tasks from the database storage: get, list, count, has_work."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from django.db.models import Count
+
+from ...records import TaskInfo
+from ...states import TaskStatus
+from .access import DatabaseAccess
+from .rows import (
+    WAITING,
+    to_info,
+)
+
+
+class Reading(DatabaseAccess):
+    """Queries only; nothing here writes."""
+
+    def get(self, task_id: str) -> TaskInfo | None:
+        row = self._tasks().filter(pk=task_id).first()
+        return to_info(row) if row is not None else None
+
+    def list(
+        self,
+        *,
+        status: TaskStatus | None = None,
+        task_name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[TaskInfo]:
+        qs = self._tasks()
+        if status is not None:
+            qs = qs.filter(status=TaskStatus(status).value)
+        if task_name is not None:
+            qs = qs.filter(task_name=task_name)
+        if queue is not None:
+            qs = qs.filter(queue=queue)
+        qs = qs.order_by("-created_at", "-task_id")[offset : offset + limit]
+        return [to_info(row) for row in qs]
+
+    def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
+        qs = self._tasks()
+        if queue is not None:
+            qs = qs.filter(queue=queue)
+        counts = {status: 0 for status in TaskStatus}
+        for row in qs.order_by().values("status").annotate(n=Count("pk")):
+            counts[TaskStatus(row["status"])] = row["n"]
+        return counts
+
+    def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
+        horizon = self.clock.now() + dt.timedelta(seconds=horizon_seconds)
+        qs = self._tasks().filter(queue__in=list(queues))
+        return (
+            qs.filter(status=TaskStatus.RUNNING.value).exists()
+            or qs.filter(status__in=WAITING, run_at__lte=horizon).exists()
+        )

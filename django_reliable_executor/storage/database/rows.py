@@ -1,0 +1,160 @@
+"""Rows to records and back, and the SQL fragments the database storage shares."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+from django.db.models import Q
+from django.utils.dateparse import parse_datetime
+
+from ...models import ReliableTask
+from ...records import Claim, NewTask, TaskInfo
+from ...states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
+
+T = TypeVar("T")
+WAITING = [s.value for s in WAITING_STATUSES]
+LIVE = [*WAITING, TaskStatus.RUNNING.value]
+TERMINAL = [s.value for s in TERMINAL_STATUSES]
+NOT_WAITING = [TaskStatus.RUNNING.value, *TERMINAL]
+# MySQL error codes worth retrying: deadlock found, lock wait timeout.
+MYSQL_RETRYABLE = {1213, 1205}
+CHUNK = 500  # ids per IN (...) list: well under every backend's parameter limit
+
+
+def to_info(row: ReliableTask) -> TaskInfo:
+    return TaskInfo(
+        task_id=row.task_id,
+        task_name=row.task_name,
+        status=TaskStatus(row.status),
+        queue=row.queue,
+        priority=row.priority,
+        parameter=row.parameter,
+        attempts=row.attempts,
+        retry_limit=row.retry_limit,
+        retry_interval=row.retry_interval,
+        retry_backoff=row.retry_backoff,
+        max_duration_millis=row.max_duration_millis,
+        created_at=row.created_at,
+        run_at=row.run_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_error=row.last_error,
+        result=row.result,
+        worker_id=row.worker_id,
+        cancel_requested=row.cancel_requested,
+    )
+
+
+def claims_match(claims: Sequence[Claim]) -> Q:
+    """Rows still held under these claims' fencing tokens."""
+    match = Q()
+    for claim in claims:
+        match |= Q(pk=claim.task_id, lease_token=claim.token)
+    return match
+
+
+def held_by_claims(claims: Sequence[Claim]) -> tuple[str, list[Any]]:
+    """SQL for "rows still held under these claims' fencing tokens". The leading primary-key
+    IN list steers every planner to the primary key: left to itself, PostgreSQL sometimes
+    chose the claim index for ``available = false`` and scanned every claimed row."""
+    marks = ", ".join(["%s"] * len(claims))
+    tokens = " OR ".join(["(task_id = %s AND lease_token = %s)"] * len(claims))
+    params: list[Any] = [claim.task_id for claim in claims]
+    for claim in claims:
+        params += [claim.task_id, claim.token]
+    return f"task_id IN ({marks}) AND ({tokens})", params
+
+
+INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo)]
+CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]
+CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
+DATETIME_FIELDS = ["created_at", "run_at", "started_at", "finished_at", "deadline_at"]
+
+
+def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def timeout_message(max_duration_millis: int | None, previous_error: str | None) -> str:
+    message = f"max duration of {max_duration_millis} ms since creation exceeded"
+    if previous_error:
+        message += f"\nLast failure before the deadline:\n{previous_error}"
+    return message
+
+
+def claim_from_row(row: Sequence[Any]) -> Claim:
+    """A claim from raw column values, converted the way each driver needs."""
+    values = dict(zip(CLAIM_FIELDS, row, strict=True))
+    for key in ("parameter", "result"):
+        # Every driver hands JSON back as text here (Django sets psycopg up that way too).
+        if isinstance(values[key], str):
+            values[key] = json.loads(values[key])
+    values["cancel_requested"] = bool(values["cancel_requested"])  # 0/1 on MySQL, SQLite
+    for key in DATETIME_FIELDS:
+        value = values[key]
+        if isinstance(value, str):
+            value = parse_datetime(value)
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)  # stored as naive UTC
+        values[key] = value
+    token = values.pop("lease_token")
+    budget_attempts = values.pop("budget_attempts")
+    deadline_at = values.pop("deadline_at")
+    values["status"] = TaskStatus(values["status"])
+    return Claim(
+        task=TaskInfo(**values),
+        token=token,
+        budget_attempts=budget_attempts,
+        deadline_at=deadline_at,
+    )
+
+
+def new_info(task: NewTask) -> TaskInfo:
+    return TaskInfo(
+        task_id=task.task_id,
+        task_name=task.task_name,
+        status=TaskStatus.CREATED,
+        queue=task.queue,
+        priority=task.priority,
+        parameter=task.parameter,
+        attempts=0,
+        retry_limit=task.retry_limit,
+        retry_interval=task.retry_interval,
+        retry_backoff=task.retry_backoff,
+        max_duration_millis=task.max_duration_millis,
+        created_at=task.created_at,
+        run_at=task.run_at,
+        started_at=None,
+        finished_at=None,
+        last_error=None,
+        result=None,
+        worker_id=None,
+        cancel_requested=False,
+    )
+
+
+def failure_changes(
+    status: TaskStatus, run_at: dt.datetime | None, error: str, now: dt.datetime
+) -> dict[str, Any]:
+    if status is TaskStatus.PENDING:
+        assert run_at is not None
+        return {
+            "status": status.value,
+            "available": True,
+            "run_at": run_at,
+            "last_error": error,
+            "lease_expires_at": None,
+        }
+    return {
+        "status": status.value,
+        "available": False,
+        "last_error": error,
+        "finished_at": now,
+        "lease_expires_at": None,
+        "deadline_at": None,
+    }
