@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest
 from django.dispatch import Signal
 
 from django_reliable_executor import TaskContext, reliable_task_handler
@@ -17,11 +16,9 @@ from django_reliable_executor.records import Claim, NewTask
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.base import TaskStorage
-from tests.conftest import DB_ALIASES
 
 # Only these apps' tables are flushed after each test: truncating every table of the project
 # costs about a second per test on PostgreSQL, these four a fraction of it.
-CONTRACT_APPS = ["django_reliable_executor", "demo"]
 
 LEASE = 60.0
 
@@ -49,24 +46,6 @@ def gate(param: Any = None) -> str:
 def bad_result(param: Any = None) -> Any:
     """Returns a value JSON cannot hold."""
     return {1, 2, 3}
-
-
-def contract_db_params() -> list:
-    """Like conftest's db_params, with a transactional database limited to CONTRACT_APPS.
-
-    Contract modules override the ``alias`` fixture with these params, so conftest's
-    ``storage`` and ``executor`` fixtures build on them unchanged.
-    """
-    return [
-        pytest.param(
-            alias,
-            id="sqlite" if alias == "default" else alias,
-            marks=pytest.mark.django_db(
-                transaction=True, databases=[alias], available_apps=CONTRACT_APPS
-            ),
-        )
-        for alias in DB_ALIASES
-    ]
 
 
 def raising(exc: BaseException) -> Callable[[TaskContext], Any]:

@@ -18,17 +18,9 @@ from django_reliable_executor.exceptions import (
     UnknownTaskError,
 )
 from django_reliable_executor.service import MAX_MILLIS, ReliableExecutor
-from tests.conftest import require
-from tests.contract_support import contract_db_params, recording
+from tests.contract_support import recording
 
 UTC = dt.timezone.utc
-
-
-@pytest.fixture(params=contract_db_params())
-def alias(request: pytest.FixtureRequest) -> str:
-    """Every database, flushing only the contract apps' tables between tests."""
-    require(request.param)
-    return request.param
 
 
 @pytest.fixture

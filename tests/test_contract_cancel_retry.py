@@ -8,30 +8,14 @@ from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor
-from tests.conftest import require
 from tests.contract_support import (
     HOOKS,
     LEASE,
     claim_and_start,
     claim_one,
-    contract_db_params,
     recording,
     run_next,
 )
-
-
-@pytest.fixture(params=contract_db_params())
-def alias(request: pytest.FixtureRequest) -> str:
-    """Every database, flushing only the contract apps' tables between tests."""
-    require(request.param)
-    return request.param
-
-
-@pytest.fixture(autouse=True)
-def _clear_hooks():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
 
 
 # -- cancel -----------------------------------------------------------------------------------

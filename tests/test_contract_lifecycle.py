@@ -16,7 +16,6 @@ from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.worker import Worker, WorkerOptions
-from tests.conftest import require
 from tests.contract_support import (
     GATE,
     HOOKS,
@@ -24,7 +23,6 @@ from tests.contract_support import (
     claim_and_start,
     claim_one,
     connected,
-    contract_db_params,
     new_task,
     raising,
     recording,
@@ -40,20 +38,6 @@ ALL_SIGNALS = (
     signals.task_failed,
     signals.task_cancelled,
 )
-
-
-@pytest.fixture(params=contract_db_params())
-def alias(request: pytest.FixtureRequest) -> str:
-    """Every database, flushing only the contract apps' tables between tests."""
-    require(request.param)
-    return request.param
-
-
-@pytest.fixture(autouse=True)
-def _clear_hooks():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
 
 
 # -- the happy path ---------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
-import pytest
 from django.db import connections
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
@@ -13,22 +12,13 @@ from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.leadership import MASTER_LOCK_NAME, MasterLock
 from django_reliable_executor.scheduler import Scheduler
 from django_reliable_executor.storage.database import DatabaseStorage
-from tests.conftest import require
 from tests.contract_support import (
     LEASE,
     claim_and_start,
     claim_one,
-    contract_db_params,
     recording,
     total,
 )
-
-
-@pytest.fixture(params=contract_db_params())
-def alias(request: pytest.FixtureRequest) -> str:
-    """Every database, flushing only the contract apps' tables between tests."""
-    require(request.param)
-    return request.param
 
 
 # -- lease expiry -----------------------------------------------------------------------------

@@ -13,15 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.service import ReliableExecutor
-from tests.conftest import require
-from tests.contract_support import claim_and_start, contract_db_params, recording, total
-
-
-@pytest.fixture(params=contract_db_params())
-def alias(request: pytest.FixtureRequest) -> str:
-    """Every database, flushing only the contract apps' tables between tests."""
-    require(request.param)
-    return request.param
+from tests.contract_support import claim_and_start, recording, total
 
 
 def read_in_other_thread(executor: ReliableExecutor, task_id: str):
