@@ -104,9 +104,46 @@ class Transition:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """A runexecutor process as its heartbeats describe it."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    queues: tuple[str, ...]
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
 class CancelResult:
     """Outcome of a cancel: ``changed`` is what cancel_task returns."""
 
     changed: bool
     task: TaskInfo | None
     requested_only: bool = False  # True when the task was RUNNING: only the flag was set
+
+
+def new_info(task: NewTask) -> TaskInfo:
+    """What a task just stored from ``task`` looks like."""
+    return TaskInfo(
+        task_id=task.task_id,
+        task_name=task.task_name,
+        status=TaskStatus.CREATED,
+        queue=task.queue,
+        priority=task.priority,
+        parameter=task.parameter,
+        attempts=0,
+        retry_limit=task.retry_limit,
+        retry_interval=task.retry_interval,
+        retry_backoff=task.retry_backoff,
+        max_duration_millis=task.max_duration_millis,
+        created_at=task.created_at,
+        run_at=task.run_at,
+        started_at=None,
+        finished_at=None,
+        last_error=None,
+        result=None,
+        worker_id=None,
+        cancel_requested=False,
+    )

@@ -62,3 +62,11 @@ def after_failure(
         delay = backoff_millis(budget_attempts, retry_interval, retry_backoff, backoff_cap_millis)
         return TaskStatus.PENDING, now + dt.timedelta(milliseconds=delay)
     return TaskStatus.FAILED, None
+
+
+def timeout_message(max_duration_millis: int | None, previous_error: str | None) -> str:
+    """The last_error of a task that ran past its max duration."""
+    message = f"max duration of {max_duration_millis} ms since creation exceeded"
+    if previous_error:
+        message += f"\nLast failure before the deadline:\n{previous_error}"
+    return message

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.dispatch import Signal
 
 from . import signals
@@ -25,7 +25,7 @@ from .exceptions import (
     TaskSubmitError,
     UnknownTaskError,
 )
-from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition
+from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, new_info
 from .registry import TaskHandler, get_handler
 from .retries import BACKOFF_CHOICES
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
@@ -114,7 +114,12 @@ class ReliableExecutor:
         new_tasks = [self._prepare(request, now, settings, i) for i, request in enumerate(requests)]
         if not new_tasks:
             return []
-        results = self.storage.enqueue(new_tasks)
+        storage = self.storage
+        if not storage.supports_transactional_enqueue:
+            alias = self._open_transaction(settings)
+            if alias is not None:
+                return self._submit_on_commit(new_tasks, alias)
+        results = storage.enqueue(new_tasks)
         created = [info for info, was_created in results if was_created]
         if created:
             self._after_commit(lambda: self._announce_submitted(created))
@@ -127,6 +132,33 @@ class ReliableExecutor:
             transaction.on_commit(callback, using=alias)
         else:
             callback()
+
+    @staticmethod
+    def _open_transaction(settings: ExecutorSettings) -> str | None:
+        """The database alias whose atomic() block the caller is in, if any: DATABASE_ALIAS
+        first, then any other connection already opened in this thread."""
+        if transaction.get_connection(settings.DATABASE_ALIAS).in_atomic_block:
+            return settings.DATABASE_ALIAS
+        for connection in connections.all(initialized_only=True):
+            if connection.in_atomic_block:
+                return str(connection.alias)
+        return None
+
+    def _submit_on_commit(self, new_tasks: list[NewTask], alias: str) -> list[TaskInfo]:
+        """Storage outside the database (Redis): write when the caller's transaction commits,
+        so a rolled-back transaction leaves no task behind. Ids already stored are returned as
+        stored; the others as they will be."""
+        existing = self.storage.get_many([task.task_id for task in new_tasks])
+
+        def write() -> None:
+            results = self.storage.enqueue(new_tasks)
+            self._announce_submitted([info for info, was_created in results if was_created])
+
+        transaction.on_commit(write, using=alias)
+        infos: dict[str, TaskInfo] = dict(existing)
+        for task in new_tasks:
+            infos.setdefault(task.task_id, new_info(task))
+        return [infos[task.task_id] for task in new_tasks]
 
     def _announce_submitted(self, created: list[TaskInfo]) -> None:
         for info in created:

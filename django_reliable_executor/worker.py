@@ -93,6 +93,16 @@ class Worker:
         if self.stopping.is_set():
             self.hard_stop.set()
         self.stopping.set()
+        if self.executor.storage.blocking_wait:
+            # The claim loop may be blocked on Redis: wake it (from a thread, as this may run
+            # in a signal handler).
+            threading.Thread(target=self._interrupt_wait, daemon=True).start()
+
+    def _interrupt_wait(self) -> None:
+        try:
+            self.executor.storage.wake(self.options.queues)
+        except Exception:
+            logger.debug("could not wake the claim loop; it stops within POLL_INTERVAL")
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -166,10 +176,21 @@ class Worker:
             if opts.burst and self.pool.is_idle() and not self._work_near():
                 logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
                 return
+            if storage.blocking_wait:
+                # Redis: block until a submit wakes this queue or the next delayed task is due.
+                self._wait_for_work(opts.poll_interval)
+                continue
             # Nothing due: wait, doubling the wait up to POLL_INTERVAL. A worker that just had
             # work looks again within milliseconds; an idle one asks once per POLL_INTERVAL.
             self.stopping.wait(idle_wait)
             idle_wait = min(idle_wait * 2, opts.poll_interval)
+
+    def _wait_for_work(self, timeout: float) -> None:
+        try:
+            self.executor.storage.wait_for_work(self.options.queues, timeout)
+        except Exception:
+            logger.exception("waiting for work failed; retrying in %.1fs", timeout)
+            self.stopping.wait(timeout)
 
     def _work_near(self) -> bool:
         try:

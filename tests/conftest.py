@@ -1,4 +1,5 @@
-"""Shared fixtures: one storage per database alias, an injected clock, service reachability.
+"""Shared fixtures: one storage per backend (SQLite, MariaDB, PostgreSQL, Redis), an injected
+clock, service reachability.
 
 A service that cannot be reached skips its tests locally and fails them under CI (CI=true).
 """
@@ -7,11 +8,14 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -25,8 +29,16 @@ SERVERS = {
         os.environ.get("RE_POSTGRES_HOST", "127.0.0.1"),
         int(os.environ.get("RE_POSTGRES_PORT", "5432")),
     ),
+    "redis": (
+        os.environ.get("RE_REDIS_HOST", "127.0.0.1"),
+        int(os.environ.get("RE_REDIS_PORT", "6379")),
+    ),
 }
 DB_ALIASES = ["default", "mariadb", "postgres"]  # default is SQLite
+# The contract suite's backends: the database aliases, and "redis" (whose tests still get the
+# SQLite default database, for the demo app's tables and the callers' transactions).
+BACKENDS = [*DB_ALIASES, "redis"]
+REDIS_URL = "redis://{}:{}/0".format(*SERVERS["redis"])
 # The apps whose tables tests write; only these are flushed between tests (flushing every
 # table of the test project cost about a second per test on PostgreSQL).
 TASK_APPS = ["django_reliable_executor", "demo"]
@@ -49,23 +61,56 @@ def require(alias: str) -> None:
 
 
 def db_params(aliases: list[str] | None = None) -> list:
-    """pytest params for each database alias, marked for a transactional test database."""
+    """pytest params for each backend, marked for a transactional test database."""
     return [
         pytest.param(
             alias,
             id="sqlite" if alias == "default" else alias,
             marks=pytest.mark.django_db(
-                transaction=True, databases=[alias], available_apps=TASK_APPS
+                transaction=True,
+                databases=["default" if alias == "redis" else alias],
+                available_apps=TASK_APPS,
             ),
         )
         for alias in (aliases or DB_ALIASES)
     ]
 
 
-@pytest.fixture(params=db_params())
+@pytest.fixture(params=db_params(BACKENDS))
 def alias(request: pytest.FixtureRequest) -> str:
+    """The backend under test: a database alias, or "redis"."""
     require(request.param)
     return request.param
+
+
+@pytest.fixture
+def db_alias(alias: str) -> str:
+    """The database holding the demo app's tables (and the callers' transactions)."""
+    return "default" if alias == "redis" else alias
+
+
+def redis_client(url: str = REDIS_URL):
+    import redis
+
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def delete_prefix(client, key_prefix: str) -> None:
+    """Delete every key of one key prefix (never FLUSHALL: the server is shared)."""
+    keys = list(client.scan_iter(match="{" + key_prefix + "}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start : start + 500])
+
+
+@pytest.fixture
+def key_prefix(alias: str) -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis, deleted afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    if alias == "redis":
+        client = redis_client()
+        delete_prefix(client, prefix)
+        client.close()
 
 
 @pytest.fixture(autouse=True)
@@ -84,12 +129,36 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def storage(alias: str, clock: FakeClock) -> DatabaseStorage:
-    return DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=300000)
+def make_storage(alias: str, key_prefix: str) -> Iterator[Callable[..., TaskStorage]]:
+    """Builds storage objects on the backend under test (one per thread, like workers do)."""
+    made: list[TaskStorage] = []
+
+    def make(clock: FakeClock | None = None) -> TaskStorage:
+        storage: TaskStorage
+        if alias == "redis":
+            from django_reliable_executor.storage.redis import RedisStorage
+
+            storage = RedisStorage(
+                redis_client(), key_prefix, clock=clock, backoff_cap_millis=300000
+            )
+        else:
+            storage = DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=300000)
+        made.append(storage)
+        return storage
+
+    yield make
+    for storage in made:
+        if alias == "redis":
+            storage.close()
 
 
 @pytest.fixture
-def executor(storage: DatabaseStorage, clock: FakeClock) -> ReliableExecutor:
+def storage(make_storage: Callable[..., TaskStorage], clock: FakeClock) -> TaskStorage:
+    return make_storage(clock)
+
+
+@pytest.fixture
+def executor(storage: TaskStorage, clock: FakeClock) -> ReliableExecutor:
     """A service over the test storage and the fake clock."""
     return ReliableExecutor(storage, clock=clock)
 

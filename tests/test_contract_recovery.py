@@ -11,7 +11,6 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.leadership import MASTER_LOCK_NAME, MasterLock
 from django_reliable_executor.scheduler import Scheduler
-from django_reliable_executor.storage.database import DatabaseStorage
 from tests.contract_support import (
     LEASE,
     claim_and_start,
@@ -246,14 +245,14 @@ def test_master_lock_role_hands_over(storage, clock):
     assert MasterLock(storage, "w3", 10).hold() is True
 
 
-def _contend_for_lock(alias: str, clock, owners: list[str]) -> list[str]:
+def _contend_for_lock(make_storage, clock, owners: list[str]) -> list[str]:
     """Every owner tries to take the master lock at the same moment; returns the winners."""
     barrier = threading.Barrier(len(owners))
     won: list[str] = []
     errors: list[BaseException] = []
 
     def contend(owner: str) -> None:
-        storage = DatabaseStorage(alias=alias, clock=clock)
+        storage = make_storage(clock)
         try:
             barrier.wait(10)
             if storage.acquire_lock("master", owner, 10):
@@ -272,11 +271,11 @@ def _contend_for_lock(alias: str, clock, owners: list[str]) -> list[str]:
     return won
 
 
-def test_concurrent_lock_acquisition_has_one_winner(storage, alias, clock):
-    [first] = _contend_for_lock(alias, clock, [f"a{i}" for i in range(6)])
+def test_concurrent_lock_acquisition_has_one_winner(storage, make_storage, clock):
+    [first] = _contend_for_lock(make_storage, clock, [f"a{i}" for i in range(6)])
     assert storage.lock_owner("master") == first
     clock.advance(10.001)  # expired: the next race has one winner again
-    [second] = _contend_for_lock(alias, clock, [f"b{i}" for i in range(6)])
+    [second] = _contend_for_lock(make_storage, clock, [f"b{i}" for i in range(6)])
     assert storage.lock_owner("master") == second
 
 
@@ -335,7 +334,7 @@ def test_scheduler_purges_past_retention(executor, clock):
 
 
 # -- concurrency ------------------------------------------------------------------------------
-def test_concurrent_claims_never_hand_out_a_task_twice(executor, alias, clock):
+def test_concurrent_claims_never_hand_out_a_task_twice(executor, make_storage, clock):
     count, threads_n = 120, 6
     executor.submit_many([_request(i) for i in range(count)])
     taken: dict[str, list[str]] = {}
@@ -343,7 +342,7 @@ def test_concurrent_claims_never_hand_out_a_task_twice(executor, alias, clock):
     barrier = threading.Barrier(threads_n)
 
     def claimer(worker: str) -> None:
-        storage = DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=300000)
+        storage = make_storage(clock)
         mine: list[str] = []
         try:
             barrier.wait(10)
@@ -371,7 +370,7 @@ def test_concurrent_claims_never_hand_out_a_task_twice(executor, alias, clock):
         assert all(owners[task_id] == worker for task_id in ids)
 
 
-def test_concurrent_cancel_and_start_agree(executor, alias, clock):
+def test_concurrent_cancel_and_start_agree(executor, make_storage, clock):
     """Cancel and start race on many tasks: each ends either started or cancelled, never both."""
     count = 40
     executor.submit_many([_request(i) for i in range(count)])
@@ -382,7 +381,7 @@ def test_concurrent_cancel_and_start_agree(executor, alias, clock):
 
     def starter() -> None:
         try:
-            worker_storage = DatabaseStorage(alias=alias, clock=clock)
+            worker_storage = make_storage(clock)
             started.extend(c.task_id for c in claims if worker_storage.start(c, LEASE))
         finally:
             connections.close_all()
@@ -416,8 +415,17 @@ def test_dead_workers_are_forgotten_live_ones_kept(storage, clock):
     clock.advance(300)
     storage.worker_seen("alive", {"hostname": "h", "pid": 2, "queues": ["default"]})
     assert storage.forget_workers(clock.now() - dt.timedelta(seconds=120)) == 1
-    from django_reliable_executor.models import ReliableWorker
-
-    assert list(ReliableWorker.objects.using(storage.alias).values_list("pk", flat=True)) == [
-        "alive"
-    ]
+    [alive] = storage.workers()
+    assert (alive.worker_id, alive.hostname, alive.pid, alive.queues) == (
+        "alive",
+        "h",
+        2,
+        ("default",),
+    )
+    assert alive.started_at == alive.last_seen_at == clock.now()
+    clock.advance(10)
+    storage.worker_seen("alive", {"hostname": "h", "pid": 2, "queues": ["default"]})
+    [again] = storage.workers()
+    assert (again.started_at, again.last_seen_at) == (alive.started_at, clock.now())
+    storage.worker_gone("alive")
+    assert storage.workers() == []

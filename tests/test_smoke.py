@@ -1,4 +1,4 @@
-"""A first end-to-end check through the service and an in-process worker on every database."""
+"""A first end-to-end check through the service and an in-process worker on every backend."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import threading
 
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.storage.database import DatabaseStorage
 from django_reliable_executor.worker import Worker, WorkerOptions
 
 
@@ -24,8 +23,8 @@ def test_submit_claim_run_complete(executor, storage, clock):
     assert done.attempts == 1
 
 
-def test_worker_burst_runs_everything(alias):
-    service = ReliableExecutor(DatabaseStorage(alias=alias))
+def test_worker_burst_runs_everything(make_storage):
+    service = ReliableExecutor(make_storage())  # the real clock
     ids = [service.submit("demo.echo", {"i": i}).task_id for i in range(30)]
     worker = Worker(WorkerOptions(burst=True, poll_interval=0.05), service)
     thread = threading.Thread(target=worker.run)

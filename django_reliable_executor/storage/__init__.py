@@ -19,6 +19,18 @@ def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> Tas
             clock=clock,
             backoff_cap_millis=settings.DEFAULT_RETRY_BACKOFF_MAX,
         )
+    if settings.STORAGE == "redis":
+        from .redis import RedisStorage
+        from .redis.connection import connect, describe
+
+        return RedisStorage(
+            connect(settings),
+            settings.KEY_PREFIX,
+            clock=clock,
+            backoff_cap_millis=settings.DEFAULT_RETRY_BACKOFF_MAX,
+            where=describe(settings),
+            owns_client=settings.REDIS_CACHE_ALIAS is None,
+        )
     raise ImproperlyConfigured(
         f"RELIABLE_EXECUTOR['STORAGE'] = {settings.STORAGE!r} is not available in this version"
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
+import builtins
 import datetime as dt
 from collections.abc import Sequence
 
 from ..clock import Clock, system_clock
-from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition
+from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition, WorkerInfo
 from ..states import TaskStatus
 
 
@@ -17,8 +18,11 @@ class TaskStorage(abc.ABC):
     None/False. Implementations know SQL or Redis; nothing above them does.
     """
 
-    #: enqueue() writes inside the caller's open transaction (database storage).
+    #: enqueue() writes inside the caller's open transaction (database storage). Without it,
+    #: the service defers submits made inside atomic() to on_commit.
     supports_transactional_enqueue: bool = False
+    #: wait_for_work() blocks until work arrives (Redis); otherwise idle workers poll.
+    blocking_wait: bool = False
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or system_clock
@@ -108,6 +112,15 @@ class TaskStorage(abc.ABC):
     @abc.abstractmethod
     def get(self, task_id: str) -> TaskInfo | None: ...
 
+    def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
+        """The stored tasks among these ids, by id (unknown ids left out)."""
+        found: dict[str, TaskInfo] = {}
+        for task_id in task_ids:
+            info = self.get(task_id)
+            if info is not None:
+                found[task_id] = info
+        return found
+
     @abc.abstractmethod
     def list(
         self,
@@ -122,6 +135,14 @@ class TaskStorage(abc.ABC):
 
     @abc.abstractmethod
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]: ...
+
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until work may have arrived (only where
+        ``blocking_wait``). True when woken early."""
+        raise NotImplementedError
+
+    def wake(self, queues: Sequence[str]) -> None:  # noqa: B027 - optional, polling needs none
+        """Let a worker blocked in wait_for_work on these queues return now."""
 
     @abc.abstractmethod
     def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
@@ -147,6 +168,10 @@ class TaskStorage(abc.ABC):
     @abc.abstractmethod
     def worker_gone(self, worker_id: str) -> None:
         """Forget a worker that stopped cleanly."""
+
+    @abc.abstractmethod
+    def workers(self) -> builtins.list[WorkerInfo]:
+        """The workers seen recently and not yet forgotten, by worker id."""
 
     @abc.abstractmethod
     def forget_workers(self, seen_before: dt.datetime) -> int:

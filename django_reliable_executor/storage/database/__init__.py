@@ -18,7 +18,7 @@ from django.db.models import F, Q
 
 from ...models import ReliableTask
 from ...records import CancelResult, Claim, Transition
-from ...retries import after_failure
+from ...retries import after_failure, timeout_message
 from ...serialization import dumps
 from ...states import TaskStatus
 from .chores import Chores
@@ -33,7 +33,6 @@ from .rows import (
     claims_match,
     failure_changes,
     held_by_claims,
-    timeout_message,
     to_info,
 )
 from .submitting import Submitting

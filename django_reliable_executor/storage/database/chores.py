@@ -7,7 +7,7 @@ import datetime as dt
 from django.db.models import F
 
 from ...records import Transition
-from ...retries import after_failure
+from ...retries import after_failure, timeout_message
 from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
@@ -15,7 +15,6 @@ from .rows import (
     TERMINAL,
     chunks,
     failure_changes,
-    timeout_message,
     to_info,
 )
 

@@ -8,6 +8,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from ...models import ReliableLock, ReliableWorker
+from ...records import WorkerInfo
 from .access import DatabaseAccess
 
 
@@ -60,6 +61,19 @@ class Leases(DatabaseAccess):
 
     def worker_gone(self, worker_id: str) -> None:
         ReliableWorker.objects.using(self.alias).filter(pk=worker_id).delete()
+
+    def workers(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                worker_id=row.worker_id,
+                hostname=row.hostname,
+                pid=row.pid,
+                queues=tuple(q for q in row.queues.split(",") if q),
+                started_at=row.started_at,
+                last_seen_at=row.last_seen_at,
+            )
+            for row in ReliableWorker.objects.using(self.alias).order_by("pk")
+        ]
 
     def forget_workers(self, seen_before: dt.datetime) -> int:
         workers = ReliableWorker.objects.using(self.alias)

@@ -12,6 +12,7 @@ from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
     WAITING,
+    chunks,
     to_info,
 )
 
@@ -22,6 +23,12 @@ class Reading(DatabaseAccess):
     def get(self, task_id: str) -> TaskInfo | None:
         row = self._tasks().filter(pk=task_id).first()
         return to_info(row) if row is not None else None
+
+    def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
+        found: dict[str, TaskInfo] = {}
+        for chunk in chunks(list(task_ids)):
+            found.update((row.pk, to_info(row)) for row in self._tasks().filter(pk__in=chunk))
+        return found
 
     def list(
         self,

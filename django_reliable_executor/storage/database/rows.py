@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
 from ...models import ReliableTask
-from ...records import Claim, NewTask, TaskInfo
+from ...records import Claim, TaskInfo
 from ...states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 
 T = TypeVar("T")
@@ -80,13 +80,6 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-def timeout_message(max_duration_millis: int | None, previous_error: str | None) -> str:
-    message = f"max duration of {max_duration_millis} ms since creation exceeded"
-    if previous_error:
-        message += f"\nLast failure before the deadline:\n{previous_error}"
-    return message
-
-
 def claim_from_row(row: Sequence[Any]) -> Claim:
     """A claim from raw column values, converted the way each driver needs."""
     values = dict(zip(CLAIM_FIELDS, row, strict=True))
@@ -111,30 +104,6 @@ def claim_from_row(row: Sequence[Any]) -> Claim:
         token=token,
         budget_attempts=budget_attempts,
         deadline_at=deadline_at,
-    )
-
-
-def new_info(task: NewTask) -> TaskInfo:
-    return TaskInfo(
-        task_id=task.task_id,
-        task_name=task.task_name,
-        status=TaskStatus.CREATED,
-        queue=task.queue,
-        priority=task.priority,
-        parameter=task.parameter,
-        attempts=0,
-        retry_limit=task.retry_limit,
-        retry_interval=task.retry_interval,
-        retry_backoff=task.retry_backoff,
-        max_duration_millis=task.max_duration_millis,
-        created_at=task.created_at,
-        run_at=task.run_at,
-        started_at=None,
-        finished_at=None,
-        last_error=None,
-        result=None,
-        worker_id=None,
-        cancel_requested=False,
     )
 
 

@@ -9,12 +9,11 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from ...models import ReliableTask
-from ...records import NewTask, TaskInfo
+from ...records import NewTask, TaskInfo, new_info
 from ...serialization import dumps
 from .access import DatabaseAccess
 from .rows import (
     chunks,
-    new_info,
     to_info,
 )
 

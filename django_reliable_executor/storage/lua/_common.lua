@@ -1,0 +1,118 @@
+-- Prepended to every transition script (see storage/redis/scripts.py): key names and the
+-- moves between indexes that several transitions share.
+--
+-- Every script gets ARGV[1] = the key prefix ("{KEY_PREFIX}:", one Cluster hash slot) and
+-- ARGV[2] = now in microseconds since the epoch, as a decimal string. Timestamps stay strings
+-- in Lua: Lua numbers print with 14 significant digits, so tostring() would round them.
+local P = ARGV[1]
+local NOW = ARGV[2]
+local NOWN = tonumber(NOW)
+local LEASES = P .. 'leases'
+local DEADLINES = P .. 'deadlines'
+local FINISHED = P .. 'finished'
+local COUNTS = P .. 'counts'
+
+local function tkey(id)
+  return P .. 't:' .. id
+end
+
+local function waiting(status)
+  return status == 'CREATED' or status == 'PENDING'
+end
+
+local function live(status)
+  return status == 'CREATED' or status == 'PENDING' or status == 'RUNNING'
+end
+
+-- Keep the per-status counts exact: one task of `queue` moves from one status to another.
+local function recount(queue, from, to)
+  if from then
+    redis.call('HINCRBY', COUNTS, from .. ':' .. queue, -1)
+  end
+  if to then
+    redis.call('HINCRBY', COUNTS, to .. ':' .. queue, 1)
+  end
+end
+
+-- One token in the queue's wake list lets one idle worker's blocking pop return.
+local function wake(queue)
+  local key = P .. 'wake:' .. queue
+  redis.call('LPUSH', key, '1')
+  redis.call('LTRIM', key, 0, 0)
+end
+
+-- Make a task claimable: the tail of its priority's ready list (new work), or the head
+-- (work handed back, which was first in line).
+local function push_ready(id, queue, priority, at_head)
+  local list = P .. 'ready:' .. queue .. ':' .. priority
+  if at_head then
+    redis.call('LPUSH', list, id)
+  else
+    redis.call('RPUSH', list, id)
+  end
+  redis.call('ZADD', P .. 'prio:' .. queue, priority, priority)
+end
+
+-- Take a waiting, unclaimed task out of its ready list or the schedule.
+local function unqueue(id, queue, priority)
+  local list = P .. 'ready:' .. queue .. ':' .. priority
+  if redis.call('LREM', list, 1, id) > 0 and redis.call('LLEN', list) == 0 then
+    redis.call('ZREM', P .. 'prio:' .. queue, priority)
+  end
+  redis.call('ZREM', P .. 'sched:' .. queue, id)
+end
+
+-- Scheduled tasks of `queue` that are due go to the ready lists, earliest first.
+local function promote(queue, limit)
+  local sched = P .. 'sched:' .. queue
+  local due = redis.call('ZRANGEBYSCORE', sched, '-inf', NOW, 'LIMIT', 0, limit)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', sched, id)
+    push_ready(id, queue, redis.call('HGET', tkey(id), 'p'), false)
+  end
+  return #due
+end
+
+-- A task waits again from `run_at` (a string): ready at once when due, else scheduled.
+local function to_waiting(id, queue, priority, run_at)
+  if tonumber(run_at) <= NOWN then
+    promote(queue, 1000) -- earlier due tasks keep their place ahead of this one
+    push_ready(id, queue, priority, false)
+    wake(queue)
+  else
+    redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
+  end
+end
+
+-- A claimed task goes back to the head of its ready list: unclaimed, old token dead.
+local function hand_back(id, key, queue, priority)
+  redis.call('ZREM', LEASES, id)
+  redis.call('HDEL', key, 'w')
+  redis.call('HINCRBY', key, 'k', 1)
+  push_ready(id, queue, priority, true)
+  wake(queue)
+end
+
+-- A terminal status: out of the lease and deadline indexes, into the finished index.
+local function finish(id, key, queue, from, status)
+  redis.call('HSET', key, 's', status, 'f', NOW)
+  redis.call('HDEL', key, 'd')
+  redis.call('ZREM', LEASES, id)
+  redis.call('ZREM', DEADLINES, id)
+  redis.call('ZADD', FINISHED, NOW, id)
+  recount(queue, from, status)
+end
+
+-- A failed attempt of a RUNNING task: back to waiting at `run_at`, or a terminal status.
+local function record_failure(id, key, queue, priority, status, run_at, err)
+  redis.call('HSET', key, 'e', err)
+  if status == 'PENDING' then
+    redis.call('HSET', key, 's', 'PENDING', 'r', run_at)
+    redis.call('ZREM', LEASES, id)
+    recount(queue, 'RUNNING', 'PENDING')
+    to_waiting(id, queue, priority, run_at)
+  else
+    finish(id, key, queue, 'RUNNING', status)
+  end
+end
+

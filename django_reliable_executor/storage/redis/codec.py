@@ -1,0 +1,95 @@
+"""Task hashes to records and back: field names, microsecond timestamps, JSON text."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ...records import Claim, NewTask, TaskInfo
+from ...serialization import dumps
+from ...states import TaskStatus
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def micros(when: dt.datetime) -> str:
+    """A datetime as whole microseconds since the epoch, in decimal (exact, unlike floats)."""
+    return str((when - EPOCH) // MICROSECOND)
+
+
+def from_micros(value: Any) -> dt.datetime:
+    return EPOCH + dt.timedelta(microseconds=int(value))
+
+
+def text(value: Any) -> str:
+    """A reply value as str: our own client decodes, a borrowed cache client may not."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def fields(flat: Sequence[Any]) -> dict[str, str]:
+    """HGETALL's flat [field, value, ...] reply as a dict of str."""
+    items = [text(item) for item in flat]
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
+def _when(values: dict[str, str], key: str) -> dt.datetime | None:
+    value = values.get(key)
+    return from_micros(value) if value else None
+
+
+def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
+    """A TaskInfo from a task hash's fields (see the key layout in storage/redis/__init__.py)."""
+    max_duration = values.get("md")
+    result = values.get("o")
+    created_at = from_micros(values["c"])
+    return TaskInfo(
+        task_id=task_id,
+        task_name=values["n"],
+        status=TaskStatus(values["s"]),
+        queue=values["q"],
+        priority=int(values["p"]),
+        parameter=json.loads(values["j"]),
+        attempts=int(values["a"]),
+        retry_limit=int(values["rl"]),
+        retry_interval=int(values["ri"]),
+        retry_backoff=values["rb"],
+        max_duration_millis=int(max_duration) if max_duration else None,
+        created_at=created_at,
+        run_at=_when(values, "r") or created_at,
+        started_at=_when(values, "st"),
+        finished_at=_when(values, "f"),
+        last_error=values.get("e"),
+        result=json.loads(result) if result is not None else None,
+        worker_id=values.get("w"),
+        cancel_requested=values.get("x") == "1",
+    )
+
+
+def to_claim(task_id: str, values: dict[str, str]) -> Claim:
+    return Claim(
+        task=to_info(task_id, values),
+        token=int(values["k"]),
+        budget_attempts=int(values["b"]),
+        deadline_at=_when(values, "d"),
+    )
+
+
+def submit_args(task: NewTask) -> list[str]:
+    """The 12 values submit.lua takes per task."""
+    return [
+        task.task_id,
+        task.task_name,
+        task.queue,
+        str(task.priority),
+        dumps(task.parameter),
+        str(task.retry_limit),
+        str(task.retry_interval),
+        task.retry_backoff,
+        "" if task.max_duration_millis is None else str(task.max_duration_millis),
+        micros(task.created_at),
+        micros(task.run_at),
+        "" if task.deadline_at is None else micros(task.deadline_at),
+    ]
