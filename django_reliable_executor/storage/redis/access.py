@@ -1,0 +1,96 @@
+"""What every part of the Redis storage shares: the client, key names, running a script."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ...clock import Clock
+from ...exceptions import StorageUnavailableError
+from ..base import TaskStorage
+from .codec import micros, text
+from .scripts import Scripts
+
+F = TypeVar("F", bound=Callable[..., Any])
+READ_CHUNK = 1000
+WAITING = ("CREATED", "PENDING")
+LIVE = (*WAITING, "RUNNING")
+
+
+def _unavailable_errors() -> tuple[type[BaseException], ...]:
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return (ConnectionError, TimeoutError)  # BusyLoadingError (AOF replay) is a ConnectionError
+
+
+def guarded(method: F) -> F:
+    """Turn "Redis cannot be reached" into StorageUnavailableError naming where it was."""
+
+    @functools.wraps(method)
+    def wrapper(self: RedisAccess, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except self._unavailable as exc:
+            raise StorageUnavailableError(
+                f"Redis at {self.where} cannot be reached: {exc}"
+            ) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+class RedisAccess(TaskStorage):
+    """The client and key prefix of one Redis storage, and the helpers its parts share."""
+
+    def __init__(
+        self,
+        client: Any,
+        key_prefix: str = "reliable_executor",
+        *,
+        clock: Clock | None = None,
+        backoff_cap_millis: int = 300000,
+        where: str = "redis",
+        owns_client: bool = True,
+    ) -> None:
+        super().__init__(clock)
+        self.client = client
+        self.key_prefix = key_prefix
+        self.p = "{" + key_prefix + "}:"
+        self.backoff_cap_millis = backoff_cap_millis
+        self.where = where
+        self._owns_client = owns_client
+        self._keys = [self.p + "counts"]  # routes every script to the prefix's hash slot
+        self._scripts = Scripts(client)
+        self._unavailable = _unavailable_errors()
+        self._next_due: dict[tuple[str, ...], int | None] = {}
+
+    def _run(self, name: str, *args: Any, now: dt.datetime | None = None) -> Any:
+        now = now or self.clock.now()
+        script = getattr(self._scripts, name)
+        return script(keys=self._keys, args=[self.p, micros(now), *args])
+
+    def _tkey(self, task_id: str) -> str:
+        return self.p + "t:" + task_id
+
+    def _read_many(self, task_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Full hashes of these tasks (missing ones left out), a pipeline per chunk."""
+        found: dict[str, dict[str, str]] = {}
+        for start in range(0, len(task_ids), READ_CHUNK):
+            chunk = task_ids[start : start + READ_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for task_id in chunk:
+                pipe.hgetall(self._tkey(task_id))
+            for task_id, values in zip(chunk, pipe.execute(), strict=True):
+                if values:
+                    found[task_id] = {text(k): text(v) for k, v in values.items()}
+        return found
+
+    def _due_ids(self, index: str, now: dt.datetime, limit: int, *, inclusive: bool) -> list[str]:
+        bound = micros(now) if inclusive else "(" + micros(now)
+        ids = self.client.zrangebyscore(self.p + index, "-inf", bound, start=0, num=limit)
+        return [text(task_id) for task_id in ids]
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()

@@ -1,0 +1,89 @@
+"""The leader's chores on the Redis storage: promote due tasks, recover leases, time out, purge."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from ...records import TaskInfo, Transition
+from ...retries import after_failure, timeout_message
+from ...states import TaskStatus
+from .access import LIVE, RedisAccess, guarded
+from .codec import micros, text, to_claim, to_info
+
+
+class Chores(RedisAccess):
+    """Each chore reads a batch from an index, decides in Python, then compare-and-sets in Lua."""
+
+    # -- leader-only chores ---------------------------------------------------------------
+    @guarded
+    def promote_due(self, limit: int) -> int:
+        return int(self._run("promote", limit))
+
+    @guarded
+    def recover_expired(self, limit: int) -> list[Transition]:
+        now = self.clock.now()
+        tasks = self._read_many(self._due_ids("leases", now, limit, inclusive=False))
+        args: list[Any] = []
+        outcomes: dict[str, TaskInfo] = {}
+        for task_id, values in tasks.items():
+            status, outcome, run_at, error = values["s"], "", "", ""
+            if status == "RUNNING":
+                claim = to_claim(task_id, values)
+                error = f"worker lost: {values.get('w')} stopped renewing its lease"
+                next_status, next_run = after_failure(
+                    budget_attempts=claim.budget_attempts,
+                    retry_limit=claim.task.retry_limit,
+                    retryable=True,
+                    cancel_requested=claim.task.cancel_requested,
+                    deadline_at=claim.deadline_at,
+                    now=now,
+                    retry_interval=claim.task.retry_interval,
+                    retry_backoff=claim.task.retry_backoff,
+                    backoff_cap_millis=self.backoff_cap_millis,
+                )
+                outcome = next_status.value
+                run_at = micros(next_run) if next_run is not None else ""
+                outcomes[task_id] = dataclasses.replace(
+                    claim.task,
+                    status=next_status,
+                    last_error=error,
+                    run_at=next_run or claim.task.run_at,
+                    finished_at=None if next_run else now,
+                )
+            args += [task_id, values["k"], status, values.get("x", "0"), outcome, run_at, error]
+        if not args:
+            return []
+        changed = self._run("recover", *args, now=now)
+        return [
+            Transition(task=outcomes[text(task_id)], previous=TaskStatus.RUNNING)
+            for task_id in changed
+        ]
+
+    @guarded
+    def expire_overdue(self, limit: int) -> list[Transition]:
+        now = self.clock.now()
+        tasks = self._read_many(self._due_ids("deadlines", now, limit, inclusive=True))
+        args: list[Any] = []
+        outcomes: dict[str, Transition] = {}
+        for task_id, values in tasks.items():
+            if values["s"] not in LIVE:
+                continue
+            info = to_info(task_id, values)
+            error = timeout_message(info.max_duration_millis, info.last_error)
+            args += [task_id, values["k"], values["s"], error]
+            outcomes[task_id] = Transition(
+                task=dataclasses.replace(
+                    info, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+                ),
+                previous=info.status,
+            )
+        if not args:
+            return []
+        changed = self._run("expire", *args, now=now)
+        return [outcomes[text(task_id)] for task_id in changed]
+
+    @guarded
+    def purge_finished(self, finished_before: dt.datetime, limit: int) -> int:
+        return int(self._run("purge", micros(finished_before), limit))

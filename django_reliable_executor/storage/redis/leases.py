@@ -1,0 +1,84 @@
+"""The named leases (master lock) and the live-worker registry of the Redis storage."""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import json
+
+from ...records import WorkerInfo
+from .access import RedisAccess, guarded
+from .codec import from_micros, micros, text
+
+
+class Leases(RedisAccess):
+    """Locks taken and renewed by compare-and-set Lua; workers kept fresh by heartbeats."""
+
+    # -- leadership and workers -----------------------------------------------------------
+    @guarded
+    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        now = self.clock.now()
+        expires = micros(now + dt.timedelta(seconds=ttl_seconds))
+        ttl_millis = max(1, int(ttl_seconds * 1000))
+        return self._run("lock_acquire", name, owner, expires, ttl_millis, now=now) == 1
+
+    @guarded
+    def release_lock(self, name: str, owner: str) -> None:
+        self._run("lock_release", name, owner)
+
+    @guarded
+    def lock_owner(self, name: str) -> str | None:
+        value = self.client.get(self.p + "lock:" + name)
+        if value is None:
+            return None
+        expires, _, owner = text(value).partition(":")
+        return owner if from_micros(expires) >= self.clock.now() else None
+
+    @guarded
+    def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
+        now = micros(self.clock.now())
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(self.p + "workers", worker_id, json.dumps({**info, "started_at": now}))
+        pipe.zadd(self.p + "workers:seen", {worker_id: now})
+        pipe.execute()
+
+    @guarded
+    def worker_gone(self, worker_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hdel(self.p + "workers", worker_id)
+        pipe.zrem(self.p + "workers:seen", worker_id)
+        pipe.execute()
+
+    @guarded
+    def workers(self) -> builtins.list[WorkerInfo]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.p + "workers")
+        pipe.zrange(self.p + "workers:seen", 0, -1, withscores=True)
+        described, seen = pipe.execute()
+        last_seen = {text(worker_id): int(score) for worker_id, score in seen}
+        found = []
+        for worker_id, raw in sorted((text(k), text(v)) for k, v in described.items()):
+            if worker_id not in last_seen:
+                continue
+            info = json.loads(raw)
+            found.append(
+                WorkerInfo(
+                    worker_id=worker_id,
+                    hostname=str(info.get("hostname", "")),
+                    pid=int(info.get("pid", 0)),
+                    queues=tuple(info.get("queues", ())),
+                    started_at=from_micros(info["started_at"]),
+                    last_seen_at=from_micros(last_seen[worker_id]),
+                )
+            )
+        return found
+
+    @guarded
+    def forget_workers(self, seen_before: dt.datetime) -> int:
+        silent = self._due_ids("workers:seen", seen_before, 1000, inclusive=False)
+        if not silent:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hdel(self.p + "workers", *silent)
+        pipe.zrem(self.p + "workers:seen", *silent)
+        return int(pipe.execute()[1])
