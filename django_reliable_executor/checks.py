@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.db import connections
+from django.utils.module_loading import import_string
 
-from .conf import SETTING_NAME, validate
+from .conf import SETTING_NAME, get_settings, validate
 
 
 @register()
@@ -31,11 +34,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="reliable_executor.E002",
             )
         )
-    if storage == "redis":
+    if storage == "redis" and not redis_installed():
         errors.append(
             Error(
-                f"{SETTING_NAME}['STORAGE'] = 'redis' is not available in this version yet",
-                hint="Use 'database' (the default).",
+                f"{SETTING_NAME}['STORAGE'] = 'redis' but the redis package is not installed",
+                hint="pip install django-reliable-executor[redis]",
                 obj="STORAGE",
                 id="reliable_executor.E005",
             )
@@ -57,7 +60,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="reliable_executor.E003",
             )
         )
+    elif storage == "redis" and cache_alias and redis_installed():
+        errors.extend(_check_cache_backend(cache_alias))
     return errors
+
+
+def _check_cache_backend(alias: str) -> list[CheckMessage]:
+    """REDIS_CACHE_ALIAS names a cache whose Redis connection can be shared (E009)."""
+    from .storage.redis.connection import cache_backend_problem, is_shareable_cache
+
+    try:
+        backend = import_string(settings.CACHES[alias]["BACKEND"])
+    except (ImportError, KeyError):
+        return []  # Django's own cache checks and caches[alias] report a bad BACKEND
+    if isinstance(backend, type) and not is_shareable_cache(backend):
+        return [
+            Error(
+                cache_backend_problem(alias, backend),
+                obj="REDIS_CACHE_ALIAS",
+                id="reliable_executor.E009",
+            )
+        ]
+    return []
+
+
+def redis_installed() -> bool:
+    # find_spec, not an import: the check stays cheap, and an entry of None in sys.modules
+    # (how a blocked import is spelled) counts as missing.
+    try:
+        return importlib.util.find_spec("redis") is not None
+    except ValueError:  # a module in sys.modules without __spec__
+        return "redis" in sys.modules
 
 
 # The claim statement on SQLite is UPDATE ... RETURNING, which SQLite has had since 3.35.
@@ -69,9 +102,13 @@ def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """With --database (or, on Django 6, before commands): the task database answers and can
-    run the claim statement."""
+    run the claim statement; with the Redis storage, Redis answers a PING."""
     raw = getattr(settings, SETTING_NAME, None) or {}
-    if validate(raw) or raw.get("STORAGE", "database") != "database":
+    if validate(raw):
+        return []
+    if raw.get("STORAGE", "database") == "redis":
+        return _check_redis() if databases else []
+    if raw.get("STORAGE", "database") != "database":
         return []
     alias = raw.get("DATABASE_ALIAS", "default")
     if not databases or alias not in databases or alias not in settings.DATABASES:
@@ -99,4 +136,34 @@ def check_database(
                     id="reliable_executor.E007",
                 )
             ]
+    return []
+
+
+def _check_redis() -> list[CheckMessage]:
+    """Redis answers a PING through the client the storage would use (E008)."""
+    if not redis_installed():
+        return []  # E005 says so
+    from .storage.redis.connection import connect, describe
+
+    executor_settings = get_settings()
+    cache_alias = executor_settings.REDIS_CACHE_ALIAS
+    if cache_alias and (
+        cache_alias not in getattr(settings, "CACHES", {}) or _check_cache_backend(cache_alias)
+    ):
+        return []  # E003 or E009 says so
+    try:
+        client = connect(executor_settings)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return [
+            Error(
+                f"Redis at {describe(executor_settings)} cannot be reached: "
+                f"{type(exc).__name__}: {exc}",
+                obj="STORAGE",
+                id="reliable_executor.E008",
+            )
+        ]
     return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -23,6 +24,11 @@ class ExecutorSettings:
     DATABASE_ALIAS: str = "default"
     REDIS_URL: str = "redis://127.0.0.1:6379/0"
     REDIS_CACHE_ALIAS: str | None = None
+    REDIS_CLUSTER: bool = False
+    # The two dicts take no part in hashing (the settings object stays hashable); get_settings
+    # stores copies, so changing the Django setting's dicts in place changes nothing here.
+    REDIS_SENTINEL: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
+    REDIS_OPTIONS: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     KEY_PREFIX: str = "reliable_executor"
     CORE_POOL_SIZE: int = 5
     MAX_POOL_SIZE: int = 10
@@ -68,6 +74,57 @@ def _nonempty_str(v: Any) -> bool:
     return isinstance(v, str) and bool(v.strip())
 
 
+SENTINEL_KEYS = ("sentinels", "service_name", "db", "password", "username", "sentinel_kwargs")
+SENTINEL_SHAPE = (
+    "None or a dict {'sentinels': [[host, port], ...] (at least one), 'service_name': str, "
+    "and optionally 'db': int >= 0, 'password': str or None, 'username': str or None, "
+    "'sentinel_kwargs': dict}"
+)
+
+
+def _sentinel_problem(v: Any) -> str | None:
+    """What is wrong with a REDIS_SENTINEL dict, or None."""
+    if not isinstance(v, dict):
+        return f"got {type(v).__name__}"
+    unknown = sorted(str(key) for key in set(v) - set(SENTINEL_KEYS))
+    if unknown:
+        return f"unknown key {unknown[0]!r}"
+    for key in ("sentinels", "service_name"):
+        if key not in v:
+            return f"{key!r} is missing"
+    sentinels = v["sentinels"]
+    if not isinstance(sentinels, (list, tuple)) or not sentinels:
+        return "'sentinels' must be a non-empty list"
+    for node in sentinels:
+        if not (
+            isinstance(node, (list, tuple))
+            and len(node) == 2
+            and _nonempty_str(node[0])
+            and _is_int(node[1])
+            and 0 < node[1] <= 65535
+        ):
+            return f"sentinel {node!r} is not a [host, port] pair"
+    if not _nonempty_str(v["service_name"]):
+        return "'service_name' must be a non-empty string"
+    if "db" in v and not _nonneg_int(v["db"]):
+        return "'db' must be an integer >= 0"
+    for key in ("password", "username"):
+        if v.get(key) is not None and not isinstance(v[key], str):
+            return f"{key!r} must be a string or None"
+    if not isinstance(v.get("sentinel_kwargs", {}), dict):
+        return "'sentinel_kwargs' must be a dict"
+    return None
+
+
+def _options_problem(v: Any) -> str | None:
+    if not isinstance(v, dict):
+        return f"got {type(v).__name__}"
+    for key in v:
+        if not (isinstance(key, str) and key.isidentifier()):
+            return f"{key!r} is not a keyword argument name"
+    return None
+
+
 # key -> (test, what a good value looks like)
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "STORAGE": (lambda v: v in ("database", "redis"), "'database' or 'redis'"),
@@ -77,6 +134,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a redis://, rediss:// or unix:// URL",
     ),
     "REDIS_CACHE_ALIAS": (lambda v: v is None or _nonempty_str(v), "None or a name in CACHES"),
+    "REDIS_CLUSTER": (lambda v: isinstance(v, bool), "True or False"),
+    "REDIS_SENTINEL": (lambda v: v is None or _sentinel_problem(v) is None, SENTINEL_SHAPE),
+    "REDIS_OPTIONS": (
+        lambda v: _options_problem(v) is None,
+        "a dict of keyword arguments for the redis-py client, e.g. {'ssl_ca_certs': path}",
+    ),
     "KEY_PREFIX": (
         lambda v: _nonempty_str(v) and not any(c in v for c in "{} \t\r\n"),
         "a non-empty string without braces or whitespace",
@@ -99,6 +162,55 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def mask_url(url: str) -> str:
+    """``url`` with the password (in the user info or a ``password=`` query item) as ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hostport = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{hostport}"
+    query = "&".join(
+        item.split("=", 1)[0] + "=***" if item.lower().startswith("password=") else item
+        for item in parts.query.split("&")
+    )
+    # Rebuilt by hand: urlunsplit drops the empty authority of unix:///path.
+    masked = f"{parts.scheme}://{netloc}{parts.path}"
+    if query:
+        masked += f"?{query}"
+    return f"{masked}#{parts.fragment}" if parts.fragment else masked
+
+
+def _shown(key: str, value: Any) -> str:
+    """repr() of a setting's value for a message, its passwords masked."""
+    if key == "REDIS_URL" and isinstance(value, str):
+        return repr(mask_url(value))
+    return repr(_masked(value))
+
+
+def _masked(value: Any) -> Any:
+    """A copy of nested dicts and lists with the value of every "...password..." key as ***."""
+    if isinstance(value, dict):
+        return {
+            key: "***" if "password" in str(key).lower() and item is not None else _masked(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return type(value)(_masked(item) for item in value)
+    return value
+
+
+# key -> what exactly is wrong with a value its rule refused, added to the message
+_REASONS: dict[str, Callable[[Any], str | None]] = {
+    "REDIS_SENTINEL": _sentinel_problem,
+    "REDIS_OPTIONS": _options_problem,
+}
+
+
 def validate(raw: Any) -> list[tuple[str, str]]:
     """Return ``(key, message)`` for every problem in a RELIABLE_EXECUTOR value."""
     if raw is None:
@@ -110,15 +222,62 @@ def validate(raw: Any) -> list[tuple[str, str]]:
         problems.append((key, f"{SETTING_NAME}[{key!r}] is not a known key"))
     for key, (test, expected) in _RULES.items():
         if key in raw and not test(raw[key]):
-            problems.append(
-                (key, f"{SETTING_NAME}[{key!r}] = {raw[key]!r} is invalid: expected {expected}")
-            )
-    merged = {**dataclasses.asdict(ExecutorSettings()), **raw}
-    if not problems and merged["MAX_POOL_SIZE"] < merged["CORE_POOL_SIZE"]:
+            shown = _shown(key, raw[key])
+            message = f"{SETTING_NAME}[{key!r}] = {shown} is invalid: expected {expected}"
+            reason = _REASONS[key](raw[key]) if key in _REASONS else None
+            problems.append((key, f"{message} ({reason})" if reason else message))
+    if not problems:
+        problems.extend(_combination_problems({**dataclasses.asdict(ExecutorSettings()), **raw}))
+    return problems
+
+
+def _combination_problems(merged: dict[str, Any]) -> list[tuple[str, str]]:
+    """Problems of valid values that do not go together."""
+    problems = []
+    if merged["MAX_POOL_SIZE"] < merged["CORE_POOL_SIZE"]:
         problems.append(
             ("MAX_POOL_SIZE", f"{SETTING_NAME}['MAX_POOL_SIZE'] must be >= CORE_POOL_SIZE")
         )
+    if merged["REDIS_CACHE_ALIAS"] and (merged["REDIS_SENTINEL"] or merged["REDIS_CLUSTER"]):
+        problems.append(
+            (
+                "REDIS_CACHE_ALIAS",
+                f"{SETTING_NAME}['REDIS_CACHE_ALIAS'] cannot be combined with REDIS_SENTINEL or "
+                "REDIS_CLUSTER: the cache's own connection settings apply",
+            )
+        )
+    if merged["REDIS_CLUSTER"] and merged["REDIS_SENTINEL"]:
+        problems.append(
+            (
+                "REDIS_CLUSTER",
+                f"{SETTING_NAME}['REDIS_CLUSTER'] = True cannot be combined with REDIS_SENTINEL: "
+                "a Redis Cluster fails over by itself, without Sentinel",
+            )
+        )
+    elif merged["REDIS_CLUSTER"] and not merged["REDIS_CACHE_ALIAS"]:
+        url = urlsplit(merged["REDIS_URL"])
+        if url.scheme == "unix" or url.path.strip("/") not in ("", "0"):
+            problems.append(
+                (
+                    "REDIS_URL",
+                    f"{SETTING_NAME}['REDIS_URL'] = {mask_url(merged['REDIS_URL'])!r} is invalid "
+                    "with REDIS_CLUSTER = True: expected a redis:// or rediss:// URL of any one "
+                    "node, with database 0 (a Cluster has no other database)",
+                )
+            )
     return problems
+
+
+def _normalised_sentinel(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy with every key present and the sentinels as (host, port) tuples."""
+    return {
+        "sentinels": [(host, port) for host, port in config["sentinels"]],
+        "service_name": config["service_name"],
+        "db": config.get("db", 0),
+        "password": config.get("password"),
+        "username": config.get("username"),
+        "sentinel_kwargs": dict(config.get("sentinel_kwargs") or {}),
+    }
 
 
 _cached: ExecutorSettings | None = None
@@ -133,6 +292,9 @@ def get_settings() -> ExecutorSettings:
         if problems:
             raise ImproperlyConfigured(problems[0][1])
         values = dict(raw)
+        values["REDIS_OPTIONS"] = dict(values.get("REDIS_OPTIONS") or {})
+        if values.get("REDIS_SENTINEL"):
+            values["REDIS_SENTINEL"] = _normalised_sentinel(values["REDIS_SENTINEL"])
         for key in ("POLL_INTERVAL", "LEASE_TIMEOUT", "MASTER_LOCK_TTL", "FINISHED_RETENTION"):
             if key in values:
                 values[key] = float(values[key])

@@ -306,6 +306,9 @@ BAD_SETTINGS = {
     "DATABASE_ALIAS": ["", "   ", 3],
     "REDIS_URL": ["http://localhost", 6379],
     "REDIS_CACHE_ALIAS": ["", 5],
+    "REDIS_CLUSTER": ["yes", 1, None],
+    "REDIS_SENTINEL": ["mymaster", {}, {"sentinels": [], "service_name": "m"}],
+    "REDIS_OPTIONS": [None, [], {1: 2}],
     "KEY_PREFIX": ["", "a b", "with{brace}", None],
     "CORE_POOL_SIZE": [0, -1, True, 2.0],
     "MAX_POOL_SIZE": [0, "10"],
@@ -328,6 +331,9 @@ GOOD_SETTINGS = {
     "DATABASE_ALIAS": "other",
     "REDIS_URL": "rediss://cache:6380/2",
     "REDIS_CACHE_ALIAS": "redis",
+    "REDIS_CLUSTER": False,  # True, or a REDIS_SENTINEL, would conflict with REDIS_CACHE_ALIAS
+    "REDIS_SENTINEL": None,
+    "REDIS_OPTIONS": {"ssl_ca_certs": "/etc/ssl/redis-ca.pem", "socket_timeout": 3},
     "KEY_PREFIX": "shop",
     "CORE_POOL_SIZE": 2,
     "MAX_POOL_SIZE": 4,
@@ -413,10 +419,7 @@ def test_system_check_unknown_cache_alias():
     settings = {"STORAGE": "redis", "REDIS_CACHE_ALIAS": "nowhere"}
     with override_settings(RELIABLE_EXECUTOR=settings):
         errors = check_settings()
-    assert [(e.id, e.obj) for e in errors] == [
-        ("reliable_executor.E005", "STORAGE"),  # until the Redis storage ships
-        ("reliable_executor.E003", "REDIS_CACHE_ALIAS"),
-    ]
+    assert [(e.id, e.obj) for e in errors] == [("reliable_executor.E003", "REDIS_CACHE_ALIAS")]
 
 
 def test_database_check_reports_an_unreachable_task_database():
