@@ -6,6 +6,8 @@ starts) after setting the ``RE_*`` variables that choose the database. Differenc
 
 * ``DEBUG = False``: with ``DEBUG = True`` Django wraps every cursor to record each query,
   which is not what a deployed worker pays.
+* ``RE_BENCH_REDIS_URL`` and ``RE_BENCH_KEY_PREFIX`` (``--storage redis``) select the Redis
+  storage at that URL under that key prefix.
 * ``RE_BENCH_CONN_MAX_AGE`` (optional, seconds; ``none`` = unlimited) sets ``CONN_MAX_AGE`` of
   every database alias; unset keeps Django's default (0: a connection per request/task).
 """
@@ -13,7 +15,7 @@ starts) after setting the ``RE_*`` variables that choose the database. Differenc
 import os
 
 from testproject.settings import *  # noqa: F403
-from testproject.settings import DATABASES
+from testproject.settings import DATABASES, RELIABLE_EXECUTOR
 
 DEBUG = False
 
@@ -21,3 +23,11 @@ _max_age = os.environ.get("RE_BENCH_CONN_MAX_AGE")
 if _max_age:
     for _database in DATABASES.values():
         _database["CONN_MAX_AGE"] = None if _max_age.lower() == "none" else int(_max_age)
+
+if os.environ.get("RE_BENCH_REDIS_URL"):
+    RELIABLE_EXECUTOR = {
+        **RELIABLE_EXECUTOR,
+        "STORAGE": "redis",
+        "REDIS_URL": os.environ["RE_BENCH_REDIS_URL"],
+        "KEY_PREFIX": os.environ.get("RE_BENCH_KEY_PREFIX", "reliable_executor_bench"),
+    }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Throughput and latency of django-reliable-executor on one store.
 
-    python bench/throughput.py --storage {sqlite,mariadb,postgres} --n 10000
+    python bench/throughput.py --storage {sqlite,mariadb,postgres,redis} --n 10000
 
 Measures, on a database of its own (never the development or test databases):
 
@@ -15,7 +15,8 @@ Measures, on a database of its own (never the development or test databases):
                          of the stored rows (submit to handler start).
 
 Prints exactly one JSON line on stdout (with ``rtt_ms``, the median round trip of a trivial
-query to the store); progress goes to stderr. See bench/README.md.
+query to the store) and, on Redis, ``redis_bytes_per_task`` (memory per queued task beyond its
+parameter, with ``--memory-n`` tasks queued); progress goes to stderr. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -357,8 +358,110 @@ class PostgresStore(DatabaseStore):
             cursor.execute("ANALYZE reliable_executor_task")
 
 
+class RedisStore(Store):
+    """Redis storage under a key prefix of its own (never FLUSHALL: the server may be shared)."""
+
+    name = "redis"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,62}", args.key_prefix) or (
+            args.key_prefix.startswith("test")
+        ):
+            raise BenchError(
+                f"--key-prefix {args.key_prefix!r}: letters, digits, '_', '.', '-' only, and "
+                "never a test prefix (test...)"
+            )
+        self.url = args.redis_url
+        self.prefix = args.key_prefix
+        self.sqlite_path = Path(args.sqlite_path).resolve()
+        self._client: Any = None
+
+    def environment(self) -> dict[str, str]:
+        # The SQLite default database is the bench's own file: nothing of the test project's.
+        return {
+            "RE_BENCH_REDIS_URL": self.url,
+            "RE_BENCH_KEY_PREFIX": self.prefix,
+            "RE_SQLITE_PATH": str(self.sqlite_path),
+        }
+
+    def describe(self) -> str:
+        from django_reliable_executor import executor
+        from django_reliable_executor.storage.redis.connection import describe
+
+        return f"redis {describe(executor.settings)}, keys under {{{self.prefix}}}:"
+
+    def client(self) -> Any:
+        if self._client is None:
+            import redis
+
+            self._client = redis.Redis.from_url(self.url, decode_responses=True)
+            try:
+                self._client.ping()
+            except redis.RedisError as exc:
+                raise BenchError(f"cannot reach Redis at {self.url}: {exc}") from exc
+        return self._client
+
+    def clear(self) -> None:
+        client = self.client()
+        keys = list(client.scan_iter(match="{" + self.prefix + "}:*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+
+    def rtt_ms(self, rounds: int) -> float:
+        client = self.client()
+        samples = []
+        for i in range(rounds + 20):
+            start = time.perf_counter()
+            client.ping()
+            if i >= 20:
+                samples.append((time.perf_counter() - start) * 1000)
+        return statistics.median(samples)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def drain_window(self) -> tuple[dt.datetime, dt.datetime] | None:
+        client = self.client()
+        finished = client.zrange("{" + self.prefix + "}:finished", 0, -1, withscores=True)
+        if not finished:
+            return None
+        pipe = client.pipeline(transaction=False)
+        for task_id, _ in finished:
+            pipe.hget("{" + self.prefix + "}:t:" + task_id, "st")
+        started = [int(value) for value in pipe.execute() if value]
+        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        return (
+            epoch + dt.timedelta(microseconds=min(started)),
+            epoch + dt.timedelta(microseconds=int(max(score for _, score in finished))),
+        )
+
+    def memory_per_task(self, n: int, batch: int) -> tuple[float, int]:
+        """Bytes of Redis memory (INFO used_memory) per queued task beyond its parameter, for
+        n queued tasks with a small parameter; and that parameter's size in bytes."""
+        from django_reliable_executor import TaskSubmitRequest, executor
+        from django_reliable_executor.serialization import dumps
+
+        self.clear()
+        client = self.client()
+        before = client.info("memory")["used_memory"]
+        parameter_bytes = 0
+        done = 0
+        while done < n:
+            size = min(batch, n - done)
+            parameters = [{"order_id": done + i} for i in range(size)]
+            parameter_bytes += sum(len(dumps(p).encode()) for p in parameters)
+            executor.submit_many([TaskSubmitRequest("demo.echo", p) for p in parameters])
+            done += size
+        after = client.info("memory")["used_memory"]
+        self.clear()
+        return (after - before - parameter_bytes) / n, parameter_bytes // n
+
+
 STORES: dict[str, type[Store]] = {
-    store.name: store for store in (SQLiteStore, MariaDBStore, PostgresStore)
+    store.name: store for store in (SQLiteStore, MariaDBStore, PostgresStore, RedisStore)
 }
 
 
@@ -614,6 +717,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--sqlite-path", default=str(DEFAULT_SQLITE_PATH), help="SQLite file of the benchmark"
     )
     parser.add_argument(
+        "--redis-url", default="redis://127.0.0.1:6379/0", help="Redis of --storage redis"
+    )
+    parser.add_argument(
+        "--key-prefix",
+        default="reliable_executor_bench",
+        help="KEY_PREFIX of --storage redis; only its keys are written and deleted",
+    )
+    parser.add_argument(
+        "--memory-n",
+        type=int,
+        default=100_000,
+        help="--storage redis: queued tasks for the memory-per-task figure (0 = skip)",
+    )
+    parser.add_argument(
         "--poll-interval",
         type=float,
         default=None,
@@ -649,7 +766,15 @@ def environment(args: argparse.Namespace, store: Store) -> dict[str, str]:
     """The environment of the benchmark and its worker: bench settings on the bench database."""
     env = dict(os.environ)
     # Never the test databases, and the default POLL_INTERVAL unless asked otherwise.
-    for key in ("RE_TEST_DB_NAMES", "RE_DB_SUFFIX", "RE_POLL_INTERVAL", "RE_BENCH_CONN_MAX_AGE"):
+    for key in (
+        "RE_TEST_DB_NAMES",
+        "RE_DB_SUFFIX",
+        "RE_POLL_INTERVAL",
+        "RE_BENCH_CONN_MAX_AGE",
+        "RE_STORAGE",
+        "RE_KEY_PREFIX",
+        "RE_REDIS_URL",
+    ):
         env.pop(key, None)
     if args.poll_interval is not None:
         env["RE_POLL_INTERVAL"] = str(args.poll_interval)
@@ -747,6 +872,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
     finally:
         worker.stop()
+    try:
+        if isinstance(store, RedisStore) and args.memory_n:
+            per_task, parameter_bytes = store.memory_per_task(args.memory_n, args.batch)
+            result["redis_bytes_per_task"] = round(per_task, 1)
+            log(
+                f"memory: {per_task:.0f} bytes per queued task beyond its {parameter_bytes}-byte "
+                f"parameter ({args.memory_n} tasks queued, INFO used_memory)"
+            )
+    finally:
         store.close()
     log(machine_load())
     return result
