@@ -15,6 +15,9 @@ from .records import Claim, Transition
 logger = logging.getLogger("django_reliable_executor")
 
 MAX_BATCH = 200
+RETRY_WAIT_MIN = 0.1  # seconds after the first failed write; doubles up to RETRY_WAIT_MAX
+RETRY_WAIT_MAX = 5.0
+CLOSING_RETRIES = 3
 
 
 class CompletionWriter:
@@ -59,6 +62,7 @@ class CompletionWriter:
         self._thread.join(timeout)
 
     def _loop(self) -> None:
+        failures = 0
         try:
             while True:
                 with self._cond:
@@ -71,10 +75,13 @@ class CompletionWriter:
                     batch = self._writing
                 try:
                     transitions = self._write(batch)
+                    failures = 0
                 except Exception:
-                    # The tasks stay RUNNING; lease recovery runs them again.
-                    logger.exception("could not record %d completions", len(batch))
+                    failures += 1
                     connections.close_all()
+                    if self._retry_later(batch, failures):
+                        continue
+                    # The tasks stay RUNNING; lease recovery runs them again.
                     transitions = []
                 for (claim, _), transition in zip(batch, transitions, strict=False):
                     if transition is None:
@@ -85,3 +92,18 @@ class CompletionWriter:
                     self._writing = []
         finally:
             connections.close_all()
+
+    def _retry_later(self, batch: list[tuple[Claim, Any]], failures: int) -> bool:
+        """After a failed write (the storage is down): keep the batch and wait, backing off up
+        to RETRY_WAIT_MAX, so a short outage costs no re-run. Once closing, give up after a
+        few tries: the leases then expire and the tasks run again elsewhere."""
+        if self._closed and failures > CLOSING_RETRIES:
+            logger.exception("could not record %d completions; giving up", len(batch))
+            return False
+        wait = min(RETRY_WAIT_MIN * 2 ** (failures - 1), RETRY_WAIT_MAX)
+        logger.exception("could not record %d completions; retrying in %.1fs", len(batch), wait)
+        with self._cond:
+            self._pending[:0] = batch
+            self._writing = []
+            self._cond.wait(wait)
+        return True

@@ -26,6 +26,7 @@ logger = logging.getLogger("django_reliable_executor")
 CLAIM_BATCH = 100  # most claims taken in one round trip
 MIN_IDLE_WAIT = 0.005  # first wait after the queue ran dry; doubles up to POLL_INTERVAL
 BURST_HORIZON_SECONDS = 60.0
+MAX_ERROR_WAIT = 5.0  # longest pause between claims while the storage is unreachable
 
 
 def default_worker_id() -> str:
@@ -166,7 +167,7 @@ class Worker:
                 logger.exception("claiming failed; retrying in %.1fs", error_wait)
                 close_old_connections()
                 self.stopping.wait(error_wait)
-                error_wait = min(error_wait * 2, 30.0)
+                error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
                 continue
             if claims:
                 for claim in claims:

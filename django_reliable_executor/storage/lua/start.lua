@@ -1,13 +1,17 @@
 -- start: claimed CREATED/PENDING -> RUNNING, counting an attempt, if the token still holds.
--- ARGV[3] lease expiry, ARGV[4..] pairs of task id, token. Returns 1 (started) or 0 per pair.
-local lease_until = ARGV[3]
+-- ARGV[3] lease expiry, ARGV[4] this call's nonce, ARGV[5..] pairs of task id, token.
+-- Returns 1 (started) or 0 per pair. Sent again after a lost reply (same nonce), it answers
+-- the same.
+local lease_until, nonce = ARGV[3], ARGV[4]
 local out = {}
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'k', 'q')
-  if waiting(task[1]) and task[2] == token and redis.call('ZSCORE', LEASES, id) then
-    redis.call('HSET', key, 's', 'RUNNING', 'st', NOW)
+  local task = redis.call('HMGET', key, 's', 'k', 'q', 'rq')
+  if task[1] == 'RUNNING' and task[2] == token and task[4] == nonce then
+    out[#out + 1] = 1 -- this very call, sent again after a lost reply: already done
+  elseif waiting(task[1]) and task[2] == token and redis.call('ZSCORE', LEASES, id) then
+    redis.call('HSET', key, 's', 'RUNNING', 'st', NOW, 'rq', nonce)
     redis.call('HINCRBY', key, 'a', 1)
     redis.call('HINCRBY', key, 'b', 1)
     redis.call('ZADD', LEASES, lease_until, id)

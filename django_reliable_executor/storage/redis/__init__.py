@@ -9,7 +9,9 @@ epoch, written as decimal strings.
                            k fencing token, rl/ri/rb retry limit/interval/backoff, md max
                            duration (ms), c created, r run at, st started, f finished,
                            d deadline, e last error, o result (JSON), w worker, x cancel
-                           requested ("1"). Fields without a value are absent.
+                           requested ("1"), rq nonce of the last worker write (so a write
+                           redis-py resends after a lost reply is recognised as done).
+                           Fields without a value are absent.
 ``P ready:<queue>:<prio>`` LIST of task ids ready to run, oldest first (FIFO within a priority).
 ``P prio:<queue>``         ZSET of the priorities that have a non-empty ready list (claims take
                            the highest first).
@@ -42,7 +44,7 @@ from ...serialization import dumps
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import guarded
 from .chores import Chores
-from .codec import fields, micros, submit_args, text, to_claim, to_info
+from .codec import fields, micros, nonce, submit_args, text, to_claim, to_info
 from .leases import Leases
 from .reading import Reading
 
@@ -117,7 +119,7 @@ class RedisStorage(Chores, Reading, Leases):
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
         args = [value for claim in claims for value in (claim.task_id, claim.token)]
-        replies = self._run("start", lease_until, *args, now=now)
+        replies = self._run("start", lease_until, nonce(), *args, now=now)
         return [
             dataclasses.replace(
                 claim,
@@ -160,7 +162,7 @@ class RedisStorage(Chores, Reading, Leases):
             for claim, result in outcomes
             for value in (claim.task_id, claim.token, dumps(result))
         ]
-        replies = self._run("complete", *args, now=now)
+        replies = self._run("complete", nonce(), *args, now=now)
         return [
             Transition(
                 task=dataclasses.replace(
@@ -199,6 +201,7 @@ class RedisStorage(Chores, Reading, Leases):
             status.value,
             micros(run_at) if run_at is not None else "",
             "1" if is_error else "0",
+            nonce(),
             now=now,
         )
         if reply is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,12 @@ def micros(when: dt.datetime) -> str:
 
 def from_micros(value: Any) -> dt.datetime:
     return EPOCH + dt.timedelta(microseconds=int(value))
+
+
+def nonce() -> str:
+    """A value unique to one script call: a call redis-py sends again after a lost reply
+    carries the same one, so the script can tell "already done by me" from a lost race."""
+    return os.urandom(6).hex()
 
 
 def text(value: Any) -> str:
