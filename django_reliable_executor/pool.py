@@ -42,7 +42,12 @@ class BoundedPool:
         self._name = name
         self._heap: list[tuple[int, int, Claim]] = []
         self._order = itertools.count()
-        self._cond = threading.Condition()
+        # One lock, two conditions: pool threads wait on _work for claims; the fetcher and
+        # shutdown wait on _changed for room or idleness. Waking only the side concerned
+        # matters: a wake-up per finished task costs a thread switch on a busy worker.
+        self._cond = threading.Lock()
+        self._work = threading.Condition(self._cond)
+        self._changed = threading.Condition(self._cond)
         self._threads = 0
         self._idle = 0
         self._running: dict[str, Claim] = {}
@@ -68,7 +73,7 @@ class BoundedPool:
         """Block until ``room()`` is positive (a claim finished), or ``timeout``."""
         with self._cond:
             if not self._room():
-                self._cond.wait(timeout)
+                self._changed.wait(timeout)
 
     def _free(self) -> int:
         return max(0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running))
@@ -85,7 +90,7 @@ class BoundedPool:
                 and not self._idle
             ):
                 self._spawn(core=False)
-            self._cond.notify()
+            self._work.notify()
 
     def take_queued(self) -> list[Claim]:
         """Remove and return every claim not yet started (shutdown: hand them back)."""
@@ -130,14 +135,15 @@ class BoundedPool:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cond.wait(remaining if remaining is None else min(remaining, 0.5))
+                self._changed.wait(remaining if remaining is None else min(remaining, 0.5))
             return True
 
     def close(self) -> None:
         """Let threads exit once the queue is empty (running tasks are not interrupted)."""
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+            self._work.notify_all()
+            self._changed.notify_all()
 
     # -- the threads' side ----------------------------------------------------------------
     def _spawn(self, *, core: bool) -> None:
@@ -158,14 +164,16 @@ class BoundedPool:
                 while not self._heap and not self._closed:
                     if not core and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS:
                         break
-                    self._cond.wait(1.0 if core else KEEP_ALIVE_SECONDS)
+                    self._work.wait(1.0 if core else KEEP_ALIVE_SECONDS)
                 self._idle -= 1
                 if not self._heap:
                     self._threads -= 1
-                    self._cond.notify_all()
+                    self._changed.notify_all()
                     break
                 claim = heapq.heappop(self._heap)[2]
                 self._running[claim.task_id] = claim
+                if len(self._heap) == self.queue_capacity // 2:
+                    self._changed.notify_all()  # room for a refill
             try:
                 self._run(claim)
             except Exception:
@@ -174,7 +182,8 @@ class BoundedPool:
                 tidy_connections()
                 with self._cond:
                     self._running.pop(claim.task_id, None)
-                    self._cond.notify_all()
+                    if self._room() or not self._running:
+                        self._changed.notify_all()
         connections.close_all()  # this thread's connections die with it
 
     def join(self, timeout: float) -> bool:
@@ -185,5 +194,5 @@ class BoundedPool:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._changed.wait(remaining)
             return True

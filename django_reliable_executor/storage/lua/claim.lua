@@ -2,7 +2,10 @@
 -- priority first, first in first out within a priority. A claimed task keeps its status
 -- (CREATED or PENDING) until start; its token goes up by one, fencing every later write.
 -- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6..] queues.
--- Returns {next scheduled time of these queues or '', then id, fields of each claimed task}.
+-- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
+-- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
+local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
+  'd', 'e', 'w', 'k'}
 local worker, lease_until, limit = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local queues = {}
 for i = 6, #ARGV do
@@ -53,7 +56,7 @@ while taken < limit do
       redis.call('HSET', key, 'w', worker)
       redis.call('ZADD', LEASES, lease_until, id)
       out[#out + 1] = id
-      out[#out + 1] = redis.call('HGETALL', key)
+      out[#out + 1] = redis.call('HMGET', key, unpack(CLAIMED_FIELDS))
       taken = taken + 1
     end
   end

@@ -44,7 +44,7 @@ from ...serialization import dumps
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import guarded
 from .chores import Chores
-from .codec import fields, micros, nonce, submit_args, text, to_claim, to_info
+from .codec import claimed, fields, micros, nonce, submit_args, text, to_info
 from .leases import Leases
 from .reading import Reading
 
@@ -85,7 +85,7 @@ class RedisStorage(Chores, Reading, Leases):
         reply = self._run("claim", worker_id, lease_until, limit, *queues, now=now)
         next_due = text(reply[0])
         self._next_due[tuple(queues)] = int(next_due) if next_due else None
-        return [to_claim(text(reply[i]), fields(reply[i + 1])) for i in range(1, len(reply), 2)]
+        return [claimed(text(reply[i]), reply[i + 1]) for i in range(1, len(reply), 2)]
 
     @guarded
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
