@@ -81,6 +81,7 @@ local function to_waiting(id, queue, priority, run_at)
     wake(queue)
   else
     redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
+    wake(queue) -- an idle worker then waits until this one is due, not a whole poll
   end
 end
 

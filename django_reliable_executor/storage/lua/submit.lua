@@ -30,10 +30,10 @@ for i = 3, #ARGV, 12 do
     end
     if tonumber(run_at) <= NOWN then
       push_ready(id, queue, priority, false)
-      woken[queue] = true
     else
       redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
     end
+    woken[queue] = true -- a delayed task too: an idle worker then waits until it is due
     out[#out + 1] = 1
   end
 end
