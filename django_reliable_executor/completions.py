@@ -15,6 +15,7 @@ from .records import Claim, Transition
 logger = logging.getLogger("django_reliable_executor")
 
 MAX_BATCH = 200
+LINGER_SECONDS = 0.002  # a completion is recorded at most this much later than without it
 RETRY_WAIT_MIN = 0.1  # seconds after the first failed write; doubles up to RETRY_WAIT_MAX
 RETRY_WAIT_MAX = 5.0
 CLOSING_RETRIES = 3
@@ -39,6 +40,7 @@ class CompletionWriter:
         self._pending: list[tuple[Claim, Any]] = []
         self._writing: list[tuple[Claim, Any]] = []
         self._closed = False
+        self._idle = False
         self._thread = threading.Thread(
             target=self._loop, name="reliable-executor-completions", daemon=True
         )
@@ -47,7 +49,8 @@ class CompletionWriter:
     def put(self, claim: Claim, result: Any) -> None:
         with self._cond:
             self._pending.append((claim, result))
-            self._cond.notify()
+            if self._idle:  # a lingering or writing writer takes it with the next batch
+                self._cond.notify()
 
     def held(self) -> list[Claim]:
         """Claims completed but not yet written: their leases still need renewing."""
@@ -67,7 +70,9 @@ class CompletionWriter:
             while True:
                 with self._cond:
                     while not self._pending and not self._closed:
+                        self._idle = True
                         self._cond.wait()
+                        self._idle = False
                     if not self._pending:
                         return
                     self._writing = self._pending[:MAX_BATCH]

@@ -86,7 +86,7 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 
 # What claim.lua returns for each claimed task, in this order (a waiting task has no start,
 # finish, result or cancel request yet).
-CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k".split()
+CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k".split()  # noqa: SIM905
 
 
 def claimed(task_id: str, values: Sequence[Any]) -> Claim:
