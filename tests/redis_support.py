@@ -1,0 +1,225 @@
+"""Helpers of the Redis script tests: snapshots of a key prefix, the index invariant checker,
+and shortcuts that drive a task into a given state."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.records import Claim, TaskInfo
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
+from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.storage.redis.codec import micros, text
+
+LEASE = 30.0  # seconds
+WORKER_A = "worker-a"
+WORKER_B = "worker-b"
+WAITING = {status.value for status in WAITING_STATUSES}
+TERMINAL = {status.value for status in TERMINAL_STATUSES}
+
+NONCE = "test-nonce"  # the per-call nonce of start, complete and fail called directly
+Snapshot = dict[str, tuple[str, Any]]
+# Keys with no task index in them, as (name, type).
+KNOWN_KEYS = {("counts", "hash"), ("queues", "set"), ("workers", "hash"), ("workers:seen", "zset")}
+
+
+# -- reading Redis as it is -----------------------------------------------------------------
+def snapshot(storage: RedisStorage) -> Snapshot:
+    """Every key of the storage's prefix, named without the prefix, as (type, contents)."""
+    client, p = storage.client, storage.p
+    # The server is shared and may hold many other keys: few, long SCAN steps.
+    keys = sorted(client.scan_iter(match=p + "*", count=10_000))
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+    kinds = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    for key, kind in zip(keys, kinds, strict=True):
+        if kind == "hash":
+            pipe.hgetall(key)
+        elif kind == "list":
+            pipe.lrange(key, 0, -1)
+        elif kind == "zset":  # scores as Redis prints them: exact, unlike floats
+            pipe.zrange(key, 0, -1, withscores=True, score_cast_func=text)
+        elif kind == "set":
+            pipe.smembers(key)
+        elif kind == "string":
+            pipe.get(key)
+        else:
+            raise AssertionError(f"{key} has a type no script writes: {kind}")
+    values = pipe.execute()
+    return {
+        key[len(p) :]: (kind, sorted(value) if kind == "set" else value)
+        for key, kind, value in zip(keys, kinds, values, strict=True)
+    }
+
+
+def changed_keys(before: Snapshot, after: Snapshot) -> set[str]:
+    return {key for key in before.keys() | after.keys() if before.get(key) != after.get(key)}
+
+
+@contextlib.contextmanager
+def unchanged(storage: RedisStorage) -> Iterator[None]:
+    """Asserts that the block leaves every key of the prefix exactly as it found it."""
+    before = snapshot(storage)
+    yield
+    assert snapshot(storage) == before
+
+
+def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[str]:
+    """Everything wrong with the prefix's indexes, one line each (the storage module docstring
+    states the invariants): every task is in exactly the one index its status allows, index
+    scores match the hash fields, and the counts hash equals the statuses actually stored."""
+    snap = snapshot(storage) if snap is None else snap
+    problems: list[str] = []
+    tasks: dict[str, dict[str, str]] = {}
+    places: dict[str, list[str]] = defaultdict(list)  # task id -> indexes holding it
+    scores: dict[str, dict[str, str]] = defaultdict(dict)  # index -> task id -> score
+    ready_priorities: dict[str, set[str]] = defaultdict(set)
+    prio_sets: dict[str, dict[str, str]] = {}
+    for key, (kind, value) in snap.items():
+        family, _, rest = key.partition(":")
+        if family == "t" and kind == "hash":
+            tasks[rest] = value
+        elif family == "ready" and kind == "list":
+            queue, _, priority = rest.rpartition(":")
+            ready_priorities[queue].add(priority)
+            for task_id in value:
+                places[task_id].append(key)
+        elif family == "sched" and kind == "zset":
+            for task_id, score in value:
+                places[task_id].append(key)
+                scores[key][task_id] = score
+        elif family == "prio" and kind == "zset":
+            prio_sets[rest] = dict(value)
+        elif key in ("leases", "finished") and kind == "zset":
+            for task_id, score in value:
+                places[task_id].append(key)
+                scores[key][task_id] = score
+        elif key == "deadlines" and kind == "zset":
+            scores[key] = dict(value)
+        elif family == "wake" and kind == "list":
+            if value != ["1"]:
+                problems.append(f"{key} holds {value}, not one token")
+        elif (key, kind) not in KNOWN_KEYS and (family, kind) != ("lock", "string"):
+            problems.append(f"unexpected key {key} ({kind})")
+
+    for queue in ready_priorities.keys() | prio_sets.keys():
+        listed = prio_sets.get(queue, {})
+        if set(listed) != ready_priorities[queue]:
+            problems.append(
+                f"prio:{queue} lists {sorted(listed)}, the non-empty ready lists are "
+                f"{sorted(ready_priorities[queue])}"
+            )
+        problems += [
+            f"prio:{queue} scores {member} as {score}"
+            for member, score in listed.items()
+            if float(score) != float(member)
+        ]
+
+    def score_matches(index: str, task_id: str, values: dict[str, str], field: str) -> None:
+        score = scores[index].get(task_id)
+        if score is not None and int(float(score)) != int(values.get(field) or -1):
+            problems.append(
+                f"{task_id} scored {score} in {index}, its {field} is {values.get(field)}"
+            )
+
+    counted: Counter[str] = Counter()
+    queues = set(snap.get("queues", ("set", []))[1])
+    for task_id, values in tasks.items():
+        status, queue, priority = values.get("s"), values.get("q"), values.get("p")
+        counted[f"{status}:{queue}"] += 1
+        where = places.pop(task_id, [])
+        if status in WAITING:
+            allowed = [[f"ready:{queue}:{priority}"], [f"sched:{queue}"], ["leases"]]
+        elif status == "RUNNING":
+            allowed = [["leases"]]
+        elif status in TERMINAL:
+            allowed = [["finished"]]
+        else:
+            allowed = []
+        if where not in allowed:
+            problems.append(f"{task_id} is {status} but in {where or 'no index'}")
+        if "leases" in where and not values.get("w"):
+            problems.append(f"{task_id} holds a lease but names no worker")
+        if status == "RUNNING" and not values.get("st"):
+            problems.append(f"{task_id} is RUNNING without a start time")
+        score_matches(f"sched:{queue}", task_id, values, "r")
+        score_matches("finished", task_id, values, "f")
+        has_deadline = status not in TERMINAL and "d" in values
+        if has_deadline != (task_id in scores["deadlines"]):
+            problems.append(f"{task_id} ({status}, d={values.get('d')}) vs the deadlines index")
+        score_matches("deadlines", task_id, values, "d")
+        if queue not in queues:
+            problems.append(f"{task_id}'s queue {queue} is not in the queues set")
+    problems += [f"{', '.join(where)} hold unknown task {i}" for i, where in places.items()]
+    problems += [f"deadlines holds unknown task {i}" for i in scores["deadlines"] if i not in tasks]
+
+    stored = {field: int(n) for field, n in snap.get("counts", ("hash", {}))[1].items()}
+    if {field: n for field, n in stored.items() if n != 0} != dict(counted):
+        problems.append(f"counts hash {stored} but the tasks are {dict(counted)}")
+    return problems
+
+
+def assert_consistent(storage: RedisStorage) -> None:
+    assert index_problems(storage) == []
+
+
+# -- driving tasks into a state -------------------------------------------------------------
+def call(storage: RedisStorage, name: str, *args: Any) -> Any:
+    """One script run directly: ARGV[1] the prefix, ARGV[2] now (the fake clock), then args."""
+    script = getattr(storage._scripts, name)
+    return script(keys=storage._keys, args=[storage.p, micros(storage.clock.now()), *args])
+
+
+def submit(executor: ReliableExecutor, task_id: str, **options: Any) -> TaskInfo:
+    """A demo.echo task; a failed attempt retries at once (interval 0) up to three times."""
+    options = {"retry_limit": 3, "retry_interval": 0, **options}
+    return executor.submit("demo.echo", {"id": task_id}, task_id=task_id, **options)
+
+
+def claim_one(storage: RedisStorage, worker: str = WORKER_A, queue: str = "default") -> Claim:
+    [claim] = storage.claim(worker, [queue], 1, LEASE)
+    return claim
+
+
+def running(
+    storage: RedisStorage, executor: ReliableExecutor, task_id: str, **options: Any
+) -> Claim:
+    submit(executor, task_id, **options)
+    started = storage.start(claim_one(storage), LEASE)
+    assert started is not None
+    return started
+
+
+def rerun_elsewhere(storage: RedisStorage, clock: FakeClock, claim: Claim) -> Claim:
+    """Worker A's lease on a RUNNING task runs out, recovery sends the task back to its queue
+    and worker B claims and starts it: A's ``claim`` is stale though the task is RUNNING."""
+    clock.advance(LEASE + 1)
+    [transition] = storage.recover_expired(100)
+    assert transition.status is TaskStatus.PENDING
+    started = storage.start(claim_one(storage, WORKER_B, claim.task.queue), LEASE)
+    assert started is not None and started.token > claim.token
+    return started
+
+
+def fields_of(storage: RedisStorage, task_id: str) -> dict[str, str]:
+    return storage.client.hgetall(storage.p + "t:" + task_id)
+
+
+def lease_score(storage: RedisStorage, task_id: str) -> float | None:
+    return storage.client.zscore(storage.p + "leases", task_id)
+
+
+def later(clock: FakeClock, seconds: float) -> str:
+    return micros(clock.now() + dt.timedelta(seconds=seconds))
+
+
+def advance_to(clock: FakeClock, when: dt.datetime) -> None:
+    clock.advance((when - clock.now()) / dt.timedelta(seconds=1))
+    assert clock.now() == when
