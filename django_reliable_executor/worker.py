@@ -126,6 +126,11 @@ class Worker:
                 target=self._scheduler_loop, name="reliable-executor-scheduler", daemon=True
             ),
         ]
+        try:
+            for warning in self.executor.storage.server_warnings():
+                logger.warning(warning)
+        except Exception:
+            logger.exception("could not read the storage server's configuration")
         writer = self.runner.start_writer()
         self._beat()
         for thread in background:

@@ -141,6 +141,10 @@ class TaskStorage(abc.ABC):
         ``blocking_wait``). True when woken early."""
         raise NotImplementedError
 
+    def server_warnings(self) -> builtins.list[str]:
+        """Problems of the server's configuration worth a warning when a worker starts."""
+        return []
+
     def wake(self, queues: Sequence[str]) -> None:  # noqa: B027 - optional, polling needs none
         """Let a worker blocked in wait_for_work on these queues return now."""
 

@@ -1,14 +1,16 @@
 -- claim: take up to `limit` ready tasks of these queues under a lease for `worker`, highest
 -- priority first, first in first out within a priority. A claimed task keeps its status
 -- (CREATED or PENDING) until start; its token goes up by one, fencing every later write.
--- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6..] queues.
+-- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6] a random token increment,
+-- ARGV[7..] queues. The random step (not +1) keeps a claim that a Redis failover lost from
+-- sharing its token with the next claim of the same task.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
   'd', 'e', 'w', 'k'}
-local worker, lease_until, limit = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local worker, lease_until, limit, step = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local queues = {}
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   queues[#queues + 1] = ARGV[i]
   promote(ARGV[i], 1000)
 end
@@ -52,7 +54,7 @@ while taken < limit do
     local key = tkey(id)
     -- The double check: still waiting and nobody's claim (a stray entry is dropped).
     if waiting(redis.call('HGET', key, 's')) and not redis.call('ZSCORE', LEASES, id) then
-      redis.call('HINCRBY', key, 'k', 1)
+      redis.call('HINCRBY', key, 'k', step)
       redis.call('HSET', key, 'w', worker)
       redis.call('ZADD', LEASES, lease_until, id)
       out[#out + 1] = id

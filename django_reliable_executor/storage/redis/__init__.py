@@ -34,8 +34,10 @@ race changes nothing. Nothing read back is ever unpickled: parameters and result
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import datetime as dt
+import random
 from collections.abc import Sequence
 
 from ...records import CancelResult, Claim, NewTask, TaskInfo, Transition, new_info
@@ -48,6 +50,10 @@ from .codec import claimed, fields, micros, nonce, submit_args, text, to_info
 from .leases import Leases
 from .reading import Reading
 
+# A claim raises the task's token by a random step up to this: a claim lost in a failover and
+# the next claim of the task then hold different tokens (2**32 steps stay far below 2**63).
+TOKEN_STEP_MAX = 2**32
+BLOCK_MAX_SECONDS = 5.0  # longest blocking pop; the worker simply waits again
 SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, short enough not
 # to hold Redis up (a script blocks every other client while it runs)
 
@@ -82,7 +88,8 @@ class RedisStorage(Chores, Reading, Leases):
             return []
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
-        reply = self._run("claim", worker_id, lease_until, limit, *queues, now=now)
+        step = random.randint(1, TOKEN_STEP_MAX)
+        reply = self._run("claim", worker_id, lease_until, limit, step, *queues, now=now)
         next_due = text(reply[0])
         self._next_due[tuple(queues)] = int(next_due) if next_due else None
         return [claimed(text(reply[i]), reply[i + 1]) for i in range(1, len(reply), 2)]
@@ -97,9 +104,29 @@ class RedisStorage(Chores, Reading, Leases):
             if until_due <= 0:
                 return False
             timeout = min(timeout, until_due)
-        timeout = max(timeout, 0.001)  # 0 would mean "forever" to BLPOP
+        # Never 0 ("forever" to BLPOP), never near the client's socket timeout.
+        timeout = min(max(timeout, 0.001), BLOCK_MAX_SECONDS)
         keys = [self.p + "wake:" + queue for queue in queues]
         return self.client.blpop(keys, timeout=timeout) is not None
+
+    @guarded
+    def server_warnings(self) -> builtins.list[str]:
+        """What is wrong with the Redis server's configuration for holding tasks."""
+        try:
+            info = self.client.info("memory")
+        except self._unavailable:
+            raise
+        except Exception:  # INFO refused (a restricted ACL user): nothing to say
+            return []
+        if isinstance(info, dict) and "maxmemory_policy" not in info:
+            info = next(iter(info.values()), {})  # a Cluster client answers per node
+        policy = text(info.get("maxmemory_policy", "noeviction"))
+        if policy == "noeviction":
+            return []
+        return [
+            f"Redis at {self.where} has maxmemory-policy {policy}: when memory runs short it "
+            "deletes keys, and these keys are tasks. Set maxmemory-policy noeviction."
+        ]
 
     @guarded
     def wake(self, queues: Sequence[str]) -> None:
