@@ -1,0 +1,342 @@
+"""The Redis storage on a real 3-master Redis Cluster (started by the tests/redis_servers.py
+fixture): tasks submitted, run by a real Worker thread and finished through a RedisCluster
+client, with every key of a prefix in the prefix's one hash slot, on one node."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis.cluster
+import redis.exceptions
+
+from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.conf import ExecutorSettings
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage import build_storage
+from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.worker import Worker, WorkerOptions
+
+if TYPE_CHECKING:
+    from tests.redis_servers import RedisServer
+
+pytest_plugins = ["tests.redis_servers"]  # redis_cluster, redis_cluster_nodes
+
+QUEUES = ("default", "alpha", "beta", "prio", "orphan")
+LEASE = 2.0  # seconds: short, so an abandoned claim is recovered within the test
+LIVE = (TaskStatus.CREATED, TaskStatus.PENDING, TaskStatus.RUNNING)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def cluster_settings(url: str, prefix: str) -> ExecutorSettings:
+    return ExecutorSettings(
+        STORAGE="redis",
+        REDIS_URL=url,
+        REDIS_CLUSTER=True,
+        KEY_PREFIX=prefix,
+        POLL_INTERVAL=0.2,
+        LEASE_TIMEOUT=LEASE,
+        MASTER_LOCK_TTL=1.0,
+        DEFAULT_RETRY_INTERVAL=100,
+        CORE_POOL_SIZE=4,
+        MAX_POOL_SIZE=8,
+        QUEUE_CAPACITY=20,
+    )
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def live_count(executor: ReliableExecutor) -> int:
+    counts = executor.count_by_status()
+    return sum(counts[status] for status in LIVE)
+
+
+@contextlib.contextmanager
+def running(executor: ReliableExecutor, worker_id: str) -> Iterator[Worker]:
+    """A Worker with the executor's settings, run in a thread; stopped and joined on exit."""
+    options = WorkerOptions.from_settings(executor, queues=QUEUES, worker_id=worker_id)
+    worker = Worker(options, executor)
+    thread = threading.Thread(target=worker.run, name=f"worker-{worker_id}", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        assert not thread.is_alive(), f"worker {worker_id} did not stop"
+
+
+def slot_of(node: RedisServer, prefix: str) -> int:
+    """CLUSTER KEYSLOT of the prefix's hash tag, asked of a node."""
+    with node.client() as admin:
+        return int(admin.execute_command("CLUSTER", "KEYSLOT", "{" + prefix + "}:counts"))
+
+
+def keys_on(node: RedisServer, prefix: str) -> set[str]:
+    """The keys of one prefix stored on one node (SCAN sees only the node's own keys)."""
+    with node.client() as admin:
+        return set(admin.scan_iter(match="{" + prefix + "}:*", count=1000))
+
+
+def owner_of(nodes: list[RedisServer], prefix: str) -> RedisServer:
+    """The master serving the prefix's slot: the one node that does not answer MOVED to a
+    command on a key of the prefix."""
+    key = "{" + prefix + "}:counts"
+    owners = []
+    for node in nodes:
+        with node.client() as admin:
+            try:
+                admin.exists(key)
+            except redis.exceptions.MovedError:
+                continue
+        owners.append(node)
+    assert len(owners) == 1, owners
+    return owners[0]
+
+
+def assert_in_one_slot_on_one_node(nodes: list[RedisServer], prefix: str) -> set[str]:
+    """Every key of the prefix hashes to one slot, lives on the slot's master, and no other
+    node holds a key of the prefix. Returns the keys."""
+    owner = owner_of(nodes, prefix)
+    slot = slot_of(owner, prefix)
+    keys = keys_on(owner, prefix)
+    assert keys, f"no key of {prefix} on {owner}"
+    with owner.client() as admin:
+        slots = {int(admin.execute_command("CLUSTER", "KEYSLOT", key)) for key in keys}
+        in_slot = set(admin.execute_command("CLUSTER", "GETKEYSINSLOT", slot, len(keys) + 1000))
+    assert slots == {slot}
+    assert keys <= in_slot
+    for node in nodes:
+        if node is not owner:
+            assert keys_on(node, prefix) == set(), f"keys of {prefix} on {node}"
+            with node.client() as admin:  # the slot is not served there at all
+                assert int(admin.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) == 0
+    return keys
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+@pytest.fixture
+def prefixes(redis_cluster_nodes: list[RedisServer]) -> Iterator[list[str]]:
+    """Key prefixes a test uses (append to it); their keys are deleted from every node after."""
+    used: list[str] = []
+    yield used
+    for node in redis_cluster_nodes:
+        with node.client() as admin:
+            for prefix in used:
+                keys = list(admin.scan_iter(match="{" + prefix + "}:*", count=1000))
+                for start in range(0, len(keys), 500):
+                    admin.delete(*keys[start : start + 500])  # one slot: a multi-key DEL is fine
+
+
+@pytest.fixture
+def make_executor(redis_cluster: list[str]) -> Iterator[Callable[..., ReliableExecutor]]:
+    """Executors on the Cluster through RedisCluster clients built by connect(); closed after."""
+    made: list[RedisStorage] = []
+
+    def make(prefix: str, node: int = 0) -> ReliableExecutor:
+        settings = cluster_settings(redis_cluster[node], prefix)
+        storage = build_storage(settings)
+        assert isinstance(storage, RedisStorage)
+        made.append(storage)
+        return ReliableExecutor(storage, settings=settings)
+
+    yield make
+    for storage in made:
+        storage.close()
+
+
+# -- tests ------------------------------------------------------------------------------------
+def test_submit_run_and_finish_tasks_through_a_cluster(
+    make_executor, prefixes, redis_cluster_nodes: list[RedisServer]
+):
+    prefix = f"cluster-{uuid.uuid4().hex[:10]}"
+    prefixes.append(prefix)
+    executor = make_executor(prefix, node=1)
+    storage = executor.storage
+    assert isinstance(storage, RedisStorage)
+    assert isinstance(storage.client, redis.cluster.RedisCluster)
+    assert len(storage.client.get_primaries()) == 3
+    assert storage.where == f"cluster via {redis_cluster_nodes[1].url}"
+
+    # submit, one at a time and in a batch, over several queues and priorities
+    singles = {
+        f"one-{i}": executor.submit(
+            "demo.echo", {"one": i}, task_id=f"one-{i}", priority=i % 3
+        ).parameter
+        for i in range(20)
+    }
+    batch_queues = ("default", "alpha", "beta")
+    requests = [
+        TaskSubmitRequest(
+            task_name="demo.echo",
+            task_parameter={"many": i},
+            task_id=f"many-{i}",
+            queue=batch_queues[i % 3],
+            priority=i % 5 - 2,
+        )
+        for i in range(300)
+    ]
+    infos = executor.submit_many(requests)
+    assert [info.task_id for info in infos] == [f"many-{i}" for i in range(300)]
+    assert {info.status for info in infos} == {TaskStatus.CREATED}
+    # Idempotent: a known id returns the stored task, nothing is queued twice.
+    again = executor.submit("demo.echo", {"other": 1}, task_id="many-7", queue="beta")
+    assert (again.parameter, again.queue) == ({"many": 7}, "alpha")
+    # priorities: claimed highest first, FIFO within one priority
+    for i, priority in enumerate([0, 5, -3, 5, 0, 9]):
+        executor.submit("demo.echo", {"p": i}, task_id=f"p-{i}", queue="prio", priority=priority)
+    delayed = executor.submit("demo.echo", "late", task_id="delayed", delay_millis=1500)
+    executor.submit("demo.flaky", {"fail_times": 2}, task_id="flaky", retry_limit=3)
+    executor.submit("demo.always_fails", None, task_id="doomed", retry_limit=1)
+    executor.submit("demo.echo", "never", task_id="cancelled", delay_millis=60_000)
+    executor.submit("demo.echo", "orphaned", task_id="orphan", queue="orphan")
+    total = 20 + 300 + 6 + 5
+    assert executor.cancel_task("cancelled") is True
+    assert executor.cancel_task("cancelled") is False
+
+    counts = executor.count_by_status()
+    assert counts[TaskStatus.CREATED] == total - 1
+    assert counts[TaskStatus.CANCELLED] == 1
+    assert sum(counts.values()) == total
+    assert executor.count_by_status(queue="beta")[TaskStatus.CREATED] == 100
+    assert executor.count_by_status(queue="prio")[TaskStatus.CREATED] == 6
+    assert [t.task_id for t in executor.list_tasks(queue="prio")] == [
+        f"p-{i}"
+        for i in reversed(range(6))  # newest first
+    ]
+    assert [t.task_id for t in executor.list_tasks(status=TaskStatus.CANCELLED)] == ["cancelled"]
+    assert len(executor.list_tasks(queue="alpha", limit=1000)) == 100
+    assert len(executor.list_tasks(status=TaskStatus.CREATED, limit=50, offset=300)) == 30
+
+    # A short lease, abandoned: recover_expired hands unstarted claims back (no attempt) and
+    # counts a failed attempt for a started one.
+    claims = storage.claim("probe", ["prio"], 10, 0.5)
+    assert [c.task_id for c in claims] == ["p-5", "p-1", "p-3", "p-0", "p-4", "p-2"]
+    assert storage.start(claims[0], 0.5) is not None
+    assert storage.recover_expired(100) == []  # not expired yet
+    time.sleep(0.6)
+    recovered = storage.recover_expired(100)
+    assert [(t.task.task_id, t.task.status) for t in recovered] == [("p-5", TaskStatus.PENDING)]
+    assert "worker lost: probe" in executor.get_task("p-5").last_error
+    back = storage.get_many([f"p-{i}" for i in range(5)])
+    assert {(t.status, t.attempts, t.worker_id) for t in back.values()} == {
+        (TaskStatus.CREATED, 0, None)
+    }
+    # Another one abandoned while running: the worker's scheduler must recover this one.
+    [orphan] = storage.claim("ghost", ["orphan"], 10, 1.0)
+    assert storage.start(orphan, 1.0) is not None
+
+    with running(executor, "cluster-worker"):
+        wait_for(lambda: live_count(executor) == 0, 60, "every task to finish")
+        doomed = executor.get_task("doomed")
+        assert (doomed.status, doomed.attempts) == (TaskStatus.FAILED, 2)
+        # manual retry: back to PENDING with a fresh budget, run twice more by the worker
+        assert executor.retry_task("doomed") is True
+        assert executor.retry_task("one-0") is False  # COMPLETED is not retryable by hand
+        wait_for(
+            lambda: executor.get_task("doomed").attempts == 4 and live_count(executor) == 0,
+            30,
+            "the manual retry to run out",
+        )
+
+    counts = executor.count_by_status()
+    assert counts[TaskStatus.COMPLETED] == total - 2
+    assert (counts[TaskStatus.FAILED], counts[TaskStatus.CANCELLED]) == (1, 1)
+    assert sum(counts.values()) == total
+    assert executor.get_task("doomed").status is TaskStatus.FAILED
+    assert "this task always fails" in executor.get_task("doomed").last_error
+
+    everything = storage.get_many(
+        [*singles, *(f"many-{i}" for i in range(300)), *(f"p-{i}" for i in range(6))]
+    )
+    assert len(everything) == 20 + 300 + 6
+    for task_id, info in everything.items():
+        assert info.status is TaskStatus.COMPLETED, task_id
+        assert info.result == info.parameter, task_id
+        assert info.started_at is not None and info.finished_at is not None
+        assert info.finished_at >= info.started_at >= info.created_at
+    assert {everything[f"p-{i}"].attempts for i in range(5)} == {1}
+    assert everything["p-5"].attempts == 2  # the started claim's lost attempt counts
+    late = executor.get_task("delayed")
+    assert late.status is TaskStatus.COMPLETED and late.result == "late"
+    assert (late.started_at - delayed.created_at).total_seconds() >= 1.5
+    flaky = executor.get_task("flaky")
+    assert (flaky.status, flaky.attempts, flaky.result) == (
+        TaskStatus.COMPLETED,
+        3,
+        "succeeded on attempt 3",
+    )
+    orphaned = executor.get_task("orphan")
+    assert (orphaned.status, orphaned.attempts, orphaned.worker_id) == (
+        TaskStatus.COMPLETED,
+        2,
+        "cluster-worker",
+    )
+    assert "worker lost: ghost" in orphaned.last_error
+
+    keys = assert_in_one_slot_on_one_node(redis_cluster_nodes, prefix)
+    p = "{" + prefix + "}:"
+    assert len([key for key in keys if key.startswith(p + "t:")]) == total
+    assert {p + "counts", p + "finished", p + "queues"} <= keys
+
+
+def test_two_key_prefixes_on_different_masters(
+    make_executor, prefixes, redis_cluster_nodes: list[RedisServer]
+):
+    """Two apps sharing a Cluster: prefixes whose slots live on different masters, the same
+    task ids in both, each worker sees only its own prefix's tasks."""
+    by_owner: dict[int, str] = {}
+    for _ in range(100):
+        candidate = f"app-{uuid.uuid4().hex[:10]}"
+        by_owner.setdefault(owner_of(redis_cluster_nodes, candidate).port, candidate)
+        if len(by_owner) == 2:
+            break
+    first, second = by_owner.values()
+    prefixes.extend([first, second])
+    assert slot_of(redis_cluster_nodes[0], first) != slot_of(redis_cluster_nodes[0], second)
+    executors = {first: make_executor(first, node=0), second: make_executor(second, node=2)}
+    for prefix, executor in executors.items():
+        executor.submit_many(
+            [
+                TaskSubmitRequest(
+                    task_name="demo.echo",
+                    task_parameter={"app": prefix, "i": i},
+                    task_id=f"shared-{i}",
+                    queue=QUEUES[i % 2],
+                )
+                for i in range(50)
+            ]
+        )
+        assert executor.count_by_status()[TaskStatus.CREATED] == 50
+
+    with running(executors[first], "first-worker"), running(executors[second], "second-worker"):
+        wait_for(
+            lambda: all(live_count(executor) == 0 for executor in executors.values()),
+            30,
+            "both apps' tasks to finish",
+        )
+
+    owners = {prefix: owner_of(redis_cluster_nodes, prefix) for prefix in executors}
+    assert owners[first] is not owners[second]
+    for prefix, executor in executors.items():
+        assert executor.count_by_status()[TaskStatus.COMPLETED] == 50
+        tasks = executor.storage.get_many([f"shared-{i}" for i in range(50)])
+        assert {t.status for t in tasks.values()} == {TaskStatus.COMPLETED}
+        assert {t.result["app"] for t in tasks.values()} == {prefix}
+        expected_worker = "first-worker" if prefix == first else "second-worker"
+        assert {t.worker_id for t in tasks.values()} == {expected_worker}
+        keys = assert_in_one_slot_on_one_node(redis_cluster_nodes, prefix)
+        assert keys == keys_on(owners[prefix], prefix)
