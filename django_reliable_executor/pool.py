@@ -18,6 +18,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from .connections import tidy_connections
+from .exceptions import StorageUnavailableError
 from .records import Claim
 
 logger = logging.getLogger("django_reliable_executor")
@@ -176,6 +177,10 @@ class BoundedPool:
                     self._changed.notify_all()  # room for a refill
             try:
                 self._run(claim)
+            except StorageUnavailableError as exc:
+                logger.warning(
+                    "task %s: %s; the claim is recovered once its lease expires", claim.task_id, exc
+                )
             except Exception:
                 logger.exception("task %s: unexpected error in the worker", claim.task_id)
             finally:

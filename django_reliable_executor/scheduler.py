@@ -21,17 +21,27 @@ class Scheduler:
         executor: ReliableExecutor,
         retention_seconds: float,
         worker_ttl_seconds: float = 120.0,
+        settle_seconds: float = 0.0,
     ) -> None:
         self.executor = executor
         self.retention_seconds = retention_seconds
         self.worker_ttl_seconds = worker_ttl_seconds
+        self.settle_seconds = settle_seconds
         self._next_purge = 0.0
+        self._recover_from = 0.0
+
+    def settle(self) -> None:
+        """Hold lease recovery back for ``settle_seconds`` from now. Called when this worker
+        becomes master or the storage was unreachable: live workers first get a heartbeat in,
+        so their leases are not taken for expired just because nobody could renew them
+        (which would re-run, or even fail, tasks whose handlers succeeded meanwhile)."""
+        self._recover_from = time.monotonic() + self.settle_seconds
 
     def run_once(self) -> bool:
         """One round of every chore. Returns True when a batch was full (more work waits)."""
         storage = self.executor.storage
         busy = storage.promote_due(BATCH) >= BATCH
-        recovered = storage.recover_expired(BATCH)
+        recovered = storage.recover_expired(BATCH) if time.monotonic() >= self._recover_from else []
         for transition in recovered:
             self.executor.announce(transition)
         expired = storage.expire_overdue(BATCH)

@@ -80,8 +80,13 @@ class Worker:
         )
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
         # A worker silent for several heartbeats (which come every lease/4) is dead.
+        self.heartbeat_interval = max(options.lease_timeout / 4, 0.05)
         self.scheduler = Scheduler(
-            self.executor, options.finished_retention, max(options.lease_timeout * 2, 60.0)
+            self.executor,
+            options.finished_retention,
+            max(options.lease_timeout * 2, 60.0),
+            # Long enough for every live worker's heartbeat to come round once more.
+            settle_seconds=self.heartbeat_interval * 1.5,
         )
         self.stopping = threading.Event()  # quiet: stop claiming, drain
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
@@ -238,8 +243,7 @@ class Worker:
 
     # -- background threads ---------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
-        interval = max(self.options.lease_timeout / 4, 0.05)
-        while not self._threads_done.wait(interval):
+        while not self._threads_done.wait(self.heartbeat_interval):
             self._beat()
         close_old_connections()
 
@@ -265,6 +269,7 @@ class Worker:
             )
         except Exception:
             logger.exception("heartbeat failed")
+            self.scheduler.settle()  # our own leases may look expired once the storage is back
             close_old_connections()
             return
         # The token moves only when the task is claimed again, so a different one means lost.
@@ -283,13 +288,19 @@ class Worker:
 
     def _scheduler_loop(self) -> None:
         tick = min(1.0, self.options.master_lock_ttl / 4)
+        was_master = False
         while not self._threads_done.is_set():
             busy = False
             try:
-                if self.master.hold():
+                is_master = self.master.hold()
+                if is_master and not was_master:
+                    self.scheduler.settle()
+                was_master = is_master
+                if is_master:
                     busy = self.scheduler.run_once()
             except Exception:
                 logger.exception("scheduler round failed")
+                self.scheduler.settle()
                 close_old_connections()
             self._threads_done.wait(0.01 if busy else tick)
         close_old_connections()

@@ -306,3 +306,22 @@ def test_submit_in_atomic_with_redis_down(aof_server: RedisServer, executor: Rel
     assert executor.get_task("tx-1") is None
     assert executor.get_task("tx-2") is None
     assert sum(executor.count_by_status().values()) == 0
+
+
+def test_a_handler_that_succeeded_during_the_outage_is_not_failed_by_its_own_master(
+    aof_server: RedisServer, executor: ReliableExecutor
+):
+    """The handler returns while Redis is down, for longer than LEASE_TIMEOUT. When Redis is
+    back, the master (this same worker) must let the heartbeat renew the lease before it
+    recovers expired ones: otherwise it records "worker lost" for a task that succeeded —
+    FAILED, with no retry left."""
+    executor.submit("demo.record", {"sleep": 1.0}, task_id="pay", retry_limit=0)
+    with running(executor, "w"):
+        wait_for(lambda: task(executor, "pay").status is TaskStatus.RUNNING, 10, "the start")
+        aof_server.stop(hard=True)
+        time.sleep(LEASE + 1)  # the handler returns meanwhile; its lease looks expired
+        aof_server.start()
+        wait_for(lambda: task(executor, "pay").status in TERMINAL_STATUSES, 20, "the outcome")
+    done = task(executor, "pay")
+    assert (done.status, done.attempts, done.last_error) == (TaskStatus.COMPLETED, 1, None)
+    assert executions() == {"pay": 1}
