@@ -1,7 +1,9 @@
-"""Start, watch and stop ``manage.py runexecutor`` subprocesses for the process tests."""
+"""Start, watch and stop ``manage.py runexecutor`` subprocesses for the process tests, on a
+database alias or on Redis."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,7 +19,10 @@ from django.db import connections
 from django.db.models import QuerySet
 
 from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
+
+from .conftest import REDIS_URL, redis_client
 
 T = TypeVar("T")
 
@@ -33,6 +38,9 @@ _OVERRIDDEN = (
     "RE_MASTER_LOCK_TTL",
     "RE_POLL_INTERVAL",
     "RE_LOG_LEVEL",
+    "RE_STORAGE",
+    "RE_REDIS_URL",
+    "RE_KEY_PREFIX",
 )
 # Where testproject/settings.py reads each alias's database name from.
 _NAME_VARIABLES = {
@@ -40,6 +48,42 @@ _NAME_VARIABLES = {
     "mariadb": "RE_MARIADB_NAME",
     "postgres": "RE_POSTGRES_NAME",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """Where one test and its subprocesses store tasks: a database alias, or Redis under the
+    test's own key prefix. The demo app's tables (Execution rows) are in ``db_alias``."""
+
+    name: str  # "default" (SQLite), "mariadb", "postgres" or "redis": the alias parameter
+    key_prefix: str  # the key_prefix fixture's; only Redis uses it
+
+    @property
+    def db_alias(self) -> str:
+        """The test database of the demo app's tables: beside Redis, the SQLite default one."""
+        return "default" if self.name == "redis" else self.name
+
+    def storage(self) -> TaskStorage:
+        """A storage over the same tasks the subprocesses see (real clock)."""
+        if self.name == "redis":
+            from django_reliable_executor.storage.redis import RedisStorage
+
+            return RedisStorage(redis_client(), self.key_prefix)
+        return DatabaseStorage(alias=self.name)
+
+    def environment(self) -> dict[str, str]:
+        """The RE_* variables that point a subprocess's settings at this backend, and at
+        exactly the test database this test uses (whatever suffix pytest-django or the
+        settings added), not the name the subprocess's settings would derive."""
+        database = str(connections[self.db_alias].settings_dict["NAME"])
+        env = {
+            "RE_DATABASE": self.db_alias,
+            _NAME_VARIABLES[self.db_alias]: database,
+            "RE_DB_SUFFIX": "",
+        }
+        if self.name == "redis":
+            env.update(RE_STORAGE="redis", RE_REDIS_URL=REDIS_URL, RE_KEY_PREFIX=self.key_prefix)
+        return env
 
 
 def wait_until(
@@ -146,7 +190,7 @@ class Workers:
 
     def start(
         self,
-        alias: str,
+        backend: Backend,
         *args: str,
         worker_id: str | None = None,
         lease_timeout: float | None = None,
@@ -155,20 +199,16 @@ class Workers:
         log_level: str = "INFO",
         wait_ready: bool = True,
     ) -> WorkerProcess:
-        """Start ``manage.py runexecutor *args`` on the test database behind ``alias``."""
+        """Start ``manage.py runexecutor *args`` on ``backend``."""
         worker_id = worker_id or f"w{len(self.started) + 1}-{uuid.uuid4().hex[:6]}"
         env = {k: v for k, v in os.environ.items() if k not in _OVERRIDDEN}
         env.update(
             DJANGO_SETTINGS_MODULE="testproject.settings",
             PYTHONUNBUFFERED="1",
             RE_DEBUG="0",  # as in production: DEBUG would keep every query in memory
-            RE_DATABASE=alias,
             RE_LOG_LEVEL=log_level,
         )
-        # Exactly the name of the test database this test uses (whatever suffix pytest-django
-        # or the settings added), not the name the subprocess's settings would derive.
-        env[_NAME_VARIABLES[alias]] = str(connections[alias].settings_dict["NAME"])
-        env["RE_DB_SUFFIX"] = ""
+        env.update(backend.environment())
         for variable, value in (
             ("RE_LEASE_TIMEOUT", lease_timeout),
             ("RE_MASTER_LOCK_TTL", master_lock_ttl),
@@ -197,12 +237,12 @@ class Workers:
             process.popen.wait()
 
 
-def service_for(alias: str) -> ReliableExecutor:
-    """A service over the same database alias the subprocesses store tasks in (real clock)."""
-    return ReliableExecutor(DatabaseStorage(alias=alias))
+def service_for(backend: Backend) -> ReliableExecutor:
+    """A service over the same storage the subprocesses store tasks in (real clock)."""
+    return ReliableExecutor(backend.storage())
 
 
-def executions(alias: str, task_id: str | None = None) -> QuerySet[Execution]:
+def executions(backend: Backend, task_id: str | None = None) -> QuerySet[Execution]:
     """Rows demo.record wrote, one per handler execution, oldest first."""
-    rows = Execution.objects.using(alias).order_by("pk")
+    rows = Execution.objects.using(backend.db_alias).order_by("pk")
     return rows.filter(task_id=task_id) if task_id is not None else rows

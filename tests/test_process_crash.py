@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
-from .conftest import db_params, require
-from .processes import executions, service_for, wait_until
+from .conftest import BACKENDS, db_params, require
+from .processes import Backend, executions, service_for, wait_until
 
 LEASE = 2.0  # seconds; heartbeats every LEASE / 4
 MASTER_TTL = 2.0
@@ -29,18 +29,18 @@ def _status(service, task_id: str, status: TaskStatus):
     return check
 
 
-def _start_together(workers, alias, count, *args):
+def _start_together(workers, backend, count, *args):
     """Start ``count`` workers at once (they load Django in parallel), then wait for all."""
-    started = [workers.start(alias, *args, wait_ready=False, **FAST) for _ in range(count)]
+    started = [workers.start(backend, *args, wait_ready=False, **FAST) for _ in range(count)]
     for process in started:
         process.wait_ready()
     return started
 
 
-def _runner_of(workers, alias, task_id, attempt):
+def _runner_of(workers, backend, task_id, attempt):
     """Wait until ``attempt`` of the task started, and return the worker process running it."""
     row = wait_until(
-        lambda: executions(alias, task_id).filter(attempt=attempt).first(),
+        lambda: executions(backend, task_id).filter(attempt=attempt).first(),
         20,
         f"attempt {attempt} of {task_id} never started",
         logs=workers.logs,
@@ -50,13 +50,16 @@ def _runner_of(workers, alias, task_id, attempt):
     return process
 
 
-@pytest.mark.parametrize("alias", db_params())
-def test_task_of_a_killed_worker_is_completed_by_another_after_its_lease(alias, workers):
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_task_of_a_killed_worker_is_completed_by_another_after_its_lease(
+    alias, key_prefix, workers
+):
     require(alias)
-    service = service_for(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
     # One pool thread each: whoever claims first holds "crash" (highest priority) running
     # and up to 10 more claims waiting in its pool when it dies.
-    pair = _start_together(workers, alias, 2, *SMALL_POOL)
+    pair = _start_together(workers, backend, 2, *SMALL_POOL)
     others = [f"other-{i:02d}" for i in range(15)]
     service.submit_many(
         [
@@ -70,7 +73,7 @@ def test_task_of_a_killed_worker_is_completed_by_another_after_its_lease(alias, 
             *(TaskSubmitRequest("demo.record", task_id=i) for i in others),
         ]
     )
-    crashed = _runner_of(workers, alias, "crash", 1)
+    crashed = _runner_of(workers, backend, "crash", 1)
     stranded = [i for i in others if service.get_task(i).worker_id == crashed.worker_id]
     crashed.kill()
     killed_at = timezone.now()
@@ -85,7 +88,7 @@ def test_task_of_a_killed_worker_is_completed_by_another_after_its_lease(alias, 
     )
     assert done.attempts == 2  # the crashed attempt counted once, plus the one that succeeded
     assert done.worker_id == survivor.worker_id
-    rows = list(executions(alias, "crash"))
+    rows = list(executions(backend, "crash"))
     assert [(r.attempt, r.pid, r.finished) for r in rows] == [
         (1, crashed.pid, False),
         (2, survivor.pid, True),
@@ -104,29 +107,30 @@ def test_task_of_a_killed_worker_is_completed_by_another_after_its_lease(alias, 
     )
     for task_id in others:
         assert service.get_task(task_id).attempts == 1
-        assert [r.pid for r in executions(alias, task_id)] == [survivor.pid], task_id
+        assert [r.pid for r in executions(backend, task_id)] == [survivor.pid], task_id
     survivor.terminate()
     assert survivor.wait(15) == 0, survivor.log()
 
 
-@pytest.mark.parametrize("alias", db_params(["postgres"]))
-def test_task_that_kills_its_worker_every_time_ends_failed(alias, workers):
+@pytest.mark.parametrize("alias", db_params(["postgres", "redis"]))
+def test_task_that_kills_its_worker_every_time_ends_failed(alias, key_prefix, workers):
     require(alias)
-    service = service_for(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
     # Runs no task of its own (other queue) but, as master, recovers the expired leases.
-    watchdog = workers.start(alias, "--queues", "watchdog", **FAST)
+    watchdog = workers.start(backend, "--queues", "watchdog", **FAST)
     wait_until(
         lambda: service.storage.lock_owner("master") == watchdog.worker_id,
         10,
         "the watchdog did not become master",
         logs=workers.logs,
     )
-    on_queue = _start_together(workers, alias, 3)
+    on_queue = _start_together(workers, backend, 3)
     service.submit(
         "demo.record", {"sleep": 60}, task_id="doomed", retry_limit=1, retry_interval=100
     )
     for attempt in (1, 2):
-        _runner_of(workers, alias, "doomed", attempt).kill()
+        _runner_of(workers, backend, "doomed", attempt).kill()
 
     failed = wait_until(
         _status(service, "doomed", TaskStatus.FAILED),
@@ -140,18 +144,19 @@ def test_task_that_kills_its_worker_every_time_ends_failed(alias, workers):
     (bystander,) = [p for p in on_queue if p.alive()]
     time.sleep(1.0)
     assert service.get_task("doomed").status is TaskStatus.FAILED
-    assert [r.attempt for r in executions(alias, "doomed")] == [1, 2]
+    assert [r.attempt for r in executions(backend, "doomed")] == [1, 2]
     for process in (bystander, watchdog):
         process.terminate()
     assert [bystander.wait(15), watchdog.wait(15)] == [0, 0], workers.logs()
 
 
-@pytest.mark.parametrize("alias", db_params())
-def test_master_failover_after_kill(alias, workers):
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_master_failover_after_kill(alias, key_prefix, workers):
     require(alias)
-    service = service_for(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
     storage = service.storage
-    first = workers.start(alias, **FAST)
+    first = workers.start(backend, **FAST)
     wait_until(
         lambda: storage.lock_owner("master") == first.worker_id,
         10,
@@ -163,9 +168,9 @@ def test_master_failover_after_kill(alias, workers):
         "demo.record", {"sleep": 30, "sleep_attempts": 1}, task_id="on-master", retry_interval=100
     )
     wait_until(
-        lambda: executions(alias, "on-master").exists(), 20, "never started", logs=workers.logs
+        lambda: executions(backend, "on-master").exists(), 20, "never started", logs=workers.logs
     )
-    second = workers.start(alias, **FAST)
+    second = workers.start(backend, **FAST)
     assert storage.lock_owner("master") == first.worker_id, "the lock changed hands while held"
 
     first.kill()
@@ -189,7 +194,7 @@ def test_master_failover_after_kill(alias, workers):
         logs=workers.logs,
     )
     assert recovered.attempts == 2
-    assert [(r.attempt, r.pid) for r in executions(alias, "on-master")] == [
+    assert [(r.attempt, r.pid) for r in executions(backend, "on-master")] == [
         (1, first.pid),
         (2, second.pid),
     ]

@@ -10,24 +10,27 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
-from .conftest import db_params, require
-from .processes import executions, service_for, wait_until
+from .conftest import BACKENDS, db_params, require
+from .processes import Backend, executions, service_for, wait_until
 
 SMALL_POOL = ("--core-pool-size", "1", "--max-pool-size", "1", "--queue-capacity", "10")
 
 
-@pytest.mark.parametrize("alias", db_params())
-def test_sigterm_lets_the_running_handler_finish_and_hands_back_unstarted_claims(alias, workers):
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_sigterm_lets_the_running_handler_finish_and_hands_back_unstarted_claims(
+    alias, key_prefix, workers
+):
     require(alias)
-    service = service_for(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
     # Highest priority, so the single pool thread starts it first; the rest wait in the pool.
     service.submit("demo.record", {"sleep": 3.5}, task_id="running", priority=10)
     queued_ids = [f"queued-{i:02d}" for i in range(30)]
     service.submit_many([TaskSubmitRequest("demo.record", task_id=i) for i in queued_ids])
-    worker = workers.start(alias, *SMALL_POOL)
+    worker = workers.start(backend, *SMALL_POOL)
 
     wait_until(
-        lambda: executions(alias, "running").exists(),
+        lambda: executions(backend, "running").exists(),
         20,
         "the slow handler never started",
         logs=workers.logs,
@@ -53,22 +56,23 @@ def test_sigterm_lets_the_running_handler_finish_and_hands_back_unstarted_claims
     running = service.get_task("running")
     assert running.status is TaskStatus.COMPLETED, running.last_error
     assert running.attempts == 1
-    assert [(r.attempt, r.finished) for r in executions(alias, "running")] == [(1, True)]
+    assert [(r.attempt, r.finished) for r in executions(backend, "running")] == [(1, True)]
     for task_id in queued_ids:
         task = service.get_task(task_id)
         assert (task.status, task.attempts, task.worker_id) == (TaskStatus.CREATED, 0, None), task
-    assert not executions(alias).filter(task_id__in=queued_ids).exists()
+    assert not executions(backend).filter(task_id__in=queued_ids).exists()
     assert service.storage.lock_owner("master") is None, "the master lock was not released"
 
 
 @pytest.mark.parametrize("alias", db_params(["default"]))  # signal handling, not storage
-def test_second_sigterm_stops_without_waiting_for_the_handler(alias, workers):
+def test_second_sigterm_stops_without_waiting_for_the_handler(alias, key_prefix, workers):
     require(alias)
-    service = service_for(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
     service.submit("demo.record", {"sleep": 60}, task_id="long")
-    worker = workers.start(alias)
+    worker = workers.start(backend)
     wait_until(
-        lambda: executions(alias, "long").exists(), 20, "handler never started", logs=workers.logs
+        lambda: executions(backend, "long").exists(), 20, "handler never started", logs=workers.logs
     )
 
     worker.terminate()
@@ -82,17 +86,18 @@ def test_second_sigterm_stops_without_waiting_for_the_handler(alias, workers):
     # The abandoned attempt is left to lease recovery: still RUNNING, never recorded as done.
     task = service.get_task("long")
     assert (task.status, task.attempts) == (TaskStatus.RUNNING, 1)
-    assert [r.finished for r in executions(alias, "long")] == [False]
+    assert [r.finished for r in executions(backend, "long")] == [False]
 
 
 @pytest.mark.parametrize("alias", db_params(["default"]))  # signal handling, not storage
-def test_sigint_waits_only_up_to_the_shutdown_timeout(alias, workers):
+def test_sigint_waits_only_up_to_the_shutdown_timeout(alias, key_prefix, workers):
     require(alias)
-    service = service_for(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
     service.submit("demo.record", {"sleep": 60}, task_id="long")
-    worker = workers.start(alias, "--shutdown-timeout", "1.5")
+    worker = workers.start(backend, "--shutdown-timeout", "1.5")
     wait_until(
-        lambda: executions(alias, "long").exists(), 20, "handler never started", logs=workers.logs
+        lambda: executions(backend, "long").exists(), 20, "handler never started", logs=workers.logs
     )
     worker.popen.send_signal(signal.SIGINT)  # Ctrl-C: the same graceful stop as SIGTERM
     stopped_at = time.monotonic()
@@ -102,17 +107,18 @@ def test_sigint_waits_only_up_to_the_shutdown_timeout(alias, workers):
     assert service.storage.lock_owner("master") is None
 
 
-@pytest.mark.parametrize("alias", db_params())
-def test_burst_runs_what_is_due_within_a_minute_then_exits(alias, workers):
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_burst_runs_what_is_due_within_a_minute_then_exits(alias, key_prefix, workers):
     require(alias)
-    service = service_for(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
     now_ids = [f"now-{i:02d}" for i in range(20)]
     service.submit_many([TaskSubmitRequest("demo.record", task_id=i) for i in now_ids])
     soon = service.submit("demo.record", task_id="soon", delay_millis=2500)
     service.submit("demo.record", task_id="later", delay_millis=120_000)
 
     started_at = time.monotonic()
-    worker = workers.start(alias, "--burst", wait_ready=False)
+    worker = workers.start(backend, "--burst", wait_ready=False)
     assert worker.wait(40) == 0, worker.log()
     # It waited for "soon" (due within 60 s) instead of leaving it behind.
     assert time.monotonic() - started_at >= 2.0
@@ -120,9 +126,9 @@ def test_burst_runs_what_is_due_within_a_minute_then_exits(alias, workers):
     for task_id in [*now_ids, "soon"]:
         task = service.get_task(task_id)
         assert (task.status, task.attempts) == (TaskStatus.COMPLETED, 1), task
-        assert executions(alias, task_id).count() == 1
-    ran = executions(alias, "soon").get()
+        assert executions(backend, task_id).count() == 1
+    ran = executions(backend, "soon").get()
     assert ran.started_at >= soon.run_at - dt.timedelta(milliseconds=50)
     later = service.get_task("later")
     assert (later.status, later.attempts, later.worker_id) == (TaskStatus.CREATED, 0, None)
-    assert not executions(alias, "later").exists()
+    assert not executions(backend, "later").exists()

@@ -12,6 +12,11 @@ The default database is SQLite (no server needed). The test suite also uses the 
 ``RE_TEST_DB_NAMES=1`` points every alias at its test database (runexecutor subprocesses started by
 the tests must see the tables pytest created).
 
+``RE_STORAGE`` (database|redis; default database) picks the task storage. With ``redis`` the tasks
+live in Redis at ``RE_REDIS_URL`` (default redis://127.0.0.1:6379/0) under ``RE_KEY_PREFIX``
+(default reliable_executor), and ``RE_DATABASE`` only names the database of the demo app's tables.
+Each of the three sets its RELIABLE_EXECUTOR key only when given, so the app's defaults apply.
+
 Under pytest every run gets databases of its own: ``RE_DB_SUFFIX`` (default: the pytest process
 id) is appended to every database name and exported, so subprocesses inherit it and parallel runs
 (two tox environments, two developers) never share or drop each other's test databases.
@@ -128,6 +133,10 @@ for _alias, _config in SERVER_DATABASES.items():
 RELIABLE_EXECUTOR: dict = {
     "DATABASE_ALIAS": env("RE_DATABASE", "default"),
 }
+for _key in ("STORAGE", "REDIS_URL", "KEY_PREFIX"):
+    _text = env(f"RE_{_key}")
+    if _text:
+        RELIABLE_EXECUTOR[_key] = _text
 for _key in ("LEASE_TIMEOUT", "MASTER_LOCK_TTL", "POLL_INTERVAL"):
     _value = env(f"RE_{_key}")
     if _value:
