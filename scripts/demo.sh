@@ -4,6 +4,7 @@
 # a mix of tasks, runs `manage.py runexecutor` until they settle and prints their final statuses.
 #
 #   bash scripts/demo.sh              # any extra arguments go to `manage.py demo` (e.g. --timeout 90)
+#   RE_STORAGE=redis bash scripts/demo.sh   # the same demo with the tasks in the local Redis
 #
 # Environment: PYTHON picks the interpreter for a new virtualenv (default: the first of python3,
 # python3.13 .. python3.10 that is 3.10 or newer); VENV its directory (default .venv).
@@ -38,12 +39,18 @@ fi
 PY="$VENV/bin/python"
 
 # Install (editable) when the package is missing or pyproject.toml changed since the last install.
+# RE_STORAGE=redis runs the same demo on the Redis at RE_REDIS_URL (default 127.0.0.1:6379):
+# it needs the redis extra.
+target="."
+if [ "${RE_STORAGE:-database}" = "redis" ]; then
+    target=".[redis]"
+fi
 stamp="$VENV/.reliable-executor-demo"
-wanted=$(cksum pyproject.toml | cut -d' ' -f1)
+wanted="$(cksum pyproject.toml | cut -d' ' -f1) $target"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ] ||
     ! "$PY" -c 'import django, django_reliable_executor' >/dev/null 2>&1; then
-    echo "Installing django-reliable-executor into $VENV (pip install -e .) ..."
-    "$PY" -m pip install --quiet --disable-pip-version-check -e .
+    echo "Installing django-reliable-executor into $VENV (pip install -e '$target') ..."
+    "$PY" -m pip install --quiet --disable-pip-version-check -e "$target"
     echo "$wanted" >"$stamp"
 fi
 

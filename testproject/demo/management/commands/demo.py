@@ -533,8 +533,22 @@ class Command(BaseCommand):
         return surprises
 
     def _closing(self, log_path: Path) -> None:
-        self._heading("Next: browse the tasks in the Django admin")
         venv = _venv_hint()
+        if get_settings().STORAGE == "redis":
+            # The admin pages read the database storage's table, which Redis leaves empty.
+            self._heading("Next: look the tasks up from a shell")
+            if venv:
+                self._say(f"   source {venv}/bin/activate")
+            self._say("   RE_STORAGE=redis python testproject/manage.py shell -c \\")
+            self._say(
+                '     "from django_reliable_executor import executor; '
+                'print(executor.count_by_status())"'
+            )
+            self._say("")
+            self._say(f"   The worker's log: {log_path}")
+            self._say("   Run the demo again with: RE_STORAGE=redis bash scripts/demo.sh")
+            return
+        self._heading("Next: browse the tasks in the Django admin")
         if venv:
             self._say(f"   source {venv}/bin/activate")
         self._say("   python testproject/manage.py createsuperuser")
