@@ -6,6 +6,7 @@ import logging
 import random
 import time
 
+from . import metrics
 from .storage.base import TaskStorage
 
 logger = logging.getLogger("django_reliable_executor")
@@ -37,6 +38,7 @@ class MasterLock:
         except Exception:
             logger.exception("master lock: storage error, giving up mastership")
             acquired = False
+        metrics.set_master(acquired)
         if acquired != self.is_master:
             logger.info("worker %s %s the master lock", self.owner, "took" if acquired else "lost")
         self.is_master = acquired
@@ -48,6 +50,7 @@ class MasterLock:
         if not self.is_master:
             return
         self.is_master = False
+        metrics.set_master(False)
         try:
             self.storage.release_lock(MASTER_LOCK_NAME, self.owner)
         except Exception:

@@ -44,6 +44,10 @@ class ReliableTask(models.Model):
     class Meta:
         db_table = "reliable_executor_task"
         verbose_name = "reliable task"
+        # Viewing uses Django's view permission; retrying and cancelling from the admin (or
+        # anywhere a project checks it) needs this one. add/change/delete are never granted
+        # by the admin, whatever a user holds: rows change only through the service.
+        permissions = [("operate_reliabletask", "Can retry and cancel reliable tasks")]
         indexes = [
             # Claim: equality on available+queue, then the exact pickup order.
             models.Index(

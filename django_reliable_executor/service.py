@@ -8,13 +8,13 @@ import logging
 import threading
 import unicodedata
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
 from django.dispatch import Signal
 
-from . import signals
+from . import metrics, signals
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
 from .exceptions import (
@@ -25,11 +25,11 @@ from .exceptions import (
     TaskSubmitError,
     UnknownTaskError,
 )
-from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, new_info
+from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
 from .registry import TaskHandler, get_handler
 from .retries import BACKOFF_CHOICES
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
-from .states import FAILURE_STATUSES, TaskStatus
+from .states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .storage import TaskStorage, build_storage
 
 logger = logging.getLogger("django_reliable_executor")
@@ -161,6 +161,7 @@ class ReliableExecutor:
         return [infos[task.task_id] for task in new_tasks]
 
     def _announce_submitted(self, created: list[TaskInfo]) -> None:
+        metrics.observe_submitted(created)
         for info in created:
             logger.debug(
                 "task %s (%s) submitted to queue %s", info.task_id, info.task_name, info.queue
@@ -392,9 +393,55 @@ class ReliableExecutor:
         """How many tasks are in each status (every status present, zero included)."""
         return self.storage.count(queue)
 
+    def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]:
+        """Counts by status for every queue that holds tasks (every status present)."""
+        return self.storage.count_by_queue()
+
+    def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None:
+        """When the longest-waiting task that is due and not claimed became due, or None:
+        its age is how far the workers are behind."""
+        return self.storage.oldest_due(queue)
+
+    def master(self) -> str | None:
+        """The worker id holding the master lock now, or None."""
+        from .leadership import MASTER_LOCK_NAME
+
+        return self.storage.lock_owner(MASTER_LOCK_NAME)
+
+    def workers(self) -> list[WorkerInfo]:
+        """The workers alive by their heartbeats (forgotten once silent for 2 x LEASE_TIMEOUT)."""
+        return self.storage.workers()
+
+    def purge_finished(
+        self,
+        finished_before: dt.datetime,
+        *,
+        statuses: Iterable[TaskStatus | str] | None = None,
+        batch: int = 500,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete terminal tasks (of ``statuses``, default every terminal one) that finished
+        before ``finished_before``, ``batch`` at a time; ``progress(deleted_so_far)`` after each
+        batch. Returns how many were deleted."""
+        chosen = frozenset(TaskStatus(s) for s in statuses) if statuses is not None else None
+        if chosen is not None and not chosen <= TERMINAL_STATUSES:
+            live = ", ".join(sorted(s.value for s in chosen - TERMINAL_STATUSES))
+            raise ValueError(f"only finished tasks can be purged, not {live}")
+        if not _is_int(batch) or batch < 1:
+            raise ValueError("batch must be an integer >= 1")
+        deleted = 0
+        while True:
+            done = self.storage.purge_finished(finished_before, batch, chosen)
+            deleted += done
+            if progress is not None:
+                progress(deleted)
+            if done < batch:
+                return deleted
+
     # -- announcing -----------------------------------------------------------------------
     def announce(self, transition: Transition, attempt: int | None = None) -> None:
-        """Send the signal and write the log line for a transition that happened."""
+        """Send the signal, write the log line and count the metrics of a transition."""
+        metrics.observe_transition(transition)
         task = transition.task
         status = task.status
         if status is TaskStatus.COMPLETED:
@@ -443,6 +490,7 @@ class ReliableExecutor:
             self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
 
     def announce_started(self, task: TaskInfo) -> None:
+        metrics.observe_started(task)
         logger.debug(
             "task %s (%s): attempt %s started", task.task_id, task.task_name, task.attempts
         )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from django.db import close_old_connections
 
+from . import metrics
 from .execution import TaskRunner
 from .leadership import MasterLock
 from .pool import BoundedPool
@@ -78,6 +79,7 @@ class Worker:
             max_size=options.max_pool_size,
             queue_capacity=options.queue_capacity,
         )
+        metrics.track_pool(lambda: self.pool.queued)
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
         # A worker silent for several heartbeats (which come every lease/4) is dead.
         self.heartbeat_interval = max(options.lease_timeout / 4, 0.05)

@@ -97,7 +97,7 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
                 scores[key][task_id] = score
         elif family == "prio" and kind == "zset":
             prio_sets[rest] = dict(value)
-        elif key in ("leases", "finished") and kind == "zset":
+        elif (key in ("leases", "finished") or family == "done") and kind == "zset":
             for task_id, score in value:
                 places[task_id].append(key)
                 scores[key][task_id] = score
@@ -134,13 +134,13 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
     for task_id, values in tasks.items():
         status, queue, priority = values.get("s"), values.get("q"), values.get("p")
         counted[f"{status}:{queue}"] += 1
-        where = places.pop(task_id, [])
+        where = sorted(places.pop(task_id, []))
         if status in WAITING:
             allowed = [[f"ready:{queue}:{priority}"], [f"sched:{queue}"], ["leases"]]
         elif status == "RUNNING":
             allowed = [["leases"]]
         elif status in TERMINAL:
-            allowed = [["finished"]]
+            allowed = [sorted(["finished", f"done:{status}"])]
         else:
             allowed = []
         if where not in allowed:
@@ -151,6 +151,7 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             problems.append(f"{task_id} is RUNNING without a start time")
         score_matches(f"sched:{queue}", task_id, values, "r")
         score_matches("finished", task_id, values, "f")
+        score_matches(f"done:{status}", task_id, values, "c")
         has_deadline = status not in TERMINAL and "d" in values
         if has_deadline != (task_id in scores["deadlines"]):
             problems.append(f"{task_id} ({status}, d={values.get('d')}) vs the deadlines index")

@@ -105,8 +105,14 @@ class TaskStorage(abc.ABC):
         """Non-terminal tasks past their max-duration deadline -> TIMEOUT."""
 
     @abc.abstractmethod
-    def purge_finished(self, finished_before: dt.datetime, limit: int) -> int:
-        """Delete up to ``limit`` terminal tasks finished before the given time."""
+    def purge_finished(
+        self,
+        finished_before: dt.datetime,
+        limit: int,
+        statuses: frozenset[TaskStatus] | None = None,
+    ) -> int:
+        """Delete up to ``limit`` terminal tasks (of ``statuses``, default any terminal one)
+        finished before the given time."""
 
     # -- reading --------------------------------------------------------------------------
     @abc.abstractmethod
@@ -135,6 +141,14 @@ class TaskStorage(abc.ABC):
 
     @abc.abstractmethod
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]: ...
+
+    @abc.abstractmethod
+    def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]:
+        """Counts by status for every queue that holds tasks (every status present)."""
+
+    @abc.abstractmethod
+    def oldest_due(self, queue: str | None = None) -> dt.datetime | None:
+        """The run_at of the earliest task that is due now and not claimed, or None."""
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block up to ``timeout`` seconds until work may have arrived (only where

@@ -92,13 +92,19 @@ class Chores(DatabaseAccess):
                 transitions.append(Transition(task=to_info(row), previous=previous))
         return transitions
 
-    def purge_finished(self, finished_before: dt.datetime, limit: int) -> int:
+    def purge_finished(
+        self,
+        finished_before: dt.datetime,
+        limit: int,
+        statuses: frozenset[TaskStatus] | None = None,
+    ) -> int:
+        chosen = TERMINAL if statuses is None else [s.value for s in statuses if s.is_terminal]
         ids = list(
             self._tasks()
-            .filter(finished_at__lt=finished_before, status__in=TERMINAL)
+            .filter(finished_at__lt=finished_before, status__in=chosen)
             .values_list("pk", flat=True)[:limit]
         )
         deleted = 0
         for chunk in chunks(ids):
-            deleted += self._tasks().filter(pk__in=chunk, status__in=TERMINAL).delete()[0]
+            deleted += self._tasks().filter(pk__in=chunk, status__in=chosen).delete()[0]
         return deleted

@@ -58,6 +58,21 @@ class Reading(DatabaseAccess):
             counts[TaskStatus(row["status"])] = row["n"]
         return counts
 
+    def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]:
+        counts: dict[str, dict[TaskStatus, int]] = {}
+        rows = self._tasks().order_by().values("queue", "status").annotate(n=Count("pk"))
+        for row in rows:
+            queue_counts = counts.setdefault(row["queue"], {status: 0 for status in TaskStatus})
+            queue_counts[TaskStatus(row["status"])] = row["n"]
+        return dict(sorted(counts.items()))
+
+    def oldest_due(self, queue: str | None = None) -> dt.datetime | None:
+        qs = self._tasks().filter(available=True, run_at__lte=self.clock.now())
+        if queue is not None:
+            qs = qs.filter(queue=queue)
+        first = qs.order_by("run_at").values_list("run_at", flat=True).first()
+        return first
+
     def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
         horizon = self.clock.now() + dt.timedelta(seconds=horizon_seconds)
         qs = self._tasks().filter(queue__in=list(queues))

@@ -94,13 +94,15 @@ local function hand_back(id, key, queue, priority)
   wake(queue)
 end
 
--- A terminal status: out of the lease and deadline indexes, into the finished index.
+-- A terminal status: out of the lease and deadline indexes, into the finished index (by
+-- finish time, for purging) and its status's done index (by creation time, for listing).
 local function finish(id, key, queue, from, status)
   redis.call('HSET', key, 's', status, 'f', NOW)
   redis.call('HDEL', key, 'd')
   redis.call('ZREM', LEASES, id)
   redis.call('ZREM', DEADLINES, id)
   redis.call('ZADD', FINISHED, NOW, id)
+  redis.call('ZADD', P .. 'done:' .. status, redis.call('HGET', key, 'c'), id)
   recount(queue, from, status)
 end
 

@@ -1,13 +1,18 @@
--- purge: delete up to `limit` terminal tasks finished before the cutoff.
--- ARGV[3] cutoff, ARGV[4] limit. Returns how many were deleted.
-local old = redis.call('ZRANGEBYSCORE', FINISHED, '-inf', '(' .. ARGV[3], 'LIMIT', 0, ARGV[4])
+-- purge: delete these terminal tasks if they finished before the cutoff (the caller picked
+-- them from the finished index; each is checked again here).
+-- ARGV[3] cutoff, ARGV[4..] task ids. Returns how many were deleted.
+local cutoff = tonumber(ARGV[3])
 local deleted = 0
-for _, id in ipairs(old) do
+for i = 4, #ARGV do
+  local id = ARGV[i]
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'q')
-  redis.call('ZREM', FINISHED, id)
-  if task[1] and not live(task[1]) then
+  local task = redis.call('HMGET', key, 's', 'q', 'f')
+  if not task[1] or live(task[1]) then
+    redis.call('ZREM', FINISHED, id) -- a stray entry: no such task, or not finished
+  elseif not live(task[1]) and task[3] and tonumber(task[3]) < cutoff then
     redis.call('DEL', key)
+    redis.call('ZREM', FINISHED, id)
+    redis.call('ZREM', P .. 'done:' .. task[1], id)
     recount(task[2], task[1], nil)
     deleted = deleted + 1
   end

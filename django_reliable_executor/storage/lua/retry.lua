@@ -16,6 +16,7 @@ else
   redis.call('HDEL', key, 'd')
 end
 redis.call('ZREM', FINISHED, id)
+redis.call('ZREM', P .. 'done:' .. expected, id)
 recount(task[2], expected, 'PENDING')
 to_waiting(id, task[2], task[3], NOW)
 return redis.call('HGETALL', key)

@@ -19,7 +19,8 @@ epoch, written as decimal strings.
                            backoff), scored by run at. Claims and submits promote due ones.
 ``P leases``               ZSET of claimed and running tasks, scored by lease expiry.
 ``P deadlines``            ZSET of unfinished tasks with a max duration, scored by deadline.
-``P finished``             ZSET of terminal tasks, scored by finish time (listing, purge).
+``P finished``             ZSET of terminal tasks, scored by finish time (purge).
+``P done:<STATUS>``        ZSET per terminal status, scored by creation time (listing).
 ``P counts``               HASH "<STATUS>:<queue>" -> number of tasks, kept exact by every script.
 ``P queues``               SET of every queue name submitted to.
 ``P wake:<queue>``         LIST holding at most one token: idle workers block on it (BLPOP).
@@ -27,9 +28,10 @@ epoch, written as decimal strings.
 ``P workers``, ``P workers:seen``  HASH worker id -> JSON, ZSET worker id -> last heartbeat.
 
 A waiting task is in exactly one of a ready list, its queue's schedule or (claimed) the leases;
-a running task is in the leases; a terminal one in the finished index. Each script in
-storage/lua/ is a compare-and-set on the status (and the claim's token) it expects, so a lost
-race changes nothing. Nothing read back is ever unpickled: parameters and results are JSON.
+a running task is in the leases; a terminal one in the finished index and its done index.
+Each script in storage/lua/ is a compare-and-set on the status (and the claim's token) it
+expects, so a lost race changes nothing. Nothing read back is ever unpickled: parameters and
+results are JSON.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .access import guarded
 from .chores import Chores
 from .codec import claimed, fields, micros, nonce, submit_args, text, to_info
 from .leases import Leases
+from .listing import Listing
 from .reading import Reading
 
 # A claim raises the task's token by a random step up to this: a claim lost in a failover and
@@ -58,7 +61,7 @@ SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, sho
 # to hold Redis up (a script blocks every other client while it runs)
 
 
-class RedisStorage(Chores, Reading, Leases):
+class RedisStorage(Chores, Reading, Listing, Leases):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout)."""
 
     #: Idle workers may block in wait_for_work instead of sleeping.

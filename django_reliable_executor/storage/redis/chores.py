@@ -8,8 +8,8 @@ from typing import Any
 
 from ...records import TaskInfo, Transition
 from ...retries import after_failure, timeout_message
-from ...states import TaskStatus
-from .access import LIVE, RedisAccess, guarded
+from ...states import TERMINAL_STATUSES, TaskStatus
+from .access import LIVE, READ_CHUNK, RedisAccess, guarded
 from .codec import micros, text, to_claim, to_info
 
 
@@ -85,5 +85,36 @@ class Chores(RedisAccess):
         return [outcomes[text(task_id)] for task_id in changed]
 
     @guarded
-    def purge_finished(self, finished_before: dt.datetime, limit: int) -> int:
-        return int(self._run("purge", micros(finished_before), limit))
+    def purge_finished(
+        self,
+        finished_before: dt.datetime,
+        limit: int,
+        statuses: frozenset[TaskStatus] | None = None,
+    ) -> int:
+        cutoff = micros(finished_before)
+        if statuses is None or statuses >= TERMINAL_STATUSES:
+            ids = self._due_ids("finished", finished_before, limit, inclusive=False)
+        else:
+            ids = self._finished_of(statuses, cutoff, limit)
+        return int(self._run("purge", cutoff, *ids)) if ids else 0
+
+    def _finished_of(self, statuses: frozenset[TaskStatus], cutoff: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids of these statuses that finished before the cutoff, oldest first:
+        the finished index read in windows, skipping tasks of other statuses."""
+        chosen = {status.value for status in statuses}
+        picked: list[str] = []
+        start = 0
+        while len(picked) < limit:
+            window = self.client.zrangebyscore(
+                self.p + "finished", "-inf", "(" + cutoff, start=start, num=READ_CHUNK
+            )
+            if not window:
+                break
+            start += len(window)
+            ids = [text(task_id) for task_id in window]
+            pipe = self.client.pipeline(transaction=False)
+            for task_id in ids:
+                pipe.hget(self._tkey(task_id), "s")
+            states = pipe.execute()
+            picked += [i for i, s in zip(ids, states, strict=True) if s and text(s) in chosen]
+        return picked[:limit]

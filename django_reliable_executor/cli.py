@@ -1,0 +1,234 @@
+"""What ``manage.py executor`` prints: durations, ages, tables, and the JSON documents of
+``status --json`` and ``show --json`` (their shapes are documented in docs/command.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .conf import ExecutorSettings
+from .records import TaskInfo, WorkerInfo
+from .states import TaskStatus
+
+# Units of --older-than, in seconds.
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+DURATION_EXAMPLES = "90s, 30m, 12h, 7d, 2w or 1d12h"
+# Longer than any retention anyone means, and short enough that now minus it is a valid date.
+MAX_DURATION = dt.timedelta(days=100 * 365)
+_DURATION = re.compile(r"(?:\d+[smhdw])+")
+_DURATION_PART = re.compile(r"(\d+)([smhdw])")
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` or a sum like ``1d12h`` -> timedelta.
+    Raises ValueError naming the value."""
+    value = text.strip().lower()
+    if not _DURATION.fullmatch(value):
+        raise ValueError(f"invalid duration {text!r}: expected e.g. {DURATION_EXAMPLES}")
+    seconds = sum(int(n) * DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(value))
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"invalid duration {text!r}: longer than {MAX_DURATION.days}d")
+    return dt.timedelta(seconds=seconds)
+
+
+def format_age(seconds: float) -> str:
+    """A short human age: ``4.2s``, ``42s``, ``5m 07s``, ``3h 05m``, ``12d 04h``."""
+    seconds = max(seconds, 0.0)  # another host's clock may run slightly ahead
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600:02d}h"
+
+
+def iso(moment: dt.datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _seconds(moment: dt.datetime | None, now: dt.datetime) -> float | None:
+    return round((now - moment).total_seconds(), 3) if moment is not None else None
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[int]) -> str:
+    """Plain-text columns; the columns whose index is in ``numeric`` are right-aligned."""
+    cells = [list(headers), *[[str(cell) for cell in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [
+            cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def storage_label(settings: ExecutorSettings) -> dict[str, str]:
+    """Which store the command reads: it is easy to point a shell at the wrong one."""
+    if settings.STORAGE == "redis":
+        return {"backend": "redis", "key_prefix": settings.KEY_PREFIX}
+    return {"backend": "database", "database_alias": settings.DATABASE_ALIAS}
+
+
+# -- status --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StatusReport:
+    """Everything ``executor status`` shows, read once."""
+
+    checked_at: dt.datetime
+    storage: dict[str, str]
+    queues: Mapping[str, Mapping[TaskStatus, int]]
+    oldest_due_at: dt.datetime | None
+    master: str | None
+    workers: Sequence[WorkerInfo]
+    lease_timeout: float
+
+    @property
+    def counts(self) -> dict[TaskStatus, int]:
+        totals = {status: 0 for status in TaskStatus}
+        for counts in self.queues.values():
+            for status, n in counts.items():
+                totals[status] += n
+        return totals
+
+    def as_json(self) -> dict[str, Any]:
+        counts = self.counts
+        return {
+            "checked_at": iso(self.checked_at),
+            "storage": self.storage,
+            "counts": {status.value: counts[status] for status in TaskStatus},
+            "total": sum(counts.values()),
+            "queues": {
+                queue: {status.value: by_status.get(status, 0) for status in TaskStatus}
+                for queue, by_status in sorted(self.queues.items())
+            },
+            "oldest_due_at": iso(self.oldest_due_at),
+            "oldest_due_age_seconds": _seconds(self.oldest_due_at, self.checked_at),
+            "master": self.master,
+            "workers": [
+                {
+                    "worker_id": w.worker_id,
+                    "hostname": w.hostname,
+                    "pid": w.pid,
+                    "queues": list(w.queues),
+                    "started_at": iso(w.started_at),
+                    "last_seen_at": iso(w.last_seen_at),
+                    "last_seen_seconds_ago": _seconds(w.last_seen_at, self.checked_at),
+                }
+                for w in self.workers
+            ],
+        }
+
+    def as_text(self) -> str:
+        if self.storage["backend"] == "redis":
+            where = f"redis, key prefix {self.storage['key_prefix']!r}"
+        else:
+            where = f"database, alias {self.storage['database_alias']!r}"
+        lines = [f"Storage: {where} (at {iso(self.checked_at)})", ""]
+        if self.queues:
+            statuses = list(TaskStatus)
+            rows: list[list[object]] = [
+                [queue, *(by_status.get(s, 0) for s in statuses), sum(by_status.values())]
+                for queue, by_status in sorted(self.queues.items())
+            ]
+            counts = self.counts
+            rows.append(["(all)", *(counts[s] for s in statuses), sum(counts.values())])
+            headers = ["queue", *(s.value for s in statuses), "total"]
+            lines.append(table(headers, rows, numeric=set(range(1, len(headers)))))
+        else:
+            lines.append("No tasks.")
+        lines.append("")
+        if self.oldest_due_at is None:
+            lines.append("Oldest due task: none waiting")
+        else:
+            age = format_age((self.checked_at - self.oldest_due_at).total_seconds())
+            lines.append(f"Oldest due task: waiting {age} (due since {iso(self.oldest_due_at)})")
+        lines.append(f"Master: {self.master or 'none'}")
+        if not self.workers:
+            lines.append("Workers: none")
+            return "\n".join(lines)
+        lines.append(f"Workers ({len(self.workers)}):")
+        rows = []
+        for w in self.workers:
+            silent = (self.checked_at - w.last_seen_at).total_seconds()
+            seen = f"{format_age(silent)} ago"
+            if silent > self.lease_timeout:
+                seen += " (silent: no heartbeat within LEASE_TIMEOUT)"
+            rows.append([w.worker_id, w.hostname, w.pid, ",".join(w.queues), seen])
+        workers = table(["worker id", "host", "pid", "queues", "last seen"], rows, numeric={2})
+        lines.extend("  " + line for line in workers.splitlines())
+        return "\n".join(lines)
+
+
+# -- show ----------------------------------------------------------------------------------
+def task_json(info: TaskInfo) -> dict[str, Any]:
+    """Every TaskInfo field under its own name; datetimes ISO 8601 (UTC), status its name."""
+    data: dict[str, Any] = {}
+    for field in dataclasses.fields(info):
+        value = getattr(info, field.name)
+        if isinstance(value, dt.datetime):
+            value = value.isoformat()
+        elif isinstance(value, TaskStatus):
+            value = value.value
+        data[field.name] = value
+    return data
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def _when(moment: dt.datetime | None, now: dt.datetime) -> str:
+    if moment is None:
+        return "-"
+    seconds = (now - moment).total_seconds()
+    relative = f"{format_age(seconds)} ago" if seconds >= 0 else f"in {format_age(-seconds)}"
+    return f"{moment.isoformat()} ({relative})"
+
+
+def task_text(info: TaskInfo, now: dt.datetime) -> str:
+    """Every field of the task, one a line, then the parameter, result and last error in full."""
+    duration = "-"
+    if info.started_at is not None and info.finished_at is not None:
+        duration = format_age((info.finished_at - info.started_at).total_seconds())
+    fields: list[tuple[str, object]] = [
+        ("task_id", info.task_id),
+        ("task_name", info.task_name),
+        ("status", info.status.value),
+        ("queue", info.queue),
+        ("priority", info.priority),
+        ("attempts", info.attempts),
+        ("retry_limit", info.retry_limit),
+        ("retry_interval", f"{info.retry_interval} ms"),
+        ("retry_backoff", info.retry_backoff),
+        (
+            "max_duration_millis",
+            "none" if info.max_duration_millis is None else f"{info.max_duration_millis} ms",
+        ),
+        ("created_at", _when(info.created_at, now)),
+        ("run_at", _when(info.run_at, now)),
+        ("started_at", _when(info.started_at, now)),
+        ("finished_at", _when(info.finished_at, now)),
+        ("last run took", duration),
+        ("worker_id", info.worker_id or "-"),
+        ("cancel_requested", "yes" if info.cancel_requested else "no"),
+    ]
+    width = max(len(name) for name, _ in fields)
+    lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
+    for name, block in (
+        ("parameter", pretty_json(info.parameter)),
+        ("result", pretty_json(info.result)),
+        ("last_error", info.last_error if info.last_error else "(none)"),
+    ):
+        lines.extend(["", f"{name}:"])
+        lines.extend("  " + line for line in block.rstrip("\n").splitlines())
+    return "\n".join(lines)

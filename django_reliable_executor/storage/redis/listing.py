@@ -1,0 +1,126 @@
+"""list_tasks on the Redis storage: newest first, without an index of every task by creation.
+
+Finished tasks are listed from their status's ``done:<STATUS>`` index, scored by creation time,
+so a page of them costs a range read whatever their number. Unfinished tasks are read from the
+indexes they wait in (ready lists, schedules, leases) and sorted here: that is proportional to
+how many are unfinished, which a healthy system keeps small. An index of every task by creation
+time would cost more memory per queued task than the task itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+
+from ...records import TaskInfo
+from ...states import TERMINAL_STATUSES, TaskStatus
+from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
+from .codec import text, to_info
+
+Row = tuple[int, str]  # (created in microseconds, task id): sorted descending = newest first
+
+
+class Listing(RedisAccess):
+    """list(): merge pages of the done indexes with the unfinished tasks."""
+
+    @guarded
+    def list(
+        self,
+        *,
+        status: TaskStatus | None = None,
+        task_name: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[TaskInfo]:
+        if limit <= 0:
+            return []
+        status = TaskStatus(status) if status is not None else None
+        want = offset + limit
+        rows: builtins.list[Row] = []
+        if status is None or status.value in LIVE:
+            ids = sorted(self._unfinished_ids(status, queue))
+            rows += self._matching(ids, status, task_name, queue)
+        if status is None:
+            finished = sorted(TERMINAL_STATUSES, key=lambda s: s.value)
+        else:
+            finished = [status] if status.is_terminal else []
+        for done in finished:
+            rows += self._newest_done(done, task_name, queue, want)
+        rows.sort(reverse=True)
+        page = [task_id for _, task_id in rows[offset:want]]
+        found = self._read_many(page)
+        return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
+
+    def _unfinished_ids(self, status: TaskStatus | None, queue: str | None) -> set[str]:
+        """Every task that may be unfinished: claimed or running, ready, or scheduled."""
+        ids = {text(i) for i in self.client.zrange(self.p + "leases", 0, -1)}
+        if status is not None and status.value not in WAITING:
+            return ids  # RUNNING tasks are all in the leases
+        queues = [queue] if queue is not None else self._queues()
+        pipe = self.client.pipeline(transaction=False)
+        for name in queues:
+            pipe.zrange(self.p + "prio:" + name, 0, -1)
+            pipe.zrange(self.p + "sched:" + name, 0, -1)
+        replies = pipe.execute()
+        pipe = self.client.pipeline(transaction=False)
+        for name, priorities, scheduled in zip(queues, replies[::2], replies[1::2], strict=True):
+            ids.update(text(i) for i in scheduled)
+            for priority in priorities:
+                pipe.lrange(f"{self.p}ready:{name}:{text(priority)}", 0, -1)
+        for ready in pipe.execute():
+            ids.update(text(i) for i in ready)
+        return ids
+
+    def _queues(self) -> builtins.list[str]:
+        return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
+
+    def _matching(
+        self,
+        ids: Sequence[str],
+        status: TaskStatus | None,
+        task_name: str | None,
+        queue: str | None,
+    ) -> builtins.list[Row]:
+        """The rows of these tasks that match the filters, in the order given (unfinished
+        ones only, unless a finished status is asked for)."""
+        rows: builtins.list[Row] = []
+        for start in range(0, len(ids), READ_CHUNK):
+            chunk = ids[start : start + READ_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for task_id in chunk:
+                pipe.hmget(self._tkey(task_id), "c", "s", "n", "q")
+            for task_id, (created, state, name, name_queue) in zip(
+                chunk, pipe.execute(), strict=True
+            ):
+                if created is None:
+                    continue  # purged meanwhile
+                state = text(state)
+                if status is None and state not in LIVE:
+                    continue  # finished meanwhile: its done index lists it
+                if status is not None and state != status.value:
+                    continue
+                if task_name is not None and text(name) != task_name:
+                    continue
+                if queue is not None and text(name_queue) != queue:
+                    continue
+                rows.append((int(created), task_id))
+        return rows
+
+    def _newest_done(
+        self, status: TaskStatus, task_name: str | None, queue: str | None, want: int
+    ) -> builtins.list[Row]:
+        """The ``want`` newest tasks of one finished status that match the filters."""
+        key = self.p + "done:" + status.value
+        if task_name is None and queue is None:
+            found = self.client.zrevrange(key, 0, want - 1, withscores=True)
+            return [(int(score), text(task_id)) for task_id, score in found]
+        rows: builtins.list[Row] = []
+        start = 0
+        while len(rows) < want:
+            found = self.client.zrevrange(key, start, start + READ_CHUNK - 1, withscores=True)
+            if not found:
+                break
+            start += len(found)
+            rows += self._matching([text(i) for i, _ in found], status, task_name, queue)
+        return rows[:want]
