@@ -163,9 +163,7 @@ class ReliableExecutor:
     def _announce_submitted(self, created: list[TaskInfo]) -> None:
         metrics.observe_submitted(created)
         for info in created:
-            logger.debug(
-                "task %s (%s) submitted to queue %s", info.task_id, info.task_name, info.queue
-            )
+            log_transition(logging.INFO, info, "new", f"queue {info.queue}")
             self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
 
     def _prepare(
@@ -349,9 +347,7 @@ class ReliableExecutor:
         result = self.storage.cancel(task_id)
         if result.changed and result.task is not None:
             if result.requested_only:
-                logger.info(
-                    "task %s (%s): cancel requested while RUNNING", task_id, result.task.task_name
-                )
+                log_transition(logging.INFO, result.task, TaskStatus.RUNNING, "cancel requested")
             else:
                 self.announce(Transition(task=result.task, previous=TaskStatus.PENDING))
         return result.changed
@@ -361,12 +357,7 @@ class ReliableExecutor:
         transition = self.storage.retry(task_id)
         if transition is None:
             return False
-        logger.info(
-            "task %s (%s): %s -> PENDING by manual retry",
-            task_id,
-            transition.task.task_name,
-            transition.previous,
-        )
+        log_transition(logging.INFO, transition.task, transition.previous, "retried by hand")
         return True
 
     def list_tasks(
@@ -445,7 +436,7 @@ class ReliableExecutor:
         task = transition.task
         status = task.status
         if status is TaskStatus.COMPLETED:
-            logger.info("task %s (%s): RUNNING -> COMPLETED", task.task_id, task.task_name)
+            log_transition(logging.INFO, task, transition.previous)
             self._send(
                 signals.task_completed,
                 task_id=task.task_id,
@@ -453,13 +444,12 @@ class ReliableExecutor:
                 result=task.result,
             )
         elif status is TaskStatus.PENDING:
-            logger.warning(
-                "task %s (%s): attempt %s failed, retrying at %s: %s",
-                task.task_id,
-                task.task_name,
-                task.attempts,
-                task.run_at.isoformat(),
-                _first_line(task.last_error),
+            # A failed attempt that will be retried: worth a look, not yet an alarm.
+            log_transition(
+                logging.WARNING,
+                task,
+                transition.previous,
+                f"retry at {task.run_at.isoformat()}: {_first_line(task.last_error)}",
             )
             self._send(
                 signals.task_retrying,
@@ -470,14 +460,7 @@ class ReliableExecutor:
                 next_run_at=task.run_at,
             )
         elif status in FAILURE_STATUSES:
-            logger.error(
-                "task %s (%s): %s -> %s: %s",
-                task.task_id,
-                task.task_name,
-                transition.previous,
-                status,
-                _first_line(task.last_error),
-            )
+            log_transition(logging.ERROR, task, transition.previous, _first_line(task.last_error))
             self._send(
                 signals.task_failed,
                 task_id=task.task_id,
@@ -486,14 +469,12 @@ class ReliableExecutor:
                 error=task.last_error,
             )
         elif status is TaskStatus.CANCELLED:
-            logger.info("task %s (%s): -> CANCELLED", task.task_id, task.task_name)
+            log_transition(logging.INFO, task, transition.previous)
             self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
 
     def announce_started(self, task: TaskInfo) -> None:
         metrics.observe_started(task)
-        logger.debug(
-            "task %s (%s): attempt %s started", task.task_id, task.task_name, task.attempts
-        )
+        log_transition(logging.INFO, task, None)
         self._send(
             signals.task_started,
             task_id=task.task_id,
@@ -510,6 +491,26 @@ class ReliableExecutor:
                     receiver,
                     exc_info=(type(response), response, response.__traceback__),
                 )
+
+
+def log_transition(
+    level: int, task: TaskInfo, previous: TaskStatus | str | None, detail: str = ""
+) -> None:
+    """One line per state change, in a shape a task's history can be grepped by:
+    ``task <id> (<name>) <FROM> -> <TO> attempt=<n> worker=<id>[: detail]``."""
+    if not logger.isEnabledFor(level):
+        return
+    logger.log(
+        level,
+        "task %s (%s) %s -> %s attempt=%s worker=%s%s",
+        task.task_id,
+        task.task_name,
+        previous if previous is not None else "claimed",
+        task.status,
+        task.attempts,
+        task.worker_id or "-",
+        f": {detail}" if detail else "",
+    )
 
 
 def _first_line(text: str | None) -> str:

@@ -4,6 +4,7 @@ task, the master and workers, purging by age and status, listing large finished 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 import pytest
 
@@ -107,3 +108,31 @@ def test_listing_pages_through_many_finished_tasks_newest_first(executor, storag
     assert [t.task_id for t in completed] == list(reversed(ids[:25]))[5:15]
     named = executor.list_tasks(task_name="demo.echo", status="COMPLETED", limit=3, offset=22)
     assert [t.task_id for t in named] == ["t-02", "t-01", "t-00"]
+
+
+def test_every_transition_is_logged_with_id_name_statuses_attempt_and_worker(
+    executor, storage, caplog
+):
+    from tests.contract_support import HOOKS, raising, run_next
+
+    HOOKS["life"] = raising(ConnectionError("gateway down"))
+    with caplog.at_level(logging.DEBUG, logger="django_reliable_executor"):
+        executor.submit("contract.hook", None, task_id="life", retry_limit=1, retry_interval=0)
+        run_next(executor, "w-log")  # fails, retried at once
+        run_next(executor, "w-log")  # fails for good
+        executor.retry_task("life")
+        executor.cancel_task("life")
+    lines = [
+        (r.levelname, r.getMessage().split(": ")[0])
+        for r in caplog.records
+        if r.getMessage().startswith("task life ")
+    ]
+    assert lines == [
+        ("INFO", "task life (contract.hook) new -> CREATED attempt=0 worker=-"),
+        ("INFO", "task life (contract.hook) claimed -> RUNNING attempt=1 worker=w-log"),
+        ("WARNING", "task life (contract.hook) RUNNING -> PENDING attempt=1 worker=w-log"),
+        ("INFO", "task life (contract.hook) claimed -> RUNNING attempt=2 worker=w-log"),
+        ("ERROR", "task life (contract.hook) RUNNING -> FAILED attempt=2 worker=w-log"),
+        ("INFO", "task life (contract.hook) FAILED -> PENDING attempt=2 worker=w-log"),
+        ("INFO", "task life (contract.hook) PENDING -> CANCELLED attempt=2 worker=w-log"),
+    ]
