@@ -1,0 +1,321 @@
+"""manage.py executor: status, show, retry, cancel and purge tasks from the shell.
+
+Every action goes through the service (so signals fire and both storages behave alike); the
+exit codes and output lines are documented in docs/command.md for scripts to rely on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from django_reliable_executor.cli import (
+    DURATION_EXAMPLES,
+    StatusReport,
+    format_age,
+    parse_duration,
+    storage_label,
+    task_json,
+    task_text,
+)
+from django_reliable_executor.exceptions import StorageUnavailableError
+from django_reliable_executor.service import executor
+from django_reliable_executor.states import TERMINAL_STATUSES, TaskStatus
+
+EXIT_OK = 0
+EXIT_INCOMPLETE = 1  # an id not found or skipped, or a purge not confirmed
+EXIT_USAGE = 2  # bad arguments (argparse exits 2 too)
+EXIT_UNAVAILABLE = 3  # the task store cannot be reached or used
+EXIT_INTERRUPTED = 130  # Ctrl-C during a purge (128 + SIGINT, as shells report it)
+
+# Lifecycle order, not alphabetical, like every other list of statuses in the docs.
+FINISHED = [status for status in TaskStatus if status in TERMINAL_STATUSES]
+FINISHED_NAMES = ", ".join(status.value for status in FINISHED)
+
+
+def _duration(value: str) -> Any:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _finished_status(value: str) -> TaskStatus:
+    try:
+        status = TaskStatus(value.strip().upper())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"unknown status {value!r}: expected one of {FINISHED_NAMES}"
+        ) from None
+    if status not in TERMINAL_STATUSES:
+        raise argparse.ArgumentTypeError(
+            f"{status.value} is not a finished status: purge deletes only {FINISHED_NAMES} "
+            "tasks (live tasks are never purged)"
+        )
+    return status
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"invalid batch size {value!r}: expected an integer >= 1")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge. "
+        "Exit codes: 0 done, 1 some id not found or skipped, 2 usage error, "
+        "3 task store unavailable."
+    )
+    stealth_options = ("stdin",)
+
+    def get_check_kwargs(self, options: dict[str, Any]) -> Any:
+        """Skip the database checks Django 6 runs before commands: an unreachable task store
+        is this command's to report, with exit code 3, not a system-check failure."""
+        kwargs = super().get_check_kwargs(options)  # Django 6.0+ only calls this
+        kwargs["databases"] = []
+        return kwargs
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+        status = actions.add_parser(
+            "status",
+            help="counts by status and queue, master, live workers, oldest due task",
+            description="Counts by status and queue, the master, the live workers and the "
+            "age of the oldest task waiting to run.",
+        )
+        status.add_argument("--json", action="store_true", help="print one JSON document")
+
+        show = actions.add_parser(
+            "show",
+            help="every field of one task",
+            description="Every field of one task; parameter and result as JSON, the last "
+            "error in full. Exit code 1 when the id is unknown.",
+        )
+        show.add_argument("task_id")
+        show.add_argument("--json", action="store_true", help="print one JSON document")
+
+        for name, verb in (("retry", "Retry"), ("cancel", "Cancel")):
+            sub = actions.add_parser(
+                name,
+                help=f"{name} tasks by id",
+                description=f"{verb} each task, one line per id, then a summary line. "
+                "Exit code 0 when every task changed, 1 when any was skipped or not found.",
+            )
+            sub.add_argument("task_ids", nargs="+", metavar="task_id")
+
+        purge = actions.add_parser(
+            "purge",
+            help="delete finished tasks older than a duration",
+            description="Delete finished tasks (by default of every finished status) whose "
+            "finished_at is older than --older-than. Running and waiting tasks are never "
+            "deleted.",
+        )
+        purge.add_argument(
+            "--older-than",
+            type=_duration,
+            required=True,
+            metavar="DURATION",
+            help=f"how long ago they finished, e.g. {DURATION_EXAMPLES}",
+        )
+        purge.add_argument(
+            "--status",
+            type=_finished_status,
+            nargs="+",
+            action="extend",
+            dest="statuses",
+            metavar="STATUS",
+            help=f"only tasks of these statuses (any of {FINISHED_NAMES}; default all)",
+        )
+        purge.add_argument(
+            "--yes",
+            "--no-input",
+            "--noinput",
+            action="store_true",
+            dest="yes",
+            help="do not ask for confirmation (required when stdin is not a terminal)",
+        )
+        purge.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=500,
+            metavar="N",
+            help="tasks deleted per round (default 500)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        actions: dict[str, Callable[[dict[str, Any]], None]] = {
+            "status": self.status,
+            "show": self.show,
+            "retry": self.retry,
+            "cancel": self.cancel,
+            "purge": self.purge,
+        }
+        try:
+            actions[options["action"]](options)
+        except StorageUnavailableError as exc:
+            raise CommandError(
+                f"task store unavailable: {exc}", returncode=EXIT_UNAVAILABLE
+            ) from exc
+        except DatabaseError as exc:
+            alias = executor.settings.DATABASE_ALIAS
+            raise CommandError(
+                f"task store unavailable (database {alias!r}): {type(exc).__name__}: {exc}",
+                returncode=EXIT_UNAVAILABLE,
+            ) from exc
+
+    # -- status and show ------------------------------------------------------------------
+    def status(self, options: dict[str, Any]) -> None:
+        queues = executor.count_by_queue()
+        oldest_due_at = executor.oldest_due_at()
+        master = executor.master()
+        workers = executor.workers()
+        settings = executor.settings
+        report = StatusReport(
+            # Read after the store, so no heartbeat read above lies in the future.
+            checked_at=executor.clock.now(),
+            storage=storage_label(settings),
+            queues=queues,
+            oldest_due_at=oldest_due_at,
+            master=master,
+            workers=workers,
+            lease_timeout=settings.LEASE_TIMEOUT,
+        )
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_json(), indent=2, ensure_ascii=False))
+        else:
+            self.stdout.write(report.as_text())
+
+    def show(self, options: dict[str, Any]) -> None:
+        task_id = options["task_id"]
+        info = executor.get_task(task_id)
+        if info is None:
+            raise CommandError(f"task {task_id!r} not found", returncode=EXIT_INCOMPLETE)
+        if options["json"]:
+            self.stdout.write(json.dumps(task_json(info), indent=2, ensure_ascii=False))
+        else:
+            self.stdout.write(task_text(info, executor.clock.now()))
+
+    # -- retry and cancel -----------------------------------------------------------------
+    def retry(self, options: dict[str, Any]) -> None:
+        self._each(options["task_ids"], self._retry_one)
+
+    def cancel(self, options: dict[str, Any]) -> None:
+        self._each(options["task_ids"], self._cancel_one)
+
+    def _each(self, task_ids: list[str], act: Callable[[str], tuple[str, str]]) -> None:
+        """Run ``act`` on every id once (in the order given), print ``<id>: <outcome>`` for
+        each, then the summary; exit 1 unless every task changed."""
+        tally = {"changed": 0, "skipped": 0, "not found": 0}
+        for task_id in dict.fromkeys(task_ids):  # an id given twice is acted on once
+            kind, outcome = act(task_id)
+            tally[kind] += 1
+            self.stdout.write(f"{task_id}: {outcome}")
+        summary = ", ".join(f"{n} {kind}" for kind, n in tally.items())
+        self.stdout.write(summary)
+        if tally["skipped"] or tally["not found"]:
+            raise CommandError(f"not every task changed ({summary})", returncode=EXIT_INCOMPLETE)
+
+    @staticmethod
+    def _retry_one(task_id: str) -> tuple[str, str]:
+        if executor.get_task(task_id) is None:
+            return "not found", "not found"
+        if executor.retry_task(task_id):
+            return "changed", "retried"
+        now = executor.get_task(task_id)  # read again: the status that refused the retry
+        if now is None:
+            return "not found", "not found"
+        return "skipped", f"skipped: {now.status.value} cannot be retried"
+
+    @staticmethod
+    def _cancel_one(task_id: str) -> tuple[str, str]:
+        if executor.get_task(task_id) is None:
+            return "not found", "not found"
+        changed = executor.cancel_task(task_id)
+        now = executor.get_task(task_id)
+        if now is None:
+            return "not found", "not found"
+        if not changed:
+            return "skipped", f"skipped: {now.status.value} cannot be cancelled"
+        # A changed cancel either ended the task or, while it runs, only set the flag.
+        if now.status is TaskStatus.CANCELLED:
+            return "changed", "cancelled"
+        return "changed", "cancel requested (running)"
+
+    # -- purge ----------------------------------------------------------------------------
+    def purge(self, options: dict[str, Any]) -> None:
+        statuses: list[TaskStatus] = list(dict.fromkeys(options["statuses"] or FINISHED))
+        cutoff = executor.clock.now() - options["older_than"]
+        names = ", ".join(status.value for status in statuses)
+        if not options["yes"] and not self._confirmed(
+            f"Delete {names} tasks finished before {cutoff.isoformat()}? [y/N] ",
+            options.get("stdin") or sys.stdin,
+        ):
+            raise CommandError("purge not confirmed: nothing deleted", returncode=EXIT_INCOMPLETE)
+        draw = self._progress_line() if self.stderr.isatty() else None
+        so_far = [0]
+
+        def progress(deleted: int) -> None:
+            so_far[0] = deleted
+            if draw is not None:
+                draw(deleted)
+
+        try:
+            deleted = executor.purge_finished(
+                cutoff, statuses=statuses, batch=options["batch_size"], progress=progress
+            )
+        except KeyboardInterrupt:
+            # Every finished batch is deleted for good; say how many, not a traceback.
+            if draw is not None:
+                self.stderr.write("", style_func=_plain)
+            raise CommandError(
+                f"interrupted: purged {so_far[0]} tasks finished before {cutoff.isoformat()}",
+                returncode=EXIT_INTERRUPTED,
+            ) from None
+        if draw is not None:
+            self.stderr.write("", style_func=_plain)  # end the progress line
+        self.stdout.write(f"purged {deleted} tasks finished before {cutoff.isoformat()}")
+
+    def _confirmed(self, question: str, stdin: Any) -> bool:
+        if not (hasattr(stdin, "isatty") and stdin.isatty()):
+            raise CommandError(
+                "purge deletes tasks: pass --yes to confirm when stdin is not a terminal",
+                returncode=EXIT_USAGE,
+            )
+        self.stderr.write(question, ending="", style_func=_plain)
+        self.stderr.flush()
+        return stdin.readline().strip().lower() in ("y", "yes")
+
+    def _progress_line(self) -> Callable[[int], None]:
+        """``progress`` for purge_finished: one line on the terminal, rewritten per batch.
+        The total is not known up front, so it counts and shows the rate."""
+        started = time.monotonic()
+
+        def show(deleted: int) -> None:
+            elapsed = time.monotonic() - started
+            rate = f", {deleted / elapsed:,.0f}/s" if elapsed > 0 else ""
+            self.stderr.write(
+                f"\r\033[Kpurging: {deleted:,} deleted in {format_age(elapsed)}{rate}",
+                ending="",
+                style_func=_plain,
+            )
+            self.stderr.flush()
+
+        return show
+
+
+def _plain(text: str) -> str:
+    """No error colour for what is not an error (Django colours all of stderr on a TTY)."""
+    return text
