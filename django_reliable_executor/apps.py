@@ -1,4 +1,5 @@
-"""App config: autodiscover every installed app's ``tasks`` module and register system checks."""
+"""App config: autodiscover every installed app's ``tasks`` module, register system checks and
+the task gauges of the Prometheus registry."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ class ReliableExecutorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import (
+            checks,  # noqa: F401 - registers the system checks
+            metrics,
+        )
 
         autodiscover_modules("tasks")
+        # Reads no storage now: the gauges ask the service when they are scraped.
+        metrics.register_collectors()

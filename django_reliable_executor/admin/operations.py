@@ -1,0 +1,121 @@
+"""Retry or cancel a selection of tasks through the service and say what became of each one."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from django.contrib import messages
+
+from ..exceptions import StorageUnavailableError
+from ..records import TaskInfo
+from ..service import ReliableExecutor
+from ..states import RETRYABLE_BY_HAND, WAITING_STATUSES, TaskStatus
+
+NOT_FOUND = "not found"
+# The task changed between our read and the service's compare-and-set (a worker took it, another
+# operator acted first): the service refused, nothing was changed.
+CHANGED_MEANWHILE = "changed meanwhile"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one action did to a selection: which tasks changed, and why the others did not."""
+
+    verb: str  # "retried" or "cancelled"
+    changed: list[str] = dataclasses.field(default_factory=list)
+    # Cancel of a RUNNING task only sets cancel_requested: it ends when its attempt does.
+    requested: list[str] = dataclasses.field(default_factory=list)
+    skipped: Counter[str] = dataclasses.field(default_factory=Counter)
+    # Set when the storage became unreachable part way: the rest were not attempted.
+    error: str | None = None
+
+    @property
+    def level(self) -> int:
+        if self.error:
+            return messages.ERROR
+        return messages.WARNING if self.skipped else messages.SUCCESS
+
+    def message(self) -> str:
+        """E.g. "3 tasks retried; 2 skipped: 1 COMPLETED cannot be retried, 1 not found"."""
+        parts = [f"{_tasks(len(self.changed))} {self.verb}"]
+        if self.requested:
+            parts[0] += f", cancel requested for {_tasks(len(self.requested))} running"
+        text = parts[0]
+        if self.skipped:
+            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
+            text += f"; {sum(self.skipped.values())} skipped: {reasons}"
+        if self.error:
+            text += f". Stopped: {self.error}"
+        return text + "."
+
+
+def _tasks(n: int) -> str:
+    return f"{n} task" if n == 1 else f"{n} tasks"
+
+
+def retry_tasks(executor: ReliableExecutor, task_ids: Iterable[str]) -> Outcome:
+    """Manual retry of each FAILED/TIMEOUT/ERROR/CANCELLED task; the others are skipped."""
+
+    def retry(task: TaskInfo, outcome: Outcome) -> None:
+        if task.status not in RETRYABLE_BY_HAND:
+            outcome.skipped[f"{task.status} cannot be retried"] += 1
+        elif executor.retry_task(task.task_id):
+            outcome.changed.append(task.task_id)
+        else:
+            outcome.skipped[CHANGED_MEANWHILE] += 1
+
+    return _each(executor, task_ids, Outcome("retried"), retry)
+
+
+def cancel_tasks(executor: ReliableExecutor, task_ids: Iterable[str]) -> Outcome:
+    """Cancel each CREATED/PENDING task and request cancel of each RUNNING one."""
+
+    def cancel(task: TaskInfo, outcome: Outcome) -> None:
+        if task.status is TaskStatus.RUNNING and task.cancel_requested:
+            outcome.skipped["RUNNING with cancel already requested"] += 1
+        elif not can_cancel(task.status, task.cancel_requested):
+            outcome.skipped[f"{task.status} cannot be cancelled"] += 1
+        elif not executor.cancel_task(task.task_id):
+            outcome.skipped[CHANGED_MEANWHILE] += 1
+        elif task.status is TaskStatus.RUNNING:
+            outcome.requested.append(task.task_id)
+        else:
+            outcome.changed.append(task.task_id)
+
+    return _each(executor, task_ids, Outcome("cancelled"), cancel)
+
+
+def _each(
+    executor: ReliableExecutor,
+    task_ids: Iterable[str],
+    outcome: Outcome,
+    act: Callable[[TaskInfo, Outcome], None],
+) -> Outcome:
+    """Read each task (skipping unknown ids) and act on it; the service's compare-and-set
+    decides, so a task that changed since it was read is skipped, never forced."""
+    ids = list(dict.fromkeys(task_ids))
+    for index, task_id in enumerate(ids):
+        try:
+            task = executor.get_task(task_id)
+            if task is None:
+                outcome.skipped[NOT_FOUND] += 1
+            else:
+                act(task, outcome)
+        except StorageUnavailableError as exc:
+            outcome.skipped["not attempted"] += len(ids) - index
+            outcome.error = str(exc)
+            break
+    return outcome
+
+
+def can_retry(status: TaskStatus) -> bool:
+    return status in RETRYABLE_BY_HAND
+
+
+def can_cancel(status: TaskStatus, cancel_requested: bool) -> bool:
+    return status in WAITING_STATUSES or (status is TaskStatus.RUNNING and not cancel_requested)
+
+
+ACTIONS = {"retry": retry_tasks, "cancel": cancel_tasks}

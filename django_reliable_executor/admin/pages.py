@@ -1,0 +1,310 @@
+"""What the task list and task detail pages show, read through the service (any storage).
+
+Nothing here touches the ORM or Redis: the pages work the same on every storage. Each function
+returns the template context of one part of a page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib.admin.utils import quote
+from django.urls import reverse
+
+from ..records import TaskInfo, WorkerInfo
+from ..registry import all_handlers
+from ..service import ReliableExecutor
+from ..states import WAITING_STATUSES, TaskStatus
+from .operations import can_cancel, can_retry
+
+PAGE_SIZE = 100
+# The filters a list URL may carry, in the order they appear in it.
+FILTERS = ("status", "queue", "task_name")
+
+
+def change_url(task_id: str, site_name: str = "admin") -> str:
+    """The task's page in the admin site named ``site_name``."""
+    return reverse(
+        f"{site_name}:django_reliable_executor_reliabletask_change", args=[quote(task_id)]
+    )
+
+
+def changelist_url(site_name: str = "admin") -> str:
+    return reverse(f"{site_name}:django_reliable_executor_reliabletask_changelist")
+
+
+def format_duration(delta: dt.timedelta | None) -> str:
+    """A short human duration: "350 ms", "4.2 s", "3 min 5 s", "2 h 10 min", "3 d 4 h"."""
+    if delta is None:
+        return ""
+    seconds = delta.total_seconds()
+    if seconds < 0:
+        return "-" + format_duration(-delta)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    """The list's filters and page, parsed from the query string (bad values are dropped)."""
+
+    status: TaskStatus | None = None
+    queue: str | None = None
+    task_name: str | None = None
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> Filters:
+        try:
+            status = TaskStatus(query.get("status", ""))
+        except ValueError:
+            status = None
+        try:
+            page = max(int(query.get("page", "1")), 1)
+        except ValueError:
+            page = 1
+        return cls(
+            status=status,
+            queue=query.get("queue", "").strip() or None,
+            task_name=query.get("task_name", "").strip() or None,
+            page=page,
+        )
+
+    @property
+    def active(self) -> bool:
+        return any(getattr(self, name) is not None for name in FILTERS)
+
+    def url(self, **changes: Any) -> str:
+        """The list's query string with some values changed (None removes one). A change of
+        filter goes back to page 1."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in (*FILTERS, "page")}
+        if set(changes) - {"page"}:
+            values["page"] = None
+        values.update(changes)
+        if values["page"] == 1:
+            values["page"] = None
+        pairs = [(k, str(v)) for k, v in values.items() if v is not None]
+        return "?" + urlencode(pairs) if pairs else "?"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One task of the list, with what the columns show beside the stored fields."""
+
+    task: TaskInfo
+    url: str
+    next_run: dt.datetime | None
+    duration: str
+    can_retry: bool
+    can_cancel: bool
+
+
+def task_duration(task: TaskInfo, now: dt.datetime) -> str:
+    """The last attempt's run time; a running task's time so far."""
+    if task.started_at is None:
+        return ""
+    if task.finished_at is not None and task.finished_at >= task.started_at:
+        return format_duration(task.finished_at - task.started_at)
+    if task.status is TaskStatus.RUNNING:
+        return format_duration(now - task.started_at) + " so far"
+    return ""
+
+
+def row(task: TaskInfo, now: dt.datetime, site_name: str) -> Row:
+    return Row(
+        task=task,
+        url=change_url(task.task_id, site_name),
+        next_run=task.run_at if task.status in WAITING_STATUSES else None,
+        duration=task_duration(task, now),
+        can_retry=can_retry(task.status),
+        can_cancel=can_cancel(task.status, task.cancel_requested),
+    )
+
+
+def task_list(executor: ReliableExecutor, filters: Filters, site_name: str) -> dict[str, Any]:
+    """One page of tasks, newest first: PAGE_SIZE + 1 are read to know if another page follows
+    (no COUNT of the matching tasks)."""
+    offset = (filters.page - 1) * PAGE_SIZE
+    tasks = executor.list_tasks(
+        status=filters.status,
+        task_name=filters.task_name,
+        queue=filters.queue,
+        limit=PAGE_SIZE + 1,
+        offset=offset,
+    )
+    now = executor.clock.now()
+    rows = [row(task, now, site_name) for task in tasks[:PAGE_SIZE]]
+    has_next = len(tasks) > PAGE_SIZE
+    return {
+        "rows": rows,
+        "page": filters.page,
+        "first_index": offset + 1 if rows else 0,
+        "last_index": offset + len(rows),
+        "previous_url": filters.url(page=filters.page - 1) if filters.page > 1 else None,
+        "next_url": filters.url(page=filters.page + 1) if has_next else None,
+        "first_url": filters.url(page=1) if filters.page > 2 else None,
+    }
+
+
+class SlowCounts:
+    """``count_by_queue``, reused for up to ``max_age`` seconds when computing it took at least
+    ``slow_seconds``.
+
+    On Redis the counts are one small hash, read fresh on every page. On a database they are
+    a GROUP BY over the whole task table's (queue, status) index: hundreds of milliseconds at a
+    million rows, which a few operators reloading the list must not repeat every second.
+    Operating from the admin forgets the saved counts, so the page after an action is exact.
+    """
+
+    def __init__(self, max_age: float = 10.0, slow_seconds: float = 0.05) -> None:
+        self.max_age = max_age
+        self.slow_seconds = slow_seconds
+        self._lock = threading.Lock()
+        # (the storage counted, its counts, monotonic time they were read)
+        self._saved: tuple[object, dict[str, dict[TaskStatus, int]], float] | None = None
+
+    def get(self, executor: ReliableExecutor) -> tuple[dict[str, dict[TaskStatus, int]], float]:
+        """The counts and their age in seconds (0 when just read)."""
+        storage = executor.storage
+        now = time.monotonic()
+        with self._lock:
+            saved = self._saved
+        if saved is not None and saved[0] is storage and now - saved[2] < self.max_age:
+            return saved[1], now - saved[2]
+        counts = executor.count_by_queue()
+        took = time.monotonic() - now
+        with self._lock:
+            self._saved = (storage, counts, now) if took >= self.slow_seconds else None
+        return counts, 0.0
+
+    def forget(self) -> None:
+        with self._lock:
+            self._saved = None
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueCounts:
+    queue: str
+    counts: list[tuple[TaskStatus, int, str]]  # status, count, list URL of those tasks
+    total: int
+    url: str
+
+
+def summary(
+    executor: ReliableExecutor,
+    by_queue: dict[str, dict[TaskStatus, int]],
+    counts_age: float = 0.0,
+) -> dict[str, Any]:
+    """Counts by status and queue, the oldest due task's age, the master and the live workers."""
+    statuses = list(TaskStatus)
+    base = Filters()
+    queues = [
+        QueueCounts(
+            queue=queue,
+            counts=[(s, counts.get(s, 0), base.url(queue=queue, status=s.value)) for s in statuses],
+            total=sum(counts.values()),
+            url=base.url(queue=queue),
+        )
+        for queue, counts in sorted(by_queue.items())
+    ]
+    totals = {s: sum(counts.get(s, 0) for counts in by_queue.values()) for s in statuses}
+    now = executor.clock.now()
+    oldest_due = executor.oldest_due_at()
+    workers: list[WorkerInfo] = executor.workers()
+    return {
+        "statuses": statuses,
+        "queues": queues,
+        "totals": [(s, totals[s], base.url(status=s.value)) for s in statuses],
+        "grand_total": sum(totals.values()),
+        "counts_age": format_duration(dt.timedelta(seconds=counts_age)) if counts_age else "",
+        "oldest_due_at": oldest_due,
+        "oldest_due_age": format_duration(now - oldest_due) if oldest_due else "",
+        "master": executor.master(),
+        "workers": [
+            {
+                "info": worker,
+                "seen_ago": format_duration(now - worker.last_seen_at),
+                "up_for": format_duration(now - worker.started_at),
+            }
+            for worker in workers
+        ],
+    }
+
+
+def matching_total(filters: Filters, by_queue: dict[str, dict[TaskStatus, int]]) -> int | None:
+    """How many tasks the filters match, when the counters tell (not for a task name filter:
+    no storage keeps counts by name, and counting them would read every matching task)."""
+    if filters.task_name is not None:
+        return None
+    if filters.queue is not None:
+        counts = by_queue.get(filters.queue, {})
+        sources = [counts]
+    else:
+        sources = list(by_queue.values())
+    if filters.status is not None:
+        return sum(c.get(filters.status, 0) for c in sources)
+    return sum(sum(c.values()) for c in sources)
+
+
+def filter_choices(
+    filters: Filters, by_queue: dict[str, dict[TaskStatus, int]]
+) -> list[dict[str, Any]]:
+    """The sidebar: one list of links per filter, "All" first, the chosen one marked."""
+
+    def choices(name: str, values: list[str]) -> dict[str, Any]:
+        current = getattr(filters, name)
+        current = current.value if isinstance(current, TaskStatus) else current
+        links = [{"label": "All", "url": filters.url(**{name: None}), "selected": current is None}]
+        links += [
+            {"label": value, "url": filters.url(**{name: value}), "selected": value == current}
+            for value in values
+        ]
+        if current is not None and current not in values:
+            links.append({"label": current, "url": filters.url(), "selected": True})
+        return {"name": name, "title": name.replace("_", " "), "links": links}
+
+    names = sorted(all_handlers())
+    return [
+        choices("status", [s.value for s in TaskStatus]),
+        choices("queue", sorted(by_queue)),
+        choices("task_name", names),
+    ]
+
+
+def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> dict[str, Any]:
+    now = executor.clock.now()
+    waited = None
+    if task.status in WAITING_STATUSES and task.run_at <= now:
+        waited = format_duration(now - task.run_at)
+    return {
+        "task": task,
+        "row": row(task, now, site_name),
+        "parameter_json": pretty_json(task.parameter),
+        "result_json": pretty_json(task.result) if task.result is not None else None,
+        "due_for": waited,
+        "max_duration": format_duration(dt.timedelta(milliseconds=task.max_duration_millis))
+        if task.max_duration_millis
+        else None,
+        "retry_interval": format_duration(dt.timedelta(milliseconds=task.retry_interval)),
+    }

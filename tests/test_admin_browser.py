@@ -1,0 +1,178 @@
+"""The admin in a real browser: headless Chromium (Debian's ``chromium`` package) driven by
+Playwright against a live server of the test project, on SQLite and on Redis storage.
+
+Logs in, reads the list and its summary, filters, opens a failed task, retries it, cancels a
+pending one from the list. Screenshots of the list and detail pages go to pytest's temporary
+directory, or to docs/images/ with ``RE_UPDATE_SCREENSHOTS=1`` (how the ones in the docs are made).
+A missing Playwright or browser skips locally and fails under CI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.states import TaskStatus
+from tests.admin_support import admin_params, executor_on, make_user, run_one
+from tests.conftest import IN_CI
+from tests.contract_support import claim_and_start
+
+CHROMIUM = os.environ.get("RE_CHROMIUM", "/usr/bin/chromium")
+DOCS_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+LIST_PATH = "/admin/django_reliable_executor/reliabletask/"
+
+
+def require_browser() -> Any:
+    """The Playwright entry point; skips locally, fails under CI, without it or the browser."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing = "the playwright package (pip install -e '.[test]')"
+    else:
+        if os.path.exists(CHROMIUM):
+            return sync_playwright
+        missing = f"Chromium at {CHROMIUM} (apt-get install chromium)"
+    if IN_CI:
+        pytest.fail(f"browser test needs {missing}")
+    pytest.skip(f"browser test needs {missing}")
+
+
+def showcase(service: ReliableExecutor) -> None:
+    """Tasks an operator would meet, run through the demo's real handlers where they finish."""
+    service.submit(
+        "demo.process_order", {"order_id": 1041, "amount": 59.9}, task_id="order-1041-pay"
+    )
+    assert run_one(service, worker="web-1:4242") is TaskStatus.COMPLETED
+    service.submit(
+        "demo.echo",
+        {"to": "ada@example.com", "template": "receipt", "order_id": 1041},
+        task_id="email-receipt-1041",
+        queue="emails",
+    )
+    assert run_one(service, "emails", "web-2:5150") is TaskStatus.COMPLETED
+    service.submit(
+        "demo.process_order", {"order_id": 1042, "amount": -5.0}, task_id="order-1042-pay"
+    )
+    assert run_one(service, worker="web-1:4242") is TaskStatus.FAILED  # PaymentDeclined
+    service.submit(
+        "demo.always_fails",
+        {"week": "2024-W18"},
+        task_id="report-2024-w18",
+        queue="reports",
+        retry_limit=0,
+    )
+    assert run_one(service, "reports", "web-1:4242") is TaskStatus.FAILED
+    service.submit(
+        "demo.flaky",
+        {"fail_times": 3},
+        task_id="sync-inventory-17",
+        retry_limit=5,
+        retry_interval=600_000,
+        retry_backoff="exponential",
+    )
+    assert run_one(service, worker="web-1:4242") is TaskStatus.PENDING
+    service.submit("demo.slow", {"seconds": 30}, task_id="export-customers", priority=5)
+    claim_and_start(service.storage, worker="web-1:4242")
+    service.submit(
+        "demo.echo", {"order_id": 1040}, task_id="order-1040-refund", delay_millis=60_000
+    )
+    assert service.cancel_task("order-1040-refund")
+    service.submit(
+        "demo.echo",
+        {"to": "grace@example.com", "template": "welcome"},
+        task_id="email-welcome-88",
+        queue="emails",
+        delay_millis=600_000,
+    )
+    service.submit(
+        "demo.process_order", {"order_id": 1044, "amount": 18.0}, task_id="order-1044-pay"
+    )
+    storage = service.storage
+    storage.worker_seen(
+        "web-1:4242", {"hostname": "web-1", "pid": 4242, "queues": ["default", "reports"]}
+    )
+    storage.worker_seen("web-2:5150", {"hostname": "web-2", "pid": 5150, "queues": ["emails"]})
+    assert storage.acquire_lock("master", "web-1:4242", 60)
+
+
+@pytest.fixture
+def browser_page(monkeypatch: pytest.MonkeyPatch) -> Any:
+    sync_playwright = require_browser()
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
+    # between browser steps are still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 900})
+            # The admin's app sidebar, folded (as its « button would): room for the columns.
+            page.add_init_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize("backend", admin_params(["default", "redis"]))
+def test_operate_tasks_in_a_real_browser(backend, live_server, browser_page, tmp_path):
+    page = browser_page
+    shots = DOCS_IMAGES if os.environ.get("RE_UPDATE_SCREENSHOTS") == "1" else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    with executor_on(backend) as service:
+        showcase(service)
+        make_user("ops", "view_reliabletask", "operate_reliabletask")
+
+        # Log in: the admin's login page sends us on to the task list.
+        page.goto(f"{live_server.url}/admin/login/?next={LIST_PATH}")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", "pw")
+        page.click("input[type=submit]")
+        page.wait_for_url(f"**{LIST_PATH}")
+        rows = page.locator("#result_list tbody tr")
+        assert rows.count() == 9
+        assert rows.first.get_attribute("data-task-id") == "order-1044-pay"  # newest first
+        assert page.locator("#re-master").inner_text() == "web-1:4242"
+        assert "Live workers: 2" in page.locator("#re-workers").inner_text()
+        failed_count = page.locator('#re-counts tr[data-queue="reports"] td[data-status="FAILED"]')
+        assert failed_count.inner_text() == "1"
+        if backend == "default":
+            page.screenshot(path=str(shots / "admin-list.png"), full_page=True)
+
+        # Filter by status from the sidebar, then open a failed task.
+        page.locator("#changelist-filter").get_by_role("link", name="FAILED", exact=True).click()
+        page.wait_for_url("**status=FAILED")
+        assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.taskId)")) == [
+            "order-1042-pay",
+            "report-2024-w18",
+        ]
+        page.get_by_role("link", name="order-1042-pay").click()
+        page.wait_for_url("**/order-1042-pay/change/")
+        error = page.locator("#re-error pre").inner_text()
+        assert "Traceback (most recent call last)" in error and "PaymentDeclined" in error
+        assert '"amount": -5.0' in page.locator("#re-parameter pre").inner_text()
+        if backend == "default":
+            page.screenshot(path=str(shots / "admin-detail.png"), full_page=True)
+
+        # Retry it with the page's button.
+        page.click("#re-retry")
+        page.wait_for_load_state()
+        assert page.locator("ul.messagelist li").inner_text() == "1 task retried."
+        assert page.locator("#re-status-line .re-status").inner_text() == "PENDING"
+        assert service.get_task("order-1042-pay").status is TaskStatus.PENDING
+
+        # Cancel a pending task from the list: tick it, choose the action, Go.
+        page.goto(f"{live_server.url}{LIST_PATH}?status=PENDING")
+        page.check('input.action-select[value="sync-inventory-17"]')
+        page.select_option("#re-action", "cancel")
+        page.click("#changelist-form .actions button[type=submit]")
+        page.wait_for_load_state()
+        assert page.locator("ul.messagelist li").inner_text() == "1 task cancelled."
+        assert [r for r in rows.evaluate_all("rs => rs.map(r => r.dataset.taskId)")] == [
+            "order-1042-pay"
+        ]
+        assert service.get_task("sync-inventory-17").status is TaskStatus.CANCELLED
+        assert service.get_task("order-1042-pay").status is TaskStatus.PENDING
