@@ -46,8 +46,17 @@ class Reading(DatabaseAccess):
             qs = qs.filter(task_name=task_name)
         if queue is not None:
             qs = qs.filter(queue=queue)
-        qs = qs.order_by("-created_at", "-task_id")[offset : offset + limit]
-        return [to_info(row) for row in qs]
+        # Two steps: the page's ids from the index alone (an InnoDB secondary index holds the
+        # primary key), then only those rows. Skipping ``offset`` tasks then reads index
+        # entries, not rows: at 1M rows on MariaDB page 50 went from 18-350 ms to 5 ms and
+        # page 500 from 5.8 s to 11 ms (bench/admin_list.py); PostgreSQL is unchanged.
+        ids = list(
+            qs.order_by("-created_at", "-task_id").values_list("pk", flat=True)[
+                offset : offset + limit
+            ]
+        )
+        found = self.get_many(ids)  # in chunks: SQLite caps the parameters of one statement
+        return [found[task_id] for task_id in ids if task_id in found]
 
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
         qs = self._tasks()
