@@ -566,3 +566,19 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
     assert {"CREATED", "PENDING", "RUNNING", "COMPLETED"} <= seen
     assert len(seen & {"FAILED", "TIMEOUT", "CANCELLED", "ERROR"}) >= 2
     assert refusals["do_start"] and refusals["do_complete"] + refusals["do_fail"]
+
+
+def test_listing_a_large_backlog_reads_only_the_newest_arrivals(
+    storage, executor, clock, monkeypatch
+):
+    from django_reliable_executor.storage.redis import listing
+
+    monkeypatch.setattr(listing, "EXACT_UNFINISHED", 5)
+    for i in range(30):
+        submit(executor, f"q-{i:02d}", queue="big" if i % 2 else "default")
+        clock.advance(0.001)
+    newest = [f"q-{i:02d}" for i in range(29, -1, -1)]
+    assert [t.task_id for t in storage.list(limit=4)] == newest[:4]
+    assert [t.task_id for t in storage.list(limit=4, offset=4)] == newest[4:8]
+    assert [t.task_id for t in storage.list(queue="big", limit=3)] == newest[0:6:2]
+    assert [t.task_id for t in storage.list(status=TaskStatus.CREATED, limit=2)] == newest[:2]

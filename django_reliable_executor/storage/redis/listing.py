@@ -2,9 +2,11 @@
 
 Finished tasks are listed from their status's ``done:<STATUS>`` index, scored by creation time,
 so a page of them costs a range read whatever their number. Unfinished tasks are read from the
-indexes they wait in (ready lists, schedules, leases) and sorted here: that is proportional to
-how many are unfinished, which a healthy system keeps small. An index of every task by creation
-time would cost more memory per queued task than the task itself.
+indexes they wait in (ready lists, schedules, leases) and sorted here: exactly while there are
+up to EXACT_UNFINISHED of them; beyond that, only the newest ``offset + limit`` arrivals of
+each ready list and schedule, so a page costs the same with a backlog of a million (in arrival
+order, which is creation order except for retries and delayed tasks). An index of every task by
+creation time would cost more memory per queued task than the task itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from ...states import TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
 
+# Up to this many unfinished tasks, listings that include them are exact (each is read and
+# sorted); beyond it, only the newest arrivals of each ready list and schedule are read.
+EXACT_UNFINISHED = 10_000
 Row = tuple[int, str]  # (created in microseconds, task id): sorted descending = newest first
 
 
@@ -39,7 +44,8 @@ class Listing(RedisAccess):
         want = offset + limit
         rows: builtins.list[Row] = []
         if status is None or status.value in LIVE:
-            ids = sorted(self._unfinished_ids(status, queue))
+            newest = None if self._unfinished_count(queue) <= EXACT_UNFINISHED else want
+            ids = sorted(self._unfinished_ids(status, queue, newest))
             rows += self._matching(ids, status, task_name, queue)
         if status is None:
             finished = sorted(TERMINAL_STATUSES, key=lambda s: s.value)
@@ -52,22 +58,36 @@ class Listing(RedisAccess):
         found = self._read_many(page)
         return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
 
-    def _unfinished_ids(self, status: TaskStatus | None, queue: str | None) -> set[str]:
-        """Every task that may be unfinished: claimed or running, ready, or scheduled."""
+    def _unfinished_count(self, queue: str | None) -> int:
+        counts = self.client.hgetall(self.p + "counts")
+        return sum(
+            int(value)
+            for key, value in counts.items()
+            for state, _, name in [text(key).partition(":")]
+            if state in LIVE and (queue is None or name == queue)
+        )
+
+    def _unfinished_ids(
+        self, status: TaskStatus | None, queue: str | None, newest: int | None
+    ) -> set[str]:
+        """Tasks that may be unfinished: claimed or running, ready, or scheduled. With
+        ``newest``, only that many from the end of each ready list and schedule (a large
+        backlog: lists are in arrival order, schedules in run-at order)."""
         ids = {text(i) for i in self.client.zrange(self.p + "leases", 0, -1)}
         if status is not None and status.value not in WAITING:
             return ids  # RUNNING tasks are all in the leases
+        first = 0 if newest is None else -newest
         queues = [queue] if queue is not None else self._queues()
         pipe = self.client.pipeline(transaction=False)
         for name in queues:
             pipe.zrange(self.p + "prio:" + name, 0, -1)
-            pipe.zrange(self.p + "sched:" + name, 0, -1)
+            pipe.zrange(self.p + "sched:" + name, first, -1)
         replies = pipe.execute()
         pipe = self.client.pipeline(transaction=False)
         for name, priorities, scheduled in zip(queues, replies[::2], replies[1::2], strict=True):
             ids.update(text(i) for i in scheduled)
             for priority in priorities:
-                pipe.lrange(f"{self.p}ready:{name}:{text(priority)}", 0, -1)
+                pipe.lrange(f"{self.p}ready:{name}:{text(priority)}", first, -1)
         for ready in pipe.execute():
             ids.update(text(i) for i in ready)
         return ids
