@@ -534,29 +534,17 @@ class Command(BaseCommand):
 
     def _closing(self, log_path: Path) -> None:
         venv = _venv_hint()
-        if get_settings().STORAGE == "redis":
-            # The admin pages read the database storage's table, which Redis leaves empty.
-            self._heading("Next: look the tasks up from a shell")
-            if venv:
-                self._say(f"   source {venv}/bin/activate")
-            self._say("   RE_STORAGE=redis python testproject/manage.py shell -c \\")
-            self._say(
-                '     "from django_reliable_executor import executor; '
-                'print(executor.count_by_status())"'
-            )
-            self._say("")
-            self._say(f"   The worker's log: {log_path}")
-            self._say("   Run the demo again with: RE_STORAGE=redis bash scripts/demo.sh")
-            return
+        # On Redis the admin reads the same tasks when the server runs with the same settings.
+        env = "RE_STORAGE=redis " if get_settings().STORAGE == "redis" else ""
         self._heading("Next: browse the tasks in the Django admin")
         if venv:
             self._say(f"   source {venv}/bin/activate")
         self._say("   python testproject/manage.py createsuperuser")
-        self._say("   python testproject/manage.py runserver")
+        self._say(f"   {env}python testproject/manage.py runserver")
         self._say("   then open http://127.0.0.1:8000/admin/django_reliable_executor/reliabletask/")
         self._say("")
         self._say(f"   The worker's log: {log_path}")
-        self._say("   Run the demo again with: bash scripts/demo.sh")
+        self._say(f"   Run the demo again with: {env}bash scripts/demo.sh")
 
 
 def _outcome(task: TaskInfo) -> str:
