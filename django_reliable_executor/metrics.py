@@ -109,9 +109,20 @@ class _Metrics:
                 buckets=EXECUTION_BUCKETS,
             ),
         )
+        # (id of the metric, task_name, queue) -> its labelled child: labels() takes the metric's
+        # lock on every call, which eight pool threads then queue on for each task.
+        self._children: dict[tuple[int, str, str], Any] = {}
         # (task_id, attempt) -> time.monotonic() at the start, for attempts started here.
         self.started: collections.OrderedDict[tuple[str, int], float] = collections.OrderedDict()
         self.started_lock = threading.Lock()
+
+    def child(self, metric: Any, task: TaskInfo) -> Any:
+        """``metric.labels(task_name, queue)``, cached (label values are bounded)."""
+        key = (id(metric), task.task_name, task.queue)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(task.task_name, task.queue)
+        return found
 
     def attempt_started(self, task: TaskInfo) -> None:
         with self.started_lock:
@@ -177,7 +188,7 @@ def observe_submitted(tasks: list[TaskInfo]) -> None:
     if collectors is None:
         return
     for task in tasks:
-        collectors.scheduled.labels(task.task_name, task.queue).inc()
+        collectors.child(collectors.scheduled, task).inc()
 
 
 def observe_started(task: TaskInfo) -> None:
@@ -185,7 +196,7 @@ def observe_started(task: TaskInfo) -> None:
     collectors = _get()
     if collectors is None:
         return
-    collectors.executed.labels(task.task_name, task.queue).inc()
+    collectors.child(collectors.executed, task).inc()
     collectors.attempt_started(task)
 
 
@@ -200,19 +211,18 @@ def observe_transition(transition: Transition) -> None:
         return
     task = transition.task
     status = transition.status
-    labels = (task.task_name, task.queue)
     if status is TaskStatus.COMPLETED:
-        collectors.completed.labels(*labels).inc()
+        collectors.child(collectors.completed, task).inc()
     elif status is TaskStatus.PENDING:
-        collectors.retried.labels(*labels).inc()
+        collectors.child(collectors.retried, task).inc()
     elif status in FAILED_COUNTED:
-        collectors.failed.labels(*labels).inc()
+        collectors.child(collectors.failed, task).inc()
     elif status is TaskStatus.TIMEOUT:
-        collectors.timeout.labels(*labels).inc()
+        collectors.child(collectors.timeout, task).inc()
     if transition.previous is TaskStatus.RUNNING:
         seconds = collectors.attempt_seconds(task)
         if seconds is not None:
-            collectors.execution_seconds.labels(*labels).observe(seconds)
+            collectors.child(collectors.execution_seconds, task).observe(seconds)
 
 
 def set_master(is_master: bool) -> None:
