@@ -45,6 +45,9 @@ class ExecutorSettings:
     MAX_PARAMETER_BYTES: int = 1048576
     ALLOW_UNKNOWN_TASKS: bool = False
     METRICS_PORT: int | None = None
+    # HTTP API (django_reliable_executor.api): key id -> shared secret; empty = no signed access.
+    API_KEYS: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    API_SIGNATURE_WINDOW: float = 300.0
 
 
 KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(ExecutorSettings))
@@ -125,6 +128,27 @@ def _options_problem(v: Any) -> str | None:
     return None
 
 
+API_KEY_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+API_SECRET_MIN_LENGTH = 32
+
+
+def _api_keys_problem(v: Any) -> str | None:
+    """What is wrong with an API_KEYS dict, or None (never shows a secret)."""
+    if not isinstance(v, dict):
+        return f"got {type(v).__name__}"
+    for key_id, secret in v.items():
+        if not (
+            isinstance(key_id, str) and 1 <= len(key_id) <= 64 and set(key_id) <= API_KEY_ID_CHARS
+        ):
+            return f"key id {key_id!r} is not 1..64 characters of letters, digits, '.', '_', '-'"
+        if not isinstance(secret, str) or len(secret) < API_SECRET_MIN_LENGTH:
+            return (
+                f"the secret of key id {key_id!r} must be a string of at least "
+                f"{API_SECRET_MIN_LENGTH} characters"
+            )
+    return None
+
+
 # key -> (test, what a good value looks like)
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "STORAGE": (lambda v: v in ("database", "redis"), "'database' or 'redis'"),
@@ -159,6 +183,14 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "MAX_PARAMETER_BYTES": (_pos_int, "an integer number of bytes >= 1"),
     "ALLOW_UNKNOWN_TASKS": (lambda v: isinstance(v, bool), "True or False"),
     "METRICS_PORT": (lambda v: v is None or (_is_int(v) and 0 <= v <= 65535), "None or 0-65535"),
+    "API_KEYS": (
+        lambda v: _api_keys_problem(v) is None,
+        "a dict {key id: shared secret of at least 32 characters}",
+    ),
+    "API_SIGNATURE_WINDOW": (
+        lambda v: _is_number(v) and 1 <= v <= 3600,
+        "a number of seconds from 1 to 3600",
+    ),
 }
 
 
@@ -189,6 +221,8 @@ def _shown(key: str, value: Any) -> str:
     """repr() of a setting's value for a message, its passwords masked."""
     if key == "REDIS_URL" and isinstance(value, str):
         return repr(mask_url(value))
+    if key == "API_KEYS" and isinstance(value, dict):
+        return repr({key_id: "***" for key_id in value})
     return repr(_masked(value))
 
 
@@ -208,6 +242,7 @@ def _masked(value: Any) -> Any:
 _REASONS: dict[str, Callable[[Any], str | None]] = {
     "REDIS_SENTINEL": _sentinel_problem,
     "REDIS_OPTIONS": _options_problem,
+    "API_KEYS": _api_keys_problem,
 }
 
 
@@ -293,9 +328,16 @@ def get_settings() -> ExecutorSettings:
             raise ImproperlyConfigured(problems[0][1])
         values = dict(raw)
         values["REDIS_OPTIONS"] = dict(values.get("REDIS_OPTIONS") or {})
+        values["API_KEYS"] = dict(values.get("API_KEYS") or {})
         if values.get("REDIS_SENTINEL"):
             values["REDIS_SENTINEL"] = _normalised_sentinel(values["REDIS_SENTINEL"])
-        for key in ("POLL_INTERVAL", "LEASE_TIMEOUT", "MASTER_LOCK_TTL", "FINISHED_RETENTION"):
+        for key in (
+            "POLL_INTERVAL",
+            "LEASE_TIMEOUT",
+            "MASTER_LOCK_TTL",
+            "FINISHED_RETENTION",
+            "API_SIGNATURE_WINDOW",
+        ):
             if key in values:
                 values[key] = float(values[key])
         _cached = ExecutorSettings(**values)

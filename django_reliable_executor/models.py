@@ -95,3 +95,17 @@ class ReliableWorker(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class ReliableApiNonce(models.Model):
+    """A nonce of a signed API request, kept until its signature window has passed."""
+
+    key = models.CharField(max_length=191, primary_key=True)  # "<key id>:<nonce>"
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "reliable_executor_api_nonce"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.key} until {self.expires_at}"

@@ -325,6 +325,8 @@ BAD_SETTINGS = {
     "MAX_PARAMETER_BYTES": [0, 1.5],
     "ALLOW_UNKNOWN_TASKS": ["yes", 1, None],
     "METRICS_PORT": [-1, 65536, "9100", True],
+    "API_KEYS": [["k"], {"k": "short"}, {"bad id": "s" * 32}, {"": "s" * 32}, {"k": 123}],
+    "API_SIGNATURE_WINDOW": [0, -5, 3601, "300", True, None],
 }
 GOOD_SETTINGS = {
     "STORAGE": "redis",
@@ -350,6 +352,8 @@ GOOD_SETTINGS = {
     "MAX_PARAMETER_BYTES": 1,
     "ALLOW_UNKNOWN_TASKS": True,
     "METRICS_PORT": 0,
+    "API_KEYS": {"ops-1": "s" * 32},
+    "API_SIGNATURE_WINDOW": 60,
 }
 
 
@@ -365,7 +369,11 @@ def test_validate_names_the_bad_key(key, value):
     problems = validate({key: value})
     assert [k for k, _ in problems] == [key]
     assert f"RELIABLE_EXECUTOR[{key!r}]" in problems[0][1]
-    assert repr(value) in problems[0][1]
+    if key == "API_KEYS" and isinstance(value, dict):  # the secrets are masked
+        assert repr({key_id: "***" for key_id in value}) in problems[0][1]
+        assert all(str(secret) not in problems[0][1] for secret in value.values())
+    else:
+        assert repr(value) in problems[0][1]
 
 
 def test_validate_accepts_good_values_and_nothing():

@@ -1,0 +1,1 @@
+"""Optional JSON HTTP API over the task service: include ``django_reliable_executor.api.urls``."""

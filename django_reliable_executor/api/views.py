@@ -1,0 +1,152 @@
+"""JSON views: submit, get, cancel and retry one task through the service."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from ..exceptions import StorageUnavailableError, TaskSubmitError
+from ..records import TaskInfo, TaskSubmitRequest
+from ..service import executor
+from .auth import Denied, authorize
+
+VIEW = "django_reliable_executor.view_reliabletask"
+SUBMIT = "django_reliable_executor.add_reliabletask"
+OPERATE = "django_reliable_executor.operate_reliabletask"
+SUBMIT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSubmitRequest))
+View = Callable[..., HttpResponse]
+
+
+def error(status: int, message: str, field: str | None = None, **extra: Any) -> JsonResponse:
+    """``{"error": message, "field": field, ...}`` with ``status``."""
+    return JsonResponse({"error": message, "field": field, **extra}, status=status)
+
+
+def task_json(info: TaskInfo) -> dict[str, Any]:
+    """A TaskInfo as JSON: the status by name, datetimes in ISO 8601 (UTC)."""
+    data = dataclasses.asdict(info)
+    data["status"] = info.status.value
+    for key, value in data.items():
+        if isinstance(value, dt.datetime):
+            data[key] = value.isoformat()
+    return data
+
+
+def api_view(method: str, permission: str) -> Callable[[View], View]:
+    """Allow one method, authorize the caller, answer refusals and outages as JSON."""
+
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method != method:
+                response = error(405, f"method {request.method} not allowed; use {method}")
+                response["Allow"] = method
+                return response
+            try:
+                authorize(request, permission)
+                return view(request, *args, **kwargs)
+            except Denied as denied:
+                response = error(denied.status, denied.reason)
+                if denied.status == 401:
+                    response["WWW-Authenticate"] = "Executor-HMAC-SHA256"
+                return response
+            except StorageUnavailableError as exc:
+                return error(503, f"task storage unavailable: {exc}")
+            except RequestDataTooBig:
+                return error(413, "the body is over DATA_UPLOAD_MAX_MEMORY_SIZE")
+
+        return wrapped
+
+    return decorate
+
+
+class BadRequest(Exception):
+    """A request body the API cannot use: a message and the field it is about, if any."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def parse_submit(body: bytes) -> TaskSubmitRequest:
+    """A TaskSubmitRequest from a JSON object body; raises BadRequest."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(SUBMIT_FIELDS))
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r}", unknown[0])
+    if "task_name" not in data:
+        raise BadRequest("task_name is required", "task_name")
+    if data.get("delay_millis") is None:
+        data["delay_millis"] = 0
+    run_at = data.get("run_at")
+    if run_at is not None:
+        if not isinstance(run_at, str):
+            raise BadRequest("run_at must be an ISO 8601 string with a UTC offset", "run_at")
+        try:
+            parsed = dt.datetime.fromisoformat(run_at)
+        except ValueError:
+            raise BadRequest(f"run_at {run_at!r} is not an ISO 8601 datetime", "run_at") from None
+        if parsed.tzinfo is None:
+            raise BadRequest(f"run_at {run_at!r} has no UTC offset", "run_at")
+        data["run_at"] = parsed
+    return TaskSubmitRequest(**data)
+
+
+@api_view("POST", SUBMIT)
+def submit(request: HttpRequest) -> HttpResponse:
+    """POST a TaskSubmitRequest as JSON: 201 with the task (the stored one if the id exists)."""
+    try:
+        info = executor.submit_task(parse_submit(request.body))
+    except BadRequest as exc:
+        return error(400, str(exc), exc.field)
+    except TaskSubmitError as exc:
+        return error(400, str(exc), exc.field)
+    return JsonResponse(task_json(info), status=201)
+
+
+@api_view("GET", VIEW)
+def detail(request: HttpRequest, task_id: str) -> HttpResponse:
+    """GET one task: 200 with the task, 404 for an unknown id."""
+    info = executor.get_task(task_id)
+    if info is None:
+        return error(404, f"no task {task_id!r}", "task_id")
+    return JsonResponse(task_json(info))
+
+
+def _operate(task_id: str, action: Callable[[str], bool], verb: str) -> HttpResponse:
+    """Run cancel/retry: 200 with the task, 404 unknown id, 409 when the status forbids it."""
+    if executor.get_task(task_id) is None:
+        return error(404, f"no task {task_id!r}", "task_id")
+    changed = action(task_id)
+    info = executor.get_task(task_id)
+    task = task_json(info) if info is not None else None
+    if not changed:
+        status = info.status.value if info is not None else "gone"
+        return error(409, f"task {task_id!r} cannot be {verb} in status {status}", task=task)
+    return JsonResponse({verb: True, "task": task})
+
+
+@api_view("POST", OPERATE)
+def cancel(request: HttpRequest, task_id: str) -> HttpResponse:
+    """POST: cancel a waiting task, or ask a running one to stop (``cancel_requested``)."""
+    return _operate(task_id, executor.cancel_task, "cancelled")
+
+
+@api_view("POST", OPERATE)
+def retry(request: HttpRequest, task_id: str) -> HttpResponse:
+    """POST: run a FAILED/TIMEOUT/ERROR/CANCELLED task again, with a fresh retry budget."""
+    return _operate(task_id, executor.retry_task, "retried")
