@@ -32,8 +32,10 @@ class CompletionWriter:
         write: Callable[[list[tuple[Claim, Any]]], list[Transition | None]],
         announce: Callable[[Transition], None],
         discarded: Callable[[Claim], None],
+        written: Callable[[list[Claim]], None] | None = None,
     ) -> None:
         self._write = write
+        self._written = written  # told which claims it no longer holds (per-queue limits)
         self._announce = announce
         self._discarded = discarded
         self._cond = threading.Condition()
@@ -95,6 +97,11 @@ class CompletionWriter:
                         self._announce(transition)
                 with self._cond:
                     self._writing = []
+                if self._written is not None:
+                    try:
+                        self._written([claim for claim, _ in batch])
+                    except Exception:
+                        logger.exception("completions written: callback failed")
         finally:
             connections.close_all()
 

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from .batching import GroupCommitter
@@ -88,11 +89,14 @@ class TaskRunner:
         # completions.py); without it, run() waits for its completion to be written.
         self.writer: CompletionWriter | None = None
 
-    def start_writer(self) -> CompletionWriter:
+    def start_writer(
+        self, written: Callable[[list[Claim]], None] | None = None
+    ) -> CompletionWriter:
         self.writer = CompletionWriter(
             lambda outcomes: self.storage.complete_many(outcomes),
             self.executor.announce,
             self._discarded,
+            written,
         )
         return self.writer
 

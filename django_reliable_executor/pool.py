@@ -13,7 +13,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 
 from django.db import connections
 
@@ -35,8 +36,18 @@ class BoundedPool:
         max_size: int,
         queue_capacity: int,
         name: str = "reliable-executor",
+        queue_limits: Mapping[str, int] | None = None,
+        on_freed: Callable[[], object] | None = None,
     ) -> None:
         self._run = run
+        # Per-queue limits (absent: unlimited). The pool only counts claims per queue; the
+        # fetcher claims no more of a queue than its limit minus what is held of it here.
+        self.queue_limits = dict(queue_limits or {})
+        self._held_by_queue: Counter[str] = Counter()
+        # Bumped whenever a claim of a limited queue leaves the pool; on_freed then runs
+        # (outside the lock) so a fetcher blocked elsewhere can be woken.
+        self.version = 0
+        self._on_freed = on_freed
         self.core_size = core_size
         self.max_size = max(max_size, core_size)
         self.queue_capacity = queue_capacity
@@ -76,6 +87,50 @@ class BoundedPool:
             if not self._room():
                 self._changed.wait(timeout)
 
+    def held_by_queue(self) -> dict[str, int]:
+        """Claims queued or running here, per queue."""
+        with self._cond:
+            return {queue: count for queue, count in self._held_by_queue.items() if count}
+
+    def wait_for_change(self, version: int, timeout: float) -> None:
+        """Block until a claim of a limited queue left the pool since ``version``, or
+        ``timeout``."""
+        with self._cond:
+            if self.version == version:
+                self._changed.wait(timeout)
+
+    def freed_elsewhere(self, claims: list[Claim]) -> None:
+        """Claims held outside the pool (completions being written) are gone: when one is of a
+        limited queue, wake the fetcher as if it had left the pool."""
+        if not any(claim.task.queue in self.queue_limits for claim in claims):
+            return
+        with self._cond:
+            self.version += 1
+            self._changed.notify_all()
+        self._notify_freed(True)
+
+    def _release(self, claims: list[Claim]) -> bool:
+        """Count claims leaving the pool (lock held); True when a limited queue got room."""
+        freed = False
+        for claim in claims:
+            queue = claim.task.queue
+            self._held_by_queue[queue] -= 1
+            if self._held_by_queue[queue] <= 0:
+                del self._held_by_queue[queue]
+            if queue in self.queue_limits:
+                freed = True
+        if freed:
+            self.version += 1
+            self._changed.notify_all()
+        return freed
+
+    def _notify_freed(self, freed: bool) -> None:
+        if freed and self._on_freed is not None:
+            try:
+                self._on_freed()
+            except Exception:
+                logger.exception("could not wake the claim loop")
+
     def _free(self) -> int:
         return max(0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running))
 
@@ -85,6 +140,7 @@ class BoundedPool:
     def submit(self, claim: Claim) -> None:
         with self._cond:
             heapq.heappush(self._heap, (-claim.task.priority, next(self._order), claim))
+            self._held_by_queue[claim.task.queue] += 1
             if (
                 len(self._heap) > self.queue_capacity
                 and self._threads < self.max_size
@@ -98,6 +154,7 @@ class BoundedPool:
         with self._cond:
             claims = [item[2] for item in sorted(self._heap)]
             self._heap.clear()
+            self._release(claims)
             return claims
 
     def drop(self, task_ids: set[str]) -> list[Claim]:
@@ -105,10 +162,13 @@ class BoundedPool:
         with self._cond:
             kept = [item for item in self._heap if item[2].task_id not in task_ids]
             dropped = [item[2] for item in self._heap if item[2].task_id in task_ids]
+            freed = False
             if dropped:
                 self._heap = kept
                 heapq.heapify(self._heap)
-            return dropped
+                freed = self._release(dropped)
+        self._notify_freed(freed)
+        return dropped
 
     def held(self) -> list[Claim]:
         """Every claim queued or running here (for the heartbeat)."""
@@ -187,8 +247,10 @@ class BoundedPool:
                 tidy_connections()
                 with self._cond:
                     self._running.pop(claim.task_id, None)
+                    freed = self._release([claim])
                     if self._room() or not self._running:
                         self._changed.notify_all()
+                self._notify_freed(freed)
         connections.close_all()  # this thread's connections die with it
 
     def join(self, timeout: float) -> bool:

@@ -3,6 +3,7 @@ phased shutdown (quiet -> hand back unstarted claims -> drain -> stop)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -18,6 +19,7 @@ from . import metrics
 from .execution import TaskRunner
 from .leadership import MasterLock
 from .pool import BoundedPool
+from .records import Claim
 from .scheduler import Scheduler
 from .service import ReliableExecutor
 from .service import executor as default_executor
@@ -38,6 +40,9 @@ def default_worker_id() -> str:
 @dataclasses.dataclass
 class WorkerOptions:
     queues: Sequence[str] = ("default",)
+    # Most claims of a queue held (running or waiting in the local queue) at once; a queue
+    # absent here has no limit of its own.
+    queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)
     core_pool_size: int = 5
     max_pool_size: int = 10
     queue_capacity: int = 100
@@ -65,6 +70,11 @@ class WorkerOptions:
         return cls(**values)  # type: ignore[arg-type]
 
 
+def format_queues(queues: Sequence[str], limits: dict[str, int]) -> str:
+    """``mail:2,default``: each queue, with its limit when it has one."""
+    return ",".join(f"{q}:{limits[q]}" if q in limits else q for q in queues)
+
+
 class Worker:
     """One runexecutor process's worth of work. ``run()`` blocks until stopped."""
 
@@ -78,6 +88,8 @@ class Worker:
             core_size=options.core_pool_size,
             max_size=options.max_pool_size,
             queue_capacity=options.queue_capacity,
+            queue_limits=options.queue_limits,
+            on_freed=self._on_freed,
         )
         metrics.track_pool(lambda: self.pool.queued)
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
@@ -94,6 +106,10 @@ class Worker:
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
         self._threads_done = threading.Event()
         self.last_poll_at: float | None = None
+        # Per-queue limits on Redis: the claim loop may block in wait_for_work while a limited
+        # queue is full; a task of it finishing wakes the loop through this private wake key.
+        self._wake_key = f"_worker:{self.worker_id}"
+        self._waiting_blocked = False
 
     # -- control --------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -120,7 +136,7 @@ class Worker:
         logger.info(
             "worker %s starting: queues=%s pool=%d..%d queue_capacity=%d",
             self.worker_id,
-            ",".join(opts.queues),
+            format_queues(opts.queues, opts.queue_limits),
             opts.core_pool_size,
             opts.max_pool_size,
             opts.queue_capacity,
@@ -138,7 +154,7 @@ class Worker:
                 logger.warning(warning)
         except Exception:
             logger.exception("could not read the storage server's configuration")
-        writer = self.runner.start_writer()
+        writer = self.runner.start_writer(self.pool.freed_elsewhere if opts.queue_limits else None)
         self._beat()
         for thread in background:
             thread.start()
@@ -160,6 +176,9 @@ class Worker:
         return code
 
     def _claim_loop(self) -> None:
+        if self.options.queue_limits:
+            self._limited_claim_loop()
+            return
         opts = self.options
         storage = self.executor.storage
         idle_wait = MIN_IDLE_WAIT
@@ -198,9 +217,90 @@ class Worker:
             self.stopping.wait(idle_wait)
             idle_wait = min(idle_wait * 2, opts.poll_interval)
 
-    def _wait_for_work(self, timeout: float) -> None:
+    def _allowances(self, budget: int) -> list[tuple[tuple[str, ...], int]]:
+        """(queues, how many to claim) per claim call: each limited queue alone, up to its
+        limit minus what is held of it here; then the unlimited queues together."""
+        limits = self.options.queue_limits
+        # A completed task stays RUNNING until the writer has recorded it: it still counts.
+        held = collections.Counter(self.pool.held_by_queue())
+        if self.runner.writer is not None:
+            held.update(claim.task.queue for claim in self.runner.writer.held())
+        calls: list[tuple[tuple[str, ...], int]] = []
+        for queue in self.options.queues:
+            if queue in limits:
+                calls.append(((queue,), max(0, limits[queue] - held.get(queue, 0))))
+        unlimited = tuple(q for q in self.options.queues if q not in limits)
+        if unlimited:
+            calls.append((unlimited, budget))
+        return calls
+
+    def _limited_claim_loop(self) -> None:
+        """The claim loop with per-queue limits: a queue at its limit is not claimed from, so
+        none of it waits unseen here while the other queues keep flowing."""
+        opts = self.options
+        storage = self.executor.storage
+        idle_wait = MIN_IDLE_WAIT
+        error_wait = 0.5
+        while not self.stopping.is_set():
+            slots = self.pool.room()
+            if slots <= 0:
+                self.pool.wait_for_room(opts.poll_interval)
+                continue
+            version = self.pool.version
+            budget = min(slots, CLAIM_BATCH)
+            calls = self._allowances(budget)
+            claimable = [queue for queues, n in calls if n > 0 for queue in queues]
+            full = any(n <= 0 for _, n in calls)
+            if not claimable:
+                self.pool.wait_for_change(version, opts.poll_interval)
+                continue
+            claims: list[Claim] = []
+            try:
+                for queues, allowed in calls:
+                    n = min(allowed, budget - len(claims))
+                    if n > 0:
+                        claims += storage.claim(self.worker_id, queues, n, opts.lease_timeout)
+                self.last_poll_at = time.time()
+                error_wait = 0.5
+            except Exception:
+                logger.exception("claiming failed; retrying in %.1fs", error_wait)
+                for claim in claims:
+                    self.pool.submit(claim)
+                close_old_connections()
+                self.stopping.wait(error_wait)
+                error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
+                continue
+            if claims:
+                for claim in claims:
+                    self.pool.submit(claim)
+                idle_wait = MIN_IDLE_WAIT
+                continue
+            if opts.burst and self.pool.is_idle() and not self._work_near():
+                logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
+                return
+            if storage.blocking_wait:
+                self._waiting_blocked = full
+                try:
+                    if self.pool.version == version:
+                        wait_on = claimable + ([self._wake_key] if full else [])
+                        self._wait_for_work(opts.poll_interval, wait_on)
+                finally:
+                    self._waiting_blocked = False
+                continue
+            if full:
+                self.pool.wait_for_change(version, idle_wait)
+            else:
+                self.stopping.wait(idle_wait)
+            idle_wait = min(idle_wait * 2, opts.poll_interval)
+
+    def _on_freed(self) -> None:
+        """A pool thread: a claim of a limited queue left the pool."""
+        if self._waiting_blocked:
+            self.executor.storage.wake([self._wake_key])
+
+    def _wait_for_work(self, timeout: float, queues: Sequence[str] | None = None) -> None:
         try:
-            self.executor.storage.wait_for_work(self.options.queues, timeout)
+            self.executor.storage.wait_for_work(queues or self.options.queues, timeout)
         except Exception:
             logger.exception("waiting for work failed; retrying in %.1fs", timeout)
             self.stopping.wait(timeout)

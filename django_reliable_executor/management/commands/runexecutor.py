@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_reliable_executor.service import executor
-from django_reliable_executor.worker import Worker, WorkerOptions
+from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
 
 def _positive_int(value: str) -> int:
@@ -17,6 +17,31 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise ValueError(value)
     return number
+
+
+def parse_queues(value: str) -> tuple[tuple[str, ...], dict[str, int]]:
+    """``mail:2,reports:1,default`` -> the queue names in order, and the limits given."""
+    queues: list[str] = []
+    limits: dict[str, int] = {}
+    for item in value.split(","):
+        name, sep, limit = (part.strip() for part in item.partition(":"))
+        if not name:
+            if sep or limit:
+                raise CommandError(f"--queues: empty queue name in {item.strip()!r}")
+            continue  # stray comma, as before
+        if name in queues:
+            raise CommandError(f"--queues: queue {name!r} is named twice")
+        queues.append(name)
+        if sep:
+            try:
+                limits[name] = _positive_int(limit)
+            except ValueError:
+                raise CommandError(
+                    f"--queues: the limit of queue {name!r} must be an integer >= 1, not {limit!r}"
+                ) from None
+    if not queues:
+        raise CommandError("--queues needs at least one queue name")
+    return tuple(queues), limits
 
 
 class Command(BaseCommand):
@@ -32,7 +57,12 @@ class Command(BaseCommand):
         return kwargs
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--queues", default="default", help="comma-separated queue names")
+        parser.add_argument(
+            "--queues",
+            default="default",
+            help="comma-separated queue names, each optionally with its own concurrency limit: "
+            "mail:2,reports:1,default",
+        )
         parser.add_argument("--core-pool-size", type=_positive_int, default=None)
         parser.add_argument("--max-pool-size", type=_positive_int, default=None)
         parser.add_argument("--queue-capacity", type=int, default=None)
@@ -53,16 +83,15 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
-        if not queues:
-            raise CommandError("--queues needs at least one queue name")
+        queues, queue_limits = parse_queues(options["queues"])
         if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
             raise CommandError("--queue-capacity must be >= 0")
         if options["shutdown_timeout"] < 0:
             raise CommandError("--shutdown-timeout must be >= 0")
         worker_options = WorkerOptions.from_settings(
             executor,
-            queues=tuple(queues),
+            queues=queues,
+            queue_limits=queue_limits,
             core_pool_size=options["core_pool_size"],
             max_pool_size=options["max_pool_size"],
             queue_capacity=options["queue_capacity"],
@@ -86,7 +115,8 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self.stdout.write(f"runexecutor {worker.worker_id}: queues {','.join(queues)}")
+        described = format_queues(queues, queue_limits)
+        self.stdout.write(f"runexecutor {worker.worker_id}: queues {described}")
         self.stdout.flush()
         code = worker.run()
         if code:

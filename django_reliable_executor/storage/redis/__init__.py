@@ -102,6 +102,11 @@ class RedisStorage(Chores, Reading, Listing, Leases):
         """Block until a submit (or a hand-back) wakes this queue, the next scheduled task of
         these queues is due, or ``timeout`` seconds pass. True when woken by a token."""
         next_due = self._next_due.get(tuple(queues))
+        if tuple(queues) not in self._next_due:
+            # Claimed in several calls (per-queue limits): the earliest due of those calls.
+            waited = set(queues)
+            dues = [d for k, d in self._next_due.items() if d is not None and set(k) <= waited]
+            next_due = min(dues, default=None)
         if next_due is not None:
             until_due = (next_due - int(micros(self.clock.now()))) / 1e6
             if until_due <= 0:
