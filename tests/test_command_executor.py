@@ -298,6 +298,34 @@ def test_retry_exits_0_when_every_task_changed(scenario, live):
     assert result.lines == ["f1: retried", "x1: retried", "2 changed, 0 skipped, 0 not found"]
 
 
+def test_retry_failed_re_drives_every_dead_letter(scenario, now_ex, live):
+    for task_id, queue in (("f2", "dead"), ("m-f", "mail-dead")):
+        now_ex.submit("demo.always_fails", None, task_id=task_id, queue=queue, retry_limit=0)
+        claim = claim_one(now_ex.storage, queue=queue)
+        assert TaskRunner(now_ex, LEASE).run(claim) is TaskStatus.FAILED
+    narrowed = run("retry", "--failed", "--queue", "mail-dead")
+    assert (narrowed.code, narrowed.lines) == (
+        0,
+        ["m-f: retried", "1 changed, 0 skipped, 0 not found"],
+    )
+    result = run("retry", "--failed")
+    assert result.code == 0
+    assert sorted(result.lines[:-1]) == ["f1: retried", "f2: retried"]
+    assert result.lines[-1] == "2 changed, 0 skipped, 0 not found"
+    assert {live.get_task(i).status for i in ("f1", "f2", "m-f")} == {TaskStatus.PENDING}
+    assert live.get_task("x1").status is TaskStatus.CANCELLED  # not a dead letter
+    assert run("retry", "--failed").lines == ["0 changed, 0 skipped, 0 not found"]
+
+
+@pytest.mark.parametrize(
+    "args", [("retry",), ("retry", "f1", "--failed"), ("retry", "f1", "--queue", "mail")]
+)
+def test_retry_needs_ids_or_failed(live, args):
+    result = run(*args)
+    assert result.code == 2
+    assert "--failed" in result.err
+
+
 def test_cancel_mix_fires_signals_and_exits_1(scenario, live):
     with recording(signals.task_cancelled) as cancelled_signal:
         result = run("cancel", "c1", "r1", "done", "nope")
@@ -424,7 +452,8 @@ def test_missing_or_unknown_action_and_missing_ids():
     for args, message in (
         ((), "required: ACTION"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
-        (("retry",), "required: task_id"),
+        (("cancel",), "required: task_id"),
+        (("retry",), "give task ids or --failed"),
         (("purge", "--yes"), "required: --older-than"),
     ):
         with pytest.raises(CommandError, match=message):

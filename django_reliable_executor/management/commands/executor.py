@@ -27,7 +27,7 @@ from django_reliable_executor.cli import (
 )
 from django_reliable_executor.exceptions import StorageUnavailableError
 from django_reliable_executor.service import executor
-from django_reliable_executor.states import TERMINAL_STATUSES, TaskStatus
+from django_reliable_executor.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1  # an id not found or skipped, or a purge not confirmed
@@ -114,7 +114,16 @@ class Command(BaseCommand):
                 description=f"{verb} each task, one line per id, then a summary line. "
                 "Exit code 0 when every task changed, 1 when any was skipped or not found.",
             )
-            sub.add_argument("task_ids", nargs="+", metavar="task_id")
+            sub.add_argument("task_ids", nargs="+" if name == "cancel" else "*", metavar="task_id")
+        retry = actions.choices["retry"]
+        retry.add_argument(
+            "--failed",
+            action="store_true",
+            help="instead of ids: every task that ended FAILED, TIMEOUT or ERROR (the dead "
+            "letters), narrowed by --queue and --task-name",
+        )
+        retry.add_argument("--queue", default=None, help="with --failed: only this queue")
+        retry.add_argument("--task-name", default=None, help="with --failed: only this task name")
 
         purge = actions.add_parser(
             "purge",
@@ -210,7 +219,33 @@ class Command(BaseCommand):
 
     # -- retry and cancel -----------------------------------------------------------------
     def retry(self, options: dict[str, Any]) -> None:
-        self._each(options["task_ids"], self._retry_one)
+        task_ids = options["task_ids"]
+        if options["failed"] == bool(task_ids):
+            raise CommandError("retry: give task ids or --failed (not both)", returncode=EXIT_USAGE)
+        if not options["failed"] and (options["queue"] or options["task_name"]):
+            raise CommandError(
+                "retry: --queue and --task-name only narrow --failed", returncode=EXIT_USAGE
+            )
+        if options["failed"]:
+            task_ids = self._dead_letters(options["queue"], options["task_name"])
+        self._each(task_ids, self._retry_one)
+
+    @staticmethod
+    def _dead_letters(queue: str | None, task_name: str | None) -> list[str]:
+        """Ids of every FAILED, TIMEOUT and ERROR task (filtered), read before any is retried:
+        a retry moves a task out of these statuses, which would shift the pages."""
+        ids: list[str] = []
+        for status in sorted(FAILURE_STATUSES, key=lambda s: s.value):
+            offset = 0
+            while True:
+                page = executor.list_tasks(
+                    status=status, queue=queue, task_name=task_name, limit=500, offset=offset
+                )
+                ids += [task.task_id for task in page]
+                if len(page) < 500:
+                    break
+                offset += len(page)
+        return ids
 
     def cancel(self, options: dict[str, Any]) -> None:
         self._each(options["task_ids"], self._cancel_one)
