@@ -90,6 +90,20 @@ class Claim:
     def task_id(self) -> str:
         return self.task.task_id
 
+    def started(self, now: dt.datetime) -> Claim:
+        """This claim once its start was recorded: RUNNING, one more attempt counted."""
+        task = dataclasses.replace(
+            self.task, status=TaskStatus.RUNNING, attempts=self.task.attempts + 1, started_at=now
+        )
+        return dataclasses.replace(self, task=task, budget_attempts=self.budget_attempts + 1)
+
+    def completed(self, result: Any, now: dt.datetime) -> Transition:
+        """The transition of recording this (started) claim's success."""
+        task = dataclasses.replace(
+            self.task, status=TaskStatus.COMPLETED, result=result, finished_at=now
+        )
+        return Transition(task=task, previous=TaskStatus.RUNNING)
+
 
 @dataclasses.dataclass(frozen=True)
 class Transition:

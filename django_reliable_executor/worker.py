@@ -175,52 +175,12 @@ class Worker:
             logger.info("worker %s stopped", self.worker_id)
         return code
 
-    def _claim_loop(self) -> None:
-        if self.options.queue_limits:
-            self._limited_claim_loop()
-            return
-        opts = self.options
-        storage = self.executor.storage
-        idle_wait = MIN_IDLE_WAIT
-        error_wait = 0.5
-        while not self.stopping.is_set():
-            slots = self.pool.room()
-            if slots <= 0:
-                self.pool.wait_for_room(opts.poll_interval)
-                continue
-            try:
-                claims = storage.claim(
-                    self.worker_id, opts.queues, min(slots, CLAIM_BATCH), opts.lease_timeout
-                )
-                self.last_poll_at = time.time()
-                error_wait = 0.5
-            except Exception:
-                logger.exception("claiming failed; retrying in %.1fs", error_wait)
-                close_old_connections()
-                self.stopping.wait(error_wait)
-                error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
-                continue
-            if claims:
-                for claim in claims:
-                    self.pool.submit(claim)
-                idle_wait = MIN_IDLE_WAIT
-                continue
-            if opts.burst and self.pool.is_idle() and not self._work_near():
-                logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
-                return
-            if storage.blocking_wait:
-                # Redis: block until a submit wakes this queue or the next delayed task is due.
-                self._wait_for_work(opts.poll_interval)
-                continue
-            # Nothing due: wait, doubling the wait up to POLL_INTERVAL. A worker that just had
-            # work looks again within milliseconds; an idle one asks once per POLL_INTERVAL.
-            self.stopping.wait(idle_wait)
-            idle_wait = min(idle_wait * 2, opts.poll_interval)
-
     def _allowances(self, budget: int) -> list[tuple[tuple[str, ...], int]]:
         """(queues, how many to claim) per claim call: each limited queue alone, up to its
         limit minus what is held of it here; then the unlimited queues together."""
         limits = self.options.queue_limits
+        if not limits:
+            return [(tuple(self.options.queues), budget)]
         # A completed task stays RUNNING until the writer has recorded it: it still counts.
         held = collections.Counter(self.pool.held_by_queue())
         if self.runner.writer is not None:
@@ -234,9 +194,9 @@ class Worker:
             calls.append((unlimited, budget))
         return calls
 
-    def _limited_claim_loop(self) -> None:
-        """The claim loop with per-queue limits: a queue at its limit is not claimed from, so
-        none of it waits unseen here while the other queues keep flowing."""
+    def _claim_loop(self) -> None:
+        """Claim while the pool has room; with per-queue limits, a queue at its limit is not
+        claimed from, so none of it waits unseen here while the other queues keep flowing."""
         opts = self.options
         storage = self.executor.storage
         idle_wait = MIN_IDLE_WAIT
@@ -279,6 +239,8 @@ class Worker:
                 logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
                 return
             if storage.blocking_wait:
+                # Redis: block until a submit wakes a queue, the next delayed task is due, or
+                # (at a limit) a slot here frees up.
                 self._waiting_blocked = full
                 try:
                     if self.pool.version == version:
@@ -287,6 +249,8 @@ class Worker:
                 finally:
                     self._waiting_blocked = False
                 continue
+            # Nothing due: wait, doubling the wait up to POLL_INTERVAL. A worker that just had
+            # work looks again within milliseconds; an idle one asks once per POLL_INTERVAL.
             if full:
                 self.pool.wait_for_change(version, idle_wait)
             else:

@@ -74,21 +74,7 @@ class DatabaseStorage(Submitting, Claiming, Chores, Leases, Reading):
         started = self._hits(
             claims, changed, TaskStatus.RUNNING, "started_at", now, held_sql, held_params
         )
-        return [
-            dataclasses.replace(
-                claim,
-                task=dataclasses.replace(
-                    claim.task,
-                    status=TaskStatus.RUNNING,
-                    attempts=claim.task.attempts + 1,
-                    started_at=now,
-                ),
-                budget_attempts=claim.budget_attempts + 1,
-            )
-            if claim.task_id in started
-            else None
-            for claim in claims
-        ]
+        return [claim.started(now) if claim.task_id in started else None for claim in claims]
 
     def heartbeat(
         self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
@@ -141,14 +127,7 @@ class DatabaseStorage(Submitting, Claiming, Chores, Leases, Reading):
             claims, changed, TaskStatus.COMPLETED, "finished_at", now, held_sql, held_params
         )
         return [
-            Transition(
-                task=dataclasses.replace(
-                    claim.task, status=TaskStatus.COMPLETED, result=result, finished_at=now
-                ),
-                previous=TaskStatus.RUNNING,
-            )
-            if claim.task_id in done
-            else None
+            claim.completed(result, now) if claim.task_id in done else None
             for claim, result in outcomes
         ]
 

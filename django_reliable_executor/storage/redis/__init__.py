@@ -94,19 +94,17 @@ class RedisStorage(Chores, Reading, Listing, Leases):
         step = random.randint(1, TOKEN_STEP_MAX)
         reply = self._run("claim", worker_id, lease_until, limit, step, *queues, now=now)
         next_due = text(reply[0])
-        self._next_due[tuple(queues)] = int(next_due) if next_due else None
+        due = int(next_due) if next_due else None
+        for queue in queues:  # the earliest of the call's queues: at worst a wake-up too early
+            self._next_due[queue] = due
         return [claimed(text(reply[i]), reply[i + 1]) for i in range(1, len(reply), 2)]
 
     @guarded
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a submit (or a hand-back) wakes this queue, the next scheduled task of
         these queues is due, or ``timeout`` seconds pass. True when woken by a token."""
-        next_due = self._next_due.get(tuple(queues))
-        if tuple(queues) not in self._next_due:
-            # Claimed in several calls (per-queue limits): the earliest due of those calls.
-            waited = set(queues)
-            dues = [d for k, d in self._next_due.items() if d is not None and set(k) <= waited]
-            next_due = min(dues, default=None)
+        dues = [self._next_due.get(queue) for queue in queues]
+        next_due = min((d for d in dues if d is not None), default=None)
         if next_due is not None:
             until_due = (next_due - int(micros(self.clock.now()))) / 1e6
             if until_due <= 0:
@@ -156,18 +154,7 @@ class RedisStorage(Chores, Reading, Listing, Leases):
         args = [value for claim in claims for value in (claim.task_id, claim.token)]
         replies = self._run("start", lease_until, nonce(), *args, now=now)
         return [
-            dataclasses.replace(
-                claim,
-                task=dataclasses.replace(
-                    claim.task,
-                    status=TaskStatus.RUNNING,
-                    attempts=claim.task.attempts + 1,
-                    started_at=now,
-                ),
-                budget_attempts=claim.budget_attempts + 1,
-            )
-            if started == 1
-            else None
+            claim.started(now) if started == 1 else None
             for claim, started in zip(claims, replies, strict=True)
         ]
 
@@ -199,14 +186,7 @@ class RedisStorage(Chores, Reading, Listing, Leases):
         ]
         replies = self._run("complete", nonce(), *args, now=now)
         return [
-            Transition(
-                task=dataclasses.replace(
-                    claim.task, status=TaskStatus.COMPLETED, result=result, finished_at=now
-                ),
-                previous=TaskStatus.RUNNING,
-            )
-            if done == 1
-            else None
+            claim.completed(result, now) if done == 1 else None
             for (claim, result), done in zip(outcomes, replies, strict=True)
         ]
 

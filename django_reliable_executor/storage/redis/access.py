@@ -63,7 +63,8 @@ class RedisAccess(TaskStorage):
         self._keys = [self.p + "counts"]  # routes every script to the prefix's hash slot
         self._scripts = Scripts(client)
         self._unavailable = _unavailable_errors()
-        self._next_due: dict[tuple[str, ...], int | None] = {}
+        # queue -> when its next scheduled task is due, as the last claim of it saw it
+        self._next_due: dict[str, int | None] = {}
 
     def _run(self, name: str, *args: Any, now: dt.datetime | None = None) -> Any:
         now = now or self.clock.now()
