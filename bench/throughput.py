@@ -205,9 +205,15 @@ class DatabaseStore(Store):
         call_command("migrate", database=self.alias, verbosity=0, interactive=False)
 
     def _tables(self) -> list[str]:
-        from django_reliable_executor.models import ReliableLock, ReliableTask, ReliableWorker
+        from django_reliable_executor.models import (
+            ReliableLock,
+            ReliableSchedule,
+            ReliableTask,
+            ReliableWorker,
+        )
 
-        return [m._meta.db_table for m in (ReliableTask, ReliableWorker, ReliableLock)]
+        models = (ReliableTask, ReliableWorker, ReliableLock, ReliableSchedule)
+        return [m._meta.db_table for m in models]
 
     def clear(self) -> None:
         connection = self._connection()

@@ -1,16 +1,20 @@
 """django-reliable-executor: reliable background tasks on the database or Redis you already run."""
 
-from .exceptions import TaskSubmitError
+from .exceptions import InvalidScheduleError, TaskSubmitError
 from .execution import TaskContext
 from .records import TaskInfo, TaskSubmitRequest
 from .registry import reliable_task_handler
+from .schedules.records import Schedule, ScheduleInfo
 from .service import ReliableExecutor, executor
 from .states import TaskStatus
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "InvalidScheduleError",
     "ReliableExecutor",
+    "Schedule",
+    "ScheduleInfo",
     "TaskContext",
     "TaskInfo",
     "TaskStatus",

@@ -48,6 +48,10 @@ class ExecutorSettings:
     # HTTP API (django_reliable_executor.api): key id -> shared secret; empty = no signed access.
     API_KEYS: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
     API_SIGNATURE_WINDOW: float = 300.0
+    # Schedules: how late a run may fire and still count as on time (misfire="skip"), and the
+    # most missed runs one schedule fires after downtime (misfire="catch_up").
+    SCHEDULE_MISFIRE_GRACE: float = 60.0
+    SCHEDULE_CATCH_UP_LIMIT: int = 100
 
 
 KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(ExecutorSettings))
@@ -187,6 +191,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: _api_keys_problem(v) is None,
         "a dict {key id: shared secret of at least 32 characters}",
     ),
+    "SCHEDULE_MISFIRE_GRACE": (lambda v: _is_number(v) and v >= 0, "a number of seconds >= 0"),
+    "SCHEDULE_CATCH_UP_LIMIT": (_pos_int, "an integer > 0"),
     "API_SIGNATURE_WINDOW": (
         lambda v: _is_number(v) and 1 <= v <= 3600,
         "a number of seconds from 1 to 3600",

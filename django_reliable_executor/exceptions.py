@@ -41,3 +41,12 @@ class HandlerRegistrationError(ReliableExecutorError):
 
 class StorageUnavailableError(ReliableExecutorError):
     """The storage could not be reached; the operation did not happen."""
+
+
+class InvalidScheduleError(ReliableExecutorError, ValueError):
+    """A schedule definition was refused (bad cron, interval, time zone, ...); nothing was
+    stored. ``field`` names what was wrong."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field

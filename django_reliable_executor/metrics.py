@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .states import TaskStatus
+from .states import FAILURE_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
@@ -64,6 +64,9 @@ MAX_TRACKED_ATTEMPTS = 10_000
 # Outcomes counted in ``failed_total``: the task ended without success and not by its deadline
 # (ERROR: it could not run here at all: no handler, or a parameter param_type rejects).
 FAILED_COUNTED = frozenset({TaskStatus.FAILED, TaskStatus.ERROR})
+# The dead letters: tasks that ended FAILED, TIMEOUT or ERROR and stay stored until retention (or
+# a purge) deletes them or someone retries them; ``dead_letters{queue}`` sums them per queue.
+DEAD_LETTER_STATUSES = FAILURE_STATUSES
 
 
 class _Metrics:
@@ -225,6 +228,61 @@ def observe_transition(transition: Transition) -> None:
             collectors.child(collectors.execution_seconds, task).observe(seconds)
 
 
+# -- schedules: fired by the master ----------------------------------------------------------
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+def _schedule_collectors() -> tuple[Any, Any, Any] | None:
+    """(runs fired, runs skipped, lag histogram), unlabelled: a million schedules must not
+    make a million series."""
+    if _get() is None:
+        return None
+    from prometheus_client import Counter, Histogram
+
+    fired = f"{PREFIX}_schedule_runs_fired_total"
+    skipped = f"{PREFIX}_schedule_runs_skipped_total"
+    lag = f"{PREFIX}_schedule_lag_seconds"
+    return (
+        _find_or_create(
+            fired, lambda: Counter(fired[: -len("_total")], "Schedule runs fired as tasks.")
+        ),
+        _find_or_create(
+            skipped,
+            lambda: Counter(
+                skipped[: -len("_total")],
+                "Missed schedule runs their misfire policy dropped (skip, run_once, or past "
+                "SCHEDULE_CATCH_UP_LIMIT).",
+            ),
+        ),
+        _find_or_create(
+            lag,
+            lambda: Histogram(
+                lag, "Seconds from a run's planned time to its fire.", buckets=LAG_BUCKETS
+            ),
+        ),
+    )
+
+
+def observe_schedule_fired(lags: Iterable[float]) -> None:
+    """Runs just fired (their tasks newly stored), each this many seconds after its plan."""
+    collectors = _schedule_collectors()
+    if collectors is None:
+        return
+    fired, _, lag = collectors
+    count = 0
+    for seconds in lags:
+        lag.observe(max(seconds, 0.0))
+        count += 1
+    fired.inc(count)
+
+
+def observe_schedule_skipped(count: int) -> None:
+    """Missed runs a misfire policy dropped."""
+    collectors = _schedule_collectors()
+    if collectors is not None:
+        collectors[1].inc(count)
+
+
 def set_master(is_master: bool) -> None:
     """This process holds the master lock now, or not."""
     gauge = _gauge(
@@ -246,8 +304,9 @@ def track_pool(queue_size: Callable[[], int]) -> None:
 
 # -- the task gauges: read from the storage at scrape time ---------------------------------
 class TaskCountCollector:
-    """``reliable_executor_tasks{status, queue}`` and
-    ``reliable_executor_oldest_due_task_age_seconds{queue}``, read through the service when
+    """``reliable_executor_tasks{status, queue}``,
+    ``reliable_executor_dead_letters{queue}`` (the FAILED + TIMEOUT + ERROR of the same counts)
+    and ``reliable_executor_oldest_due_task_age_seconds{queue}``, read through the service when
     scraped, at most once per ``cache_seconds``. A storage error skips these samples (logged at
     debug): the scrape itself never fails.
 
@@ -310,6 +369,11 @@ class TaskCountCollector:
         tasks = GaugeMetricFamily(
             f"{PREFIX}_tasks", "Stored tasks by status and queue.", labels=["status", "queue"]
         )
+        dead = GaugeMetricFamily(
+            f"{PREFIX}_dead_letters",
+            "Stored tasks that ended FAILED, TIMEOUT or ERROR (dead letters), by queue.",
+            labels=["queue"],
+        )
         age = GaugeMetricFamily(
             f"{PREFIX}_oldest_due_task_age_seconds",
             "Seconds the oldest due, unclaimed task of the queue has waited (0: none waits).",
@@ -319,8 +383,12 @@ class TaskCountCollector:
             for queue, by_status in snapshot.counts.items():
                 for status in TaskStatus:
                     tasks.add_metric([status.value, queue], by_status.get(status, 0))
+                dead.add_metric(
+                    [queue], sum(by_status.get(status, 0) for status in DEAD_LETTER_STATUSES)
+                )
                 age.add_metric([queue], snapshot.ages[queue])
         yield tasks
+        yield dead
         yield age
 
 

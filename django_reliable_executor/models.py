@@ -60,6 +60,9 @@ class ReliableTask(models.Model):
             models.Index(fields=["task_name", "status"], name="rexec_name_status_idx"),
             models.Index(fields=["finished_at"], name="rexec_finished_idx"),
             models.Index(fields=["created_at"], name="rexec_created_idx"),
+            # max_concurrency: count the held (claimed, not finished) tasks of one name.
+            # Partial on PostgreSQL (migration 0006): only held rows are in it there.
+            models.Index(fields=["task_name", "available", "status"], name="rexec_held_idx"),
         ]
 
     def __str__(self) -> str:
@@ -78,6 +81,21 @@ class ReliableLock(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.owner or 'nobody'} until {self.expires_at}"
+
+
+class ReliableNameLock(models.Model):
+    """One row per task name with a ``max_concurrency``: claims of that name lock it (FOR UPDATE,
+    or a write on SQLite) for the length of their transaction, so two workers never both see
+    the same free slot. It holds no state of its own."""
+
+    name = models.CharField(max_length=191, primary_key=True)
+
+    class Meta:
+        db_table = "reliable_executor_name_lock"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class ReliableWorker(models.Model):
@@ -109,3 +127,42 @@ class ReliableApiNonce(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} until {self.expires_at}"
+
+
+class ReliableSchedule(models.Model):
+    """A periodic schedule (database storage): its definition, and when it fires next."""
+
+    schedule_id = models.CharField(max_length=191, primary_key=True)
+    task_name = models.CharField(max_length=191)
+    parameter = models.JSONField(null=True, blank=True)
+    every_micros = models.BigIntegerField(null=True, blank=True, help_text="Interval schedules.")
+    cron = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - None: interval
+    timezone = models.CharField(max_length=64, default="UTC")
+    start_at = models.DateTimeField()
+    misfire = models.CharField(max_length=16, default="skip")
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.IntegerField(default=0)
+    retry_limit = models.PositiveIntegerField(default=3)
+    retry_interval = models.BigIntegerField(default=2000, help_text="Milliseconds.")
+    retry_backoff = models.CharField(max_length=16, default="fixed")
+    max_duration_millis = models.BigIntegerField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    next_run_at = models.DateTimeField()
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_task_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
+    origin = models.CharField(max_length=16, default="api")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "reliable_executor_schedule"
+        verbose_name = "reliable schedule"
+        ordering = ["schedule_id"]
+        # view: see schedules; change: pause and resume; add/delete: through the HTTP API.
+        indexes = [
+            # The master's "due now" query: active schedules by next run.
+            models.Index(fields=["paused", "next_run_at"], name="rexec_sched_due_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.schedule_id

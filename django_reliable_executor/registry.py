@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .exceptions import HandlerRegistrationError
 from .retries import BACKOFF_CHOICES
+from .schedules.records import Schedule
+
+ScheduleSpec = Schedule | str | int | float | dt.timedelta
 
 if TYPE_CHECKING:
     from .records import TaskInfo
@@ -34,6 +39,7 @@ class TaskHandler(Generic[R]):
         max_duration_millis: int | None = None,
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         takes_context: bool = False,
+        max_concurrency: int | None = None,
     ) -> None:
         self.func = func
         self.name = name
@@ -46,6 +52,10 @@ class TaskHandler(Generic[R]):
         self.max_duration_millis = max_duration_millis
         self.retry_on = retry_on
         self.takes_context = takes_context
+        # Most tasks of this name held (claimed, started or not) at once across all workers.
+        self.max_concurrency = max_concurrency
+        # Schedules declared with the decorator's ``schedule=`` (saved by runexecutor).
+        self.schedules: tuple[Schedule, ...] = ()
         self.accepts_parameter = param_type is not None or _takes_positional(func)
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
@@ -118,6 +128,9 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
         isinstance(t, type) and issubclass(t, BaseException) for t in retry_on
     ):
         raise bad("retry_on must be a tuple of exception classes")
+    cap = options.get("max_concurrency")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise bad(f"max_concurrency must be an integer >= 1 or None, got {cap!r}")
 
 
 def reliable_task_handler(
@@ -132,10 +145,17 @@ def reliable_task_handler(
     max_duration_millis: int | None = None,
     retry_on: tuple[type[BaseException], ...] = (Exception,),
     takes_context: bool = False,
+    max_concurrency: int | None = None,
+    schedule: ScheduleSpec | Sequence[ScheduleSpec] | None = None,
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
     """Register a function as the handler of ``name`` (default ``module.qualname``).
 
     Options left as None take the RELIABLE_EXECUTOR defaults when a task is submitted.
+    ``max_concurrency`` caps how many tasks of this name are held (claimed, started or not)
+    at once across every worker; the storage enforces it when workers claim.
+    ``schedule`` fires the task periodically: a cron string ("0 3 * * *"), an interval in
+    seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
+    updates these schedules when it starts.
     """
     if isinstance(retry_on, type):
         retry_on = (retry_on,)
@@ -153,9 +173,11 @@ def reliable_task_handler(
             max_duration_millis=max_duration_millis,
             retry_on=retry_on,
             takes_context=takes_context,
+            max_concurrency=max_concurrency,
         )
         _validate_options(task_name, options)
         handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
+        handler.schedules = _schedules(task_name, schedule)
         register(handler)
         return handler
 
@@ -184,6 +206,73 @@ def get_handler(name: str) -> TaskHandler[Any] | None:
 
 def all_handlers() -> dict[str, TaskHandler[Any]]:
     return dict(_handlers)
+
+
+def name_limits() -> dict[str, int]:
+    """``{task_name: max_concurrency}`` of the registered handlers that have a cap."""
+    return {
+        name: handler.max_concurrency
+        for name, handler in list(_handlers.items())
+        if handler.max_concurrency is not None
+    }
+
+
+def _schedules(
+    name: str, given: ScheduleSpec | Sequence[ScheduleSpec] | None
+) -> tuple[Schedule, ...]:
+    """The decorator's ``schedule=`` as Schedules of this task, validated now so a bad cron
+    fails at import time rather than when a worker starts."""
+    from .exceptions import InvalidScheduleError
+    from .schedules.operations import validate_schedule_id
+    from .schedules.timing import make_timing
+
+    if given is None:
+        return ()
+    items = list(given) if isinstance(given, (list, tuple)) else [given]
+    specs: list[Schedule] = []
+    for item in items:
+        if isinstance(item, str):
+            spec = Schedule(cron=item)
+        elif isinstance(item, (int, float, dt.timedelta)) and not isinstance(item, bool):
+            spec = Schedule(every=item)
+        elif isinstance(item, Schedule):
+            spec = item
+        else:
+            raise HandlerRegistrationError(
+                f"@reliable_task_handler(name={name!r}): schedule must be a cron string, "
+                f"seconds, a timedelta or a Schedule, got {item!r}"
+            )
+        if spec.task_name not in (None, name):
+            raise HandlerRegistrationError(
+                f"@reliable_task_handler(name={name!r}): a Schedule in schedule= fires this "
+                f"handler; leave its task_name out (got {spec.task_name!r})"
+            )
+        spec = dataclasses.replace(spec, task_name=name, schedule_id=spec.schedule_id or name)
+        try:
+            validate_schedule_id(spec.schedule_id)
+            make_timing(
+                every=spec.every,
+                cron=spec.cron,
+                timezone=spec.timezone or "UTC",
+                anchor=dt.datetime.now(dt.timezone.utc),
+            )
+        except InvalidScheduleError as exc:
+            raise HandlerRegistrationError(
+                f"@reliable_task_handler(name={name!r}): schedule {spec.schedule_id!r}: {exc}"
+            ) from exc
+        specs.append(spec)
+    ids = [spec.schedule_id for spec in specs]
+    if len(set(ids)) != len(ids):
+        raise HandlerRegistrationError(
+            f"@reliable_task_handler(name={name!r}): several schedules need their own "
+            "schedule_id (Schedule(schedule_id=..., ...))"
+        )
+    return tuple(specs)
+
+
+def declared_schedules() -> list[Schedule]:
+    """Every schedule declared with ``@reliable_task_handler(schedule=...)``."""
+    return [spec for handler in list(_handlers.values()) for spec in handler.schedules]
 
 
 def unregister(name: str) -> None:

@@ -1,5 +1,6 @@
-"""Leader-only chores, each idempotent and bounded per round: promote due tasks, recover expired
-leases, time out tasks past their max duration, purge finished tasks past retention."""
+"""Leader-only chores, each idempotent and bounded per round: fire due schedules, promote due
+tasks, recover expired leases, time out tasks past their max duration, purge finished tasks past
+retention."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import datetime as dt
 import logging
 import time
 
+from .schedules.firing import ScheduleFiring
 from .service import ReliableExecutor
 
 logger = logging.getLogger("django_reliable_executor")
@@ -29,6 +31,7 @@ class Scheduler:
         self.settle_seconds = settle_seconds
         self._next_purge = 0.0
         self._recover_from = 0.0
+        self.firing = ScheduleFiring(executor)
 
     def settle(self) -> None:
         """Hold lease recovery back for ``settle_seconds`` from now. Called when this worker
@@ -40,7 +43,8 @@ class Scheduler:
     def run_once(self) -> bool:
         """One round of every chore. Returns True when a batch was full (more work waits)."""
         storage = self.executor.storage
-        busy = storage.promote_due(BATCH) >= BATCH
+        busy = self.firing.run_once()
+        busy = storage.promote_due(BATCH) >= BATCH or busy
         recovered = storage.recover_expired(BATCH) if time.monotonic() >= self._recover_from else []
         for transition in recovered:
             self.executor.announce(transition)
@@ -60,3 +64,12 @@ class Scheduler:
             else:
                 self._next_purge = time.monotonic() + PURGE_EVERY_SECONDS
         return busy
+
+    def seconds_to_next_schedule(self, longest: float) -> float:
+        """How long the master may sleep before a schedule is due (at most ``longest``): the
+        rounds then fire within milliseconds of the planned time, not up to a tick late."""
+        next_due = self.firing.next_due()
+        if next_due is None:
+            return longest
+        seconds = (next_due - self.executor.clock.now()).total_seconds()
+        return min(max(seconds, 0.0), longest)

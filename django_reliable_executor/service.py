@@ -28,6 +28,7 @@ from .exceptions import (
 from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
 from .registry import TaskHandler, get_handler
 from .retries import BACKOFF_CHOICES
+from .schedules.operations import ScheduleOperations
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .storage import TaskStorage, build_storage
@@ -46,7 +47,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class ReliableExecutor:
+def _status(value: TaskStatus | str) -> TaskStatus:
+    try:
+        return TaskStatus(value)
+    except ValueError:
+        raise ValueError(f"unknown status {value!r}") from None
+
+
+class ReliableExecutor(ScheduleOperations):
     """The public service. Thread-safe; storage is built from settings on first use."""
 
     def __init__(
@@ -159,6 +167,10 @@ class ReliableExecutor:
         for task in new_tasks:
             infos.setdefault(task.task_id, new_info(task))
         return [infos[task.task_id] for task in new_tasks]
+
+    def announce_submitted(self, created: list[TaskInfo]) -> None:
+        """Metrics, log line and ``task_submitted`` signal of tasks just stored."""
+        self._announce_submitted(created)
 
     def _announce_submitted(self, created: list[TaskInfo]) -> None:
         metrics.observe_submitted(created)
@@ -367,17 +379,32 @@ class ReliableExecutor:
         queue: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        *,
+        statuses: Iterable[TaskStatus | str] | None = None,
     ) -> list[TaskInfo]:
-        """Tasks newest first, filtered by any of status, task_name and queue."""
+        """Tasks newest first, filtered by any of status, task_name and queue.
+
+        ``statuses`` lists the tasks of any of several statuses together, e.g. the dead letters
+        (``statuses=FAILURE_STATUSES``: FAILED, TIMEOUT and ERROR); give it or ``status``, not
+        both."""
+        if status is not None and statuses is not None:
+            raise ValueError("give status or statuses, not both")
         if status is not None:
-            try:
-                status = TaskStatus(status)
-            except ValueError:
-                raise ValueError(f"unknown status {status!r}") from None
+            status = _status(status)
+        chosen = None
+        if statuses is not None:
+            if isinstance(statuses, str):  # "FAILED" would be read as "F", "A", ...
+                raise ValueError("statuses must be a collection of statuses, not a string")
+            chosen = frozenset(_status(s) for s in statuses)
         if not _is_int(limit) or limit < 0 or not _is_int(offset) or offset < 0:
             raise ValueError("limit and offset must be integers >= 0")
         return self.storage.list(
-            status=status, task_name=task_name, queue=queue, limit=limit, offset=offset
+            status=status,
+            statuses=chosen,
+            task_name=task_name,
+            queue=queue,
+            limit=limit,
+            offset=offset,
         )
 
     def count_by_status(self, queue: str | None = None) -> dict[TaskStatus, int]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from django.db import close_old_connections
 
-from . import metrics
+from . import metrics, registry
 from .execution import TaskRunner
 from .leadership import MasterLock
 from .pool import BoundedPool
@@ -110,6 +110,8 @@ class Worker:
         # queue is full; a task of it finishing wakes the loop through this private wake key.
         self._wake_key = f"_worker:{self.worker_id}"
         self._waiting_blocked = False
+        # max_concurrency of the registered handlers: enforced by the storage at each claim.
+        self.name_limits = registry.name_limits()
 
     # -- control --------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -219,7 +221,13 @@ class Worker:
                 for queues, allowed in calls:
                     n = min(allowed, budget - len(claims))
                     if n > 0:
-                        claims += storage.claim(self.worker_id, queues, n, opts.lease_timeout)
+                        claims += storage.claim(
+                            self.worker_id,
+                            queues,
+                            n,
+                            opts.lease_timeout,
+                            name_limits=self.name_limits or None,
+                        )
                 self.last_poll_at = time.time()
                 error_wait = 0.5
             except Exception:
@@ -355,18 +363,30 @@ class Worker:
     def _scheduler_loop(self) -> None:
         tick = min(1.0, self.options.master_lock_ttl / 4)
         was_master = False
+        synced = False
         while not self._threads_done.is_set():
             busy = False
+            wait = tick
             try:
+                if not synced:
+                    self._sync_declared_schedules()
+                    synced = True
                 is_master = self.master.hold()
                 if is_master and not was_master:
                     self.scheduler.settle()
                 was_master = is_master
                 if is_master:
                     busy = self.scheduler.run_once()
+                    wait = self.scheduler.seconds_to_next_schedule(tick)
             except Exception:
                 logger.exception("scheduler round failed")
                 self.scheduler.settle()
                 close_old_connections()
-            self._threads_done.wait(0.01 if busy else tick)
+            self._threads_done.wait(0.01 if busy else max(wait, 0.001))
         close_old_connections()
+
+    def _sync_declared_schedules(self) -> None:
+        """Save the schedules declared in code (once per start; retried until it works)."""
+        written = self.executor.sync_declared_schedules()
+        if written:
+            logger.info("saved %d schedule(s) declared in code", written)

@@ -25,7 +25,14 @@ TERMINAL = {status.value for status in TERMINAL_STATUSES}
 NONCE = "test-nonce"  # the per-call nonce of start, complete and fail called directly
 Snapshot = dict[str, tuple[str, Any]]
 # Keys with no task index in them, as (name, type).
-KNOWN_KEYS = {("counts", "hash"), ("queues", "set"), ("workers", "hash"), ("workers:seen", "zset")}
+KNOWN_KEYS = {
+    ("counts", "hash"),
+    ("queues", "set"),
+    ("workers", "hash"),
+    ("workers:seen", "zset"),
+    ("held", "hash"),
+    ("parked", "set"),
+}
 
 
 # -- reading Redis as it is -----------------------------------------------------------------
@@ -82,6 +89,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
     scores: dict[str, dict[str, str]] = defaultdict(dict)  # index -> task id -> score
     ready_priorities: dict[str, set[str]] = defaultdict(set)
     prio_sets: dict[str, dict[str, str]] = {}
+    parked_priorities: dict[str, set[str]] = defaultdict(set)  # name -> non-empty parked sets
+    parkprio_sets: dict[str, dict[str, str]] = {}
     for key, (kind, value) in snap.items():
         family, _, rest = key.partition(":")
         if family == "t" and kind == "hash":
@@ -97,6 +106,14 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
                 scores[key][task_id] = score
         elif family == "prio" and kind == "zset":
             prio_sets[rest] = dict(value)
+        elif family == "parked" and kind == "zset":
+            name, _, priority = rest.rpartition(":")
+            parked_priorities[name].add(priority)
+            for task_id, score in value:
+                places[task_id].append(key)
+                scores[key][task_id] = score
+        elif family == "parkprio" and kind == "zset":
+            parkprio_sets[rest] = dict(value)
         elif (key in ("leases", "finished") or family == "done") and kind == "zset":
             for task_id, score in value:
                 places[task_id].append(key)
@@ -122,6 +139,25 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             if float(score) != float(member)
         ]
 
+    for name in parked_priorities.keys() | parkprio_sets.keys():
+        listed = parkprio_sets.get(name, {})
+        if set(listed) != parked_priorities[name]:
+            problems.append(
+                f"parkprio:{name} lists {sorted(listed)}, the non-empty parked sets are "
+                f"{sorted(parked_priorities[name])}"
+            )
+        problems += [
+            f"parkprio:{name} scores {member} as {score}"
+            for member, score in listed.items()
+            if float(score) != float(member)
+        ]
+    parked_names = set(snap.get("parked", ("set", []))[1])
+    if parked_names != set(parked_priorities):
+        problems.append(
+            f"parked set lists {sorted(parked_names)}, the names with parked tasks are "
+            f"{sorted(parked_priorities)}"
+        )
+
     def score_matches(index: str, task_id: str, values: dict[str, str], field: str) -> None:
         score = scores[index].get(task_id)
         if score is not None and int(float(score)) != int(values.get(field) or -1):
@@ -130,13 +166,22 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             )
 
     counted: Counter[str] = Counter()
+    leased_names: Counter[str] = Counter()  # task name -> tasks of it in the leases
     queues = set(snap.get("queues", ("set", []))[1])
     for task_id, values in tasks.items():
         status, queue, priority = values.get("s"), values.get("q"), values.get("p")
         counted[f"{status}:{queue}"] += 1
         where = sorted(places.pop(task_id, []))
+        task_name = values.get("n")
+        if "leases" in where:
+            leased_names[str(task_name)] += 1
         if status in WAITING:
-            allowed = [[f"ready:{queue}:{priority}"], [f"sched:{queue}"], ["leases"]]
+            allowed = [
+                [f"ready:{queue}:{priority}"],
+                [f"sched:{queue}"],
+                [f"parked:{task_name}:{priority}"],
+                ["leases"],
+            ]
         elif status == "RUNNING":
             allowed = [["leases"]]
         elif status in TERMINAL:
@@ -150,6 +195,7 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
         if status == "RUNNING" and not values.get("st"):
             problems.append(f"{task_id} is RUNNING without a start time")
         score_matches(f"sched:{queue}", task_id, values, "r")
+        score_matches(f"parked:{task_name}:{priority}", task_id, values, "r")
         score_matches("finished", task_id, values, "f")
         score_matches(f"done:{status}", task_id, values, "c")
         has_deadline = status not in TERMINAL and "d" in values
@@ -160,6 +206,10 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             problems.append(f"{task_id}'s queue {queue} is not in the queues set")
     problems += [f"{', '.join(where)} hold unknown task {i}" for i, where in places.items()]
     problems += [f"deadlines holds unknown task {i}" for i in scores["deadlines"] if i not in tasks]
+
+    held = {field: int(n) for field, n in snap.get("held", ("hash", {}))[1].items()}
+    if held != dict(leased_names):
+        problems.append(f"held hash {held} but the leases hold {dict(leased_names)} by name")
 
     stored = {field: int(n) for field, n in snap.get("counts", ("hash", {}))[1].items()}
     if {field: n for field, n in stored.items() if n != 0} != dict(counted):

@@ -5,6 +5,7 @@ retry/cancel actions and who may do what."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from tests.admin_support import (
     make_user,
     populate,
 )
-from tests.contract_support import recording
+from tests.contract_support import claim_and_start, recording
 
 LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
 
@@ -140,7 +141,11 @@ def test_filter_totals_come_from_the_counters_except_for_a_task_name(service, vi
 def test_filter_sidebar_offers_statuses_queues_and_registered_names(service, viewer):
     response = viewer.get(LIST_URL + "?queue=emails")
     choices = {f["name"]: f["links"] for f in response.context["filter_choices"]}
-    assert [link["label"] for link in choices["status"]] == ["All", *(s.value for s in TaskStatus)]
+    assert [link["label"] for link in choices["status"]] == [
+        "All",
+        *(s.value for s in TaskStatus),
+        "Dead letters",
+    ]
     assert [link["label"] for link in choices["queue"]] == ["All", "default", "emails"]
     assert [link["label"] for link in choices["queue"] if link["selected"]] == ["emails"]
     names = [link["label"] for link in choices["task_name"]]
@@ -148,6 +153,107 @@ def test_filter_sidebar_offers_statuses_queues_and_registered_names(service, vie
     # A status link keeps the queue filter and goes back to page 1.
     failed = next(link for link in choices["status"] if link["label"] == "FAILED")
     assert failed["url"] == "?status=FAILED&queue=emails"
+
+
+# -- dead letters -----------------------------------------------------------------------------
+def add_timeout_and_error(service: Any) -> None:
+    """A TIMEOUT and then an ERROR task (newer than every POPULATED one), in a queue of their
+    own so that each claim here takes exactly the task meant."""
+    service.submit("contract.hook", None, task_id="t-timeout", queue="dlq", max_duration_millis=1)
+    time.sleep(0.01)
+    assert [t.task.task_id for t in service.storage.expire_overdue(10)] == ["t-timeout"]
+    service.submit("contract.hook", None, task_id="t-error", queue="dlq")
+    claim = claim_and_start(service.storage, queue="dlq")
+    assert service.storage.fail(claim, "no handler", retryable=False, is_error=True) is not None
+    assert status_of(service, "t-timeout") is TaskStatus.TIMEOUT
+    assert status_of(service, "t-error") is TaskStatus.ERROR
+
+
+DEAD = ["t-error", "t-timeout", "t-failed-emails", "t-failed"]  # newest first
+
+
+def test_dead_letters_filter_lists_failed_timeout_and_error_together(service, viewer):
+    add_timeout_and_error(service)
+    response = viewer.get(LIST_URL + "?status=dead")
+    assert response.status_code == 200
+    assert listed(response) == DEAD
+    assert response.context["total"] == 4
+    html = response.content.decode()
+    assert "Tasks 1&ndash;4 of 4, newest first." in html
+    assert 'id="re-dead-letters-help"' in html
+    assert "re-retry-dead-button" not in html  # a viewer cannot retry
+    # Shown with the status choices, selected, and kept by the task name box.
+    choices = {f["name"]: f["links"] for f in response.context["filter_choices"]}
+    dead = [link for link in choices["status"] if link["label"] == "Dead letters"]
+    assert dead == [{"label": "Dead letters", "url": "?status=dead", "selected": True}]
+    assert [link["label"] for link in choices["status"] if link["selected"]] == ["Dead letters"]
+    assert '<input type="hidden" name="status" value="dead">' in html
+    # Combined with the other filters.
+    assert listed(viewer.get(LIST_URL + "?status=dead&queue=emails")) == ["t-failed-emails"]
+    assert listed(viewer.get(LIST_URL + "?status=dead&queue=dlq")) == ["t-error", "t-timeout"]
+    named = viewer.get(LIST_URL + "?status=dead&task_name=contract.hook")
+    assert listed(named) == DEAD and named.context["total"] is None
+    assert viewer.get(LIST_URL + "?status=dead&queue=emails").context["total"] == 1
+
+
+def test_summary_links_to_the_dead_letters_with_their_count(service, viewer):
+    add_timeout_and_error(service)
+    response = viewer.get(LIST_URL)
+    summary = response.context["summary"]
+    assert summary["dead_letters"] == 4
+    assert summary["dead_letters_url"] == "?status=dead"
+    html = response.content.decode()
+    assert re.search(r'<a href="\?status=dead"[^>]*>Dead letters: 4</a>', html)
+    assert 'id="re-dead-letters-help"' not in html  # only on the dead letters' page
+
+
+def test_dead_letters_pages_keep_the_filter(service, viewer, monkeypatch):
+    add_timeout_and_error(service)
+    monkeypatch.setattr(pages, "PAGE_SIZE", 3)
+    first = viewer.get(LIST_URL + "?status=dead")
+    assert listed(first) == DEAD[:3]
+    assert first.context["next_url"] == "?status=dead&page=2"
+    second = viewer.get(LIST_URL + "?status=dead&page=2")
+    assert listed(second) == DEAD[3:]
+    assert second.context["next_url"] is None
+    assert second.context["previous_url"] == "?status=dead"
+
+
+def test_select_all_and_retry_on_the_dead_letters_page(service, operator):
+    add_timeout_and_error(service)
+    url = LIST_URL + "?status=dead"
+    page = operator.get(url)
+    assert page.content.decode().count('class="action-select"') == 4
+    response = operator.post(url, {"action": "retry", "_selected_action": listed(page)})
+    assert response.status_code == 302 and response["Location"] == url
+    assert message_texts(response) == ["4 tasks retried."]
+    assert all(status_of(service, task_id) is TaskStatus.PENDING for task_id in DEAD)
+    after = operator.get(url)
+    assert listed(after) == [] and after.context["total"] == 0
+
+
+def test_retry_the_dead_letters_page_button(service, operator, monkeypatch):
+    add_timeout_and_error(service)
+    monkeypatch.setattr(pages, "PAGE_SIZE", 3)
+    url = LIST_URL + "?status=dead"
+    html = operator.get(url).content.decode()
+    form = re.search(r'<form method="post" id="re-retry-dead">(.*?)</form>', html, re.S)
+    assert form is not None
+    posted = re.findall(r'name="_selected_action" value="([^"]+)"', form.group(1))
+    assert posted == DEAD[:3]  # this page's dead letters
+    assert "Retry the 3 dead letters of this page" in form.group(1)
+    assert 'name="csrfmiddlewaretoken"' in form.group(1)
+    response = operator.post(url, {"action": "retry", "_selected_action": posted})
+    assert message_texts(response) == ["3 tasks retried."]
+    assert listed(operator.get(url)) == ["t-failed"]  # the next one moved up
+
+
+def test_viewers_cannot_retry_dead_letters(service, viewer):
+    response = viewer.post(
+        LIST_URL + "?status=dead", {"action": "retry", "_selected_action": ["t-failed"]}
+    )
+    assert response.status_code == 403
+    assert status_of(service, "t-failed") is TaskStatus.FAILED
 
 
 # -- search -----------------------------------------------------------------------------------

@@ -43,6 +43,20 @@ def test_filters_parse_and_build_query_strings():
     assert (bad.status, bad.page) == (None, 1)
 
 
+def test_dead_letters_filter_parses_builds_urls_and_totals():
+    filters = pages.Filters.from_query({"status": "dead", "queue": "q", "page": "2"})
+    assert (filters.dead_letters, filters.status, filters.page) == (True, None, 2)
+    assert filters.active and filters.status_param == "dead"
+    assert filters.statuses == {TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus.ERROR}
+    assert filters.url(page=3) == "?status=dead&queue=q&page=3"
+    assert filters.url(status="FAILED") == "?status=FAILED&queue=q"
+    assert filters.url(status=None) == "?queue=q"
+    assert pages.Filters(status=TaskStatus.FAILED).url(status="dead") == "?status=dead"
+    counts = {s: 1 for s in TaskStatus}
+    assert pages.matching_total(filters, {"q": counts, "other": counts}) == 3
+    assert pages.matching_total(pages.Filters(dead_letters=True), {"q": counts, "o": counts}) == 6
+
+
 def test_outcome_messages_and_levels():
     outcome = operations.Outcome("retried", changed=["a", "b", "c"])
     assert (outcome.message(), outcome.level) == ("3 tasks retried.", messages.SUCCESS)

@@ -47,6 +47,7 @@ EXPORTED_SAMPLES = {
     "reliable_executor_is_master",
     "reliable_executor_threadpool_queue_size",
     "reliable_executor_tasks",
+    "reliable_executor_dead_letters",
     "reliable_executor_oldest_due_task_age_seconds",
 }
 
@@ -215,6 +216,48 @@ def test_collector_reports_tasks_by_status_and_queue_and_the_oldest_due_age(exec
     assert ages == {(busy,): pytest.approx(30, abs=0.01), (quiet,): 0.0}
 
 
+def test_dead_letters_sum_failed_timeout_and_error_by_queue(executor, storage, clock):
+    mixed, failing, idle = fresh_queue(), fresh_queue(), fresh_queue()
+    executor.submit_many(
+        [
+            TaskSubmitRequest("demo.always_fails", task_id="f1", queue=mixed, retry_limit=0),
+            TaskSubmitRequest("demo.echo", task_id="late", queue=mixed, max_duration_millis=1000),
+            TaskSubmitRequest("demo.echo", task_id="ok", queue=mixed),
+            TaskSubmitRequest("demo.echo", task_id="cancelled", queue=mixed),
+            TaskSubmitRequest("demo.always_fails", task_id="f2", queue=failing, retry_limit=0),
+            TaskSubmitRequest("demo.always_fails", task_id="f3", queue=failing, retry_limit=0),
+            TaskSubmitRequest("demo.echo", task_id="waiting", queue=idle),
+        ]
+    )
+    assert executor.cancel_task("cancelled")
+    stale = new_task("stale", "demo.process_order", {"order": 1}, clock.now())  # -> ERROR
+    storage.enqueue([dataclasses.replace(stale, queue=mixed)])
+    clock.advance(2)  # "late" is past its deadline before it starts: TIMEOUT
+    assert sorted(drain(executor, mixed)) == sorted(
+        [TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus.COMPLETED, TaskStatus.ERROR]
+    )
+    assert drain(executor, failing) == [TaskStatus.FAILED, TaskStatus.FAILED]
+
+    collector = TaskCountCollector(executor, cache_seconds=0)
+    read = gauges(collector)
+    assert read["reliable_executor_dead_letters"] == {(mixed,): 3, (failing,): 2, (idle,): 0}
+    # The same cached counts as the task gauge: its FAILED + TIMEOUT + ERROR.
+    tasks = read["reliable_executor_tasks"]
+    for (queue,), dead in read["reliable_executor_dead_letters"].items():
+        assert dead == sum(tasks[(s, queue)] for s in ("FAILED", "TIMEOUT", "ERROR"))
+    # Retrying a dead letter takes it out at the next read.
+    assert executor.retry_task("f2")
+    assert gauges(collector)["reliable_executor_dead_letters"][(failing,)] == 1
+    # The exposition names it as a gauge with a queue label.
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(collector)  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert "# TYPE reliable_executor_dead_letters gauge" in text
+    assert f'reliable_executor_dead_letters{{queue="{mixed}"}} 3.0' in text
+
+
 def test_collector_caches_between_scrapes(executor):
     queue = fresh_queue()
     executor.submit("demo.echo", task_id="a", queue=queue)
@@ -239,6 +282,7 @@ def test_unreachable_storage_skips_the_task_gauges_without_failing_the_scrape(ca
     assert time.monotonic() - started < 10
     assert read == {
         "reliable_executor_tasks": {},
+        "reliable_executor_dead_letters": {},
         "reliable_executor_oldest_due_task_age_seconds": {},
     }
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
@@ -384,6 +428,7 @@ def test_runexecutor_serves_the_metrics_over_http(alias, key_prefix, workers):
     assert samples[("reliable_executor_threadpool_queue_size", frozenset())] == 0
     assert echo("reliable_executor_tasks", status="FAILED") == 1
     assert echo("reliable_executor_tasks", status="CREATED") == 0
+    assert echo("reliable_executor_dead_letters") == 1  # "fails"
     assert echo("reliable_executor_oldest_due_task_age_seconds") == 0
     assert echo(f"{HISTOGRAM}_bucket", task_name="demo.echo", le="+Inf") == 3
     assert echo(f"{HISTOGRAM}_sum", task_name="demo.echo") >= 0
@@ -429,11 +474,13 @@ def test_the_web_process_metrics_view_shows_the_executor_metrics(client):
     )
     assert samples[("reliable_executor_tasks", labelled(status="CREATED", queue=queue))] == 2
     assert samples[("reliable_executor_oldest_due_task_age_seconds", labelled(queue=queue))] >= 0
+    assert samples[("reliable_executor_dead_letters", labelled(queue=queue))] == 0
     types = families(text)
     for name in COUNTERS:
         assert types[f"reliable_executor_tasks_{name}"] == "counter"
     assert types[HISTOGRAM] == "histogram"
     assert types["reliable_executor_tasks"] == "gauge"
+    assert types["reliable_executor_dead_letters"] == "gauge"
 
 
 # -- the Grafana dashboard -----------------------------------------------------------------------
@@ -441,7 +488,7 @@ PROMQL_WORDS = {
     # functions, aggregations and keywords the dashboard's queries use
     "sum", "max", "min", "avg", "count", "rate", "increase", "irate", "histogram_quantile",
     "clamp_min", "time", "by", "without", "or", "and", "unless", "on", "ignoring", "bool",
-    "label_values", "max_over_time", "vector", "topk", "sort_desc", "changes", "resets",
+    "label_values", "max_over_time", "vector", "topk", "sort_desc", "changes", "resets", "delta",
     # label names
     "task_name", "queue", "status", "le", "instance", "job",
 }  # fmt: skip

@@ -327,6 +327,8 @@ BAD_SETTINGS = {
     "METRICS_PORT": [-1, 65536, "9100", True],
     "API_KEYS": [["k"], {"k": "short"}, {"bad id": "s" * 32}, {"": "s" * 32}, {"k": 123}],
     "API_SIGNATURE_WINDOW": [0, -5, 3601, "300", True, None],
+    "SCHEDULE_MISFIRE_GRACE": [-1, "60", True, None],
+    "SCHEDULE_CATCH_UP_LIMIT": [0, -1, 1.5, True],
 }
 GOOD_SETTINGS = {
     "STORAGE": "redis",
@@ -354,6 +356,8 @@ GOOD_SETTINGS = {
     "METRICS_PORT": 0,
     "API_KEYS": {"ops-1": "s" * 32},
     "API_SIGNATURE_WINDOW": 60,
+    "SCHEDULE_MISFIRE_GRACE": 0,
+    "SCHEDULE_CATCH_UP_LIMIT": 1,
 }
 
 

@@ -21,12 +21,16 @@ from django.urls import reverse
 from ..records import TaskInfo, WorkerInfo
 from ..registry import all_handlers
 from ..service import ReliableExecutor
-from ..states import WAITING_STATUSES, TaskStatus
+from ..states import FAILURE_STATUSES, WAITING_STATUSES, TaskStatus
 from .operations import can_cancel, can_retry
 
 PAGE_SIZE = 100
 # The filters a list URL may carry, in the order they appear in it.
 FILTERS = ("status", "queue", "task_name")
+# ``?status=dead``: the dead letters, tasks that ended FAILED, TIMEOUT or ERROR, listed together.
+DEAD_LETTERS = "dead"
+DEAD_LETTER_STATUSES = FAILURE_STATUSES
+DEAD_LETTERS_LABEL = "Dead letters"
 
 
 def change_url(task_id: str, site_name: str = "admin") -> str:
@@ -67,17 +71,23 @@ def pretty_json(value: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Filters:
-    """The list's filters and page, parsed from the query string (bad values are dropped)."""
+    """The list's filters and page, parsed from the query string (bad values are dropped).
+
+    ``status=dead`` sets ``dead_letters`` (and leaves ``status`` None): FAILED, TIMEOUT and
+    ERROR tasks together."""
 
     status: TaskStatus | None = None
     queue: str | None = None
     task_name: str | None = None
     page: int = 1
+    dead_letters: bool = False
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> Filters:
+        raw_status = query.get("status", "")
+        dead_letters = raw_status == DEAD_LETTERS
         try:
-            status = TaskStatus(query.get("status", ""))
+            status = None if dead_letters else TaskStatus(raw_status)
         except ValueError:
             status = None
         try:
@@ -89,16 +99,32 @@ class Filters:
             queue=query.get("queue", "").strip() or None,
             task_name=query.get("task_name", "").strip() or None,
             page=page,
+            dead_letters=dead_letters,
         )
 
     @property
     def active(self) -> bool:
-        return any(getattr(self, name) is not None for name in FILTERS)
+        return any(v is not None for v in (self.status_param, self.queue, self.task_name))
+
+    @property
+    def status_param(self) -> str | None:
+        """The ``status`` value of the list URL: a status, "dead", or None."""
+        if self.dead_letters:
+            return DEAD_LETTERS
+        return self.status.value if self.status is not None else None
+
+    @property
+    def statuses(self) -> frozenset[TaskStatus] | None:
+        """The statuses listed (None: every one)."""
+        if self.dead_letters:
+            return DEAD_LETTER_STATUSES
+        return frozenset({self.status}) if self.status is not None else None
 
     def url(self, **changes: Any) -> str:
         """The list's query string with some values changed (None removes one). A change of
         filter goes back to page 1."""
         values: dict[str, Any] = {name: getattr(self, name) for name in (*FILTERS, "page")}
+        values["status"] = self.status_param
         if set(changes) - {"page"}:
             values["page"] = None
         values.update(changes)
@@ -147,7 +173,8 @@ def task_list(executor: ReliableExecutor, filters: Filters, site_name: str) -> d
     (no COUNT of the matching tasks)."""
     offset = (filters.page - 1) * PAGE_SIZE
     tasks = executor.list_tasks(
-        status=filters.status,
+        status=None if filters.dead_letters else filters.status,
+        statuses=DEAD_LETTER_STATUSES if filters.dead_letters else None,
         task_name=filters.task_name,
         queue=filters.queue,
         limit=PAGE_SIZE + 1,
@@ -229,6 +256,7 @@ def summary(
         for queue, counts in sorted(by_queue.items())
     ]
     totals = {s: sum(counts.get(s, 0) for counts in by_queue.values()) for s in statuses}
+    dead_letters = sum(totals[s] for s in DEAD_LETTER_STATUSES)
     now = executor.clock.now()
     oldest_due = executor.oldest_due_at()
     workers: list[WorkerInfo] = executor.workers()
@@ -237,6 +265,9 @@ def summary(
         "queues": queues,
         "totals": [(s, totals[s], base.url(status=s.value)) for s in statuses],
         "grand_total": sum(totals.values()),
+        "dead_letters": dead_letters,
+        "dead_letters_url": base.url(status=DEAD_LETTERS),
+        "dead_letter_statuses": sorted(DEAD_LETTER_STATUSES, key=statuses.index),
         "counts_age": format_duration(dt.timedelta(seconds=counts_age)) if counts_age else "",
         "oldest_due_at": oldest_due,
         "oldest_due_age": format_duration(now - oldest_due) if oldest_due else "",
@@ -262,8 +293,9 @@ def matching_total(filters: Filters, by_queue: dict[str, dict[TaskStatus, int]])
         sources = [counts]
     else:
         sources = list(by_queue.values())
-    if filters.status is not None:
-        return sum(c.get(filters.status, 0) for c in sources)
+    chosen = filters.statuses
+    if chosen is not None:
+        return sum(c.get(status, 0) for c in sources for status in chosen)
     return sum(sum(c.values()) for c in sources)
 
 
@@ -272,12 +304,18 @@ def filter_choices(
 ) -> list[dict[str, Any]]:
     """The sidebar: one list of links per filter, "All" first, the chosen one marked."""
 
-    def choices(name: str, values: list[str]) -> dict[str, Any]:
-        current = getattr(filters, name)
-        current = current.value if isinstance(current, TaskStatus) else current
+    def choices(
+        name: str, values: list[str], labels: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        labels = labels or {}
+        current = filters.status_param if name == "status" else getattr(filters, name)
         links = [{"label": "All", "url": filters.url(**{name: None}), "selected": current is None}]
         links += [
-            {"label": value, "url": filters.url(**{name: value}), "selected": value == current}
+            {
+                "label": labels.get(value, value),
+                "url": filters.url(**{name: value}),
+                "selected": value == current,
+            }
             for value in values
         ]
         if current is not None and current not in values:
@@ -286,7 +324,11 @@ def filter_choices(
 
     names = sorted(all_handlers())
     return [
-        choices("status", [s.value for s in TaskStatus]),
+        choices(
+            "status",
+            [*(s.value for s in TaskStatus), DEAD_LETTERS],
+            {DEAD_LETTERS: DEAD_LETTERS_LABEL},
+        ),
         choices("queue", sorted(by_queue)),
         choices("task_name", names),
     ]

@@ -5,14 +5,15 @@ from __future__ import annotations
 import abc
 import builtins
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ..clock import Clock, system_clock
 from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition, WorkerInfo
 from ..states import TaskStatus
+from .schedule_base import ScheduleStorage
 
 
-class TaskStorage(abc.ABC):
+class TaskStorage(ScheduleStorage):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
     the claim's fencing token where a worker writes): a lost race changes nothing and returns
     None/False. Implementations know SQL or Redis; nothing above them does.
@@ -36,11 +37,23 @@ class TaskStorage(abc.ABC):
     # -- the worker's path ----------------------------------------------------------------
     @abc.abstractmethod
     def claim(
-        self, worker_id: str, queues: Sequence[str], limit: int, lease_seconds: float
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        *,
+        name_limits: Mapping[str, int] | None = None,
     ) -> list[Claim]:
         """Take up to ``limit`` due tasks, highest priority first then oldest, under a lease.
         A claimed task keeps its CREATED/PENDING status until ``start``. Never blocks on rows
-        another worker is claiming."""
+        another worker is claiming.
+
+        ``name_limits`` (``{task_name: cap}``, each cap >= 1) caps how many tasks of a name
+        are held at once (claimed under a lease, started or not) across every worker: the
+        claim takes a task of a capped name only while fewer than its cap are held, checked
+        and taken atomically, so concurrent claims never exceed it. Tasks it cannot take stay
+        waiting in the storage and do not hold up other names. Names absent are uncapped."""
 
     @abc.abstractmethod
     def start(self, claim: Claim, lease_seconds: float) -> Claim | None:
@@ -136,8 +149,10 @@ class TaskStorage(abc.ABC):
         queue: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        statuses: Collection[TaskStatus] | None = None,
     ) -> list[TaskInfo]:
-        """Newest first."""
+        """Newest first (by creation, then task id). ``statuses`` lists the tasks of any of
+        these statuses (an empty one: none); it cannot be combined with ``status``."""
 
     @abc.abstractmethod
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]: ...
@@ -197,3 +212,14 @@ class TaskStorage(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections held by this storage object."""
+
+
+def wanted_statuses(
+    status: TaskStatus | None, statuses: Collection[TaskStatus] | None
+) -> frozenset[TaskStatus] | None:
+    """The statuses ``list`` keeps from its ``status``/``statuses`` arguments (None: any)."""
+    if status is not None and statuses is not None:
+        raise ValueError("list by status or by statuses, not both")
+    if statuses is not None:
+        return frozenset(TaskStatus(s) for s in statuses)
+    return frozenset({TaskStatus(status)}) if status is not None else None

@@ -82,3 +82,12 @@ def record(param: dict | None, context: TaskContext) -> int:
         time.sleep(seconds)
     executions.filter(pk=row.pk).update(finished=True)
     return os.getpid()
+
+
+@reliable_task_handler(name="demo.capped", max_concurrency=2)
+def capped(param: dict | None = None) -> dict:
+    """At most two run at once across every worker (max_concurrency); returns when it ran
+    (``time.time()`` at its start and end) and where, after sleeping ``sleep`` seconds."""
+    started = time.time()
+    time.sleep(float((param or {}).get("sleep", 0.1)))
+    return {"pid": os.getpid(), "started": started, "ended": time.time()}

@@ -35,10 +35,11 @@ from .rows import (
     held_by_claims,
     to_info,
 )
+from .schedules import Schedules
 from .submitting import Submitting
 
 
-class DatabaseStorage(Submitting, Claiming, Chores, Leases, Reading):
+class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection."""
 
     supports_transactional_enqueue = True

@@ -4,47 +4,168 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import F
 
+from ...models import ReliableNameLock
 from ...records import Claim
+from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
     CLAIM_COLUMNS_SQL,
     claim_from_row,
 )
 
+# The statuses of a held task (with available false: claimed and not finished). Written into
+# the SQL as literals so that PostgreSQL matches the partial index of migration 0006.
+HELD_SQL = "NOT available AND status IN ({})".format(
+    ", ".join(f"'{s.value}'" for s in (TaskStatus.CREATED, TaskStatus.PENDING, TaskStatus.RUNNING))
+)
+
 
 class Claiming(DatabaseAccess):
-    """claim: SKIP LOCKED batches, or one UPDATE ... RETURNING on SQLite."""
+    """claim: SKIP LOCKED batches, or one UPDATE ... RETURNING on SQLite.
+
+    With ``name_limits``, the tasks of each capped name are claimed first, each name in its
+    own short transaction that locks the name's row of ``reliable_executor_name_lock`` (FOR
+    UPDATE; on SQLite a write, which takes the database's write lock), counts the held tasks
+    of the name and claims at most the free slots: two workers never count the same free
+    slot. The rest of the batch is claimed as before with the capped names left out, so a
+    capped name never holds up the others.
+    """
 
     def claim(
-        self, worker_id: str, queues: Sequence[str], limit: int, lease_seconds: float
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        *,
+        name_limits: Mapping[str, int] | None = None,
     ) -> list[Claim]:
         if limit <= 0 or not queues:
             return []
         now = self.clock.now()
         lease_until = now + dt.timedelta(seconds=lease_seconds)
-        if self.vendor in ("sqlite", "postgresql"):
-            claims = self._claim_returning(worker_id, list(queues), limit, now, lease_until)
-        else:
-            claims = self._retrying(
-                lambda: self._claim_skip_locked(worker_id, list(queues), limit, now, lease_until)
+        queue_list = list(queues)
+        caps = dict(name_limits or {})
+        claims: list[Claim] = []
+        for name, cap in caps.items():
+            room = limit - len(claims)
+            if room <= 0:
+                break
+            claims += self._retrying(
+                functools.partial(
+                    self._claim_capped, worker_id, queue_list, room, now, lease_until, name, cap
+                )
             )
+        left = limit - len(claims)
+        if left > 0:
+            excluded = list(caps)
+            if self.vendor in ("sqlite", "postgresql"):
+                claims += self._claim_returning(
+                    worker_id, queue_list, left, now, lease_until, excluded=excluded
+                )
+            else:
+                claims += self._retrying(
+                    lambda: self._claim_skip_locked(
+                        worker_id, queue_list, left, now, lease_until, excluded=excluded
+                    )
+                )
         claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
         return claims
 
-    def _pick_sql(self, queues: list[str], limit: int, now: dt.datetime) -> tuple[str, list[Any]]:
-        """The due, unclaimed rows of these queues in pickup order (served by the claim index)."""
+    def _pick_sql(
+        self,
+        queues: list[str],
+        limit: int,
+        now: dt.datetime,
+        *,
+        excluded: Sequence[str] = (),
+        name: str | None = None,
+    ) -> tuple[str, list[Any]]:
+        """The due, unclaimed rows of these queues in pickup order (served by the claim index),
+        leaving out the ``excluded`` task names, or only those of ``name``."""
         marks = ", ".join(["%s"] * len(queues))
+        names_sql, names = "", []
+        if name is not None:
+            names_sql, names = "AND task_name = %s ", [name]
+        elif excluded:
+            names_sql = f"AND task_name NOT IN ({', '.join(['%s'] * len(excluded))}) "
+            names = list(excluded)
         sql = (
             f"FROM {self._table} WHERE available = %s AND queue IN ({marks}) AND run_at <= %s "
-            "ORDER BY priority DESC, run_at ASC LIMIT %s"
+            f"{names_sql}ORDER BY priority DESC, run_at ASC LIMIT %s"
         )
-        return sql, [True, *queues, self._dt(now), limit]
+        return sql, [True, *queues, self._dt(now), *names, limit]
+
+    def _claim_capped(
+        self,
+        worker_id: str,
+        queues: list[str],
+        limit: int,
+        now: dt.datetime,
+        lease_until: dt.datetime,
+        name: str,
+        cap: int,
+    ) -> list[Claim]:
+        """Up to ``limit`` due tasks of ``name``, never more than its free slots, in one
+        transaction serialised on the name's lock row."""
+        connection = connections[self.alias]
+        quote = connection.ops.quote_name
+        table = quote(ReliableNameLock._meta.db_table)
+        with connection.cursor() as cursor:
+            # Nothing of the name due here: no lock taken (the common case of an idle name).
+            cursor.execute(
+                f"SELECT 1 FROM {self._table} WHERE available = %s AND task_name = %s "
+                f"AND queue IN ({', '.join(['%s'] * len(queues))}) AND run_at <= %s LIMIT 1",
+                [True, name, *queues, self._dt(now)],
+            )
+            if cursor.fetchone() is None:
+                return []
+        with transaction.atomic(using=self.alias):
+            with connection.cursor() as cursor:
+                self._lock_name(cursor, table, name)
+                cursor.execute(
+                    f"SELECT COUNT(*) FROM {self._table} WHERE task_name = %s AND {HELD_SQL}",
+                    [name],
+                )
+                (held,) = cursor.fetchone()
+            free = min(cap - int(held), limit)
+            if free <= 0:
+                return []
+            if self.vendor in ("sqlite", "postgresql"):
+                return self._claim_returning(worker_id, queues, free, now, lease_until, name=name)
+            return self._claim_skip_locked(worker_id, queues, free, now, lease_until, name=name)
+
+    def _lock_name(self, cursor: Any, table: str, name: str) -> None:
+        """Hold the name's lock row until the transaction ends, creating it on first use."""
+        column = connections[self.alias].ops.quote_name("name")
+        for _ in range(2):
+            if self.vendor == "sqlite":
+                # SQLite: the first write of the transaction takes the database's write lock,
+                # so everything read after it is read alone.
+                cursor.execute(
+                    f"UPDATE {table} SET {column} = {column} WHERE {column} = %s", [name]
+                )
+                if cursor.rowcount:
+                    return
+            else:
+                cursor.execute(
+                    f"SELECT {column} FROM {table} WHERE {column} = %s FOR UPDATE", [name]
+                )
+                if cursor.fetchone() is not None:
+                    return
+            ReliableNameLock.objects.using(self.alias).bulk_create(
+                [ReliableNameLock(name=name)], ignore_conflicts=True
+            )
+            if self.vendor == "sqlite":
+                return  # the INSERT (or the conflict it ignored) took the write lock
+        raise AssertionError(f"the lock row of task name {name!r} cannot be created")
 
     def _claim_returning(
         self,
@@ -53,10 +174,13 @@ class Claiming(DatabaseAccess):
         limit: int,
         now: dt.datetime,
         lease_until: dt.datetime,
+        *,
+        excluded: Sequence[str] = (),
+        name: str | None = None,
     ) -> list[Claim]:
         """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
         skip_locked = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
-        pick, pick_params = self._pick_sql(queues, limit, now)
+        pick, pick_params = self._pick_sql(queues, limit, now, excluded=excluded, name=name)
         sql = (
             f"UPDATE {self._table} SET available = %s, worker_id = %s, "
             "lease_token = lease_token + 1, lease_expires_at = %s "
@@ -76,10 +200,13 @@ class Claiming(DatabaseAccess):
         limit: int,
         now: dt.datetime,
         lease_until: dt.datetime,
+        *,
+        excluded: Sequence[str] = (),
+        name: str | None = None,
     ) -> list[Claim]:
         """MariaDB/MySQL have no UPDATE ... RETURNING: lock a batch (reading it whole), then
         mark it by primary key, in one short transaction."""
-        pick, pick_params = self._pick_sql(queues, limit, now)
+        pick, pick_params = self._pick_sql(queues, limit, now, excluded=excluded, name=name)
         with transaction.atomic(using=self.alias):
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(

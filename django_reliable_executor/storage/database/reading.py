@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from django.db.models import Count
 
 from ...records import TaskInfo
 from ...states import TaskStatus
+from ..base import wanted_statuses
 from .access import DatabaseAccess
 from .rows import (
     WAITING,
@@ -38,10 +39,16 @@ class Reading(DatabaseAccess):
         queue: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        statuses: Collection[TaskStatus] | None = None,
     ) -> list[TaskInfo]:
+        wanted = wanted_statuses(status, statuses)
+        if limit <= 0 or wanted == frozenset():
+            return []
         qs = self._tasks()
-        if status is not None:
-            qs = qs.filter(status=TaskStatus(status).value)
+        if wanted is not None and len(wanted) == 1:
+            qs = qs.filter(status=next(iter(wanted)).value)
+        elif wanted is not None:
+            qs = qs.filter(status__in=sorted(s.value for s in wanted))
         if task_name is not None:
             qs = qs.filter(task_name=task_name)
         if queue is not None:

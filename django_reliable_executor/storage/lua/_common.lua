@@ -11,6 +11,8 @@ local LEASES = P .. 'leases'
 local DEADLINES = P .. 'deadlines'
 local FINISHED = P .. 'finished'
 local COUNTS = P .. 'counts'
+local HELD = P .. 'held'
+local PARKED = P .. 'parked'
 
 local function tkey(id)
   return P .. 't:' .. id
@@ -53,13 +55,73 @@ local function push_ready(id, queue, priority, at_head)
   redis.call('ZADD', P .. 'prio:' .. queue, priority, priority)
 end
 
--- Take a waiting, unclaimed task out of its ready list or the schedule.
+-- max_concurrency: a due task of a capped name that a claim could not take (its name held
+-- its cap) waits in the name's parked set of its priority, scored by run at. Claims knowing
+-- the cap take parked tasks straight from there, in order with the ready lists, while the
+-- name has free slots.
+local function park(id, name, priority, run_at)
+  redis.call('ZADD', P .. 'parked:' .. name .. ':' .. priority, run_at, id)
+  redis.call('ZADD', P .. 'parkprio:' .. name, priority, priority)
+  redis.call('SADD', PARKED, name)
+end
+
+-- Take one task out of its name's parked set (if it is there).
+local function unpark_one(id, name, priority)
+  local set = P .. 'parked:' .. name .. ':' .. priority
+  if redis.call('ZREM', set, id) > 0 and redis.call('EXISTS', set) == 0 then
+    redis.call('ZREM', P .. 'parkprio:' .. name, priority)
+    if redis.call('EXISTS', P .. 'parkprio:' .. name) == 0 then
+      redis.call('SREM', PARKED, name)
+    end
+  end
+end
+
+-- The next parked task of `name` (highest priority, then earliest): id, priority, run at.
+local function first_parked(name)
+  local top = redis.call('ZREVRANGE', P .. 'parkprio:' .. name, 0, 0)
+  if not top[1] then
+    return nil
+  end
+  local first = redis.call('ZRANGE', P .. 'parked:' .. name .. ':' .. top[1], 0, 0, 'WITHSCORES')
+  return first[1], top[1], first[2]
+end
+
+-- Wake the workers of the queue of the next parked task of `name` (a slot of it is free).
+local function wake_parked(name)
+  local id = first_parked(name)
+  if id then
+    wake(redis.call('HGET', tkey(id), 'q'))
+  end
+end
+
+-- The only ways into and out of the leases: `held` counts the leased tasks of each name
+-- (max_concurrency); a slot freed wakes the workers of a parked task of the name.
+local function lease(id, name, lease_until)
+  redis.call('ZADD', LEASES, lease_until, id)
+  redis.call('HINCRBY', HELD, name, 1)
+end
+
+local function unlease(id, key)
+  if redis.call('ZREM', LEASES, id) == 0 then
+    return
+  end
+  local name = redis.call('HGET', key, 'n')
+  if redis.call('HINCRBY', HELD, name, -1) <= 0 then
+    redis.call('HDEL', HELD, name)
+  end
+  if redis.call('SISMEMBER', PARKED, name) == 1 then
+    wake_parked(name)
+  end
+end
+
+-- Take a waiting, unclaimed task out of its ready list, the schedule or its parked set.
 local function unqueue(id, queue, priority)
   local list = P .. 'ready:' .. queue .. ':' .. priority
   if redis.call('LREM', list, 1, id) > 0 and redis.call('LLEN', list) == 0 then
     redis.call('ZREM', P .. 'prio:' .. queue, priority)
   end
   redis.call('ZREM', P .. 'sched:' .. queue, id)
+  unpark_one(id, redis.call('HGET', tkey(id), 'n'), priority)
 end
 
 -- Scheduled tasks of `queue` that are due go to the ready lists, earliest first.
@@ -87,7 +149,7 @@ end
 
 -- A claimed task goes back to the head of its ready list: unclaimed, old token dead.
 local function hand_back(id, key, queue, priority)
-  redis.call('ZREM', LEASES, id)
+  unlease(id, key)
   redis.call('HDEL', key, 'w')
   redis.call('HINCRBY', key, 'k', 1)
   push_ready(id, queue, priority, true)
@@ -99,7 +161,7 @@ end
 local function finish(id, key, queue, from, status)
   redis.call('HSET', key, 's', status, 'f', NOW)
   redis.call('HDEL', key, 'd')
-  redis.call('ZREM', LEASES, id)
+  unlease(id, key)
   redis.call('ZREM', DEADLINES, id)
   redis.call('ZADD', FINISHED, NOW, id)
   redis.call('ZADD', P .. 'done:' .. status, redis.call('HGET', key, 'c'), id)
@@ -111,7 +173,7 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
   redis.call('HSET', key, 'e', err)
   if status == 'PENDING' then
     redis.call('HSET', key, 's', 'PENDING', 'r', run_at)
-    redis.call('ZREM', LEASES, id)
+    unlease(id, key)
     recount(queue, 'RUNNING', 'PENDING')
     to_waiting(id, queue, priority, run_at)
   else

@@ -2,23 +2,52 @@
 -- priority first, first in first out within a priority. A claimed task keeps its status
 -- (CREATED or PENDING) until start; its token goes up by one, fencing every later write.
 -- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6] a random token increment,
--- ARGV[7..] queues. The random step (not +1) keeps a claim that a Redis failover lost from
--- sharing its token with the next claim of the same task.
+-- ARGV[7..] queues, then optionally '' and pairs of task name, cap (max_concurrency). The
+-- random step (not +1) keeps a claim that a Redis failover lost from sharing its token with
+-- the next claim of the same task.
+-- max_concurrency: a task of a capped name whose held count (`held`) has reached its cap is
+-- parked (see park in _common.lua) instead of taken, out of everyone's way; the parked tasks
+-- of a name with free slots compete here with the ready lists, in the same order. At most
+-- PARK_MAX tasks are parked per call, so one call stays short.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
   'd', 'e', 'w', 'k'}
+local PARK_MAX = 1000
 local worker, lease_until, limit, step = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local queues = {}
-for i = 7, #ARGV do
-  queues[#queues + 1] = ARGV[i]
-  promote(ARGV[i], 1000)
+local claimed_queue = {}
+local caps = {}
+local capped = false
+local arg = 7
+while arg <= #ARGV and ARGV[arg] ~= '' do
+  queues[#queues + 1] = ARGV[arg]
+  claimed_queue[ARGV[arg]] = true
+  promote(ARGV[arg], 1000)
+  arg = arg + 1
+end
+for i = arg + 1, #ARGV - 1, 2 do
+  caps[ARGV[i]] = tonumber(ARGV[i + 1])
+  capped = true
 end
 
--- The ready list to take from next, and whether more than one queue ties for it (then take
--- one task at a time, comparing the heads' due times, so the order stays exact).
+local function held(name)
+  return tonumber(redis.call('HGET', HELD, name) or '0')
+end
+
+-- The names that have parked tasks: those of a name with free slots (or with no cap in this
+-- call: a cap removed, or one this worker does not know) compete with the ready lists.
+local parked_names = redis.call('SMEMBERS', PARKED)
+
+local function head_run_at(list)
+  return tonumber(redis.call('HGET', tkey(redis.call('LINDEX', list, 0)), 'r'))
+end
+
+-- Where to take from next: a ready list (list, queue, member) or a parked task (parked id,
+-- its name and priority), and whether more than one source ties for it (then take one task at
+-- a time, comparing due times, so the order stays exact).
 local function best()
-  local list, queue, priority, member, tie, run_at
+  local list, queue, priority, member, tie, run_at, pid, pname, pprio
   for _, q in ipairs(queues) do
     local top = redis.call('ZREVRANGE', P .. 'prio:' .. q, 0, 0, 'WITHSCORES')
     if top[1] then
@@ -27,8 +56,8 @@ local function best()
       if priority == nil or prio > priority then
         list, queue, priority, member, tie, run_at = candidate, q, prio, top[1], false, nil
       elseif prio == priority then
-        run_at = run_at or tonumber(redis.call('HGET', tkey(redis.call('LINDEX', list, 0)), 'r'))
-        local other = tonumber(redis.call('HGET', tkey(redis.call('LINDEX', candidate, 0)), 'r'))
+        run_at = run_at or head_run_at(list)
+        local other = head_run_at(candidate)
         tie = true
         if other < run_at then
           list, queue, member, run_at = candidate, q, top[1], other
@@ -36,38 +65,74 @@ local function best()
       end
     end
   end
-  return list, queue, member, tie
+  for _, name in ipairs(parked_names) do
+    if not caps[name] or held(name) < caps[name] then
+      local id, prio_text, score = first_parked(name)
+      if id and claimed_queue[redis.call('HGET', tkey(id), 'q')] then
+        local prio, at = tonumber(prio_text), tonumber(score)
+        if priority == nil or prio > priority then
+          list, pid, pname, pprio, priority, run_at, tie = nil, id, name, prio_text, prio, at, true
+        elseif prio == priority then
+          run_at = run_at or head_run_at(list)
+          tie = true
+          if at < run_at then
+            list, pid, pname, pprio, run_at = nil, id, name, prio_text, at
+          end
+        end
+      end
+    end
+  end
+  return list, queue, member, tie, pid, pname, pprio
 end
 
 local out = {''}
 local taken = 0
-while taken < limit do
-  local list, queue, member, tie = best()
-  if not list then
-    break
+local parked = 0
+
+-- Take one popped (or unparked) task: lease it, or park it when its name is at its cap.
+local function take(id)
+  local key = tkey(id)
+  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r')
+  -- The double check: still waiting and nobody's claim (a stray entry is dropped).
+  if not waiting(task[1]) or redis.call('ZSCORE', LEASES, id) then
+    return
   end
-  local ids = redis.call('LPOP', list, tie and 1 or (limit - taken)) or {}
-  if redis.call('LLEN', list) == 0 then
-    redis.call('ZREM', P .. 'prio:' .. queue, member)
+  local cap = capped and caps[task[2]]
+  if cap and held(task[2]) >= cap then
+    park(id, task[2], task[3], task[4])
+    parked = parked + 1
+    return
   end
-  for _, id in ipairs(ids) do
-    local key = tkey(id)
-    -- The double check: still waiting and nobody's claim (a stray entry is dropped).
-    if waiting(redis.call('HGET', key, 's')) and not redis.call('ZSCORE', LEASES, id) then
-      redis.call('HINCRBY', key, 'k', step)
-      redis.call('HSET', key, 'w', worker)
-      redis.call('ZADD', LEASES, lease_until, id)
-      out[#out + 1] = id
-      out[#out + 1] = redis.call('HMGET', key, unpack(CLAIMED_FIELDS))
-      taken = taken + 1
+  redis.call('HINCRBY', key, 'k', step)
+  redis.call('HSET', key, 'w', worker)
+  lease(id, task[2], lease_until)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HMGET', key, unpack(CLAIMED_FIELDS))
+  taken = taken + 1
+end
+
+while taken < limit and parked < PARK_MAX do
+  local list, queue, member, tie, pid, pname, pprio = best()
+  if pid then
+    unpark_one(pid, pname, pprio)
+    take(pid)
+  elseif list then
+    local ids = redis.call('LPOP', list, tie and 1 or (limit - taken)) or {}
+    if redis.call('LLEN', list) == 0 then
+      redis.call('ZREM', P .. 'prio:' .. queue, member)
     end
+    for _, id in ipairs(ids) do
+      take(id)
+    end
+  else
+    break
   end
 end
 
 local next_due
 for _, q in ipairs(queues) do
-  -- Work left behind a full batch: wake another idle worker to take it.
-  if taken >= limit and redis.call('ZCARD', P .. 'prio:' .. q) > 0 then
+  -- Work left behind a full batch (or the parking budget): wake another idle worker.
+  if (taken >= limit or parked >= PARK_MAX) and redis.call('ZCARD', P .. 'prio:' .. q) > 0 then
     wake(q)
   end
   local first = redis.call('ZRANGE', P .. 'sched:' .. q, 0, 0, 'WITHSCORES')

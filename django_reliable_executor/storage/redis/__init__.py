@@ -24,11 +24,31 @@ epoch, written as decimal strings.
 ``P counts``               HASH "<STATUS>:<queue>" -> number of tasks, kept exact by every script.
 ``P queues``               SET of every queue name submitted to.
 ``P wake:<queue>``         LIST holding at most one token: idle workers block on it (BLPOP).
+``P held``                 HASH task name -> how many tasks of the name are in the leases (claimed
+                           or running), changed only where a task enters or leaves the leases
+                           (the lease and unlease helpers of _common.lua); a name at 0 is
+                           removed. Claims compare it with the name's max_concurrency.
+``P parked:<name>:<prio>`` ZSET of due tasks of a capped name that a claim found at its cap,
+                           scored by run at: waiting, out of the ready lists' way. Claims take
+                           them from here, in order with the ready lists, while the name has a
+                           free slot; a slot freed (unlease), or the promote chore while nothing
+                           of the name is held, wakes the queue of the next one.
+``P parkprio:<name>``      ZSET of the priorities that have a non-empty parked set of the name.
+``P parked``               SET of the task names that have parked tasks.
 ``P lock:<name>``          STRING "<expiry>:<owner>" with a PX expiry: a named lease.
 ``P workers``, ``P workers:seen``  HASH worker id -> JSON, ZSET worker id -> last heartbeat.
+``P s:<id>``               HASH, one per schedule. n task name, j parameter, ev interval (µs) or
+                           cr cron + tz time zone, sa start, m misfire policy, q/p/rl/ri/rb/md
+                           the task options it fires with, o origin, pa "1" while paused,
+                           nr next run, lr/lt planned time and task id of the latest fire,
+                           c created, u updated.
+``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
+``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
+``P schedules:paused``     ZSET of paused schedule ids, scored 0.
 
-A waiting task is in exactly one of a ready list, its queue's schedule or (claimed) the leases;
-a running task is in the leases; a terminal one in the finished index and its done index.
+A waiting task is in exactly one of a ready list, its queue's schedule, a parked set (of its
+name and priority) or (claimed) the leases; a running task is in the leases; a terminal one in
+the finished index and its done index. ``held`` equals the leased tasks of each name.
 Each script in storage/lua/ is a compare-and-set on the status (and the claim's token) it
 expects, so a lost race changes nothing. Nothing read back is ever unpickled: parameters and
 results are JSON.
@@ -40,7 +60,7 @@ import builtins
 import dataclasses
 import datetime as dt
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ...records import CancelResult, Claim, NewTask, TaskInfo, Transition, new_info
 from ...retries import after_failure, timeout_message
@@ -52,6 +72,7 @@ from .codec import claimed, fields, micros, nonce, submit_args, text, to_info
 from .leases import Leases
 from .listing import Listing
 from .reading import Reading
+from .schedules import Schedules
 
 # A claim raises the task's token by a random step up to this: a claim lost in a failover and
 # the next claim of the task then hold different tokens (2**32 steps stay far below 2**63).
@@ -61,7 +82,7 @@ SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, sho
 # to hold Redis up (a script blocks every other client while it runs)
 
 
-class RedisStorage(Chores, Reading, Listing, Leases):
+class RedisStorage(Schedules, Chores, Reading, Listing, Leases):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout)."""
 
     #: Idle workers may block in wait_for_work instead of sleeping.
@@ -85,14 +106,25 @@ class RedisStorage(Chores, Reading, Listing, Leases):
     # -- the worker's path ----------------------------------------------------------------
     @guarded
     def claim(
-        self, worker_id: str, queues: Sequence[str], limit: int, lease_seconds: float
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        *,
+        name_limits: Mapping[str, int] | None = None,
     ) -> list[Claim]:
         if limit <= 0 or not queues:
             return []
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
         step = random.randint(1, TOKEN_STEP_MAX)
-        reply = self._run("claim", worker_id, lease_until, limit, step, *queues, now=now)
+        caps: list[object] = []
+        if name_limits:
+            caps = [""]  # after the queues (never empty): the name, cap pairs
+            for name, cap in name_limits.items():
+                caps += [name, int(cap)]
+        reply = self._run("claim", worker_id, lease_until, limit, step, *queues, *caps, now=now)
         next_due = text(reply[0])
         due = int(next_due) if next_due else None
         for queue in queues:  # the earliest of the call's queues: at worst a wake-up too early

@@ -12,10 +12,11 @@ creation time would cost more memory per queued task than the task itself.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ...records import TaskInfo
 from ...states import TERMINAL_STATUSES, TaskStatus
+from ..base import wanted_statuses
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
 
@@ -37,23 +38,26 @@ class Listing(RedisAccess):
         queue: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        statuses: Collection[TaskStatus] | None = None,
     ) -> list[TaskInfo]:
-        if limit <= 0:
+        wanted = wanted_statuses(status, statuses)
+        if limit <= 0 or wanted == frozenset():
             return []
-        status = TaskStatus(status) if status is not None else None
         want = offset + limit
         rows: builtins.list[Row] = []
-        if status is None or status.value in LIVE:
+        live = frozenset(LIVE) if wanted is None else frozenset(LIVE) & {s.value for s in wanted}
+        if live:
             newest = None if self._unfinished_count(queue) <= EXACT_UNFINISHED else want
-            ids = sorted(self._unfinished_ids(status, queue, newest))
-            rows += self._matching(ids, status, task_name, queue)
-        if status is None:
-            finished = sorted(TERMINAL_STATUSES, key=lambda s: s.value)
-        else:
-            finished = [status] if status.is_terminal else []
-        for done in finished:
+            ids = sorted(self._unfinished_ids(live, queue, newest))
+            rows += self._matching(ids, live, task_name, queue)
+        # Each finished status's index is read only down to the ``want`` newest matches, then
+        # merged here: a page of dead letters (FAILED + TIMEOUT + ERROR) reads at most ``want``
+        # entries of each, never a whole index nor a union stored server side.
+        finished = TERMINAL_STATUSES if wanted is None else wanted & TERMINAL_STATUSES
+        for done in sorted(finished, key=lambda s: s.value):
             rows += self._newest_done(done, task_name, queue, want)
-        rows.sort(reverse=True)
+        # A task that changed status between two reads may show up twice: keep it once.
+        rows = sorted(set(rows), reverse=True)
         page = [task_id for _, task_id in rows[offset:want]]
         found = self._read_many(page)
         return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
@@ -68,13 +72,13 @@ class Listing(RedisAccess):
         )
 
     def _unfinished_ids(
-        self, status: TaskStatus | None, queue: str | None, newest: int | None
+        self, live: frozenset[str], queue: str | None, newest: int | None
     ) -> set[str]:
-        """Tasks that may be unfinished: claimed or running, ready, or scheduled. With
-        ``newest``, only that many from the end of each ready list and schedule (a large
-        backlog: lists are in arrival order, schedules in run-at order)."""
+        """Tasks that may be unfinished (in one of the ``live`` statuses): claimed or running,
+        ready, or scheduled. With ``newest``, only that many from the end of each ready list
+        and schedule (a large backlog: lists are in arrival order, schedules in run-at order)."""
         ids = {text(i) for i in self.client.zrange(self.p + "leases", 0, -1)}
-        if status is not None and status.value not in WAITING:
+        if not live & set(WAITING):
             return ids  # RUNNING tasks are all in the leases
         first = 0 if newest is None else -newest
         queues = [queue] if queue is not None else self._queues()
@@ -90,7 +94,22 @@ class Listing(RedisAccess):
                 pipe.lrange(f"{self.p}ready:{name}:{text(priority)}", first, -1)
         for ready in pipe.execute():
             ids.update(text(i) for i in ready)
+        ids.update(self._parked_ids(first))
         return ids
+
+    def _parked_ids(self, first: int) -> set[str]:
+        """Waiting tasks of capped names parked by claims (max_concurrency), of any queue."""
+        names = [text(name) for name in self.client.smembers(self.p + "parked")]
+        if not names:
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.zrange(f"{self.p}parkprio:{name}", 0, -1)
+        pipe2 = self.client.pipeline(transaction=False)
+        for name, priorities in zip(names, pipe.execute(), strict=True):
+            for priority in priorities:
+                pipe2.zrange(f"{self.p}parked:{name}:{text(priority)}", first, -1)
+        return {text(i) for parked in pipe2.execute() for i in parked}
 
     def _queues(self) -> builtins.list[str]:
         return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
@@ -98,12 +117,12 @@ class Listing(RedisAccess):
     def _matching(
         self,
         ids: Sequence[str],
-        status: TaskStatus | None,
+        accept: Collection[str],
         task_name: str | None,
         queue: str | None,
     ) -> builtins.list[Row]:
-        """The rows of these tasks that match the filters, in the order given (unfinished
-        ones only, unless a finished status is asked for)."""
+        """The rows of these tasks that match the filters, in the order given: only tasks
+        whose status is now one of ``accept`` (status values)."""
         rows: builtins.list[Row] = []
         for start in range(0, len(ids), READ_CHUNK):
             chunk = ids[start : start + READ_CHUNK]
@@ -115,11 +134,8 @@ class Listing(RedisAccess):
             ):
                 if created is None:
                     continue  # purged meanwhile
-                state = text(state)
-                if status is None and state not in LIVE:
-                    continue  # finished meanwhile: its done index lists it
-                if status is not None and state != status.value:
-                    continue
+                if text(state) not in accept:
+                    continue  # e.g. finished meanwhile: its done index lists it
                 if task_name is not None and text(name) != task_name:
                     continue
                 if queue is not None and text(name_queue) != queue:
@@ -142,5 +158,5 @@ class Listing(RedisAccess):
             if not found:
                 break
             start += len(found)
-            rows += self._matching([text(i) for i, _ in found], status, task_name, queue)
+            rows += self._matching([text(i) for i, _ in found], {status.value}, task_name, queue)
         return rows[:want]

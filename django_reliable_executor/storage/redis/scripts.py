@@ -24,6 +24,10 @@ NAMES = (
     "purge",
     "lock_acquire",
     "lock_release",
+    "schedule_save",
+    "schedule_pause",
+    "schedule_delete",
+    "schedule_advance",
 )
 
 

@@ -1,0 +1,1 @@
+"""Periodic schedules: timing, planning, firing."""

@@ -1,0 +1,280 @@
+"""The schedule half of the public service: define, read, pause, resume and delete schedules."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import unicodedata
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone as django_timezone
+
+from ..exceptions import InvalidScheduleError
+from ..records import NewTask, TaskSubmitRequest
+from .records import MISFIRE_POLICIES, ORIGINS, Schedule, ScheduleInfo
+from .timing import make_timing
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..conf import ExecutorSettings
+    from ..storage import TaskStorage
+
+MAX_SCHEDULE_ID_LENGTH = 160  # leaves room for "@<planned time>" within a 191-character task id
+_MICRO = dt.timedelta(microseconds=1)
+_TASK_OPTIONS = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis")
+
+
+def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:
+    """The id of the task a schedule fires for one planned time: the same for every master
+    that fires it, so a run fired twice is stored once. ``nightly@20261129T030000Z``."""
+    utc = planned.astimezone(dt.timezone.utc)
+    fraction = f".{utc.microsecond:06d}" if utc.microsecond else ""
+    return f"{schedule_id}@{utc:%Y%m%dT%H%M%S}{fraction}Z"
+
+
+def validate_schedule_id(schedule_id: Any) -> str:
+    if not isinstance(schedule_id, str) or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:
+        raise InvalidScheduleError(
+            f"schedule_id must be a string of 1..{MAX_SCHEDULE_ID_LENGTH} characters, "
+            f"got {schedule_id!r}",
+            field="schedule_id",
+        )
+    for char in schedule_id:
+        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            raise InvalidScheduleError(
+                f"schedule_id {schedule_id!r} contains whitespace or a control character "
+                f"({char!r})",
+                field="schedule_id",
+            )
+    return schedule_id
+
+
+class ScheduleOperations:
+    """Mixed into ReliableExecutor: the schedule methods of ``executor``."""
+
+    # Provided by ReliableExecutor.
+    @property
+    def storage(self) -> TaskStorage:
+        raise NotImplementedError
+
+    @property
+    def clock(self) -> Clock:
+        raise NotImplementedError
+
+    @property
+    def settings(self) -> ExecutorSettings:
+        raise NotImplementedError
+
+    def _prepare(
+        self, request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
+    ) -> NewTask:
+        raise NotImplementedError
+
+    def schedule(
+        self,
+        schedule_id: str,
+        task_name: str,
+        parameter: Any = None,
+        *,
+        every: float | dt.timedelta | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        start_at: dt.datetime | None = None,
+        misfire: str = "skip",
+        **task_options: Any,
+    ) -> ScheduleInfo:
+        """Create the schedule, or redefine the one with this id (keeping its state: paused,
+        last run, and its next run too if its timing did not change). Fires ``task_name``
+        with ``parameter`` every ``every`` seconds (or timedelta) or by ``cron`` in
+        ``timezone`` (default: Django's TIME_ZONE). ``misfire`` says what runs missed while no
+        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``task_options``:
+        retry_limit, retry_interval, retry_backoff, max_duration_millis. Raises
+        InvalidScheduleError or a TaskSubmitError naming the bad field; stores nothing then."""
+        unknown = sorted(set(task_options) - set(_TASK_OPTIONS))
+        if unknown:
+            raise InvalidScheduleError(
+                f"unknown schedule option(s): {', '.join(unknown)}", field=unknown[0]
+            )
+        spec = Schedule(
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            schedule_id=schedule_id,
+            task_name=task_name,
+            parameter=parameter,
+            queue=queue,
+            priority=priority,
+            start_at=start_at,
+            misfire=misfire,
+            **task_options,
+        )
+        return self.schedule_many([spec])[0]
+
+    def schedule_many(
+        self, schedules: Sequence[Schedule], *, origin: str = "api"
+    ) -> list[ScheduleInfo]:
+        """Create or redefine several schedules at once: every one is validated first (one bad
+        definition stores nothing), unchanged ones are not written. Same order as given."""
+        return self._save(schedules, origin)[0]
+
+    def _save(self, schedules: Sequence[Schedule], origin: str) -> tuple[list[ScheduleInfo], int]:
+        if origin not in ORIGINS:
+            raise ValueError(f"origin must be one of {ORIGINS}, got {origin!r}")
+        now = self.clock.now()
+        settings = self.settings
+        ids: list[str] = []
+        for index, spec in enumerate(schedules):
+            if not isinstance(spec, Schedule):
+                raise InvalidScheduleError(
+                    f"schedule #{index} must be a Schedule, got {type(spec).__name__}"
+                )
+            ids.append(validate_schedule_id(spec.schedule_id))
+        if len(set(ids)) != len(ids):
+            repeated = next(i for i in ids if ids.count(i) > 1)
+            raise InvalidScheduleError(
+                f"schedule_id {repeated!r} is given twice", field="schedule_id"
+            )
+        existing = self.storage.get_schedules(ids) if ids else {}
+        infos = [
+            self._definition(spec, existing.get(spec.schedule_id or ""), origin, now, settings, i)
+            for i, spec in enumerate(schedules)
+        ]
+        changed = [
+            info
+            for info in infos
+            if info.schedule_id not in existing
+            or not info.same_definition(existing[info.schedule_id])
+        ]
+        keep = {
+            info.schedule_id
+            for info in changed
+            if info.schedule_id in existing and info.same_timing(existing[info.schedule_id])
+        }
+        if changed:
+            self.storage.save_schedules(changed, keep)
+        return infos, len(changed)
+
+    def _definition(
+        self,
+        spec: Schedule,
+        stored: ScheduleInfo | None,
+        origin: str,
+        now: dt.datetime,
+        settings: ExecutorSettings,
+        index: int,
+    ) -> ScheduleInfo:
+        """Validate one definition and resolve its task options as a submit would."""
+        if spec.misfire not in MISFIRE_POLICIES:
+            raise InvalidScheduleError(
+                f"misfire must be one of {MISFIRE_POLICIES}, got {spec.misfire!r}",
+                field="misfire",
+            )
+        start_at = spec.start_at
+        if start_at is not None and (
+            not isinstance(start_at, dt.datetime) or start_at.tzinfo is None
+        ):
+            raise InvalidScheduleError(
+                f"start_at must be an aware datetime, got {start_at!r}", field="start_at"
+            )
+        # Without a start, an existing schedule keeps its own: a definition in code is saved
+        # again at every start-up and must not move its interval's anchor each time.
+        anchor = (start_at or (stored.start_at if stored else now)).astimezone(dt.timezone.utc)
+        zone = spec.timezone or django_timezone.get_default_timezone_name()
+        timing = make_timing(every=spec.every, cron=spec.cron, timezone=zone, anchor=anchor)
+        every = spec.every
+        if every is not None and not isinstance(every, dt.timedelta):
+            every = dt.timedelta(seconds=every)
+        task = self._prepare(
+            TaskSubmitRequest(
+                task_name=spec.task_name or "",
+                task_parameter=spec.parameter,
+                queue=spec.queue,
+                priority=spec.priority,
+                retry_limit=spec.retry_limit,
+                retry_interval=spec.retry_interval,
+                retry_backoff=spec.retry_backoff,
+                max_duration_millis=spec.max_duration_millis,
+            ),
+            now,
+            settings,
+            index,
+        )
+        if every is not None and spec.start_at is None and stored is None:
+            next_run = timing.next_after(now)  # one interval from now, not at once
+        else:
+            next_run = timing.next_after(max(anchor, now) - _MICRO)
+        info = ScheduleInfo(
+            schedule_id=spec.schedule_id or "",
+            task_name=task.task_name,
+            parameter=task.parameter,
+            every=every,
+            cron=spec.cron,
+            timezone=zone,
+            start_at=anchor,
+            misfire=spec.misfire,
+            queue=task.queue,
+            priority=task.priority,
+            retry_limit=task.retry_limit,
+            retry_interval=task.retry_interval,
+            retry_backoff=task.retry_backoff,
+            max_duration_millis=task.max_duration_millis,
+            paused=False,
+            next_run_at=next_run,
+            last_run_at=None,
+            last_task_id=None,
+            origin=origin,
+            created_at=now,
+            updated_at=now,
+        )
+        if stored is None:
+            return info
+        return dataclasses.replace(
+            info,
+            paused=stored.paused,
+            next_run_at=stored.next_run_at if info.same_timing(stored) else next_run,
+            last_run_at=stored.last_run_at,
+            last_task_id=stored.last_task_id,
+            created_at=stored.created_at,
+            updated_at=now if not info.same_definition(stored) else stored.updated_at,
+        )
+
+    def get_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """The stored schedule, or None for an unknown id."""
+        if not isinstance(schedule_id, str) or not schedule_id:
+            return None
+        return self.storage.get_schedules([schedule_id]).get(schedule_id)
+
+    def list_schedules(
+        self, *, limit: int = 100, offset: int = 0, paused: bool | None = None
+    ) -> list[ScheduleInfo]:
+        """Schedules by id; ``paused=True`` only the paused, ``False`` only the active ones."""
+        for name, value in (("limit", limit), ("offset", offset)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        return self.storage.list_schedules(limit=limit, offset=offset, paused=paused)
+
+    def count_schedules(self) -> dict[str, int]:
+        """``{"active": n, "paused": m}``."""
+        return self.storage.count_schedules()
+
+    def pause_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """Stop firing (a pause survives restarts and redefinitions). None for an unknown id."""
+        return self.storage.set_schedule_paused(schedule_id, True, self.clock.now())
+
+    def resume_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """Fire again; the runs missed while paused meet the schedule's misfire policy."""
+        return self.storage.set_schedule_paused(schedule_id, False, self.clock.now())
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Forget the schedule; the tasks it fired stay. False for an unknown id."""
+        return self.storage.delete_schedule(schedule_id)
+
+    def sync_declared_schedules(self) -> int:
+        """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.
+        Run by every runexecutor at start-up. Returns how many were written."""
+        from ..registry import declared_schedules
+
+        return self._save(declared_schedules(), "code")[1]

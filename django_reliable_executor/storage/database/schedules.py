@@ -1,0 +1,194 @@
+"""Schedules in the database storage: the schedule table, and fires in one transaction."""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+from collections.abc import Collection, Sequence
+
+from django.db import connections, transaction
+from django.db.models import QuerySet
+
+from ...models import ReliableSchedule
+from ...records import TaskInfo
+from ...schedules.records import DEFINITION_FIELDS, ScheduleFire, ScheduleInfo
+from .rows import chunks
+from .submitting import Submitting
+
+_MICRO = dt.timedelta(microseconds=1)
+# Definition fields as model columns (``every`` is stored in microseconds).
+_DEFINITION_COLUMNS = [
+    "every_micros" if name == "every" else name for name in DEFINITION_FIELDS
+] + ["updated_at"]
+
+
+def schedule_from_row(row: ReliableSchedule) -> ScheduleInfo:
+    return ScheduleInfo(
+        schedule_id=row.schedule_id,
+        task_name=row.task_name,
+        parameter=row.parameter,
+        every=None if row.every_micros is None else dt.timedelta(microseconds=row.every_micros),
+        cron=row.cron,
+        timezone=row.timezone,
+        start_at=row.start_at,
+        misfire=row.misfire,
+        queue=row.queue,
+        priority=row.priority,
+        retry_limit=row.retry_limit,
+        retry_interval=row.retry_interval,
+        retry_backoff=row.retry_backoff,
+        max_duration_millis=row.max_duration_millis,
+        paused=row.paused,
+        next_run_at=row.next_run_at,
+        last_run_at=row.last_run_at,
+        last_task_id=row.last_task_id,
+        origin=row.origin,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def row_from_schedule(info: ScheduleInfo) -> ReliableSchedule:
+    return ReliableSchedule(
+        schedule_id=info.schedule_id,
+        task_name=info.task_name,
+        parameter=info.parameter,
+        every_micros=None if info.every is None else info.every // _MICRO,
+        cron=info.cron,
+        timezone=info.timezone,
+        start_at=info.start_at,
+        misfire=info.misfire,
+        queue=info.queue,
+        priority=info.priority,
+        retry_limit=info.retry_limit,
+        retry_interval=info.retry_interval,
+        retry_backoff=info.retry_backoff,
+        max_duration_millis=info.max_duration_millis,
+        paused=info.paused,
+        next_run_at=info.next_run_at,
+        last_run_at=info.last_run_at,
+        last_task_id=info.last_task_id,
+        origin=info.origin,
+        created_at=info.created_at,
+        updated_at=info.updated_at,
+    )
+
+
+class Schedules(Submitting):
+    """The ``reliable_executor_schedule`` table; fires store tasks and advance schedules in
+    one transaction."""
+
+    def _schedules(self) -> QuerySet[ReliableSchedule]:
+        return ReliableSchedule.objects.using(self.alias)
+
+    def save_schedules(
+        self, schedules: Sequence[ScheduleInfo], keep_next_run: Collection[str] = ()
+    ) -> None:
+        keep = set(keep_next_run)
+        with transaction.atomic(using=self.alias):
+            for chunk in chunks(list(schedules)):
+                ids = [info.schedule_id for info in chunk]
+                existing = set(self._schedules().filter(pk__in=ids).values_list("pk", flat=True))
+                self._schedules().bulk_create(
+                    [row_from_schedule(i) for i in chunk if i.schedule_id not in existing]
+                )
+                for info in chunk:
+                    if info.schedule_id not in existing:
+                        continue
+                    row = row_from_schedule(info)
+                    columns = list(_DEFINITION_COLUMNS)
+                    if info.schedule_id not in keep:
+                        columns.append("next_run_at")
+                    self._schedules().filter(pk=info.schedule_id).update(
+                        **{column: getattr(row, column) for column in columns}
+                    )
+
+    def get_schedules(self, schedule_ids: Sequence[str]) -> dict[str, ScheduleInfo]:
+        found: dict[str, ScheduleInfo] = {}
+        for chunk in chunks(list(schedule_ids)):
+            for row in self._schedules().filter(pk__in=chunk):
+                found[row.pk] = schedule_from_row(row)
+        return found
+
+    def list_schedules(
+        self, *, limit: int = 100, offset: int = 0, paused: bool | None = None
+    ) -> builtins.list[ScheduleInfo]:
+        rows = self._schedules().order_by("schedule_id")
+        if paused is not None:
+            rows = rows.filter(paused=paused)
+        return [schedule_from_row(row) for row in rows[offset : offset + limit]]
+
+    def count_schedules(self) -> dict[str, int]:
+        paused = self._schedules().filter(paused=True).count()
+        return {"active": self._schedules().count() - paused, "paused": paused}
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        deleted, _ = self._schedules().filter(pk=schedule_id).delete()
+        return deleted > 0
+
+    def set_schedule_paused(
+        self, schedule_id: str, paused: bool, now: dt.datetime
+    ) -> ScheduleInfo | None:
+        with transaction.atomic(using=self.alias):
+            self._schedules().filter(pk=schedule_id).exclude(paused=paused).update(
+                paused=paused, updated_at=now
+            )
+            row = self._schedules().filter(pk=schedule_id).first()
+        return None if row is None else schedule_from_row(row)
+
+    def due_schedules(self, now: dt.datetime, limit: int) -> builtins.list[ScheduleInfo]:
+        rows = self._schedules().filter(paused=False, next_run_at__lte=now)
+        return [schedule_from_row(row) for row in rows.order_by("next_run_at")[:limit]]
+
+    def next_schedule_due(self) -> dt.datetime | None:
+        row = self._schedules().filter(paused=False).order_by("next_run_at").first()
+        return None if row is None else row.next_run_at
+
+    def fire_schedules(
+        self, fires: Sequence[ScheduleFire], now: dt.datetime
+    ) -> builtins.list[TaskInfo]:
+        if not fires:
+            return []
+        return self._retrying(lambda: self._fire(fires, now))
+
+    def _fire(self, fires: Sequence[ScheduleFire], now: dt.datetime) -> builtins.list[TaskInfo]:
+        by_id = {fire.schedule_id: fire for fire in fires}
+        table = connections[self.alias].ops.quote_name(ReliableSchedule._meta.db_table)
+        with transaction.atomic(using=self.alias):
+            # Lock the schedules first (in id order, so two masters cannot deadlock), then
+            # keep only the fires whose schedule still expects them: a schedule paused,
+            # redefined or already fired by another master meanwhile is left alone. (SQLite
+            # has no FOR UPDATE; its writers take turns, and a stale read fails the commit.)
+            rows = (
+                self._schedules()
+                .select_for_update()
+                .filter(pk__in=sorted(by_id))
+                .order_by("pk")
+                .values_list("schedule_id", "next_run_at", "paused")
+            )
+            hits = [
+                by_id[schedule_id]
+                for schedule_id, next_run_at, paused in rows
+                if not paused and next_run_at == by_id[schedule_id].expected_next_run_at
+            ]
+            if not hits:
+                return []
+            with connections[self.alias].cursor() as cursor:
+                cursor.executemany(
+                    f"UPDATE {table} SET next_run_at = %s, last_run_at = COALESCE(%s, "
+                    "last_run_at), last_task_id = COALESCE(%s, last_task_id) "
+                    "WHERE schedule_id = %s",
+                    [
+                        (
+                            self._dt(fire.next_run_at),
+                            None if fire.last_run_at is None else self._dt(fire.last_run_at),
+                            fire.last_task_id,
+                            fire.schedule_id,
+                        )
+                        for fire in hits
+                    ],
+                )
+            tasks = [task for fire in hits for task in fire.tasks]
+            if not tasks:
+                return []
+            return [info for info, created in self._enqueue(tasks) if created]

@@ -1,0 +1,31 @@
+-- schedule_save: create schedules, or give existing ones a new definition.
+-- ARGV[3] a JSON array of {id, fields = {field: string}, drop = [field, ...], next, keep}:
+-- `fields` are the definition fields to write, `drop` those the definition leaves empty.
+-- A new schedule gets them all plus its next run `next`, created/updated time now. An existing
+-- one keeps its state (paused, last run, created); its next run becomes `next` unless `keep`.
+-- Returns the number of schedules created.
+local ALL, DUE = P .. 'schedules', P .. 'schedules:due'
+local created = 0
+for _, item in ipairs(cjson.decode(ARGV[3])) do
+  local key = P .. 's:' .. item.id
+  local exists = redis.call('EXISTS', key) == 1
+  for field, value in pairs(item.fields) do
+    redis.call('HSET', key, field, value)
+  end
+  for _, field in ipairs(item.drop) do
+    redis.call('HDEL', key, field)
+  end
+  redis.call('HSET', key, 'u', NOW)
+  if not exists then
+    redis.call('HSET', key, 'c', NOW, 'nr', item.next)
+    redis.call('ZADD', ALL, 0, item.id)
+    redis.call('ZADD', DUE, item.next, item.id)
+    created = created + 1
+  elseif not item.keep then
+    redis.call('HSET', key, 'nr', item.next)
+    if redis.call('HEXISTS', key, 'pa') == 0 then
+      redis.call('ZADD', DUE, item.next, item.id)
+    end
+  end
+end
+return created

@@ -1,0 +1,66 @@
+"""The schedule half of the storage interface: keep schedules, find due ones, fire them."""
+
+from __future__ import annotations
+
+import abc
+import builtins
+import datetime as dt
+from collections.abc import Collection, Sequence
+
+from ..records import TaskInfo
+from ..schedules.records import ScheduleFire, ScheduleInfo
+
+
+class ScheduleStorage(abc.ABC):
+    """Schedules live beside the tasks they fire, in the same storage. Only the master fires;
+    ``fire_schedules`` is still safe to race: a fire is a compare-and-set on the schedule's
+    next run, and its tasks' ids derive from the schedule id and the planned time."""
+
+    @abc.abstractmethod
+    def save_schedules(
+        self, schedules: Sequence[ScheduleInfo], keep_next_run: Collection[str] = ()
+    ) -> None:
+        """Insert new schedules as given. An existing one gets the new definition and
+        ``updated_at``, and the given ``next_run_at`` unless its id is in ``keep_next_run``;
+        its state (paused, last run and task, created_at) is left as stored."""
+
+    @abc.abstractmethod
+    def get_schedules(self, schedule_ids: Sequence[str]) -> dict[str, ScheduleInfo]:
+        """The stored schedules among these ids, by id (unknown ids left out)."""
+
+    @abc.abstractmethod
+    def list_schedules(
+        self, *, limit: int = 100, offset: int = 0, paused: bool | None = None
+    ) -> builtins.list[ScheduleInfo]:
+        """Schedules by id, optionally only the paused (True) or active (False) ones."""
+
+    @abc.abstractmethod
+    def count_schedules(self) -> dict[str, int]:
+        """``{"active": n, "paused": m}``."""
+
+    @abc.abstractmethod
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Forget a schedule (tasks it fired stay). False when there was none."""
+
+    @abc.abstractmethod
+    def set_schedule_paused(
+        self, schedule_id: str, paused: bool, now: dt.datetime
+    ) -> ScheduleInfo | None:
+        """Pause (fires nothing) or resume a schedule; its next run is kept, so on resume the
+        runs missed meanwhile meet its misfire policy. None for an unknown id."""
+
+    @abc.abstractmethod
+    def due_schedules(self, now: dt.datetime, limit: int) -> builtins.list[ScheduleInfo]:
+        """Up to ``limit`` active schedules whose next run is at or before ``now``, earliest
+        first."""
+
+    @abc.abstractmethod
+    def next_schedule_due(self) -> dt.datetime | None:
+        """The earliest next run of any active schedule."""
+
+    @abc.abstractmethod
+    def fire_schedules(
+        self, fires: Sequence[ScheduleFire], now: dt.datetime
+    ) -> builtins.list[TaskInfo]:
+        """Store each fire's tasks (an existing id is left alone) and move its schedule on, if
+        the schedule still expects that fire. Returns the tasks newly created."""

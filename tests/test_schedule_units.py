@@ -1,0 +1,148 @@
+"""Schedules without a store: the decorator's schedule=, planning by misfire policy, task ids."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from django_reliable_executor import Schedule, reliable_task_handler
+from django_reliable_executor.exceptions import HandlerRegistrationError
+from django_reliable_executor.registry import _schedules, declared_schedules, unregister
+from django_reliable_executor.schedules.operations import fire_task_id
+from django_reliable_executor.schedules.planning import plan
+from django_reliable_executor.schedules.records import ScheduleInfo
+
+UTC = dt.timezone.utc
+T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
+MINUTE = dt.timedelta(minutes=1)
+
+
+def info(**changes) -> ScheduleInfo:
+    values = dict(
+        schedule_id="s",
+        task_name="demo.echo",
+        parameter=None,
+        every=MINUTE,
+        cron=None,
+        timezone="UTC",
+        start_at=T0,
+        misfire="skip",
+        queue="default",
+        priority=0,
+        retry_limit=3,
+        retry_interval=2000,
+        retry_backoff="fixed",
+        max_duration_millis=None,
+        paused=False,
+        next_run_at=T0 + MINUTE,
+        last_run_at=None,
+        last_task_id=None,
+        origin="api",
+        created_at=T0,
+        updated_at=T0,
+    )
+    values.update(changes)
+    return ScheduleInfo(**values)
+
+
+GRACE = dt.timedelta(seconds=60)
+
+
+def test_on_time_run_fires_and_the_next_is_in_the_future():
+    outcome = plan(info(), T0 + MINUTE + dt.timedelta(seconds=2), grace=GRACE, catch_up_limit=100)
+    assert outcome.runs == (T0 + MINUTE,) and outcome.skipped == 0
+    assert outcome.next_run_at == T0 + 2 * MINUTE
+
+
+def test_not_due_plans_nothing():
+    outcome = plan(info(), T0 + dt.timedelta(seconds=30), grace=GRACE, catch_up_limit=100)
+    assert outcome.runs == () and outcome.next_run_at == T0 + MINUTE
+
+
+@pytest.mark.parametrize("cron", [None, "* * * * *"])
+def test_policies_after_an_hour_down(cron):
+    """The same answers from interval arithmetic and from the cron search."""
+    now = T0 + 60 * MINUTE + dt.timedelta(seconds=30)  # runs at +1..+60 min are due
+    every = None if cron else MINUTE
+    skip = plan(info(cron=cron, every=every), now, grace=GRACE, catch_up_limit=100)
+    assert skip.runs == (T0 + 60 * MINUTE,) and skip.skipped == 59
+    once = plan(
+        info(cron=cron, every=every, misfire="run_once"), now, grace=GRACE, catch_up_limit=100
+    )
+    assert once.runs == (T0 + 60 * MINUTE,) and once.skipped == 59
+    catch = plan(
+        info(cron=cron, every=every, misfire="catch_up"), now, grace=GRACE, catch_up_limit=100
+    )
+    assert catch.runs == tuple(T0 + k * MINUTE for k in range(1, 61)) and catch.skipped == 0
+    few = plan(info(cron=cron, every=every, misfire="catch_up"), now, grace=GRACE, catch_up_limit=5)
+    assert few.runs == tuple(T0 + k * MINUTE for k in range(56, 61))
+    # Cron counts dropped runs only up to the limit + 1 (a long outage is not walked).
+    assert few.skipped == (55 if every else 6)
+    for outcome in (skip, once, catch, few):
+        assert outcome.next_run_at == T0 + 61 * MINUTE
+
+
+def test_a_year_down_reads_few_cron_times():
+    """run_once after a year of downtime of a per-minute cron: the search looks back from now."""
+    now = T0 + dt.timedelta(days=365)
+    outcome = plan(
+        info(cron="* * * * *", every=None, misfire="run_once"), now, grace=GRACE, catch_up_limit=100
+    )
+    assert outcome.runs == (now,) and outcome.next_run_at == now + MINUTE
+
+
+def test_fire_task_ids():
+    assert (
+        fire_task_id("nightly", dt.datetime(2026, 11, 29, 3, tzinfo=UTC))
+        == "nightly@20261129T030000Z"
+    )
+    paris = dt.datetime(2026, 11, 29, 4, 0, 0, 250, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    assert fire_task_id("x", paris) == "x@20261129T030000.000250Z"
+
+
+def test_decorator_schedule_shortcuts():
+    assert _schedules("t", "0 3 * * *") == (
+        Schedule(cron="0 3 * * *", schedule_id="t", task_name="t"),
+    )
+    assert _schedules("t", 300)[0].every == 300
+    assert _schedules("t", dt.timedelta(hours=1))[0].every == dt.timedelta(hours=1)
+    both = _schedules(
+        "t", [Schedule(schedule_id="a", every=60), Schedule(schedule_id="b", cron="@daily")]
+    )
+    assert [s.schedule_id for s in both] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("61 * * * *", "minute"),
+        (0.5, "every"),
+        (Schedule(cron="0 3 * * *", timezone="Nowhere/City"), "Nowhere/City"),
+        (["0 3 * * *", "0 4 * * *"], "schedule_id"),
+        (Schedule(every=60, task_name="other"), "task_name"),
+        (object(), "cron string"),
+        (True, "cron string"),
+    ],
+)
+def test_bad_decorator_schedules_fail_at_import(given, message):
+    with pytest.raises(HandlerRegistrationError, match=message):
+
+        @reliable_task_handler("tests.bad_schedule", schedule=given)
+        def handler() -> None: ...
+
+    assert not any(s.task_name == "tests.bad_schedule" for s in declared_schedules())
+
+
+def test_declared_schedules_lists_every_handler_schedule():
+    @reliable_task_handler(
+        "tests.declared",
+        schedule=[Schedule(schedule_id="d1", every=60), Schedule(schedule_id="d2", cron="@hourly")],
+    )
+    def handler() -> None: ...
+
+    try:
+        mine = [s for s in declared_schedules() if s.task_name == "tests.declared"]
+        assert [s.schedule_id for s in mine] == ["d1", "d2"]
+    finally:
+        unregister("tests.declared")
