@@ -13,9 +13,10 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from . import metrics, registry
+from .exceptions import ReliableExecutorError, StorageUnavailableError
 from .execution import TaskRunner
 from .leadership import MasterLock
 from .pool import BoundedPool
@@ -367,10 +368,9 @@ class Worker:
         while not self._threads_done.is_set():
             busy = False
             wait = tick
+            if not synced:
+                synced = self._sync_declared_schedules()
             try:
-                if not synced:
-                    self._sync_declared_schedules()
-                    synced = True
                 is_master = self.master.hold()
                 if is_master and not was_master:
                     self.scheduler.settle()
@@ -385,8 +385,22 @@ class Worker:
             self._threads_done.wait(0.01 if busy else max(wait, 0.001))
         close_old_connections()
 
-    def _sync_declared_schedules(self) -> None:
-        """Save the schedules declared in code (once per start; retried until it works)."""
-        written = self.executor.sync_declared_schedules()
+    def _sync_declared_schedules(self) -> bool:
+        """Save the schedules declared in code, once per start. False to try again next round
+        (the storage could not be reached); a definition the storage refuses is logged and
+        not tried again — it must never keep this worker from its chores."""
+        try:
+            written = self.executor.sync_declared_schedules()
+        except ReliableExecutorError as exc:
+            if isinstance(exc, StorageUnavailableError):
+                logger.warning("cannot save the schedules declared in code yet: %s", exc)
+                return False
+            logger.error("the schedules declared in code were not saved: %s", exc)
+            return True
+        except DatabaseError as exc:
+            logger.warning("cannot save the schedules declared in code yet: %s", exc)
+            close_old_connections()
+            return False
         if written:
             logger.info("saved %d schedule(s) declared in code", written)
+        return True

@@ -90,6 +90,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
     ready_priorities: dict[str, set[str]] = defaultdict(set)
     prio_sets: dict[str, dict[str, str]] = {}
     parked_priorities: dict[str, set[str]] = defaultdict(set)  # name -> non-empty parked sets
+    schedule_hashes: dict[str, dict[str, str]] = {}
+    schedule_indexes: dict[str, dict[str, str]] = {key: {} for key in SCHEDULE_INDEXES}
     parkprio_sets: dict[str, dict[str, str]] = {}
     for key, (kind, value) in snap.items():
         family, _, rest = key.partition(":")
@@ -120,6 +122,10 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
                 scores[key][task_id] = score
         elif key == "deadlines" and kind == "zset":
             scores[key] = dict(value)
+        elif family == "s" and kind == "hash":
+            schedule_hashes[rest] = value
+        elif key in SCHEDULE_INDEXES and kind == "zset":
+            schedule_indexes[key] = dict(value)
         elif family == "wake" and kind == "list":
             if value != ["1"]:
                 problems.append(f"{key} holds {value}, not one token")
@@ -211,9 +217,34 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
     if held != dict(leased_names):
         problems.append(f"held hash {held} but the leases hold {dict(leased_names)} by name")
 
+    problems += schedule_problems(schedule_hashes, schedule_indexes)
+
     stored = {field: int(n) for field, n in snap.get("counts", ("hash", {}))[1].items()}
     if {field: n for field, n in stored.items() if n != 0} != dict(counted):
         problems.append(f"counts hash {stored} but the tasks are {dict(counted)}")
+    return problems
+
+
+SCHEDULE_INDEXES = ("schedules", "schedules:due", "schedules:paused")
+
+
+def schedule_problems(
+    hashes: dict[str, dict[str, str]], indexes: dict[str, dict[str, str]]
+) -> list[str]:
+    """Every schedule hash is listed by id; the active ones are in the due index scored by
+    their next run, the paused ones in the paused index, and nothing else is in either."""
+    problems: list[str] = []
+    if set(indexes["schedules"]) != set(hashes):
+        problems.append(
+            f"schedules lists {sorted(indexes['schedules'])}, the hashes are {sorted(hashes)}"
+        )
+    active = {i: v["nr"] for i, v in hashes.items() if "pa" not in v}
+    due = {i: str(int(float(score))) for i, score in indexes["schedules:due"].items()}
+    if due != active:
+        problems.append(f"schedules:due is {due}, the active schedules' next runs {active}")
+    paused = {i for i, v in hashes.items() if "pa" in v}
+    if set(indexes["schedules:paused"]) != paused:
+        problems.append(f"schedules:paused is {sorted(indexes['schedules:paused'])}, not {paused}")
     return problems
 
 

@@ -312,3 +312,49 @@ def test_fires_and_skips_are_counted_in_metrics(executor, clock):
     assert sample("reliable_executor_schedule_runs_fired_total") - fired_before == 1
     assert sample("reliable_executor_schedule_runs_skipped_total") - skipped_before == 9
     assert sample("reliable_executor_schedule_lag_seconds_count") - lags_before == 1
+
+
+def test_a_declared_schedule_the_storage_refuses_never_blocks_the_worker(executor, caplog):
+    """A schedule= whose parameter the handler rejects is logged once; the worker goes on."""
+    from django_reliable_executor.registry import _schedules
+    from django_reliable_executor.worker import Worker, WorkerOptions
+
+    def takes_nothing() -> None:
+        return None
+
+    handler = TaskHandler(takes_nothing, name="tests.no_param")
+    handler.schedules = _schedules("tests.no_param", Schedule(every=60, parameter={"x": 1}))
+    register(handler)
+    try:
+        worker = Worker(WorkerOptions(worker_id="w-sync"), executor)
+        assert worker._sync_declared_schedules() is True  # not retried every round
+        assert "were not saved" in caplog.text and "task_parameter" in caplog.text
+        assert executor.get_schedule("tests.no_param") is None
+    finally:
+        unregister("tests.no_param")
+
+
+def test_a_schedule_that_cannot_be_planned_is_paused_not_retried_forever(executor, clock, caplog):
+    executor.schedule("broken", "demo.echo", cron="0 3 * * *", timezone="UTC")
+    executor.schedule("fine", "demo.echo", every=60)
+    broken = executor.get_schedule("broken")
+    # As if the zone had disappeared from the system's time zone database since it was saved.
+    executor.storage.save_schedules([dataclasses.replace(broken, timezone="Gone/Zone")], ["broken"])
+    clock.advance(24 * 3600)
+    fire(executor)
+    assert executor.get_schedule("broken").paused
+    assert "cannot be planned: paused" in caplog.text
+    assert fired_tasks(executor, "fine")  # the others fired
+
+
+def test_a_round_stops_planning_at_the_task_cap(executor, clock, monkeypatch):
+    from django_reliable_executor.schedules import firing
+
+    monkeypatch.setattr(firing, "MAX_TASKS_PER_ROUND", 5)
+    for i in range(4):
+        executor.schedule(f"c{i}", "demo.echo", every=60, misfire="catch_up")
+    clock.advance(3 * 60 + 1)  # three runs due each: 12 in all
+    created, due = ScheduleFiring(executor).fire_due()
+    assert len(created) == 6 and due == firing.BATCH  # two schedules, then "more is due"
+    ScheduleFiring(executor).fire_due()
+    assert sum(len(fired_tasks(executor, f"c{i}")) for i in range(4)) == 12

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_reliable_executor")
 
 BATCH = 1000  # schedules planned and fired per round
+MAX_TASKS_PER_ROUND = 5000  # catch-ups can plan many runs per schedule: the rest waits a round
 
 
 def fire_task(schedule: ScheduleInfo, planned: dt.datetime, now: dt.datetime) -> NewTask:
@@ -53,7 +54,8 @@ class ScheduleFiring:
         return self.fire_due()[1] >= self.batch
 
     def fire_due(self) -> tuple[list[TaskInfo], int]:
-        """One round: the tasks it newly stored, and how many schedules were due."""
+        """One round: the tasks it newly stored, and how many schedules were due (reported
+        as a full batch when the round stopped early at MAX_TASKS_PER_ROUND)."""
         executor = self.executor
         settings = executor.settings
         grace = dt.timedelta(seconds=settings.SCHEDULE_MISFIRE_GRACE)
@@ -61,15 +63,25 @@ class ScheduleFiring:
         now = executor.clock.now()
         due = executor.storage.due_schedules(now, self.batch)
         fires: list[ScheduleFire] = []
+        planned_tasks = 0
+        reported = len(due)
         for schedule in due:
+            if planned_tasks >= MAX_TASKS_PER_ROUND:
+                reported = self.batch  # more is due: the next round comes at once
+                break
             try:
                 outcome = plan(schedule, now, grace=grace, catch_up_limit=limit)
             except Exception:
                 # A definition that no longer plans (say, a time zone gone from the system's
-                # database) must not stop the others.
-                logger.exception("schedule %s cannot be planned", schedule.schedule_id)
+                # database) would be due forever, ahead of the others: pause it, visibly.
+                logger.exception(
+                    "schedule %s cannot be planned: paused (fix it, then resume it)",
+                    schedule.schedule_id,
+                )
+                executor.storage.set_schedule_paused(schedule.schedule_id, True, now)
                 continue
             tasks = tuple(fire_task(schedule, run, now) for run in outcome.runs)
+            planned_tasks += len(tasks)
             if outcome.skipped:
                 logger.warning(
                     "schedule %s missed %d run(s) before %s (misfire=%s): not fired",
@@ -95,7 +107,7 @@ class ScheduleFiring:
                 [(now - task.run_at).total_seconds() for task in created]
             )
             executor.announce_submitted(created)
-        return created, len(due)
+        return created, reported
 
     def next_due(self) -> dt.datetime | None:
         """When the earliest active schedule is due next."""

@@ -1,0 +1,144 @@
+"""The Redis storage's schedule scripts (save, pause, delete, advance), each for every race it
+can lose, with every key compared before and after, and a random walk keeping the schedule
+indexes consistent with the schedule hashes."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import random
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.schedules.firing import ScheduleFiring
+from django_reliable_executor.schedules.records import ScheduleFire
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage.redis import RedisStorage
+from tests.conftest import delete_prefix, redis_client, require
+from tests.redis_support import assert_consistent, changed_keys, snapshot, unchanged
+
+MINUTE = dt.timedelta(minutes=1)
+
+
+@pytest.fixture
+def key_prefix() -> Iterator[str]:
+    require("redis")
+    prefix = f"test-scripts-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = redis_client()
+    delete_prefix(client, prefix)
+    client.close()
+
+
+@pytest.fixture
+def storage(key_prefix: str, clock: FakeClock) -> Iterator[RedisStorage]:
+    storage = RedisStorage(redis_client(), key_prefix, clock=clock)
+    yield storage
+    storage.close()
+
+
+@pytest.fixture
+def executor(storage: RedisStorage, clock: FakeClock) -> ReliableExecutor:
+    return ReliableExecutor(storage, clock=clock)
+
+
+def test_save_creates_the_hash_and_both_indexes(storage, executor):
+    before = snapshot(storage)
+    info = executor.schedule("a", "demo.echo", {"x": 1}, every=60)
+    after = snapshot(storage)
+    assert changed_keys(before, after) == {"s:a", "schedules", "schedules:due"}
+    assert after["schedules"] == ("zset", [("a", "0")])
+    assert storage.get_schedules(["a"]) == {"a": info}
+    assert_consistent(storage)
+
+
+def test_redefining_a_paused_schedule_keeps_it_out_of_the_due_index(storage, executor):
+    executor.schedule("a", "demo.echo", every=60)
+    executor.pause_schedule("a")
+    before = snapshot(storage)
+    executor.schedule("a", "demo.echo", every=120)  # new timing: a new next run, still paused
+    after = snapshot(storage)
+    assert changed_keys(before, after) == {"s:a"}
+    assert_consistent(storage)
+
+
+def test_a_cleared_option_is_removed_from_the_hash(storage, executor):
+    executor.schedule("a", "demo.echo", every=60, max_duration_millis=5000)
+    assert "md" in storage.client.hgetall(storage.p + "s:a")
+    executor.schedule("a", "demo.echo", cron="0 3 * * *")  # no max duration, no interval
+    values = storage.client.hgetall(storage.p + "s:a")
+    assert "md" not in values and "ev" not in values and values["cr"] == "0 3 * * *"
+    assert executor.get_schedule("a").every is None
+
+
+def test_pause_and_resume_are_idempotent(storage, executor):
+    executor.schedule("a", "demo.echo", every=60)
+    executor.pause_schedule("a")
+    with unchanged(storage):
+        executor.pause_schedule("a")
+    executor.resume_schedule("a")
+    with unchanged(storage):
+        executor.resume_schedule("a")
+        assert executor.pause_schedule("missing") is None
+    assert_consistent(storage)
+
+
+def test_delete_removes_every_trace(storage, executor):
+    before = snapshot(storage)
+    executor.schedule("a", "demo.echo", every=60)
+    executor.pause_schedule("a")
+    assert storage.delete_schedule("a") is True
+    assert snapshot(storage) == before
+    with unchanged(storage):
+        assert storage.delete_schedule("a") is False
+
+
+@pytest.mark.parametrize("race", ["paused", "moved on", "deleted"])
+def test_advance_leaves_a_schedule_that_no_longer_expects_the_fire(storage, executor, clock, race):
+    info = executor.schedule("a", "demo.echo", every=60)
+    clock.advance(61)
+    fire = ScheduleFire("a", info.next_run_at, info.next_run_at + MINUTE, (), None, None)
+    if race == "paused":
+        executor.pause_schedule("a")
+    elif race == "moved on":
+        storage.fire_schedules([fire], clock.now())
+    else:
+        storage.delete_schedule("a")
+    with unchanged(storage):
+        storage.fire_schedules([fire], clock.now())
+
+
+def test_a_random_walk_keeps_the_schedule_indexes_consistent(storage, executor, clock):
+    rng = random.Random(7)
+    ids = [f"s{i}" for i in range(8)]
+    for step in range(300):
+        schedule_id = rng.choice(ids)
+        action = rng.choice(["define", "define", "pause", "resume", "delete", "fire", "time"])
+        if action == "define":
+            if rng.random() < 0.5:
+                executor.schedule(schedule_id, "demo.echo", every=rng.choice([30, 60, 90]))
+            else:
+                executor.schedule(
+                    schedule_id, "demo.echo", cron=rng.choice(["* * * * *", "@hourly"])
+                )
+        elif action == "pause":
+            executor.pause_schedule(schedule_id)
+        elif action == "resume":
+            executor.resume_schedule(schedule_id)
+        elif action == "delete":
+            executor.delete_schedule(schedule_id)
+        elif action == "fire":
+            ScheduleFiring(executor).run_once()
+        else:
+            clock.advance(rng.choice([5, 30, 61, 600]))
+        if step % 10 == 0:
+            assert_consistent(storage)
+    assert_consistent(storage)
+    # Each fired task id is a schedule id and a planned time; no schedule fired one twice.
+    fired = [t.task_id for t in executor.list_tasks(limit=100_000)]
+    assert len(fired) == len(set(fired)) and all("@" in t for t in fired)
+    for info in executor.list_schedules():
+        assert dataclasses.replace(info) == executor.get_schedule(info.schedule_id)
