@@ -158,7 +158,8 @@ class ReliableSchedule(models.Model):
         db_table = "reliable_executor_schedule"
         verbose_name = "reliable schedule"
         ordering = ["schedule_id"]
-        # view: see schedules; change: pause and resume; add/delete: through the HTTP API.
+        # view: see schedules; change: pause and resume; add: create through the HTTP API;
+        # delete: in the admin and the HTTP API.
         indexes = [
             # The master's "due now" query: active schedules by next run.
             models.Index(fields=["paused", "next_run_at"], name="rexec_sched_due_idx"),

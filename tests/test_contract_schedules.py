@@ -358,3 +358,13 @@ def test_a_round_stops_planning_at_the_task_cap(executor, clock, monkeypatch):
     assert len(created) == 6 and due == firing.BATCH  # two schedules, then "more is due"
     ScheduleFiring(executor).fire_due()
     assert sum(len(fired_tasks(executor, f"c{i}")) for i in range(4)) == 12
+
+
+def test_what_schedule_returns_is_what_is_stored(executor, clock):
+    """On every backend, to the microsecond (times come from the caller's clock)."""
+    clock.advance(0.123456)
+    info = executor.schedule("exact", "demo.echo", {"p": [1, 2]}, cron="*/5 * * * *")
+    assert executor.get_schedule("exact") == info
+    clock.advance(1.000001)
+    again = executor.schedule("exact", "demo.echo", {"p": [3]}, cron="*/5 * * * *")
+    assert executor.get_schedule("exact") == again and again.updated_at == clock.now()

@@ -1,8 +1,9 @@
 -- schedule_save: create schedules, or give existing ones a new definition.
--- ARGV[3] a JSON array of {id, fields = {field: string}, drop = [field, ...], next, keep}:
--- `fields` are the definition fields to write, `drop` those the definition leaves empty.
--- A new schedule gets them all plus its next run `next`, created/updated time now. An existing
--- one keeps its state (paused, last run, created); its next run becomes `next` unless `keep`.
+-- ARGV[3] a JSON array of {id, fields = {field: string}, drop = [field, ...], next, keep,
+-- created, updated}: `fields` are the definition fields to write, `drop` those the definition
+-- leaves empty. A new schedule gets them all plus its next run `next` and both times. An
+-- existing one keeps its state (paused, last run, created); its next run becomes `next` unless
+-- `keep`. (The times come from the caller's clock, which its answer already shows.)
 -- Returns the number of schedules created.
 local ALL, DUE = P .. 'schedules', P .. 'schedules:due'
 local created = 0
@@ -15,9 +16,9 @@ for _, item in ipairs(cjson.decode(ARGV[3])) do
   for _, field in ipairs(item.drop) do
     redis.call('HDEL', key, field)
   end
-  redis.call('HSET', key, 'u', NOW)
+  redis.call('HSET', key, 'u', item.updated)
   if not exists then
-    redis.call('HSET', key, 'c', NOW, 'nr', item.next)
+    redis.call('HSET', key, 'c', item.created, 'nr', item.next)
     redis.call('ZADD', ALL, 0, item.id)
     redis.call('ZADD', DUE, item.next, item.id)
     created = created + 1

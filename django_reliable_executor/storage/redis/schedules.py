@@ -102,6 +102,8 @@ class Schedules(RedisAccess):
                         "drop": [f for f, v in encoded.items() if v is None],
                         "next": micros(info.next_run_at),
                         "keep": info.schedule_id in keep,
+                        "created": micros(info.created_at),
+                        "updated": micros(info.updated_at),
                     }
                 )
             self._run("schedule_save", json.dumps(items))
