@@ -1,1 +1,2 @@
-"""Optional JSON HTTP API over the task service: include ``django_reliable_executor.api.urls``."""
+"""Optional JSON HTTP API over the task and schedule service: include
+``django_reliable_executor.api.urls``."""

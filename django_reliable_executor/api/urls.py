@@ -1,8 +1,8 @@
-"""URLs of the task API; include under a prefix of your choice (see docs/api.md)."""
+"""URLs of the task and schedule API; include under a prefix of your choice (see docs/api.md)."""
 
 from django.urls import path
 
-from . import views
+from . import schedule_views, views
 
 app_name = "reliable_executor_api"
 
@@ -11,4 +11,9 @@ urlpatterns = [
     path("tasks/<path:task_id>/cancel/", views.cancel, name="cancel"),
     path("tasks/<path:task_id>/retry/", views.retry, name="retry"),
     path("tasks/<path:task_id>/", views.detail, name="detail"),
+    path("schedules/", schedule_views.schedules, name="schedules"),
+    path("schedules/<path:schedule_id>/pause/", schedule_views.pause, name="schedule-pause"),
+    path("schedules/<path:schedule_id>/resume/", schedule_views.resume, name="schedule-resume"),
+    path("schedules/<path:schedule_id>/delete/", schedule_views.delete, name="schedule-delete"),
+    path("schedules/<path:schedule_id>/", schedule_views.detail, name="schedule-detail"),
 ]

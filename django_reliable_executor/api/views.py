@@ -1,4 +1,5 @@
-"""JSON views: submit, get, cancel and retry one task through the service."""
+"""JSON views: submit, get, cancel and retry one task through the service (the schedule
+views are in ``schedule_views``)."""
 
 from __future__ import annotations
 
@@ -42,14 +43,22 @@ def task_json(info: TaskInfo) -> dict[str, Any]:
 
 def api_view(method: str, permission: str) -> Callable[[View], View]:
     """Allow one method, authorize the caller, answer refusals and outages as JSON."""
+    return api_methods({method: permission})
+
+
+def api_methods(permissions: dict[str, str]) -> Callable[[View], View]:
+    """Allow the methods of ``permissions`` (method -> the permission a session needs for it),
+    authorize the caller, answer refusals and outages as JSON."""
+    allowed = ", ".join(permissions)
 
     def decorate(view: View) -> View:
         @csrf_exempt
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method != method:
-                response = error(405, f"method {request.method} not allowed; use {method}")
-                response["Allow"] = method
+            permission = permissions.get(request.method or "")
+            if permission is None:
+                response = error(405, f"method {request.method} not allowed; use {allowed}")
+                response["Allow"] = allowed
                 return response
             try:
                 authorize(request, permission)
@@ -77,14 +86,20 @@ class BadRequest(Exception):
         self.field = field
 
 
-def parse_submit(body: bytes) -> TaskSubmitRequest:
-    """A TaskSubmitRequest from a JSON object body; raises BadRequest."""
+def json_object(body: bytes) -> dict[str, Any]:
+    """The JSON object a body holds; raises BadRequest for anything else."""
     try:
         data = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_submit(body: bytes) -> TaskSubmitRequest:
+    """A TaskSubmitRequest from a JSON object body; raises BadRequest."""
+    data = json_object(body)
     unknown = sorted(set(data) - set(SUBMIT_FIELDS))
     if unknown:
         raise BadRequest(f"unknown field {unknown[0]!r}", unknown[0])
@@ -92,18 +107,22 @@ def parse_submit(body: bytes) -> TaskSubmitRequest:
         raise BadRequest("task_name is required", "task_name")
     if data.get("delay_millis") is None:
         data["delay_millis"] = 0
-    run_at = data.get("run_at")
-    if run_at is not None:
-        if not isinstance(run_at, str):
-            raise BadRequest("run_at must be an ISO 8601 string with a UTC offset", "run_at")
-        try:
-            parsed = dt.datetime.fromisoformat(run_at)
-        except ValueError:
-            raise BadRequest(f"run_at {run_at!r} is not an ISO 8601 datetime", "run_at") from None
-        if parsed.tzinfo is None:
-            raise BadRequest(f"run_at {run_at!r} has no UTC offset", "run_at")
-        data["run_at"] = parsed
+    if data.get("run_at") is not None:
+        data["run_at"] = aware_datetime(data["run_at"], "run_at")
     return TaskSubmitRequest(**data)
+
+
+def aware_datetime(value: Any, field: str) -> dt.datetime:
+    """An ISO 8601 string with a UTC offset as an aware datetime; raises BadRequest."""
+    if not isinstance(value, str):
+        raise BadRequest(f"{field} must be an ISO 8601 string with a UTC offset", field)
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise BadRequest(f"{field} {value!r} is not an ISO 8601 datetime", field) from None
+    if parsed.tzinfo is None:
+        raise BadRequest(f"{field} {value!r} has no UTC offset", field)
+    return parsed
 
 
 @api_view("POST", SUBMIT)
