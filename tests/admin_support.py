@@ -4,6 +4,7 @@ every state, made through the service and the storage's real transitions."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -126,3 +127,70 @@ def populate(service: ReliableExecutor) -> None:
     assert service.cancel_task("t-cancelled")
     service.submit(hook, None, task_id="t-later", delay_millis=3_600_000, queue="emails")
     service.submit(hook, {"x": 1}, task_id="t-created", priority=5)
+
+
+# -- schedules --------------------------------------------------------------------------------
+def fire_schedule(service: ReliableExecutor, schedule_id: str, planned: dt.datetime) -> str:
+    """Store the fire of ``schedule_id`` at ``planned`` as the master's round does (through the
+    storage's ``fire_schedules``), leaving its next run as it was. Returns the task id."""
+    from django_reliable_executor.schedules.firing import fire_task
+    from django_reliable_executor.schedules.records import ScheduleFire
+
+    schedule = service.get_schedule(schedule_id)
+    assert schedule is not None
+    now = service.clock.now()
+    task = fire_task(schedule, planned, now)
+    fire = ScheduleFire(
+        schedule_id=schedule_id,
+        expected_next_run_at=schedule.next_run_at,
+        next_run_at=schedule.next_run_at,
+        tasks=(task,),
+        last_run_at=planned,
+        last_task_id=task.task_id,
+    )
+    assert [t.task_id for t in service.storage.fire_schedules([fire], now)] == [task.task_id]
+    return task.task_id
+
+
+# The schedules ``populate_schedules`` makes, by id: (paused, status of the last fire's task).
+SCHEDULES = {
+    "a-hourly": (False, TaskStatus.FAILED),
+    "b-nightly": (False, TaskStatus.CREATED),
+    "c-paused": (True, None),
+    "d-weekly": (False, TaskStatus.COMPLETED),
+}
+
+
+def populate_schedules(service: ReliableExecutor) -> dict[str, list[str]]:
+    """The SCHEDULES, each in a queue of its own, fired at planned times in the past; returns
+    each one's fired task ids, newest first. a-hourly fired twice: COMPLETED then FAILED."""
+    hook = "contract.hook"
+    hour = dt.timedelta(hours=1)
+    base = service.clock.now().replace(microsecond=0) - 3 * hour
+    service.schedule(
+        "a-hourly",
+        hook,
+        {"report": "hourly", "formats": ["pdf", "csv"]},
+        every=3600,
+        queue="sched-a",
+        retry_limit=0,
+    )
+    service.schedule(
+        "b-nightly", hook, {"n": 2}, cron="0 3 * * *", timezone="Europe/Paris", queue="sched-b"
+    )
+    service.schedule("c-paused", hook, None, every=60, queue="sched-c")
+    assert service.pause_schedule("c-paused") is not None
+    service.schedule("d-weekly", "demo.echo", {"w": 1}, every=7 * 86400, queue="sched-d")
+    fired: dict[str, list[str]] = {name: [] for name in SCHEDULES}
+    first = fire_schedule(service, "a-hourly", base)
+    assert run_one(service, "sched-a") is TaskStatus.COMPLETED
+    second = fire_schedule(service, "a-hourly", base + hour)
+    HOOKS[second] = boom
+    assert run_one(service, "sched-a") is TaskStatus.FAILED
+    fired["a-hourly"] = [second, first]
+    fired["b-nightly"] = [fire_schedule(service, "b-nightly", base + 2 * hour)]
+    fired["d-weekly"] = [fire_schedule(service, "d-weekly", base)]
+    assert run_one(service, "sched-d") is TaskStatus.COMPLETED
+    # A task of the same name that no schedule fired: never listed as a fire.
+    service.submit(hook, None, task_id="a-hourly-by-hand", queue="elsewhere")
+    return fired

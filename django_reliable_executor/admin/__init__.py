@@ -6,6 +6,9 @@ the same pages work on the database and on Redis storage.
 
 Permissions: viewing needs ``view_reliabletask``; retry and cancel need
 ``operate_reliabletask``. Nothing can be added, edited or deleted by hand.
+
+The schedule pages (``ReliableScheduleAdmin``, for ``ReliableSchedule``) live in ``schedules``
+and ``schedule_pages``, built the same way.
 """
 
 from __future__ import annotations
@@ -184,3 +187,8 @@ class ReliableTaskAdmin(admin.ModelAdmin):
             self.counts_cache.forget()
             messages.add_message(request, outcome.level, outcome.message())
         return HttpResponseRedirect(back)
+
+
+# The schedule pages register ReliableSchedule's admin (imported last: it uses this package).
+from . import schedules as schedules  # noqa: E402
+from .schedules import ReliableScheduleAdmin as ReliableScheduleAdmin  # noqa: E402

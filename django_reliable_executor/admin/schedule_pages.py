@@ -1,0 +1,316 @@
+"""What the schedule list and schedule detail pages show, and the pause/resume/delete actions,
+read and done through the service (any storage).
+
+Like the task pages (``pages``), nothing here touches the ORM or Redis: ``ReliableSchedule``
+only carries the admin's URLs and permissions, and on Redis storage its table is empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.admin.utils import quote
+from django.urls import reverse
+
+from ..exceptions import StorageUnavailableError
+from ..records import TaskInfo
+from ..schedules.records import ScheduleInfo
+from ..service import ReliableExecutor
+from . import pages
+
+PAGE_SIZE = 100
+# The detail page lists the schedule's fires among this many newest tasks of its task name
+# (no storage indexes tasks by id prefix) and shows at most FIRES_SHOWN of them.
+FIRES_SCANNED = 200
+FIRES_SHOWN = 20
+# ``?state=active`` / ``?state=paused``.
+STATES = ("active", "paused")
+NOT_FOUND = "not found"
+
+
+def change_url(schedule_id: str, site_name: str = "admin") -> str:
+    """The schedule's page in the admin site named ``site_name``."""
+    return reverse(
+        f"{site_name}:django_reliable_executor_reliableschedule_change",
+        args=[quote(schedule_id)],
+    )
+
+
+def delete_url(schedule_id: str, site_name: str = "admin") -> str:
+    return reverse(
+        f"{site_name}:django_reliable_executor_reliableschedule_delete",
+        args=[quote(schedule_id)],
+    )
+
+
+def changelist_url(site_name: str = "admin") -> str:
+    return reverse(f"{site_name}:django_reliable_executor_reliableschedule_changelist")
+
+
+def relative(moment: dt.datetime | None, now: dt.datetime) -> str:
+    """ "in 3 min 5 s", "5 s late", "now": ``moment`` against ``now``, to the second."""
+    if moment is None:
+        return ""
+    seconds = round((moment - now).total_seconds())
+    if seconds == 0:
+        return "now"
+    text = pages.format_duration(dt.timedelta(seconds=abs(seconds)))
+    text = text.removesuffix(".0 s") + " s" if text.endswith(".0 s") else text
+    return f"in {text}" if seconds > 0 else f"{text} late"
+
+
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    """The list's state filter and page, from the query string (bad values are dropped)."""
+
+    state: str | None = None
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> Filters:
+        state = query.get("state", "")
+        try:
+            page = max(int(query.get("page", "1")), 1)
+        except ValueError:
+            page = 1
+        return cls(state=state if state in STATES else None, page=page)
+
+    @property
+    def paused(self) -> bool | None:
+        """``list_schedules``' ``paused`` argument."""
+        return None if self.state is None else self.state == "paused"
+
+    def url(self, **changes: Any) -> str:
+        values: dict[str, Any] = {"state": self.state, "page": self.page}
+        if "state" in changes:
+            values["page"] = None
+        values.update(changes)
+        if values["page"] == 1:
+            values["page"] = None
+        pairs = [(k, str(v)) for k, v in values.items() if v is not None]
+        return "?" + urlencode(pairs) if pairs else "?"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One schedule of the list, with what its columns show beside the stored fields."""
+
+    schedule: ScheduleInfo
+    url: str
+    timing: str
+    next_run_in: str
+    late: bool
+    last_task: TaskInfo | None
+    last_task_url: str | None
+
+
+def describe(schedule: ScheduleInfo) -> str:
+    try:
+        return schedule.describe()
+    except Exception:  # a time zone gone from the system, say: show the raw definition
+        if schedule.cron:
+            return f"cron {schedule.cron} ({schedule.timezone})"
+        return f"every {schedule.every}"
+
+
+def row(
+    schedule: ScheduleInfo, tasks: Mapping[str, TaskInfo], now: dt.datetime, site_name: str
+) -> Row:
+    last = tasks.get(schedule.last_task_id) if schedule.last_task_id else None
+    return Row(
+        schedule=schedule,
+        url=change_url(schedule.schedule_id, site_name),
+        timing=describe(schedule),
+        next_run_in=relative(schedule.next_run_at, now),
+        late=not schedule.paused and schedule.next_run_at < now,
+        last_task=last,
+        last_task_url=pages.change_url(schedule.last_task_id, site_name)
+        if schedule.last_task_id
+        else None,
+    )
+
+
+def last_tasks(
+    executor: ReliableExecutor, schedules: Iterable[ScheduleInfo]
+) -> dict[str, TaskInfo]:
+    """The tasks of the schedules' last fires, in one read of the storage (unknown ids, e.g.
+    purged tasks, left out)."""
+    ids = sorted({s.last_task_id for s in schedules if s.last_task_id})
+    return executor.storage.get_many(ids) if ids else {}
+
+
+def schedule_list(executor: ReliableExecutor, filters: Filters, site_name: str) -> dict[str, Any]:
+    """One page of schedules by id: PAGE_SIZE + 1 are read to know if another page follows
+    (no count of the matching schedules), and their last fires' tasks in one read."""
+    offset = (filters.page - 1) * PAGE_SIZE
+    schedules = executor.list_schedules(limit=PAGE_SIZE + 1, offset=offset, paused=filters.paused)[
+        : PAGE_SIZE + 1
+    ]
+    shown = schedules[:PAGE_SIZE]
+    tasks = last_tasks(executor, shown)
+    now = executor.clock.now()
+    rows = [row(schedule, tasks, now, site_name) for schedule in shown]
+    has_next = len(schedules) > PAGE_SIZE
+    return {
+        "rows": rows,
+        "page": filters.page,
+        "first_index": offset + 1 if rows else 0,
+        "last_index": offset + len(rows),
+        "previous_url": filters.url(page=filters.page - 1) if filters.page > 1 else None,
+        "next_url": filters.url(page=filters.page + 1) if has_next else None,
+        "first_url": filters.url(page=1) if filters.page > 2 else None,
+    }
+
+
+def summary(executor: ReliableExecutor, filters: Filters) -> dict[str, Any]:
+    """The active and paused counts, the state filter's links and the filter's total."""
+    counts = executor.count_schedules()
+    active, paused = counts.get("active", 0), counts.get("paused", 0)
+    base = Filters()
+    links = [
+        {"label": "All", "url": base.url(), "selected": filters.state is None, "count": None},
+        *(
+            {
+                "label": state.capitalize(),
+                "url": base.url(state=state),
+                "selected": filters.state == state,
+                "count": n,
+            }
+            for state, n in (("active", active), ("paused", paused))
+        ),
+    ]
+    total = {None: active + paused, "active": active, "paused": paused}[filters.state]
+    return {
+        "counts": {"active": active, "paused": paused, "total": active + paused},
+        "state_links": links,
+        "total": total,
+        "active_url": base.url(state="active"),
+        "paused_url": base.url(state="paused"),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Fire:
+    task: TaskInfo
+    url: str
+    planned: str  # the id's planned time, as written in it
+
+
+def fires(executor: ReliableExecutor, schedule: ScheduleInfo, site_name: str) -> list[Fire]:
+    """The tasks this schedule fired that still exist, newest first (at most FIRES_SHOWN):
+    their ids are ``<schedule_id>@<planned time>``, found among the FIRES_SCANNED newest
+    tasks of the schedule's task name, plus the last fire's task however old."""
+    prefix = schedule.schedule_id + "@"
+    tasks = executor.list_tasks(task_name=schedule.task_name, limit=FIRES_SCANNED)
+    found = [task for task in tasks if task.task_id.startswith(prefix)]
+    last = schedule.last_task_id
+    if last and all(task.task_id != last for task in found):
+        task = executor.get_task(last)
+        if task is not None:
+            found.append(task)
+    found.sort(key=lambda task: task.task_id, reverse=True)  # the planned time, newest first
+    return [
+        Fire(
+            task=task,
+            url=pages.change_url(task.task_id, site_name),
+            planned=task.task_id[len(prefix) :],
+        )
+        for task in found[:FIRES_SHOWN]
+    ]
+
+
+def schedule_detail(
+    executor: ReliableExecutor, schedule: ScheduleInfo, site_name: str
+) -> dict[str, Any]:
+    now = executor.clock.now()
+    tasks = last_tasks(executor, [schedule])
+    return {
+        "schedule": schedule,
+        "row": row(schedule, tasks, now, site_name),
+        "parameter_json": pages.pretty_json(schedule.parameter),
+        "retry_interval": pages.format_duration(dt.timedelta(milliseconds=schedule.retry_interval)),
+        "max_duration": pages.format_duration(
+            dt.timedelta(milliseconds=schedule.max_duration_millis)
+        )
+        if schedule.max_duration_millis
+        else None,
+        "fires": fires(executor, schedule, site_name),
+        "fires_scanned": FIRES_SCANNED,
+        "fires_shown": FIRES_SHOWN,
+        "delete_url": delete_url(schedule.schedule_id, site_name),
+    }
+
+
+# -- actions ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Outcome:
+    """What pause or resume did to a selection: which schedules changed, why the others did
+    not."""
+
+    verb: str  # "paused" or "resumed"
+    changed: list[str] = dataclasses.field(default_factory=list)
+    skipped: Counter[str] = dataclasses.field(default_factory=Counter)
+    error: str | None = None
+
+    @property
+    def level(self) -> int:
+        if self.error:
+            return messages.ERROR
+        return messages.WARNING if self.skipped else messages.SUCCESS
+
+    def message(self) -> str:
+        """E.g. "2 schedules paused; 1 skipped: 1 already paused"."""
+        text = f"{_schedules(len(self.changed))} {self.verb}"
+        if self.skipped:
+            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
+            text += f"; {sum(self.skipped.values())} skipped: {reasons}"
+        if self.error:
+            text += f". Stopped: {self.error}"
+        return text + "."
+
+
+def _schedules(n: int) -> str:
+    return f"{n} schedule" if n == 1 else f"{n} schedules"
+
+
+def _set_paused(executor: ReliableExecutor, schedule_ids: Iterable[str], paused: bool) -> Outcome:
+    outcome = Outcome("paused" if paused else "resumed")
+    change: Callable[[str], ScheduleInfo | None] = (
+        executor.pause_schedule if paused else executor.resume_schedule
+    )
+    ids = list(dict.fromkeys(schedule_ids))
+    for index, schedule_id in enumerate(ids):
+        try:
+            schedule = executor.get_schedule(schedule_id)
+            if schedule is None:
+                outcome.skipped[NOT_FOUND] += 1
+            elif schedule.paused == paused:
+                outcome.skipped[f"already {'paused' if paused else 'active'}"] += 1
+            elif change(schedule_id) is None:
+                outcome.skipped[NOT_FOUND] += 1  # deleted meanwhile
+            else:
+                outcome.changed.append(schedule_id)
+        except StorageUnavailableError as exc:
+            outcome.skipped["not attempted"] += len(ids) - index
+            outcome.error = str(exc)
+            break
+    return outcome
+
+
+def pause_schedules(executor: ReliableExecutor, schedule_ids: Iterable[str]) -> Outcome:
+    """Pause each active schedule; paused and unknown ones are skipped."""
+    return _set_paused(executor, schedule_ids, True)
+
+
+def resume_schedules(executor: ReliableExecutor, schedule_ids: Iterable[str]) -> Outcome:
+    """Resume each paused schedule; active and unknown ones are skipped."""
+    return _set_paused(executor, schedule_ids, False)
+
+
+ACTIONS = {"pause": pause_schedules, "resume": resume_schedules}

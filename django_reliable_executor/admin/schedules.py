@@ -1,0 +1,217 @@
+"""The schedules in Django's admin: a list with active/paused counts, a detail page with the
+last fires, pause, resume and delete.
+
+``ReliableSchedule`` is registered for its admin URLs and its permissions only: every page
+reads and acts through the service (``list_schedules``, ``count_schedules``, ``get_schedule``,
+``pause_schedule``, ``resume_schedule``, ``delete_schedule``), never the ORM, so the same
+pages work on the database and on Redis storage (where the table stays empty).
+
+Permissions: viewing needs ``view_reliableschedule``; pause and resume need
+``change_reliableschedule``; delete needs ``delete_reliableschedule``. Nothing is added or
+edited here: schedules are defined in code or through the HTTP API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.views.generic import RedirectView
+
+from ..exceptions import StorageUnavailableError
+from ..models import ReliableSchedule
+from ..service import ReliableExecutor, executor
+from . import schedule_pages
+
+TEMPLATES = "admin/django_reliable_executor/reliableschedule/"
+# At most this many ids per action request (a page shows PAGE_SIZE).
+MAX_SELECTION = 1000
+
+
+@admin.register(ReliableSchedule)
+class ReliableScheduleAdmin(admin.ModelAdmin):
+    """Schedule pages backed by the service, with pause, resume and delete for operators."""
+
+    #: The service the pages use; a project may point a subclass at another instance.
+    executor: ReliableExecutor = executor
+
+    # -- permissions ----------------------------------------------------------------------
+    # The admin's own add and change forms are not offered (no ORM); pause/resume and delete
+    # check the model's change and delete permissions through the methods below.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _has_perm(self, request: HttpRequest, action: str) -> bool:
+        user: Any = request.user
+        return bool(user.has_perm(f"{self.opts.app_label}.{action}_{self.opts.model_name}"))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._has_perm(request, "view")
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        """May pause and resume schedules (``change_reliableschedule``)."""
+        return self._has_perm(request, "change")
+
+    def has_remove_permission(self, request: HttpRequest) -> bool:
+        """May delete schedules (``delete_reliableschedule``)."""
+        return self._has_perm(request, "delete")
+
+    # -- URLs -----------------------------------------------------------------------------
+    def get_urls(self) -> list[URLPattern]:
+        info = (self.opts.app_label, self.opts.model_name)
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
+            path(
+                "<path:object_id>/change/",
+                wrap(self.change_view),
+                name="{}_{}_change".format(*info),
+            ),
+            path(
+                "<path:object_id>/delete/",
+                wrap(self.delete_view),
+                name="{}_{}_delete".format(*info),
+            ),
+            path(
+                "<path:object_id>/",
+                wrap(
+                    RedirectView.as_view(
+                        pattern_name="{}:{}_{}_change".format(self.admin_site.name, *info)
+                    )
+                ),
+            ),
+        ]
+
+    # -- pages ----------------------------------------------------------------------------
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "title": title,
+            "has_view_permission": True,
+            "can_pause": self.has_pause_permission(request),
+            "can_delete": self.has_remove_permission(request),
+            "changelist_url": schedule_pages.changelist_url(self.admin_site.name),
+            **extra,
+        }
+
+    def _unavailable(self, request: HttpRequest, exc: Exception, title: str) -> HttpResponse:
+        context = self._context(request, title, error=str(exc))
+        return TemplateResponse(request, TEMPLATES + "unavailable.html", context, status=503)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            return self._act(
+                request, request.POST.getlist("_selected_action"), request.get_full_path()
+            )
+        filters = schedule_pages.Filters.from_query(request.GET)
+        try:
+            context = self._context(
+                request,
+                "Reliable schedules",
+                filters=filters,
+                summary=schedule_pages.summary(self.executor, filters),
+                **schedule_pages.schedule_list(self.executor, filters, self.admin_site.name),
+                **(extra_context or {}),
+            )
+        except StorageUnavailableError as exc:
+            return self._unavailable(request, exc, "Reliable schedules")
+        return TemplateResponse(request, TEMPLATES + "schedule_list.html", context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        schedule_id = unquote(object_id)
+        if request.method == "POST":
+            back = schedule_pages.change_url(schedule_id, self.admin_site.name)
+            return self._act(request, [schedule_id], back)
+        try:
+            schedule = self.executor.get_schedule(schedule_id)
+            if schedule is None:
+                return self._missing(request, schedule_id)
+            context = self._context(
+                request,
+                f"Schedule {schedule_id}",
+                subtitle=schedule.task_name,
+                **schedule_pages.schedule_detail(self.executor, schedule, self.admin_site.name),
+                **(extra_context or {}),
+            )
+        except StorageUnavailableError as exc:
+            return self._unavailable(request, exc, f"Schedule {schedule_id}")
+        return TemplateResponse(request, TEMPLATES + "schedule_detail.html", context)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """GET: a page asking to confirm; POST: delete the schedule (its tasks stay)."""
+        if not self.has_view_permission(request) or not self.has_remove_permission(request):
+            raise PermissionDenied
+        schedule_id = unquote(object_id)
+        title = f"Delete schedule {schedule_id}"
+        try:
+            if request.method == "POST":
+                if self.executor.delete_schedule(schedule_id):
+                    messages.success(
+                        request,
+                        f"Schedule {schedule_id!r} deleted; the tasks it fired stay.",
+                    )
+                    return HttpResponseRedirect(schedule_pages.changelist_url(self.admin_site.name))
+                return self._missing(request, schedule_id)
+            schedule = self.executor.get_schedule(schedule_id)
+            if schedule is None:
+                return self._missing(request, schedule_id)
+            context = self._context(
+                request,
+                title,
+                schedule=schedule,
+                timing=schedule_pages.describe(schedule),
+                detail_url=schedule_pages.change_url(schedule_id, self.admin_site.name),
+                **(extra_context or {}),
+            )
+        except StorageUnavailableError as exc:
+            return self._unavailable(request, exc, title)
+        return TemplateResponse(request, TEMPLATES + "delete_confirmation.html", context)
+
+    def _missing(self, request: HttpRequest, schedule_id: str) -> HttpResponse:
+        messages.warning(request, f"No schedule has the id {schedule_id!r}.")
+        return HttpResponseRedirect(schedule_pages.changelist_url(self.admin_site.name))
+
+    # -- actions --------------------------------------------------------------------------
+    def _act(self, request: HttpRequest, schedule_ids: list[str], back: str) -> HttpResponse:
+        """Run the posted action (pause or resume) on ``schedule_ids`` and go back with a
+        message saying how many changed and why the others were skipped."""
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        action = schedule_pages.ACTIONS.get(request.POST.get("action", ""))
+        if action is None:
+            messages.error(request, "Choose an action: pause or resume.")
+        elif not schedule_ids:
+            messages.warning(request, "Select the schedules to act on first: nothing was changed.")
+        elif len(schedule_ids) > MAX_SELECTION:
+            messages.error(request, f"At most {MAX_SELECTION} schedules at a time.")
+        else:
+            outcome = action(self.executor, schedule_ids)
+            messages.add_message(request, outcome.level, outcome.message())
+        return HttpResponseRedirect(back)
