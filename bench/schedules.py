@@ -73,6 +73,8 @@ def create(executor: Any, n: int, every: float, first: dt.datetime, batch: int) 
                 parameter={"i": i},
                 every=every,
                 start_at=first + dt.timedelta(seconds=i * step),
+                # The backlog phase fires runs up to minutes late: fire each, drop none.
+                misfire="catch_up",
             )
             for i in range(low, min(n, low + batch))
         ]
@@ -207,8 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     last_first = first + dt.timedelta(seconds=(args.n - 1) * every / args.n)
     result["backlog"] = backlog(firing, clock, args.n, last_first + dt.timedelta(milliseconds=1))
     log(f"backlog: {result['backlog']}")
-    # Phase 3: from the first schedule's second run on, runs come due at --rate per second.
-    result["steady"] = steady(firing, clock, first + dt.timedelta(seconds=every), args.seconds)
+    # Phase 3: from the earliest next run on, runs come due at --rate per second (the next
+    # runs still lie one per n / rate seconds apart in phase).
+    resume_at = firing.next_due() or first
+    result["steady"] = steady(firing, clock, resume_at, args.seconds)
     log(f"steady: {result['steady']}")
     if not args.keep:
         log("emptying the store")

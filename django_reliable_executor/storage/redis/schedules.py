@@ -179,9 +179,16 @@ class Schedules(RedisAccess):
 
     @guarded
     def due_schedules(self, now: dt.datetime, limit: int) -> builtins.list[ScheduleInfo]:
-        ids = self._due_ids("schedules:due", now, limit, inclusive=True)
-        found = self._read_schedules(ids)
-        return [found[i] for i in ids if i in found and not found[i].paused]
+        reply = self._run("schedule_due", limit, now=now)
+        due = []
+        for index in range(0, len(reply), 2):
+            values = [text(item) for item in reply[index + 1]]
+            info = schedule_from_hash(
+                text(reply[index]), dict(zip(values[::2], values[1::2], strict=True))
+            )
+            if not info.paused:
+                due.append(info)
+        return due
 
     @guarded
     def next_schedule_due(self) -> dt.datetime | None:

@@ -28,6 +28,7 @@ NAMES = (
     "schedule_pause",
     "schedule_delete",
     "schedule_advance",
+    "schedule_due",
 )
 
 
