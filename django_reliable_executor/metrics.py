@@ -63,6 +63,7 @@ MAX_TRACKED_ATTEMPTS = 10_000
 
 # Outcomes counted in ``failed_total``: the task ended without success and not by its deadline
 # (ERROR: it could not run here at all: no handler, or a parameter param_type rejects).
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)  # schedule lag
 FAILED_COUNTED = frozenset({TaskStatus.FAILED, TaskStatus.ERROR})
 # The dead letters: tasks that ended FAILED, TIMEOUT or ERROR and stay stored until retention (or
 # a purge) deletes them or someone retries them; ``dead_letters{queue}`` sums them per queue.
@@ -110,6 +111,27 @@ class _Metrics:
                 "Seconds from the start of an attempt in this worker to its recorded outcome.",
                 LABELS,
                 buckets=EXECUTION_BUCKETS,
+            ),
+        )
+        # Schedules (fired by the master), unlabelled: a million schedules must not make a
+        # million series.
+        self.schedule_fired: Counter = _find_or_create(
+            f"{PREFIX}_schedule_runs_fired_total",
+            lambda: Counter(f"{PREFIX}_schedule_runs_fired", "Schedule runs fired as tasks."),
+        )
+        self.schedule_skipped: Counter = _find_or_create(
+            f"{PREFIX}_schedule_runs_skipped_total",
+            lambda: Counter(
+                f"{PREFIX}_schedule_runs_skipped",
+                "Missed schedule runs their misfire policy dropped (skip, run_once, or past "
+                "SCHEDULE_CATCH_UP_LIMIT).",
+            ),
+        )
+        lag = f"{PREFIX}_schedule_lag_seconds"
+        self.schedule_lag: Histogram = _find_or_create(
+            lag,
+            lambda: Histogram(
+                lag, "Seconds from a run's planned time to its fire.", buckets=LAG_BUCKETS
             ),
         )
         # (id of the metric, task_name, queue) -> its labelled child: labels() takes the metric's
@@ -229,38 +251,13 @@ def observe_transition(transition: Transition) -> None:
 
 
 # -- schedules: fired by the master ----------------------------------------------------------
-LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
-
-
 def _schedule_collectors() -> tuple[Any, Any, Any] | None:
     """(runs fired, runs skipped, lag histogram), unlabelled: a million schedules must not
     make a million series."""
-    if _get() is None:
+    collectors = _get()
+    if collectors is None:
         return None
-    from prometheus_client import Counter, Histogram
-
-    fired = f"{PREFIX}_schedule_runs_fired_total"
-    skipped = f"{PREFIX}_schedule_runs_skipped_total"
-    lag = f"{PREFIX}_schedule_lag_seconds"
-    return (
-        _find_or_create(
-            fired, lambda: Counter(fired[: -len("_total")], "Schedule runs fired as tasks.")
-        ),
-        _find_or_create(
-            skipped,
-            lambda: Counter(
-                skipped[: -len("_total")],
-                "Missed schedule runs their misfire policy dropped (skip, run_once, or past "
-                "SCHEDULE_CATCH_UP_LIMIT).",
-            ),
-        ),
-        _find_or_create(
-            lag,
-            lambda: Histogram(
-                lag, "Seconds from a run's planned time to its fire.", buckets=LAG_BUCKETS
-            ),
-        ),
-    )
+    return (collectors.schedule_fired, collectors.schedule_skipped, collectors.schedule_lag)
 
 
 def observe_schedule_fired(lags: Iterable[float]) -> None:
