@@ -14,7 +14,7 @@ from typing import Any
 from .batching import GroupCommitter
 from .completions import CompletionWriter
 from .records import Claim, TaskInfo, Transition
-from .registry import TaskHandler, get_handler
+from .registry import TaskHandler, resolve_handler
 from .serialization import ConversionError, from_json_value, to_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
@@ -33,6 +33,7 @@ class TaskContext:
         deadline_at: dt.datetime | None,
         executor: ReliableExecutor,
     ) -> None:
+        self.task = task  # as it started: RUNNING, this attempt counted
         self.task_id = task.task_id
         self.task_name = task.task_name
         self.attempt = task.attempts
@@ -119,8 +120,10 @@ class TaskRunner:
         if started is None:
             logger.debug("task %s: claim no longer valid, not started", claim.task_id)
             return None
+        # Found first: a resolver may import the task's module, and receivers of the started
+        # signal (the Django Tasks backend's) look the handler up.
+        handler = resolve_handler(started.task.task_name)
         executor.announce_started(started.task)
-        handler = get_handler(started.task.task_name)
         if handler is None:
             return self._record_error(
                 started,

@@ -204,6 +204,27 @@ def get_handler(name: str) -> TaskHandler[Any] | None:
     return _handlers.get(name)
 
 
+_resolvers: list[Callable[[str], TaskHandler[Any] | None]] = []
+
+
+def register_resolver(resolver: Callable[[str], TaskHandler[Any] | None]) -> None:
+    """Add a way for a worker to find the handler of a task name nobody registered yet (the
+    Django Tasks backend imports the task's module by its path)."""
+    if resolver not in _resolvers:
+        _resolvers.append(resolver)
+
+
+def resolve_handler(name: str) -> TaskHandler[Any] | None:
+    """The registered handler of ``name``, else the first a resolver finds (workers only:
+    submitting never imports anything by name)."""
+    handler = _handlers.get(name)
+    for resolver in list(_resolvers):
+        if handler is not None:
+            break
+        handler = resolver(name)
+    return handler
+
+
 def all_handlers() -> dict[str, TaskHandler[Any]]:
     return dict(_handlers)
 

@@ -48,6 +48,40 @@ INSTALLED_APPS = [
     "demo",
 ]
 
+# Django's Tasks framework (django.tasks on Django 6; the django-tasks backport on 5.2), run by
+# this app: testproject/djtasks holds the @task functions the tests enqueue.
+try:
+    import django.tasks  # noqa: F401
+
+    HAVE_DJANGO_TASKS = True
+except ImportError:
+    try:
+        import django_tasks  # noqa: F401
+
+        HAVE_DJANGO_TASKS = True
+        INSTALLED_APPS.append("django_tasks")
+    except ImportError:
+        HAVE_DJANGO_TASKS = False
+if HAVE_DJANGO_TASKS:
+    INSTALLED_APPS.append("djtasks")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_reliable_executor.tasks_backend.ReliableExecutorBackend",
+            "QUEUES": ["default", "djtasks"],
+            "OPTIONS": {"retry_limit": 0},
+        },
+        # A second alias whose OPTIONS retry: per-backend defaults, on every Django version.
+        "retrying": {
+            "BACKEND": "django_reliable_executor.tasks_backend.ReliableExecutorBackend",
+            "QUEUES": ["default", "djtasks"],
+            "OPTIONS": {
+                "retry_limit": 2,
+                "retry_interval": 0,
+                "retry_on": ["builtins.ConnectionError"],
+            },
+        },
+    }
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -1,0 +1,381 @@
+"""A backend for Django's Tasks framework: ``@task`` and ``.enqueue()`` run by runexecutor.
+
+    TASKS = {"default": {
+        "BACKEND": "django_reliable_executor.tasks_backend.ReliableExecutorBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"retry_limit": 3, "retry_backoff": "exponential"},
+    }}
+
+A Django task becomes an ordinary task of this app, named by the task function's module path,
+with ``{"args": [...], "kwargs": {...}}`` as its parameter: the same storage, the same
+runexecutor, retries, timeouts, cancel, admin and metrics. See docs/django-tasks.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.core import checks
+from django.utils.module_loading import import_string
+
+from . import signals as executor_signals
+from .exceptions import TaskSubmitError
+from .execution import TaskContext as ExecutorContext
+from .records import TaskInfo, TaskSubmitRequest
+from .registry import TaskHandler, get_handler, register, register_resolver
+from .retries import BACKOFF_CHOICES
+from .states import TaskStatus
+from .tasks_compat import (
+    BaseTaskBackend,
+    InvalidTaskError,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+
+logger = logging.getLogger("django_reliable_executor")
+
+OPTION_KEYS = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis", "retry_on")
+STATUS_MAP = {
+    TaskStatus.CREATED: TaskResultStatus.READY,
+    TaskStatus.PENDING: TaskResultStatus.READY,
+    TaskStatus.RUNNING: TaskResultStatus.RUNNING,
+    TaskStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    TaskStatus.FAILED: TaskResultStatus.FAILED,
+    TaskStatus.TIMEOUT: TaskResultStatus.FAILED,
+    TaskStatus.ERROR: TaskResultStatus.FAILED,
+    TaskStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReliableTask(Task):  # type: ignore[misc]
+    """Django's Task with this app's per-task options. On Django 6.1 (and the backport) they
+    are keyword arguments of ``@task``: ``@task(retry_limit=5, retry_on=(ConnectionError,))``.
+    None takes the backend's OPTIONS, then RELIABLE_EXECUTOR's defaults."""
+
+    retry_limit: int | None = None
+    retry_interval: int | None = None  # milliseconds
+    retry_backoff: str | None = None
+    max_duration_millis: int | None = None
+    retry_on: tuple[type[BaseException], ...] | None = None
+
+
+def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, what is wrong) for every bad OPTIONS entry (or per-task option)."""
+    problems = []
+    for key in sorted(set(options) - set(OPTION_KEYS)):
+        problems.append((key, f"unknown option {key!r} (known: {', '.join(OPTION_KEYS)})"))
+    for key in ("retry_limit", "retry_interval", "max_duration_millis"):
+        value = options.get(key)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            problems.append((key, f"{key} must be an integer >= 0, got {value!r}"))
+    backoff = options.get("retry_backoff")
+    if backoff is not None and backoff not in BACKOFF_CHOICES:
+        problems.append(("retry_backoff", f"retry_backoff must be one of {BACKOFF_CHOICES}"))
+    retry_on = options.get("retry_on")
+    if retry_on is not None:
+        try:
+            _exception_classes(retry_on)
+        except (ImportError, TypeError, ValueError) as exc:
+            problems.append(("retry_on", f"retry_on: {exc}"))
+    return problems
+
+
+def _exception_classes(value: Any) -> tuple[type[BaseException], ...]:
+    """A class, a dotted path, or a list of either, as a tuple of exception classes."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    classes = []
+    for item in items:
+        found = import_string(item) if isinstance(item, str) else item
+        if not (isinstance(found, type) and issubclass(found, BaseException)):
+            raise TypeError(f"{item!r} is not an exception class")
+        classes.append(found)
+    return tuple(classes)
+
+
+class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
+    """Django Tasks on django-reliable-executor's storage and workers."""
+
+    task_class = ReliableTask
+    supports_defer = True  # run_after: the task waits in the storage until then
+    supports_async_task = True  # coroutine functions run in the worker's thread
+    supports_get_result = True  # from any process: results are stored
+    supports_priority = True  # -100..100, higher first; ties oldest first
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.problems = _option_problems(self.options)
+        good = {k: v for k, v in self.options.items() if k not in {p[0] for p in self.problems}}
+        self.defaults = {k: good.get(k) for k in OPTION_KEYS}
+        if self.defaults["retry_on"] is not None:
+            self.defaults["retry_on"] = _exception_classes(self.defaults["retry_on"])
+
+    # -- validating --------------------------------------------------------------------------
+    def validate_task(self, task: Task) -> None:
+        """Django's rules, this app's option and queue rules; then the task is registered
+        as a handler, so a worker that imported its module can run it."""
+        super().validate_task(task)
+        own = {k: getattr(task, k, None) for k in OPTION_KEYS}
+        problems = _option_problems({k: v for k, v in own.items() if v is not None})
+        if problems:
+            raise InvalidTaskError(problems[0][1])
+        handler = get_handler(task.module_path)
+        if handler is None or getattr(handler, "django_task", None) is None:
+            register(_handler_for(task, self))
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        from django.apps import apps
+
+        messages: list[checks.CheckMessage] = [
+            checks.Error(
+                f"TASKS[{self.alias!r}]['OPTIONS']: {message}",
+                id="django_reliable_executor.E020",
+            )
+            for _, message in self.problems
+        ]
+        if not apps.is_installed("django_reliable_executor"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses ReliableExecutorBackend, but "
+                    "django_reliable_executor is not in INSTALLED_APPS",
+                    id="django_reliable_executor.E021",
+                )
+            )
+        return messages
+
+    # -- enqueueing --------------------------------------------------------------------------
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        from .service import executor
+
+        self.validate_task(task)
+        if self.problems:
+            raise InvalidTaskError(f"TASKS[{self.alias!r}]['OPTIONS']: {self.problems[0][1]}")
+        parameter: dict[str, Any] = {
+            "args": normalize_json(list(args)),
+            "kwargs": normalize_json(dict(kwargs)),
+        }
+        if self.alias != "default":
+            parameter["backend"] = self.alias
+        if task.run_after is not None:
+            parameter["run_after"] = task.run_after.astimezone(dt.timezone.utc).isoformat()
+        option = self._option(task)
+        try:
+            info = executor.submit_task(
+                TaskSubmitRequest(
+                    task_name=task.module_path,
+                    task_parameter=parameter,
+                    queue=task.queue_name,
+                    priority=task.priority,
+                    run_at=task.run_after,
+                    retry_limit=option("retry_limit"),
+                    retry_interval=option("retry_interval"),
+                    retry_backoff=option("retry_backoff"),
+                    max_duration_millis=option("max_duration_millis"),
+                )
+            )
+        except TaskSubmitError as exc:
+            raise InvalidTaskError(str(exc)) from exc
+        result = to_result(info, task, self.alias)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def _option(self, task: Task) -> Callable[[str], Any]:
+        def value(key: str) -> Any:
+            own = getattr(task, key, None)
+            return own if own is not None else self.defaults[key]
+
+        return value
+
+    # -- results ---------------------------------------------------------------------------
+    def get_result(self, result_id: str) -> TaskResult:
+        from .service import executor
+
+        info = executor.get_task(result_id) if isinstance(result_id, str) else None
+        task = django_task_of(info) if info is not None else None
+        if info is None or task is None:
+            raise TaskResultDoesNotExist(result_id)
+        return to_result(info, task, self.alias)
+
+
+# -- TaskInfo -> TaskResult ---------------------------------------------------------------------
+def django_task_of(info: TaskInfo) -> Task | None:
+    """The Django task a stored task was enqueued for, as it was enqueued (priority, queue,
+    run_after), or None when it is not a Django task."""
+    parameter = info.parameter
+    if not isinstance(parameter, dict) or set(parameter) - {
+        "args",
+        "kwargs",
+        "backend",
+        "run_after",
+    }:
+        return None
+    handler = get_handler(info.task_name)
+    base = getattr(handler, "django_task", None)
+    if base is None:
+        return None
+    run_after = parameter.get("run_after")
+    changes: dict[str, Any] = {"priority": info.priority, "queue_name": info.queue}
+    if run_after:
+        changes["run_after"] = dt.datetime.fromisoformat(run_after)
+    if parameter.get("backend"):
+        changes["backend"] = parameter["backend"]
+    try:
+        return base.using(**changes)
+    except InvalidTaskError:
+        # Stored under a queue or priority this process's settings would not allow now: the
+        # task as it was stored, without validating it again (replace() would).
+        return _unvalidated(base, changes)
+
+
+def _unvalidated(base: Task, changes: dict[str, Any]) -> Task:
+    copy = object.__new__(type(base))
+    for field in dataclasses.fields(base):
+        object.__setattr__(copy, field.name, changes.get(field.name, getattr(base, field.name)))
+    return copy
+
+
+def _errors(info: TaskInfo) -> list[TaskError]:
+    if not info.last_error or STATUS_MAP[info.status] is TaskResultStatus.SUCCESSFUL:
+        return []
+    return [
+        TaskError(exception_class_path=exception_path(info.last_error), traceback=info.last_error)
+    ]
+
+
+def exception_path(error: str) -> str:
+    """The dotted path of the exception a stored traceback ends with ("builtins.ValueError");
+    a failure recorded by the app itself (worker lost, timeout) has none of its own."""
+    lines = error.rstrip("\n").splitlines()
+    start = max((i for i, line in enumerate(lines) if line.startswith("  File ")), default=-1)
+    for line in lines[start + 1 :]:
+        if line and not line[0].isspace():
+            name = line.split(":", 1)[0].strip()
+            path = name if "." in name else f"builtins.{name}"
+            try:
+                found = import_string(path)
+            except (ImportError, ValueError):
+                break
+            if isinstance(found, type) and issubclass(found, BaseException):
+                return path
+            break
+    return "builtins.RuntimeError"
+
+
+def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:
+    parameter = info.parameter if isinstance(info.parameter, dict) else {}
+    result: TaskResult = TaskResult(
+        task=task,
+        id=info.task_id,
+        status=STATUS_MAP[info.status],
+        enqueued_at=info.created_at,
+        started_at=info.started_at,
+        finished_at=info.finished_at if info.status.is_terminal else None,
+        last_attempted_at=info.started_at,
+        args=parameter.get("args", []),
+        kwargs=parameter.get("kwargs", {}),
+        backend=parameter.get("backend", alias),
+        errors=_errors(info),
+        # One entry per attempt (Django counts attempts so); only the last worker is stored.
+        worker_ids=[info.worker_id or ""] * info.attempts,
+    )
+    if info.status is TaskStatus.COMPLETED:
+        object.__setattr__(result, "_return_value", info.result)
+    return result
+
+
+# -- the worker's side ---------------------------------------------------------------------------
+def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[Any]:
+    """A handler running the Django task: args and kwargs from the parameter, Django's
+    TaskContext (with the right attempt) when the task takes context."""
+    func = task.func
+
+    def run(parameter: Any, context: ExecutorContext) -> Any:
+        args = parameter.get("args", []) if isinstance(parameter, dict) else []
+        kwargs = parameter.get("kwargs", {}) if isinstance(parameter, dict) else {}
+        if not task.takes_context:
+            return task.call(*args, **kwargs)
+        info = context.task
+        return task.call(
+            TaskContext(task_result=to_result(info, task, backend.alias)), *args, **kwargs
+        )
+
+    run.__module__ = func.__module__
+    run.__qualname__ = func.__qualname__
+    retry_on = getattr(task, "retry_on", None) or backend.defaults["retry_on"] or (Exception,)
+    handler: TaskHandler[Any] = TaskHandler(
+        run, name=task.module_path, queue=task.queue_name, retry_on=retry_on, takes_context=True
+    )
+    handler.django_task = task  # type: ignore[attr-defined]
+    return handler
+
+
+def _resolve(name: str) -> TaskHandler[Any] | None:
+    """A worker asked for a task name it has no handler for: a Django task defined in a module
+    nobody imported yet (not an app's tasks.py). Importing it registers it."""
+    try:
+        found = import_string(name)
+    except (ImportError, ValueError):
+        return None
+    if not isinstance(found, Task):
+        return None
+    found.get_backend().validate_task(found)
+    return get_handler(name)
+
+
+register_resolver(_resolve)
+
+
+# -- Django's signals, sent beside this app's ---------------------------------------------------
+_local = threading.local()
+
+
+def _send(signal: Any, task_id: str) -> None:
+    from .service import executor
+
+    info = executor.get_task(task_id)
+    task = django_task_of(info) if info is not None else None
+    if info is None or task is None:
+        return
+    backend = task.get_backend()
+    signal.send(type(backend), task_result=to_result(info, task, backend.alias))
+
+
+def _is_django_task(task_name: str) -> bool:
+    return getattr(get_handler(task_name), "django_task", None) is not None
+
+
+def _on_started(sender: Any, task_id: str, task_name: str, **kwargs: Any) -> None:
+    if _is_django_task(task_name):
+        _send(task_started, task_id)
+
+
+def _on_finished(sender: Any, task_id: str, task_name: str, **kwargs: Any) -> None:
+    if _is_django_task(task_name):
+        _send(task_finished, task_id)
+
+
+executor_signals.task_started.connect(_on_started, dispatch_uid="django-tasks-started")
+for _signal in (
+    executor_signals.task_completed,
+    executor_signals.task_failed,
+    executor_signals.task_cancelled,
+):
+    _signal.connect(_on_finished, dispatch_uid=f"django-tasks-finished-{id(_signal)}")
+
+__all__ = ["ReliableExecutorBackend", "ReliableTask", "task_backends"]

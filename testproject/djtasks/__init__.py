@@ -1,0 +1,1 @@
+"""Django Tasks (``@task``) of the test project, run by the ReliableExecutorBackend."""
