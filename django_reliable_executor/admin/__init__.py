@@ -20,88 +20,44 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
-from django.views.generic import RedirectView
+from django.urls import URLPattern
 
 from ..exceptions import StorageUnavailableError
 from ..models import ReliableTask
-from ..service import ReliableExecutor, executor
 from . import operations, pages
+from .base import MAX_SELECTION as MAX_SELECTION
+from .base import ServiceModelAdmin
 
 OPERATE_PERMISSION = "django_reliable_executor.operate_reliabletask"
 TEMPLATES = "admin/django_reliable_executor/reliabletask/"
-# At most this many ids per action request (a page shows PAGE_SIZE).
-MAX_SELECTION = 1000
 
 
 @admin.register(ReliableTask)
-class ReliableTaskAdmin(admin.ModelAdmin):
+class ReliableTaskAdmin(ServiceModelAdmin):
     """Read-only task pages backed by the service, with retry and cancel for operators."""
 
-    #: The service the pages use; a project may point a subclass at another instance.
-    executor: ReliableExecutor = executor
+    noun = "task"
     #: The summary's counts by queue and status, reused for a few seconds where counting is
     #: slow (a big task table); see pages.SlowCounts.
     counts_cache = pages.SlowCounts()
-
-    # -- permissions ----------------------------------------------------------------------
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        opts = self.opts
-        user: Any = request.user
-        return bool(user.has_perm(f"{opts.app_label}.view_{opts.model_name}"))
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """May retry and cancel tasks (``operate_reliabletask``)."""
         user: Any = request.user
         return bool(user.has_perm(OPERATE_PERMISSION))
 
-    # -- URLs -----------------------------------------------------------------------------
     def get_urls(self) -> list[URLPattern]:
-        info = (self.opts.app_label, self.opts.model_name)
-        wrap = self.admin_site.admin_view
-        return [
-            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
-            path(
-                "<path:object_id>/change/",
-                wrap(self.change_view),
-                name="{}_{}_change".format(*info),
-            ),
-            # Like the admin's own: a task's bare URL leads to its page.
-            path(
-                "<path:object_id>/",
-                wrap(
-                    RedirectView.as_view(
-                        pattern_name="{}:{}_{}_change".format(self.admin_site.name, *info)
-                    )
-                ),
-            ),
-        ]
+        return self._service_urls()
 
     # -- pages ----------------------------------------------------------------------------
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
-        return {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "app_label": self.opts.app_label,
-            "title": title,
-            "has_view_permission": True,
-            "can_operate": self.has_operate_permission(request),
-            "changelist_url": pages.changelist_url(self.admin_site.name),
+        return self._base_context(
+            request,
+            title,
+            pages.changelist_url(self.admin_site.name),
+            can_operate=self.has_operate_permission(request),
             **extra,
-        }
-
-    def _unavailable(self, request: HttpRequest, exc: Exception, title: str) -> HttpResponse:
-        context = self._context(request, title, error=str(exc))
-        return TemplateResponse(request, TEMPLATES + "unavailable.html", context, status=503)
+        )
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -171,22 +127,11 @@ class ReliableTaskAdmin(admin.ModelAdmin):
 
     # -- actions --------------------------------------------------------------------------
     def _act(self, request: HttpRequest, task_ids: list[str], back: str) -> HttpResponse:
-        """Run the posted action (retry or cancel) on ``task_ids`` and go back with a message
-        saying how many changed and why the others were skipped."""
-        if not self.has_operate_permission(request):
-            raise PermissionDenied
-        action = operations.ACTIONS.get(request.POST.get("action", ""))
-        if action is None:
-            messages.error(request, "Choose an action: retry or cancel.")
-        elif not task_ids:
-            messages.warning(request, "Select the tasks to act on first: nothing was changed.")
-        elif len(task_ids) > MAX_SELECTION:
-            messages.error(request, f"At most {MAX_SELECTION} tasks at a time.")
-        else:
-            outcome = action(self.executor, task_ids)
-            self.counts_cache.forget()
-            messages.add_message(request, outcome.level, outcome.message())
-        return HttpResponseRedirect(back)
+        allowed = self.has_operate_permission(request)
+        return self._run_action(request, task_ids, back, operations.ACTIONS, allowed)
+
+    def _acted(self) -> None:
+        self.counts_cache.forget()
 
 
 # The schedule pages register ReliableSchedule's admin (imported last: it uses this package).

@@ -21,44 +21,23 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
-from django.views.generic import RedirectView
 
 from ..exceptions import StorageUnavailableError
 from ..models import ReliableSchedule
-from ..service import ReliableExecutor, executor
 from . import schedule_pages
+from .base import ServiceModelAdmin
 
 TEMPLATES = "admin/django_reliable_executor/reliableschedule/"
-# At most this many ids per action request (a page shows PAGE_SIZE).
-MAX_SELECTION = 1000
 
 
 @admin.register(ReliableSchedule)
-class ReliableScheduleAdmin(admin.ModelAdmin):
+class ReliableScheduleAdmin(ServiceModelAdmin):
     """Schedule pages backed by the service, with pause, resume and delete for operators."""
 
-    #: The service the pages use; a project may point a subclass at another instance.
-    executor: ReliableExecutor = executor
+    noun = "schedule"
 
-    # -- permissions ----------------------------------------------------------------------
-    # The admin's own add and change forms are not offered (no ORM); pause/resume and delete
+    # Django's own add and change forms are not offered (no ORM); pause/resume and delete
     # check the model's change and delete permissions through the methods below.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def _has_perm(self, request: HttpRequest, action: str) -> bool:
-        user: Any = request.user
-        return bool(user.has_perm(f"{self.opts.app_label}.{action}_{self.opts.model_name}"))
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self._has_perm(request, "view")
-
     def has_pause_permission(self, request: HttpRequest) -> bool:
         """May pause and resume schedules (``change_reliableschedule``)."""
         return self._has_perm(request, "change")
@@ -70,46 +49,24 @@ class ReliableScheduleAdmin(admin.ModelAdmin):
     # -- URLs -----------------------------------------------------------------------------
     def get_urls(self) -> list[URLPattern]:
         info = (self.opts.app_label, self.opts.model_name)
-        wrap = self.admin_site.admin_view
-        return [
-            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
-            path(
-                "<path:object_id>/change/",
-                wrap(self.change_view),
-                name="{}_{}_change".format(*info),
-            ),
+        return self._service_urls(
             path(
                 "<path:object_id>/delete/",
-                wrap(self.delete_view),
+                self.admin_site.admin_view(self.delete_view),
                 name="{}_{}_delete".format(*info),
-            ),
-            path(
-                "<path:object_id>/",
-                wrap(
-                    RedirectView.as_view(
-                        pattern_name="{}:{}_{}_change".format(self.admin_site.name, *info)
-                    )
-                ),
-            ),
-        ]
+            )
+        )
 
     # -- pages ----------------------------------------------------------------------------
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
-        return {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "app_label": self.opts.app_label,
-            "title": title,
-            "has_view_permission": True,
-            "can_pause": self.has_pause_permission(request),
-            "can_delete": self.has_remove_permission(request),
-            "changelist_url": schedule_pages.changelist_url(self.admin_site.name),
+        return self._base_context(
+            request,
+            title,
+            schedule_pages.changelist_url(self.admin_site.name),
+            can_pause=self.has_pause_permission(request),
+            can_delete=self.has_remove_permission(request),
             **extra,
-        }
-
-    def _unavailable(self, request: HttpRequest, exc: Exception, title: str) -> HttpResponse:
-        context = self._context(request, title, error=str(exc))
-        return TemplateResponse(request, TEMPLATES + "unavailable.html", context, status=503)
+        )
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -200,18 +157,5 @@ class ReliableScheduleAdmin(admin.ModelAdmin):
 
     # -- actions --------------------------------------------------------------------------
     def _act(self, request: HttpRequest, schedule_ids: list[str], back: str) -> HttpResponse:
-        """Run the posted action (pause or resume) on ``schedule_ids`` and go back with a
-        message saying how many changed and why the others were skipped."""
-        if not self.has_pause_permission(request):
-            raise PermissionDenied
-        action = schedule_pages.ACTIONS.get(request.POST.get("action", ""))
-        if action is None:
-            messages.error(request, "Choose an action: pause or resume.")
-        elif not schedule_ids:
-            messages.warning(request, "Select the schedules to act on first: nothing was changed.")
-        elif len(schedule_ids) > MAX_SELECTION:
-            messages.error(request, f"At most {MAX_SELECTION} schedules at a time.")
-        else:
-            outcome = action(self.executor, schedule_ids)
-            messages.add_message(request, outcome.level, outcome.message())
-        return HttpResponseRedirect(back)
+        allowed = self.has_pause_permission(request)
+        return self._run_action(request, schedule_ids, back, schedule_pages.ACTIONS, allowed)
