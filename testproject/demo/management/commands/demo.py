@@ -5,7 +5,8 @@ What it shows, in order:
      an idempotent re-submit, a submit rolled back with its transaction, two refused submits;
   2. ``runexecutor`` as a subprocess (its log goes to a file), with a live count by status;
   3. a cancel of a delayed task and of a running one while the worker works;
-  4. SIGTERM to the worker once every task is terminal, and a table of the final statuses.
+  4. a schedule firing every second meanwhile (the worker holding the master lock fires it);
+  5. SIGTERM to the worker once every task is terminal, and a table of the final statuses.
 
 Every run uses fresh task ids (``demo-<run>-...``), so it can be run again and again; tasks of
 earlier runs stay in the database (and the admin) until FINISHED_RETENTION purges them.
@@ -14,6 +15,8 @@ earlier runs stay in the database (and the admin) until FINISHED_RETENTION purge
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -32,6 +35,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections, transaction
 from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
 
 from demo.tasks import OrderParam
 from django_reliable_executor import (
@@ -239,6 +243,7 @@ class Command(BaseCommand):
             self._heading(f"2. Submitting {len(scenarios)} tasks (run {prefix})")
             self._submit(orders, singles)
             self._show_guards(prefix, orders[0])
+            schedule_id = self._start_schedule(prefix)
             self._heading("3. Watching them settle")
             finished = self._watch(worker, scenarios, log_path, options["timeout"])
         except KeyboardInterrupt:
@@ -255,7 +260,10 @@ class Command(BaseCommand):
         code = self._stop_worker(worker)
         self._say(f"   worker exited with code {code}")
 
-        self._heading("5. Final statuses")
+        self._heading("5. The schedule")
+        self._show_schedule(schedule_id)
+
+        self._heading("6. Final statuses")
         surprises = self._table(scenarios)
         self._closing(log_path)
         if not finished:
@@ -266,6 +274,49 @@ class Command(BaseCommand):
             raise CommandError(f"{self.guard_failures} submit check(s) above were UNEXPECTED")
         if code != 0:
             raise CommandError(f"the worker exited with code {code}; see {log_path}")
+
+    def _start_schedule(self, prefix: str) -> str:
+        """A schedule firing demo.echo every second while the demo runs."""
+        schedule_id = f"{prefix}-every-second"
+        info = executor.schedule(
+            schedule_id,
+            "demo.echo",
+            {"beat": True},
+            every=1,
+            start_at=timezone.now().replace(microsecond=0) + dt.timedelta(seconds=1),
+            misfire="catch_up",
+        )
+        self._say(
+            f"   executor.schedule({schedule_id!r}, 'demo.echo', every=1): {info.describe()}, "
+            f"first run {info.next_run_at:%H:%M:%S} UTC"
+        )
+        return schedule_id
+
+    def _show_schedule(self, schedule_id: str) -> None:
+        """What the schedule fired: one task per planned second, ids derived from the plan."""
+        executor.delete_schedule(schedule_id)
+        fired = sorted(
+            (
+                task
+                for task in executor.list_tasks(task_name="demo.echo", limit=10_000)
+                if task.task_id.startswith(schedule_id + "@")
+            ),
+            key=lambda task: task.run_at,
+        )
+        planned = [task.run_at for task in fired]
+        every_second = all(
+            (later - earlier).total_seconds() == 1 for earlier, later in itertools.pairwise(planned)
+        )
+        if not fired or not every_second:
+            self.guard_failures += 1
+            self._say(f"   UNEXPECTED: the schedule fired {len(fired)} run(s): {planned}")
+            return
+        done = sum(task.status is TaskStatus.COMPLETED for task in fired)
+        self._say(
+            f"   fired {len(fired)} runs, one per planned second, {done} completed; "
+            f"task ids like {fired[0].task_id}"
+        )
+        self._say("   (deleted now; the tasks it fired stay)")
 
     def _check_migrated(self, alias: str) -> None:
         connection = connections[alias]
