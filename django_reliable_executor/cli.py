@@ -91,6 +91,10 @@ class StatusReport:
     master: str | None
     workers: Sequence[WorkerInfo]
     lease_timeout: float
+    schedules: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {"active": 0, "paused": 0}
+    )
+    next_schedule_at: dt.datetime | None = None
 
     @property
     def counts(self) -> dict[TaskStatus, int]:
@@ -113,6 +117,11 @@ class StatusReport:
             },
             "oldest_due_at": iso(self.oldest_due_at),
             "oldest_due_age_seconds": _seconds(self.oldest_due_at, self.checked_at),
+            "schedules": {
+                "active": self.schedules["active"],
+                "paused": self.schedules["paused"],
+                "next_run_at": iso(self.next_schedule_at),
+            },
             "master": self.master,
             "workers": [
                 {
@@ -127,6 +136,17 @@ class StatusReport:
                 for w in self.workers
             ],
         }
+
+    def _schedules_line(self) -> str:
+        active, paused = self.schedules["active"], self.schedules["paused"]
+        if not active and not paused:
+            return "Schedules: none"
+        line = f"Schedules: {active} active, {paused} paused"
+        if self.next_schedule_at is not None:
+            wait = (self.next_schedule_at - self.checked_at).total_seconds()
+            when = f"in {format_age(wait)}" if wait >= 0 else f"{format_age(-wait)} late"
+            line += f"; next run {when} ({iso(self.next_schedule_at)})"
+        return line
 
     def as_text(self) -> str:
         if self.storage["backend"] == "redis":
@@ -152,6 +172,7 @@ class StatusReport:
         else:
             age = format_age((self.checked_at - self.oldest_due_at).total_seconds())
             lines.append(f"Oldest due task: waiting {age} (due since {iso(self.oldest_due_at)})")
+        lines.append(self._schedules_line())
         lines.append(f"Master: {self.master or 'none'}")
         if not self.workers:
             lines.append("Workers: none")

@@ -155,6 +155,7 @@ def test_status_json_counts_master_workers_and_oldest_due(scenario, live, alias,
         "queues",
         "oldest_due_at",
         "oldest_due_age_seconds",
+        "schedules",
         "master",
         "workers",
     ]
@@ -209,12 +210,34 @@ def test_status_of_an_empty_store(live):
     text = run("status")
     assert text.code == 0
     lines = text.lines
-    for expected in ("No tasks.", "Oldest due task: none waiting", "Master: none", "Workers: none"):
+    for expected in (
+        "No tasks.",
+        "Oldest due task: none waiting",
+        "Schedules: none",
+        "Master: none",
+        "Workers: none",
+    ):
         assert expected in lines
     report = json.loads(run("status", "--json").out)
     assert (report["counts"], report["total"], report["queues"]) == (ALL_ZERO, 0, {})
+    assert report["schedules"] == {"active": 0, "paused": 0, "next_run_at": None}
     assert (report["oldest_due_at"], report["oldest_due_age_seconds"]) == (None, None)
     assert (report["master"], report["workers"]) == (None, [])
+
+
+def test_status_counts_schedules_and_the_next_run(live):
+    first = live.schedule("every-hour", "demo.echo", every=3600)
+    live.schedule("daily", "demo.echo", cron="0 3 * * *")
+    live.schedule("stopped", "demo.echo", every=60)
+    live.pause_schedule("stopped")
+    report = json.loads(run("status", "--json").out)
+    assert report["schedules"] == {
+        "active": 2,
+        "paused": 1,
+        "next_run_at": min(first.next_run_at, live.get_schedule("daily").next_run_at).isoformat(),
+    }
+    line = next(line for line in run("status").lines if line.startswith("Schedules:"))
+    assert line.startswith("Schedules: 2 active, 1 paused; next run in ")
 
 
 # -- show -------------------------------------------------------------------------------------

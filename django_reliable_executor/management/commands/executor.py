@@ -189,6 +189,8 @@ class Command(BaseCommand):
     def status(self, options: dict[str, Any]) -> None:
         queues = executor.count_by_queue()
         oldest_due_at = executor.oldest_due_at()
+        schedules = executor.count_schedules()
+        next_schedule_at = executor.storage.next_schedule_due()
         master = executor.master()
         workers = executor.workers()
         settings = executor.settings
@@ -201,6 +203,8 @@ class Command(BaseCommand):
             master=master,
             workers=workers,
             lease_timeout=settings.LEASE_TIMEOUT,
+            schedules=schedules,
+            next_schedule_at=next_schedule_at,
         )
         if options["json"]:
             self.stdout.write(json.dumps(report.as_json(), indent=2, ensure_ascii=False))
