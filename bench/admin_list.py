@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
 import sys
 import time
@@ -373,18 +372,10 @@ def measure(rounds: int) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--storage", choices=sorted(throughput.STORES), required=True)
+    throughput.add_store_arguments(parser, DEFAULT_NAME)
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5, help="timed runs per figure")
     parser.add_argument("--refill", action="store_true", help="empty and fill even if full")
-    parser.add_argument("--db-name", default=DEFAULT_NAME)
-    parser.add_argument(
-        "--sqlite-path",
-        default=str(throughput.DEFAULT_SQLITE_PATH).replace("reliable_executor", DEFAULT_NAME),
-    )
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--key-prefix", default=DEFAULT_NAME)
-    parser.add_argument("--rtt-rounds", type=int, default=200)
     args = parser.parse_args(argv)
     args.poll_interval = None
     args.conn_max_age = None
@@ -393,22 +384,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    store = throughput.STORES[args.storage](args)
-    env = throughput.environment(args, store)
-    for key in set(os.environ) - set(env):
-        del os.environ[key]
-    os.environ.update(env)
-    for path in (str(throughput.ROOT), str(throughput.TESTPROJECT), str(BENCH)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    store.ensure_exists()
-
-    import django
-
-    django.setup()
+    store = throughput.open_store(args)
     from django_reliable_executor import executor
 
-    store.prepare()
     log(f"store: {store.describe()}")
     total = sum(executor.count_by_status().values())
     if total != args.n or args.refill:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -137,21 +136,13 @@ def steady(
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--storage", choices=sorted(throughput.STORES), required=True)
+    throughput.add_store_arguments(parser, DEFAULT_NAME)
     parser.add_argument("--n", type=int, default=1_000_000, help="schedules")
     parser.add_argument("--rate", type=int, help="runs due per second at steady state")
     parser.add_argument("--seconds", type=float, default=30.0, help="steady phase length")
     parser.add_argument("--batch", type=int, default=1000, help="schedules per schedule_many")
     parser.add_argument("--fire-batch", type=int, default=1000, help="schedules per round")
     parser.add_argument("--keep", action="store_true", help="leave the store filled at the end")
-    parser.add_argument("--db-name", default=DEFAULT_NAME)
-    parser.add_argument(
-        "--sqlite-path",
-        default=str(throughput.DEFAULT_SQLITE_PATH).replace("reliable_executor", DEFAULT_NAME),
-    )
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--key-prefix", default=DEFAULT_NAME)
-    parser.add_argument("--rtt-rounds", type=int, default=200)
     args = parser.parse_args(argv)
     args.rate = args.rate or DEFAULT_RATES[args.storage]
     args.poll_interval = None
@@ -161,23 +152,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    store = throughput.STORES[args.storage](args)
-    env = throughput.environment(args, store)
-    for key in set(os.environ) - set(env):
-        del os.environ[key]
-    os.environ.update(env)
-    for path in (str(throughput.ROOT), str(throughput.TESTPROJECT), str(BENCH)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    store.ensure_exists()
-
-    import django
-
-    django.setup()
+    store = throughput.open_store(args)
     from django_reliable_executor import ReliableExecutor, executor
     from django_reliable_executor.schedules.firing import ScheduleFiring
 
-    store.prepare()
     log(f"store: {store.describe()}; code: {throughput.code_version()}")
     log(throughput.machine_load())
     store.clear()

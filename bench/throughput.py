@@ -809,7 +809,9 @@ def terminate_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def open_store(args: argparse.Namespace) -> Store:
+    """The store ``args`` name, with this process's environment and Django set up on it and
+    its schema migrated (every benchmark script starts so)."""
     store = STORES[args.storage](args)
     env = environment(args, store)
     for key in set(os.environ) - set(env):
@@ -823,10 +825,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import django
 
     django.setup()
+    store.prepare()
+    return store
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """--storage and where its store is, for a benchmark with a store of its own (``name``)."""
+    parser.add_argument("--storage", choices=sorted(STORES), required=True)
+    parser.add_argument("--db-name", default=name)
+    parser.add_argument(
+        "--sqlite-path", default=str(DEFAULT_SQLITE_PATH).replace("reliable_executor", name)
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--key-prefix", default=name)
+    parser.add_argument("--rtt-rounds", type=int, default=200)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    store = open_store(args)
     from django_reliable_executor import executor
 
     log(f"store: {store.describe()}; code: {code_version()}")
-    store.prepare()
     log(machine_load())
     rtt = store.rtt_ms(args.rtt_rounds)
     log(f"round trip (SELECT 1, median of {args.rtt_rounds}): {rtt:.3f} ms")
@@ -854,7 +873,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"submit_many (batches of {args.batch}): {rate:.0f}/s")
     store.after_load()
 
-    worker = WorkerProcess(args, env)
+    worker = WorkerProcess(args, dict(os.environ))  # the environment open_store set up
     try:
         rate = measure_drain(store, worker, args.n, args.stall_timeout)
         result["drain_per_s"] = round(rate, 1)
