@@ -128,10 +128,15 @@ class Filters:
         if set(changes) - {"page"}:
             values["page"] = None
         values.update(changes)
-        if values["page"] == 1:
-            values["page"] = None
-        pairs = [(k, str(v)) for k, v in values.items() if v is not None]
-        return "?" + urlencode(pairs) if pairs else "?"
+        return query_url(values)
+
+
+def query_url(values: dict[str, Any]) -> str:
+    """A list page's query string: values that are None, and page 1, left out."""
+    if values.get("page") == 1:
+        values = {**values, "page": None}
+    pairs = [(k, str(v)) for k, v in values.items() if v is not None]
+    return "?" + urlencode(pairs) if pairs else "?"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,6 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote
@@ -91,10 +90,7 @@ class Filters:
         if "state" in changes:
             values["page"] = None
         values.update(changes)
-        if values["page"] == 1:
-            values["page"] = None
-        pairs = [(k, str(v)) for k, v in values.items() if v is not None]
-        return "?" + urlencode(pairs) if pairs else "?"
+        return pages.query_url(values)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,17 +74,21 @@ class RedisAccess(TaskStorage):
     def _tkey(self, task_id: str) -> str:
         return self.p + "t:" + task_id
 
-    def _read_many(self, task_ids: Sequence[str]) -> dict[str, dict[str, str]]:
-        """Full hashes of these tasks (missing ones left out), a pipeline per chunk."""
+    def _read_many(
+        self, ids: Sequence[str], key: Callable[[str], str] | None = None
+    ) -> dict[str, dict[str, str]]:
+        """Full hashes of these ids (missing ones left out), a pipeline per chunk: tasks, or
+        whatever ``key`` names (schedules)."""
+        key = key or self._tkey
         found: dict[str, dict[str, str]] = {}
-        for start in range(0, len(task_ids), READ_CHUNK):
-            chunk = task_ids[start : start + READ_CHUNK]
+        for start in range(0, len(ids), READ_CHUNK):
+            chunk = ids[start : start + READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
-            for task_id in chunk:
-                pipe.hgetall(self._tkey(task_id))
-            for task_id, values in zip(chunk, pipe.execute(), strict=True):
+            for one in chunk:
+                pipe.hgetall(key(one))
+            for one, values in zip(chunk, pipe.execute(), strict=True):
                 if values:
-                    found[task_id] = {text(k): text(v) for k, v in values.items()}
+                    found[one] = {text(k): text(v) for k, v in values.items()}
         return found
 
     def _due_ids(self, index: str, now: dt.datetime, limit: int, *, inclusive: bool) -> list[str]:

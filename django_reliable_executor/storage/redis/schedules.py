@@ -12,7 +12,7 @@ from ...records import TaskInfo
 from ...schedules.records import ScheduleFire, ScheduleInfo
 from ...serialization import dumps
 from .access import READ_CHUNK, RedisAccess, guarded
-from .codec import MICROSECOND, from_micros, micros, text
+from .codec import MICROSECOND, fields, from_micros, micros, text
 
 # Schedule hash fields (see the key layout in storage/redis/__init__.py).
 _DEFINITION = {
@@ -109,17 +109,8 @@ class Schedules(RedisAccess):
             self._run("schedule_save", json.dumps(items))
 
     def _read_schedules(self, schedule_ids: Sequence[str]) -> dict[str, ScheduleInfo]:
-        found: dict[str, ScheduleInfo] = {}
-        for start in range(0, len(schedule_ids), READ_CHUNK):
-            chunk = schedule_ids[start : start + READ_CHUNK]
-            pipe = self.client.pipeline(transaction=False)
-            for schedule_id in chunk:
-                pipe.hgetall(self._skey(schedule_id))
-            for schedule_id, values in zip(chunk, pipe.execute(), strict=True):
-                if values:
-                    decoded = {text(k): text(v) for k, v in values.items()}
-                    found[schedule_id] = schedule_from_hash(schedule_id, decoded)
-        return found
+        found = self._read_many(schedule_ids, self._skey)
+        return {i: schedule_from_hash(i, values) for i, values in found.items()}
 
     @guarded
     def get_schedules(self, schedule_ids: Sequence[str]) -> dict[str, ScheduleInfo]:
@@ -174,18 +165,14 @@ class Schedules(RedisAccess):
         reply = self._run("schedule_pause", schedule_id, "1" if paused else "0", now=now)
         if not reply:
             return None
-        items = [text(item) for item in reply]
-        return schedule_from_hash(schedule_id, dict(zip(items[::2], items[1::2], strict=True)))
+        return schedule_from_hash(schedule_id, fields(reply))
 
     @guarded
     def due_schedules(self, now: dt.datetime, limit: int) -> builtins.list[ScheduleInfo]:
         reply = self._run("schedule_due", limit, now=now)
         due = []
         for index in range(0, len(reply), 2):
-            values = [text(item) for item in reply[index + 1]]
-            info = schedule_from_hash(
-                text(reply[index]), dict(zip(values[::2], values[1::2], strict=True))
-            )
+            info = schedule_from_hash(text(reply[index]), fields(reply[index + 1]))
             if not info.paused:
                 due.append(info)
         return due
