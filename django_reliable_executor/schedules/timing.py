@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+import functools
 import math
 import zoneinfo
 
@@ -33,6 +34,11 @@ def _zone(name: str) -> zoneinfo.ZoneInfo:
     # ValueError/OSError: keys such as "../x" or a directory; not found: simply unknown.
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidScheduleError(f"unknown time zone {name!r}", field="timezone")
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(expression: str) -> CronSpec:
+    return parse_cron(expression)
 
 
 def _require_aware(value: dt.datetime, what: str) -> None:
@@ -117,7 +123,10 @@ class CronTiming(Timing):
     """
 
     def __init__(self, expression: str, timezone: str) -> None:
-        self._spec: CronSpec = parse_cron(expression)
+        # The master builds one timing per due schedule and round: parse each expression once.
+        self._spec: CronSpec = (
+            _parsed(expression) if isinstance(expression, str) else parse_cron(expression)
+        )
         self._zone = _zone(timezone)
         self.expression = expression
         self.timezone = timezone
