@@ -198,9 +198,11 @@ class Workers:
         poll_interval: float | None = 0.2,
         log_level: str = "INFO",
         wait_ready: bool = True,
+        env: dict[str, str] | None = None,
     ) -> WorkerProcess:
-        """Start ``manage.py runexecutor *args`` on ``backend``."""
+        """Start ``manage.py runexecutor *args`` on ``backend`` (``env``: extra variables)."""
         worker_id = worker_id or f"w{len(self.started) + 1}-{uuid.uuid4().hex[:6]}"
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in _OVERRIDDEN}
         env.update(
             DJANGO_SETTINGS_MODULE="testproject.settings",
@@ -216,6 +218,7 @@ class Workers:
         ):
             if value is not None:
                 env[variable] = str(value)
+        env.update(extra)
         process = WorkerProcess(list(args), env, self.log_dir / f"{worker_id}.log", worker_id)
         self.started.append(process)
         if wait_ready:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -91,3 +92,51 @@ def capped(param: dict | None = None) -> dict:
     started = time.time()
     time.sleep(float((param or {}).get("sleep", 0.1)))
     return {"pid": os.getpid(), "started": started, "ended": time.time()}
+
+
+def _journal(event: str, context: TaskContext, **extra: object) -> None:
+    """One line in the file named by RE_JOURNAL, written with a single O_APPEND write so that
+    lines of concurrent processes never interleave. The fault tests read what ran when from
+    here, not from the storage they are breaking."""
+    path = os.environ.get("RE_JOURNAL")
+    if not path:
+        return
+    line = json.dumps(
+        {
+            "task": context.task_id,
+            "attempt": context.attempt,
+            "pid": os.getpid(),
+            "event": event,
+            "t": time.time(),
+            **extra,
+        }
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+@reliable_task_handler(name="demo.journal", takes_context=True, retry_interval=50)
+def journal(param: dict | None, context: TaskContext) -> object:
+    """Writes "start" and "end" records to the journal (RE_JOURNAL) around ``sleep`` seconds of
+    work; ``spin`` seconds instead hold the GIL in one C call; returns ``result`` (a poison
+    value with ``poison``: "bigint" or "deep")."""
+    param = param or {}
+    _journal("start", context)
+    if param.get("sleep"):
+        time.sleep(float(param["sleep"]))
+    if param.get("spin"):
+        sum(range(int(float(param["spin"]) * 6 * 10**7)))  # one C call: the GIL is not let go
+    poison = param.get("poison")
+    result: object = param.get("result", context.attempt)
+    if poison == "bigint":
+        result = 10**5000  # over Python's int-to-str digit limit
+    elif poison == "deep":
+        deep: list = []
+        for _ in range(100_000):
+            deep = [deep]
+        result = deep
+    _journal("end", context)
+    return result

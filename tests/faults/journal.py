@@ -1,0 +1,155 @@
+"""What the handlers themselves say ran when (the demo.journal handler's records), what the
+test did to which process, and the checks every fault scenario ends with."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from django_reliable_executor import TaskStatus
+from django_reliable_executor.service import ReliableExecutor
+
+from ..processes import WorkerProcess
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One execution of a handler, from its own start and end records (end is None when the
+    process died or froze before it returned)."""
+
+    task: str
+    attempt: int
+    pid: int
+    start: float
+    end: float | None
+
+
+class Journal:
+    """The file demo.journal appends to (RE_JOURNAL): one JSON line per start and per end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def env(self) -> dict[str, str]:
+        """The variables that make a runexecutor subprocess write here."""
+        return {"RE_JOURNAL": str(self.path)}
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text().splitlines()
+        # A process killed mid-write can leave a partial last line: skip what does not parse.
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        return records
+
+    def runs(self) -> dict[str, list[Run]]:
+        """Every run of every task, oldest start first."""
+        starts: dict[tuple[str, int, int], float] = {}
+        ends: dict[tuple[str, int, int], float] = {}
+        for record in self.records():
+            key = (record["task"], record["attempt"], record["pid"])
+            (starts if record["event"] == "start" else ends)[key] = record["t"]
+        runs: dict[str, list[Run]] = defaultdict(list)
+        for (task, attempt, pid), start in starts.items():
+            runs[task].append(Run(task, attempt, pid, start, ends.get((task, attempt, pid))))
+        for task_runs in runs.values():
+            task_runs.sort(key=lambda run: run.start)
+        return dict(runs)
+
+    def started(self) -> int:
+        return sum(1 for record in self.records() if record["event"] == "start")
+
+    def pids_running_after(self, moment: float) -> set[int]:
+        """Processes that started a handler after ``moment``."""
+        return {r["pid"] for r in self.records() if r["event"] == "start" and r["t"] > moment}
+
+
+@dataclasses.dataclass
+class Faults:
+    """What the test did to its workers, by pid, on the wall clock the journal uses."""
+
+    killed: dict[int, float] = dataclasses.field(default_factory=dict)
+    frozen: dict[int, list[tuple[float, float | None]]] = dataclasses.field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    def kill(self, process: WorkerProcess) -> None:
+        """SIGKILL the process (and reap it)."""
+        self.killed[process.pid] = time.time()
+        process.kill()
+
+    def freeze(self, process: WorkerProcess) -> None:
+        """SIGSTOP: the process keeps its connections but runs nothing."""
+        self.frozen[process.pid].append((time.time(), None))
+        os.kill(process.pid, signal.SIGSTOP)
+
+    def thaw(self, process: WorkerProcess) -> None:
+        os.kill(process.pid, signal.SIGCONT)
+        stopped, _ = self.frozen[process.pid][-1]
+        self.frozen[process.pid][-1] = (stopped, time.time())
+
+    def disturbed_before(self, pid: int, moment: float) -> bool:
+        """Was the process killed or frozen at some time before ``moment``?"""
+        if pid in self.killed and self.killed[pid] <= moment:
+            return True
+        return any(stopped <= moment for stopped, _ in self.frozen.get(pid, []))
+
+    def frozen_at(self, pid: int, moment: float) -> bool:
+        return any(
+            stopped <= moment and (resumed is None or moment <= resumed)
+            for stopped, resumed in self.frozen.get(pid, [])
+        )
+
+
+def check_runs(
+    journal: Journal,
+    faults: Faults,
+    service: ReliableExecutor,
+    task_ids: Iterable[str],
+    *,
+    expected: TaskStatus = TaskStatus.COMPLETED,
+    repeat_allowed: Callable[[Run, Run], bool] | None = None,
+) -> list[str]:
+    """Every promise of docs/guarantees.md a fault scenario can break, checked against the
+    handlers' own records. Returns the problems found (empty when sound):
+
+    - every task is terminal, with the ``expected`` status;
+    - none was lost: a COMPLETED task has a run that returned;
+    - no two runs of a task overlapped, unless the earlier one's process was frozen then;
+    - a task ran again only after the process of its earlier run was killed or frozen
+      (or ``repeat_allowed`` says why else it may).
+    """
+    problems: list[str] = []
+    runs = journal.runs()
+    for task_id in task_ids:
+        task = service.get_task(task_id)
+        if task is None:
+            problems.append(f"{task_id}: lost from the storage")
+            continue
+        if task.status is not expected:
+            problems.append(f"{task_id}: {task.status.value}, expected {expected.value}")
+        task_runs = runs.get(task_id, [])
+        if expected is TaskStatus.COMPLETED and not any(r.end is not None for r in task_runs):
+            problems.append(f"{task_id}: COMPLETED without any run that returned ({task_runs})")
+        for earlier, later in zip(task_runs, task_runs[1:], strict=False):
+            ended = earlier.end if earlier.end is not None else faults.killed.get(earlier.pid)
+            if (ended is None or ended > later.start) and not faults.frozen_at(
+                earlier.pid, later.start
+            ):
+                problems.append(f"{task_id}: runs overlapped: {earlier} and {later}")
+            if not faults.disturbed_before(earlier.pid, later.start) and not (
+                repeat_allowed is not None and repeat_allowed(earlier, later)
+            ):
+                problems.append(f"{task_id}: ran again although its worker lived: {earlier}, {later}")
+    return problems
