@@ -151,5 +151,5 @@ def check_runs(
             if not faults.disturbed_before(earlier.pid, later.start) and not (
                 repeat_allowed is not None and repeat_allowed(earlier, later)
             ):
-                problems.append(f"{task_id}: ran again although its worker lived: {earlier}, {later}")
+                problems.append(f"{task_id}: ran again while its worker lived: {earlier}, {later}")
     return problems
