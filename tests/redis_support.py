@@ -222,10 +222,33 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
     stored = {field: int(n) for field, n in snap.get("counts", ("hash", {}))[1].items()}
     if {field: n for field, n in stored.items() if n != 0} != dict(counted):
         problems.append(f"counts hash {stored} but the tasks are {dict(counted)}")
+    # A queue is remembered exactly while it holds a task: no name stays behind its last one.
+    holding = {values.get("q") for values in tasks.values()}
+    problems += [f"queues set lists {q}, which holds no task" for q in sorted(queues - holding)]
+    problems += [
+        f"counts hash keeps {field} of {queue}, which is not in the queues set"
+        for field in sorted(stored)
+        for queue in [field.partition(":")[2]]
+        if queue not in queues
+    ]
+    problems += [
+        f"{key} is a key of {queue}, which is not in the queues set"
+        for key in sorted(snap)
+        for queue in [_queue_of(key)]
+        if queue is not None and queue not in queues
+    ]
     return problems
 
 
 SCHEDULE_INDEXES = ("schedules", "schedules:due", "schedules:paused")
+
+
+def _queue_of(key: str) -> str | None:
+    """The queue a per-queue waiting index belongs to (ready lists, prio and sched sets)."""
+    family, _, rest = key.partition(":")
+    if family == "ready":
+        return rest.rpartition(":")[0]
+    return rest if family in ("prio", "sched") else None
 
 
 def schedule_problems(

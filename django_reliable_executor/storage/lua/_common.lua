@@ -36,6 +36,34 @@ local function recount(queue, from, to)
   end
 end
 
+-- Every status a task can have (states.TaskStatus): the count fields a queue may hold.
+local STATUSES = {'CREATED', 'PENDING', 'RUNNING', 'COMPLETED', 'FAILED', 'TIMEOUT',
+  'CANCELLED', 'ERROR'}
+
+-- A queue that holds no task in any status leaves the indexes: the queue set (which every
+-- master round walks), its count fields and its wake token. Any submitter can make up queue
+-- names, so remembering each one forever would grow these without bound. A later submit to
+-- the name adds it again. Returns true when the queue was forgotten.
+local function forget_if_empty(queue)
+  local names = {}
+  for i, status in ipairs(STATUSES) do
+    names[i] = status .. ':' .. queue
+  end
+  for _, n in ipairs(redis.call('HMGET', COUNTS, unpack(names))) do
+    if n and tonumber(n) ~= 0 then
+      return false
+    end
+  end
+  -- The counts say empty; the waiting indexes must agree (a stray entry keeps the queue).
+  if redis.call('EXISTS', P .. 'prio:' .. queue, P .. 'sched:' .. queue) > 0 then
+    return false
+  end
+  redis.call('HDEL', COUNTS, unpack(names))
+  redis.call('SREM', P .. 'queues', queue)
+  redis.call('DEL', P .. 'wake:' .. queue)
+  return true
+end
+
 -- One token in the queue's wake list lets one idle worker's blocking pop return.
 local function wake(queue)
   local key = P .. 'wake:' .. queue

@@ -1,8 +1,10 @@
 -- purge: delete these terminal tasks if they finished before the cutoff (the caller picked
 -- them from the finished index; each is checked again here).
+-- A queue whose last task this deletes is forgotten (see forget_if_empty in _common.lua).
 -- ARGV[3] cutoff, ARGV[4..] task ids. Returns how many were deleted.
 local cutoff = tonumber(ARGV[3])
 local deleted = 0
+local emptied = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
   local key = tkey(id)
@@ -14,7 +16,11 @@ for i = 4, #ARGV do
     redis.call('ZREM', FINISHED, id)
     redis.call('ZREM', P .. 'done:' .. task[1], id)
     recount(task[2], task[1], nil)
+    emptied[task[2]] = true
     deleted = deleted + 1
   end
+end
+for queue in pairs(emptied) do
+  forget_if_empty(queue)
 end
 return deleted

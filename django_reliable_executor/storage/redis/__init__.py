@@ -22,7 +22,9 @@ epoch, written as decimal strings.
 ``P finished``             ZSET of terminal tasks, scored by finish time (purge).
 ``P done:<STATUS>``        ZSET per terminal status, scored by creation time (listing).
 ``P counts``               HASH "<STATUS>:<queue>" -> number of tasks, kept exact by every script.
-``P queues``               SET of every queue name submitted to.
+``P queues``               SET of every queue that holds a task in any status: purge forgets a
+                           queue with its last task (its count fields and wake token too), a
+                           submit adds it again (forget_if_empty in _common.lua).
 ``P wake:<queue>``         LIST holding at most one token: idle workers block on it (BLPOP).
 ``P held``                 HASH task name -> how many tasks of the name are in the leases (claimed
                            or running), changed only where a task enters or leaves the leases

@@ -12,9 +12,16 @@ from ...states import TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, RedisAccess, guarded
 from .codec import micros, text, to_claim, to_info
 
+# Queue names the purge chore checks per round for holding nothing (then forgets them): purge
+# forgets a queue as it deletes its last task, so this finds only names left behind otherwise
+# (by a version that never forgot one), a bounded step at a time.
+QUEUE_SWEEP = 200
+
 
 class Chores(RedisAccess):
     """Each chore reads a batch from an index, decides in Python, then compare-and-sets in Lua."""
+
+    _queue_cursor = 0  # where the sweep of the queue set goes on (SSCAN cursor)
 
     # -- leader-only chores ---------------------------------------------------------------
     @guarded
@@ -96,7 +103,16 @@ class Chores(RedisAccess):
             ids = self._due_ids("finished", finished_before, limit, inclusive=False)
         else:
             ids = self._finished_of(statuses, cutoff, limit)
-        return int(self._run("purge", cutoff, *ids)) if ids else 0
+        purged = int(self._run("purge", cutoff, *ids)) if ids else 0
+        self._forget_empty_queues()
+        return purged
+
+    def _forget_empty_queues(self) -> int:
+        """One step of the sweep through the queue set: forget those of the next names that
+        hold nothing (the script checks each again, so a submit meanwhile keeps its queue)."""
+        cursor, names = self.client.sscan(self.p + "queues", self._queue_cursor, count=QUEUE_SWEEP)
+        self._queue_cursor = int(cursor)
+        return int(self._run("forget_queues", *names)) if names else 0
 
     def _finished_of(self, statuses: frozenset[TaskStatus], cutoff: str, limit: int) -> list[str]:
         """Up to ``limit`` ids of these statuses that finished before the cutoff, oldest first:

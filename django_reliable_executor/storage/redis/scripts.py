@@ -22,6 +22,7 @@ NAMES = (
     "recover",
     "expire",
     "purge",
+    "forget_queues",
     "lock_acquire",
     "lock_release",
     "schedule_save",
