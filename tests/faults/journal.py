@@ -54,7 +54,10 @@ class Journal:
         return records
 
     def runs(self) -> dict[str, list[Run]]:
-        """Every run of every task, oldest start first."""
+        """Every run of every task, in the order the storage started their attempts (attempt
+        numbers), then by when the handler began. Not by handler start alone: a process frozen
+        right after its attempt's start write calls the handler only once resumed, after the
+        attempt that replaced it began; its run is still the earlier attempt."""
         starts: dict[tuple[str, int, int], float] = {}
         ends: dict[tuple[str, int, int], float] = {}
         for record in self.records():
@@ -64,7 +67,7 @@ class Journal:
         for (task, attempt, pid), start in starts.items():
             runs[task].append(Run(task, attempt, pid, start, ends.get((task, attempt, pid))))
         for task_runs in runs.values():
-            task_runs.sort(key=lambda run: run.start)
+            task_runs.sort(key=lambda run: (run.attempt, run.start))
         return dict(runs)
 
     def started(self) -> int:
