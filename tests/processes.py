@@ -57,6 +57,7 @@ class Backend:
 
     name: str  # "default" (SQLite), "mariadb", "postgres" or "redis": the alias parameter
     key_prefix: str  # the key_prefix fixture's; only Redis uses it
+    redis_url: str = REDIS_URL  # another server's (a throw-away one the test restarts)
 
     @property
     def db_alias(self) -> str:
@@ -68,7 +69,7 @@ class Backend:
         if self.name == "redis":
             from django_reliable_executor.storage.redis import RedisStorage
 
-            return RedisStorage(redis_client(), self.key_prefix)
+            return RedisStorage(redis_client(self.redis_url), self.key_prefix)
         return DatabaseStorage(alias=self.name)
 
     def environment(self) -> dict[str, str]:
@@ -82,7 +83,9 @@ class Backend:
             "RE_DB_SUFFIX": "",
         }
         if self.name == "redis":
-            env.update(RE_STORAGE="redis", RE_REDIS_URL=REDIS_URL, RE_KEY_PREFIX=self.key_prefix)
+            env.update(
+                RE_STORAGE="redis", RE_REDIS_URL=self.redis_url, RE_KEY_PREFIX=self.key_prefix
+            )
         return env
 
 
