@@ -59,6 +59,7 @@ def test_workers_killed_at_random_during_a_drain(alias, key_prefix, workers, jou
     # The living workers carried on by themselves: each ran handlers after the last kill.
     assert {p.pid for p in alive} & journal.pids_running_after(last_kill)
     for process in alive:
+        process.wait_ready()  # a replacement signalled before its handlers are set dies of it
         process.terminate()
     for process in alive:
         assert process.wait(20) == 0, process.log()
