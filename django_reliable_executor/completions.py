@@ -147,8 +147,10 @@ class CompletionWriter:
                     refusal = exc
             try:
                 recorded.append((claim, refuse(claim, refusal)))
-            except Exception:
+            except Exception as exc:
                 logger.exception("task %s: could not record its refused result", claim.task_id)
+                if storage_unavailable(exc):
+                    return recorded, kept + batch[index:]
                 kept.append(item)
         return recorded, kept
 
