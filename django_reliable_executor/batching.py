@@ -32,11 +32,21 @@ class GroupCommitter(Generic[I, O]):
     oldest caller still waiting. A lone caller pays one round trip, as without batching; eight busy
     threads share one. Every caller still returns only after its own write is done, so the
     semantics of the underlying call are unchanged.
+
+    When a batch of several fails and ``isolate(error)`` is true (the store refused the write,
+    rather than being out of reach), each item is flushed again alone: only the caller whose own
+    item the store refuses gets an error, the others their outcomes.
     """
 
-    def __init__(self, flush: Callable[[list[I]], Sequence[O]], max_batch: int = 100) -> None:
+    def __init__(
+        self,
+        flush: Callable[[list[I]], Sequence[O]],
+        max_batch: int = 100,
+        isolate: Callable[[BaseException], bool] | None = None,
+    ) -> None:
         self._flush = flush
         self._max_batch = max_batch
+        self._isolate = isolate
         self._lock = threading.Lock()
         self._waiting: list[_Slot[I, O]] = []
         self._leader_active = False
@@ -79,14 +89,24 @@ class GroupCommitter(Generic[I, O]):
 
     def _run(self, batch: list[_Slot[I, O]]) -> None:
         try:
-            outcomes = self._flush([slot.item for slot in batch])
-            if len(outcomes) != len(batch):
-                raise RuntimeError("flush returned a different number of outcomes")
-            for slot, outcome in zip(batch, outcomes, strict=True):
-                slot.outcome = outcome
-        except BaseException as exc:  # every waiter learns of the failure
-            for slot in batch:
-                slot.error = exc
+            self._write(batch)
+        except BaseException as exc:  # every waiter learns of its failure
+            if len(batch) > 1 and self._isolate is not None and self._isolate(exc):
+                for slot in batch:
+                    try:
+                        self._write([slot])
+                    except BaseException as alone:
+                        slot.error = alone
+            else:
+                for slot in batch:
+                    slot.error = exc
         for slot in batch:
             slot.finished = True
             slot.wake.set()
+
+    def _write(self, batch: list[_Slot[I, O]]) -> None:
+        outcomes = self._flush([slot.item for slot in batch])
+        if len(outcomes) != len(batch):
+            raise RuntimeError("flush returned a different number of outcomes")
+        for slot, outcome in zip(batch, outcomes, strict=True):
+            slot.outcome = outcome

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import connections
 
+from .exceptions import storage_unavailable
 from .records import Claim, Transition
 
 logger = logging.getLogger("django_reliable_executor")
@@ -25,7 +26,11 @@ class CompletionWriter:
     """One thread that writes every pending completion in one conditional UPDATE per batch,
     then announces them (signals, logs). Until written, a completed task stays RUNNING under its
     lease: if the worker dies first, the task is recovered and runs again — the at-least-once
-    promise, never a lost task. ``close()`` writes whatever is still pending."""
+    promise, never a lost task. ``close()`` writes whatever is still pending.
+
+    A batch the storage refuses (an error other than being out of reach) is written again item
+    by item, and ``refuse(claim, error)`` records the failure of each task whose own write is
+    refused: one result the storage cannot take never holds up the others."""
 
     def __init__(
         self,
@@ -33,8 +38,10 @@ class CompletionWriter:
         announce: Callable[[Transition], None],
         discarded: Callable[[Claim], None],
         written: Callable[[list[Claim]], None] | None = None,
+        refuse: Callable[[Claim, Exception], Transition | None] | None = None,
     ) -> None:
         self._write = write
+        self._refuse = refuse
         self._written = written  # told which claims it no longer holds (per-queue limits)
         self._announce = announce
         self._discarded = discarded
@@ -80,24 +87,23 @@ class CompletionWriter:
                     self._writing = self._pending[:MAX_BATCH]
                     del self._pending[:MAX_BATCH]
                     batch = self._writing
-                try:
-                    transitions = self._write(batch)
-                    failures = 0
-                except Exception:
-                    failures += 1
-                    connections.close_all()
-                    if self._retry_later(batch, failures):
-                        continue
-                    # The tasks stay RUNNING; lease recovery runs them again.
-                    transitions = []
-                for (claim, _), transition in zip(batch, transitions, strict=False):
+                recorded, kept = self._record(batch)
+                for claim, transition in recorded:
                     if transition is None:
                         self._discarded(claim)
                     else:
                         self._announce(transition)
+                if kept:
+                    failures += 1
+                    if self._retry_later(kept, failures):
+                        held = {id(item) for item in kept}
+                        batch = [item for item in batch if id(item) not in held]
+                    # else the tasks stay RUNNING; lease recovery runs them again.
+                else:
+                    failures = 0
                 with self._cond:
                     self._writing = []
-                if self._written is not None:
+                if self._written is not None and batch:
                     try:
                         self._written([claim for claim, _ in batch])
                     except Exception:
@@ -105,15 +111,58 @@ class CompletionWriter:
         finally:
             connections.close_all()
 
+    def _record(
+        self, batch: list[tuple[Claim, Any]]
+    ) -> tuple[list[tuple[Claim, Transition | None]], list[tuple[Claim, Any]]]:
+        """Write the batch: returns what was recorded for each claim, and the items to keep
+        and write again later because the storage could not be reached."""
+        refuse = self._refuse
+        try:
+            transitions = self._write(batch)
+            return list(zip([claim for claim, _ in batch], transitions, strict=True)), []
+        except Exception as exc:
+            connections.close_all()
+            if storage_unavailable(exc) or refuse is None:
+                logger.exception("could not record %d completions", len(batch))
+                return [], batch
+            refusal = exc
+            if len(batch) > 1:
+                logger.warning(
+                    "the storage refused a batch of %d completions (%s); writing them one by one",
+                    len(batch),
+                    exc,
+                )
+        recorded: list[tuple[Claim, Transition | None]] = []
+        kept: list[tuple[Claim, Any]] = []
+        for index, item in enumerate(batch):
+            claim = item[0]
+            if len(batch) > 1:
+                try:
+                    recorded.append((claim, self._write([item])[0]))
+                    continue
+                except Exception as exc:
+                    if storage_unavailable(exc):
+                        logger.exception("could not record %d completions", len(batch) - index)
+                        return recorded, kept + batch[index:]
+                    refusal = exc
+            try:
+                recorded.append((claim, refuse(claim, refusal)))
+            except Exception as exc:
+                logger.exception("task %s: could not record its refused result", claim.task_id)
+                if storage_unavailable(exc):
+                    return recorded, kept + batch[index:]
+                kept.append(item)
+        return recorded, kept
+
     def _retry_later(self, batch: list[tuple[Claim, Any]], failures: int) -> bool:
-        """After a failed write (the storage is down): keep the batch and wait, backing off up
+        """After a failed write (the storage is down): keep the items and wait, backing off up
         to RETRY_WAIT_MAX, so a short outage costs no re-run. Once closing, give up after a
         few tries: the leases then expire and the tasks run again elsewhere."""
         if self._closed and failures > CLOSING_RETRIES:
-            logger.exception("could not record %d completions; giving up", len(batch))
+            logger.error("could not record %d completions; giving up", len(batch))
             return False
         wait = min(RETRY_WAIT_MIN * 2 ** (failures - 1), RETRY_WAIT_MAX)
-        logger.exception("could not record %d completions; retrying in %.1fs", len(batch), wait)
+        logger.warning("could not record %d completions; retrying in %.1fs", len(batch), wait)
         with self._cond:
             self._pending[:0] = batch
             self._writing = []

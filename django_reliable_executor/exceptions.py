@@ -50,3 +50,14 @@ class InvalidScheduleError(ReliableExecutorError, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+def storage_unavailable(exc: BaseException) -> bool:
+    """Does ``exc`` say the storage is out of reach (down, restarting, connection lost), so
+    the same write is worth retrying later? Other errors are the storage refusing the write."""
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(
+        exc,
+        (StorageUnavailableError, OperationalError, InterfaceError, ConnectionError, TimeoutError),
+    )

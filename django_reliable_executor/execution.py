@@ -13,15 +13,22 @@ from typing import Any
 
 from .batching import GroupCommitter
 from .completions import CompletionWriter
+from .exceptions import storage_unavailable
 from .records import Claim, TaskInfo, Transition
 from .registry import TaskHandler, resolve_handler
-from .serialization import ConversionError, from_json_value, to_json_value
+from .serialization import ConversionError, Encoded, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
 
 logger = logging.getLogger("django_reliable_executor")
 
 CANCEL_CHECK_INTERVAL = 1.0  # seconds between storage reads behind context.is_cancelled()
+RESULT_REFUSED = "result cannot be stored"
+
+
+def _refused(exc: BaseException) -> bool:
+    """The storage refused a write (rather than being out of reach)."""
+    return isinstance(exc, Exception) and not storage_unavailable(exc)
 
 
 class TaskContext:
@@ -80,11 +87,14 @@ class TaskRunner:
         self.lease_seconds = lease_seconds
         self.contexts: dict[str, TaskContext] = {}
         # Pool threads that start or finish at the same moment share one storage write.
+        # A batch the storage refuses (rather than cannot reach) is written again item by item,
+        # so one task it cannot take does not fail the others.
         self._starts: GroupCommitter[Claim, Claim | None] = GroupCommitter(
-            lambda claims: self.storage.start_many(claims, self.lease_seconds)
+            lambda claims: self.storage.start_many(claims, self.lease_seconds),
+            isolate=_refused,
         )
-        self._completions: GroupCommitter[tuple[Claim, Any], Transition | None] = GroupCommitter(
-            lambda outcomes: self.storage.complete_many(outcomes)
+        self._completions: GroupCommitter[tuple[Claim, Encoded], Transition | None] = (
+            GroupCommitter(lambda outcomes: self.storage.complete_many(outcomes), isolate=_refused)
         )
         # Set by the worker: completions are then written in the background (see
         # completions.py); without it, run() waits for its completion to be written.
@@ -98,6 +108,7 @@ class TaskRunner:
             self.executor.announce,
             self._discarded,
             written,
+            refuse=self._refuse_result,
         )
         return self.writer
 
@@ -159,21 +170,38 @@ class TaskRunner:
             return self._record_failure(claim, traceback.format_exc(), retryable)
         finally:
             self.contexts.pop(claim.task_id, None)
+        # Serialised here, once: a value no storage can take (not JSON, an integer too long to
+        # write, nested too deeply) fails this task alone, never the batch it would join.
+        # Not retried: the same handler returns the same kind of value again.
         try:
-            result = to_json_value(value)
+            result = encode(value)
         except ConversionError as exc:
+            return self._record_failure(claim, f"{RESULT_REFUSED}: {exc}", False)
+        except Exception as exc:  # a model_dump() that raises, say
             return self._record_failure(
-                claim, f"handler returned a value that is not JSON-serialisable: {exc}", False
+                claim, f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}", False
             )
         if self.writer is not None:
             self.writer.put(claim, result)
             return TaskStatus.COMPLETED  # recorded shortly, by the writer
-        transition = self._completions.submit((claim, result))
+        try:
+            transition = self._completions.submit((claim, result))
+        except Exception as exc:
+            if storage_unavailable(exc):
+                raise
+            transition = self._refuse_result(claim, exc)
         if transition is None:
             self._discarded(claim)
             return None
         self.executor.announce(transition)
         return transition.status
+
+    def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
+        """The storage refused this task's result (too large for it, say): the task fails
+        alone, without retries, and the other completions are written."""
+        error = f"{RESULT_REFUSED}: {exc}"
+        logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, error)
+        return self.storage.fail(claim, error, retryable=False)
 
     def _record_failure(
         self, claim: Claim, error: str, retryable: bool, *, is_error: bool = False

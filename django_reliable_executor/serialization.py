@@ -14,6 +14,9 @@ from typing import Any
 
 # typing.Optional[X] and X | None have different origins.
 _UNION_ORIGINS = (typing.Union, getattr(types, "UnionType", typing.Union))
+# Integers shorter than this are under any int-to-text digit limit Python allows (at least 640
+# digits, ~2,100 bits; 4300 by default): only longer ones pay for a trial conversion.
+_LONG_INT_BITS = 2000
 
 
 class ConversionError(ValueError):
@@ -28,7 +31,11 @@ def to_json_value(value: Any, path: str = "$") -> Any:
     if isinstance(value, str):
         _check_text(value, path)
         return value
-    if isinstance(value, bool) or value is None or isinstance(value, int):
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > _LONG_INT_BITS:
+            _check_digits(value, path)
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -65,6 +72,45 @@ def _check_text(text: str, path: str) -> None:
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise ConversionError(f"{path} contains a lone surrogate, not valid Unicode") from None
+
+
+def _check_digits(value: int, path: str) -> None:
+    """Refuse an integer Python will not write as decimal text (over
+    ``sys.get_int_max_str_digits()``): it could never be written to any storage."""
+    try:
+        str(value)
+    except ValueError as exc:
+        raise ConversionError(f"{path} is an integer too long to write as JSON: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """A value made plain and written as JSON text once, where it was produced (a handler's
+    result, in the pool thread that ran it): storing it later cannot fail on the value itself."""
+
+    value: Any
+    text: str
+
+
+def encode(value: Any) -> Encoded:
+    """``value`` as a plain JSON value and its text. Raises ConversionError saying why it
+    cannot be stored: not JSON, an integer too long to write, or nested too deeply."""
+    try:
+        plain = to_json_value(value)
+        return Encoded(plain, dumps(plain))
+    except ConversionError:
+        raise
+    except RecursionError:
+        # Raised from hundreds of frames down: the chained traceback would only repeat them.
+        raise ConversionError("the value is nested too deeply to write as JSON") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ConversionError(f"{type(exc).__name__}: {exc}") from None
+
+
+def encoded(result: Any) -> Encoded:
+    """What a storage writes for ``result``: the Encoded a worker made, or encoded now for a
+    caller that passed a plain value."""
+    return result if isinstance(result, Encoded) else encode(result)
 
 
 def dumps(value: Any) -> str:

@@ -73,7 +73,9 @@ class TaskStorage(ScheduleStorage):
 
     @abc.abstractmethod
     def complete(self, claim: Claim, result: object) -> Transition | None:
-        """RUNNING -> COMPLETED with ``result``, if the token still matches."""
+        """RUNNING -> COMPLETED with ``result``, if the token still matches. ``result`` is a
+        plain JSON value, or the ``serialization.Encoded`` a worker made of it: its text is
+        written as it is, never serialised again."""
 
     def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
         """``complete`` for several ``(claim, result)`` pairs at once; same order."""

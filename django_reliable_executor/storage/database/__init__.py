@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from django.db import connections
 from django.db.models import F, Q
 
-from ...models import ReliableTask
 from ...records import CancelResult, Claim, Transition
 from ...retries import after_failure, timeout_message
-from ...serialization import dumps
+from ...serialization import encoded
 from ...states import TaskStatus
 from .chores import Chores
 from .claiming import Claiming
@@ -33,6 +32,7 @@ from .rows import (
     claims_match,
     failure_changes,
     held_by_claims,
+    spans,
     to_info,
 )
 from .schedules import Schedules
@@ -95,23 +95,44 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
         return self.complete_many([(claim, result)])[0]
 
     def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
-        """One UPDATE for the batch (results picked per row with CASE when they differ)."""
+        """One UPDATE per batch (results picked per row with CASE when they differ), split so
+        that no statement carries more than a few MiB of results. Raises ValueError, writing
+        nothing, when one result is larger than the database takes in one statement."""
         if not outcomes:
             return []
         now = self.clock.now()
-        claims = [claim for claim, _ in outcomes]
-        results = [result for _, result in outcomes]
-        connection = connections[self.alias]
-        result_field = ReliableTask._meta.get_field("result")
-        texts = [dumps(result) for result in results]  # JSON equality: 1 and True differ
-        if all(text == texts[0] for text in texts):
-            result_sql = "%s"
-            result_params = [result_field.get_db_prep_save(results[0], connection)]
+        results = [encoded(result) for _, result in outcomes]  # a worker's are encoded already
+        # JSON null is stored as SQL NULL, as the model field does.
+        texts = [None if result.text == "null" else result.text for result in results]
+        sizes = [self._value_bytes(text) for text in texts]
+        for (claim, _), size in zip(outcomes, sizes, strict=True):
+            reason = self._oversized(size)
+            if reason is not None:
+                raise ValueError(f"the result of task {claim.task_id!r} is {reason}")
+        transitions: list[Transition | None] = []
+        for span in spans(sizes, self._statement_bytes()):
+            claims = [claim for claim, _ in outcomes[span]]
+            done = self._complete_rows(claims, texts[span], now)
+            transitions += [
+                claim.completed(result.value, now) if claim.task_id in done else None
+                for claim, result in zip(claims, results[span], strict=True)
+            ]
+        return transitions
+
+    def _complete_rows(
+        self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
+    ) -> set[str]:
+        """One UPDATE of these claims to COMPLETED; returns the ids it changed."""
+        # Written as JSON text (the worker serialised it once); PostgreSQL casts it to jsonb.
+        value_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"
+        if all(text == texts[0] for text in texts):  # JSON equality: 1 and True differ
+            result_sql = value_sql
+            result_params: list[object] = [texts[0]]
         else:
-            result_sql = "CASE task_id " + "WHEN %s THEN %s " * len(outcomes) + "END"
+            result_sql = "CASE task_id " + f"WHEN %s THEN {value_sql} " * len(claims) + "END"
             result_params = []
-            for claim, result in outcomes:
-                result_params += [claim.task_id, result_field.get_db_prep_save(result, connection)]
+            for claim, text in zip(claims, texts, strict=True):
+                result_params += [claim.task_id, text]
         held_sql, held_params = held_by_claims(claims)
         changed = self._execute(
             f"UPDATE {self._table} SET status = %s, result = {result_sql}, finished_at = %s, "
@@ -124,13 +145,9 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
                 *held_params,
             ],
         )
-        done = self._hits(
+        return self._hits(
             claims, changed, TaskStatus.COMPLETED, "finished_at", now, held_sql, held_params
         )
-        return [
-            claim.completed(result, now) if claim.task_id in done else None
-            for claim, result in outcomes
-        ]
 
     def fail(
         self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False

@@ -20,6 +20,10 @@ from .rows import (
 )
 
 T = TypeVar("T")
+# Bytes of values one batch statement carries at most: well under MariaDB's default
+# max_allowed_packet (16 MiB since 10.2; MySQL 8: 64 MiB), which a larger statement overflows.
+STATEMENT_BYTES = 4 * 1024 * 1024
+PACKET_MARGIN = 64 * 1024  # room in a packet for the statement around one large value
 
 
 class DatabaseAccess(TaskStorage):
@@ -34,11 +38,12 @@ class DatabaseAccess(TaskStorage):
         super().__init__(clock)
         self.alias = alias
         self._backoff_cap_millis = backoff_cap_millis
+        self._max_packet: int | None = None
 
     @property
     def backoff_cap_millis(self) -> int:
         if self._backoff_cap_millis is None:
-            from ..conf import get_settings
+            from ...conf import get_settings
 
             return get_settings().DEFAULT_RETRY_BACKOFF_MAX
         return self._backoff_cap_millis
@@ -57,6 +62,42 @@ class DatabaseAccess(TaskStorage):
     def _dt(self, value: dt.datetime) -> Any:
         """A datetime as this backend's driver wants it in hand-written SQL."""
         return connections[self.alias].ops.adapt_datetimefield_value(value)
+
+    def _max_packet_bytes(self) -> int | None:
+        """MySQL/MariaDB's max_allowed_packet, read once (None on other backends, which bind
+        values apart from the statement text)."""
+        if self.vendor != "mysql":
+            return None
+        if self._max_packet is None:
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute("SELECT @@max_allowed_packet")
+                self._max_packet = int(cursor.fetchone()[0])
+        return self._max_packet
+
+    def _statement_bytes(self) -> int:
+        """How many bytes of values one batch statement may carry."""
+        packet = self._max_packet_bytes()
+        return STATEMENT_BYTES if packet is None else min(STATEMENT_BYTES, packet // 4)
+
+    def _value_bytes(self, text: str | None) -> int:
+        """Bytes a JSON text takes in a statement. MySQL's driver writes values into the
+        statement with quotes and backslashes escaped, each one byte more."""
+        if text is None:
+            return 4
+        size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+        if self.vendor == "mysql":
+            size += text.count('"') + text.count("\\") + text.count("'")
+        return size
+
+    def _oversized(self, size: int) -> str | None:
+        """Why one value of ``size`` bytes cannot be written at all, or None when it can."""
+        packet = self._max_packet_bytes()
+        if packet is not None and size > packet - PACKET_MARGIN:
+            return (
+                f"{size} bytes as JSON in the statement, more than the database server takes in "
+                f"one (max_allowed_packet = {packet} bytes)"
+            )
+        return None
 
     def _execute(self, sql: str, params: Sequence[Any]) -> int:
         with connections[self.alias].cursor() as cursor:

@@ -80,6 +80,19 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
+def spans(sizes: Sequence[int], max_bytes: int, max_rows: int = CHUNK) -> Iterator[slice]:
+    """Consecutive runs of items, each of at most ``max_rows`` items and ``max_bytes`` bytes
+    together (an item larger than that alone makes a run of its own)."""
+    start = total = 0
+    for index, size in enumerate(sizes):
+        if index > start and (index - start >= max_rows or total + size > max_bytes):
+            yield slice(start, index)
+            start, total = index, 0
+        total += size
+    if start < len(sizes):
+        yield slice(start, len(sizes))
+
+
 def claim_from_row(row: Sequence[Any]) -> Claim:
     """A claim from raw column values, converted the way each driver needs."""
     values = dict(zip(CLAIM_FIELDS, row, strict=True))

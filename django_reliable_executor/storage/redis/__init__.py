@@ -66,7 +66,7 @@ from collections.abc import Mapping, Sequence
 
 from ...records import CancelResult, Claim, NewTask, TaskInfo, Transition, new_info
 from ...retries import after_failure, timeout_message
-from ...serialization import dumps
+from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import guarded
 from .chores import Chores
@@ -213,15 +213,16 @@ class RedisStorage(Schedules, Chores, Reading, Listing, Leases):
         if not outcomes:
             return []
         now = self.clock.now()
+        results = [encoded(result) for _, result in outcomes]  # a worker's are encoded already
         args = [
             value
-            for claim, result in outcomes
-            for value in (claim.task_id, claim.token, dumps(result))
+            for (claim, _), result in zip(outcomes, results, strict=True)
+            for value in (claim.task_id, claim.token, result.text)
         ]
         replies = self._run("complete", nonce(), *args, now=now)
         return [
-            claim.completed(result, now) if done == 1 else None
-            for (claim, result), done in zip(outcomes, replies, strict=True)
+            claim.completed(result.value, now) if done == 1 else None
+            for (claim, _), result, done in zip(outcomes, results, replies, strict=True)
         ]
 
     @guarded
