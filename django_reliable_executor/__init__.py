@@ -1,6 +1,6 @@
 """django-reliable-executor: reliable background tasks on the database or Redis you already run."""
 
-from .exceptions import InvalidScheduleError, TaskSubmitError
+from .exceptions import InvalidScheduleError, TaskSubmitConflictError, TaskSubmitError
 from .execution import TaskContext
 from .records import TaskInfo, TaskSubmitRequest
 from .registry import reliable_task_handler
@@ -18,6 +18,7 @@ __all__ = [
     "TaskContext",
     "TaskInfo",
     "TaskStatus",
+    "TaskSubmitConflictError",
     "TaskSubmitError",
     "TaskSubmitRequest",
     "executor",

@@ -35,6 +35,12 @@ class InvalidTaskOptionError(TaskSubmitError):
     """A submit option (retry_limit, queue, priority, run_at, ...) has a bad value."""
 
 
+class TaskSubmitConflictError(TaskSubmitError):
+    """Another transaction stored the same task_id after the caller's transaction took its
+    snapshot (PostgreSQL REPEATABLE READ or SERIALIZABLE), so the stored task cannot be read in
+    it. The transaction cannot return that task: roll it back and run it again."""
+
+
 class HandlerRegistrationError(ReliableExecutorError):
     """Two different functions were registered under one task name, or options are invalid."""
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping
+from importlib import import_module
 from typing import Any
 
+from django.apps import apps
 from django.core import checks
 from django.utils.module_loading import import_string
 
@@ -267,14 +270,24 @@ def exception_path(error: str) -> str:
         if line and not line[0].isspace():
             name = line.split(":", 1)[0].strip()
             path = name if "." in name else f"builtins.{name}"
-            try:
-                found = import_string(path)
-            except (ImportError, ValueError):
-                break
+            found = _imported(path)
             if isinstance(found, type) and issubclass(found, BaseException):
                 return path
             break
     return "builtins.RuntimeError"
+
+
+def _imported(path: str) -> Any:
+    """The object at a dotted path, from a module already imported or of an installed app,
+    else None: the path comes from stored text, which must not import any other module."""
+    module_name, _, attribute = path.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is None and in_installed_app(path):
+        try:
+            module = import_module(module_name)
+        except ImportError:
+            return None
+    return getattr(module, attribute, None) if module is not None else None
 
 
 def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:
@@ -325,9 +338,22 @@ def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[An
     return handler
 
 
+def in_installed_app(module_path: str) -> bool:
+    """True when ``module_path`` (a module, or an object in one) lies in an installed app's
+    package: the only modules a worker imports because a stored task names them."""
+    return any(module_path.startswith(config.name + ".") for config in apps.get_app_configs())
+
+
 def _resolve(name: str) -> TaskHandler[Any] | None:
     """A worker asked for a task name it has no handler for: a Django task defined in a module
-    nobody imported yet (not an app's tasks.py). Importing it registers it."""
+    nobody imported yet (not an app's tasks.py). Importing it registers it.
+
+    Task names come from the storage, where anyone who can submit (with ALLOW_UNKNOWN_TASKS)
+    or write to it puts them: only a module of an installed app is imported, never any other
+    (``subprocess``, a project's settings, a module with effects at import)."""
+    if not in_installed_app(name):
+        logger.warning("task name %r: not imported, it names no module of an installed app", name)
+        return None
     try:
         found = import_string(name)
     except (ImportError, ValueError):

@@ -9,11 +9,12 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 import pytest
 from django.middleware.csrf import _get_new_csrf_string
@@ -72,6 +73,17 @@ def operator(client: Client) -> Client:
     return login(client, "view_reliabletask", "add_reliabletask", "operate_reliabletask")
 
 
+def canonical(target: str) -> str:
+    """The path and query string to sign, from either encoding: docs/api.md's client function."""
+    path, _, query = target.partition("?")
+    pairs = [
+        "=".join(quote(unquote_to_bytes(p.replace("+", " ")), safe="") for p in part.split("=", 1))
+        for part in query.split("&")
+        if part
+    ]
+    return quote(unquote_to_bytes(path), safe="/") + ("?" + "&".join(pairs) if pairs else "")
+
+
 def signed_headers(
     method: str,
     path: str,
@@ -85,7 +97,8 @@ def signed_headers(
     """The four headers, computed as docs/api.md tells a client to."""
     ts = str(int(time.time()) if timestamp is None else timestamp)
     nonce = nonce or uuid.uuid4().hex
-    text = "\n".join([key_id, method, path, ts, nonce, hashlib.sha256(body).hexdigest()])
+    target = canonical(path)
+    text = "\n".join([key_id, method, target, ts, nonce, hashlib.sha256(body).hexdigest()])
     signature = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
     return {
         "X-Executor-Key": key_id,
@@ -315,6 +328,52 @@ def test_a_percent_encoded_path_is_signed_as_sent(service, client):
     assert response.status_code == 200 and response.json()["task_id"] == "café/1"
 
 
+def signed_as_sent(method: str, sent: str) -> dict[str, str]:
+    """Headers signing ``sent`` byte for byte, not its canonical form."""
+    headers = signed_headers(method, sent)
+    ts, nonce = headers["X-Executor-Timestamp"], headers["X-Executor-Nonce"]
+    text = "\n".join([KEY_ID, method, sent, ts, nonce, hashlib.sha256(b"").hexdigest()])
+    headers["X-Executor-Signature"] = hmac.new(
+        SECRET.encode(), text.encode(), hashlib.sha256
+    ).hexdigest()
+    return headers
+
+
+def test_a_path_with_a_colon_is_signed_alike_in_either_encoding(service, client):
+    task_id = "nightly@2026-01-01T03:00:00Z"
+    service.submit(HOOK, task_id=task_id)
+    raw = f"{API}{task_id}/?verbose=1&x=a:b+c"
+    encoded = quote(f"{API}{task_id}/") + "?verbose=1&x=a%3Ab%20c"  # quote's defaults: %3A, %40
+    assert ":" not in encoded and canonical(raw) == canonical(encoded) == encoded
+    for sent in (raw, encoded):
+        # Signed as the client of docs/api.md signs it: the canonical form of what it sends.
+        response = client.get(sent, headers=signed_headers("GET", sent))
+        assert response.status_code == 200, (sent, response.content)
+        assert response.json()["task_id"] == task_id
+    # A client that encodes as urllib.parse.quote does signs exactly what it sends...
+    assert signed_get(client, encoded).status_code == 200
+    assert client.get(encoded, headers=signed_as_sent("GET", encoded)).status_code == 200
+    # ...and a signature of a non-canonical form is refused, whichever way it was sent.
+    rejected(client.get(raw, headers=signed_as_sent("GET", raw)), "bad signature")
+    rejected(client.get(encoded, headers=signed_as_sent("GET", raw)), "bad signature")
+
+
+def test_an_unknown_key_id_is_answered_like_a_bad_signature(service, client, caplog):
+    caplog.set_level(logging.WARNING, logger="django_reliable_executor")
+    path, body = API, json.dumps({"task_name": HOOK, "task_id": "k1"}).encode()
+    unknown = post_json(client, path, body, **signed_headers("POST", path, body, key_id="ops-2"))
+    bad = post_json(client, path, body, **signed_headers("POST", path, body, secret="x" * 40))
+    assert (unknown.status_code, unknown.json()) == (bad.status_code, bad.json())
+    assert (unknown.status_code, unknown.json()["error"]) == (401, "bad signature")
+    assert unknown.content == bad.content
+    assert unknown["WWW-Authenticate"] == bad["WWW-Authenticate"]
+    assert service.get_task("k1") is None
+    logged = [r.getMessage() for r in caplog.records if "signed request refused" in r.getMessage()]
+    assert len(logged) == 2
+    assert "unknown key id 'ops-2'" in logged[0] and "POST /executor/api/tasks/" in logged[0]
+    assert f"bad signature for key id {KEY_ID!r}" in logged[1]
+
+
 def rejected(response: Any, reason: str) -> None:
     assert response.status_code == 401, response.content
     assert reason in response.json()["error"], response.json()
@@ -335,10 +394,10 @@ def test_bad_signatures_are_401(service, client):
         post_json(client, path, body, **signed_headers("POST", f"{API}x/", body)), "bad signature"
     )
     rejected(post_json(client, path, body, **signed_headers("PUT", path, body)), "bad signature")
-    # Unknown key id.
+    # Unknown key id: answered alike (see test_an_unknown_key_id_is_answered_like_a_bad_signature).
     rejected(
         post_json(client, path, body, **signed_headers("POST", path, body, key_id="ops-2")),
-        "unknown key id 'ops-2'",
+        "bad signature",
     )
     # A header missing, a malformed timestamp or nonce.
     headers = signed_headers("POST", path, body)
@@ -372,7 +431,7 @@ def _config() -> dict[str, Any]:
 
 def test_no_keys_configured_means_no_signed_access(service, client):
     with override_settings(RELIABLE_EXECUTOR={**_config(), "API_KEYS": {}}):
-        rejected(signed_get(client, f"{API}x/"), "unknown key id")
+        rejected(signed_get(client, f"{API}x/"), "bad signature")
 
 
 def test_a_replayed_nonce_is_401(service, client):

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 import traceback
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.apps import apps as django_apps
 from djtasks import tasks as djtasks
 from djtasks.tasks import CustomError
 
-from django_reliable_executor.registry import get_handler
+from django_reliable_executor.conf import get_settings
+from django_reliable_executor.registry import get_handler, unregister
+from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.tasks_backend import ReliableExecutorBackend, exception_path
 from django_reliable_executor.tasks_compat import (
@@ -29,6 +33,7 @@ from django_reliable_executor.tasks_compat import (
     task_finished,
     task_started,
 )
+from tests.conftest import TASK_APPS
 from tests.contract_support import LEASE, claim_and_start, connected, run_next
 
 if SOURCE == "django.tasks":
@@ -635,3 +640,75 @@ def test_task_options_in_the_decorator(backend):
     handler = get_handler("djtasks.tasks.with_options")
     assert handler.retry_on == (ConnectionError, TimeoutError)
     assert djtasks.with_options.get_result(result.id) == result
+
+
+# -- task names read from the storage import only installed apps' modules ----------------------
+@pytest.fixture
+def forget_modules():
+    """Each run starts with the by-name modules unimported and their tasks unregistered, and
+    sees every installed app, as a worker does (the test database limits them to TASK_APPS)."""
+    names = {
+        "djtasks.imported_by_name": "djtasks.imported_by_name.triple",
+        "testproject.outside_apps": "testproject.outside_apps.squat",
+    }
+
+    def forget() -> None:
+        for module, task_name in names.items():
+            sys.modules.pop(module, None)
+            unregister(task_name)
+
+    forget()
+    django_apps.unset_available_apps()
+    try:
+        yield
+    finally:
+        django_apps.set_available_apps(TASK_APPS)
+        forget()
+
+
+def submit_by_name(storage, clock, task_name: str, parameter: Any) -> str:
+    """Store a task under any name, as a process with ALLOW_UNKNOWN_TASKS (or the API) can."""
+    settings = dataclasses.replace(get_settings(), ALLOW_UNKNOWN_TASKS=True)
+    return (
+        ReliableExecutor(storage, clock=clock, settings=settings)
+        .submit(task_name, parameter)
+        .task_id
+    )
+
+
+@pytest.mark.usefixtures("forget_modules")
+def test_a_task_of_an_installed_app_module_nobody_imported_runs(backend, storage, clock):
+    from django_reliable_executor.service import executor as module_executor
+
+    task_id = submit_by_name(
+        storage, clock, "djtasks.imported_by_name.triple", {"args": [14], "kwargs": {}}
+    )
+    assert "djtasks.imported_by_name" not in sys.modules
+    assert run_next(module_executor) is TaskStatus.COMPLETED
+    assert storage.get(task_id).result == 42
+    assert "djtasks.imported_by_name" in sys.modules
+
+
+@pytest.mark.usefixtures("forget_modules")
+@pytest.mark.parametrize(
+    "task_name", ["testproject.outside_apps.squat", "subprocess.run", "os.system"]
+)
+def test_a_task_name_outside_installed_apps_is_not_imported(backend, storage, clock, task_name):
+    from django_reliable_executor.service import executor as module_executor
+
+    module = task_name.rpartition(".")[0]
+    was_imported = module in sys.modules  # os and subprocess are, by Python or Django
+    task_id = submit_by_name(storage, clock, task_name, {"args": [["true"]], "kwargs": {}})
+    assert run_next(module_executor) is TaskStatus.ERROR
+    info = storage.get(task_id)
+    assert info.status is TaskStatus.ERROR
+    assert f"no handler is registered for task name {task_name!r}" in info.last_error
+    assert (module in sys.modules) == was_imported
+
+
+def test_exception_path_imports_no_module_outside_installed_apps():
+    sys.modules.pop("testproject.outside_apps", None)
+    text = 'Traceback (most recent call last):\n  File "x.py", line 1\n    g()\n'
+    text += "testproject.outside_apps.Boom: x\n"
+    assert exception_path(text) == "builtins.RuntimeError"
+    assert "testproject.outside_apps" not in sys.modules

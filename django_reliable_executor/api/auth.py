@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
+import secrets
 import time
 from typing import Any
+from urllib.parse import quote, unquote_to_bytes
 
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
@@ -21,6 +24,10 @@ SIGNATURE_HEADER = "X-Executor-Signature"
 SIGNED_HEADERS = (KEY_HEADER, TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER)
 NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,64}")
 TIMESTAMP_PATTERN = re.compile(r"[0-9]{1,12}")
+# Signs the requests naming an unknown key id, so they take the same path as a bad signature.
+_UNKNOWN_KEY_SECRET = secrets.token_hex(32)
+
+logger = logging.getLogger("django_reliable_executor")
 
 
 class Denied(Exception):
@@ -45,6 +52,32 @@ def string_to_sign(
     return "\n".join([key_id, method.upper(), path, timestamp, nonce, digest]).encode()
 
 
+def canonical_target(path: str, query_string: str) -> str:
+    """The signed form of a request's path and query string, whichever encoding was sent.
+
+    ``path`` is the percent-decoded path (``request.path``); every byte of its UTF-8 outside
+    RFC 3986's unreserved characters (``A-Z a-z 0-9 - _ . ~``) and ``/`` is percent-encoded
+    with upper-case hex. The query string keeps its order; in each ``&``-separated part (empty
+    parts dropped) the name and the value, split at the first ``=``, are percent-decoded
+    (``+`` is a space) and encoded the same way, ``/`` included."""
+    target = quote(path, safe="/")
+    parts = []
+    for part in query_string.split("&"):
+        if part:
+            pieces = part.split("=", 1)
+            parts.append("=".join(quote(_decoded(piece), safe="") for piece in pieces))
+    return target + ("?" + "&".join(parts) if parts else "")
+
+
+def _decoded(piece: str) -> bytes:
+    # A WSGI query string holds the request's bytes as latin-1 characters.
+    try:
+        raw = piece.encode("iso-8859-1")
+    except UnicodeEncodeError:
+        raw = piece.encode()
+    return unquote_to_bytes(raw.replace(b"+", b" "))
+
+
 def sign(secret: str, message: bytes) -> str:
     """Lower-case hex HMAC-SHA256 of ``message`` under ``secret``."""
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
@@ -59,8 +92,6 @@ def check_signature(request: HttpRequest) -> str:
     settings = executor.settings
     key_id = values[KEY_HEADER]
     secret = settings.API_KEYS.get(key_id)
-    if secret is None:
-        raise Denied(401, f"unknown key id {key_id!r}")
     timestamp, nonce = values[TIMESTAMP_HEADER], values[NONCE_HEADER]
     if not TIMESTAMP_PATTERN.fullmatch(timestamp):
         raise Denied(401, f"{TIMESTAMP_HEADER} must be whole seconds since the Unix epoch")
@@ -69,11 +100,21 @@ def check_signature(request: HttpRequest) -> str:
         raise Denied(401, f"timestamp outside the signature window of {window:g} seconds")
     if not NONCE_PATTERN.fullmatch(nonce):
         raise Denied(401, f"{NONCE_HEADER} must be 16..64 characters of A-Z a-z 0-9 _ -")
-    message = string_to_sign(
-        key_id, request.method or "", request.get_full_path(), timestamp, nonce, request.body
-    )
-    expected = sign(secret, message)
-    if not hmac.compare_digest(expected.encode(), values[SIGNATURE_HEADER].lower().encode()):
+    target = canonical_target(request.path, request.META.get("QUERY_STRING", ""))
+    message = string_to_sign(key_id, request.method or "", target, timestamp, nonce, request.body)
+    # An unknown key id is answered like a bad signature, after the same work, so the answer
+    # does not tell an unauthenticated caller which key ids exist; the log tells them apart.
+    expected = sign(_UNKNOWN_KEY_SECRET if secret is None else secret, message)
+    valid = hmac.compare_digest(expected.encode(), values[SIGNATURE_HEADER].lower().encode())
+    if secret is None or not valid:
+        logger.warning(
+            "API: signed request refused: %s (%s %s)",
+            f"unknown key id {key_id!r}"
+            if secret is None
+            else f"bad signature for key id {key_id!r}",
+            request.method,
+            target,
+        )
         raise Denied(401, "bad signature")
     # A nonce is spent only by a valid signature, and kept until its timestamp can no longer
     # pass the window check (it may lie up to one window in the future).

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from ...exceptions import ParameterTooLargeError
+from ...exceptions import ParameterTooLargeError, TaskSubmitConflictError
+from ...models import ReliableTask
 from ...records import NewTask, TaskInfo, new_info
 from ...serialization import dumps
 from .access import DatabaseAccess
@@ -159,8 +160,30 @@ class Submitting(DatabaseAccess):
             else:
                 self._insert([task])
             return new_info(task), True
-        except IntegrityError:
-            existing = self.get(task.task_id)
-            if existing is None:
-                raise
-            return existing, False
+        except IntegrityError as error:
+            existing = self._stored(task.task_id)
+            if existing is not None:
+                return existing, False
+            if not transaction.get_connection(self.alias).in_atomic_block:
+                raise  # not a duplicate id, or the stored task was deleted meanwhile
+            # PostgreSQL REPEATABLE READ/SERIALIZABLE: the duplicate was committed after the
+            # caller's snapshot, so no statement of this transaction can ever read it.
+            raise TaskSubmitConflictError(
+                f"task_id {task.task_id!r} was stored by another transaction after this "
+                "transaction's snapshot (REPEATABLE READ or SERIALIZABLE isolation), so the "
+                "stored task cannot be read in it: roll back and retry the transaction",
+                field="task_id",
+            ) from error
+
+    def _stored(self, task_id: str) -> TaskInfo | None:
+        """The stored task after a duplicate-key error, as committed by the other submitter."""
+        if self.vendor != "mysql":
+            return self.get(task_id)
+        # A plain read under REPEATABLE READ sees the transaction's snapshot, taken before the
+        # duplicate was committed; a locking read sees the latest committed row. A shared lock
+        # adds nothing: InnoDB already holds one on the duplicate key after the failed INSERT
+        # (an exclusive one could deadlock two submitters that both hold it).
+        rows = ReliableTask.objects.db_manager(self.alias).raw(
+            f"SELECT * FROM {self._table} WHERE task_id = %s LOCK IN SHARE MODE", [task_id]
+        )
+        return next((to_info(row) for row in rows), None)
