@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from django.db import connections
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+T = TypeVar("T")
 
 
 def tidy_connections() -> None:
@@ -18,7 +25,41 @@ def tidy_connections() -> None:
         elif conn.settings_dict.get("CONN_MAX_AGE") != 0:
             conn.close_if_unusable_or_obsolete()
         elif conn.errors_occurred:
-            if conn.is_usable():
-                conn.errors_occurred = False
-            else:
-                conn.close()
+            _close_if_unusable(conn)
+
+
+def drop_unusable_connections() -> int:
+    """After a storage error in a long-lived thread: close this thread's database connections
+    the error left unusable (killed by the server, a restart, a failover, a proxy or an idle
+    timeout), so the thread's next call opens a fresh one instead of failing forever. Returns
+    how many were closed: a caller may then retry its call at once. Connections of this thread
+    only (Django's are per thread); one inside a transaction is left to that transaction's
+    ``atomic`` block, which closes it itself when its rollback fails."""
+    closed = 0
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block or not conn.errors_occurred:
+            continue
+        closed += _close_if_unusable(conn)
+    return closed
+
+
+def with_reconnect(call: Callable[[], T]) -> T:
+    """``call()``; when it fails on a connection the server killed, once more at once on a
+    new connection. Only for calls that are safe to repeat (idempotent or fenced writes)."""
+    try:
+        return call()
+    except Exception:
+        if not drop_unusable_connections():
+            raise
+    return call()
+
+
+def _close_if_unusable(conn: BaseDatabaseWrapper) -> bool:
+    """Close ``conn`` when a ping fails (else forget its errors); True when it was closed."""
+    if conn.is_usable():
+        conn.errors_occurred = False
+        return False
+    # Closing a dead connection may fail; Django forgets it all the same.
+    with contextlib.suppress(DatabaseError):
+        conn.close()
+    return True

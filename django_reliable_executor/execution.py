@@ -13,6 +13,7 @@ from typing import Any
 
 from .batching import GroupCommitter
 from .completions import CompletionWriter
+from .connections import with_reconnect
 from .exceptions import storage_unavailable
 from .records import Claim, TaskInfo, Transition
 from .registry import TaskHandler, resolve_handler
@@ -87,10 +88,14 @@ class TaskRunner:
         self.lease_seconds = lease_seconds
         self.contexts: dict[str, TaskContext] = {}
         # Pool threads that start or finish at the same moment share one storage write.
+        # A start is fenced by the claim's token, so repeating it on a new connection after
+        # the server killed the old one is safe (a start that did commit is not made twice).
         # A batch the storage refuses (rather than cannot reach) is written again item by item,
         # so one task it cannot take does not fail the others.
         self._starts: GroupCommitter[Claim, Claim | None] = GroupCommitter(
-            lambda claims: self.storage.start_many(claims, self.lease_seconds),
+            lambda claims: with_reconnect(
+                lambda: self.storage.start_many(claims, self.lease_seconds)
+            ),
             isolate=_refused,
         )
         self._completions: GroupCommitter[tuple[Claim, Encoded], Transition | None] = (

@@ -7,6 +7,7 @@ import random
 import time
 
 from . import metrics
+from .connections import drop_unusable_connections, with_reconnect
 from .storage.base import TaskStorage
 
 logger = logging.getLogger("django_reliable_executor")
@@ -26,6 +27,8 @@ class MasterLock:
         self.owner = owner
         self.ttl = ttl_seconds
         self.is_master = False
+        # Whether the last take-or-renew reached the storage (False after an error).
+        self.reachable = True
         self._renew_due = 0.0
 
     def hold(self) -> bool:
@@ -34,10 +37,17 @@ class MasterLock:
         if self.is_master and now < self._renew_due:
             return True
         try:
-            acquired = self.storage.acquire_lock(MASTER_LOCK_NAME, self.owner, self.ttl)
+            # A connection the server killed (restart, failover, idle timeout) fails once:
+            # take or renew again at once on a new one rather than give up mastership.
+            acquired = with_reconnect(
+                lambda: self.storage.acquire_lock(MASTER_LOCK_NAME, self.owner, self.ttl)
+            )
+            self.reachable = True
         except Exception:
             logger.exception("master lock: storage error, giving up mastership")
             acquired = False
+            self.reachable = False
+            drop_unusable_connections()  # the next round reconnects
         metrics.set_master(acquired)
         if acquired != self.is_master:
             logger.info("worker %s %s the master lock", self.owner, "took" if acquired else "lost")
@@ -55,3 +65,4 @@ class MasterLock:
             self.storage.release_lock(MASTER_LOCK_NAME, self.owner)
         except Exception:
             logger.exception("master lock: could not release (it will expire)")
+            drop_unusable_connections()

@@ -104,7 +104,7 @@ class ReliableWorker(models.Model):
     worker_id = models.CharField(max_length=191, primary_key=True)
     hostname = models.CharField(max_length=191, default="")
     pid = models.IntegerField(default=0)
-    queues = models.CharField(max_length=1000, default="")
+    queues = models.TextField(default="")  # comma-separated: any number of queues
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
 

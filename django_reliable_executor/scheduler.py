@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 
 from .schedules.firing import ScheduleFiring
@@ -24,6 +25,7 @@ class Scheduler:
         retention_seconds: float,
         worker_ttl_seconds: float = 120.0,
         settle_seconds: float = 0.0,
+        outage_seconds: float = 0.0,
     ) -> None:
         self.executor = executor
         self.retention_seconds = retention_seconds
@@ -31,20 +33,49 @@ class Scheduler:
         self.settle_seconds = settle_seconds
         self._next_purge = 0.0
         self._recover_from = 0.0
+        # Storage outages as this worker's lease writes (heartbeat, master lock) saw them.
+        self.outage_seconds = outage_seconds
+        self._outage_lock = threading.Lock()
+        self._reached_at: float | None = None
+        self._failing = False
         self.firing = ScheduleFiring(executor)
 
     def settle(self) -> None:
         """Hold lease recovery back for ``settle_seconds`` from now. Called when this worker
-        becomes master or the storage was unreachable: live workers first get a heartbeat in,
+        becomes master or the storage is reachable again after an outage (``storage_reached``):
+        live workers first get a heartbeat in,
         so their leases are not taken for expired just because nobody could renew them
         (which would re-run, or even fail, tasks whose handlers succeeded meanwhile)."""
         self._recover_from = time.monotonic() + self.settle_seconds
+
+    def storage_failed(self) -> None:
+        """A lease write of this worker (heartbeat, master lock) failed."""
+        with self._outage_lock:
+            self._failing = True
+
+    def storage_reached(self) -> None:
+        """A lease write of this worker succeeded. When it is the first after failures that
+        lasted ``outage_seconds`` or more since the last success (long enough for live workers'
+        leases to lapse meanwhile), settle once. Only a success after such an outage settles,
+        never an error: errors that keep coming, or writes that fail every other time, cannot
+        push recovery back again and again."""
+        now = time.monotonic()
+        with self._outage_lock:
+            outage = self._failing and (
+                self._reached_at is None or now - self._reached_at >= self.outage_seconds
+            )
+            self._failing = False
+            self._reached_at = now
+        if outage:
+            logger.info("storage reachable again: lease recovery waits for live workers to renew")
+            self.settle()
 
     def run_once(self) -> bool:
         """One round of every chore. Returns True when a batch was full (more work waits)."""
         storage = self.executor.storage
         busy = self.firing.run_once()
         busy = storage.promote_due(BATCH) >= BATCH or busy
+        self.storage_reached()  # may settle: then recovery waits, from this round on
         recovered = storage.recover_expired(BATCH) if time.monotonic() >= self._recover_from else []
         for transition in recovered:
             self.executor.announce(transition)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from django.db import DatabaseError, close_old_connections
 
 from . import metrics, registry
+from .connections import drop_unusable_connections
 from .exceptions import ReliableExecutorError, StorageUnavailableError
 from .execution import TaskRunner
 from .leadership import MasterLock
@@ -102,10 +103,14 @@ class Worker:
             max(options.lease_timeout * 2, 60.0),
             # Long enough for every live worker's heartbeat to come round once more.
             settle_seconds=self.heartbeat_interval * 1.5,
+            # An outage this long can let a live worker's lease lapse (its last renewal came
+            # up to a heartbeat interval before the outage, its next one up to one after).
+            outage_seconds=options.lease_timeout / 2,
         )
         self.stopping = threading.Event()  # quiet: stop claiming, drain
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
         self._threads_done = threading.Event()
+        self._registry_failing = False
         self.last_poll_at: float | None = None
         # Per-queue limits on Redis: the claim loop may block in wait_for_work while a limited
         # queue is full; a task of it finishing wakes the loop through this private wake key.
@@ -235,7 +240,7 @@ class Worker:
                 logger.exception("claiming failed; retrying in %.1fs", error_wait)
                 for claim in claims:
                     self.pool.submit(claim)
-                close_old_connections()
+                drop_unusable_connections()
                 self.stopping.wait(error_wait)
                 error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
                 continue
@@ -276,6 +281,7 @@ class Worker:
             self.executor.storage.wait_for_work(queues or self.options.queues, timeout)
         except Exception:
             logger.exception("waiting for work failed; retrying in %.1fs", timeout)
+            drop_unusable_connections()
             self.stopping.wait(timeout)
 
     def _work_near(self) -> bool:
@@ -283,6 +289,7 @@ class Worker:
             return self.executor.storage.has_work(self.options.queues, BURST_HORIZON_SECONDS)
         except Exception:
             logger.exception("burst: could not check for work")
+            drop_unusable_connections()
             return True
 
     # -- shutdown -------------------------------------------------------------------------
@@ -296,6 +303,7 @@ class Worker:
                 logger.info("handed back %d unstarted claims", released)
             except Exception:
                 logger.exception("could not hand back claims; their leases will expire")
+                drop_unusable_connections()
         self.pool.close()
         # Phase 3: let running handlers finish, heartbeats still renewing their leases.
         deadline = time.monotonic() + self.options.shutdown_timeout
@@ -318,15 +326,39 @@ class Worker:
 
     # -- background threads ---------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
+        previous = time.monotonic()
         while not self._threads_done.wait(self.heartbeat_interval):
+            now = time.monotonic()
+            self._warn_if_late(now - previous)
+            previous = now
             self._beat()
         close_old_connections()
 
+    def _warn_if_late(self, gap: float) -> None:
+        """A round later than LEASE_TIMEOUT / 2 after the previous one puts the leases held here
+        at risk: say so, with the usual causes (a thread pool cannot preempt a handler that
+        holds the GIL; only a process pool can)."""
+        limit = self.options.lease_timeout / 2
+        if gap > limit:
+            logger.warning(
+                "heartbeat came %.2fs after the previous one, more than LEASE_TIMEOUT / 2 = "
+                "%.2fs: leases not renewed within LEASE_TIMEOUT (%.2fs) are recovered and their "
+                "tasks run again. A handler holding the GIL (one long call into C code), an "
+                "overloaded machine or a paused process delays the heartbeat thread",
+                gap,
+                limit,
+                self.options.lease_timeout,
+            )
+
     def _beat(self) -> None:
-        """Renew the leases of every claim held here; stop tracking any that were lost."""
-        storage = self.executor.storage
+        """Renew the leases of every claim held here, then refresh this worker's row in the
+        worker registry: separate writes, so that no other write can keep leases from renewal."""
+        self._renew_leases()
+        self._register()
+
+    def _register(self) -> None:
         try:
-            storage.worker_seen(
+            self.executor.storage.worker_seen(
                 self.worker_id,
                 {
                     "hostname": socket.gethostname(),
@@ -334,19 +366,39 @@ class Worker:
                     "queues": list(self.options.queues),
                 },
             )
-            claims = self.pool.held()
-            if self.runner.writer is not None:
-                claims += self.runner.writer.held()
-            if not claims:
-                return
-            held = storage.heartbeat(
-                self.worker_id, [c.task_id for c in claims], self.options.lease_timeout
-            )
         except Exception:
-            logger.exception("heartbeat failed")
-            self.scheduler.settle()  # our own leases may look expired once the storage is back
-            close_old_connections()
+            if not self._registry_failing:
+                logger.exception("worker %s: could not write the worker registry", self.worker_id)
+            self._registry_failing = True
+            drop_unusable_connections()
             return
+        if self._registry_failing:
+            logger.info("worker %s recorded in the worker registry again", self.worker_id)
+        self._registry_failing = False
+
+    def _renew_leases(self) -> None:
+        """Renew the leases of every claim held here; stop tracking any that were lost."""
+        storage = self.executor.storage
+        claims = self.pool.held()
+        if self.runner.writer is not None:
+            claims += self.runner.writer.held()
+        if not claims:
+            return
+        for first_try in (True, False):
+            try:
+                held = storage.heartbeat(
+                    self.worker_id, [c.task_id for c in claims], self.options.lease_timeout
+                )
+                break
+            except Exception:
+                # A connection the server killed fails once: renew again at once on a new one.
+                if first_try and drop_unusable_connections():
+                    continue
+                logger.exception("heartbeat: renewing %d leases failed", len(claims))
+                self.scheduler.storage_failed()
+                drop_unusable_connections()
+                return
+        self.scheduler.storage_reached()
         # The token moves only when the task is claimed again, so a different one means lost.
         lost = {c.task_id for c in claims if held.get(c.task_id, (None,))[0] != c.token}
         dropped = self.pool.drop(lost)
@@ -372,6 +424,8 @@ class Worker:
                 synced = self._sync_declared_schedules()
             try:
                 is_master = self.master.hold()
+                if not self.master.reachable:
+                    self.scheduler.storage_failed()
                 if is_master and not was_master:
                     self.scheduler.settle()
                 was_master = is_master
@@ -380,8 +434,10 @@ class Worker:
                     wait = self.scheduler.seconds_to_next_schedule(tick)
             except Exception:
                 logger.exception("scheduler round failed")
-                self.scheduler.settle()
-                close_old_connections()
+                # No settle here: recovery is held back once the storage is reached again
+                # (storage_reached), so errors that keep coming cannot postpone it forever.
+                self.scheduler.storage_failed()
+                drop_unusable_connections()
             self._threads_done.wait(0.01 if busy else max(wait, 0.001))
         close_old_connections()
 
@@ -399,7 +455,7 @@ class Worker:
             return True
         except DatabaseError as exc:
             logger.warning("cannot save the schedules declared in code yet: %s", exc)
-            close_old_connections()
+            drop_unusable_connections()
             return False
         if written:
             logger.info("saved %d schedule(s) declared in code", written)

@@ -238,3 +238,17 @@ def test_runexecutor_runs_every_queue_under_its_limit(alias, key_prefix, workers
     log = process.log()
     assert f"runexecutor {process.worker_id}: queues mail:2,reports:1,default" in log
     assert "queues=mail:2,reports:1,default" in log
+
+
+@pytest.mark.parametrize(
+    "worker_id, message",
+    [
+        ("w" * 192, "--worker-id must be 1..191 characters, got 192"),
+        ("", "--worker-id must be 1..191 characters, got 0"),
+        ("a b", "--worker-id 'a b' contains whitespace or a control character"),
+    ],
+)
+def test_a_worker_id_the_storage_cannot_hold_is_refused_at_start(worker_id, message):
+    with pytest.raises(CommandError) as excinfo:
+        call_command("runexecutor", "--worker-id", worker_id)
+    assert message in str(excinfo.value)

@@ -123,13 +123,15 @@ def check_runs(
     *,
     expected: TaskStatus = TaskStatus.COMPLETED,
     repeat_allowed: Callable[[Run, Run], bool] | None = None,
+    overlap_allowed: Callable[[Run, Run], bool] | None = None,
 ) -> list[str]:
     """Every promise of docs/guarantees.md a fault scenario can break, checked against the
     handlers' own records. Returns the problems found (empty when sound):
 
     - every task is terminal, with the ``expected`` status;
     - none was lost: a COMPLETED task has a run that returned;
-    - no two runs of a task overlapped, unless the earlier one's process was frozen then;
+    - no two runs of a task overlapped, unless the earlier one's process was frozen then (or
+      ``overlap_allowed`` says why else they may: a lease that really lapsed);
     - a task ran again only after the process of its earlier run was killed or frozen
       (or ``repeat_allowed`` says why else it may).
     """
@@ -147,8 +149,10 @@ def check_runs(
             problems.append(f"{task_id}: COMPLETED without any run that returned ({task_runs})")
         for earlier, later in zip(task_runs, task_runs[1:], strict=False):
             ended = earlier.end if earlier.end is not None else faults.killed.get(earlier.pid)
-            if (ended is None or ended > later.start) and not faults.frozen_at(
-                earlier.pid, later.start
+            if (
+                (ended is None or ended > later.start)
+                and not faults.frozen_at(earlier.pid, later.start)
+                and not (overlap_allowed is not None and overlap_allowed(earlier, later))
             ):
                 problems.append(f"{task_id}: runs overlapped: {earlier} and {later}")
             if not faults.disturbed_before(earlier.pid, later.start) and not (

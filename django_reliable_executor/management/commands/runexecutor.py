@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_reliable_executor.service import executor
+from django_reliable_executor.service import MAX_ID_LENGTH, executor
 from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
 
@@ -17,6 +17,19 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise ValueError(value)
     return number
+
+
+def check_worker_id(worker_id: str | None) -> None:
+    """A worker id is stored with each claim and in the worker registry: refuse at start one
+    those columns cannot hold, rather than fail every claim and heartbeat later."""
+    if worker_id is None:
+        return
+    if not 1 <= len(worker_id) <= MAX_ID_LENGTH:
+        raise CommandError(
+            f"--worker-id must be 1..{MAX_ID_LENGTH} characters, got {len(worker_id)}"
+        )
+    if any(char.isspace() or not char.isprintable() for char in worker_id):
+        raise CommandError(f"--worker-id {worker_id!r} contains whitespace or a control character")
 
 
 def parse_queues(value: str) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -88,6 +101,7 @@ class Command(BaseCommand):
             raise CommandError("--queue-capacity must be >= 0")
         if options["shutdown_timeout"] < 0:
             raise CommandError("--shutdown-timeout must be >= 0")
+        check_worker_id(options["worker_id"])
         worker_options = WorkerOptions.from_settings(
             executor,
             queues=queues,
