@@ -340,7 +340,7 @@ class Worker:
             if not claims:
                 return
             held = storage.heartbeat(
-                self.worker_id, [c.task_id for c in claims], self.options.lease_timeout
+                self.worker_id, {c.task_id: c.token for c in claims}, self.options.lease_timeout
             )
         except Exception:
             logger.exception("heartbeat failed")

@@ -96,7 +96,20 @@ class Chores(RedisAccess):
             ids = self._due_ids("finished", finished_before, limit, inclusive=False)
         else:
             ids = self._finished_of(statuses, cutoff, limit)
+        ids = self._unleased(ids)
         return int(self._run("purge", cutoff, *ids)) if ids else 0
+
+    def _unleased(self, ids: list[str]) -> list[str]:
+        """The ids not in the leases: a task that timed out while its handler still runs is
+        kept until its holder's lease ends (recover lets it go), so `held` stays exact. A
+        terminal task cannot enter the leases again (only a retry, which makes it waiting,
+        leads there), so what this reads stays true until the purge script runs."""
+        if not ids:
+            return ids
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in ids:
+            pipe.zscore(self.p + "leases", task_id)
+        return [i for i, held in zip(ids, pipe.execute(), strict=True) if held is None]
 
     def _finished_of(self, statuses: frozenset[TaskStatus], cutoff: str, limit: int) -> list[str]:
         """Up to ``limit`` ids of these statuses that finished before the cutoff, oldest first:
