@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 
 class ReliableExecutorError(Exception):
     """Base class of every error this app raises on purpose."""
@@ -47,6 +49,22 @@ class HandlerRegistrationError(ReliableExecutorError):
 
 class StorageUnavailableError(ReliableExecutorError):
     """The storage could not be reached; the operation did not happen."""
+
+
+class AttemptStillRunningError(ReliableExecutorError):
+    """A manual retry was refused: the task timed out, but the handler of its previous attempt
+    is still running on ``worker_id``, whose lease on it lasts until ``lease_expires_at``
+    (renewed while the handler runs). Retrying then would run the task twice at once."""
+
+    def __init__(self, task_id: str, worker_id: str | None, lease_expires_at: dt.datetime) -> None:
+        super().__init__(
+            f"its previous attempt is still running on worker {worker_id} (lease until "
+            f"{lease_expires_at.isoformat(timespec='seconds')}, renewed while it runs); "
+            "retry once it has ended"
+        )
+        self.task_id = task_id
+        self.worker_id = worker_id
+        self.lease_expires_at = lease_expires_at
 
 
 class InvalidScheduleError(ReliableExecutorError, ValueError):

@@ -18,6 +18,7 @@ from . import metrics, signals
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
 from .exceptions import (
+    AttemptStillRunningError,
     InvalidParameterError,
     InvalidTaskIdError,
     InvalidTaskOptionError,
@@ -30,7 +31,7 @@ from .registry import TaskHandler, get_handler
 from .retries import BACKOFF_CHOICES
 from .schedules.operations import ScheduleOperations
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
-from .states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
+from .states import FAILURE_STATUSES, RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import TaskStorage, build_storage
 
 logger = logging.getLogger("django_reliable_executor")
@@ -365,12 +366,28 @@ class ReliableExecutor(ScheduleOperations):
         return result.changed
 
     def retry_task(self, task_id: str) -> bool:
-        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget."""
-        transition = self.storage.retry(task_id)
-        if transition is None:
-            return False
-        log_transition(logging.INFO, transition.task, transition.previous, "retried by hand")
-        return True
+        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget. False
+        when the status forbids it, or while the handler of a timed-out attempt still runs
+        (``retry_task_or_reason`` says which)."""
+        return self.retry_task_or_reason(task_id) is None
+
+    def retry_task_or_reason(self, task_id: str) -> str | None:
+        """Retry like ``retry_task``; None when retried, else why not, in words for the admin,
+        the API and the command: "not found", "COMPLETED cannot be retried", "its previous
+        attempt is still running on worker ... (lease until ...)" or "changed meanwhile"."""
+        try:
+            transition = self.storage.retry(task_id)
+        except AttemptStillRunningError as exc:
+            return str(exc)
+        if transition is not None:
+            log_transition(logging.INFO, transition.task, transition.previous, "retried by hand")
+            return None
+        task = self.storage.get(task_id)
+        if task is None:
+            return "not found"
+        if task.status not in RETRYABLE_BY_HAND:
+            return f"{task.status.value} cannot be retried"
+        return "changed meanwhile"
 
     def list_tasks(
         self,

@@ -387,7 +387,9 @@ class Worker:
         for first_try in (True, False):
             try:
                 held = storage.heartbeat(
-                    self.worker_id, [c.task_id for c in claims], self.options.lease_timeout
+                    self.worker_id,
+                    {c.task_id: c.token for c in claims},
+                    self.options.lease_timeout,
                 )
                 break
             except Exception:

@@ -192,6 +192,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             allowed = [["leases"]]
         elif status in TERMINAL:
             allowed = [sorted(["finished", f"done:{status}"])]
+            if status == "TIMEOUT":  # timed out while running: the holder keeps its lease
+                allowed.append(sorted(["finished", "done:TIMEOUT", "leases"]))
         else:
             allowed = []
         if where not in allowed:

@@ -494,3 +494,15 @@ def test_an_unreachable_redis_gives_a_503_page_not_a_crash(backend, operator):
     assert message_texts(response)[-1].startswith(
         "0 tasks retried; 2 skipped: 2 not attempted. Stopped: Redis at"
     )
+
+
+def test_retry_of_a_timed_out_task_whose_handler_still_runs_says_where_it_runs(service, operator):
+    service.submit("demo.echo", None, task_id="late", max_duration_millis=1, queue="late")
+    claim_and_start(service.storage, "w-late", queue="late")
+    time.sleep(0.01)
+    assert [t.task.task_id for t in service.storage.expire_overdue(10)] == ["late"]
+    response = operator.post(LIST_URL, {"action": "retry", "_selected_action": ["late"]})
+    [text] = message_texts(response)
+    assert text.startswith("0 tasks retried; 1 skipped: 1 its previous attempt is still running")
+    assert "on worker w-late" in text
+    assert status_of(service, "late") is TaskStatus.TIMEOUT

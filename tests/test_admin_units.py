@@ -92,9 +92,9 @@ class FakeExecutor:
         Task.task_id = task_id  # type: ignore[attr-defined]
         return Task
 
-    def retry_task(self, task_id: str) -> bool:
+    def retry_task_or_reason(self, task_id: str) -> str | None:
         self.retried.append(task_id)
-        return True
+        return None
 
 
 def test_an_unreachable_storage_stops_the_action_and_says_what_was_done():

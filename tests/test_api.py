@@ -25,7 +25,7 @@ from django_reliable_executor.service import ReliableExecutor, executor
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import ADMIN_APPS, admin_params, make_user, run_one
 from tests.conftest import BACKENDS, REDIS_URL, db_params, delete_prefix, redis_client, require
-from tests.contract_support import HOOKS
+from tests.contract_support import HOOKS, claim_and_start
 
 KEY_ID = "ops-1"
 SECRET = "s3cret-" + "x" * 40
@@ -510,3 +510,14 @@ def test_an_unreachable_redis_is_503_for_sessions_and_signed_requests(client):
         assert "task storage unavailable" in response.json()["error"]
         login(client, "view_reliabletask")
         assert client.get(f"{API}x/").status_code == 503
+
+
+def test_retry_while_a_timed_out_handler_still_runs_is_409_saying_where(service, operator):
+    service.submit("demo.echo", None, task_id="late", max_duration_millis=1)
+    claim_and_start(service.storage, "w-late")
+    time.sleep(0.01)
+    assert [t.task.task_id for t in service.storage.expire_overdue(10)] == ["late"]
+    refused = post_json(operator, f"{API}late/retry/")
+    assert refused.status_code == 409
+    assert "previous attempt is still running on worker w-late" in refused.json()["error"]
+    assert refused.json()["task"]["status"] == "TIMEOUT"

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -589,3 +590,16 @@ def test_purge_interrupted_reports_what_was_deleted(aged, live, monkeypatch):
     assert (result.code, result.out) == (130, "")
     assert "interrupted: purged 1 tasks finished before " in result.err
     assert len({"old-done", "old-failed", "old-cancelled"} & remaining(live)) == 2
+
+
+def test_retry_of_a_timed_out_task_whose_handler_still_runs_says_where_it_runs(now_ex, live):
+    now_ex.submit("demo.echo", None, task_id="late", max_duration_millis=1)
+    claim_and_start(now_ex.storage, "w-late")
+    time.sleep(0.01)  # past the 1 ms deadline
+    assert [t.task.task_id for t in now_ex.storage.expire_overdue(10)] == ["late"]
+    result = run("retry", "late")
+    assert result.code == 1
+    [line, summary] = result.lines
+    assert line.startswith("late: skipped: its previous attempt is still running on worker w-late")
+    assert summary == "0 changed, 1 skipped, 0 not found"
+    assert live.get_task("late").status is TaskStatus.TIMEOUT

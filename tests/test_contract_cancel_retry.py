@@ -56,13 +56,13 @@ def test_cancel_of_a_claimed_unstarted_task_wins_over_the_claim(executor, storag
 
 def test_cancel_running_sets_the_flag_only(executor, storage):
     executor.submit("demo.echo", None, task_id="r")
-    claim_and_start(storage)
+    started = claim_and_start(storage)
     with recording(signals.task_cancelled) as cancelled:
         assert executor.cancel_task("r") is True
     info = executor.get_task("r")
     assert (info.status, info.cancel_requested) == (TaskStatus.RUNNING, True)
     assert cancelled.calls == []  # not cancelled yet: the attempt is still running
-    assert storage.heartbeat("w1", ["r"], LEASE)["r"][1] is True
+    assert storage.heartbeat("w1", {"r": started.token}, LEASE)["r"][1] is True
 
 
 def test_running_cancelled_attempt_that_fails_ends_cancelled(executor, storage):
@@ -276,3 +276,78 @@ def test_retry_announces_nothing_but_later_outcomes_are_announced(executor, cloc
         assert run_next(executor) is TaskStatus.FAILED
     assert [c["attempt"] for c in started.calls] == [2]
     assert [c["status"] for c in failed.calls] == [TaskStatus.FAILED]
+
+
+# -- stale claims and attempts still running --------------------------------------------------
+def test_a_claim_taken_before_cancel_and_retry_cannot_start_the_task(executor, storage):
+    """A claims, the task is cancelled and retried, A's start comes late: refused (it would run
+    beside B's claim). B claims, starts and completes it; A's heartbeat renews nothing."""
+    executor.submit("demo.echo", "once", task_id="cr2")
+    stale = claim_one(storage, "A")
+    assert executor.cancel_task("cr2") is True
+    assert executor.retry_task("cr2") is True
+    assert storage.start(stale, LEASE) is None
+    assert storage.heartbeat("A", {"cr2": stale.token}, LEASE) == {}
+    info = executor.get_task("cr2")
+    assert (info.status, info.attempts) == (TaskStatus.PENDING, 0)
+    fresh = claim_one(storage, "B")
+    started = storage.start(fresh, LEASE)
+    assert started is not None
+    assert storage.start(stale, LEASE) is None
+    assert storage.complete(started, "by B").status is TaskStatus.COMPLETED
+    info = executor.get_task("cr2")
+    assert (info.status, info.result, info.attempts, info.worker_id) == (
+        TaskStatus.COMPLETED,
+        "by B",
+        1,
+        "B",
+    )
+
+
+def _timed_out_while_running(executor, storage, clock, task_id="slow"):
+    """Task ``task_id`` started by w1, then timed out by the master while its handler runs."""
+    executor.submit("demo.echo", "late", task_id=task_id, max_duration_millis=1000)
+    started = claim_and_start(storage, "w1")
+    clock.advance(2)
+    assert [t.task.task_id for t in storage.expire_overdue(10)] == [task_id]
+    assert executor.get_task(task_id).status is TaskStatus.TIMEOUT
+    return started
+
+
+def test_retry_waits_while_the_handler_of_a_timed_out_attempt_runs(executor, storage, clock):
+    started = _timed_out_while_running(executor, storage, clock)
+    for _ in range(3):  # the holder's heartbeat keeps its lease, and tells it to stop
+        clock.advance(LEASE / 2)
+        assert storage.heartbeat("w1", {"slow": started.token}, LEASE) == {
+            "slow": (started.token, True)
+        }
+        assert storage.recover_expired(100) == []
+        assert executor.retry_task("slow") is False
+        reason = executor.retry_task_or_reason("slow")
+        assert "previous attempt is still running on worker w1" in reason
+        assert executor.get_task("slow").status is TaskStatus.TIMEOUT
+    assert storage.claim("w2", ["default"], 10, LEASE) == []
+    # The handler returns: its outcome is discarded; without renewals the lease lapses.
+    assert storage.complete(started, "too late") is None
+    clock.advance(LEASE + 1)
+    assert storage.recover_expired(100) == []  # nothing to record: it already ended TIMEOUT
+    assert executor.retry_task_or_reason("slow") is None
+    assert storage.heartbeat("w1", {"slow": started.token}, LEASE) == {}
+    again = claim_and_start(storage, "w2")
+    assert storage.complete(again, "second").status is TaskStatus.COMPLETED
+    info = executor.get_task("slow")
+    assert (info.status, info.result, info.attempts) == (TaskStatus.COMPLETED, "second", 2)
+
+
+def test_max_concurrency_counts_a_timed_out_attempt_still_running(executor, storage, clock):
+    started = _timed_out_while_running(executor, storage, clock)
+    executor.submit("demo.echo", "next", task_id="next")
+    caps = {"demo.echo": 1}
+    assert storage.claim("w2", ["default"], 10, LEASE, name_limits=caps) == []
+    clock.advance(LEASE / 2)
+    assert "slow" in storage.heartbeat("w1", {"slow": started.token}, LEASE)
+    assert storage.claim("w2", ["default"], 10, LEASE, name_limits=caps) == []
+    clock.advance(LEASE + 1)  # the holder stopped renewing: the slot is free again
+    storage.recover_expired(100)
+    claims = storage.claim("w2", ["default"], 10, LEASE, name_limits=caps)
+    assert [c.task_id for c in claims] == ["next"]

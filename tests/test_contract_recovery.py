@@ -133,7 +133,7 @@ def test_stale_worker_cannot_overwrite_the_next_holders_outcome(executor, storag
     assert storage.fail(stale, "stale error", retryable=False, is_error=True) is None
     assert storage.expire_claim(stale) is None
     assert storage.release([stale]) == 0
-    assert storage.heartbeat("w1", ["f"], LEASE) == {}
+    assert storage.heartbeat("w1", {"f": stale.token}, LEASE) == {}
     assert executor.get_task("f") == before
     assert (before.status, before.worker_id, before.attempts) == (TaskStatus.RUNNING, "w2", 2)
     assert storage.complete(fresh, "fresh result") is not None
@@ -165,12 +165,32 @@ def test_fencing_holds_when_a_worker_id_is_reused(executor, storage, clock):
     clock.advance(10)
     new = claim_and_start(storage, "same-worker")
     assert storage.complete(old, "old") is None
-    assert storage.heartbeat("same-worker", ["reuse"], LEASE) == {"reuse": (new.token, False)}
+    assert storage.heartbeat("same-worker", {"reuse": new.token}, LEASE) == {
+        "reuse": (new.token, False)
+    }
     assert storage.complete(new, "new") is not None
     assert executor.get_task("reuse").result == "new"
 
 
 # -- heartbeat --------------------------------------------------------------------------------
+def test_heartbeat_under_a_stale_token_renews_nothing(executor, storage, clock):
+    """Two processes sharing a worker id: the one holding an old claim of the task must not
+    keep the lease of the other's newer claim alive (it died: its task must be recovered)."""
+    executor.submit("demo.echo", None, task_id="twin", retry_interval=0)
+    old = claim_and_start(storage, "shared")
+    clock.advance(LEASE + 1)
+    assert [t.status for t in storage.recover_expired(100)] == [TaskStatus.PENDING]
+    new = claim_and_start(storage, "shared")
+    assert new.token != old.token
+    for _ in range(3):
+        clock.advance(LEASE / 2)
+        assert storage.heartbeat("shared", {"twin": old.token}, LEASE) == {}
+    # Only the stale heartbeat came: the newer claim's lease lapsed and is recovered.
+    recovered = storage.recover_expired(100)
+    assert [(t.task.task_id, t.status) for t in recovered] == [("twin", TaskStatus.PENDING)]
+    assert "worker lost" in executor.get_task("twin").last_error
+
+
 def test_heartbeat_extends_leases(executor, storage, clock):
     executor.submit("demo.echo", None, task_id="waiting")
     executor.submit("demo.echo", None, task_id="running")
@@ -178,7 +198,7 @@ def test_heartbeat_extends_leases(executor, storage, clock):
     storage.start(claims["running"], 10)
     for _ in range(5):
         clock.advance(8)
-        held = storage.heartbeat("w1", ["waiting", "running"], 10)
+        held = storage.heartbeat("w1", {t: c.token for t, c in claims.items()}, 10)
         assert held == {
             "waiting": (claims["waiting"].token, False),
             "running": (claims["running"].token, False),
@@ -196,13 +216,16 @@ def test_heartbeat_reports_lost_and_foreign_tasks(executor, storage, clock):
     claims = {c.task_id: c for c in storage.claim("w1", ["default"], 10, 10)}
     storage.complete(storage.start(claims["done"], 10), None)
     clock.advance(11)
-    assert storage.heartbeat("w1", ["mine"], 10) == {"mine": (claims["mine"].token, False)}
+    assert storage.heartbeat("w1", {"mine": claims["mine"].token}, 10) == {
+        "mine": (claims["mine"].token, False)
+    }
     storage.recover_expired(100)  # "lost" was not renewed in time
     claim_one(storage, "w2")
-    held = storage.heartbeat("w1", ["mine", "lost", "done", "unknown"], 10)
+    tokens = {t: c.token for t, c in claims.items()}
+    held = storage.heartbeat("w1", {**tokens, "unknown": 1}, 10)
     assert set(held) == {"mine"}
     # Another worker's heartbeat neither reports nor extends w1's lease.
-    assert storage.heartbeat("w2", ["mine"], 1000) == {}
+    assert storage.heartbeat("w2", {"mine": claims["mine"].token}, 1000) == {}
     clock.advance(10.001)
     storage.recover_expired(100)
     assert executor.get_task("mine").worker_id is None

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.exceptions import AttemptStillRunningError
 from django_reliable_executor.records import Claim
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
@@ -191,7 +192,7 @@ def test_old_claim_of_a_cancelled_then_retried_task_is_refused(storage, executor
         assert storage.start(claim, LEASE) is None
         assert storage.release([claim]) == 0
         assert storage.expire_claim(claim) is None
-        assert storage.heartbeat(WORKER_A, ["t1"], LEASE) == {}
+        assert storage.heartbeat(WORKER_A, {"t1": claim.token}, LEASE) == {}
     assert claim_one(storage, WORKER_B).token > claim.token  # a fresh token for the new claim
     assert_consistent(storage)
 
@@ -514,16 +515,23 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
 
     def do_heartbeat() -> bool:
         chosen = rng.sample(ids, k=min(len(ids), 3))
+        latest = {claim.task_id: claim.token for claim in claims}  # or a stale/made-up one
+        tokens = {t: latest.get(t, 1) if rng.random() < 0.8 else 1 for t in chosen}
         return (
             bool(chosen)
-            and storage.heartbeat(rng.choice((WORKER_A, WORKER_B)), chosen, LEASE) == {}
+            and storage.heartbeat(rng.choice((WORKER_A, WORKER_B)), tokens, LEASE) == {}
         )
 
     def do_cancel() -> bool:
         return bool(ids) and not storage.cancel(pick(ids)).changed
 
     def do_retry() -> bool:
-        return bool(ids) and storage.retry(pick(ids)) is None
+        if not ids:
+            return False
+        try:
+            return storage.retry(pick(ids)) is None
+        except AttemptStillRunningError:  # a timed-out handler still holds its lease
+            return True
 
     def do_chores() -> bool:
         storage.recover_expired(50)

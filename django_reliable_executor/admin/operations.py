@@ -61,10 +61,14 @@ def retry_tasks(executor: ReliableExecutor, task_ids: Iterable[str]) -> Outcome:
     def retry(task: TaskInfo, outcome: Outcome) -> None:
         if task.status not in RETRYABLE_BY_HAND:
             outcome.skipped[f"{task.status} cannot be retried"] += 1
-        elif executor.retry_task(task.task_id):
+            return
+        # The service says why it refused: the status changed meanwhile, or the handler of a
+        # timed-out attempt is still running (retried, it would run twice at once).
+        reason = executor.retry_task_or_reason(task.task_id)
+        if reason is None:
             outcome.changed.append(task.task_id)
         else:
-            outcome.skipped[CHANGED_MEANWHILE] += 1
+            outcome.skipped[reason] += 1
 
     return _each(executor, task_ids, Outcome("retried"), retry)
 

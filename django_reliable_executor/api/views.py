@@ -167,5 +167,13 @@ def cancel(request: HttpRequest, task_id: str) -> HttpResponse:
 
 @api_view("POST", OPERATE)
 def retry(request: HttpRequest, task_id: str) -> HttpResponse:
-    """POST: run a FAILED/TIMEOUT/ERROR/CANCELLED task again, with a fresh retry budget."""
-    return _operate(task_id, executor.retry_task, "retried")
+    """POST: run a FAILED/TIMEOUT/ERROR/CANCELLED task again, with a fresh retry budget. 409
+    also while the handler of its timed-out attempt still runs, saying so."""
+    if executor.get_task(task_id) is None:
+        return error(404, f"no task {task_id!r}", "task_id")
+    reason = executor.retry_task_or_reason(task_id)
+    info = executor.get_task(task_id)
+    task = task_json(info) if info is not None else None
+    if reason is not None:
+        return error(409, f"task {task_id!r} not retried: {reason}", task=task)
+    return JsonResponse({"retried": True, "task": task})

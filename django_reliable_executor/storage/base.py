@@ -66,10 +66,14 @@ class TaskStorage(ScheduleStorage):
 
     @abc.abstractmethod
     def heartbeat(
-        self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
+        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
     ) -> dict[str, tuple[int, bool]]:
-        """Extend the leases this worker still holds. Returns ``{task_id: (token,
-        cancel_requested)}`` for the tasks still held; a task missing from it is lost."""
+        """Extend the leases this worker still holds: ``tokens`` maps each task id to the
+        fencing token of its claim, and only a lease held by ``worker_id`` under that very
+        token is renewed (a twin process sharing the worker id cannot keep a dead one's
+        leases alive). Returns ``{task_id: (token, cancel_requested)}`` for the tasks still
+        held; a task missing from it is lost. A task that timed out while its handler still
+        runs stays held (see expire_overdue) and is reported with cancel_requested True."""
 
     @abc.abstractmethod
     def complete(self, claim: Claim, result: object) -> Transition | None:
@@ -103,7 +107,10 @@ class TaskStorage(ScheduleStorage):
 
     @abc.abstractmethod
     def retry(self, task_id: str) -> Transition | None:
-        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, fresh retry budget and deadline."""
+        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, fresh retry budget and deadline,
+        any outstanding claim fenced off. None when the status forbids it. Raises
+        AttemptStillRunningError while the previous attempt's holder still holds its lease
+        (a timed-out handler still running): a retry then would run the task twice at once."""
 
     # -- leader-only chores (idempotent, batch-bounded) -----------------------------------
     def promote_due(self, limit: int) -> int:
@@ -117,7 +124,10 @@ class TaskStorage(ScheduleStorage):
 
     @abc.abstractmethod
     def expire_overdue(self, limit: int) -> list[Transition]:
-        """Non-terminal tasks past their max-duration deadline -> TIMEOUT."""
+        """Non-terminal tasks past their max-duration deadline -> TIMEOUT. A RUNNING one keeps
+        its holder's lease: the worker's heartbeat renews it while the handler still runs
+        (threads cannot be stopped), it counts against max_concurrency, and ``retry`` is
+        refused until the lease is let go or lapses. Lease recovery leaves it alone."""
 
     @abc.abstractmethod
     def purge_finished(

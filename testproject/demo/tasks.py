@@ -121,11 +121,12 @@ def _journal(event: str, context: TaskContext, **extra: object) -> None:
 @reliable_task_handler(name="demo.journal", takes_context=True, retry_interval=50)
 def journal(param: dict | None, context: TaskContext) -> object:
     """Writes "start" and "end" records to the journal (RE_JOURNAL) around ``sleep`` seconds of
-    work; ``spin`` seconds instead hold the GIL in one C call; returns ``result`` (a poison
+    work (only in the first ``sleep_attempts`` attempts when that is given; cancellation is
+    ignored); ``spin`` seconds instead hold the GIL in one C call; returns ``result`` (a poison
     value with ``poison``: "bigint" or "deep")."""
     param = param or {}
     _journal("start", context)
-    if param.get("sleep"):
+    if param.get("sleep") and context.attempt <= param.get("sleep_attempts", context.attempt):
         time.sleep(float(param["sleep"]))
     if param.get("spin"):
         sum(range(int(float(param["spin"]) * 6 * 10**7)))  # one C call: the GIL is not let go

@@ -271,12 +271,12 @@ class Command(BaseCommand):
     def _retry_one(task_id: str) -> tuple[str, str]:
         if executor.get_task(task_id) is None:
             return "not found", "not found"
-        if executor.retry_task(task_id):
+        reason = executor.retry_task_or_reason(task_id)
+        if reason is None:
             return "changed", "retried"
-        now = executor.get_task(task_id)  # read again: the status that refused the retry
-        if now is None:
+        if reason == "not found":
             return "not found", "not found"
-        return "skipped", f"skipped: {now.status.value} cannot be retried"
+        return "skipped", f"skipped: {reason}"
 
     @staticmethod
     def _cancel_one(task_id: str) -> tuple[str, str]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from django.db import connections
 from django.db.models import F, Q
 
+from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, Transition
 from ...retries import after_failure, timeout_message
 from ...serialization import encoded
@@ -25,13 +26,14 @@ from .claiming import Claiming
 from .leases import Leases
 from .reading import Reading
 from .rows import (
-    LIVE,
     NOT_WAITING,
     WAITING,
     chunks,
+    claimed_by_holders,
     claims_match,
     failure_changes,
     held_by_claims,
+    holding_sql,
     spans,
     to_info,
 )
@@ -56,13 +58,14 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
         if not claims:
             return []
         now = self.clock.now()
-        held_sql, held_params = held_by_claims(claims)
+        held_sql, held_params = claimed_by_holders(claims)
         changed = self._execute(
             f"UPDATE {self._table} SET status = %s, attempts = attempts + 1, "
             "budget_attempts = budget_attempts + 1, started_at = %s, lease_expires_at = %s "
-            # The token alone proves the claim is still held (releasing and recovering bump it);
-            # "not yet started" is written as NOT IN so that no planner is tempted by the
-            # status index on stale statistics: the primary key must drive this.
+            # The claim must still be held: same token (releasing, recovering, cancelling and
+            # retrying bump it), still claimed, by this worker. "Not yet started" is written
+            # as NOT IN so that no planner is tempted by the status index on stale
+            # statistics: the primary key must drive this.
             f"WHERE status NOT IN ({', '.join(['%s'] * len(NOT_WAITING))}) AND ({held_sql})",
             [
                 TaskStatus.RUNNING.value,
@@ -78,17 +81,27 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
         return [claim.started(now) if claim.task_id in started else None for claim in claims]
 
     def heartbeat(
-        self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
+        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
     ) -> dict[str, tuple[int, bool]]:
+        """One UPDATE per chunk renews the leases held under these exact tokens, one SELECT
+        reads back which (and their cancel flags)."""
         held: dict[str, tuple[int, bool]] = {}
         lease_until = self.clock.now() + dt.timedelta(seconds=lease_seconds)
-        for chunk in chunks(list(task_ids)):
-            mine = self._tasks().filter(
-                pk__in=chunk, worker_id=worker_id, available=False, status__in=LIVE
+        for chunk in chunks(list(tokens.items())):
+            sql, params = holding_sql(worker_id, chunk)
+            self._execute(
+                f"UPDATE {self._table} SET lease_expires_at = %s WHERE {sql}",
+                [self._dt(lease_until), *params],
             )
-            mine.update(lease_expires_at=lease_until)
-            for pk, token, cancel in mine.values_list("pk", "lease_token", "cancel_requested"):
-                held[pk] = (token, cancel)
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(
+                    f"SELECT task_id, lease_token, cancel_requested, status FROM {self._table} "
+                    f"WHERE {sql}",
+                    params,
+                )
+                for task_id, token, cancel, status in cursor.fetchall():
+                    # Timed out while its handler runs: still held, and the handler should stop.
+                    held[task_id] = (token, bool(cancel) or status == TaskStatus.TIMEOUT.value)
         return held
 
     def complete(self, claim: Claim, result: object) -> Transition | None:
@@ -240,6 +253,8 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
                 available=False,
                 finished_at=now,
                 lease_expires_at=None,
+                # A claim taken before can no longer start it (worker_id stays: who held it).
+                lease_token=F("lease_token") + 1,
                 deadline_at=None,
             )
         )
@@ -269,9 +284,12 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
             if row.max_duration_millis
             else None
         )
+        # Refused while the previous attempt's holder still holds its lease (a timed-out
+        # handler still running, see expire_overdue): both would run at once.
+        lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
         changed = (
             self._tasks()
-            .filter(pk=task_id, status=row.status)
+            .filter(lease_gone, pk=task_id, status=row.status)
             .update(
                 status=TaskStatus.PENDING.value,
                 available=True,
@@ -282,9 +300,18 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
                 finished_at=None,
                 result=None,
                 lease_expires_at=None,
+                lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
             )
         )
         if not changed:
+            holder = (
+                self._tasks()
+                .filter(pk=task_id, status=row.status, lease_expires_at__gt=now)
+                .values_list("worker_id", "lease_expires_at")
+                .first()
+            )
+            if holder is not None and holder[1] is not None:
+                raise AttemptStillRunningError(task_id, holder[0], holder[1])
             return None
         previous = TaskStatus(row.status)
         row.status, row.run_at, row.finished_at = TaskStatus.PENDING.value, now, None

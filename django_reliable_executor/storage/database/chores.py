@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import F
+from django.db.models import F, Q
 
 from ...records import Transition
 from ...retries import after_failure, timeout_message
@@ -78,6 +78,11 @@ class Chores(DatabaseAccess):
         for row in rows:
             error = timeout_message(row.max_duration_millis, row.last_error)
             changes = failure_changes(TaskStatus.TIMEOUT, None, error, now)
+            if row.status == TaskStatus.RUNNING.value:
+                # Its handler may run on (threads cannot be stopped): the holder keeps its
+                # lease, renewed by its heartbeat, so that a retry waits for it to end and
+                # max_concurrency still counts it.
+                del changes["lease_expires_at"]
             changed = (
                 self._tasks()
                 .filter(
@@ -99,12 +104,14 @@ class Chores(DatabaseAccess):
         statuses: frozenset[TaskStatus] | None = None,
     ) -> int:
         chosen = TERMINAL if statuses is None else [s.value for s in statuses if s.is_terminal]
+        # A timed-out task whose handler still runs is kept until its lease ends.
+        unheld = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=self.clock.now())
         ids = list(
             self._tasks()
-            .filter(finished_at__lt=finished_before, status__in=chosen)
+            .filter(unheld, finished_at__lt=finished_before, status__in=chosen)
             .values_list("pk", flat=True)[:limit]
         )
         deleted = 0
         for chunk in chunks(ids):
-            deleted += self._tasks().filter(pk__in=chunk, status__in=chosen).delete()[0]
+            deleted += self._tasks().filter(unheld, pk__in=chunk, status__in=chosen).delete()[0]
         return deleted

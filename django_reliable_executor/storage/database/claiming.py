@@ -130,9 +130,13 @@ class Claiming(DatabaseAccess):
         with transaction.atomic(using=self.alias):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, table, name)
+                # Held: claimed or running, and timed out with the handler still running
+                # (its holder keeps the lease while it runs, see expire_overdue).
                 cursor.execute(
-                    f"SELECT COUNT(*) FROM {self._table} WHERE task_name = %s AND {HELD_SQL}",
-                    [name],
+                    f"SELECT (SELECT COUNT(*) FROM {self._table} WHERE task_name = %s "
+                    f"AND {HELD_SQL}) + (SELECT COUNT(*) FROM {self._table} WHERE "
+                    "task_name = %s AND status = %s AND available = %s AND lease_expires_at > %s)",
+                    [name, name, TaskStatus.TIMEOUT.value, False, self._dt(now)],
                 )
                 (held,) = cursor.fetchone()
             free = min(cap - int(held), limit)

@@ -69,6 +69,35 @@ def held_by_claims(claims: Sequence[Claim]) -> tuple[str, list[Any]]:
     return f"task_id IN ({marks}) AND ({tokens})", params
 
 
+def claimed_by_holders(claims: Sequence[Claim]) -> tuple[str, list[Any]]:
+    """SQL for "rows still claimed (not available) by each claim's worker under its fencing
+    token": what a start must find. The token alone is not enough where a manual transition
+    ran in between (cancel, retry), so the holder is checked too."""
+    marks = ", ".join(["%s"] * len(claims))
+    held = " OR ".join(["(task_id = %s AND lease_token = %s AND worker_id = %s)"] * len(claims))
+    params: list[Any] = [claim.task_id for claim in claims]
+    params.append(False)
+    for claim in claims:
+        params += [claim.task_id, claim.token, claim.task.worker_id]
+    return f"task_id IN ({marks}) AND available = %s AND ({held})", params
+
+
+def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str, list[Any]]:
+    """SQL for "leases ``worker_id`` holds under these tokens": claimed or running tasks, and
+    tasks that timed out while running whose holder keeps its lease (lease_expires_at set)."""
+    marks = ", ".join(["%s"] * len(tokens))
+    held = " OR ".join(["(task_id = %s AND lease_token = %s)"] * len(tokens))
+    params: list[Any] = [task_id for task_id, _ in tokens]
+    for task_id, token in tokens:
+        params += [task_id, token]
+    sql = (
+        f"task_id IN ({marks}) AND ({held}) AND worker_id = %s AND available = %s "
+        f"AND (status IN ({', '.join(['%s'] * len(LIVE))}) "
+        "OR (status = %s AND lease_expires_at IS NOT NULL))"
+    )
+    return sql, [*params, worker_id, False, *LIVE, TaskStatus.TIMEOUT.value]
+
+
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo)]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names

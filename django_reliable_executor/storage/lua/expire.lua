@@ -1,4 +1,7 @@
 -- expire: tasks past their max-duration deadline -> TIMEOUT, whatever they were doing.
+-- A RUNNING one keeps its holder's lease (and its place in `held`): its handler may run on,
+-- so the heartbeat renews the lease until it ends, retry.lua refuses while it lasts, and
+-- recover.lua lets it go once it lapses.
 -- ARGV[3..] 4 values per task: id, token read, status read, error. Compare-and-set on what
 -- was read. Returns the ids that timed out.
 local out = {}
@@ -12,8 +15,12 @@ for i = 3, #ARGV, 4 do
     if waiting(expected) and not redis.call('ZSCORE', LEASES, id) then
       unqueue(id, task[3], task[4])
     end
+    local held = expected == 'RUNNING' and redis.call('ZSCORE', LEASES, id)
     redis.call('HSET', key, 'e', ARGV[i + 3])
     finish(id, key, task[3], expected, 'TIMEOUT')
+    if held then
+      lease(id, redis.call('HGET', key, 'n'), held)
+    end
     out[#out + 1] = id
   end
 end

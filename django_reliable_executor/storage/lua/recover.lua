@@ -1,5 +1,6 @@
 -- recover: claims whose lease expired. Unstarted ones go back to the head of the line (no
--- attempt); a started one records a failed attempt ("worker lost") decided by the caller.
+-- attempt); a started one records a failed attempt ("worker lost") decided by the caller; a
+-- task that timed out while running (its holder kept the lease) just leaves the leases.
 -- ARGV[3..] 7 values per task: id, token, status read, cancel flag read, outcome for a
 -- started task, its next run time, error. Each is a compare-and-set on what was read.
 -- Returns the ids of the started tasks that changed.
@@ -16,6 +17,8 @@ for i = 3, #ARGV, 7 do
     elseif expected == 'RUNNING' then
       record_failure(id, key, task[3], task[4], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6])
       out[#out + 1] = id
+    elseif expected == 'TIMEOUT' then
+      unlease(id, key)
     end
   end
 end

@@ -17,7 +17,9 @@ epoch, written as decimal strings.
                            the highest first).
 ``P sched:<queue>``        ZSET of waiting tasks not due yet (delayed, or retrying after a
                            backoff), scored by run at. Claims and submits promote due ones.
-``P leases``               ZSET of claimed and running tasks, scored by lease expiry.
+``P leases``               ZSET of claimed and running tasks, scored by lease expiry; also of
+                           tasks that timed out while running, as long as their holder's lease
+                           lasts (the handler may still run; see expire.lua).
 ``P deadlines``            ZSET of unfinished tasks with a max duration, scored by deadline.
 ``P finished``             ZSET of terminal tasks, scored by finish time (purge).
 ``P done:<STATUS>``        ZSET per terminal status, scored by creation time (listing).
@@ -50,7 +52,8 @@ epoch, written as decimal strings.
 
 A waiting task is in exactly one of a ready list, its queue's schedule, a parked set (of its
 name and priority) or (claimed) the leases; a running task is in the leases; a terminal one in
-the finished index and its done index. ``held`` equals the leased tasks of each name.
+the finished index and its done index (and, timed out while running, in the leases until
+its holder's lease ends). ``held`` equals the leased tasks of each name.
 Each script in storage/lua/ is a compare-and-set on the status (and the claim's token) it
 expects, so a lost race changes nothing. Nothing read back is ever unpickled: parameters and
 results are JSON.
@@ -64,13 +67,14 @@ import datetime as dt
 import random
 from collections.abc import Mapping, Sequence
 
+from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, NewTask, TaskInfo, Transition, new_info
 from ...retries import after_failure, timeout_message
 from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import guarded
 from .chores import Chores
-from .codec import claimed, fields, micros, nonce, submit_args, text, to_info
+from .codec import claimed, fields, from_micros, micros, nonce, submit_args, text, to_info
 from .leases import Leases
 from .listing import Listing
 from .reading import Reading
@@ -194,13 +198,14 @@ class RedisStorage(Schedules, Chores, Reading, Listing, Leases):
 
     @guarded
     def heartbeat(
-        self, worker_id: str, task_ids: Sequence[str], lease_seconds: float
+        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
     ) -> dict[str, tuple[int, bool]]:
-        if not task_ids:
+        if not tokens:
             return {}
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
-        replies = self._run("heartbeat", worker_id, lease_until, *task_ids, now=now)
+        args = [value for task_id, token in tokens.items() for value in (task_id, token)]
+        replies = self._run("heartbeat", worker_id, lease_until, *args, now=now)
         return {
             text(task_id): (int(token), text(cancel) == "1") for task_id, token, cancel in replies
         }
@@ -313,7 +318,11 @@ class RedisStorage(Schedules, Chores, Reading, Listing, Leases):
         reply = self._run("retry", task_id, before.status.value, deadline, now=now)
         if reply is None:
             return None
-        return Transition(task=to_info(task_id, fields(reply)), previous=before.status)
+        if text(reply[0]) == "held":
+            raise AttemptStillRunningError(
+                task_id, text(reply[1]) or None, from_micros(text(reply[2]))
+            )
+        return Transition(task=to_info(task_id, fields(reply[1])), previous=before.status)
 
 
 __all__ = ["RedisStorage"]

@@ -103,6 +103,7 @@ class Chores(RedisAccess):
             ids = self._due_ids("finished", finished_before, limit, inclusive=False)
         else:
             ids = self._finished_of(statuses, cutoff, limit)
+        ids = self._unleased(ids)
         purged = int(self._run("purge", cutoff, *ids)) if ids else 0
         self._forget_empty_queues()
         return purged
@@ -113,6 +114,25 @@ class Chores(RedisAccess):
         cursor, names = self.client.sscan(self.p + "queues", self._queue_cursor, count=QUEUE_SWEEP)
         self._queue_cursor = int(cursor)
         return int(self._run("forget_queues", *names)) if names else 0
+
+    def _unleased(self, ids: list[str]) -> list[str]:
+        """The ids less the terminal tasks still in the leases: a task that timed out while its
+        handler still runs is kept until its holder's lease ends (recover lets it go), so
+        `held` stays exact. A terminal task cannot enter the leases again (only a retry, which
+        makes it waiting, leads there), so what this reads stays true until the purge script
+        runs; live tasks go on to the script, which drops their stray finished entries."""
+        if not ids:
+            return ids
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in ids:
+            pipe.zscore(self.p + "leases", task_id)
+            pipe.hget(self._tkey(task_id), "s")
+        replies = pipe.execute()
+        return [
+            task_id
+            for task_id, held, status in zip(ids, replies[::2], replies[1::2], strict=True)
+            if held is None or status is None or text(status) in LIVE
+        ]
 
     def _finished_of(self, statuses: frozenset[TaskStatus], cutoff: str, limit: int) -> list[str]:
         """Up to ``limit`` ids of these statuses that finished before the cutoff, oldest first:

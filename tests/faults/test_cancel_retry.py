@@ -1,0 +1,165 @@
+"""Cancel and retry racing real workers: a claim taken before a cancel and a retry never starts
+the task, and a task that timed out while its handler still runs is not retried until the
+handler has ended. Checked against the handlers' own records on all four storages."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from django_reliable_executor import TaskStatus, TaskSubmitRequest
+
+from ..conftest import BACKENDS, db_params, require
+from ..processes import Backend, service_for, wait_until
+from .journal import check_runs
+
+LEASE = 2.0
+FAST = {"lease_timeout": LEASE, "master_lock_ttl": 2.0}
+TASKS = 120
+CHAOS_SECONDS = 8.0
+# A small pool and a deep local queue: claims wait here unstarted long enough for a cancel and
+# a retry to slip in between the claim and the start.
+POOL = ("--core-pool-size", "2", "--max-pool-size", "2", "--queue-capacity", "20")
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers, journal, faults):
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    rng = random.Random(5)
+    ids = [f"race-{i:03d}" for i in range(TASKS)]
+    service.submit_many(
+        [TaskSubmitRequest("demo.journal", {"sleep": 0.3}, task_id=i, retry_limit=5) for i in ids]
+    )
+    started = [
+        workers.start(backend, *POOL, wait_ready=False, env=journal.env(), **FAST) for _ in range(3)
+    ]
+    for process in started:
+        process.wait_ready()
+
+    acted = {"cancelled": 0, "retried": 0}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def chaos() -> None:
+        """Cancel, and mostly retry at once, tasks that are waiting, claimed or running."""
+        try:
+            deadline = time.monotonic() + CHAOS_SECONDS
+            while time.monotonic() < deadline and not stop.is_set():
+                tasks = service.list_tasks(limit=TASKS)
+                live = [t for t in tasks if not t.status.is_terminal]
+                if not live:
+                    break
+                # Mostly a claimed task not started yet: the window the stale start races in.
+                claimed = [t for t in live if t.worker_id and t.status is not TaskStatus.RUNNING]
+                task_id = rng.choice(claimed if claimed and rng.random() < 0.7 else live).task_id
+                if service.cancel_task(task_id):
+                    acted["cancelled"] += 1
+                time.sleep(rng.choice((0, 0, 0, 0.002, 0.02)))
+                if rng.random() < 0.8 and service.retry_task(task_id):
+                    acted["retried"] += 1
+                time.sleep(rng.uniform(0, 0.01))
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=chaos, name="cancel-retry-chaos")
+    thread.start()
+    thread.join(CHAOS_SECONDS + 60)
+    stop.set()
+    assert not errors, errors
+    assert acted["cancelled"] and acted["retried"], acted
+
+    # Re-drive what stayed cancelled until every task has completed.
+    def all_completed() -> bool:
+        for task in service.list_tasks(status=TaskStatus.CANCELLED, limit=TASKS):
+            service.retry_task(task.task_id)
+        return service.count_by_status()[TaskStatus.COMPLETED] == TASKS
+
+    wait_until(all_completed, LEASE * 3 + 90, "the drain did not finish", logs=workers.logs)
+    # Nothing was killed or frozen: no task may have run twice (a cancelled task never ran, a
+    # running one whose cancel was requested completed), let alone twice at once.
+    problems = check_runs(journal, faults, service, ids)
+    assert not problems, "\n".join(problems[:20])
+    lost = [
+        t.task_id for t in service.list_tasks(limit=TASKS) if "worker lost" in (t.last_error or "")
+    ]
+    assert not lost, f"worker lost reported for living workers: {lost}\n{workers.logs()}"
+    for process in started:
+        process.terminate()
+    for process in started:
+        assert process.wait(20) == 0, process.log()
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_a_retry_waits_for_the_handler_of_a_timed_out_attempt(
+    alias, key_prefix, workers, journal, faults
+):
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    started = [
+        workers.start(backend, wait_ready=False, env=journal.env(), **FAST) for _ in range(2)
+    ]
+    for process in started:
+        process.wait_ready()
+    # The first attempt sleeps 8 s and ignores cancellation; its deadline is 3 s after submit.
+    service.submit(
+        "demo.journal",
+        {"sleep": 8, "sleep_attempts": 1},
+        task_id="late",
+        max_duration_millis=3000,
+        retry_limit=0,
+    )
+    wait_until(lambda: "late" in journal.runs(), 30, "the task never started", logs=workers.logs)
+    wait_until(
+        lambda: service.get_task("late").status is TaskStatus.TIMEOUT,
+        60,
+        "the task did not time out",
+        logs=workers.logs,
+    )
+    [first] = journal.runs()["late"]
+    holder = next(p.worker_id for p in started if p.pid == first.pid)
+
+    # While the handler runs, every retry is refused, naming the worker it runs on.
+    refusals = 0
+    while journal.runs()["late"][0].end is None:
+        # The journal said "not ended" before this call; the lease outlives the handler's end
+        # by up to LEASE_TIMEOUT, so the refusal cannot race with the lease lapsing.
+        reason = service.retry_task_or_reason("late")
+        assert reason is not None, "retried while the timed-out handler still runs"
+        assert f"still running on worker {holder}" in reason, reason
+        refusals += 1
+        time.sleep(0.3)
+    assert refusals >= 3
+    assert service.get_task("late").status is TaskStatus.TIMEOUT
+
+    # Once it has ended its lease lapses (no more renewals) and the retry goes through.
+    wait_until(
+        lambda: service.retry_task_or_reason("late") is None,
+        LEASE * 3 + 30,
+        "the retry was never accepted",
+        logs=workers.logs,
+    )
+    wait_until(
+        lambda: service.get_task("late").status is TaskStatus.COMPLETED,
+        60,
+        "the retried task did not complete",
+        logs=workers.logs,
+    )
+    runs = journal.runs()["late"]
+    assert [run.attempt for run in runs] == [1, 2]
+    assert runs[0].end is not None and runs[0].end <= runs[1].start
+    # The second run is the manual retry's, not a repeat while a worker lived.
+    problems = check_runs(
+        journal, faults, service, ["late"], repeat_allowed=lambda earlier, later: True
+    )
+    assert not problems, "\n".join(problems)
+    assert service.get_task("late").attempts == 2
+    for process in started:
+        process.terminate()
+    for process in started:
+        assert process.wait(20) == 0, process.log()
