@@ -132,7 +132,11 @@ class TaskRunner:
                 executor.announce(expired)
                 return expired.status
             return None
-        started = self._starts.submit(claim)
+        try:
+            started = self._starts.submit(claim)
+        except Exception:
+            self._hand_back(claim)
+            raise
         if started is None:
             logger.debug("task %s: claim no longer valid, not started", claim.task_id)
             return None
@@ -150,6 +154,15 @@ class TaskRunner:
         except ConversionError as exc:
             return self._record_error(started, f"parameter does not fit param_type: {exc}")
         return self._call(started, handler, parameter)
+
+    def _hand_back(self, claim: Claim) -> None:
+        """A start that failed even on a new connection: give the claim back at once rather
+        than after its lease expires. Safe if the start did commit (only its reply was lost):
+        a hand-back changes only tasks that have not started, under this claim's token."""
+        try:
+            with_reconnect(lambda: self.storage.release([claim]))
+        except Exception:
+            logger.debug("task %s: could not hand the claim back", claim.task_id, exc_info=True)
 
     def _call(self, claim: Claim, handler: TaskHandler[Any], parameter: Any) -> TaskStatus | None:
         args = (parameter,) if handler.accepts_parameter else ()
