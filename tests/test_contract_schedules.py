@@ -10,7 +10,8 @@ import pytest
 
 from django_reliable_executor import InvalidScheduleError, Schedule, TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.exceptions import TaskSubmitError
+from django_reliable_executor.records import TaskSubmitRequest
+from django_reliable_executor.exceptions import ReservedTaskIdError, TaskSubmitError
 from django_reliable_executor.registry import TaskHandler, register, unregister
 from django_reliable_executor.schedules.firing import ScheduleFiring
 from django_reliable_executor.schedules.operations import fire_task_id
@@ -145,6 +146,41 @@ def test_a_due_schedule_fires_one_ordinary_task_with_a_derived_id(executor, cloc
     assert (after.last_run_at, after.last_task_id) == (planned, task.task_id)
     fire(executor)  # nothing more is due
     assert len(fired_tasks(executor, "tick")) == 1
+
+
+@pytest.mark.parametrize("how", ["submit", "submit_task", "submit_many"])
+def test_a_plain_submit_cannot_take_a_schedule_runs_id(executor, clock, how):
+    """Fire ids are predictable: a submitter taking the next run's id first would make the
+    schedule find its run stored already and fire nothing. Their form is reserved."""
+    info = executor.schedule("squat", "demo.echo", {"n": 1}, every=60, queue="q")
+    run_id = fire_task_id("squat", info.next_run_at)
+    with pytest.raises(ReservedTaskIdError) as refused:
+        if how == "submit":
+            executor.submit("demo.noop", task_id=run_id)
+        elif how == "submit_task":
+            executor.submit_task(TaskSubmitRequest("demo.noop", task_id=run_id))
+        else:  # one reserved id refuses the whole batch
+            executor.submit_many(
+                [
+                    TaskSubmitRequest("demo.noop", task_id="fine"),
+                    TaskSubmitRequest("demo.noop", task_id=run_id),
+                ]
+            )
+    assert isinstance(refused.value, TaskSubmitError) and refused.value.field == "task_id"
+    assert run_id in str(refused.value) and "schedule" in str(refused.value)
+    assert executor.list_tasks() == []  # stored nothing
+    clock.advance(61)
+    fire(executor)
+    [task] = fired_tasks(executor, "squat")  # the schedule fires its run all the same
+    assert (task.task_id, task.task_name, task.parameter, task.queue) == (
+        run_id,
+        "demo.echo",
+        {"n": 1},
+        "q",
+    )
+    # Ids that only look alike stay free for plain submits.
+    for task_id in ("squat@tomorrow", "user@example.com", run_id + "x"):
+        assert executor.submit("demo.noop", task_id=task_id).task_id == task_id
 
 
 def test_two_masters_never_fire_one_run_twice(executor, make_storage, clock):
