@@ -10,8 +10,8 @@ import pytest
 
 from django_reliable_executor import InvalidScheduleError, Schedule, TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.exceptions import ReservedTaskIdError, TaskSubmitError
+from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, register, unregister
 from django_reliable_executor.schedules.firing import ScheduleFiring
 from django_reliable_executor.schedules.operations import fire_task_id
@@ -207,6 +207,37 @@ def test_two_masters_never_fire_one_run_twice(executor, make_storage, clock):
     fire(other)  # and a full round on the second master finds nothing due
     assert len(fired_tasks(executor, "dup")) == 1
     assert executor.get_schedule("dup").next_run_at == schedule.next_run_at + MINUTE
+
+
+@pytest.mark.parametrize("change", ["pause", "delete"])
+def test_a_schedule_paused_or_deleted_after_planning_fires_nothing(executor, clock, change):
+    """The master planned the run, then the schedule was paused or deleted before the fire was
+    stored: the run must not happen."""
+    from django_reliable_executor.schedules.firing import fire_task
+
+    executor.schedule("late", "demo.echo", every=60)
+    clock.advance(61)
+    schedule = executor.get_schedule("late")
+    task = fire_task(schedule, schedule.next_run_at, clock.now())
+    planned = ScheduleFire(
+        "late",
+        schedule.next_run_at,
+        schedule.next_run_at + MINUTE,
+        (task,),
+        task.run_at,
+        task.task_id,
+    )
+    if change == "pause":
+        executor.pause_schedule("late")
+    else:
+        executor.delete_schedule("late")
+    assert executor.storage.fire_schedules([planned], clock.now()) == []
+    assert executor.get_task(task.task_id) is None and executor.list_tasks() == []
+    if change == "pause":  # and the schedule did not move on: resuming fires that run
+        assert executor.get_schedule("late").next_run_at == schedule.next_run_at
+        executor.resume_schedule("late")
+        fire(executor)
+        assert [t.task_id for t in fired_tasks(executor, "late")] == [task.task_id]
 
 
 def test_a_run_fired_but_not_recorded_is_not_fired_again(executor, clock):
