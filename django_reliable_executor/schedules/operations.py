@@ -45,9 +45,11 @@ def is_fire_task_id(task_id: str) -> bool:
     match = _FIRE_TIME.fullmatch(planned)
     if not at or not match or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:
         return False
-    *parts, fraction = match.groups()
+    year, month, day, hour, minute, second = map(int, match.groups()[:6])
     try:
-        time = dt.datetime(*map(int, parts), int(fraction or 0), tzinfo=dt.timezone.utc)
+        time = dt.datetime(
+            year, month, day, hour, minute, second, int(match[7] or 0), tzinfo=dt.timezone.utc
+        )
     except ValueError:  # no such date or time: no fire has this id
         return False
     return fire_task_id(schedule_id, time) == task_id
