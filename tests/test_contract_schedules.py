@@ -352,6 +352,31 @@ def test_schedules_declared_in_code_are_created_then_updated(executor, clock):
         unregister("tests.nightly")
 
 
+def test_two_workers_first_saving_a_declared_interval_keep_one_grid(
+    executor, make_storage, clock, monkeypatch
+):
+    """Two workers start together with a new declared interval: both read "no such schedule",
+    both save it anchored on their own now. The later save must not move the grid (nor the
+    next run) of the schedule the first one stored, which a master may already fire."""
+    first = executor.schedule_many([Schedule(every=60, schedule_id="d", task_name="demo.echo")])
+    clock.advance(0.25)
+    late = ReliableExecutor(make_storage(clock), clock=clock)
+    monkeypatch.setattr(late.storage, "get_schedules", lambda ids: {})  # read before the save
+    late.schedule_many([Schedule(every=60, schedule_id="d", task_name="demo.echo", parameter=1)])
+    stored = executor.get_schedule("d")
+    assert (stored.start_at, stored.next_run_at) == (first[0].start_at, first[0].next_run_at)
+    assert stored.parameter == 1  # the rest of the definition is saved
+    # A save with another timing, or with a start given, still sets both.
+    late.schedule_many([Schedule(every=30, schedule_id="d", task_name="demo.echo")])
+    assert executor.get_schedule("d").start_at == clock.now()
+    start = clock.now() + MINUTE
+    late.schedule_many([Schedule(every=30, schedule_id="d", task_name="demo.echo", start_at=start)])
+    assert (executor.get_schedule("d").start_at, executor.get_schedule("d").next_run_at) == (
+        start,
+        start,
+    )
+
+
 def test_fired_tasks_run_like_any_other(executor, storage, clock):
     from tests.contract_support import claim_and_start
 

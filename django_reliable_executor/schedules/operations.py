@@ -175,8 +175,12 @@ class ScheduleOperations:
             for info in changed
             if info.schedule_id in existing and info.same_timing(existing[info.schedule_id])
         }
+        # No start given: the anchor is this call's "now" only if nobody stored one meanwhile.
+        defaulted = {spec.schedule_id or "" for spec in schedules if spec.start_at is None} & {
+            info.schedule_id for info in changed
+        }
         if changed:
-            self.storage.save_schedules(changed, keep)
+            self.storage.save_schedules(changed, keep, defaulted)
         return infos, len(changed)
 
     def _definition(

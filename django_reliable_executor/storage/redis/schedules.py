@@ -88,9 +88,12 @@ class Schedules(RedisAccess):
 
     @guarded
     def save_schedules(
-        self, schedules: Sequence[ScheduleInfo], keep_next_run: Collection[str] = ()
+        self,
+        schedules: Sequence[ScheduleInfo],
+        keep_next_run: Collection[str] = (),
+        keep_anchor: Collection[str] = (),
     ) -> None:
-        keep = set(keep_next_run)
+        keep, anchored = set(keep_next_run), set(keep_anchor)
         for start in range(0, len(schedules), READ_CHUNK):
             items = []
             for info in schedules[start : start + READ_CHUNK]:
@@ -104,6 +107,7 @@ class Schedules(RedisAccess):
                         "drop": [f for f, v in encoded.items() if v is None],
                         "next": micros(info.next_run_at),
                         "keep": info.schedule_id in keep,
+                        "anchored": info.schedule_id in anchored,
                         "created": micros(info.created_at),
                         "updated": micros(info.updated_at),
                     }
