@@ -21,6 +21,11 @@ class InvalidTaskIdError(TaskSubmitError):
     """The task_id is empty, too long, not a string, or contains whitespace/control characters."""
 
 
+class ReservedTaskIdError(InvalidTaskIdError):
+    """The task_id has the form of a schedule's fire id (``<schedule_id>@<UTC time>Z``), which
+    only the schedules' firing may store."""
+
+
 class UnknownTaskError(TaskSubmitError):
     """No handler is registered under the task_name (and ALLOW_UNKNOWN_TASKS is off)."""
 

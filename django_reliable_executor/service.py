@@ -23,13 +23,14 @@ from .exceptions import (
     InvalidTaskIdError,
     InvalidTaskOptionError,
     ParameterTooLargeError,
+    ReservedTaskIdError,
     TaskSubmitError,
     UnknownTaskError,
 )
 from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
 from .registry import TaskHandler, get_handler
 from .retries import BACKOFF_CHOICES
-from .schedules.operations import ScheduleOperations
+from .schedules.operations import ScheduleOperations, is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .states import FAILURE_STATUSES, RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import TaskStorage, build_storage
@@ -287,6 +288,13 @@ class ReliableExecutor(ScheduleOperations):
                     f"task_id {task_id!r} contains whitespace or a control character ({char!r})",
                     field="task_id",
                 )
+        if is_fire_task_id(task_id):
+            raise ReservedTaskIdError(
+                f"task_id {task_id!r} has the form of a schedule's run "
+                "('<schedule_id>@<YYYYmmddTHHMMSS>Z'), which only the schedule may submit: "
+                "choose an id of another form",
+                field="task_id",
+            )
         return task_id
 
     @staticmethod

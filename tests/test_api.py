@@ -218,6 +218,7 @@ def test_task_ids_with_a_slash_and_unknown_ids(service, operator):
         ({"task_name": HOOK, "retry_limit": 1.5}, "retry_limit", "integer"),
         ({"task_name": HOOK, "task_id": 12}, "task_id", "must be a string"),
         ({"task_name": HOOK, "task_id": "a b"}, "task_id", "whitespace"),
+        ({"task_name": HOOK, "task_id": "nightly@20261129T030000Z"}, "task_id", "schedule's run"),
         ({"task_name": HOOK, "queue": ""}, "queue", "queue"),
         ({"task_name": HOOK, "delay_millis": -1}, "delay_millis", "delay_millis"),
         ({"task_name": HOOK, "retry_backoff": "linear"}, "retry_backoff", "retry_backoff"),

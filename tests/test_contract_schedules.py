@@ -10,7 +10,8 @@ import pytest
 
 from django_reliable_executor import InvalidScheduleError, Schedule, TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.exceptions import TaskSubmitError
+from django_reliable_executor.exceptions import ReservedTaskIdError, TaskSubmitError
+from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, register, unregister
 from django_reliable_executor.schedules.firing import ScheduleFiring
 from django_reliable_executor.schedules.operations import fire_task_id
@@ -147,6 +148,41 @@ def test_a_due_schedule_fires_one_ordinary_task_with_a_derived_id(executor, cloc
     assert len(fired_tasks(executor, "tick")) == 1
 
 
+@pytest.mark.parametrize("how", ["submit", "submit_task", "submit_many"])
+def test_a_plain_submit_cannot_take_a_schedule_runs_id(executor, clock, how):
+    """Fire ids are predictable: a submitter taking the next run's id first would make the
+    schedule find its run stored already and fire nothing. Their form is reserved."""
+    info = executor.schedule("squat", "demo.echo", {"n": 1}, every=60, queue="q")
+    run_id = fire_task_id("squat", info.next_run_at)
+    with pytest.raises(ReservedTaskIdError) as refused:
+        if how == "submit":
+            executor.submit("demo.noop", task_id=run_id)
+        elif how == "submit_task":
+            executor.submit_task(TaskSubmitRequest("demo.noop", task_id=run_id))
+        else:  # one reserved id refuses the whole batch
+            executor.submit_many(
+                [
+                    TaskSubmitRequest("demo.noop", task_id="fine"),
+                    TaskSubmitRequest("demo.noop", task_id=run_id),
+                ]
+            )
+    assert isinstance(refused.value, TaskSubmitError) and refused.value.field == "task_id"
+    assert run_id in str(refused.value) and "schedule" in str(refused.value)
+    assert executor.list_tasks() == []  # stored nothing
+    clock.advance(61)
+    fire(executor)
+    [task] = fired_tasks(executor, "squat")  # the schedule fires its run all the same
+    assert (task.task_id, task.task_name, task.parameter, task.queue) == (
+        run_id,
+        "demo.echo",
+        {"n": 1},
+        "q",
+    )
+    # Ids that only look alike stay free for plain submits.
+    for task_id in ("squat@tomorrow", "user@example.com", run_id + "x"):
+        assert executor.submit("demo.noop", task_id=task_id).task_id == task_id
+
+
 def test_two_masters_never_fire_one_run_twice(executor, make_storage, clock):
     executor.schedule("dup", "demo.echo", every=60)
     clock.advance(60)
@@ -171,6 +207,37 @@ def test_two_masters_never_fire_one_run_twice(executor, make_storage, clock):
     fire(other)  # and a full round on the second master finds nothing due
     assert len(fired_tasks(executor, "dup")) == 1
     assert executor.get_schedule("dup").next_run_at == schedule.next_run_at + MINUTE
+
+
+@pytest.mark.parametrize("change", ["pause", "delete"])
+def test_a_schedule_paused_or_deleted_after_planning_fires_nothing(executor, clock, change):
+    """The master planned the run, then the schedule was paused or deleted before the fire was
+    stored: the run must not happen."""
+    from django_reliable_executor.schedules.firing import fire_task
+
+    executor.schedule("late", "demo.echo", every=60)
+    clock.advance(61)
+    schedule = executor.get_schedule("late")
+    task = fire_task(schedule, schedule.next_run_at, clock.now())
+    planned = ScheduleFire(
+        "late",
+        schedule.next_run_at,
+        schedule.next_run_at + MINUTE,
+        (task,),
+        task.run_at,
+        task.task_id,
+    )
+    if change == "pause":
+        executor.pause_schedule("late")
+    else:
+        executor.delete_schedule("late")
+    assert executor.storage.fire_schedules([planned], clock.now()) == []
+    assert executor.get_task(task.task_id) is None and executor.list_tasks() == []
+    if change == "pause":  # and the schedule did not move on: resuming fires that run
+        assert executor.get_schedule("late").next_run_at == schedule.next_run_at
+        executor.resume_schedule("late")
+        fire(executor)
+        assert [t.task_id for t in fired_tasks(executor, "late")] == [task.task_id]
 
 
 def test_a_run_fired_but_not_recorded_is_not_fired_again(executor, clock):
@@ -283,6 +350,31 @@ def test_schedules_declared_in_code_are_created_then_updated(executor, clock):
         assert executor.get_schedule("tests.nightly").cron == "0 4 * * *"
     finally:
         unregister("tests.nightly")
+
+
+def test_two_workers_first_saving_a_declared_interval_keep_one_grid(
+    executor, make_storage, clock, monkeypatch
+):
+    """Two workers start together with a new declared interval: both read "no such schedule",
+    both save it anchored on their own now. The later save must not move the grid (nor the
+    next run) of the schedule the first one stored, which a master may already fire."""
+    first = executor.schedule_many([Schedule(every=60, schedule_id="d", task_name="demo.echo")])
+    clock.advance(0.25)
+    late = ReliableExecutor(make_storage(clock), clock=clock)
+    monkeypatch.setattr(late.storage, "get_schedules", lambda ids: {})  # read before the save
+    late.schedule_many([Schedule(every=60, schedule_id="d", task_name="demo.echo", parameter=1)])
+    stored = executor.get_schedule("d")
+    assert (stored.start_at, stored.next_run_at) == (first[0].start_at, first[0].next_run_at)
+    assert stored.parameter == 1  # the rest of the definition is saved
+    # A save with another timing, or with a start given, still sets both.
+    late.schedule_many([Schedule(every=30, schedule_id="d", task_name="demo.echo")])
+    assert executor.get_schedule("d").start_at == clock.now()
+    start = clock.now() + MINUTE
+    late.schedule_many([Schedule(every=30, schedule_id="d", task_name="demo.echo", start_at=start)])
+    assert (executor.get_schedule("d").start_at, executor.get_schedule("d").next_run_at) == (
+        start,
+        start,
+    )
 
 
 def test_fired_tasks_run_like_any_other(executor, storage, clock):

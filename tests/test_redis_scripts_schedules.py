@@ -1,4 +1,4 @@
-"""The Redis storage's schedule scripts (save, pause, delete, advance), each for every race it
+"""The Redis storage's schedule scripts (save, pause, delete, fire), each for every race it
 can lose, with every key compared before and after, and a random walk keeping the schedule
 indexes consistent with the schedule hashes."""
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from django_reliable_executor.clock import FakeClock
-from django_reliable_executor.schedules.firing import ScheduleFiring
+from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
@@ -96,19 +96,58 @@ def test_delete_removes_every_trace(storage, executor):
         assert storage.delete_schedule("a") is False
 
 
-@pytest.mark.parametrize("race", ["paused", "moved on", "deleted"])
-def test_advance_leaves_a_schedule_that_no_longer_expects_the_fire(storage, executor, clock, race):
-    info = executor.schedule("a", "demo.echo", every=60)
+def _planned_fire(executor, schedule_id: str, now: dt.datetime) -> ScheduleFire:
+    """What a master plans for the schedule's next run, as the firing round builds it."""
+    info = executor.get_schedule(schedule_id)
+    task = fire_task(info, info.next_run_at, now)
+    return ScheduleFire(
+        schedule_id, info.next_run_at, info.next_run_at + MINUTE, (task,), task.run_at, task.task_id
+    )
+
+
+@pytest.mark.parametrize("race", ["paused", "moved on", "deleted", "redefined"])
+def test_fire_stores_nothing_for_a_schedule_that_no_longer_expects_it(
+    storage, executor, clock, race
+):
+    """The master planned the fire, then the schedule changed before the fire script ran: the
+    check and the store are one script, so no task appears (the run of a paused or deleted
+    schedule must not happen)."""
+    executor.schedule("a", "demo.echo", every=60)
     clock.advance(61)
-    fire = ScheduleFire("a", info.next_run_at, info.next_run_at + MINUTE, (), None, None)
+    fire = _planned_fire(executor, "a", clock.now())
     if race == "paused":
         executor.pause_schedule("a")
-    elif race == "moved on":
+    elif race == "moved on":  # another master fired it (its task then already exists)
         storage.fire_schedules([fire], clock.now())
+    elif race == "redefined":
+        executor.schedule("a", "demo.echo", every=90)
     else:
         storage.delete_schedule("a")
     with unchanged(storage):
-        storage.fire_schedules([fire], clock.now())
+        assert storage.fire_schedules([fire], clock.now()) == []
+    if race != "moved on":
+        assert executor.get_task(fire.tasks[0].task_id) is None
+    assert_consistent(storage)
+
+
+def test_fire_stores_the_tasks_and_moves_the_schedule_in_one_script(storage, executor, clock):
+    executor.schedule("a", "demo.echo", every=60)
+    executor.schedule("b", "demo.echo", every=60)
+    clock.advance(61)
+    fires = [_planned_fire(executor, i, clock.now()) for i in ("a", "b")]
+    storage.enqueue([fires[1].tasks[0]])  # b's run was stored by a master that died then
+    before = snapshot(storage)
+    created = storage.fire_schedules(fires, clock.now())
+    after = snapshot(storage)
+    assert [t.task_id for t in created] == [fires[0].tasks[0].task_id]  # b's existed already
+    task_key = "t:" + fires[0].tasks[0].task_id
+    assert task_key in changed_keys(before, after) and {"s:a", "s:b", "schedules:due"} <= (
+        changed_keys(before, after)
+    )
+    for fire in fires:
+        info = executor.get_schedule(fire.schedule_id)
+        assert (info.next_run_at, info.last_task_id) == (fire.next_run_at, fire.last_task_id)
+    assert_consistent(storage)
 
 
 def test_a_random_walk_keeps_the_schedule_indexes_consistent(storage, executor, clock):

@@ -9,7 +9,7 @@ import pytest
 from django_reliable_executor import Schedule, reliable_task_handler
 from django_reliable_executor.exceptions import HandlerRegistrationError
 from django_reliable_executor.registry import _schedules, declared_schedules, unregister
-from django_reliable_executor.schedules.operations import fire_task_id
+from django_reliable_executor.schedules.operations import fire_task_id, is_fire_task_id
 from django_reliable_executor.schedules.planning import plan
 from django_reliable_executor.schedules.records import ScheduleInfo
 
@@ -99,6 +99,49 @@ def test_fire_task_ids():
     )
     paris = dt.datetime(2026, 11, 29, 4, 0, 0, 250, tzinfo=dt.timezone(dt.timedelta(hours=1)))
     assert fire_task_id("x", paris) == "x@20261129T030000.000250Z"
+
+
+@pytest.mark.parametrize(
+    "schedule_id", ["nightly", "a@b", "x" * 160, "reports.daily@eu", "@", "émoji-☃"]
+)
+@pytest.mark.parametrize(
+    "planned",
+    [
+        dt.datetime(2026, 11, 29, 3, tzinfo=UTC),
+        dt.datetime(2026, 2, 28, 23, 59, 59, 999999, tzinfo=UTC),
+        dt.datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC),
+    ],
+)
+def test_every_fire_id_is_in_the_reserved_namespace(schedule_id, planned):
+    assert is_fire_task_id(fire_task_id(schedule_id, planned))
+
+
+@pytest.mark.parametrize(
+    "task_id",
+    [
+        "order_42",
+        "user@example.com",
+        "a@b",
+        "nightly@",
+        "@20261129T030000Z",  # no schedule id
+        "x" * 161 + "@20261129T030000Z",  # longer than any schedule id
+        "x@20261129T030000.000000Z",  # firing writes no zero fraction
+        "x@20261129T030000.25Z",
+        "x@20261129T030000z",
+        "x@20261129T030000",
+        "x@20261129 030000Z",
+        "x@2026-11-29T03:00:00Z",
+        "x@20261399T000000Z",  # no such date
+        "x@20260229T000000Z",  # not a leap year
+        "x@20261129T246000Z",
+        "x@020261129T030000Z",  # a year firing would not write so
+        "x@20261129T030000Z@",
+        "x@２０２６1129T030000Z",  # other digits
+    ],
+)
+def test_ids_of_another_form_stay_free(task_id):
+    assert not is_fire_task_id(task_id)
 
 
 def test_decorator_schedule_shortcuts():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 MAX_SCHEDULE_ID_LENGTH = 160  # leaves room for "@<planned time>" within a 191-character task id
 _MICRO = dt.timedelta(microseconds=1)
 _TASK_OPTIONS = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis")
+# The planned-time part of a fire id: date, time, microseconds only when not zero, "Z".
+_FIRE_TIME = re.compile(r"(\d+)(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)(?:\.(\d{6}))?Z", re.ASCII)
 
 
 def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:
@@ -31,6 +34,25 @@ def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:
     utc = planned.astimezone(dt.timezone.utc)
     fraction = f".{utc.microsecond:06d}" if utc.microsecond else ""
     return f"{schedule_id}@{utc:%Y%m%dT%H%M%S}{fraction}Z"
+
+
+def is_fire_task_id(task_id: str) -> bool:
+    """Whether ``fire_task_id`` gives this (otherwise valid) task id for some schedule id and
+    planned time. That namespace is reserved to firing: a plain submit taking a run's id first
+    would make the schedule find its run already stored, and fire nothing. Exact: ids of
+    another form, such as ``a@b`` or ``x@20261129T030000.000000Z``, stay free."""
+    schedule_id, at, planned = task_id.rpartition("@")
+    match = _FIRE_TIME.fullmatch(planned)
+    if not at or not match or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:
+        return False
+    year, month, day, hour, minute, second = map(int, match.groups()[:6])
+    try:
+        time = dt.datetime(
+            year, month, day, hour, minute, second, int(match[7] or 0), tzinfo=dt.timezone.utc
+        )
+    except ValueError:  # no such date or time: no fire has this id
+        return False
+    return fire_task_id(schedule_id, time) == task_id
 
 
 def validate_schedule_id(schedule_id: Any) -> str:
@@ -153,8 +175,12 @@ class ScheduleOperations:
             for info in changed
             if info.schedule_id in existing and info.same_timing(existing[info.schedule_id])
         }
+        # No start given: the anchor is this call's "now" only if nobody stored one meanwhile.
+        defaulted = {spec.schedule_id or "" for spec in schedules if spec.start_at is None} & {
+            info.schedule_id for info in changed
+        }
         if changed:
-            self.storage.save_schedules(changed, keep)
+            self.storage.save_schedules(changed, keep, defaulted)
         return infos, len(changed)
 
     def _definition(

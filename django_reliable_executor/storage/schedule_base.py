@@ -18,11 +18,19 @@ class ScheduleStorage(abc.ABC):
 
     @abc.abstractmethod
     def save_schedules(
-        self, schedules: Sequence[ScheduleInfo], keep_next_run: Collection[str] = ()
+        self,
+        schedules: Sequence[ScheduleInfo],
+        keep_next_run: Collection[str] = (),
+        keep_anchor: Collection[str] = (),
     ) -> None:
         """Insert new schedules as given. An existing one gets the new definition and
         ``updated_at``, and the given ``next_run_at`` unless its id is in ``keep_next_run``;
-        its state (paused, last run and task, created_at) is left as stored."""
+        its state (paused, last run and task, created_at) is left as stored.
+
+        ``keep_anchor``: ids whose definition gave no start (its ``start_at`` is the caller's
+        "now"). One stored by then with the same every, cron and time zone (another process
+        saved it after this caller read) keeps its ``start_at`` and its next run: two workers
+        first saving a declared interval together must not move its grid."""
 
     @abc.abstractmethod
     def get_schedules(self, schedule_ids: Sequence[str]) -> dict[str, ScheduleInfo]:

@@ -82,13 +82,22 @@ class Schedules(Submitting):
         return ReliableSchedule.objects.using(self.alias)
 
     def save_schedules(
-        self, schedules: Sequence[ScheduleInfo], keep_next_run: Collection[str] = ()
+        self,
+        schedules: Sequence[ScheduleInfo],
+        keep_next_run: Collection[str] = (),
+        keep_anchor: Collection[str] = (),
     ) -> None:
-        keep = set(keep_next_run)
+        keep, anchored = set(keep_next_run), set(keep_anchor)
         with transaction.atomic(using=self.alias):
             for chunk in chunks(list(schedules)):
                 ids = [info.schedule_id for info in chunk]
-                existing = set(self._schedules().filter(pk__in=ids).values_list("pk", flat=True))
+                existing = {
+                    pk: timing
+                    for pk, *timing in self._schedules()
+                    .select_for_update()
+                    .filter(pk__in=ids)
+                    .values_list("pk", "every_micros", "cron", "timezone")
+                }
                 self._schedules().bulk_create(
                     [row_from_schedule(i) for i in chunk if i.schedule_id not in existing]
                 )
@@ -97,7 +106,14 @@ class Schedules(Submitting):
                         continue
                     row = row_from_schedule(info)
                     columns = list(_DEFINITION_COLUMNS)
-                    if info.schedule_id not in keep:
+                    if info.schedule_id in anchored and existing[info.schedule_id] == [
+                        row.every_micros,
+                        row.cron,
+                        row.timezone,
+                    ]:
+                        # Saved by another process after this caller read: its grid stays.
+                        columns.remove("start_at")
+                    elif info.schedule_id not in keep:
                         columns.append("next_run_at")
                     self._schedules().filter(pk=info.schedule_id).update(
                         **{column: getattr(row, column) for column in columns}

@@ -209,3 +209,34 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
   end
 end
 
+
+-- Store a new task from the 12 values submit.lua takes per task, starting at ARGV[i] (its id
+-- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
+-- once per call, and to be woken once at its end.
+local function store_task(i, promoted, woken)
+  local id, queue, priority = ARGV[i], ARGV[i + 2], ARGV[i + 3]
+  local key = tkey(id)
+  local run_at, deadline = ARGV[i + 10], ARGV[i + 11]
+  redis.call('HSET', key, 'n', ARGV[i + 1], 'q', queue, 'p', priority, 's', 'CREATED',
+    'j', ARGV[i + 4], 'rl', ARGV[i + 5], 'ri', ARGV[i + 6], 'rb', ARGV[i + 7],
+    'c', ARGV[i + 9], 'r', run_at, 'a', 0, 'b', 0, 'k', 0)
+  if ARGV[i + 8] ~= '' then
+    redis.call('HSET', key, 'md', ARGV[i + 8])
+  end
+  if deadline ~= '' then
+    redis.call('HSET', key, 'd', deadline)
+    redis.call('ZADD', DEADLINES, deadline, id)
+  end
+  recount(queue, nil, 'CREATED')
+  if not promoted[queue] then
+    promoted[queue] = true
+    redis.call('SADD', P .. 'queues', queue)
+    promote(queue, 1000) -- earlier due tasks keep their place ahead of these
+  end
+  if tonumber(run_at) <= NOWN then
+    push_ready(id, queue, priority, false)
+  else
+    redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
+  end
+  woken[queue] = true -- a delayed task too: an idle worker then waits until it is due
+end

@@ -8,11 +8,13 @@ import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from ...records import TaskInfo
+from ...records import TaskInfo, new_info
 from ...schedules.records import ScheduleFire, ScheduleInfo
 from ...serialization import dumps
 from .access import READ_CHUNK, RedisAccess, guarded
-from .codec import MICROSECOND, fields, from_micros, micros, text
+from .codec import MICROSECOND, fields, from_micros, micros, submit_args, text
+
+FIRE_CHUNK = 500  # tasks (and schedules) per fire script call, as SUBMIT_CHUNK for submits
 
 # Schedule hash fields (see the key layout in storage/redis/__init__.py).
 _DEFINITION = {
@@ -86,9 +88,12 @@ class Schedules(RedisAccess):
 
     @guarded
     def save_schedules(
-        self, schedules: Sequence[ScheduleInfo], keep_next_run: Collection[str] = ()
+        self,
+        schedules: Sequence[ScheduleInfo],
+        keep_next_run: Collection[str] = (),
+        keep_anchor: Collection[str] = (),
     ) -> None:
-        keep = set(keep_next_run)
+        keep, anchored = set(keep_next_run), set(keep_anchor)
         for start in range(0, len(schedules), READ_CHUNK):
             items = []
             for info in schedules[start : start + READ_CHUNK]:
@@ -102,6 +107,7 @@ class Schedules(RedisAccess):
                         "drop": [f for f, v in encoded.items() if v is None],
                         "next": micros(info.next_run_at),
                         "keep": info.schedule_id in keep,
+                        "anchored": info.schedule_id in anchored,
                         "created": micros(info.created_at),
                         "updated": micros(info.updated_at),
                     }
@@ -186,11 +192,24 @@ class Schedules(RedisAccess):
     def fire_schedules(
         self, fires: Sequence[ScheduleFire], now: dt.datetime
     ) -> builtins.list[TaskInfo]:
-        """The tasks first, then the schedules: a fire whose tasks were stored but whose
-        schedule did not move on (the master died in between) is planned again and stores
-        nothing new, as its task ids already exist."""
-        tasks = [task for fire in fires for task in fire.tasks]
-        created = [info for info, was_created in self.enqueue(tasks) if was_created]
+        """Each fire is one script: the check that its schedule still expects it, its tasks
+        and the schedule's move happen together or not at all (a schedule paused or deleted
+        after the planning fires nothing). A call carries whole fires, about SUBMIT_CHUNK
+        tasks' worth."""
+        created: builtins.list[TaskInfo] = []
+        batch: builtins.list[ScheduleFire] = []
+        size = 0
+        for fire in fires:
+            batch.append(fire)
+            size += len(fire.tasks) + 1
+            if size >= FIRE_CHUNK or len(batch) >= READ_CHUNK:
+                created += self._fire(batch, now)
+                batch, size = [], 0
+        if batch:
+            created += self._fire(batch, now)
+        return created
+
+    def _fire(self, fires: Sequence[ScheduleFire], now: dt.datetime) -> builtins.list[TaskInfo]:
         args: builtins.list[str] = []
         for fire in fires:
             args += [
@@ -199,7 +218,17 @@ class Schedules(RedisAccess):
                 micros(fire.next_run_at),
                 "" if fire.last_run_at is None else micros(fire.last_run_at),
                 fire.last_task_id or "",
+                str(len(fire.tasks)),
             ]
-        for start in range(0, len(args), 5 * READ_CHUNK):
-            self._run("schedule_advance", *args[start : start + 5 * READ_CHUNK], now=now)
+            for task in fire.tasks:
+                args += submit_args(task)
+        replies = self._run("schedule_fire", *args, now=now)
+        created = []
+        for fire, reply in zip(fires, replies, strict=True):
+            if reply:  # [1, per task 1 (created) or 0]
+                created += [
+                    new_info(task)
+                    for task, was_created in zip(fire.tasks, reply[1:], strict=True)
+                    if was_created
+                ]
         return created

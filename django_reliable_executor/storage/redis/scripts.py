@@ -28,7 +28,7 @@ NAMES = (
     "schedule_save",
     "schedule_pause",
     "schedule_delete",
-    "schedule_advance",
+    "schedule_fire",
     "schedule_due",
 )
 

@@ -1,0 +1,48 @@
+-- schedule_fire: fire schedules, each as one step: only if the schedule still expects this fire
+-- (it exists, is not paused, and its next run is the one the fire was planned from), store the
+-- fire's tasks (a task id that exists is left alone) and move the schedule on. A schedule
+-- paused, redefined, deleted or fired by another master after the planning stores nothing.
+-- KEYS[1]: any key of the prefix (the caller passes P counts), so the call is routed to the
+-- prefix's Cluster slot; the other keys are P-prefixed names in the same slot, as in every
+-- script (see _common.lua).
+-- ARGV[3..]: per schedule, 6 values: id, the next run the fire planned from, the new next run,
+-- the planned time of the latest run fired ('' = none), its task id ('' = none), the number n
+-- of its tasks; then its n tasks, 12 values each as submit.lua takes them.
+-- Returns per schedule 0 (it no longer expects this fire: nothing stored) or a list with
+-- 1 and then, per task, 1 (created) or 0 (its id existed).
+local out = {}
+local promoted = {}
+local woken = {}
+local i = 3
+while i <= #ARGV do
+  local id, expected, next_run, last_run, last_task = ARGV[i], ARGV[i + 1], ARGV[i + 2],
+    ARGV[i + 3], ARGV[i + 4]
+  local count = tonumber(ARGV[i + 5])
+  local first = i + 6
+  i = first + 12 * count
+  local key = P .. 's:' .. id
+  local state = redis.call('HMGET', key, 'nr', 'pa')
+  if state[1] == expected and not state[2] then
+    local fired = {1}
+    for t = first, i - 1, 12 do
+      if redis.call('EXISTS', tkey(ARGV[t])) == 1 then
+        fired[#fired + 1] = 0
+      else
+        store_task(t, promoted, woken)
+        fired[#fired + 1] = 1
+      end
+    end
+    redis.call('HSET', key, 'nr', next_run)
+    if last_run ~= '' then
+      redis.call('HSET', key, 'lr', last_run, 'lt', last_task)
+    end
+    redis.call('ZADD', P .. 'schedules:due', next_run, id)
+    out[#out + 1] = fired
+  else
+    out[#out + 1] = 0
+  end
+end
+for queue in pairs(woken) do
+  wake(queue)
+end
+return out
