@@ -1,9 +1,8 @@
-"""The runexecutor worker: claim loop, bounded pool, heartbeat and scheduler threads, and the
+"""The runexecutor worker: runs the fetcher, bounded pool, heartbeat and scheduler threads, and the
 phased shutdown (quiet -> hand back unstarted claims -> drain -> stop)."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -15,23 +14,18 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError, close_old_connections
 
-from . import metrics, registry
+from . import metrics
 from .connections import drop_unusable_connections
 from .exceptions import ReliableExecutorError, StorageUnavailableError
 from .execution import TaskRunner
+from .fetching import Fetcher
 from .leadership import MasterLock
 from .pool import BoundedPool
-from .records import Claim
 from .scheduler import Scheduler
 from .service import ReliableExecutor
 from .service import executor as default_executor
 
 logger = logging.getLogger("django_reliable_executor")
-
-CLAIM_BATCH = 100  # most claims taken in one round trip
-MIN_IDLE_WAIT = 0.005  # first wait after the queue ran dry; doubles up to POLL_INTERVAL
-BURST_HORIZON_SECONDS = 60.0
-MAX_ERROR_WAIT = 5.0  # longest pause between claims while the storage is unreachable
 
 
 def default_worker_id() -> str:
@@ -91,7 +85,8 @@ class Worker:
             max_size=options.max_pool_size,
             queue_capacity=options.queue_capacity,
             queue_limits=options.queue_limits,
-            on_freed=self._on_freed,
+            # A slot of a limited queue freed: the fetcher (built below) may be waiting for it.
+            on_freed=lambda: self.fetcher.on_freed(),
         )
         metrics.track_pool(lambda: self.pool.queued)
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
@@ -111,13 +106,23 @@ class Worker:
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
         self._threads_done = threading.Event()
         self._registry_failing = False
-        self.last_poll_at: float | None = None
-        # Per-queue limits on Redis: the claim loop may block in wait_for_work while a limited
-        # queue is full; a task of it finishing wakes the loop through this private wake key.
-        self._wake_key = f"_worker:{self.worker_id}"
-        self._waiting_blocked = False
-        # max_concurrency of the registered handlers: enforced by the storage at each claim.
-        self.name_limits = registry.name_limits()
+        self.fetcher = Fetcher(
+            self.executor,
+            self.pool,
+            self.runner,
+            self.stopping,
+            worker_id=self.worker_id,
+            queues=options.queues,
+            queue_limits=options.queue_limits,
+            lease_timeout=options.lease_timeout,
+            poll_interval=options.poll_interval,
+            burst=options.burst,
+        )
+
+    @property
+    def last_poll_at(self) -> float | None:
+        """time.time() of the last claim round that reached the storage; None before one."""
+        return self.fetcher.last_poll_at
 
     # -- control --------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -128,13 +133,7 @@ class Worker:
         if self.executor.storage.blocking_wait:
             # The claim loop may be blocked on Redis: wake it (from a thread, as this may run
             # in a signal handler).
-            threading.Thread(target=self._interrupt_wait, daemon=True).start()
-
-    def _interrupt_wait(self) -> None:
-        try:
-            self.executor.storage.wake(self.options.queues)
-        except Exception:
-            logger.debug("could not wake the claim loop; it stops within POLL_INTERVAL")
+            threading.Thread(target=self.fetcher.interrupt, daemon=True).start()
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -167,7 +166,7 @@ class Worker:
         for thread in background:
             thread.start()
         try:
-            self._claim_loop()
+            self.fetcher.run()
         finally:
             code = self._shutdown()
             writer.close()  # record the completions still pending before leases are dropped
@@ -182,115 +181,6 @@ class Worker:
             close_old_connections()
             logger.info("worker %s stopped", self.worker_id)
         return code
-
-    def _allowances(self, budget: int) -> list[tuple[tuple[str, ...], int]]:
-        """(queues, how many to claim) per claim call: each limited queue alone, up to its
-        limit minus what is held of it here; then the unlimited queues together."""
-        limits = self.options.queue_limits
-        if not limits:
-            return [(tuple(self.options.queues), budget)]
-        # A completed task stays RUNNING until the writer has recorded it: it still counts.
-        held = collections.Counter(self.pool.held_by_queue())
-        if self.runner.writer is not None:
-            held.update(claim.task.queue for claim in self.runner.writer.held())
-        calls: list[tuple[tuple[str, ...], int]] = []
-        for queue in self.options.queues:
-            if queue in limits:
-                calls.append(((queue,), max(0, limits[queue] - held.get(queue, 0))))
-        unlimited = tuple(q for q in self.options.queues if q not in limits)
-        if unlimited:
-            calls.append((unlimited, budget))
-        return calls
-
-    def _claim_loop(self) -> None:
-        """Claim while the pool has room; with per-queue limits, a queue at its limit is not
-        claimed from, so none of it waits unseen here while the other queues keep flowing."""
-        opts = self.options
-        storage = self.executor.storage
-        idle_wait = MIN_IDLE_WAIT
-        error_wait = 0.5
-        while not self.stopping.is_set():
-            slots = self.pool.room()
-            if slots <= 0:
-                self.pool.wait_for_room(opts.poll_interval)
-                continue
-            version = self.pool.version
-            budget = min(slots, CLAIM_BATCH)
-            calls = self._allowances(budget)
-            claimable = [queue for queues, n in calls if n > 0 for queue in queues]
-            full = any(n <= 0 for _, n in calls)
-            if not claimable:
-                self.pool.wait_for_change(version, opts.poll_interval)
-                continue
-            claims: list[Claim] = []
-            try:
-                for queues, allowed in calls:
-                    n = min(allowed, budget - len(claims))
-                    if n > 0:
-                        claims += storage.claim(
-                            self.worker_id,
-                            queues,
-                            n,
-                            opts.lease_timeout,
-                            name_limits=self.name_limits or None,
-                        )
-                self.last_poll_at = time.time()
-                error_wait = 0.5
-            except Exception:
-                logger.exception("claiming failed; retrying in %.1fs", error_wait)
-                for claim in claims:
-                    self.pool.submit(claim)
-                drop_unusable_connections()
-                self.stopping.wait(error_wait)
-                error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
-                continue
-            if claims:
-                for claim in claims:
-                    self.pool.submit(claim)
-                idle_wait = MIN_IDLE_WAIT
-                continue
-            if opts.burst and self.pool.is_idle() and not self._work_near():
-                logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
-                return
-            if storage.blocking_wait:
-                # Redis: block until a submit wakes a queue, the next delayed task is due, or
-                # (at a limit) a slot here frees up.
-                self._waiting_blocked = full
-                try:
-                    if self.pool.version == version:
-                        wait_on = claimable + ([self._wake_key] if full else [])
-                        self._wait_for_work(opts.poll_interval, wait_on)
-                finally:
-                    self._waiting_blocked = False
-                continue
-            # Nothing due: wait, doubling the wait up to POLL_INTERVAL. A worker that just had
-            # work looks again within milliseconds; an idle one asks once per POLL_INTERVAL.
-            if full:
-                self.pool.wait_for_change(version, idle_wait)
-            else:
-                self.stopping.wait(idle_wait)
-            idle_wait = min(idle_wait * 2, opts.poll_interval)
-
-    def _on_freed(self) -> None:
-        """A pool thread: a claim of a limited queue left the pool."""
-        if self._waiting_blocked:
-            self.executor.storage.wake([self._wake_key])
-
-    def _wait_for_work(self, timeout: float, queues: Sequence[str] | None = None) -> None:
-        try:
-            self.executor.storage.wait_for_work(queues or self.options.queues, timeout)
-        except Exception:
-            logger.exception("waiting for work failed; retrying in %.1fs", timeout)
-            drop_unusable_connections()
-            self.stopping.wait(timeout)
-
-    def _work_near(self) -> bool:
-        try:
-            return self.executor.storage.has_work(self.options.queues, BURST_HORIZON_SECONDS)
-        except Exception:
-            logger.exception("burst: could not check for work")
-            drop_unusable_connections()
-            return True
 
     # -- shutdown -------------------------------------------------------------------------
     def _shutdown(self) -> int:
