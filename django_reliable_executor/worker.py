@@ -19,6 +19,7 @@ from .connections import drop_unusable_connections
 from .exceptions import ReliableExecutorError, StorageUnavailableError
 from .execution import TaskRunner
 from .fetching import Fetcher
+from .heartbeat import Heartbeat
 from .leadership import MasterLock
 from .pool import BoundedPool
 from .scheduler import Scheduler
@@ -105,7 +106,17 @@ class Worker:
         self.stopping = threading.Event()  # quiet: stop claiming, drain
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
         self._threads_done = threading.Event()
-        self._registry_failing = False
+        self.heartbeat = Heartbeat(
+            self.executor,
+            self.pool,
+            self.runner,
+            self.scheduler,
+            self._threads_done,
+            worker_id=self.worker_id,
+            queues=options.queues,
+            lease_timeout=options.lease_timeout,
+            interval=self.heartbeat_interval,
+        )
         self.fetcher = Fetcher(
             self.executor,
             self.pool,
@@ -150,7 +161,7 @@ class Worker:
         )
         background = [
             threading.Thread(
-                target=self._heartbeat_loop, name="reliable-executor-heartbeat", daemon=True
+                target=self.heartbeat.run, name="reliable-executor-heartbeat", daemon=True
             ),
             threading.Thread(
                 target=self._scheduler_loop, name="reliable-executor-scheduler", daemon=True
@@ -162,7 +173,7 @@ class Worker:
         except Exception:
             logger.exception("could not read the storage server's configuration")
         writer = self.runner.start_writer(self.pool.freed_elsewhere if opts.queue_limits else None)
-        self._beat()
+        self.heartbeat.beat()
         for thread in background:
             thread.start()
         try:
@@ -215,96 +226,6 @@ class Worker:
         return 1 if self.hard_stop.is_set() else 0
 
     # -- background threads ---------------------------------------------------------------
-    def _heartbeat_loop(self) -> None:
-        previous = time.monotonic()
-        while not self._threads_done.wait(self.heartbeat_interval):
-            now = time.monotonic()
-            self._warn_if_late(now - previous)
-            previous = now
-            self._beat()
-        close_old_connections()
-
-    def _warn_if_late(self, gap: float) -> None:
-        """A round later than LEASE_TIMEOUT / 2 after the previous one puts the leases held here
-        at risk: say so, with the usual causes (a thread pool cannot preempt a handler that
-        holds the GIL; only a process pool can)."""
-        limit = self.options.lease_timeout / 2
-        if gap > limit:
-            logger.warning(
-                "heartbeat came %.2fs after the previous one, more than LEASE_TIMEOUT / 2 = "
-                "%.2fs: leases not renewed within LEASE_TIMEOUT (%.2fs) are recovered and their "
-                "tasks run again. A handler holding the GIL (one long call into C code), an "
-                "overloaded machine or a paused process delays the heartbeat thread",
-                gap,
-                limit,
-                self.options.lease_timeout,
-            )
-
-    def _beat(self) -> None:
-        """Renew the leases of every claim held here, then refresh this worker's row in the
-        worker registry: separate writes, so that no other write can keep leases from renewal."""
-        self._renew_leases()
-        self._register()
-
-    def _register(self) -> None:
-        try:
-            self.executor.storage.worker_seen(
-                self.worker_id,
-                {
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "queues": list(self.options.queues),
-                },
-            )
-        except Exception:
-            if not self._registry_failing:
-                logger.exception("worker %s: could not write the worker registry", self.worker_id)
-            self._registry_failing = True
-            drop_unusable_connections()
-            return
-        if self._registry_failing:
-            logger.info("worker %s recorded in the worker registry again", self.worker_id)
-        self._registry_failing = False
-
-    def _renew_leases(self) -> None:
-        """Renew the leases of every claim held here; stop tracking any that were lost."""
-        storage = self.executor.storage
-        claims = self.pool.held()
-        if self.runner.writer is not None:
-            claims += self.runner.writer.held()
-        if not claims:
-            return
-        for first_try in (True, False):
-            try:
-                held = storage.heartbeat(
-                    self.worker_id,
-                    {c.task_id: c.token for c in claims},
-                    self.options.lease_timeout,
-                )
-                break
-            except Exception:
-                # A connection the server killed fails once: renew again at once on a new one.
-                if first_try and drop_unusable_connections():
-                    continue
-                logger.exception("heartbeat: renewing %d leases failed", len(claims))
-                self.scheduler.storage_failed()
-                drop_unusable_connections()
-                return
-        self.scheduler.storage_reached()
-        # The token moves only when the task is claimed again, so a different one means lost.
-        lost = {c.task_id for c in claims if held.get(c.task_id, (None,))[0] != c.token}
-        dropped = self.pool.drop(lost)
-        for claim in dropped:
-            logger.info("task %s: lease lost before it started; dropped", claim.task_id)
-        for task_id, (_, cancel_requested) in held.items():
-            context = self.runner.contexts.get(task_id)
-            if context is not None and cancel_requested:
-                context.mark_cancelled()
-        for task_id in lost:
-            context = self.runner.contexts.get(task_id)
-            if context is not None:
-                context.mark_cancelled()
-
     def _scheduler_loop(self) -> None:
         tick = min(1.0, self.options.master_lock_ttl / 4)
         was_master = False
