@@ -1,0 +1,192 @@
+"""The fetcher: claims work into the pool within each queue's limit; backs off idle or failing."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from . import registry
+from .connections import drop_unusable_connections
+from .execution import TaskRunner
+from .pool import BoundedPool
+from .records import Claim
+from .service import ReliableExecutor
+
+logger = logging.getLogger("django_reliable_executor")
+
+CLAIM_BATCH = 100  # most claims taken in one round trip
+MIN_IDLE_WAIT = 0.005  # first wait after the queue ran dry; doubles up to POLL_INTERVAL
+BURST_HORIZON_SECONDS = 60.0
+MIN_ERROR_WAIT = 0.5  # first pause after a failed claim; doubles up to MAX_ERROR_WAIT
+MAX_ERROR_WAIT = 5.0  # longest pause between claims while the storage is unreachable
+
+
+class Fetcher:
+    """One worker's claim loop (Sidekiq's fetch, dramatiq's consumer). ``run()`` claims into
+    ``pool`` until ``stopping`` is set or, in burst mode, until no work is near.
+
+    With per-queue limits, a queue at its limit is not claimed from, so none of it waits unseen
+    here while the other queues keep flowing. On Redis an idle fetcher blocks until a submit
+    wakes one of its queues, a delayed task is due, or (at a limit) a slot here frees up.
+    """
+
+    def __init__(
+        self,
+        executor: ReliableExecutor,
+        pool: BoundedPool,
+        runner: TaskRunner,
+        stopping: threading.Event,
+        *,
+        worker_id: str,
+        queues: Sequence[str],
+        queue_limits: dict[str, int],
+        lease_timeout: float,
+        poll_interval: float,
+        burst: bool,
+    ) -> None:
+        self.executor = executor
+        self.pool = pool
+        self.runner = runner
+        self.stopping = stopping
+        self.worker_id = worker_id
+        self.queues = queues
+        self.queue_limits = queue_limits
+        self.lease_timeout = lease_timeout
+        self.poll_interval = poll_interval
+        self.burst = burst
+        # max_concurrency of the registered handlers: enforced by the storage at each claim.
+        self.name_limits = registry.name_limits()
+        self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
+        self._idle_wait = MIN_IDLE_WAIT
+        self._error_wait = MIN_ERROR_WAIT
+        # Per-queue limits on Redis: the fetcher may block in wait_for_work while a limited
+        # queue is full; a task of it finishing wakes the fetcher through this private wake key.
+        self._wake_key = f"_worker:{worker_id}"
+        self._waiting_blocked = False
+
+    def run(self) -> None:
+        """Claim while the pool has room, until stopped or (burst) out of work. Blocking."""
+        while not self.stopping.is_set():
+            slots = self.pool.room()
+            if slots <= 0:
+                self.pool.wait_for_room(self.poll_interval)
+                continue
+            version = self.pool.version
+            budget = min(slots, CLAIM_BATCH)
+            calls = self.allowances(budget)
+            claimable = [queue for queues, n in calls if n > 0 for queue in queues]
+            full = any(n <= 0 for _, n in calls)
+            if not claimable:
+                self.pool.wait_for_change(version, self.poll_interval)
+                continue
+            claims = self._claim(calls, budget)
+            if claims is None:
+                continue
+            if claims:
+                for claim in claims:
+                    self.pool.submit(claim)
+                self._idle_wait = MIN_IDLE_WAIT
+                continue
+            if self.burst and self.pool.is_idle() and not self._work_near():
+                logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
+                return
+            self._idle(version, claimable, full)
+
+    def allowances(self, budget: int) -> list[tuple[tuple[str, ...], int]]:
+        """(queues, how many to claim) per claim call: each limited queue alone, up to its
+        limit minus what is held of it here; then the unlimited queues together."""
+        limits = self.queue_limits
+        if not limits:
+            return [(tuple(self.queues), budget)]
+        # A completed task stays RUNNING until the writer has recorded it: it still counts.
+        held = collections.Counter(self.pool.held_by_queue())
+        if self.runner.writer is not None:
+            held.update(claim.task.queue for claim in self.runner.writer.held())
+        calls: list[tuple[tuple[str, ...], int]] = []
+        for queue in self.queues:
+            if queue in limits:
+                calls.append(((queue,), max(0, limits[queue] - held.get(queue, 0))))
+        unlimited = tuple(q for q in self.queues if q not in limits)
+        if unlimited:
+            calls.append((unlimited, budget))
+        return calls
+
+    def _claim(self, calls: list[tuple[tuple[str, ...], int]], budget: int) -> list[Claim] | None:
+        """Claim up to ``budget`` over ``calls``. None after a failure: what was claimed before
+        it went to the pool, and the next try comes after a pause doubling up to MAX_ERROR_WAIT."""
+        claims: list[Claim] = []
+        try:
+            for queues, allowed in calls:
+                n = min(allowed, budget - len(claims))
+                if n > 0:
+                    claims += self.executor.storage.claim(
+                        self.worker_id,
+                        queues,
+                        n,
+                        self.lease_timeout,
+                        name_limits=self.name_limits or None,
+                    )
+            self.last_poll_at = time.time()
+            self._error_wait = MIN_ERROR_WAIT
+        except Exception:
+            logger.exception("claiming failed; retrying in %.1fs", self._error_wait)
+            for claim in claims:
+                self.pool.submit(claim)
+            drop_unusable_connections()
+            self.stopping.wait(self._error_wait)
+            self._error_wait = min(self._error_wait * 2, MAX_ERROR_WAIT)
+            return None
+        return claims
+
+    def _idle(self, version: int, claimable: list[str], full: bool) -> None:
+        """Nothing was claimed: wait for work. ``full``: some limited queue is at its limit, so
+        a slot freed here (the pool's version moving on from ``version``) ends the wait too."""
+        if self.executor.storage.blocking_wait:
+            # Redis: block until a submit wakes a queue, the next delayed task is due, or
+            # (at a limit) a slot here frees up.
+            self._waiting_blocked = full
+            try:
+                if self.pool.version == version:
+                    wait_on = claimable + ([self._wake_key] if full else [])
+                    self._wait_for_work(self.poll_interval, wait_on)
+            finally:
+                self._waiting_blocked = False
+            return
+        # Nothing due: wait, doubling the wait up to POLL_INTERVAL. A worker that just had
+        # work looks again within milliseconds; an idle one asks once per POLL_INTERVAL.
+        if full:
+            self.pool.wait_for_change(version, self._idle_wait)
+        else:
+            self.stopping.wait(self._idle_wait)
+        self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
+
+    def on_freed(self) -> None:
+        """A pool thread: a claim of a limited queue left the pool."""
+        if self._waiting_blocked:
+            self.executor.storage.wake([self._wake_key])
+
+    def interrupt(self) -> None:
+        """Wake a blocking wait for work (Redis) so that the loop sees ``stopping`` at once."""
+        try:
+            self.executor.storage.wake(self.queues)
+        except Exception:
+            logger.debug("could not wake the claim loop; it stops within POLL_INTERVAL")
+
+    def _wait_for_work(self, timeout: float, queues: Sequence[str] | None = None) -> None:
+        try:
+            self.executor.storage.wait_for_work(queues or self.queues, timeout)
+        except Exception:
+            logger.exception("waiting for work failed; retrying in %.1fs", timeout)
+            drop_unusable_connections()
+            self.stopping.wait(timeout)
+
+    def _work_near(self) -> bool:
+        try:
+            return self.executor.storage.has_work(self.queues, BURST_HORIZON_SECONDS)
+        except Exception:
+            logger.exception("burst: could not check for work")
+            drop_unusable_connections()
+            return True
