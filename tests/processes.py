@@ -20,9 +20,8 @@ from django.db.models import QuerySet
 
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
-from django_reliable_executor.storage.database import DatabaseStorage
 
-from .conftest import REDIS_URL, redis_client
+from .conftest import REDIS_URL, new_storage
 
 T = TypeVar("T")
 
@@ -66,11 +65,7 @@ class Backend:
 
     def storage(self) -> TaskStorage:
         """A storage over the same tasks the subprocesses see (real clock)."""
-        if self.name == "redis":
-            from django_reliable_executor.storage.redis import RedisStorage
-
-            return RedisStorage(redis_client(self.redis_url), self.key_prefix)
-        return DatabaseStorage(alias=self.name)
+        return new_storage(self.name, self.key_prefix, redis_url=self.redis_url)
 
     def environment(self) -> dict[str, str]:
         """The RE_* variables that point a subprocess's settings at this backend, and at
