@@ -28,6 +28,12 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
 READY_BANNER = "runexecutor "
+# The timings of the process tests that lose a worker or a master: short, so a dead worker's
+# leases (renewed every LEASE / 4) lapse and a dead master's lock is taken over within a test.
+# A file that needs other timings defines its own and says why.
+LEASE = 2.0  # seconds
+MASTER_TTL = 2.0  # seconds
+FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}
 # Settings of the test project that a subprocess must not inherit from the caller's shell.
 _OVERRIDDEN = (
     "RE_DATABASE",

@@ -30,13 +30,12 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 
 from ..conftest import BACKENDS, db_params, redis_client, require
-from ..processes import Backend, service_for, wait_until
+from ..processes import FAST, LEASE, Backend, service_for, wait_until
 from .journal import Run, check_runs
 from .refusals import HEARTBEAT, refused
 
 pytest_plugins = ["tests.redis_servers"]
 
-LEASE = 2.0
 WINDOW = 2 * LEASE
 TASKS = 60
 
@@ -84,8 +83,7 @@ def test_failing_heartbeat_writes(alias, key_prefix, workers, journal, faults, s
         "--max-pool-size",
         "4",
         env=env,
-        lease_timeout=LEASE,
-        master_lock_ttl=2.0,
+        **FAST,
     )
     wait_until(lambda: journal.started() >= 4, 30, "no handler started", logs=workers.logs)
     time.sleep(LEASE)  # leases renewed a few times before the fault
