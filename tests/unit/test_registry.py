@@ -8,15 +8,6 @@ from django_reliable_executor import registry, reliable_task_handler
 from django_reliable_executor.exceptions import HandlerRegistrationError
 
 
-@pytest.fixture
-def names():
-    """Task names registered by a test; unregistered afterwards."""
-    registered: list[str] = []
-    yield registered
-    for name in registered:
-        registry.unregister(name)
-
-
 def test_decorator_registers_a_directly_callable_handler(names):
     names.append("units.add")
 
