@@ -27,9 +27,8 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.storage.redis import RedisStorage
 
-from ..conftest import BACKENDS, db_params, redis_client, require
+from ..conftest import BACKENDS, db_params, new_storage, redis_client, require
 from ..processes import FAST, LEASE, Backend, service_for, wait_until
 from .journal import Run, check_runs
 from .refusals import HEARTBEAT, refused
@@ -58,7 +57,7 @@ def test_failing_heartbeat_writes(alias, key_prefix, workers, journal, faults, s
         server = spare_redis()  # its own server: refusing writes must not touch the shared one
         env["RE_REDIS_URL"] = server.url
         client = redis_client(server.url)
-        service = ReliableExecutor(RedisStorage(client, key_prefix))
+        service = ReliableExecutor(new_storage("redis", key_prefix, redis_url=server.url))
         fault = redis_refusing_writes(client)
     else:
         service = service_for(backend)
