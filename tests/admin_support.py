@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,7 @@ from django.test import override_settings
 from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor, executor
 from django_reliable_executor.states import TaskStatus
-from tests.conftest import BACKENDS, REDIS_URL, TASK_APPS, delete_prefix, redis_client, require
+from tests.conftest import BACKENDS, REDIS_URL, TASK_APPS, own_key_prefix, require
 from tests.contract_support import HOOKS, LEASE, claim_and_start, claim_one
 
 # The admin needs the auth, session and admin apps (and their templates) beside the task apps.
@@ -51,19 +50,13 @@ def executor_on(backend: str) -> Iterator[ReliableExecutor]:
     """Point the module-level executor (the one the admin uses) at ``backend``: a database
     alias, or "redis" under a key prefix of its own, deleted afterwards."""
     require(backend)
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    if backend == "redis":
-        config = {"STORAGE": "redis", "REDIS_URL": REDIS_URL, "KEY_PREFIX": prefix}
-    else:
-        config = {"DATABASE_ALIAS": backend}
-    try:
+    with own_key_prefix(backend == "redis") as prefix:
+        if backend == "redis":
+            config = {"STORAGE": "redis", "REDIS_URL": REDIS_URL, "KEY_PREFIX": prefix}
+        else:
+            config = {"DATABASE_ALIAS": backend}
         with override_settings(RELIABLE_EXECUTOR=config):
             yield executor
-    finally:
-        if backend == "redis":
-            client = redis_client()
-            delete_prefix(client, prefix)
-            client.close()
 
 
 def make_user(username: str, *permissions: str, superuser: bool = False) -> Any:

@@ -6,6 +6,7 @@ A service that cannot be reached skips its tests locally and fails them under CI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.clock import Clock, FakeClock
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
@@ -102,15 +103,47 @@ def delete_prefix(client, key_prefix: str) -> None:
         client.delete(*keys[start : start + 500])
 
 
+@contextlib.contextmanager
+def own_key_prefix(on_redis: bool, name: str = "test") -> Iterator[str]:
+    """A key prefix no other test uses; its keys on the shared Redis are deleted afterwards
+    (``on_redis``: only a test on Redis wrote any)."""
+    prefix = f"{name}-{uuid.uuid4().hex[:12]}"
+    try:
+        yield prefix
+    finally:
+        if on_redis:
+            client = redis_client()
+            delete_prefix(client, prefix)
+            client.close()
+
+
+def new_storage(
+    alias: str,
+    key_prefix: str,
+    *,
+    clock: Clock | None = None,
+    backoff_cap_millis: int | None = None,
+    redis_url: str = REDIS_URL,
+) -> TaskStorage:
+    """The one storage builder of the tests: over a database alias, or over Redis ("redis")
+    under ``key_prefix``. Without ``backoff_cap_millis`` each storage keeps its own default (the
+    database one reads the settings). Close a Redis storage when done."""
+    if alias == "redis":
+        from django_reliable_executor.storage.redis import RedisStorage
+
+        if backoff_cap_millis is None:
+            return RedisStorage(redis_client(redis_url), key_prefix, clock=clock)
+        return RedisStorage(
+            redis_client(redis_url), key_prefix, clock=clock, backoff_cap_millis=backoff_cap_millis
+        )
+    return DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=backoff_cap_millis)
+
+
 @pytest.fixture
 def key_prefix(alias: str) -> Iterator[str]:
     """A key prefix of this test's own on the shared Redis, deleted afterwards."""
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    if alias == "redis":
-        client = redis_client()
-        delete_prefix(client, prefix)
-        client.close()
+    with own_key_prefix(alias == "redis") as prefix:
+        yield prefix
 
 
 @pytest.fixture(autouse=True)
@@ -134,15 +167,7 @@ def make_storage(alias: str, key_prefix: str) -> Iterator[Callable[..., TaskStor
     made: list[TaskStorage] = []
 
     def make(clock: FakeClock | None = None) -> TaskStorage:
-        storage: TaskStorage
-        if alias == "redis":
-            from django_reliable_executor.storage.redis import RedisStorage
-
-            storage = RedisStorage(
-                redis_client(), key_prefix, clock=clock, backoff_cap_millis=300000
-            )
-        else:
-            storage = DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=300000)
+        storage = new_storage(alias, key_prefix, clock=clock, backoff_cap_millis=300000)
         made.append(storage)
         return storage
 

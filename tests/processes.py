@@ -20,15 +20,20 @@ from django.db.models import QuerySet
 
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
-from django_reliable_executor.storage.database import DatabaseStorage
 
-from .conftest import REDIS_URL, redis_client
+from .conftest import REDIS_URL, new_storage
 
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
 READY_BANNER = "runexecutor "
+# The timings of the process tests that lose a worker or a master: short, so a dead worker's
+# leases (renewed every LEASE / 4) lapse and a dead master's lock is taken over within a test.
+# A file that needs other timings defines its own and says why.
+LEASE = 2.0  # seconds
+MASTER_TTL = 2.0  # seconds
+FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}
 # Settings of the test project that a subprocess must not inherit from the caller's shell.
 _OVERRIDDEN = (
     "RE_DATABASE",
@@ -66,11 +71,7 @@ class Backend:
 
     def storage(self) -> TaskStorage:
         """A storage over the same tasks the subprocesses see (real clock)."""
-        if self.name == "redis":
-            from django_reliable_executor.storage.redis import RedisStorage
-
-            return RedisStorage(redis_client(self.redis_url), self.key_prefix)
-        return DatabaseStorage(alias=self.name)
+        return new_storage(self.name, self.key_prefix, redis_url=self.redis_url)
 
     def environment(self) -> dict[str, str]:
         """The RE_* variables that point a subprocess's settings at this backend, and at

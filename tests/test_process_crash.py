@@ -11,11 +11,8 @@ from django.utils import timezone
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
-from .processes import Backend, executions, service_for, wait_until
+from .processes import FAST, LEASE, MASTER_TTL, Backend, executions, service_for, wait_until
 
-LEASE = 2.0  # seconds; heartbeats every LEASE / 4
-MASTER_TTL = 2.0
-FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}
 SMALL_POOL = ("--core-pool-size", "1", "--max-pool-size", "1", "--queue-capacity", "10")
 
 

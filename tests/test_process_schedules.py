@@ -10,10 +10,7 @@ from django_reliable_executor import TaskStatus
 from django_reliable_executor.states import TERMINAL_STATUSES as TERMINAL
 
 from .conftest import require
-from .processes import Backend, service_for, wait_until
-
-MASTER_TTL = 2.0
-FAST = {"lease_timeout": 2.0, "master_lock_ttl": MASTER_TTL}
+from .processes import FAST, Backend, service_for, wait_until
 
 
 def _fired(service, schedule_id: str):

@@ -17,11 +17,13 @@ from django.db import connections
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from ..conftest import IN_CI, SERVERS, db_params, require
-from ..processes import Backend, service_for, wait_until
+from ..processes import MASTER_TTL, Backend, service_for, wait_until
 from .journal import check_runs
 
-LEASE = 3.0
-FAST = {"lease_timeout": LEASE, "master_lock_ttl": 2.0}
+# Longer than the shared LEASE: a heartbeat lost to a killed connection must not let a lease
+# lapse, since nothing may run twice here.
+LEASE = 3.0  # seconds
+FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}
 KILL_SECONDS = 15.0
 SERVER_WAIT = 60.0  # seconds for a restarted server to answer
 

@@ -13,12 +13,13 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.leadership import MASTER_LOCK_NAME
 
 from ..conftest import BACKENDS, db_params, require
-from ..processes import Backend, WorkerProcess, service_for, wait_until
+from ..processes import MASTER_TTL, Backend, WorkerProcess, service_for, wait_until
 from .journal import Journal, check_runs
 
-LEASE = 3.0
-TTL = 2.0
-FAST = {"lease_timeout": LEASE, "master_lock_ttl": TTL}
+# Longer than the shared LEASE and the master lock TTL: the frozen master's lock is taken over
+# before its tasks' leases lapse.
+LEASE = 3.0  # seconds
+FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}
 FIRST = 40  # tasks of the drain the master is frozen in
 LATER = 20  # tasks submitted after it resumed
 SLEEP = 1.0  # seconds each handler works: the master is frozen with handlers half done
@@ -79,7 +80,7 @@ def test_a_frozen_master_is_replaced_and_its_stale_writes_refused(
     # stranded task is run again, to its end, by the other worker while the master is stopped.
     wait_until(
         lambda: storage.lock_owner(MASTER_LOCK_NAME) == other.worker_id,
-        TTL * 3 + 30,
+        MASTER_TTL * 3 + 30,
         "nobody took over the master lock",
         logs=workers.logs,
     )
@@ -94,18 +95,18 @@ def test_a_frozen_master_is_replaced_and_its_stale_writes_refused(
     wait_until(
         rerun_by_other, LEASE * 3 + 60, "the frozen tasks were not run again", logs=workers.logs
     )
-    assert time.time() - frozen_at > max(LEASE, TTL)
+    assert time.time() - frozen_at > max(LEASE, MASTER_TTL)
     faults.thaw(master)
     thawed_at = time.time()
 
     # Resumed, it hears it lost the lock within a TTL and stays a plain worker: one master.
     wait_until(
         lambda: f"worker {master.worker_id} lost the master lock" in master.log(),
-        TTL * 3 + 30,
+        MASTER_TTL * 3 + 30,
         "the resumed master did not give the lock up",
         logs=workers.logs,
     )
-    until = time.monotonic() + TTL * 2
+    until = time.monotonic() + MASTER_TTL * 2
     while time.monotonic() < until:
         assert storage.lock_owner(MASTER_LOCK_NAME) == other.worker_id
         time.sleep(0.1)

@@ -27,16 +27,14 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.storage.redis import RedisStorage
 
-from ..conftest import BACKENDS, db_params, redis_client, require
-from ..processes import Backend, service_for, wait_until
+from ..conftest import BACKENDS, db_params, new_storage, redis_client, require
+from ..processes import FAST, LEASE, Backend, service_for, wait_until
 from .journal import Run, check_runs
 from .refusals import HEARTBEAT, refused
 
 pytest_plugins = ["tests.redis_servers"]
 
-LEASE = 2.0
 WINDOW = 2 * LEASE
 TASKS = 60
 
@@ -59,7 +57,7 @@ def test_failing_heartbeat_writes(alias, key_prefix, workers, journal, faults, s
         server = spare_redis()  # its own server: refusing writes must not touch the shared one
         env["RE_REDIS_URL"] = server.url
         client = redis_client(server.url)
-        service = ReliableExecutor(RedisStorage(client, key_prefix))
+        service = ReliableExecutor(new_storage("redis", key_prefix, redis_url=server.url))
         fault = redis_refusing_writes(client)
     else:
         service = service_for(backend)
@@ -84,8 +82,7 @@ def test_failing_heartbeat_writes(alias, key_prefix, workers, journal, faults, s
         "--max-pool-size",
         "4",
         env=env,
-        lease_timeout=LEASE,
-        master_lock_ttl=2.0,
+        **FAST,
     )
     wait_until(lambda: journal.started() >= 4, 30, "no handler started", logs=workers.logs)
     time.sleep(LEASE)  # leases renewed a few times before the fault

@@ -11,11 +11,9 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from ..conftest import BACKENDS, db_params, require
-from ..processes import Backend, service_for, wait_until
+from ..processes import FAST, LEASE, Backend, service_for, wait_until
 from .journal import check_runs
 
-LEASE = 2.0
-FAST = {"lease_timeout": LEASE, "master_lock_ttl": 2.0}
 TASKS = 400
 
 

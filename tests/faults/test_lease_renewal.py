@@ -16,7 +16,7 @@ from ..processes import Backend, service_for, wait_until
 from .journal import check_runs
 from .refusals import refused
 
-LEASE = 1.5
+LEASE = 1.5  # seconds: shorter than the shared LEASE; a renewal that stops shows sooner
 
 
 @pytest.mark.parametrize("alias", db_params(["mariadb", "postgres", "redis"]))

@@ -13,7 +13,7 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.storage.redis import RedisStorage
 
 from ..conftest import db_params
-from ..processes import Backend, service_for, wait_until
+from ..processes import MASTER_TTL, Backend, service_for, wait_until
 from ..redis_support import index_problems
 from .journal import Run, check_runs
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.redis_servers"]  # spare_redis
 
 LEASE = 8.0  # seconds: far longer than the outage, so no lease can lapse during it
-FAST = {"lease_timeout": LEASE, "master_lock_ttl": 2.0}
+FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}
 POOL = ("--core-pool-size", "4", "--max-pool-size", "4", "--queue-capacity", "1")
 TASKS = 200
 DOWN = 3.0  # seconds Redis stays down

@@ -4,17 +4,11 @@ release), each called for every race it can lose: a refused call changes nothing
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from django_reliable_executor.clock import FakeClock
-from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
-from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.codec import micros
-from tests.conftest import delete_prefix, redis_client, require
 from tests.redis_support import (
     LEASE,
     NONCE,
@@ -35,29 +29,6 @@ from tests.redis_support import (
     submit,
     unchanged,
 )
-
-
-# -- fixtures: a key prefix of each test's own, a storage and a service on the fake clock ---
-@pytest.fixture
-def key_prefix() -> Iterator[str]:
-    require("redis")
-    prefix = f"test-scripts-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    client = redis_client()
-    delete_prefix(client, prefix)
-    client.close()
-
-
-@pytest.fixture
-def storage(key_prefix: str, clock: FakeClock) -> Iterator[RedisStorage]:
-    storage = RedisStorage(redis_client(), key_prefix, clock=clock)
-    yield storage
-    storage.close()
-
-
-@pytest.fixture
-def executor(storage: RedisStorage, clock: FakeClock) -> ReliableExecutor:
-    return ReliableExecutor(storage, clock=clock)
 
 
 # -- the invariant checker itself -----------------------------------------------------------

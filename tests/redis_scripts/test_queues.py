@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.scheduler import Scheduler
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage
-from tests.conftest import delete_prefix, redis_client, require
+from tests.redis_scripts.conftest import redis_storage
 from tests.redis_support import (
     LEASE,
     WORKER_A,
@@ -31,29 +28,6 @@ from tests.redis_support import (
 )
 
 NAMES = 500
-
-
-# -- fixtures: a key prefix of each test's own, a storage and a service on the fake clock ---
-@pytest.fixture
-def key_prefix() -> Iterator[str]:
-    require("redis")
-    prefix = f"test-scripts-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    client = redis_client()
-    delete_prefix(client, prefix)
-    client.close()
-
-
-@pytest.fixture
-def storage(key_prefix: str, clock: FakeClock) -> Iterator[RedisStorage]:
-    storage = RedisStorage(redis_client(), key_prefix, clock=clock)
-    yield storage
-    storage.close()
-
-
-@pytest.fixture
-def executor(storage: RedisStorage, clock: FakeClock) -> ReliableExecutor:
-    return ReliableExecutor(storage, clock=clock)
 
 
 def queue_set(storage: RedisStorage) -> set[str]:
@@ -221,7 +195,7 @@ def test_submits_racing_the_forgetting_are_never_lost(key_prefix, clock):
     errors: list[BaseException] = []
 
     def churn() -> None:
-        storage = RedisStorage(redis_client(), key_prefix, clock=clock)
+        storage = redis_storage(key_prefix, clock)
         executor = ReliableExecutor(storage, clock=clock)
         try:
             for i in range(rounds):
@@ -235,7 +209,7 @@ def test_submits_racing_the_forgetting_are_never_lost(key_prefix, clock):
             storage.close()
 
     def submitter() -> None:
-        storage = RedisStorage(redis_client(), key_prefix, clock=clock)
+        storage = redis_storage(key_prefix, clock)
         executor = ReliableExecutor(storage, clock=clock)
         try:
             for i in range(rounds):
@@ -253,7 +227,7 @@ def test_submits_racing_the_forgetting_are_never_lost(key_prefix, clock):
         thread.join(120)
     assert not errors, errors
 
-    storage = RedisStorage(redis_client(), key_prefix, clock=clock)
+    storage = redis_storage(key_prefix, clock)
     try:
         assert_consistent(storage)
         clock.advance(120)  # the delayed half is due: the master's promote must find it

@@ -7,42 +7,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.records import ScheduleFire
-from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.storage.redis import RedisStorage
-from tests.conftest import delete_prefix, redis_client, require
 from tests.redis_support import assert_consistent, changed_keys, snapshot, unchanged
 
 MINUTE = dt.timedelta(minutes=1)
-
-
-@pytest.fixture
-def key_prefix() -> Iterator[str]:
-    require("redis")
-    prefix = f"test-scripts-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    client = redis_client()
-    delete_prefix(client, prefix)
-    client.close()
-
-
-@pytest.fixture
-def storage(key_prefix: str, clock: FakeClock) -> Iterator[RedisStorage]:
-    storage = RedisStorage(redis_client(), key_prefix, clock=clock)
-    yield storage
-    storage.close()
-
-
-@pytest.fixture
-def executor(storage: RedisStorage, clock: FakeClock) -> ReliableExecutor:
-    return ReliableExecutor(storage, clock=clock)
 
 
 def test_save_creates_the_hash_and_both_indexes(storage, executor):

@@ -1,0 +1,145 @@
+"""conf: the RELIABLE_EXECUTOR settings, validated key by key, and their defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_reliable_executor.conf import KNOWN_KEYS, ExecutorSettings, get_settings, validate
+
+BAD_SETTINGS = {
+    "STORAGE": ["mongo", None],
+    "DATABASE_ALIAS": ["", "   ", 3],
+    "REDIS_URL": ["http://localhost", 6379],
+    "REDIS_CACHE_ALIAS": ["", 5],
+    "REDIS_CLUSTER": ["yes", 1, None],
+    "REDIS_SENTINEL": ["mymaster", {}, {"sentinels": [], "service_name": "m"}],
+    "REDIS_OPTIONS": [None, [], {1: 2}],
+    "KEY_PREFIX": ["", "a b", "with{brace}", None],
+    "CORE_POOL_SIZE": [0, -1, True, 2.0],
+    "MAX_POOL_SIZE": [0, "10"],
+    "QUEUE_CAPACITY": [-1, 1.5],
+    "POLL_INTERVAL": [0, -0.5, "1", False],
+    "LEASE_TIMEOUT": [0, None],
+    "MASTER_LOCK_TTL": [0, "10"],
+    "DEFAULT_RETRY_LIMIT": [-1, 2.0, True],
+    "DEFAULT_RETRY_INTERVAL": [-1, 0.5],
+    "DEFAULT_RETRY_BACKOFF": ["linear", None],
+    "DEFAULT_RETRY_BACKOFF_MAX": [-1, "300000"],
+    "DEFAULT_MAX_DURATION": [0, -1, 1.5, True],
+    "FINISHED_RETENTION": [-1, "7d"],
+    "MAX_PARAMETER_BYTES": [0, 1.5],
+    "ALLOW_UNKNOWN_TASKS": ["yes", 1, None],
+    "METRICS_PORT": [-1, 65536, "9100", True],
+    "API_KEYS": [["k"], {"k": "short"}, {"bad id": "s" * 32}, {"": "s" * 32}, {"k": 123}],
+    "API_SIGNATURE_WINDOW": [0, -5, 3601, "300", True, None],
+    "SCHEDULE_MISFIRE_GRACE": [-1, "60", True, None],
+    "SCHEDULE_CATCH_UP_LIMIT": [0, -1, 1.5, True],
+}
+GOOD_SETTINGS = {
+    "STORAGE": "redis",
+    "DATABASE_ALIAS": "other",
+    "REDIS_URL": "rediss://cache:6380/2",
+    "REDIS_CACHE_ALIAS": "redis",
+    "REDIS_CLUSTER": False,  # True, or a REDIS_SENTINEL, would conflict with REDIS_CACHE_ALIAS
+    "REDIS_SENTINEL": None,
+    "REDIS_OPTIONS": {"ssl_ca_certs": "/etc/ssl/redis-ca.pem", "socket_timeout": 3},
+    "KEY_PREFIX": "shop",
+    "CORE_POOL_SIZE": 2,
+    "MAX_POOL_SIZE": 4,
+    "QUEUE_CAPACITY": 0,
+    "POLL_INTERVAL": 0.2,
+    "LEASE_TIMEOUT": 30,
+    "MASTER_LOCK_TTL": 5.5,
+    "DEFAULT_RETRY_LIMIT": 0,
+    "DEFAULT_RETRY_INTERVAL": 0,
+    "DEFAULT_RETRY_BACKOFF": "exponential",
+    "DEFAULT_RETRY_BACKOFF_MAX": 0,
+    "DEFAULT_MAX_DURATION": 1,
+    "FINISHED_RETENTION": 0,
+    "MAX_PARAMETER_BYTES": 1,
+    "ALLOW_UNKNOWN_TASKS": True,
+    "METRICS_PORT": 0,
+    "API_KEYS": {"ops-1": "s" * 32},
+    "API_SIGNATURE_WINDOW": 60,
+    "SCHEDULE_MISFIRE_GRACE": 0,
+    "SCHEDULE_CATCH_UP_LIMIT": 1,
+}
+
+
+def test_every_key_is_covered_here():
+    assert set(BAD_SETTINGS) == set(GOOD_SETTINGS) == KNOWN_KEYS
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [(key, value) for key, values in BAD_SETTINGS.items() for value in values],
+)
+def test_validate_names_the_bad_key(key, value):
+    problems = validate({key: value})
+    assert [k for k, _ in problems] == [key]
+    assert f"RELIABLE_EXECUTOR[{key!r}]" in problems[0][1]
+    if key == "API_KEYS" and isinstance(value, dict):  # the secrets are masked
+        assert repr({key_id: "***" for key_id in value}) in problems[0][1]
+        assert all(str(secret) not in problems[0][1] for secret in value.values())
+    else:
+        assert repr(value) in problems[0][1]
+
+
+def test_validate_accepts_good_values_and_nothing():
+    assert validate(GOOD_SETTINGS) == []
+    assert validate({}) == []
+    assert validate(None) == []
+
+
+def test_validate_reports_unknown_keys_and_non_dicts():
+    assert validate({"LEASE_TIMOUT": 5}) == [
+        ("LEASE_TIMOUT", "RELIABLE_EXECUTOR['LEASE_TIMOUT'] is not a known key")
+    ]
+    [(key, message)] = validate(["STORAGE"])
+    assert key == "RELIABLE_EXECUTOR"
+    assert "must be a dict" in message
+
+
+def test_validate_max_pool_size_below_core_pool_size():
+    [(key, message)] = validate({"CORE_POOL_SIZE": 8, "MAX_POOL_SIZE": 4})
+    assert key == "MAX_POOL_SIZE"
+    assert "CORE_POOL_SIZE" in message
+    [(key, _)] = validate({"CORE_POOL_SIZE": 11})  # the default MAX_POOL_SIZE is 10
+    assert key == "MAX_POOL_SIZE"
+
+
+def test_validate_reports_every_problem():
+    problems = validate({"STORAGE": "x", "LEASE_TIMEOUT": 0, "NOPE": 1})
+    assert sorted(key for key, _ in problems) == ["LEASE_TIMEOUT", "NOPE", "STORAGE"]
+
+
+def test_get_settings_follows_overrides_and_refuses_bad_values():
+    base = get_settings()
+    with override_settings(RELIABLE_EXECUTOR={"LEASE_TIMEOUT": 5, "QUEUE_CAPACITY": 3}):
+        current = get_settings()
+        assert (current.LEASE_TIMEOUT, current.QUEUE_CAPACITY) == (5.0, 3)
+        assert isinstance(current.LEASE_TIMEOUT, float)
+    with (
+        override_settings(RELIABLE_EXECUTOR={"QUEUE_CAPACITY": -1}),
+        pytest.raises(ImproperlyConfigured, match="QUEUE_CAPACITY"),
+    ):
+        get_settings()
+    assert get_settings() == base
+
+
+def test_executor_settings_defaults_match_the_design():
+    defaults = ExecutorSettings()
+    assert (defaults.CORE_POOL_SIZE, defaults.MAX_POOL_SIZE, defaults.QUEUE_CAPACITY) == (
+        5,
+        10,
+        100,
+    )
+    assert (defaults.DEFAULT_RETRY_LIMIT, defaults.DEFAULT_RETRY_INTERVAL) == (3, 2000)
+    assert (defaults.DEFAULT_RETRY_BACKOFF, defaults.DEFAULT_RETRY_BACKOFF_MAX) == ("fixed", 300000)
+    assert defaults.MAX_PARAMETER_BYTES == 1048576
+    assert defaults.ALLOW_UNKNOWN_TASKS is False
+    assert validate(dataclasses.asdict(defaults)) == []
