@@ -20,7 +20,7 @@ from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, Transition
 from ...retries import after_failure, timeout_message
 from ...serialization import encoded
-from ...states import TaskStatus
+from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .chores import Chores
 from .claiming import Claiming
 from .leases import Leases
@@ -271,12 +271,7 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
 
     def retry(self, task_id: str) -> Transition | None:
         row = self._tasks().filter(pk=task_id).first()
-        if row is None or TaskStatus(row.status) not in {
-            TaskStatus.FAILED,
-            TaskStatus.TIMEOUT,
-            TaskStatus.ERROR,
-            TaskStatus.CANCELLED,
-        }:
+        if row is None or TaskStatus(row.status) not in RETRYABLE_BY_HAND:
             return None
         now = self.clock.now()
         deadline = (

@@ -17,14 +17,13 @@ from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
     CLAIM_COLUMNS_SQL,
+    LIVE,
     claim_from_row,
 )
 
 # The statuses of a held task (with available false: claimed and not finished). Written into
 # the SQL as literals so that PostgreSQL matches the partial index of migration 0006.
-HELD_SQL = "NOT available AND status IN ({})".format(
-    ", ".join(f"'{s.value}'" for s in (TaskStatus.CREATED, TaskStatus.PENDING, TaskStatus.RUNNING))
-)
+HELD_SQL = "NOT available AND status IN ({})".format(", ".join(f"'{s}'" for s in LIVE))
 
 
 class Claiming(DatabaseAccess):

@@ -13,13 +13,14 @@ from django.utils.dateparse import parse_datetime
 
 from ...models import ReliableTask
 from ...records import Claim, TaskInfo
-from ...states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
+from ...states import LIVE_STATUSES, TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 
 T = TypeVar("T")
-WAITING = [s.value for s in WAITING_STATUSES]
-LIVE = [*WAITING, TaskStatus.RUNNING.value]
-TERMINAL = [s.value for s in TERMINAL_STATUSES]
-NOT_WAITING = [TaskStatus.RUNNING.value, *TERMINAL]
+# The status sets of states.py as the stored values a query takes.
+WAITING = sorted(s.value for s in WAITING_STATUSES)
+LIVE = sorted(s.value for s in LIVE_STATUSES)
+TERMINAL = sorted(s.value for s in TERMINAL_STATUSES)
+NOT_WAITING = sorted(s.value for s in TaskStatus if s not in WAITING_STATUSES)
 # MySQL error codes worth retrying: deadlock found, lock wait timeout.
 MYSQL_RETRYABLE = {1213, 1205}
 CHUNK = 500  # ids per IN (...) list: well under every backend's parameter limit

@@ -9,14 +9,16 @@ from typing import Any, TypeVar
 
 from ...clock import Clock
 from ...exceptions import StorageUnavailableError
+from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
 from .codec import micros, text
 from .scripts import Scripts
 
 F = TypeVar("F", bound=Callable[..., Any])
 READ_CHUNK = 1000
-WAITING = ("CREATED", "PENDING")
-LIVE = (*WAITING, "RUNNING")
+# The status sets of states.py as the stored values.
+WAITING = tuple(sorted(s.value for s in WAITING_STATUSES))
+LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
 
 
 def _unavailable_errors() -> tuple[type[BaseException], ...]:
