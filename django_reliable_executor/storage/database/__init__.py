@@ -18,7 +18,7 @@ from django.db.models import F, Q
 
 from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, Transition
-from ...retries import after_failure, timeout_message
+from ...retries import failure_outcome, timeout_message
 from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .chores import Chores
@@ -171,15 +171,11 @@ class DatabaseStorage(Schedules, Submitting, Claiming, Chores, Leases, Reading):
             return self._record_failure(claim, TaskStatus.ERROR, None, error, now, None)
         # Optimistic: assume no cancel was requested; if the CAS misses, decide again with it.
         for cancel_requested in (False, True):
-            status, run_at = after_failure(
-                budget_attempts=claim.budget_attempts,
-                retry_limit=claim.task.retry_limit,
+            status, run_at = failure_outcome(
+                claim,
                 retryable=retryable,
                 cancel_requested=cancel_requested,
-                deadline_at=claim.deadline_at,
                 now=now,
-                retry_interval=claim.task.retry_interval,
-                retry_backoff=claim.task.retry_backoff,
                 backoff_cap_millis=self.backoff_cap_millis,
             )
             transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)

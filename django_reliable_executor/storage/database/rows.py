@@ -50,6 +50,16 @@ def to_info(row: ReliableTask) -> TaskInfo:
     )
 
 
+def claim_of(row: ReliableTask) -> Claim:
+    """The claim a model row stands for under its current fencing token."""
+    return Claim(
+        task=to_info(row),
+        token=row.lease_token,
+        budget_attempts=row.budget_attempts,
+        deadline_at=row.deadline_at,
+    )
+
+
 def claims_match(claims: Sequence[Claim]) -> Q:
     """Rows still held under these claims' fencing tokens."""
     match = Q()

@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 
 from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, NewTask, TaskInfo, Transition, new_info
-from ...retries import after_failure, timeout_message
+from ...retries import failure_outcome, timeout_message
 from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import guarded
@@ -236,16 +236,12 @@ class RedisStorage(Schedules, Chores, Reading, Listing, Leases):
     ) -> Transition | None:
         now = self.clock.now()
         # The outcome without a cancel request; the script turns it into CANCELLED if one was
-        # made meanwhile (a requested cancel wins, as in after_failure).
-        status, run_at = after_failure(
-            budget_attempts=claim.budget_attempts,
-            retry_limit=claim.task.retry_limit,
+        # made meanwhile (a requested cancel wins, as in failure_outcome).
+        status, run_at = failure_outcome(
+            claim,
             retryable=retryable,
             cancel_requested=False,
-            deadline_at=claim.deadline_at,
             now=now,
-            retry_interval=claim.task.retry_interval,
-            retry_backoff=claim.task.retry_backoff,
             backoff_cap_millis=self.backoff_cap_millis,
         )
         reply = self._run(
