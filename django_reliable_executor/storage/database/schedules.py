@@ -12,8 +12,8 @@ from django.db.models import QuerySet
 from ...models import ReliableSchedule
 from ...records import TaskInfo
 from ...schedules.records import DEFINITION_FIELDS, ScheduleFire, ScheduleInfo
+from .access import DatabaseAccess
 from .rows import chunks
-from .submitting import Submitting
 
 _MICRO = dt.timedelta(microseconds=1)
 # Definition fields as model columns (``every`` is stored in microseconds).
@@ -74,7 +74,7 @@ def row_from_schedule(info: ScheduleInfo) -> ReliableSchedule:
     )
 
 
-class Schedules(Submitting):
+class Schedules(DatabaseAccess):
     """The ``reliable_executor_schedule`` table; fires store tasks and advance schedules in
     one transaction."""
 

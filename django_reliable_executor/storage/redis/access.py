@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
@@ -97,6 +98,29 @@ class RedisAccess(TaskStorage):
         bound = micros(now) if inclusive else "(" + micros(now)
         ids = self.client.zrangebyscore(self.p + index, "-inf", bound, start=0, num=limit)
         return [text(task_id) for task_id in ids]
+
+    @guarded
+    def server_warnings(self) -> builtins.list[str]:
+        """What is wrong with the Redis server's configuration for holding tasks."""
+        try:
+            info = self.client.info("memory")
+        except self._unavailable:
+            raise
+        except Exception:  # INFO refused (a restricted ACL user): nothing to say
+            return []
+        if isinstance(info, dict) and "maxmemory_policy" not in info:
+            info = next(iter(info.values()), {})  # a Cluster client answers per node
+        policy = text(info.get("maxmemory_policy", "noeviction"))
+        if policy == "noeviction":
+            return []
+        return [
+            f"Redis at {self.where} has maxmemory-policy {policy}: when memory runs short it "
+            "deletes keys, and these keys are tasks. Set maxmemory-policy noeviction."
+        ]
+
+    def _queues(self) -> builtins.list[str]:
+        """Every queue that holds a task (the ``queues`` set)."""
+        return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
 
     def close(self) -> None:
         if self._owns_client:

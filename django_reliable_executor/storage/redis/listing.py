@@ -111,9 +111,6 @@ class Listing(RedisAccess):
                 pipe2.zrange(f"{self.p}parked:{name}:{text(priority)}", first, -1)
         return {text(i) for parked in pipe2.execute() for i in parked}
 
-    def _queues(self) -> builtins.list[str]:
-        return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
-
     def _matching(
         self,
         ids: Sequence[str],
