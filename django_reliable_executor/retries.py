@@ -70,11 +70,11 @@ def after_failure(
 
 def failure_outcome(
     claim: Claim,
+    now: dt.datetime,
+    backoff_cap_millis: int,
     *,
     retryable: bool,
     cancel_requested: bool,
-    now: dt.datetime,
-    backoff_cap_millis: int,
 ) -> tuple[TaskStatus, dt.datetime | None]:
     """Where a failed attempt of ``claim`` leads by its task's retry options (see after_failure):
     the one failure policy every storage applies, to a worker's failure and to a lost lease."""

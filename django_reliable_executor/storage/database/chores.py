@@ -52,10 +52,10 @@ class Chores(DatabaseAccess):
             error = f"worker lost: {row.worker_id} stopped renewing its lease"
             status, run_at = failure_outcome(
                 claim_of(row),
+                now,
+                self.backoff_cap_millis,
                 retryable=True,
                 cancel_requested=row.cancel_requested,
-                now=now,
-                backoff_cap_millis=self.backoff_cap_millis,
             )
             changes = failure_changes(status, run_at, error, now)
             if held.update(**changes):

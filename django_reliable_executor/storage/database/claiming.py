@@ -37,21 +37,18 @@ class Claiming(DatabaseAccess):
     capped name never holds up the others.
     """
 
-    def claim(
+    def _claim(
         self,
         worker_id: str,
         queues: Sequence[str],
         limit: int,
         lease_seconds: float,
-        *,
-        name_limits: Mapping[str, int] | None = None,
+        name_limits: Mapping[str, int],
     ) -> list[Claim]:
-        if limit <= 0 or not queues:
-            return []
         now = self.clock.now()
         lease_until = now + dt.timedelta(seconds=lease_seconds)
         queue_list = list(queues)
-        caps = dict(name_limits or {})
+        caps = dict(name_limits)
         claims: list[Claim] = []
         for name, cap in caps.items():
             room = limit - len(claims)

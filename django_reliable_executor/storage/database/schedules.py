@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from django.db import connections, transaction
 from django.db.models import QuerySet
@@ -81,13 +81,9 @@ class Schedules(DatabaseAccess):
     def _schedules(self) -> QuerySet[ReliableSchedule]:
         return ReliableSchedule.objects.using(self.alias)
 
-    def save_schedules(
-        self,
-        schedules: Sequence[ScheduleInfo],
-        keep_next_run: Collection[str] = (),
-        keep_anchor: Collection[str] = (),
+    def _save_schedules(
+        self, schedules: Sequence[ScheduleInfo], keep: set[str], anchored: set[str]
     ) -> None:
-        keep, anchored = set(keep_next_run), set(keep_anchor)
         with transaction.atomic(using=self.alias):
             for chunk in chunks(list(schedules)):
                 ids = [info.schedule_id for info in chunk]

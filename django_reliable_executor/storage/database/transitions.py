@@ -160,10 +160,10 @@ class Transitions(DatabaseAccess):
         for cancel_requested in (False, True):
             status, run_at = failure_outcome(
                 claim,
+                now,
+                self.backoff_cap_millis,
                 retryable=retryable,
                 cancel_requested=cancel_requested,
-                now=now,
-                backoff_cap_millis=self.backoff_cap_millis,
             )
             transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)
             if transition is not None:

@@ -41,10 +41,10 @@ class Chores(RedisAccess):
                 error = f"worker lost: {values.get('w')} stopped renewing its lease"
                 next_status, next_run = failure_outcome(
                     claim,
+                    now,
+                    self.backoff_cap_millis,
                     retryable=True,
                     cancel_requested=claim.task.cancel_requested,
-                    now=now,
-                    backoff_cap_millis=self.backoff_cap_millis,
                 )
                 outcome = next_status.value
                 run_at = micros(next_run) if next_run is not None else ""

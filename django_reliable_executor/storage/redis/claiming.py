@@ -20,17 +20,14 @@ class Claiming(RedisAccess):
     """claim, wait_for_work and wake: the ready lists, and the wake token idle workers block on."""
 
     @guarded
-    def claim(
+    def _claim(
         self,
         worker_id: str,
         queues: Sequence[str],
         limit: int,
         lease_seconds: float,
-        *,
-        name_limits: Mapping[str, int] | None = None,
+        name_limits: Mapping[str, int],
     ) -> list[Claim]:
-        if limit <= 0 or not queues:
-            return []
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
         step = random.randint(1, TOKEN_STEP_MAX)

@@ -77,11 +77,7 @@ class Transitions(RedisAccess):
         # The outcome without a cancel request; the script turns it into CANCELLED if one was
         # made meanwhile (a requested cancel wins, as in failure_outcome).
         status, run_at = failure_outcome(
-            claim,
-            retryable=retryable,
-            cancel_requested=False,
-            now=now,
-            backoff_cap_millis=self.backoff_cap_millis,
+            claim, now, self.backoff_cap_millis, retryable=retryable, cancel_requested=False
         )
         reply = self._run(
             "fail",
