@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .states import FAILURE_STATUSES, TaskStatus
+from .states import DEAD_LETTER_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
@@ -65,9 +65,7 @@ MAX_TRACKED_ATTEMPTS = 10_000
 # (ERROR: it could not run here at all: no handler, or a parameter param_type rejects).
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)  # schedule lag
 FAILED_COUNTED = frozenset({TaskStatus.FAILED, TaskStatus.ERROR})
-# The dead letters: tasks that ended FAILED, TIMEOUT or ERROR and stay stored until retention (or
-# a purge) deletes them or someone retries them; ``dead_letters{queue}`` sums them per queue.
-DEAD_LETTER_STATUSES = FAILURE_STATUSES
+# ``dead_letters{queue}`` sums the DEAD_LETTER_STATUSES per queue.
 
 
 class _Metrics:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .states import TaskStatus
+
+if TYPE_CHECKING:
+    from .records import Claim
 
 BACKOFF_CHOICES = ("fixed", "exponential")
 JITTER = 0.10  # full jitter, kept within +-10 % of the nominal delay
@@ -62,6 +66,30 @@ def after_failure(
         delay = backoff_millis(budget_attempts, retry_interval, retry_backoff, backoff_cap_millis)
         return TaskStatus.PENDING, now + dt.timedelta(milliseconds=delay)
     return TaskStatus.FAILED, None
+
+
+def failure_outcome(
+    claim: Claim,
+    now: dt.datetime,
+    backoff_cap_millis: int,
+    *,
+    retryable: bool,
+    cancel_requested: bool,
+) -> tuple[TaskStatus, dt.datetime | None]:
+    """Where a failed attempt of ``claim`` leads by its task's retry options (see after_failure):
+    the one failure policy every storage applies, to a worker's failure and to a lost lease."""
+    task = claim.task
+    return after_failure(
+        budget_attempts=claim.budget_attempts,
+        retry_limit=task.retry_limit,
+        retryable=retryable,
+        cancel_requested=cancel_requested,
+        deadline_at=claim.deadline_at,
+        now=now,
+        retry_interval=task.retry_interval,
+        retry_backoff=task.retry_backoff,
+        backoff_cap_millis=backoff_cap_millis,
+    )
 
 
 def timeout_message(max_duration_millis: int | None, previous_error: str | None) -> str:

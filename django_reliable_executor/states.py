@@ -36,12 +36,17 @@ TERMINAL_STATUSES = frozenset(
 )
 # Waiting to run: claimable once due. A claimed-but-unstarted task keeps this status.
 WAITING_STATUSES = frozenset({TaskStatus.CREATED, TaskStatus.PENDING})
+# Not finished: waiting or running (what the chores and the unfinished counts look at).
+LIVE_STATUSES = WAITING_STATUSES | {TaskStatus.RUNNING}
 # Statuses a manual retry accepts.
 RETRYABLE_BY_HAND = frozenset(
     {TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus.ERROR, TaskStatus.CANCELLED}
 )
 # The final outcomes announced through the ``task_failed`` signal.
 FAILURE_STATUSES = frozenset({TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus.ERROR})
+# The dead letters: tasks that ended FAILED, TIMEOUT or ERROR and stay stored until retention (or
+# a purge) deletes them or someone retries them.
+DEAD_LETTER_STATUSES = FAILURE_STATUSES
 
 S = TaskStatus
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {

@@ -21,7 +21,7 @@ from django.urls import reverse
 from ..records import TaskInfo, WorkerInfo
 from ..registry import all_handlers
 from ..service import ReliableExecutor
-from ..states import FAILURE_STATUSES, WAITING_STATUSES, TaskStatus
+from ..states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
 from .operations import can_cancel, can_retry
 
 PAGE_SIZE = 100
@@ -29,7 +29,6 @@ PAGE_SIZE = 100
 FILTERS = ("status", "queue", "task_name")
 # ``?status=dead``: the dead letters, tasks that ended FAILED, TIMEOUT or ERROR, listed together.
 DEAD_LETTERS = "dead"
-DEAD_LETTER_STATUSES = FAILURE_STATUSES
 DEAD_LETTERS_LABEL = "Dead letters"
 
 

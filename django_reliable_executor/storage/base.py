@@ -35,7 +35,6 @@ class TaskStorage(ScheduleStorage):
         in input order (a task_id repeated within the batch is created once)."""
 
     # -- the worker's path ----------------------------------------------------------------
-    @abc.abstractmethod
     def claim(
         self,
         worker_id: str,
@@ -54,6 +53,20 @@ class TaskStorage(ScheduleStorage):
         claim takes a task of a capped name only while fewer than its cap are held, checked
         and taken atomically, so concurrent claims never exceed it. Tasks it cannot take stay
         waiting in the storage and do not hold up other names. Names absent are uncapped."""
+        if limit <= 0 or not queues:
+            return []
+        return self._claim(worker_id, queues, limit, lease_seconds, name_limits or {})
+
+    @abc.abstractmethod
+    def _claim(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        name_limits: Mapping[str, int],
+    ) -> list[Claim]:
+        """``claim`` for at least one queue and one task (the storage's own part)."""
 
     @abc.abstractmethod
     def start(self, claim: Claim, lease_seconds: float) -> Claim | None:
@@ -152,7 +165,6 @@ class TaskStorage(ScheduleStorage):
                 found[task_id] = info
         return found
 
-    @abc.abstractmethod
     def list(
         self,
         *,
@@ -165,6 +177,21 @@ class TaskStorage(ScheduleStorage):
     ) -> list[TaskInfo]:
         """Newest first (by creation, then task id). ``statuses`` lists the tasks of any of
         these statuses (an empty one: none); it cannot be combined with ``status``."""
+        wanted = wanted_statuses(status, statuses)
+        if limit <= 0 or wanted == frozenset():
+            return []
+        return self._list(wanted, task_name, queue, limit, offset)
+
+    @abc.abstractmethod
+    def _list(
+        self,
+        wanted: frozenset[TaskStatus] | None,
+        task_name: str | None,
+        queue: str | None,
+        limit: int,
+        offset: int,
+    ) -> builtins.list[TaskInfo]:
+        """``list`` of the ``wanted`` statuses (None: any; never empty), ``limit`` > 0."""
 
     @abc.abstractmethod
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]: ...

@@ -16,7 +16,6 @@ class ScheduleStorage(abc.ABC):
     ``fire_schedules`` is still safe to race: a fire is a compare-and-set on the schedule's
     next run, and its tasks' ids derive from the schedule id and the planned time."""
 
-    @abc.abstractmethod
     def save_schedules(
         self,
         schedules: Sequence[ScheduleInfo],
@@ -31,6 +30,13 @@ class ScheduleStorage(abc.ABC):
         "now"). One stored by then with the same every, cron and time zone (another process
         saved it after this caller read) keeps its ``start_at`` and its next run: two workers
         first saving a declared interval together must not move its grid."""
+        self._save_schedules(schedules, set(keep_next_run), set(keep_anchor))
+
+    @abc.abstractmethod
+    def _save_schedules(
+        self, schedules: Sequence[ScheduleInfo], keep: set[str], anchored: set[str]
+    ) -> None:
+        """``save_schedules`` with the id collections as sets."""
 
     @abc.abstractmethod
     def get_schedules(self, schedule_ids: Sequence[str]) -> dict[str, ScheduleInfo]:

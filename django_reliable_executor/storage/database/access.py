@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
@@ -12,7 +13,7 @@ from django.db.models import QuerySet
 
 from ...clock import Clock
 from ...models import ReliableTask
-from ...records import Claim
+from ...records import Claim, NewTask, TaskInfo
 from ...states import TaskStatus
 from ..base import TaskStorage
 from .rows import (
@@ -127,6 +128,13 @@ class DatabaseAccess(TaskStorage):
                 [status.value, self._dt(now), *held_params],
             )
             return {row[0] for row in cursor.fetchall()}
+
+    @abc.abstractmethod
+    def _enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        """Store new tasks in the open transaction (Submitting); schedule fires use it too."""
+
+    def close(self) -> None:
+        connections[self.alias].close()
 
     def _retrying(self, operation: Callable[[], T]) -> T:
         """Run a short transaction again when MySQL reports a deadlock or lock wait timeout."""

@@ -7,13 +7,14 @@ import datetime as dt
 from django.db.models import F, Q
 
 from ...records import Transition
-from ...retries import after_failure, timeout_message
+from ...retries import failure_outcome, timeout_message
 from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
     LIVE,
     TERMINAL,
     chunks,
+    claim_of,
     failure_changes,
     to_info,
 )
@@ -49,16 +50,12 @@ class Chores(DatabaseAccess):
                 )
                 continue
             error = f"worker lost: {row.worker_id} stopped renewing its lease"
-            status, run_at = after_failure(
-                budget_attempts=row.budget_attempts,
-                retry_limit=row.retry_limit,
+            status, run_at = failure_outcome(
+                claim_of(row),
+                now,
+                self.backoff_cap_millis,
                 retryable=True,
                 cancel_requested=row.cancel_requested,
-                deadline_at=row.deadline_at,
-                now=now,
-                retry_interval=row.retry_interval,
-                retry_backoff=row.retry_backoff,
-                backoff_cap_millis=self.backoff_cap_millis,
             )
             changes = failure_changes(status, run_at, error, now)
             if held.update(**changes):

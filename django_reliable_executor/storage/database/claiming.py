@@ -17,14 +17,13 @@ from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
     CLAIM_COLUMNS_SQL,
+    LIVE,
     claim_from_row,
 )
 
 # The statuses of a held task (with available false: claimed and not finished). Written into
 # the SQL as literals so that PostgreSQL matches the partial index of migration 0006.
-HELD_SQL = "NOT available AND status IN ({})".format(
-    ", ".join(f"'{s.value}'" for s in (TaskStatus.CREATED, TaskStatus.PENDING, TaskStatus.RUNNING))
-)
+HELD_SQL = "NOT available AND status IN ({})".format(", ".join(f"'{s}'" for s in LIVE))
 
 
 class Claiming(DatabaseAccess):
@@ -38,21 +37,18 @@ class Claiming(DatabaseAccess):
     capped name never holds up the others.
     """
 
-    def claim(
+    def _claim(
         self,
         worker_id: str,
         queues: Sequence[str],
         limit: int,
         lease_seconds: float,
-        *,
-        name_limits: Mapping[str, int] | None = None,
+        name_limits: Mapping[str, int],
     ) -> list[Claim]:
-        if limit <= 0 or not queues:
-            return []
         now = self.clock.now()
         lease_until = now + dt.timedelta(seconds=lease_seconds)
         queue_list = list(queues)
-        caps = dict(name_limits or {})
+        caps = dict(name_limits)
         claims: list[Claim] = []
         for name, cap in caps.items():
             room = limit - len(claims)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from django.db.models import Count
 
 from ...records import TaskInfo
 from ...states import TaskStatus
-from ..base import wanted_statuses
 from .access import DatabaseAccess
 from .rows import (
     WAITING,
@@ -31,19 +30,14 @@ class Reading(DatabaseAccess):
             found.update((row.pk, to_info(row)) for row in self._tasks().filter(pk__in=chunk))
         return found
 
-    def list(
+    def _list(
         self,
-        *,
-        status: TaskStatus | None = None,
-        task_name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-        statuses: Collection[TaskStatus] | None = None,
+        wanted: frozenset[TaskStatus] | None,
+        task_name: str | None,
+        queue: str | None,
+        limit: int,
+        offset: int,
     ) -> list[TaskInfo]:
-        wanted = wanted_statuses(status, statuses)
-        if limit <= 0 or wanted == frozenset():
-            return []
         qs = self._tasks()
         if wanted is not None and len(wanted) == 1:
             qs = qs.filter(status=next(iter(wanted)).value)

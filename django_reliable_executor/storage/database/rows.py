@@ -13,13 +13,14 @@ from django.utils.dateparse import parse_datetime
 
 from ...models import ReliableTask
 from ...records import Claim, TaskInfo
-from ...states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
+from ...states import LIVE_STATUSES, TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 
 T = TypeVar("T")
-WAITING = [s.value for s in WAITING_STATUSES]
-LIVE = [*WAITING, TaskStatus.RUNNING.value]
-TERMINAL = [s.value for s in TERMINAL_STATUSES]
-NOT_WAITING = [TaskStatus.RUNNING.value, *TERMINAL]
+# The status sets of states.py as the stored values a query takes.
+WAITING = sorted(s.value for s in WAITING_STATUSES)
+LIVE = sorted(s.value for s in LIVE_STATUSES)
+TERMINAL = sorted(s.value for s in TERMINAL_STATUSES)
+NOT_WAITING = sorted(s.value for s in TaskStatus if s not in WAITING_STATUSES)
 # MySQL error codes worth retrying: deadlock found, lock wait timeout.
 MYSQL_RETRYABLE = {1213, 1205}
 CHUNK = 500  # ids per IN (...) list: well under every backend's parameter limit
@@ -46,6 +47,16 @@ def to_info(row: ReliableTask) -> TaskInfo:
         result=row.result,
         worker_id=row.worker_id,
         cancel_requested=row.cancel_requested,
+    )
+
+
+def claim_of(row: ReliableTask) -> Claim:
+    """The claim a model row stands for under its current fencing token."""
+    return Claim(
+        task=to_info(row),
+        token=row.lease_token,
+        budget_attempts=row.budget_attempts,
+        deadline_at=row.deadline_at,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from django.db import connections, transaction
 from django.db.models import QuerySet
@@ -12,8 +12,8 @@ from django.db.models import QuerySet
 from ...models import ReliableSchedule
 from ...records import TaskInfo
 from ...schedules.records import DEFINITION_FIELDS, ScheduleFire, ScheduleInfo
+from .access import DatabaseAccess
 from .rows import chunks
-from .submitting import Submitting
 
 _MICRO = dt.timedelta(microseconds=1)
 # Definition fields as model columns (``every`` is stored in microseconds).
@@ -74,20 +74,16 @@ def row_from_schedule(info: ScheduleInfo) -> ReliableSchedule:
     )
 
 
-class Schedules(Submitting):
+class Schedules(DatabaseAccess):
     """The ``reliable_executor_schedule`` table; fires store tasks and advance schedules in
     one transaction."""
 
     def _schedules(self) -> QuerySet[ReliableSchedule]:
         return ReliableSchedule.objects.using(self.alias)
 
-    def save_schedules(
-        self,
-        schedules: Sequence[ScheduleInfo],
-        keep_next_run: Collection[str] = (),
-        keep_anchor: Collection[str] = (),
+    def _save_schedules(
+        self, schedules: Sequence[ScheduleInfo], keep: set[str], anchored: set[str]
     ) -> None:
-        keep, anchored = set(keep_next_run), set(keep_anchor)
         with transaction.atomic(using=self.alias):
             for chunk in chunks(list(schedules)):
                 ids = [info.schedule_id for info in chunk]

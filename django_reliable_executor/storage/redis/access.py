@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
@@ -9,14 +10,16 @@ from typing import Any, TypeVar
 
 from ...clock import Clock
 from ...exceptions import StorageUnavailableError
+from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
 from .codec import micros, text
 from .scripts import Scripts
 
 F = TypeVar("F", bound=Callable[..., Any])
 READ_CHUNK = 1000
-WAITING = ("CREATED", "PENDING")
-LIVE = (*WAITING, "RUNNING")
+# The status sets of states.py as the stored values.
+WAITING = tuple(sorted(s.value for s in WAITING_STATUSES))
+LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
 
 
 def _unavailable_errors() -> tuple[type[BaseException], ...]:
@@ -95,6 +98,29 @@ class RedisAccess(TaskStorage):
         bound = micros(now) if inclusive else "(" + micros(now)
         ids = self.client.zrangebyscore(self.p + index, "-inf", bound, start=0, num=limit)
         return [text(task_id) for task_id in ids]
+
+    @guarded
+    def server_warnings(self) -> builtins.list[str]:
+        """What is wrong with the Redis server's configuration for holding tasks."""
+        try:
+            info = self.client.info("memory")
+        except self._unavailable:
+            raise
+        except Exception:  # INFO refused (a restricted ACL user): nothing to say
+            return []
+        if isinstance(info, dict) and "maxmemory_policy" not in info:
+            info = next(iter(info.values()), {})  # a Cluster client answers per node
+        policy = text(info.get("maxmemory_policy", "noeviction"))
+        if policy == "noeviction":
+            return []
+        return [
+            f"Redis at {self.where} has maxmemory-policy {policy}: when memory runs short it "
+            "deletes keys, and these keys are tasks. Set maxmemory-policy noeviction."
+        ]
+
+    def _queues(self) -> builtins.list[str]:
+        """Every queue that holds a task (the ``queues`` set)."""
+        return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
 
     def close(self) -> None:
         if self._owns_client:

@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from ...records import TaskInfo, Transition
-from ...retries import after_failure, timeout_message
+from ...retries import failure_outcome, timeout_message
 from ...states import TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, RedisAccess, guarded
 from .codec import micros, text, to_claim, to_info
@@ -39,16 +39,12 @@ class Chores(RedisAccess):
             if status == "RUNNING":
                 claim = to_claim(task_id, values)
                 error = f"worker lost: {values.get('w')} stopped renewing its lease"
-                next_status, next_run = after_failure(
-                    budget_attempts=claim.budget_attempts,
-                    retry_limit=claim.task.retry_limit,
+                next_status, next_run = failure_outcome(
+                    claim,
+                    now,
+                    self.backoff_cap_millis,
                     retryable=True,
                     cancel_requested=claim.task.cancel_requested,
-                    deadline_at=claim.deadline_at,
-                    now=now,
-                    retry_interval=claim.task.retry_interval,
-                    retry_backoff=claim.task.retry_backoff,
-                    backoff_cap_millis=self.backoff_cap_millis,
                 )
                 outcome = next_status.value
                 run_at = micros(next_run) if next_run is not None else ""

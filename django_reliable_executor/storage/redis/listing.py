@@ -16,7 +16,6 @@ from collections.abc import Collection, Sequence
 
 from ...records import TaskInfo
 from ...states import TERMINAL_STATUSES, TaskStatus
-from ..base import wanted_statuses
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
 
@@ -30,19 +29,14 @@ class Listing(RedisAccess):
     """list(): merge pages of the done indexes with the unfinished tasks."""
 
     @guarded
-    def list(
+    def _list(
         self,
-        *,
-        status: TaskStatus | None = None,
-        task_name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-        statuses: Collection[TaskStatus] | None = None,
+        wanted: frozenset[TaskStatus] | None,
+        task_name: str | None,
+        queue: str | None,
+        limit: int,
+        offset: int,
     ) -> list[TaskInfo]:
-        wanted = wanted_statuses(status, statuses)
-        if limit <= 0 or wanted == frozenset():
-            return []
         want = offset + limit
         rows: builtins.list[Row] = []
         live = frozenset(LIVE) if wanted is None else frozenset(LIVE) & {s.value for s in wanted}
@@ -110,9 +104,6 @@ class Listing(RedisAccess):
             for priority in priorities:
                 pipe2.zrange(f"{self.p}parked:{name}:{text(priority)}", first, -1)
         return {text(i) for parked in pipe2.execute() for i in parked}
-
-    def _queues(self) -> builtins.list[str]:
-        return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
 
     def _matching(
         self,

@@ -27,9 +27,6 @@ class Reading(RedisAccess):
         found = self._read_many(list(dict.fromkeys(task_ids)))
         return {task_id: to_info(task_id, values) for task_id, values in found.items()}
 
-    def _queues(self) -> list[str]:
-        return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
-
     @guarded
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
         counts = {status: 0 for status in TaskStatus}

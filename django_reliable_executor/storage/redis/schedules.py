@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...records import TaskInfo, new_info
@@ -87,13 +87,9 @@ class Schedules(RedisAccess):
         return self.p + "s:" + schedule_id
 
     @guarded
-    def save_schedules(
-        self,
-        schedules: Sequence[ScheduleInfo],
-        keep_next_run: Collection[str] = (),
-        keep_anchor: Collection[str] = (),
+    def _save_schedules(
+        self, schedules: Sequence[ScheduleInfo], keep: set[str], anchored: set[str]
     ) -> None:
-        keep, anchored = set(keep_next_run), set(keep_anchor)
         for start in range(0, len(schedules), READ_CHUNK):
             items = []
             for info in schedules[start : start + READ_CHUNK]:

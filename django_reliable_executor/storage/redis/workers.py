@@ -1,4 +1,4 @@
-"""The named leases (master lock) and the live-worker registry of the Redis storage."""
+"""The live-worker registry of the Redis storage: a hash of descriptions, a set of heartbeats."""
 
 from __future__ import annotations
 
@@ -11,28 +11,8 @@ from .access import RedisAccess, guarded
 from .codec import from_micros, micros, text
 
 
-class Leases(RedisAccess):
-    """Locks taken and renewed by compare-and-set Lua; workers kept fresh by heartbeats."""
-
-    # -- leadership and workers -----------------------------------------------------------
-    @guarded
-    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
-        now = self.clock.now()
-        expires = micros(now + dt.timedelta(seconds=ttl_seconds))
-        ttl_millis = max(1, int(ttl_seconds * 1000))
-        return self._run("lock_acquire", name, owner, expires, ttl_millis, now=now) == 1
-
-    @guarded
-    def release_lock(self, name: str, owner: str) -> None:
-        self._run("lock_release", name, owner)
-
-    @guarded
-    def lock_owner(self, name: str) -> str | None:
-        value = self.client.get(self.p + "lock:" + name)
-        if value is None:
-            return None
-        expires, _, owner = text(value).partition(":")
-        return owner if from_micros(expires) >= self.clock.now() else None
+class Workers(RedisAccess):
+    """worker_seen, worker_gone, workers, forget_workers: kept fresh by heartbeats."""
 
     @guarded
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:

@@ -1,45 +1,18 @@
-"""The master lock and the live-worker registry of the database storage."""
+"""The live-worker registry of the database storage: a row per worker, kept fresh by heartbeats."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 
-from ...models import ReliableLock, ReliableWorker
+from ...models import ReliableWorker
 from ...records import WorkerInfo
 from .access import DatabaseAccess
 
 
-class Leases(DatabaseAccess):
-    """Named leases taken by conditional UPDATE; worker rows kept fresh by heartbeats."""
-
-    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
-        now = self.clock.now()
-        expires = now + dt.timedelta(seconds=ttl_seconds)
-        locks = ReliableLock.objects.using(self.alias)
-        if locks.filter(Q(owner=owner) | Q(expires_at__lt=now), name=name).update(
-            owner=owner, expires_at=expires
-        ):
-            return True
-        try:
-            with transaction.atomic(using=self.alias):
-                locks.create(name=name, owner=owner, expires_at=expires)
-            return True
-        except IntegrityError:
-            return False
-
-    def release_lock(self, name: str, owner: str) -> None:
-        ReliableLock.objects.using(self.alias).filter(name=name, owner=owner).update(
-            owner="", expires_at=self.clock.now() - dt.timedelta(seconds=1)
-        )
-
-    def lock_owner(self, name: str) -> str | None:
-        row = ReliableLock.objects.using(self.alias).filter(name=name).first()
-        if row is None or not row.owner or row.expires_at < self.clock.now():
-            return None
-        return row.owner
+class Workers(DatabaseAccess):
+    """worker_seen, worker_gone, workers, forget_workers over ``reliable_executor_worker``."""
 
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
         now = self.clock.now()

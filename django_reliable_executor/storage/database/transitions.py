@@ -1,0 +1,297 @@
+"""The task transitions of the database storage: start, heartbeat, complete, fail, expire, release,
+cancel and retry, each one conditional UPDATE fenced by the claim's token."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping, Sequence
+
+from django.db import connections
+from django.db.models import F, Q
+
+from ...exceptions import AttemptStillRunningError
+from ...records import CancelResult, Claim, Transition
+from ...retries import failure_outcome, timeout_message
+from ...serialization import encoded
+from ...states import RETRYABLE_BY_HAND, TaskStatus
+from .access import DatabaseAccess
+from .rows import (
+    NOT_WAITING,
+    WAITING,
+    chunks,
+    claimed_by_holders,
+    claims_match,
+    failure_changes,
+    held_by_claims,
+    holding_sql,
+    spans,
+    to_info,
+)
+
+
+class Transitions(DatabaseAccess):
+    """Every change of one task's state after it was stored, each a compare-and-set."""
+
+    def start(self, claim: Claim, lease_seconds: float) -> Claim | None:
+        return self.start_many([claim], lease_seconds)[0]
+
+    def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
+        """One UPDATE for the batch; which rows it changed is read back only on a partial hit.
+
+        Hand-written SQL: this runs once per task, and building the same statement through the
+        ORM cost more CPU than the round trip itself.
+        """
+        if not claims:
+            return []
+        now = self.clock.now()
+        held_sql, held_params = claimed_by_holders(claims)
+        changed = self._execute(
+            f"UPDATE {self._table} SET status = %s, attempts = attempts + 1, "
+            "budget_attempts = budget_attempts + 1, started_at = %s, lease_expires_at = %s "
+            # The claim must still be held: same token (releasing, recovering, cancelling and
+            # retrying bump it), still claimed, by this worker. "Not yet started" is written
+            # as NOT IN so that no planner is tempted by the status index on stale
+            # statistics: the primary key must drive this.
+            f"WHERE status NOT IN ({', '.join(['%s'] * len(NOT_WAITING))}) AND ({held_sql})",
+            [
+                TaskStatus.RUNNING.value,
+                self._dt(now),
+                self._dt(now + dt.timedelta(seconds=lease_seconds)),
+                *NOT_WAITING,
+                *held_params,
+            ],
+        )
+        started = self._hits(
+            claims, changed, TaskStatus.RUNNING, "started_at", now, held_sql, held_params
+        )
+        return [claim.started(now) if claim.task_id in started else None for claim in claims]
+
+    def heartbeat(
+        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
+    ) -> dict[str, tuple[int, bool]]:
+        """One UPDATE per chunk renews the leases held under these exact tokens, one SELECT
+        reads back which (and their cancel flags)."""
+        held: dict[str, tuple[int, bool]] = {}
+        lease_until = self.clock.now() + dt.timedelta(seconds=lease_seconds)
+        for chunk in chunks(list(tokens.items())):
+            sql, params = holding_sql(worker_id, chunk)
+            self._execute(
+                f"UPDATE {self._table} SET lease_expires_at = %s WHERE {sql}",
+                [self._dt(lease_until), *params],
+            )
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(
+                    f"SELECT task_id, lease_token, cancel_requested, status FROM {self._table} "
+                    f"WHERE {sql}",
+                    params,
+                )
+                for task_id, token, cancel, status in cursor.fetchall():
+                    # Timed out while its handler runs: still held, and the handler should stop.
+                    held[task_id] = (token, bool(cancel) or status == TaskStatus.TIMEOUT.value)
+        return held
+
+    def complete(self, claim: Claim, result: object) -> Transition | None:
+        return self.complete_many([(claim, result)])[0]
+
+    def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
+        """One UPDATE per batch (results picked per row with CASE when they differ), split so
+        that no statement carries more than a few MiB of results. Raises ValueError, writing
+        nothing, when one result is larger than the database takes in one statement."""
+        if not outcomes:
+            return []
+        now = self.clock.now()
+        results = [encoded(result) for _, result in outcomes]  # a worker's are encoded already
+        # JSON null is stored as SQL NULL, as the model field does.
+        texts = [None if result.text == "null" else result.text for result in results]
+        sizes = [self._value_bytes(text) for text in texts]
+        for (claim, _), size in zip(outcomes, sizes, strict=True):
+            reason = self._oversized(size)
+            if reason is not None:
+                raise ValueError(f"the result of task {claim.task_id!r} is {reason}")
+        transitions: list[Transition | None] = []
+        for span in spans(sizes, self._statement_bytes()):
+            claims = [claim for claim, _ in outcomes[span]]
+            done = self._complete_rows(claims, texts[span], now)
+            transitions += [
+                claim.completed(result.value, now) if claim.task_id in done else None
+                for claim, result in zip(claims, results[span], strict=True)
+            ]
+        return transitions
+
+    def _complete_rows(
+        self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
+    ) -> set[str]:
+        """One UPDATE of these claims to COMPLETED; returns the ids it changed."""
+        # Written as JSON text (the worker serialised it once); PostgreSQL casts it to jsonb.
+        value_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"
+        if all(text == texts[0] for text in texts):  # JSON equality: 1 and True differ
+            result_sql = value_sql
+            result_params: list[object] = [texts[0]]
+        else:
+            result_sql = "CASE task_id " + f"WHEN %s THEN {value_sql} " * len(claims) + "END"
+            result_params = []
+            for claim, text in zip(claims, texts, strict=True):
+                result_params += [claim.task_id, text]
+        held_sql, held_params = held_by_claims(claims)
+        changed = self._execute(
+            f"UPDATE {self._table} SET status = %s, result = {result_sql}, finished_at = %s, "
+            f"lease_expires_at = NULL, deadline_at = NULL WHERE status = %s AND ({held_sql})",
+            [
+                TaskStatus.COMPLETED.value,
+                *result_params,
+                self._dt(now),
+                TaskStatus.RUNNING.value,
+                *held_params,
+            ],
+        )
+        return self._hits(
+            claims, changed, TaskStatus.COMPLETED, "finished_at", now, held_sql, held_params
+        )
+
+    def fail(
+        self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
+    ) -> Transition | None:
+        now = self.clock.now()
+        if is_error:
+            # ERROR does not depend on the cancel flag: one CAS on state and token.
+            return self._record_failure(claim, TaskStatus.ERROR, None, error, now, None)
+        # Optimistic: assume no cancel was requested; if the CAS misses, decide again with it.
+        for cancel_requested in (False, True):
+            status, run_at = failure_outcome(
+                claim,
+                now,
+                self.backoff_cap_millis,
+                retryable=retryable,
+                cancel_requested=cancel_requested,
+            )
+            transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)
+            if transition is not None:
+                return transition
+        return None
+
+    def _record_failure(
+        self,
+        claim: Claim,
+        status: TaskStatus,
+        run_at: dt.datetime | None,
+        error: str,
+        now: dt.datetime,
+        cancel_requested: bool | None,
+    ) -> Transition | None:
+        """CAS RUNNING (with this token, and this cancel flag unless None) -> ``status``."""
+        changes = failure_changes(status, run_at, error, now)
+        match = Q(pk=claim.task_id, lease_token=claim.token, status=TaskStatus.RUNNING.value)
+        if cancel_requested is not None:
+            match &= Q(cancel_requested=cancel_requested)
+        if not self._tasks().filter(match).update(**changes):
+            return None
+        task = dataclasses.replace(
+            claim.task,
+            status=status,
+            last_error=error,
+            run_at=run_at or claim.task.run_at,
+            finished_at=changes.get("finished_at"),
+            cancel_requested=bool(cancel_requested),
+        )
+        return Transition(task=task, previous=TaskStatus.RUNNING)
+
+    def expire_claim(self, claim: Claim) -> Transition | None:
+        now = self.clock.now()
+        error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
+        changed = (
+            self._tasks()
+            .filter(pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING)
+            .update(**failure_changes(TaskStatus.TIMEOUT, None, error, now))
+        )
+        if not changed:
+            return None
+        task = dataclasses.replace(
+            claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+        )
+        return Transition(task=task, previous=claim.task.status)
+
+    def release(self, claims: Sequence[Claim]) -> int:
+        released = 0
+        for chunk in chunks(list(claims), 100):
+            released += (
+                self._tasks()
+                .filter(claims_match(chunk), available=False, status__in=WAITING)
+                .update(
+                    available=True,
+                    worker_id=None,
+                    lease_expires_at=None,
+                    lease_token=F("lease_token") + 1,  # the old holder can no longer start it
+                )
+            )
+        return released
+
+    def cancel(self, task_id: str) -> CancelResult:
+        now = self.clock.now()
+        changed = (
+            self._tasks()
+            .filter(pk=task_id, status__in=WAITING)
+            .update(
+                status=TaskStatus.CANCELLED.value,
+                available=False,
+                finished_at=now,
+                lease_expires_at=None,
+                # A claim taken before can no longer start it (worker_id stays: who held it).
+                lease_token=F("lease_token") + 1,
+                deadline_at=None,
+            )
+        )
+        if changed:
+            return CancelResult(changed=True, task=self.get(task_id))
+        requested = (
+            self._tasks()
+            .filter(pk=task_id, status=TaskStatus.RUNNING.value)
+            .update(cancel_requested=True)
+        )
+        if requested:
+            return CancelResult(changed=True, task=self.get(task_id), requested_only=True)
+        return CancelResult(changed=False, task=self.get(task_id))
+
+    def retry(self, task_id: str) -> Transition | None:
+        row = self._tasks().filter(pk=task_id).first()
+        if row is None or TaskStatus(row.status) not in RETRYABLE_BY_HAND:
+            return None
+        now = self.clock.now()
+        deadline = (
+            now + dt.timedelta(milliseconds=row.max_duration_millis)
+            if row.max_duration_millis
+            else None
+        )
+        # Refused while the previous attempt's holder still holds its lease (a timed-out
+        # handler still running, see expire_overdue): both would run at once.
+        lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+        changed = (
+            self._tasks()
+            .filter(lease_gone, pk=task_id, status=row.status)
+            .update(
+                status=TaskStatus.PENDING.value,
+                available=True,
+                run_at=now,
+                deadline_at=deadline,
+                budget_attempts=0,
+                cancel_requested=False,
+                finished_at=None,
+                result=None,
+                lease_expires_at=None,
+                lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
+            )
+        )
+        if not changed:
+            holder = (
+                self._tasks()
+                .filter(pk=task_id, status=row.status, lease_expires_at__gt=now)
+                .values_list("worker_id", "lease_expires_at")
+                .first()
+            )
+            if holder is not None and holder[1] is not None:
+                raise AttemptStillRunningError(task_id, holder[0], holder[1])
+            return None
+        previous = TaskStatus(row.status)
+        row.status, row.run_at, row.finished_at = TaskStatus.PENDING.value, now, None
+        row.cancel_requested, row.result = False, None
+        return Transition(task=to_info(row), previous=previous)

@@ -1,0 +1,68 @@
+"""The worker's fetching on the Redis storage: claim.lua, and blocking until there is work."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Mapping, Sequence
+
+from ...records import Claim
+from .access import RedisAccess, guarded
+from .codec import claimed, micros, text
+
+# A claim raises the task's token by a random step up to this: a claim lost in a failover and
+# the next claim of the task then hold different tokens (2**32 steps stay far below 2**63).
+TOKEN_STEP_MAX = 2**32
+BLOCK_MAX_SECONDS = 5.0  # longest blocking pop; the worker simply waits again
+
+
+class Claiming(RedisAccess):
+    """claim, wait_for_work and wake: the ready lists, and the wake token idle workers block on."""
+
+    @guarded
+    def _claim(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        name_limits: Mapping[str, int],
+    ) -> list[Claim]:
+        now = self.clock.now()
+        lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
+        step = random.randint(1, TOKEN_STEP_MAX)
+        caps: list[object] = []
+        if name_limits:
+            caps = [""]  # after the queues (never empty): the name, cap pairs
+            for name, cap in name_limits.items():
+                caps += [name, int(cap)]
+        reply = self._run("claim", worker_id, lease_until, limit, step, *queues, *caps, now=now)
+        next_due = text(reply[0])
+        due = int(next_due) if next_due else None
+        for queue in queues:  # the earliest of the call's queues: at worst a wake-up too early
+            self._next_due[queue] = due
+        return [claimed(text(reply[i]), reply[i + 1]) for i in range(1, len(reply), 2)]
+
+    @guarded
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until a submit (or a hand-back) wakes this queue, the next scheduled task of
+        these queues is due, or ``timeout`` seconds pass. True when woken by a token."""
+        dues = [self._next_due.get(queue) for queue in queues]
+        next_due = min((d for d in dues if d is not None), default=None)
+        if next_due is not None:
+            until_due = (next_due - int(micros(self.clock.now()))) / 1e6
+            if until_due <= 0:
+                return False
+            timeout = min(timeout, until_due)
+        # Never 0 ("forever" to BLPOP), never near the client's socket timeout.
+        timeout = min(max(timeout, 0.001), BLOCK_MAX_SECONDS)
+        keys = [self.p + "wake:" + queue for queue in queues]
+        return self.client.blpop(keys, timeout=timeout) is not None
+
+    @guarded
+    def wake(self, queues: Sequence[str]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.lpush(self.p + "wake:" + queue, "1")
+            pipe.ltrim(self.p + "wake:" + queue, 0, 0)
+        pipe.execute()

@@ -1,0 +1,155 @@
+"""The task transitions of the Redis storage: start, heartbeat, complete, fail, expire, release,
+cancel and retry, each one Lua script (storage/lua/<name>.lua) fenced by the claim's token."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping, Sequence
+
+from ...exceptions import AttemptStillRunningError
+from ...records import CancelResult, Claim, Transition
+from ...retries import failure_outcome, timeout_message
+from ...serialization import encoded
+from ...states import RETRYABLE_BY_HAND, TaskStatus
+from .access import RedisAccess, guarded
+from .codec import fields, from_micros, micros, nonce, text, to_info
+
+
+class Transitions(RedisAccess):
+    """Every change of one task's state after it was stored, each a compare-and-set script."""
+
+    def start(self, claim: Claim, lease_seconds: float) -> Claim | None:
+        return self.start_many([claim], lease_seconds)[0]
+
+    @guarded
+    def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
+        if not claims:
+            return []
+        now = self.clock.now()
+        lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
+        args = [value for claim in claims for value in (claim.task_id, claim.token)]
+        replies = self._run("start", lease_until, nonce(), *args, now=now)
+        return [
+            claim.started(now) if started == 1 else None
+            for claim, started in zip(claims, replies, strict=True)
+        ]
+
+    @guarded
+    def heartbeat(
+        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
+    ) -> dict[str, tuple[int, bool]]:
+        if not tokens:
+            return {}
+        now = self.clock.now()
+        lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
+        args = [value for task_id, token in tokens.items() for value in (task_id, token)]
+        replies = self._run("heartbeat", worker_id, lease_until, *args, now=now)
+        return {
+            text(task_id): (int(token), text(cancel) == "1") for task_id, token, cancel in replies
+        }
+
+    def complete(self, claim: Claim, result: object) -> Transition | None:
+        return self.complete_many([(claim, result)])[0]
+
+    @guarded
+    def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
+        if not outcomes:
+            return []
+        now = self.clock.now()
+        results = [encoded(result) for _, result in outcomes]  # a worker's are encoded already
+        args = [
+            value
+            for (claim, _), result in zip(outcomes, results, strict=True)
+            for value in (claim.task_id, claim.token, result.text)
+        ]
+        replies = self._run("complete", nonce(), *args, now=now)
+        return [
+            claim.completed(result.value, now) if done == 1 else None
+            for (claim, _), result, done in zip(outcomes, results, replies, strict=True)
+        ]
+
+    @guarded
+    def fail(
+        self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
+    ) -> Transition | None:
+        now = self.clock.now()
+        # The outcome without a cancel request; the script turns it into CANCELLED if one was
+        # made meanwhile (a requested cancel wins, as in failure_outcome).
+        status, run_at = failure_outcome(
+            claim, now, self.backoff_cap_millis, retryable=retryable, cancel_requested=False
+        )
+        reply = self._run(
+            "fail",
+            claim.task_id,
+            claim.token,
+            error,
+            status.value,
+            micros(run_at) if run_at is not None else "",
+            "1" if is_error else "0",
+            nonce(),
+            now=now,
+        )
+        if reply is None:
+            return None
+        final = TaskStatus(text(reply[0]))
+        pending = final is TaskStatus.PENDING
+        task = dataclasses.replace(
+            claim.task,
+            status=final,
+            last_error=error,
+            run_at=run_at if pending and run_at is not None else claim.task.run_at,
+            finished_at=None if pending else now,
+            cancel_requested=not is_error and text(reply[1]) == "1",
+        )
+        return Transition(task=task, previous=TaskStatus.RUNNING)
+
+    @guarded
+    def expire_claim(self, claim: Claim) -> Transition | None:
+        now = self.clock.now()
+        error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
+        previous = self._run("expire_claim", claim.task_id, claim.token, error, now=now)
+        if previous is None:
+            return None
+        task = dataclasses.replace(
+            claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+        )
+        return Transition(task=task, previous=TaskStatus(text(previous)))
+
+    @guarded
+    def release(self, claims: Sequence[Claim]) -> int:
+        if not claims:
+            return 0
+        args = [value for claim in claims for value in (claim.task_id, claim.token)]
+        return int(self._run("release", *args))
+
+    @guarded
+    def cancel(self, task_id: str) -> CancelResult:
+        reply = self._run("cancel", task_id)
+        if reply is None:
+            return CancelResult(changed=False, task=None)
+        outcome = text(reply[0])
+        info = to_info(task_id, fields(reply[1]))
+        return CancelResult(
+            changed=outcome != "unchanged", task=info, requested_only=outcome == "requested"
+        )
+
+    @guarded
+    def retry(self, task_id: str) -> Transition | None:
+        before = self.get(task_id)
+        if before is None or before.status not in RETRYABLE_BY_HAND:
+            return None
+        now = self.clock.now()
+        deadline = (
+            micros(now + dt.timedelta(milliseconds=before.max_duration_millis))
+            if before.max_duration_millis
+            else ""
+        )
+        reply = self._run("retry", task_id, before.status.value, deadline, now=now)
+        if reply is None:
+            return None
+        if text(reply[0]) == "held":
+            raise AttemptStillRunningError(
+                task_id, text(reply[1]) or None, from_micros(text(reply[2]))
+            )
+        return Transition(task=to_info(task_id, fields(reply[1])), previous=before.status)
