@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,7 +55,7 @@ class ExecutorSettings:
     SCHEDULE_MISFIRE_GRACE: float = 60.0
     SCHEDULE_CATCH_UP_LIMIT: int = 100
 
-    @property
+    @functools.cached_property  # kept in the instance's __dict__: frozen fields stay as they are
     def task_options(self) -> TaskOptions:
         """The options a task takes when neither its submit nor its handler gives them."""
         return TaskOptions(

@@ -73,29 +73,26 @@ class TaskOptions:
     priority: int | None = None
 
     @classmethod
-    def of(cls, source: Any) -> TaskOptions:
-        """The options an object carries as attributes (a request, handler, schedule, task)."""
-        return cls(**{name: getattr(source, name, None) for name in NAMES})
-
-    def or_else(self, *fallbacks: TaskOptions) -> TaskOptions:
-        """Each option not given here taken from the first fallback that gives it."""
-        values = {}
+    def of(cls, *sources: Any) -> TaskOptions:
+        """Each option from the first of ``sources`` (objects carrying the options as
+        attributes: a request, a handler, a schedule, a task, other TaskOptions; None is
+        skipped) that gives it."""
+        values = []
         for name in NAMES:
-            value = getattr(self, name)
-            for fallback in fallbacks:
+            value = None
+            for source in sources:
+                value = getattr(source, name, None)
                 if value is not None:
                     break
-                value = getattr(fallback, name)
-            values[name] = value
-        return TaskOptions(**values)
+            values.append(value)
+        return cls(*values)
 
     def validate(self, *, required: Iterable[str] = ()) -> TaskOptions:
         """Check every option given (and those named in ``required`` even when None), in field
         order; raise InvalidTaskOptionError for the first bad one. Returns self."""
-        required = set(required)
-        for name in NAMES:
+        for name, (test, _) in RULES.items():
             value = getattr(self, name)
-            if value is not None or name in required:
+            if (value is not None or name in required) and not test(value):
                 check_option(name, value)
         return self
 

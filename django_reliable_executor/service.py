@@ -197,10 +197,8 @@ class ReliableExecutor(ScheduleOperations):
         parameter = self._parameter(request.task_parameter, handler, settings)
 
         # The submit's own options, then the handler's, then the settings' defaults.
-        options = (
-            TaskOptions.of(request)
-            .or_else(TaskOptions.of(handler), settings.task_options)
-            .validate(required=OPTION_NAMES)
+        options = TaskOptions.of(request, handler, settings.task_options).validate(
+            required=OPTION_NAMES
         )
         max_duration = options.max_duration_millis
         run_at = self._run_at(request, now)

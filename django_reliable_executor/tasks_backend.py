@@ -136,7 +136,7 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
         as a handler, so a worker that imported its module can run it."""
         super().validate_task(task)
         try:  # the rule submit applies, so a bad option fails here rather than at every enqueue
-            TaskOptions.of(task).or_else(TaskOptions(queue=task.queue_name)).validate()
+            TaskOptions.of(task, TaskOptions(queue=task.queue_name)).validate()
         except InvalidTaskOptionError as exc:
             raise InvalidTaskError(str(exc)) from exc
         retry_on = getattr(task, "retry_on", None)
