@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -11,7 +12,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from .retries import BACKOFF_CHOICES
+from .options import RULES as OPTION_RULES
+from .options import TaskOptions
 
 SETTING_NAME = "RELIABLE_EXECUTOR"
 
@@ -52,6 +54,18 @@ class ExecutorSettings:
     # most missed runs one schedule fires after downtime (misfire="catch_up").
     SCHEDULE_MISFIRE_GRACE: float = 60.0
     SCHEDULE_CATCH_UP_LIMIT: int = 100
+
+    @functools.cached_property  # kept in the instance's __dict__: frozen fields stay as they are
+    def task_options(self) -> TaskOptions:
+        """The options a task takes when neither its submit nor its handler gives them."""
+        return TaskOptions(
+            retry_limit=self.DEFAULT_RETRY_LIMIT,
+            retry_interval=self.DEFAULT_RETRY_INTERVAL,
+            retry_backoff=self.DEFAULT_RETRY_BACKOFF,
+            max_duration_millis=self.DEFAULT_MAX_DURATION,
+            queue="default",
+            priority=0,
+        )
 
 
 KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(ExecutorSettings))
@@ -178,11 +192,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "POLL_INTERVAL": (_pos_number, "a number of seconds > 0"),
     "LEASE_TIMEOUT": (_pos_number, "a number of seconds > 0"),
     "MASTER_LOCK_TTL": (_pos_number, "a number of seconds > 0"),
-    "DEFAULT_RETRY_LIMIT": (_nonneg_int, "an integer >= 0"),
-    "DEFAULT_RETRY_INTERVAL": (_nonneg_int, "an integer number of milliseconds >= 0"),
-    "DEFAULT_RETRY_BACKOFF": (lambda v: v in BACKOFF_CHOICES, "'fixed' or 'exponential'"),
+    # The defaults of task options: the same rule as the option itself (options.RULES).
+    "DEFAULT_RETRY_LIMIT": OPTION_RULES["retry_limit"],
+    "DEFAULT_RETRY_INTERVAL": OPTION_RULES["retry_interval"],
+    "DEFAULT_RETRY_BACKOFF": OPTION_RULES["retry_backoff"],
     "DEFAULT_RETRY_BACKOFF_MAX": (_nonneg_int, "an integer number of milliseconds >= 0"),
-    "DEFAULT_MAX_DURATION": (lambda v: v is None or _pos_int(v), "None or milliseconds >= 1"),
+    "DEFAULT_MAX_DURATION": OPTION_RULES["max_duration_millis"],
     "FINISHED_RETENTION": (lambda v: _is_number(v) and v >= 0, "a number of seconds >= 0"),
     "MAX_PARAMETER_BYTES": (_pos_int, "an integer number of bytes >= 1"),
     "ALLOW_UNKNOWN_TASKS": (lambda v: isinstance(v, bool), "True or False"),

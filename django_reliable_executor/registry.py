@@ -10,8 +10,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .exceptions import HandlerRegistrationError
-from .retries import BACKOFF_CHOICES
+from .exceptions import HandlerRegistrationError, InvalidTaskOptionError
+from .options import NAMES as OPTION_NAMES
+from .options import TaskOptions
 from .schedules.records import Schedule
 
 ScheduleSpec = Schedule | str | int | float | dt.timedelta
@@ -96,33 +97,14 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
 
     if not isinstance(name, str) or not name or len(name) > 191:
         raise bad("name must be a non-empty string of at most 191 characters")
-    for key in ("retry_limit", "retry_interval"):
-        value = options[key]
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 0
-        ):
-            raise bad(f"{key} must be an integer >= 0, got {value!r}")
-    if options["retry_backoff"] is not None and options["retry_backoff"] not in BACKOFF_CHOICES:
-        raise bad(
-            f"retry_backoff must be one of {BACKOFF_CHOICES}, got {options['retry_backoff']!r}"
+    # The rule every entry point applies, so a bad option fails at import rather than at every
+    # submit; queue and priority have no "not given" here (None is refused).
+    try:
+        TaskOptions(**{key: options[key] for key in OPTION_NAMES}).validate(
+            required=("queue", "priority")
         )
-    duration = options["max_duration_millis"]
-    if duration is not None and (
-        not isinstance(duration, int) or isinstance(duration, bool) or duration < 1
-    ):
-        raise bad(f"max_duration_millis must be a positive integer, got {duration!r}")
-    # The same rule submit applies, so a bad queue fails at import rather than at every submit.
-    queue = options["queue"]
-    if (
-        not isinstance(queue, str)
-        or not queue
-        or len(queue) > 100
-        or any(c.isspace() or c == "," for c in queue)
-    ):
-        raise bad(f"queue must be 1..100 characters without whitespace or commas, got {queue!r}")
-    priority = options["priority"]
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise bad(f"priority must be an integer, got {priority!r}")
+    except InvalidTaskOptionError as exc:
+        raise bad(str(exc)) from exc
     retry_on = options["retry_on"]
     if not isinstance(retry_on, tuple) or not all(
         isinstance(t, type) and issubclass(t, BaseException) for t in retry_on
@@ -277,7 +259,9 @@ def _schedules(
                 timezone=spec.timezone or "UTC",
                 anchor=dt.datetime.now(dt.timezone.utc),
             )
-        except InvalidScheduleError as exc:
+            # Its task options, as saving it would check them (runexecutor saves it).
+            TaskOptions.of(spec).validate()
+        except (InvalidScheduleError, InvalidTaskOptionError) as exc:
             raise HandlerRegistrationError(
                 f"@reliable_task_handler(name={name!r}): schedule {spec.schedule_id!r}: {exc}"
             ) from exc

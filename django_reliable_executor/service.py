@@ -9,7 +9,7 @@ import threading
 import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, transaction
 from django.dispatch import Signal
@@ -27,9 +27,10 @@ from .exceptions import (
     TaskSubmitError,
     UnknownTaskError,
 )
+from .options import MAX_MILLIS, TaskOptions, is_int
+from .options import NAMES as OPTION_NAMES
 from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
 from .registry import TaskHandler, get_handler
-from .retries import BACKOFF_CHOICES
 from .schedules.operations import ScheduleOperations, is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .states import FAILURE_STATUSES, RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
@@ -38,15 +39,6 @@ from .storage import TaskStorage, build_storage
 logger = logging.getLogger("django_reliable_executor")
 
 MAX_ID_LENGTH = 191
-MAX_QUEUE_LENGTH = 100
-_INT32 = 2**31
-# Longest delay, interval or duration accepted: far beyond any real use, and small enough that
-# now + it stays a valid datetime (a bigger one would overflow when the retry is scheduled).
-MAX_MILLIS = 100 * 365 * 24 * 3600 * 1000  # 100 years
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _status(value: TaskStatus | str) -> TaskStatus:
@@ -204,65 +196,22 @@ class ReliableExecutor(ScheduleOperations):
         task_id = self._task_id(request.task_id)
         parameter = self._parameter(request.task_parameter, handler, settings)
 
-        def option(key: str, default: Any) -> Any:
-            value = getattr(request, key)
-            if value is None and handler is not None:
-                value = getattr(handler, key)
-            return default if value is None else value
-
-        retry_limit = option("retry_limit", settings.DEFAULT_RETRY_LIMIT)
-        retry_interval = option("retry_interval", settings.DEFAULT_RETRY_INTERVAL)
-        retry_backoff = option("retry_backoff", settings.DEFAULT_RETRY_BACKOFF)
-        max_duration = option("max_duration_millis", settings.DEFAULT_MAX_DURATION)
-        queue = option("queue", "default")
-        priority = option("priority", 0)
-        # retry_limit fits the 32-bit column; retry_interval must keep now + it a valid datetime.
-        for key, value, most in (
-            ("retry_limit", retry_limit, _INT32 - 1),
-            ("retry_interval", retry_interval, MAX_MILLIS),
-        ):
-            if not _is_int(value) or not 0 <= value <= most:
-                raise InvalidTaskOptionError(
-                    f"{key} must be an integer from 0 to {most}, got {value!r}", field=key
-                )
-        if retry_backoff not in BACKOFF_CHOICES:
-            raise InvalidTaskOptionError(
-                f"retry_backoff must be one of {BACKOFF_CHOICES}, got {retry_backoff!r}",
-                field="retry_backoff",
-            )
-        if max_duration is not None and (
-            not _is_int(max_duration) or not 1 <= max_duration <= MAX_MILLIS
-        ):
-            raise InvalidTaskOptionError(
-                f"max_duration_millis must be None or an integer from 1 to {MAX_MILLIS}, "
-                f"got {max_duration!r}",
-                field="max_duration_millis",
-            )
-        if (
-            not isinstance(queue, str)
-            or not queue
-            or len(queue) > MAX_QUEUE_LENGTH
-            or any(c.isspace() or c == "," for c in queue)
-        ):
-            raise InvalidTaskOptionError(
-                f"queue must be 1..{MAX_QUEUE_LENGTH} characters without whitespace or commas, "
-                f"got {queue!r}",
-                field="queue",
-            )
-        if not _is_int(priority) or not -_INT32 <= priority < _INT32:
-            raise InvalidTaskOptionError(
-                f"priority must be a 32-bit integer, got {priority!r}", field="priority"
-            )
+        # The submit's own options, then the handler's, then the settings' defaults.
+        options = TaskOptions.of(request, handler, settings.task_options).validate(
+            required=OPTION_NAMES
+        )
+        max_duration = options.max_duration_millis
         run_at = self._run_at(request, now)
         return NewTask(
             task_id=task_id,
             task_name=name,
-            queue=queue,
-            priority=priority,
+            # validate(required=...) refused a None in every option but max_duration_millis.
+            queue=cast(str, options.queue),
+            priority=cast(int, options.priority),
             parameter=parameter,
-            retry_limit=retry_limit,
-            retry_interval=retry_interval,
-            retry_backoff=retry_backoff,
+            retry_limit=cast(int, options.retry_limit),
+            retry_interval=cast(int, options.retry_interval),
+            retry_backoff=cast(str, options.retry_backoff),
             max_duration_millis=max_duration,
             created_at=now,
             run_at=run_at,
@@ -333,7 +282,7 @@ class ReliableExecutor(ScheduleOperations):
     @staticmethod
     def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
         delay = request.delay_millis
-        if not _is_int(delay) or not 0 <= delay <= MAX_MILLIS:
+        if not is_int(delay) or not 0 <= delay <= MAX_MILLIS:
             raise InvalidTaskOptionError(
                 f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
                 field="delay_millis",
@@ -421,7 +370,7 @@ class ReliableExecutor(ScheduleOperations):
             if isinstance(statuses, str):  # "FAILED" would be read as "F", "A", ...
                 raise ValueError("statuses must be a collection of statuses, not a string")
             chosen = frozenset(_status(s) for s in statuses)
-        if not _is_int(limit) or limit < 0 or not _is_int(offset) or offset < 0:
+        if not is_int(limit) or limit < 0 or not is_int(offset) or offset < 0:
             raise ValueError("limit and offset must be integers >= 0")
         return self.storage.list(
             status=status,
@@ -470,7 +419,7 @@ class ReliableExecutor(ScheduleOperations):
         if chosen is not None and not chosen <= TERMINAL_STATUSES:
             live = ", ".join(sorted(s.value for s in chosen - TERMINAL_STATUSES))
             raise ValueError(f"only finished tasks can be purged, not {live}")
-        if not _is_int(batch) or batch < 1:
+        if not is_int(batch) or batch < 1:
             raise ValueError("batch must be an integer >= 1")
         deleted = 0
         while True:

@@ -27,11 +27,11 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 from . import signals as executor_signals
-from .exceptions import TaskSubmitError
+from .exceptions import InvalidTaskOptionError, TaskSubmitError
 from .execution import TaskContext as ExecutorContext
+from .options import RETRY_NAMES, TaskOptions, check_option
 from .records import TaskInfo, TaskSubmitRequest
 from .registry import TaskHandler, get_handler, register, register_resolver
-from .retries import BACKOFF_CHOICES
 from .states import TaskStatus
 from .tasks_compat import (
     BaseTaskBackend,
@@ -51,7 +51,7 @@ from .tasks_compat import (
 
 logger = logging.getLogger("django_reliable_executor")
 
-OPTION_KEYS = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis", "retry_on")
+OPTION_KEYS = (*RETRY_NAMES, "retry_on")
 STATUS_MAP = {
     TaskStatus.CREATED: TaskResultStatus.READY,
     TaskStatus.PENDING: TaskResultStatus.READY,
@@ -78,19 +78,20 @@ class ReliableTask(Task):  # type: ignore[misc]
 
 
 def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, what is wrong) for every bad OPTIONS entry (or per-task option)."""
+    """(key, what is wrong) for every bad OPTIONS entry, in the words submit would use."""
     problems = []
     for key in sorted(set(options) - set(OPTION_KEYS)):
         problems.append((key, f"unknown option {key!r} (known: {', '.join(OPTION_KEYS)})"))
-    for key in ("retry_limit", "retry_interval", "max_duration_millis"):
+    for key in RETRY_NAMES:
         value = options.get(key)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 0
-        ):
-            problems.append((key, f"{key} must be an integer >= 0, got {value!r}"))
-    backoff = options.get("retry_backoff")
-    if backoff is not None and backoff not in BACKOFF_CHOICES:
-        problems.append(("retry_backoff", f"retry_backoff must be one of {BACKOFF_CHOICES}"))
+        # max_duration_millis=0 has always passed this check (E020), and the check's tests keep
+        # it so; every enqueue still refuses it, with submit's message.
+        if value is None or (key == "max_duration_millis" and value == 0):
+            continue
+        try:
+            check_option(key, value)
+        except InvalidTaskOptionError as exc:
+            problems.append((key, str(exc)))
     retry_on = options.get("retry_on")
     if retry_on is not None:
         try:
@@ -134,10 +135,16 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
         """Django's rules, this app's option and queue rules; then the task is registered
         as a handler, so a worker that imported its module can run it."""
         super().validate_task(task)
-        own = {k: getattr(task, k, None) for k in OPTION_KEYS}
-        problems = _option_problems({k: v for k, v in own.items() if v is not None})
-        if problems:
-            raise InvalidTaskError(problems[0][1])
+        try:  # the rule submit applies, so a bad option fails here rather than at every enqueue
+            TaskOptions.of(task, TaskOptions(queue=task.queue_name)).validate()
+        except InvalidTaskOptionError as exc:
+            raise InvalidTaskError(str(exc)) from exc
+        retry_on = getattr(task, "retry_on", None)
+        if retry_on is not None:
+            try:
+                _exception_classes(retry_on)
+            except (ImportError, TypeError, ValueError) as exc:
+                raise InvalidTaskError(f"retry_on: {exc}") from exc
         handler = get_handler(task.module_path)
         if handler is None or getattr(handler, "django_task", None) is None:
             register(_handler_for(task, self))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone as django_timezone
 
 from ..exceptions import InvalidScheduleError
+from ..options import RETRY_NAMES
 from ..records import NewTask, TaskSubmitRequest
 from .records import MISFIRE_POLICIES, ORIGINS, Schedule, ScheduleInfo
 from .timing import make_timing
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 MAX_SCHEDULE_ID_LENGTH = 160  # leaves room for "@<planned time>" within a 191-character task id
 _MICRO = dt.timedelta(microseconds=1)
-_TASK_OPTIONS = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis")
 # The planned-time part of a fire id: date, time, microseconds only when not zero, "Z".
 _FIRE_TIME = re.compile(r"(\d+)(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)(?:\.(\d{6}))?Z", re.ASCII)
 
@@ -115,7 +115,7 @@ class ScheduleOperations:
         master ran (or while paused) do: "skip", "run_once" or "catch_up". ``task_options``:
         retry_limit, retry_interval, retry_backoff, max_duration_millis. Raises
         InvalidScheduleError or a TaskSubmitError naming the bad field; stores nothing then."""
-        unknown = sorted(set(task_options) - set(_TASK_OPTIONS))
+        unknown = sorted(set(task_options) - set(RETRY_NAMES))
         if unknown:
             raise InvalidScheduleError(
                 f"unknown schedule option(s): {', '.join(unknown)}", field=unknown[0]

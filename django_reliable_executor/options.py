@@ -1,0 +1,102 @@
+"""TaskOptions: a task's retry, deadline, queue and priority options, and the one rule for each."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .exceptions import InvalidTaskOptionError
+from .retries import BACKOFF_CHOICES
+
+MAX_QUEUE_LENGTH = 100
+INT32 = 2**31
+# Longest delay, interval or duration accepted: far beyond any real use, and small enough that
+# now + it stays a valid datetime (a bigger one would overflow when the retry is scheduled).
+MAX_MILLIS = 100 * 365 * 24 * 3600 * 1000  # 100 years
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _queue_ok(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_QUEUE_LENGTH
+        and not any(c.isspace() or c == "," for c in value)
+    )
+
+
+# option -> (test, what a good value is). The test sees None too: only max_duration_millis takes
+# it as a value ("no limit"); elsewhere None means "not given" and TaskOptions skips it.
+# retry_limit fits the 32-bit column; the millisecond values keep now + them a valid datetime.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "retry_limit": (
+        lambda v: is_int(v) and 0 <= v <= INT32 - 1,
+        f"an integer from 0 to {INT32 - 1}",
+    ),
+    "retry_interval": (
+        lambda v: is_int(v) and 0 <= v <= MAX_MILLIS,
+        f"an integer from 0 to {MAX_MILLIS}",
+    ),
+    "retry_backoff": (lambda v: v in BACKOFF_CHOICES, f"one of {BACKOFF_CHOICES}"),
+    "max_duration_millis": (
+        lambda v: v is None or (is_int(v) and 1 <= v <= MAX_MILLIS),
+        f"None or an integer from 1 to {MAX_MILLIS}",
+    ),
+    "queue": (
+        _queue_ok,
+        f"1..{MAX_QUEUE_LENGTH} characters without whitespace or commas",
+    ),
+    "priority": (lambda v: is_int(v) and -INT32 <= v < INT32, "a 32-bit integer"),
+}
+
+
+def check_option(name: str, value: Any) -> None:
+    """Raise InvalidTaskOptionError (``field=name``) unless ``value`` is a good ``name``."""
+    test, expected = RULES[name]
+    if not test(value):
+        raise InvalidTaskOptionError(f"{name} must be {expected}, got {value!r}", field=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """The options stored with a task. None means "not given": a later source fills it in
+    (the submit, then the handler, then the settings)."""
+
+    retry_limit: int | None = None
+    retry_interval: int | None = None  # milliseconds
+    retry_backoff: str | None = None  # "fixed" | "exponential"
+    max_duration_millis: int | None = None
+    queue: str | None = None
+    priority: int | None = None
+
+    @classmethod
+    def of(cls, *sources: Any) -> TaskOptions:
+        """Each option from the first of ``sources`` (objects carrying the options as
+        attributes: a request, a handler, a schedule, a task, other TaskOptions; None is
+        skipped) that gives it."""
+        values = []
+        for name in NAMES:
+            value = None
+            for source in sources:
+                value = getattr(source, name, None)
+                if value is not None:
+                    break
+            values.append(value)
+        return cls(*values)
+
+    def validate(self, *, required: Iterable[str] = ()) -> TaskOptions:
+        """Check every option given (and those named in ``required`` even when None), in field
+        order; raise InvalidTaskOptionError for the first bad one. Returns self."""
+        for name, (test, _) in RULES.items():
+            value = getattr(self, name)
+            if (value is not None or name in required) and not test(value):
+                check_option(name, value)
+        return self
+
+
+NAMES = tuple(field.name for field in dataclasses.fields(TaskOptions))
+# The options a retry policy reads, apart from where and in what order the task runs.
+RETRY_NAMES = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis")
