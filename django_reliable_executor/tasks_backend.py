@@ -84,9 +84,7 @@ def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append((key, f"unknown option {key!r} (known: {', '.join(OPTION_KEYS)})"))
     for key in RETRY_NAMES:
         value = options.get(key)
-        # max_duration_millis=0 has always passed this check (E020), and the check's tests keep
-        # it so; every enqueue still refuses it, with submit's message.
-        if value is None or (key == "max_duration_millis" and value == 0):
+        if value is None:
             continue
         try:
             check_option(key, value)

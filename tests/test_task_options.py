@@ -249,20 +249,7 @@ RETRY_BAD = [(n, v) for n, v in BAD if n in RETRY_NAMES]
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [
-        pytest.param(
-            n,
-            v,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="OPTIONS max_duration_millis=0 passes check E020: "
-                "test_tasks_backend.py::test_check_is_clean_for_the_configured_backend pins it",
-            ),
-        )
-        if (n, v) == ("max_duration_millis", 0)
-        else (n, v)
-        for n, v in RETRY_BAD
-    ],
+    RETRY_BAD,
     ids=[f"{n}={v!r}"[:40] for n, v in RETRY_BAD],
 )
 def test_the_django_tasks_backend_options_are_refused_with_submits_message(
@@ -278,22 +265,6 @@ def test_the_django_tasks_backend_options_are_refused_with_submits_message(
     with pytest.raises(tasks_compat.InvalidTaskError) as raised:
         backend.enqueue(_django_task(), (), {})
     assert str(raised.value) == f"TASKS['x']['OPTIONS']: {expected}"
-    assert executor.list_tasks() == []
-
-
-def test_the_django_tasks_backend_options_max_duration_zero_is_refused_at_enqueue(
-    django_backend, executor
-):
-    """What OPTIONS max_duration_millis=0 does today: E020 lets it pass, every enqueue refuses
-    it with submit's message (the xfail above records the check's half)."""
-    from django_reliable_executor.tasks_backend import ReliableExecutorBackend
-
-    expected = reference("max_duration_millis", 0)
-    backend = ReliableExecutorBackend("x", {"OPTIONS": {"max_duration_millis": 0}})
-    with pytest.raises(tasks_compat.InvalidTaskError) as raised:
-        backend.enqueue(_django_task(), (), {})
-    assert str(raised.value) == str(expected)
-    assert_same(raised.value.__cause__, expected)
     assert executor.list_tasks() == []
 
 

@@ -113,7 +113,7 @@ def test_check_is_clean_for_the_configured_backend():
                 "retry_limit": 3,
                 "retry_interval": 100,
                 "retry_backoff": "exponential",
-                "max_duration_millis": 0,
+                "max_duration_millis": 60_000,
                 "retry_on": ["builtins.ConnectionError", "djtasks.tasks.CustomError"],
             }
         },
