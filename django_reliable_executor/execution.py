@@ -110,7 +110,7 @@ class TaskRunner:
     ) -> CompletionWriter:
         self.writer = CompletionWriter(
             lambda outcomes: self.storage.complete_many(outcomes),
-            self.executor.announce,
+            self.executor.announcer.transition,
             self._discarded,
             written,
             refuse=self._refuse_result,
@@ -129,7 +129,7 @@ class TaskRunner:
         if claim.deadline_at is not None and now >= claim.deadline_at:
             expired = self.storage.expire_claim(claim)
             if expired is not None:
-                executor.announce(expired)
+                executor.announcer.transition(expired)
                 return expired.status
             return None
         try:
@@ -143,7 +143,7 @@ class TaskRunner:
         # Found first: a resolver may import the task's module, and receivers of the started
         # signal (the Django Tasks backend's) look the handler up.
         handler = resolve_handler(started.task.task_name)
-        executor.announce_started(started.task)
+        executor.announcer.started(started.task)
         if handler is None:
             return self._record_error(
                 started,
@@ -211,7 +211,7 @@ class TaskRunner:
         if transition is None:
             self._discarded(claim)
             return None
-        self.executor.announce(transition)
+        self.executor.announcer.transition(transition)
         return transition.status
 
     def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
@@ -228,7 +228,7 @@ class TaskRunner:
         if transition is None:
             self._discarded(claim)
             return None
-        self.executor.announce(transition)
+        self.executor.announcer.transition(transition)
         return transition.status
 
     def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:

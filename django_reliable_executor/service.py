@@ -1,10 +1,9 @@
-"""ReliableExecutor: validate and serialise submits, call the storage, announce transitions."""
+"""ReliableExecutor: the public service: validate and serialise submits, call the storage."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import logging
 import threading
 import unicodedata
 import uuid
@@ -12,9 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
-from django.dispatch import Signal
 
-from . import metrics, signals
+from .announcing import Announcer
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
 from .exceptions import (
@@ -32,10 +30,8 @@ from .registry import TaskHandler, get_handler
 from .retries import BACKOFF_CHOICES
 from .schedules.operations import ScheduleOperations, is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
-from .states import FAILURE_STATUSES, RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
+from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import TaskStorage, build_storage
-
-logger = logging.getLogger("django_reliable_executor")
 
 MAX_ID_LENGTH = 191
 MAX_QUEUE_LENGTH = 100
@@ -70,6 +66,8 @@ class ReliableExecutor(ScheduleOperations):
         self._clock = clock
         self._settings = settings
         self._lock = threading.Lock()
+        #: Signals, log lines and metrics of transitions (the worker and the chores use it).
+        self.announcer = Announcer(sender=ReliableExecutor)
 
     # -- wiring ---------------------------------------------------------------------------
     @property
@@ -132,7 +130,7 @@ class ReliableExecutor(ScheduleOperations):
         results = storage.enqueue(new_tasks)
         created = [info for info, was_created in results if was_created]
         if created:
-            self._after_commit(lambda: self._announce_submitted(created))
+            self._after_commit(lambda: self.announcer.submitted(created))
         return [info for info, _ in results]
 
     def _after_commit(self, callback: Any) -> None:
@@ -162,7 +160,7 @@ class ReliableExecutor(ScheduleOperations):
 
         def write() -> None:
             results = self.storage.enqueue(new_tasks)
-            self._announce_submitted([info for info, was_created in results if was_created])
+            self.announcer.submitted([info for info, was_created in results if was_created])
 
         transaction.on_commit(write, using=alias)
         infos: dict[str, TaskInfo] = dict(existing)
@@ -172,13 +170,7 @@ class ReliableExecutor(ScheduleOperations):
 
     def announce_submitted(self, created: list[TaskInfo]) -> None:
         """Metrics, log line and ``task_submitted`` signal of tasks just stored."""
-        self._announce_submitted(created)
-
-    def _announce_submitted(self, created: list[TaskInfo]) -> None:
-        metrics.observe_submitted(created)
-        for info in created:
-            log_transition(logging.INFO, info, "new", f"queue {info.queue}")
-            self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
+        self.announcer.submitted(created)
 
     def _prepare(
         self, request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
@@ -368,9 +360,9 @@ class ReliableExecutor(ScheduleOperations):
         result = self.storage.cancel(task_id)
         if result.changed and result.task is not None:
             if result.requested_only:
-                log_transition(logging.INFO, result.task, TaskStatus.RUNNING, "cancel requested")
+                self.announcer.cancel_requested(result.task)
             else:
-                self.announce(Transition(task=result.task, previous=TaskStatus.PENDING))
+                self.announcer.transition(Transition(task=result.task, previous=TaskStatus.PENDING))
         return result.changed
 
     def retry_task(self, task_id: str) -> bool:
@@ -388,7 +380,7 @@ class ReliableExecutor(ScheduleOperations):
         except AttemptStillRunningError as exc:
             return str(exc)
         if transition is not None:
-            log_transition(logging.INFO, transition.task, transition.previous, "retried by hand")
+            self.announcer.retried(transition)
             return None
         task = self.storage.get(task_id)
         if task is None:
@@ -481,95 +473,14 @@ class ReliableExecutor(ScheduleOperations):
             if done < batch:
                 return deleted
 
-    # -- announcing -----------------------------------------------------------------------
+    # -- announcing (see announcing.py) ----------------------------------------------------
     def announce(self, transition: Transition, attempt: int | None = None) -> None:
         """Send the signal, write the log line and count the metrics of a transition."""
-        metrics.observe_transition(transition)
-        task = transition.task
-        status = task.status
-        if status is TaskStatus.COMPLETED:
-            log_transition(logging.INFO, task, transition.previous)
-            self._send(
-                signals.task_completed,
-                task_id=task.task_id,
-                task_name=task.task_name,
-                result=task.result,
-            )
-        elif status is TaskStatus.PENDING:
-            # A failed attempt that will be retried: worth a look, not yet an alarm.
-            log_transition(
-                logging.WARNING,
-                task,
-                transition.previous,
-                f"retry at {task.run_at.isoformat()}: {_first_line(task.last_error)}",
-            )
-            self._send(
-                signals.task_retrying,
-                task_id=task.task_id,
-                task_name=task.task_name,
-                attempt=task.attempts,
-                error=task.last_error,
-                next_run_at=task.run_at,
-            )
-        elif status in FAILURE_STATUSES:
-            log_transition(logging.ERROR, task, transition.previous, _first_line(task.last_error))
-            self._send(
-                signals.task_failed,
-                task_id=task.task_id,
-                task_name=task.task_name,
-                status=status,
-                error=task.last_error,
-            )
-        elif status is TaskStatus.CANCELLED:
-            log_transition(logging.INFO, task, transition.previous)
-            self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
+        self.announcer.transition(transition)
 
     def announce_started(self, task: TaskInfo) -> None:
-        metrics.observe_started(task)
-        log_transition(logging.INFO, task, None)
-        self._send(
-            signals.task_started,
-            task_id=task.task_id,
-            task_name=task.task_name,
-            attempt=task.attempts,
-        )
-
-    @staticmethod
-    def _send(signal: Signal, **kwargs: Any) -> None:
-        for receiver, response in signal.send_robust(sender=ReliableExecutor, **kwargs):
-            if isinstance(response, Exception):
-                logger.error(
-                    "signal receiver %r failed",
-                    receiver,
-                    exc_info=(type(response), response, response.__traceback__),
-                )
-
-
-def log_transition(
-    level: int, task: TaskInfo, previous: TaskStatus | str | None, detail: str = ""
-) -> None:
-    """One line per state change, in a shape a task's history can be grepped by:
-    ``task <id> (<name>) <FROM> -> <TO> attempt=<n> worker=<id>[: detail]``."""
-    if not logger.isEnabledFor(level):
-        return
-    logger.log(
-        level,
-        "task %s (%s) %s -> %s attempt=%s worker=%s%s",
-        task.task_id,
-        task.task_name,
-        previous if previous is not None else "claimed",
-        task.status,
-        task.attempts,
-        task.worker_id or "-",
-        f": {detail}" if detail else "",
-    )
-
-
-def _first_line(text: str | None) -> str:
-    if not text:
-        return ""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+        """The same for an attempt that has just started."""
+        self.announcer.started(task)
 
 
 #: The module-level executor: builds its storage from settings on first use.
