@@ -29,6 +29,7 @@ from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInf
 from .registry import TaskHandler, get_handler
 from .retries import BACKOFF_CHOICES
 from .schedules.operations import ScheduleOperations, is_fire_task_id
+from .schedules.records import Schedule, ScheduleInfo
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import TaskStorage, build_storage
@@ -52,7 +53,7 @@ def _status(value: TaskStatus | str) -> TaskStatus:
         raise ValueError(f"unknown status {value!r}") from None
 
 
-class ReliableExecutor(ScheduleOperations):
+class ReliableExecutor:
     """The public service. Thread-safe; storage is built from settings on first use."""
 
     def __init__(
@@ -68,6 +69,12 @@ class ReliableExecutor(ScheduleOperations):
         self._lock = threading.Lock()
         #: Signals, log lines and metrics of transitions (the worker and the chores use it).
         self.announcer = Announcer(sender=ReliableExecutor)
+        self._schedules = ScheduleOperations(
+            storage=lambda: self.storage,
+            clock=lambda: self.clock,
+            settings=lambda: self.settings,
+            prepare=self._prepare,
+        )
 
     # -- wiring ---------------------------------------------------------------------------
     @property
@@ -472,6 +479,81 @@ class ReliableExecutor(ScheduleOperations):
                 progress(deleted)
             if done < batch:
                 return deleted
+
+    # -- schedules (see schedules/operations.py) ------------------------------------------
+    def schedule(
+        self,
+        schedule_id: str,
+        task_name: str,
+        parameter: Any = None,
+        *,
+        every: float | dt.timedelta | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        start_at: dt.datetime | None = None,
+        misfire: str = "skip",
+        **task_options: Any,
+    ) -> ScheduleInfo:
+        """Create the schedule, or redefine the one with this id (keeping its state: paused,
+        last run, and its next run too if its timing did not change). Fires ``task_name``
+        with ``parameter`` every ``every`` seconds (or timedelta) or by ``cron`` in
+        ``timezone`` (default: Django's TIME_ZONE). ``misfire`` says what runs missed while no
+        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``task_options``:
+        retry_limit, retry_interval, retry_backoff, max_duration_millis. Raises
+        InvalidScheduleError or a TaskSubmitError naming the bad field; stores nothing then."""
+        return self._schedules.schedule(
+            schedule_id,
+            task_name,
+            parameter,
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            queue=queue,
+            priority=priority,
+            start_at=start_at,
+            misfire=misfire,
+            **task_options,
+        )
+
+    def schedule_many(
+        self, schedules: Sequence[Schedule], *, origin: str = "api"
+    ) -> list[ScheduleInfo]:
+        """Create or redefine several schedules at once: every one is validated first (one bad
+        definition stores nothing), unchanged ones are not written. Same order as given."""
+        return self._schedules.schedule_many(schedules, origin=origin)
+
+    def get_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """The stored schedule, or None for an unknown id."""
+        return self._schedules.get_schedule(schedule_id)
+
+    def list_schedules(
+        self, *, limit: int = 100, offset: int = 0, paused: bool | None = None
+    ) -> list[ScheduleInfo]:
+        """Schedules by id; ``paused=True`` only the paused, ``False`` only the active ones."""
+        return self._schedules.list_schedules(limit=limit, offset=offset, paused=paused)
+
+    def count_schedules(self) -> dict[str, int]:
+        """``{"active": n, "paused": m}``."""
+        return self._schedules.count_schedules()
+
+    def pause_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """Stop firing (a pause survives restarts and redefinitions). None for an unknown id."""
+        return self._schedules.pause_schedule(schedule_id)
+
+    def resume_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """Fire again; the runs missed while paused meet the schedule's misfire policy."""
+        return self._schedules.resume_schedule(schedule_id)
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Forget the schedule; the tasks it fired stay. False for an unknown id."""
+        return self._schedules.delete_schedule(schedule_id)
+
+    def sync_declared_schedules(self) -> int:
+        """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.
+        Run by every runexecutor at start-up. Returns how many were written."""
+        return self._schedules.sync_declared_schedules()
 
     # -- announcing (see announcing.py) ----------------------------------------------------
     def announce(self, transition: Transition, attempt: int | None = None) -> None:
