@@ -13,7 +13,6 @@ from django.db import connections
 
 from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.worker import Worker, WorkerOptions
 from tests.contract_support import (
@@ -26,7 +25,9 @@ from tests.contract_support import (
     new_task,
     raising,
     recording,
+    run_claim,
     run_next,
+    task_runner,
 )
 
 ms = dt.timedelta(milliseconds=1)
@@ -161,11 +162,10 @@ def test_one_runner_shared_by_many_threads(executor, alias):
         executor.submit("demo.echo", {"i": i}, task_id=f"p-{i:02d}")
     executor.submit("demo.always_fails", None, task_id="p-fail", retry_limit=0)
     claims = executor.storage.claim("w1", ["default"], 100, LEASE)
-    runner = TaskRunner(executor, LEASE)
     outcomes: dict[str, TaskStatus | None] = {}
     errors: list[BaseException] = []
 
-    def work(mine) -> None:
+    def work(runner, mine) -> None:
         try:
             for claim in mine:
                 outcomes[claim.task_id] = runner.run(claim)
@@ -174,8 +174,12 @@ def test_one_runner_shared_by_many_threads(executor, alias):
         finally:
             connections.close_all()
 
-    with recording(signals.task_started) as started, recording(signals.task_completed) as done:
-        threads = [threading.Thread(target=work, args=(claims[i::8],)) for i in range(8)]
+    with (
+        recording(signals.task_started) as started,
+        recording(signals.task_completed) as done,
+        task_runner(executor) as runner,  # its writer has written every completion at the end
+    ):
+        threads = [threading.Thread(target=work, args=(runner, claims[i::8])) for i in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -351,7 +355,7 @@ def test_due_task_past_its_deadline_is_not_started(executor, storage, clock):
     claim = claim_one(storage)
     clock.advance(1)
     with recording(signals.task_started) as started, recording(signals.task_failed) as failed:
-        assert TaskRunner(executor, LEASE).run(claim) is TaskStatus.TIMEOUT
+        assert run_claim(executor, claim) is TaskStatus.TIMEOUT
     info = executor.get_task("late")
     assert (info.status, info.attempts, info.started_at) == (TaskStatus.TIMEOUT, 0, None)
     assert "max duration" in info.last_error
