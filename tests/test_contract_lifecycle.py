@@ -13,6 +13,7 @@ from django.db import connections
 
 from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
+from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.worker import Worker, WorkerOptions
 from tests.contract_support import (
@@ -153,6 +154,21 @@ def test_complete_many_stores_each_result_exactly(executor, storage):
     same = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
     assert all(storage.complete_many([(c, {"ok": 1}) for c in same]))
     assert {executor.get_task(c.task_id).result["ok"] for c in same} == {1}
+
+
+def test_a_runner_without_its_writer_runs_nothing(executor, storage):
+    """Completions have one path, the CompletionWriter the worker starts: a runner without one
+    refuses before starting the task, which stays unstarted for the next claim."""
+    executor.submit("demo.echo", None, task_id="nw")
+    claim = claim_one(storage)
+    with (
+        recording(signals.task_started) as started,
+        pytest.raises(RuntimeError, match="start_writer"),
+    ):
+        TaskRunner(executor, LEASE).run(claim)
+    assert started.calls == []
+    info = executor.get_task("nw")
+    assert (info.attempts, info.started_at) == (0, None)
 
 
 def test_one_runner_shared_by_many_threads(executor, alias):
