@@ -17,7 +17,7 @@ from .connections import with_reconnect
 from .exceptions import storage_unavailable
 from .records import Claim, TaskInfo, Transition
 from .registry import TaskHandler, resolve_handler
-from .serialization import ConversionError, Encoded, encode, from_json_value
+from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
 
@@ -87,7 +87,7 @@ class TaskRunner:
         self.executor = executor
         self.lease_seconds = lease_seconds
         self.contexts: dict[str, TaskContext] = {}
-        # Pool threads that start or finish at the same moment share one storage write.
+        # Pool threads that start at the same moment share one storage write.
         # A start is fenced by the claim's token, so repeating it on a new connection after
         # the server killed the old one is safe (a start that did commit is not made twice).
         # A batch the storage refuses (rather than cannot reach) is written again item by item,
@@ -98,11 +98,8 @@ class TaskRunner:
             ),
             isolate=_refused,
         )
-        self._completions: GroupCommitter[tuple[Claim, Encoded], Transition | None] = (
-            GroupCommitter(lambda outcomes: self.storage.complete_many(outcomes), isolate=_refused)
-        )
-        # Set by the worker: completions are then written in the background (see
-        # completions.py); without it, run() waits for its completion to be written.
+        # Started by the worker (start_writer): it writes every completion in the background,
+        # in batches, and fails alone a result the storage refuses (see completions.py).
         self.writer: CompletionWriter | None = None
 
     def start_writer(
@@ -110,7 +107,7 @@ class TaskRunner:
     ) -> CompletionWriter:
         self.writer = CompletionWriter(
             lambda outcomes: self.storage.complete_many(outcomes),
-            self.executor.announce,
+            self.executor.announcer.transition,
             self._discarded,
             written,
             refuse=self._refuse_result,
@@ -123,13 +120,17 @@ class TaskRunner:
 
     def run(self, claim: Claim) -> TaskStatus | None:
         """Run one claim to its outcome; returns the recorded status, or None when the claim was
-        no longer ours (cancelled, expired, or reclaimed after a lost lease)."""
+        no longer ours (cancelled, expired, or reclaimed after a lost lease). COMPLETED means
+        handed to the writer, which records it shortly (or discards it, if no longer ours)."""
+        writer = self.writer
+        if writer is None:
+            raise RuntimeError("TaskRunner.run() needs start_writer() first")
         executor = self.executor
         now = executor.clock.now()
         if claim.deadline_at is not None and now >= claim.deadline_at:
             expired = self.storage.expire_claim(claim)
             if expired is not None:
-                executor.announce(expired)
+                executor.announcer.transition(expired)
                 return expired.status
             return None
         try:
@@ -143,7 +144,7 @@ class TaskRunner:
         # Found first: a resolver may import the task's module, and receivers of the started
         # signal (the Django Tasks backend's) look the handler up.
         handler = resolve_handler(started.task.task_name)
-        executor.announce_started(started.task)
+        executor.announcer.started(started.task)
         if handler is None:
             return self._record_error(
                 started,
@@ -153,7 +154,7 @@ class TaskRunner:
             parameter = from_json_value(started.task.parameter, handler.param_type)
         except ConversionError as exc:
             return self._record_error(started, f"parameter does not fit param_type: {exc}")
-        return self._call(started, handler, parameter)
+        return self._call(started, handler, parameter, writer)
 
     def _hand_back(self, claim: Claim) -> None:
         """A start that failed even on a new connection: give the claim back at once rather
@@ -164,7 +165,9 @@ class TaskRunner:
         except Exception:
             logger.debug("task %s: could not hand the claim back", claim.task_id, exc_info=True)
 
-    def _call(self, claim: Claim, handler: TaskHandler[Any], parameter: Any) -> TaskStatus | None:
+    def _call(
+        self, claim: Claim, handler: TaskHandler[Any], parameter: Any, writer: CompletionWriter
+    ) -> TaskStatus | None:
         args = (parameter,) if handler.accepts_parameter else ()
         kwargs: dict[str, Any] = {}
         context = None
@@ -199,20 +202,8 @@ class TaskRunner:
             return self._record_failure(
                 claim, f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}", False
             )
-        if self.writer is not None:
-            self.writer.put(claim, result)
-            return TaskStatus.COMPLETED  # recorded shortly, by the writer
-        try:
-            transition = self._completions.submit((claim, result))
-        except Exception as exc:
-            if storage_unavailable(exc):
-                raise
-            transition = self._refuse_result(claim, exc)
-        if transition is None:
-            self._discarded(claim)
-            return None
-        self.executor.announce(transition)
-        return transition.status
+        writer.put(claim, result)
+        return TaskStatus.COMPLETED  # recorded shortly, by the writer
 
     def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
         """The storage refused this task's result (too large for it, say): the task fails
@@ -228,7 +219,7 @@ class TaskRunner:
         if transition is None:
             self._discarded(claim)
             return None
-        self.executor.announce(transition)
+        self.executor.announcer.transition(transition)
         return transition.status
 
     def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:

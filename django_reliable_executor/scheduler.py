@@ -78,10 +78,10 @@ class Scheduler:
         self.storage_reached()  # may settle: then recovery waits, from this round on
         recovered = storage.recover_expired(BATCH) if time.monotonic() >= self._recover_from else []
         for transition in recovered:
-            self.executor.announce(transition)
+            self.executor.announcer.transition(transition)
         expired = storage.expire_overdue(BATCH)
         for transition in expired:
-            self.executor.announce(transition)
+            self.executor.announcer.transition(transition)
         busy = busy or len(recovered) >= BATCH or len(expired) >= BATCH
         if time.monotonic() >= self._next_purge:
             cutoff = self.executor.clock.now() - dt.timedelta(seconds=self.retention_seconds)

@@ -1,10 +1,9 @@
-"""ReliableExecutor: validate and serialise submits, call the storage, announce transitions."""
+"""ReliableExecutor: the public service: validate and serialise submits, call the storage."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import logging
 import threading
 import unicodedata
 import uuid
@@ -12,9 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from django.db import connections, transaction
-from django.dispatch import Signal
 
-from . import metrics, signals
+from .announcing import Announcer
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
 from .exceptions import (
@@ -32,11 +30,10 @@ from .options import NAMES as OPTION_NAMES
 from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
 from .registry import TaskHandler, get_handler
 from .schedules.operations import ScheduleOperations, is_fire_task_id
+from .schedules.records import Schedule, ScheduleInfo
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
-from .states import FAILURE_STATUSES, RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
+from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import TaskStorage, build_storage
-
-logger = logging.getLogger("django_reliable_executor")
 
 MAX_ID_LENGTH = 191
 
@@ -48,7 +45,7 @@ def _status(value: TaskStatus | str) -> TaskStatus:
         raise ValueError(f"unknown status {value!r}") from None
 
 
-class ReliableExecutor(ScheduleOperations):
+class ReliableExecutor:
     """The public service. Thread-safe; storage is built from settings on first use."""
 
     def __init__(
@@ -62,6 +59,14 @@ class ReliableExecutor(ScheduleOperations):
         self._clock = clock
         self._settings = settings
         self._lock = threading.Lock()
+        #: Signals, log lines and metrics of transitions (the worker and the chores use it).
+        self.announcer = Announcer(sender=ReliableExecutor)
+        self._schedules = ScheduleOperations(
+            storage=lambda: self.storage,
+            clock=lambda: self.clock,
+            settings=lambda: self.settings,
+            prepare=self._prepare,
+        )
 
     # -- wiring ---------------------------------------------------------------------------
     @property
@@ -124,7 +129,7 @@ class ReliableExecutor(ScheduleOperations):
         results = storage.enqueue(new_tasks)
         created = [info for info, was_created in results if was_created]
         if created:
-            self._after_commit(lambda: self._announce_submitted(created))
+            self._after_commit(lambda: self.announcer.submitted(created))
         return [info for info, _ in results]
 
     def _after_commit(self, callback: Any) -> None:
@@ -154,7 +159,7 @@ class ReliableExecutor(ScheduleOperations):
 
         def write() -> None:
             results = self.storage.enqueue(new_tasks)
-            self._announce_submitted([info for info, was_created in results if was_created])
+            self.announcer.submitted([info for info, was_created in results if was_created])
 
         transaction.on_commit(write, using=alias)
         infos: dict[str, TaskInfo] = dict(existing)
@@ -164,13 +169,7 @@ class ReliableExecutor(ScheduleOperations):
 
     def announce_submitted(self, created: list[TaskInfo]) -> None:
         """Metrics, log line and ``task_submitted`` signal of tasks just stored."""
-        self._announce_submitted(created)
-
-    def _announce_submitted(self, created: list[TaskInfo]) -> None:
-        metrics.observe_submitted(created)
-        for info in created:
-            log_transition(logging.INFO, info, "new", f"queue {info.queue}")
-            self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
+        self.announcer.submitted(created)
 
     def _prepare(
         self, request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
@@ -317,9 +316,9 @@ class ReliableExecutor(ScheduleOperations):
         result = self.storage.cancel(task_id)
         if result.changed and result.task is not None:
             if result.requested_only:
-                log_transition(logging.INFO, result.task, TaskStatus.RUNNING, "cancel requested")
+                self.announcer.cancel_requested(result.task)
             else:
-                self.announce(Transition(task=result.task, previous=TaskStatus.PENDING))
+                self.announcer.transition(Transition(task=result.task, previous=TaskStatus.PENDING))
         return result.changed
 
     def retry_task(self, task_id: str) -> bool:
@@ -337,7 +336,7 @@ class ReliableExecutor(ScheduleOperations):
         except AttemptStillRunningError as exc:
             return str(exc)
         if transition is not None:
-            log_transition(logging.INFO, transition.task, transition.previous, "retried by hand")
+            self.announcer.retried(transition)
             return None
         task = self.storage.get(task_id)
         if task is None:
@@ -430,95 +429,89 @@ class ReliableExecutor(ScheduleOperations):
             if done < batch:
                 return deleted
 
-    # -- announcing -----------------------------------------------------------------------
-    def announce(self, transition: Transition, attempt: int | None = None) -> None:
-        """Send the signal, write the log line and count the metrics of a transition."""
-        metrics.observe_transition(transition)
-        task = transition.task
-        status = task.status
-        if status is TaskStatus.COMPLETED:
-            log_transition(logging.INFO, task, transition.previous)
-            self._send(
-                signals.task_completed,
-                task_id=task.task_id,
-                task_name=task.task_name,
-                result=task.result,
-            )
-        elif status is TaskStatus.PENDING:
-            # A failed attempt that will be retried: worth a look, not yet an alarm.
-            log_transition(
-                logging.WARNING,
-                task,
-                transition.previous,
-                f"retry at {task.run_at.isoformat()}: {_first_line(task.last_error)}",
-            )
-            self._send(
-                signals.task_retrying,
-                task_id=task.task_id,
-                task_name=task.task_name,
-                attempt=task.attempts,
-                error=task.last_error,
-                next_run_at=task.run_at,
-            )
-        elif status in FAILURE_STATUSES:
-            log_transition(logging.ERROR, task, transition.previous, _first_line(task.last_error))
-            self._send(
-                signals.task_failed,
-                task_id=task.task_id,
-                task_name=task.task_name,
-                status=status,
-                error=task.last_error,
-            )
-        elif status is TaskStatus.CANCELLED:
-            log_transition(logging.INFO, task, transition.previous)
-            self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
-
-    def announce_started(self, task: TaskInfo) -> None:
-        metrics.observe_started(task)
-        log_transition(logging.INFO, task, None)
-        self._send(
-            signals.task_started,
-            task_id=task.task_id,
-            task_name=task.task_name,
-            attempt=task.attempts,
+    # -- schedules (see schedules/operations.py) ------------------------------------------
+    def schedule(
+        self,
+        schedule_id: str,
+        task_name: str,
+        parameter: Any = None,
+        *,
+        every: float | dt.timedelta | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        start_at: dt.datetime | None = None,
+        misfire: str = "skip",
+        **task_options: Any,
+    ) -> ScheduleInfo:
+        """Create the schedule, or redefine the one with this id (keeping its state: paused,
+        last run, and its next run too if its timing did not change). Fires ``task_name``
+        with ``parameter`` every ``every`` seconds (or timedelta) or by ``cron`` in
+        ``timezone`` (default: Django's TIME_ZONE). ``misfire`` says what runs missed while no
+        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``task_options``:
+        retry_limit, retry_interval, retry_backoff, max_duration_millis. Raises
+        InvalidScheduleError or a TaskSubmitError naming the bad field; stores nothing then."""
+        return self._schedules.schedule(
+            schedule_id,
+            task_name,
+            parameter,
+            every=every,
+            cron=cron,
+            timezone=timezone,
+            queue=queue,
+            priority=priority,
+            start_at=start_at,
+            misfire=misfire,
+            **task_options,
         )
 
-    @staticmethod
-    def _send(signal: Signal, **kwargs: Any) -> None:
-        for receiver, response in signal.send_robust(sender=ReliableExecutor, **kwargs):
-            if isinstance(response, Exception):
-                logger.error(
-                    "signal receiver %r failed",
-                    receiver,
-                    exc_info=(type(response), response, response.__traceback__),
-                )
+    def schedule_many(
+        self, schedules: Sequence[Schedule], *, origin: str = "api"
+    ) -> list[ScheduleInfo]:
+        """Create or redefine several schedules at once: every one is validated first (one bad
+        definition stores nothing), unchanged ones are not written. Same order as given."""
+        return self._schedules.schedule_many(schedules, origin=origin)
 
+    def get_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """The stored schedule, or None for an unknown id."""
+        return self._schedules.get_schedule(schedule_id)
 
-def log_transition(
-    level: int, task: TaskInfo, previous: TaskStatus | str | None, detail: str = ""
-) -> None:
-    """One line per state change, in a shape a task's history can be grepped by:
-    ``task <id> (<name>) <FROM> -> <TO> attempt=<n> worker=<id>[: detail]``."""
-    if not logger.isEnabledFor(level):
-        return
-    logger.log(
-        level,
-        "task %s (%s) %s -> %s attempt=%s worker=%s%s",
-        task.task_id,
-        task.task_name,
-        previous if previous is not None else "claimed",
-        task.status,
-        task.attempts,
-        task.worker_id or "-",
-        f": {detail}" if detail else "",
-    )
+    def list_schedules(
+        self, *, limit: int = 100, offset: int = 0, paused: bool | None = None
+    ) -> list[ScheduleInfo]:
+        """Schedules by id; ``paused=True`` only the paused, ``False`` only the active ones."""
+        return self._schedules.list_schedules(limit=limit, offset=offset, paused=paused)
 
+    def count_schedules(self) -> dict[str, int]:
+        """``{"active": n, "paused": m}``."""
+        return self._schedules.count_schedules()
 
-def _first_line(text: str | None) -> str:
-    if not text:
-        return ""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    def pause_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """Stop firing (a pause survives restarts and redefinitions). None for an unknown id."""
+        return self._schedules.pause_schedule(schedule_id)
+
+    def resume_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """Fire again; the runs missed while paused meet the schedule's misfire policy."""
+        return self._schedules.resume_schedule(schedule_id)
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Forget the schedule; the tasks it fired stay. False for an unknown id."""
+        return self._schedules.delete_schedule(schedule_id)
+
+    def sync_declared_schedules(self) -> int:
+        """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.
+        Run by every runexecutor at start-up. Returns how many were written."""
+        return self._schedules.sync_declared_schedules()
+
+    # -- announcing (see announcing.py) ----------------------------------------------------
+    def announce(self, transition: Transition, attempt: int | None = None) -> None:
+        """Send the signal, write the log line and count the metrics of a transition."""
+        self.announcer.transition(transition)
+
+    def announce_started(self, task: TaskInfo) -> None:
+        """The same for an attempt that has just started."""
+        self.announcer.started(task)
 
 
 #: The module-level executor: builds its storage from settings on first use.

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor, executor
 from django_reliable_executor.states import TaskStatus
 from tests.conftest import BACKENDS, REDIS_URL, TASK_APPS, own_key_prefix, require
-from tests.contract_support import HOOKS, LEASE, claim_and_start, claim_one
+from tests.contract_support import HOOKS, claim_and_start, claim_one, run_claim
 
 # The admin needs the auth, session and admin apps (and their templates) beside the task apps.
 ADMIN_APPS = [
@@ -79,7 +78,7 @@ def run_one(
     service: ReliableExecutor, queue: str = "default", worker: str = "w1"
 ) -> TaskStatus | None:
     """Claim the one due task of ``queue`` and run it through the real TaskRunner."""
-    return TaskRunner(service, LEASE).run(claim_one(service.storage, worker, queue))
+    return run_claim(service, claim_one(service.storage, worker, queue))
 
 
 def boom(context: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from django_reliable_executor import TaskContext, reliable_task_handler
+from django_reliable_executor import TaskContext, reliable_task_handler, signals
 from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.records import Claim, NewTask
 from django_reliable_executor.service import ReliableExecutor
@@ -102,7 +102,42 @@ def claim_and_start(storage: TaskStorage, worker: str = "w1", queue: str = "defa
 
 def run_next(executor: ReliableExecutor, worker: str = "w1") -> TaskStatus | None:
     """Claim the one due task and run it through the real TaskRunner."""
-    return TaskRunner(executor, LEASE).run(claim_one(executor.storage, worker))
+    return run_claim(executor, claim_one(executor.storage, worker))
+
+
+@contextlib.contextmanager
+def task_runner(executor: ReliableExecutor) -> Iterator[TaskRunner]:
+    """A TaskRunner that completes through its CompletionWriter, as the worker's does: every
+    completion is written, and announced, by the time the block ends."""
+    runner = TaskRunner(executor, LEASE)
+    writer = runner.start_writer()
+    try:
+        yield runner
+    finally:
+        writer.close()
+
+
+def run_claims(executor: ReliableExecutor, claims: list[Claim]) -> list[TaskStatus | None]:
+    """Run each claim through the real TaskRunner and wait for its writer. Each claim's recorded
+    status: for a completion, the one its writer announced (FAILED when the storage refused the
+    result), or None when its outcome was discarded (the claim was no longer ours)."""
+    with (
+        recording(signals.task_completed) as completed,
+        recording(signals.task_failed) as failed,
+        task_runner(executor) as runner,  # closed first: its writes are announced, recorded
+    ):
+        statuses = [runner.run(claim) for claim in claims]
+    written: dict[str, TaskStatus] = {c["task_id"]: TaskStatus.COMPLETED for c in completed.calls}
+    written.update((c["task_id"], c["status"]) for c in failed.calls)
+    return [
+        written.get(claim.task_id) if status is TaskStatus.COMPLETED else status
+        for claim, status in zip(claims, statuses, strict=True)
+    ]
+
+
+def run_claim(executor: ReliableExecutor, claim: Claim) -> TaskStatus | None:
+    """``run_claims`` of one claim."""
+    return run_claims(executor, [claim])[0]
 
 
 def new_task(

@@ -21,13 +21,12 @@ from django.test import override_settings
 from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.cli import format_age, parse_duration
 from django_reliable_executor.clock import FakeClock, system_clock
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.leadership import MASTER_LOCK_NAME
 from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.service import executor as module_executor
 from tests.conftest import REDIS_URL
-from tests.contract_support import LEASE, claim_and_start, claim_one, recording, run_next
+from tests.contract_support import claim_and_start, claim_one, recording, run_claim, run_next
 from tests.processes import _OVERRIDDEN, MANAGE, ROOT, Backend
 
 TEN_DAYS = 10 * 86400
@@ -97,7 +96,7 @@ def past_ex(live, make_storage) -> ReliableExecutor:
 
 def completed(ex: ReliableExecutor, task_id: str, queue: str = "default") -> TaskInfo:
     ex.submit("demo.echo", {"id": task_id}, task_id=task_id, queue=queue)
-    assert TaskRunner(ex, LEASE).run(claim_one(ex.storage, queue=queue)) is TaskStatus.COMPLETED
+    assert run_claim(ex, claim_one(ex.storage, queue=queue)) is TaskStatus.COMPLETED
     return ex.get_task(task_id)
 
 
@@ -130,7 +129,7 @@ def scenario(now_ex, past_ex) -> dict[str, TaskInfo]:
     tasks["r1"] = running(now_ex, "r1")
     now_ex.submit("demo.always_fails", None, task_id="p1", queue="mail", retry_interval=3600000)
     claim = claim_one(now_ex.storage, queue="mail")
-    assert TaskRunner(now_ex, LEASE).run(claim) is TaskStatus.PENDING
+    assert run_claim(now_ex, claim) is TaskStatus.PENDING
     tasks["p1"] = now_ex.get_task("p1")
     tasks["x1"] = cancelled(now_ex, "x1", queue="mail")
     tasks["c1"] = past_ex.submit("demo.echo", {"waiting": True}, task_id="c1")
@@ -326,7 +325,7 @@ def test_retry_failed_re_drives_every_dead_letter(scenario, now_ex, live):
     for task_id, queue in (("f2", "dead"), ("m-f", "mail-dead")):
         now_ex.submit("demo.always_fails", None, task_id=task_id, queue=queue, retry_limit=0)
         claim = claim_one(now_ex.storage, queue=queue)
-        assert TaskRunner(now_ex, LEASE).run(claim) is TaskStatus.FAILED
+        assert run_claim(now_ex, claim) is TaskStatus.FAILED
     narrowed = run("retry", "--failed", "--queue", "mail-dead")
     assert (narrowed.code, narrowed.lines) == (
         0,

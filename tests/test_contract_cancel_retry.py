@@ -6,7 +6,6 @@ import pytest
 
 from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor
 from tests.contract_support import (
     HOOKS,
@@ -14,6 +13,7 @@ from tests.contract_support import (
     claim_and_start,
     claim_one,
     recording,
+    run_claim,
     run_next,
 )
 
@@ -48,7 +48,7 @@ def test_cancel_of_a_claimed_unstarted_task_wins_over_the_claim(executor, storag
     claim = claim_one(storage)
     assert executor.cancel_task("held") is True
     assert executor.get_task("held").status is TaskStatus.CANCELLED
-    assert TaskRunner(executor, LEASE).run(claim) is None
+    assert run_claim(executor, claim) is None
     assert ran == []
     info = executor.get_task("held")
     assert (info.status, info.attempts) == (TaskStatus.CANCELLED, 0)

@@ -26,7 +26,9 @@ from tests.contract_support import (
     new_task,
     raising,
     recording,
+    run_claim,
     run_next,
+    task_runner,
 )
 
 ms = dt.timedelta(milliseconds=1)
@@ -154,6 +156,21 @@ def test_complete_many_stores_each_result_exactly(executor, storage):
     assert {executor.get_task(c.task_id).result["ok"] for c in same} == {1}
 
 
+def test_a_runner_without_its_writer_runs_nothing(executor, storage):
+    """Completions have one path, the CompletionWriter the worker starts: a runner without one
+    refuses before starting the task, which stays unstarted for the next claim."""
+    executor.submit("demo.echo", None, task_id="nw")
+    claim = claim_one(storage)
+    with (
+        recording(signals.task_started) as started,
+        pytest.raises(RuntimeError, match="start_writer"),
+    ):
+        TaskRunner(executor, LEASE).run(claim)
+    assert started.calls == []
+    info = executor.get_task("nw")
+    assert (info.attempts, info.started_at) == (0, None)
+
+
 def test_one_runner_shared_by_many_threads(executor, alias):
     """Pool threads share one TaskRunner; its batched starts and completions stay exact."""
     count = 24
@@ -161,11 +178,10 @@ def test_one_runner_shared_by_many_threads(executor, alias):
         executor.submit("demo.echo", {"i": i}, task_id=f"p-{i:02d}")
     executor.submit("demo.always_fails", None, task_id="p-fail", retry_limit=0)
     claims = executor.storage.claim("w1", ["default"], 100, LEASE)
-    runner = TaskRunner(executor, LEASE)
     outcomes: dict[str, TaskStatus | None] = {}
     errors: list[BaseException] = []
 
-    def work(mine) -> None:
+    def work(runner, mine) -> None:
         try:
             for claim in mine:
                 outcomes[claim.task_id] = runner.run(claim)
@@ -174,8 +190,12 @@ def test_one_runner_shared_by_many_threads(executor, alias):
         finally:
             connections.close_all()
 
-    with recording(signals.task_started) as started, recording(signals.task_completed) as done:
-        threads = [threading.Thread(target=work, args=(claims[i::8],)) for i in range(8)]
+    with (
+        recording(signals.task_started) as started,
+        recording(signals.task_completed) as done,
+        task_runner(executor) as runner,  # its writer has written every completion at the end
+    ):
+        threads = [threading.Thread(target=work, args=(runner, claims[i::8])) for i in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -351,7 +371,7 @@ def test_due_task_past_its_deadline_is_not_started(executor, storage, clock):
     claim = claim_one(storage)
     clock.advance(1)
     with recording(signals.task_started) as started, recording(signals.task_failed) as failed:
-        assert TaskRunner(executor, LEASE).run(claim) is TaskStatus.TIMEOUT
+        assert run_claim(executor, claim) is TaskStatus.TIMEOUT
     info = executor.get_task("late")
     assert (info.status, info.attempts, info.started_at) == (TaskStatus.TIMEOUT, 0, None)
     assert "max duration" in info.last_error

@@ -8,7 +8,6 @@ import threading
 from django.db import connections
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.leadership import MASTER_LOCK_NAME, MasterLock
 from django_reliable_executor.scheduler import Scheduler
 from tests.contract_support import (
@@ -16,6 +15,7 @@ from tests.contract_support import (
     claim_and_start,
     claim_one,
     recording,
+    run_claim,
     total,
 )
 
@@ -150,9 +150,9 @@ def test_stale_unstarted_claim_is_not_run(executor, storage, clock):
     storage.recover_expired(100)
     fresh = claim_one(storage, "w2")
     with recording(signals.task_started) as started:
-        assert TaskRunner(executor, LEASE).run(stale) is None
+        assert run_claim(executor, stale) is None
         assert started.calls == []
-        assert TaskRunner(executor, LEASE).run(fresh) is TaskStatus.COMPLETED
+        assert run_claim(executor, fresh) is TaskStatus.COMPLETED
     info = executor.get_task("su")
     assert (info.attempts, info.worker_id) == (1, "w2")
 

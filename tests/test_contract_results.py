@@ -14,7 +14,7 @@ from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.serialization import encode
 
 from .conftest import db_params, require
-from .contract_support import HOOKS, LEASE, run_next
+from .contract_support import HOOKS, LEASE, run_claims, run_next
 
 MIB = 1024 * 1024
 
@@ -122,9 +122,8 @@ def test_a_result_over_max_allowed_packet_fails_alone(executor, storage, alias):
     ids = [executor.submit("contract.hook", None, task_id=f"p-{i}").task_id for i in range(2)]
     HOOKS["p-0"] = lambda context: "x" * (17 * MIB)  # the server takes 16 MiB per statement
     HOOKS["p-1"] = lambda context: "fine"
-    runner = TaskRunner(executor, LEASE)
     claims = storage.claim("w1", ["default"], 10, LEASE)
-    assert sorted(runner.run(c) for c in claims) == [TaskStatus.COMPLETED, TaskStatus.FAILED]
+    assert sorted(run_claims(executor, claims)) == [TaskStatus.COMPLETED, TaskStatus.FAILED]
     huge = executor.get_task(ids[0])
     assert huge.status is TaskStatus.FAILED
     assert huge.last_error.startswith("result cannot be stored: ")

@@ -24,12 +24,11 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, metrics
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.metrics import TaskCountCollector
 from django_reliable_executor.records import NewTask, new_info
 from django_reliable_executor.scheduler import Scheduler
 from django_reliable_executor.service import ReliableExecutor
-from tests.contract_support import LEASE, new_task
+from tests.contract_support import LEASE, new_task, run_claims
 
 from .conftest import BACKENDS, db_params, require
 from .processes import Backend, service_for, wait_until
@@ -93,8 +92,7 @@ def drain(executor: ReliableExecutor, queue: str) -> list[TaskStatus | None]:
     """Claim every due task of ``queue`` and run each through the real TaskRunner."""
     executor.storage.promote_due(100)
     claims = executor.storage.claim("w-metrics", [queue], 100, LEASE)
-    runner = TaskRunner(executor, LEASE)
-    return [runner.run(claim) for claim in claims]
+    return run_claims(executor, claims)
 
 
 # -- the counters and the histogram, on every storage --------------------------------------------

@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone as django_timezone
@@ -72,26 +72,28 @@ def validate_schedule_id(schedule_id: Any) -> str:
     return schedule_id
 
 
+#: Validates a schedule's task options as a submit would: (request, now, settings, index).
+PrepareTask = Callable[[TaskSubmitRequest, dt.datetime, "ExecutorSettings", int], NewTask]
+
+
 class ScheduleOperations:
-    """Mixed into ReliableExecutor: the schedule methods of ``executor``."""
+    """The schedule methods of ``executor``: ReliableExecutor builds one and delegates to it.
 
-    # Provided by ReliableExecutor.
-    @property
-    def storage(self) -> TaskStorage:
-        raise NotImplementedError
+    Its dependencies are getters, not values: the service builds its storage on first use (and
+    forgets it on ``reset()``) and reads the settings at each call, as its own methods do."""
 
-    @property
-    def clock(self) -> Clock:
-        raise NotImplementedError
-
-    @property
-    def settings(self) -> ExecutorSettings:
-        raise NotImplementedError
-
-    def _prepare(
-        self, request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
-    ) -> NewTask:
-        raise NotImplementedError
+    def __init__(
+        self,
+        *,
+        storage: Callable[[], TaskStorage],
+        clock: Callable[[], Clock],
+        settings: Callable[[], ExecutorSettings],
+        prepare: PrepareTask,
+    ) -> None:
+        self._storage = storage
+        self._clock = clock
+        self._settings = settings
+        self._prepare = prepare
 
     def schedule(
         self,
@@ -108,13 +110,7 @@ class ScheduleOperations:
         misfire: str = "skip",
         **task_options: Any,
     ) -> ScheduleInfo:
-        """Create the schedule, or redefine the one with this id (keeping its state: paused,
-        last run, and its next run too if its timing did not change). Fires ``task_name``
-        with ``parameter`` every ``every`` seconds (or timedelta) or by ``cron`` in
-        ``timezone`` (default: Django's TIME_ZONE). ``misfire`` says what runs missed while no
-        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``task_options``:
-        retry_limit, retry_interval, retry_backoff, max_duration_millis. Raises
-        InvalidScheduleError or a TaskSubmitError naming the bad field; stores nothing then."""
+        """One schedule, as ``ReliableExecutor.schedule`` documents."""
         unknown = sorted(set(task_options) - set(RETRY_NAMES))
         if unknown:
             raise InvalidScheduleError(
@@ -145,8 +141,8 @@ class ScheduleOperations:
     def _save(self, schedules: Sequence[Schedule], origin: str) -> tuple[list[ScheduleInfo], int]:
         if origin not in ORIGINS:
             raise ValueError(f"origin must be one of {ORIGINS}, got {origin!r}")
-        now = self.clock.now()
-        settings = self.settings
+        now = self._clock().now()
+        settings = self._settings()
         ids: list[str] = []
         for index, spec in enumerate(schedules):
             if not isinstance(spec, Schedule):
@@ -159,7 +155,7 @@ class ScheduleOperations:
             raise InvalidScheduleError(
                 f"schedule_id {repeated!r} is given twice", field="schedule_id"
             )
-        existing = self.storage.get_schedules(ids) if ids else {}
+        existing = self._storage().get_schedules(ids) if ids else {}
         infos = [
             self._definition(spec, existing.get(spec.schedule_id or ""), origin, now, settings, i)
             for i, spec in enumerate(schedules)
@@ -180,7 +176,7 @@ class ScheduleOperations:
             info.schedule_id for info in changed
         }
         if changed:
-            self.storage.save_schedules(changed, keep, defaulted)
+            self._storage().save_schedules(changed, keep, defaulted)
         return infos, len(changed)
 
     def _definition(
@@ -271,7 +267,7 @@ class ScheduleOperations:
         """The stored schedule, or None for an unknown id."""
         if not isinstance(schedule_id, str) or not schedule_id:
             return None
-        return self.storage.get_schedules([schedule_id]).get(schedule_id)
+        return self._storage().get_schedules([schedule_id]).get(schedule_id)
 
     def list_schedules(
         self, *, limit: int = 100, offset: int = 0, paused: bool | None = None
@@ -280,23 +276,23 @@ class ScheduleOperations:
         for name, value in (("limit", limit), ("offset", offset)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        return self.storage.list_schedules(limit=limit, offset=offset, paused=paused)
+        return self._storage().list_schedules(limit=limit, offset=offset, paused=paused)
 
     def count_schedules(self) -> dict[str, int]:
         """``{"active": n, "paused": m}``."""
-        return self.storage.count_schedules()
+        return self._storage().count_schedules()
 
     def pause_schedule(self, schedule_id: str) -> ScheduleInfo | None:
         """Stop firing (a pause survives restarts and redefinitions). None for an unknown id."""
-        return self.storage.set_schedule_paused(schedule_id, True, self.clock.now())
+        return self._storage().set_schedule_paused(schedule_id, True, self._clock().now())
 
     def resume_schedule(self, schedule_id: str) -> ScheduleInfo | None:
         """Fire again; the runs missed while paused meet the schedule's misfire policy."""
-        return self.storage.set_schedule_paused(schedule_id, False, self.clock.now())
+        return self._storage().set_schedule_paused(schedule_id, False, self._clock().now())
 
     def delete_schedule(self, schedule_id: str) -> bool:
         """Forget the schedule; the tasks it fired stay. False for an unknown id."""
-        return self.storage.delete_schedule(schedule_id)
+        return self._storage().delete_schedule(schedule_id)
 
     def sync_declared_schedules(self) -> int:
         """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.

@@ -1,0 +1,129 @@
+"""Announcer: the signal, the log line and the metrics of every state change of a task."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+from . import metrics, signals
+from .records import TaskInfo, Transition
+from .states import FAILURE_STATUSES, TaskStatus
+
+logger = logging.getLogger("django_reliable_executor")
+
+
+class Announcer:
+    """Announces the transitions that submits, workers, chores and operations make. Signals are
+    sent with ``send_robust`` as ``sender`` (the ReliableExecutor class): a failing receiver is
+    logged, never raised into the code that made the transition."""
+
+    def __init__(self, sender: type) -> None:
+        self.sender = sender
+
+    def submitted(self, created: list[TaskInfo]) -> None:
+        """Tasks just stored."""
+        metrics.observe_submitted(created)
+        for info in created:
+            log_transition(logging.INFO, info, "new", f"queue {info.queue}")
+            self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
+
+    def started(self, task: TaskInfo) -> None:
+        """An attempt that has just started (RUNNING, this attempt counted)."""
+        metrics.observe_started(task)
+        log_transition(logging.INFO, task, None)
+        self._send(
+            signals.task_started,
+            task_id=task.task_id,
+            task_name=task.task_name,
+            attempt=task.attempts,
+        )
+
+    def transition(self, transition: Transition) -> None:
+        """An outcome: completed, retrying, failed (FAILED/TIMEOUT/ERROR) or cancelled."""
+        metrics.observe_transition(transition)
+        task = transition.task
+        status = task.status
+        if status is TaskStatus.COMPLETED:
+            log_transition(logging.INFO, task, transition.previous)
+            self._send(
+                signals.task_completed,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                result=task.result,
+            )
+        elif status is TaskStatus.PENDING:
+            # A failed attempt that will be retried: worth a look, not yet an alarm.
+            log_transition(
+                logging.WARNING,
+                task,
+                transition.previous,
+                f"retry at {task.run_at.isoformat()}: {_first_line(task.last_error)}",
+            )
+            self._send(
+                signals.task_retrying,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                attempt=task.attempts,
+                error=task.last_error,
+                next_run_at=task.run_at,
+            )
+        elif status in FAILURE_STATUSES:
+            log_transition(logging.ERROR, task, transition.previous, _first_line(task.last_error))
+            self._send(
+                signals.task_failed,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                status=status,
+                error=task.last_error,
+            )
+        elif status is TaskStatus.CANCELLED:
+            log_transition(logging.INFO, task, transition.previous)
+            self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
+
+    @staticmethod
+    def cancel_requested(task: TaskInfo) -> None:
+        """A running task asked to stop: only a log line; its outcome is announced later."""
+        log_transition(logging.INFO, task, TaskStatus.RUNNING, "cancel requested")
+
+    @staticmethod
+    def retried(transition: Transition) -> None:
+        """A task put back to PENDING by hand: only a log line; its next outcome is announced."""
+        log_transition(logging.INFO, transition.task, transition.previous, "retried by hand")
+
+    def _send(self, signal: Signal, **kwargs: Any) -> None:
+        for receiver, response in signal.send_robust(sender=self.sender, **kwargs):
+            if isinstance(response, Exception):
+                logger.error(
+                    "signal receiver %r failed",
+                    receiver,
+                    exc_info=(type(response), response, response.__traceback__),
+                )
+
+
+def log_transition(
+    level: int, task: TaskInfo, previous: TaskStatus | str | None, detail: str = ""
+) -> None:
+    """One line per state change, in a shape a task's history can be grepped by:
+    ``task <id> (<name>) <FROM> -> <TO> attempt=<n> worker=<id>[: detail]``."""
+    if not logger.isEnabledFor(level):
+        return
+    logger.log(
+        level,
+        "task %s (%s) %s -> %s attempt=%s worker=%s%s",
+        task.task_id,
+        task.task_name,
+        previous if previous is not None else "claimed",
+        task.status,
+        task.attempts,
+        task.worker_id or "-",
+        f": {detail}" if detail else "",
+    )
+
+
+def _first_line(text: str | None) -> str:
+    if not text:
+        return ""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
