@@ -395,7 +395,7 @@ class ReliableExecutor:
 
     def master(self) -> str | None:
         """The worker id holding the master lock now, or None."""
-        from .leadership import MASTER_LOCK_NAME
+        from .master_lock import MASTER_LOCK_NAME
 
         return self.storage.lock_owner(MASTER_LOCK_NAME)
 
