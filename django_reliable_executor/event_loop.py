@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import traceback
@@ -22,6 +23,7 @@ CANCELLED = (
     "cancelled by the worker: a cancel was requested, the task timed out or this attempt "
     "lost its lease"
 )
+TIMED_OUT = "timeout"
 # Failures are recorded with a blocking storage call, so off the loop, in a few threads.
 BLOCKING_THREADS = 4
 # The loop's timers may fire a hair before the wall clock reaches the deadline; the storage
@@ -45,7 +47,7 @@ class EventLoop:
 
     def __init__(self, runner: TaskRunner) -> None:
         self.runner = runner
-        self.loop = asyncio.new_event_loop()
+        self.loop: asyncio.AbstractEventLoop | None = None  # made with its thread
         self._tasks: set[asyncio.Task[None]] = set()  # referenced until they end
         self._blocking = ThreadPoolExecutor(
             BLOCKING_THREADS, thread_name_prefix="reliable-executor-async-io"
@@ -57,7 +59,7 @@ class EventLoop:
     def run(self, claims: list[Claim], done: Done) -> None:
         """Start ``claims`` and hand their handlers to the loop; never raises: a claim that
         does not reach the loop is ``done`` at once."""
-        self._ensure_started()
+        loop = self._ensure_started()
         try:
             begun = self.runner.begin_many(claims)
         except Exception as exc:
@@ -72,27 +74,34 @@ class EventLoop:
             else:
                 done(claim)
         if ready:
-            self.loop.call_soon_threadsafe(self._spawn, ready, done)
+            loop.call_soon_threadsafe(self._spawn, ready, done)
 
     def stop(self) -> None:
         """Stop the loop (the pool is idle); a hard stop leaves it to die with the process."""
-        if self._thread is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(5.0)
+        with self._start_lock:
+            loop, thread = self.loop, self._thread
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5.0)
+            if not thread.is_alive():
+                loop.close()
         self._blocking.shutdown(wait=False)
 
-    def _ensure_started(self) -> None:
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
-            if self._thread is None:
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(
                     target=self.loop.run_forever, name="reliable-executor-event-loop", daemon=True
                 )
                 self._thread.start()
+            return self.loop
 
     # -- the loop's side ------------------------------------------------------------------
     def _spawn(self, ready: list[tuple[Claim, Begun]], done: Done) -> None:
+        loop = asyncio.get_running_loop()
         for claim, begun in ready:
-            task = self.loop.create_task(self._execute(claim, begun, done))
+            task = loop.create_task(self._execute(claim, begun, done))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -100,7 +109,7 @@ class EventLoop:
         try:
             failure = await self._call(begun)
             if failure is not None:
-                await self.loop.run_in_executor(
+                await asyncio.get_running_loop().run_in_executor(
                     self._blocking, self._record_failure, begun, *failure
                 )
         except Exception as exc:
@@ -112,29 +121,34 @@ class EventLoop:
         """Await the handler: None once its result is with the completion writer, else the
         failure to record (error, retryable)."""
         runner, claim, handler = self.runner, begun.claim, begun.handler
+        loop = asyncio.get_running_loop()
         # Always made: the heartbeat marks it cancelled, which cancels the coroutine.
         context = runner.open_context(begun, always=True)
         args, kwargs = runner.arguments(begun, context)
         stopped: list[str] = []  # why the worker cancelled the handler, if it did
         timer: asyncio.TimerHandle | None = None
         try:
-            handler_task = self.loop.create_task(handler.func(*args, **kwargs))
+            handler_task = loop.create_task(handler.func(*args, **kwargs))
 
             def stop(why: str) -> None:
                 if not handler_task.done() and not stopped:
                     stopped.append(why)
                     handler_task.cancel()
 
+            def stop_soon() -> None:  # from the heartbeat's thread, say
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(stop, CANCELLED)
+
             if context is not None:
-                context.on_cancel(lambda: self.loop.call_soon_threadsafe(stop, CANCELLED))
+                context.on_cancel(stop_soon)
             if claim.deadline_at is not None:
                 left = (claim.deadline_at - runner.executor.clock.now()).total_seconds()
-                timer = self.loop.call_later(max(left, 0) + DEADLINE_MARGIN, stop, "timeout")
+                timer = loop.call_later(max(left, 0) + DEADLINE_MARGIN, stop, TIMED_OUT)
             value = await handler_task
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            if stopped == ["timeout"]:
+            if stopped == [TIMED_OUT]:
                 await self._past(claim)
                 return timeout_message(claim.task.max_duration_millis, None), False
             if stopped:

@@ -57,6 +57,15 @@ def journal(tmp_path) -> Journal:
     return Journal(tmp_path / "journal.jsonl")
 
 
+def submit_sleeps(service, prefix: str, n: int, seconds: float) -> list[str]:
+    """``n`` demo.async_sleep tasks awaiting ``seconds`` each, ids ``{prefix}-00``, ..."""
+    ids = [f"{prefix}-{i:02d}" for i in range(n)]
+    service.submit_many(
+        [TaskSubmitRequest("demo.async_sleep", {"seconds": seconds}, task_id=i) for i in ids]
+    )
+    return ids
+
+
 def wait_terminal(service, task_ids, timeout, logs):
     def done() -> bool:
         return all(service.get_task(i).status in TERMINAL for i in task_ids)
@@ -102,10 +111,7 @@ def test_more_async_handlers_run_at_once_than_threads(alias, key_prefix, workers
     require(alias)
     backend = Backend(alias, key_prefix)
     service = service_for(backend)
-    ids = [f"sleep-{i:02d}" for i in range(16)]
-    service.submit_many(
-        [TaskSubmitRequest("demo.async_sleep", {"seconds": 1.0}, task_id=i) for i in ids]
-    )
+    ids = submit_sleeps(service, "sleep", 16, 1.0)
     workers.start(backend, *ONE_THREAD, "--async-concurrency", "8", env=journal.env())
 
     tasks = wait_terminal(service, ids, 60, workers.logs)
@@ -169,10 +175,7 @@ def test_sigterm_lets_running_async_handlers_finish_and_hands_back_the_rest(
     require(alias)
     backend = Backend(alias, key_prefix)
     service = service_for(backend)
-    ids = [f"drain-{i:02d}" for i in range(20)]
-    service.submit_many(
-        [TaskSubmitRequest("demo.async_sleep", {"seconds": 2.5}, task_id=i) for i in ids]
-    )
+    ids = submit_sleeps(service, "drain", 20, 2.5)
     worker = workers.start(backend, *ONE_THREAD, "--async-concurrency", "4", env=journal.env())
     wait_until(
         lambda: len(journal.tasks("start")) >= 4, 20, "handlers never started", logs=workers.logs
