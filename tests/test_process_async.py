@@ -4,6 +4,7 @@ storage, more running at once than threads, cancel, timeout, lease renewal, SIGT
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
-from .processes import LEASE, Backend, service_for, wait_until
+from .processes import LEASE, Backend, executions, service_for, wait_until
 
 ONE_THREAD = ("--core-pool-size", "1", "--max-pool-size", "1", "--queue-capacity", "0")
 TERMINAL = {
@@ -202,3 +203,52 @@ def test_sigterm_lets_running_async_handlers_finish_and_hands_back_the_rest(
             assert (task.status, task.attempts) == (TaskStatus.COMPLETED, 1), task
         else:
             assert (task.status, task.attempts, task.worker_id) == (TaskStatus.CREATED, 0, None)
+
+
+@pytest.mark.parametrize("alias", db_params(["default", "redis"]))
+def test_a_worker_holds_no_more_than_its_threads_share_plus_the_async_slots(
+    alias, key_prefix, workers, journal
+):
+    """Sync and async tasks mixed in one queue: claims taken for async slots may turn out to be
+    for threads (and the other way round), yet the worker never holds more than max pool size
+    + queue capacity + async concurrency, and both kinds run side by side."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    # Claimed in this order: one async task, then sync ones while async slots are free.
+    async_ids = submit_sleeps(service, "first", 1, 2.0)
+    sync_ids = [f"sync-{i}" for i in range(6)]
+    service.submit_many(
+        [TaskSubmitRequest("demo.record", {"sleep": 0.5}, task_id=i) for i in sync_ids]
+    )
+    async_ids += submit_sleeps(service, "async", 2, 2.0)
+    worker = workers.start(backend, *ONE_THREAD, "--async-concurrency", "3", env=journal.env())
+
+    def held() -> int:
+        tasks = service.list_tasks()
+        return sum(1 for t in tasks if t.worker_id == worker.worker_id and t.status not in TERMINAL)
+
+    most = 0
+    every = async_ids + sync_ids
+    deadline = time.monotonic() + 60
+    while not all(service.get_task(i).status is TaskStatus.COMPLETED for i in every):
+        most = max(most, held())
+        # Threads' share 1 + 0, async slots 3; and one more at most while a completed task
+        # stays RUNNING until the writer records it, a few ms after its slot was freed.
+        assert most <= 1 + 0 + 3 + 1, f"the worker held {most} tasks"
+        assert time.monotonic() < deadline, workers.logs()
+        time.sleep(0.05)
+    assert journal.tasks("end") == set(async_ids)
+    assert executions(backend).filter(task_id__in=sync_ids, finished=True).count() == 6
+    # Side by side: some sync task ran in the thread while an async one awaited.
+    async_runs = [
+        (start["t"], end["t"])
+        for start in journal.records("start")
+        for end in journal.records("end")
+        if start["task"] == end["task"]
+    ]
+    sync_runs = [
+        (t.started_at.timestamp(), t.finished_at.timestamp())
+        for t in (service.get_task(i) for i in sync_ids)
+    ]
+    assert any(s0 < a1 and s1 > a0 for s0, s1 in sync_runs for a0, a1 in async_runs)
