@@ -17,7 +17,7 @@ from .completions import CompletionWriter
 from .connections import with_reconnect
 from .exceptions import StorageUnavailableError, storage_unavailable
 from .records import Claim, TaskInfo, Transition
-from .registry import TaskHandler, resolve_handler
+from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
@@ -149,8 +149,10 @@ class TaskRunner:
 
     @staticmethod
     def is_async(claim: Claim) -> bool:
-        """The claim's handler is an ``async def`` one (for the event loop)."""
-        return is_async_handler(resolve_handler(claim.task.task_name))
+        """The claim's registered handler is an ``async def`` one (for the event loop). Not
+        through the resolvers: they import modules and log, which the thread running the
+        claim does anyway (and the handlers they find, Django tasks', are synchronous)."""
+        return is_async_handler(get_handler(claim.task.task_name))
 
     def run(self, claim: Claim) -> TaskStatus | None:
         """Run one claim to its outcome; returns the recorded status, or None when the claim was

@@ -193,7 +193,7 @@ class BoundedPool:
             return False
         try:
             return self._is_async(claim)
-        except Exception:  # a resolver that fails: the pool thread records the error
+        except Exception:  # a thread then runs it, and records what fails
             logger.exception("task %s: could not look its handler up", claim.task_id)
             return False
 
