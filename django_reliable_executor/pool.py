@@ -305,7 +305,7 @@ class BoundedPool:
                 with self._cond:
                     self._running.pop(claim.task_id, None)
                     freed = self._release([claim])
-                    if self._room() or self._idle_now():
+                    if self._room() or not self._running:
                         self._changed.notify_all()
                 self._notify_freed(freed)
         connections.close_all()  # this thread's connections die with it
@@ -315,16 +315,10 @@ class BoundedPool:
         """The feeder thread: hands waiting async claims to the event loop, by priority, as
         long as it has free slots; the loop's run_async starts them in one batched write."""
         while True:
-            with self._cond:
-                while not self._async_heap or len(self._async_running) >= self.async_capacity:
-                    if self._closed and not self._async_heap:
-                        connections.close_all()
-                        return
-                    self._async_work.wait(1.0)
-                take = min(self.async_capacity - len(self._async_running), len(self._async_heap))
-                batch = [heapq.heappop(self._async_heap)[2] for _ in range(take)]
-                for claim in batch:
-                    self._async_running[claim.task_id] = claim
+            batch = self._next_async_batch()
+            if not batch:  # closed
+                connections.close_all()  # this thread's connections die with it
+                return
             assert self._run_async is not None
             try:
                 self._run_async(batch, self._async_done)
@@ -332,6 +326,20 @@ class BoundedPool:
                 logger.exception("could not hand %d claims to the event loop", len(batch))
                 for claim in batch:
                     self._async_done(claim)
+
+    def _next_async_batch(self) -> list[Claim]:
+        """Wait for waiting async claims and free slots; take as many as fit, counted as
+        running. Empty once the pool is closed and none wait."""
+        with self._cond:
+            while not self._async_heap or len(self._async_running) >= self.async_capacity:
+                if self._closed and not self._async_heap:
+                    return []
+                self._async_work.wait(1.0)
+            take = min(self.async_capacity - len(self._async_running), len(self._async_heap))
+            batch = [heapq.heappop(self._async_heap)[2] for _ in range(take)]
+            for claim in batch:
+                self._async_running[claim.task_id] = claim
+            return batch
 
     def _async_done(self, claim: Claim) -> None:
         """An async claim left the event loop (its outcome recorded or handed over)."""
