@@ -53,10 +53,30 @@ class GroupCommitter(Generic[I, O]):
 
     def submit(self, item: I) -> O:
         slot: _Slot[I, O] = _Slot(item)
+        self._enqueue([slot])
+        self._await(slot)
+        if slot.error is not None:
+            raise slot.error
+        return slot.outcome  # type: ignore[return-value]
+
+    def submit_many(self, items: Sequence[I]) -> list[O | BaseException]:
+        """``submit`` for several items of one caller, in as few batches as they fit: each
+        item's outcome, or the error its write raised, in order."""
+        slots: list[_Slot[I, O]] = [_Slot(item) for item in items]
+        if slots:
+            self._enqueue(slots)
+        for slot in slots:
+            self._await(slot)
+        return [slot.outcome if slot.error is None else slot.error for slot in slots]  # type: ignore[misc]
+
+    def _enqueue(self, slots: list[_Slot[I, O]]) -> None:
         with self._lock:
-            self._waiting.append(slot)
-            slot.must_flush = not self._turn_taken
+            self._waiting.extend(slots)
+            slots[0].must_flush = not self._turn_taken
             self._turn_taken = True
+
+    def _await(self, slot: _Slot[I, O]) -> None:
+        """Wait until ``slot`` is written, taking the flushing turn whenever it passes to it."""
         while not slot.finished:
             if slot.must_flush:
                 slot.must_flush = False
@@ -64,9 +84,6 @@ class GroupCommitter(Generic[I, O]):
             else:
                 slot.wake.wait()
                 slot.wake.clear()
-        if slot.error is not None:
-            raise slot.error
-        return slot.outcome  # type: ignore[return-value]
 
     def _take_turn(self, own: _Slot[I, O]) -> None:
         """Flush batches until our own item is written, then pass the turn to the oldest

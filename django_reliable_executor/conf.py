@@ -35,6 +35,7 @@ class ExecutorSettings:
     CORE_POOL_SIZE: int = 5
     MAX_POOL_SIZE: int = 10
     QUEUE_CAPACITY: int = 100
+    ASYNC_CONCURRENCY: int = 100  # async handlers at once on a worker's event loop
     POLL_INTERVAL: float = 1.0
     LEASE_TIMEOUT: float = 60.0
     MASTER_LOCK_TTL: float = 10.0
@@ -189,6 +190,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "CORE_POOL_SIZE": (_pos_int, "an integer >= 1"),
     "MAX_POOL_SIZE": (_pos_int, "an integer >= 1"),
     "QUEUE_CAPACITY": (_nonneg_int, "an integer >= 0"),
+    "ASYNC_CONCURRENCY": (_nonneg_int, "an integer >= 0"),
     "POLL_INTERVAL": (_pos_number, "a number of seconds > 0"),
     "LEASE_TIMEOUT": (_pos_number, "a number of seconds > 0"),
     "MASTER_LOCK_TTL": (_pos_number, "a number of seconds > 0"),

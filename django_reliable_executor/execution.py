@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import inspect
 import logging
@@ -14,9 +15,9 @@ from typing import Any
 from .batching import GroupCommitter
 from .completions import CompletionWriter
 from .connections import with_reconnect
-from .exceptions import storage_unavailable
+from .exceptions import StorageUnavailableError, storage_unavailable
 from .records import Claim, TaskInfo, Transition
-from .registry import TaskHandler, resolve_handler
+from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
@@ -50,6 +51,7 @@ class TaskContext:
         self._token_lock = threading.Lock()
         self._cancelled = False
         self._checked_at = 0.0
+        self._on_cancel: Callable[[], object] | None = None
 
     def is_cancelled(self) -> bool:
         """True once a cancel was requested, or the task stopped being this attempt's (it timed
@@ -74,10 +76,37 @@ class TaskContext:
 
     def mark_cancelled(self) -> None:
         with self._token_lock:
+            first = not self._cancelled
             self._cancelled = True
+            on_cancel = self._on_cancel
+        if first and on_cancel is not None:
+            on_cancel()
+
+    def on_cancel(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (from whichever thread marks it) once this attempt should stop;
+        at once if it already should. The event loop cancels an async handler's coroutine so."""
+        with self._token_lock:
+            self._on_cancel = callback
+            cancelled = self._cancelled
+        if cancelled:
+            callback()
 
     def __repr__(self) -> str:
         return f"<TaskContext {self.task_id} attempt={self.attempt}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Begun:
+    """A started claim whose handler is to be called with ``parameter``."""
+
+    claim: Claim  # as started: RUNNING, this attempt counted
+    handler: TaskHandler[Any]
+    parameter: Any
+
+
+def is_async_handler(handler: TaskHandler[Any] | None) -> bool:
+    """An ``async def`` handler: it runs on the worker's event loop, not in a pool thread."""
+    return handler is not None and inspect.iscoroutinefunction(handler.func)
 
 
 class TaskRunner:
@@ -118,33 +147,99 @@ class TaskRunner:
     def storage(self) -> Any:
         return self.executor.storage
 
+    @staticmethod
+    def is_async(claim: Claim) -> bool:
+        """The claim's registered handler is an ``async def`` one (for the event loop). Not
+        through the resolvers: they import modules and log, which the thread running the
+        claim does anyway (and the handlers they find, Django tasks', are synchronous)."""
+        return is_async_handler(get_handler(claim.task.task_name))
+
     def run(self, claim: Claim) -> TaskStatus | None:
         """Run one claim to its outcome; returns the recorded status, or None when the claim was
         no longer ours (cancelled, expired, or reclaimed after a lost lease). COMPLETED means
         handed to the writer, which records it shortly (or discards it, if no longer ours)."""
-        writer = self.writer
-        if writer is None:
-            raise RuntimeError("TaskRunner.run() needs start_writer() first")
-        executor = self.executor
-        now = executor.clock.now()
-        if claim.deadline_at is not None and now >= claim.deadline_at:
-            expired = self.storage.expire_claim(claim)
-            if expired is not None:
-                executor.announcer.transition(expired)
-                return expired.status
-            return None
+        writer = self._writer()
+        if self._past_deadline(claim):
+            return self._expire(claim)
         try:
             started = self._starts.submit(claim)
         except Exception:
-            self._hand_back(claim)
+            self._hand_back([claim])
             raise
+        begun = self._begin(claim, started)
+        if not isinstance(begun, Begun):
+            return begun
+        return self._call(begun, writer)
+
+    def begin_many(self, claims: list[Claim]) -> list[Begun | TaskStatus | None]:
+        """Start ``claims`` in as few storage writes as they fit (the event loop's way in):
+        for each, what to call, or the status recorded instead (None: not ours any more, or
+        its start failed and the claim was handed back)."""
+        self._writer()
+        outcomes: list[Begun | TaskStatus | None] = [None] * len(claims)
+        due: list[int] = []
+        for index, claim in enumerate(claims):
+            if self._past_deadline(claim):
+                outcomes[index] = self._alone(claim, self._expire, claim)
+            else:
+                due.append(index)
+        started = self._starts.submit_many([claims[index] for index in due])
+        failed = [
+            claims[i]
+            for i, item in zip(due, started, strict=True)
+            if isinstance(item, BaseException)
+        ]
+        if failed:
+            logger.warning(
+                "could not start %d tasks (%s); handing their claims back",
+                len(failed),
+                next(item for item in started if isinstance(item, BaseException)),
+            )
+            self._hand_back(failed)
+        for index, item in zip(due, started, strict=True):
+            if not isinstance(item, BaseException):
+                outcomes[index] = self._alone(claims[index], self._begin, claims[index], item)
+        return outcomes
+
+    @staticmethod
+    def _alone(claim: Claim, step: Callable[..., Any], *args: Any) -> Any:
+        """One claim's step of a batch: its error is logged and costs only this claim (None:
+        its lease expires and it is recovered), never the others."""
+        try:
+            return step(*args)
+        except StorageUnavailableError as exc:
+            logger.warning(
+                "task %s: %s; the claim is recovered once its lease expires", claim.task_id, exc
+            )
+        except Exception:
+            logger.exception("task %s: unexpected error in the worker", claim.task_id)
+        return None
+
+    def _writer(self) -> CompletionWriter:
+        if self.writer is None:
+            raise RuntimeError("TaskRunner.run() needs start_writer() first")
+        return self.writer
+
+    def _past_deadline(self, claim: Claim) -> bool:
+        return claim.deadline_at is not None and self.executor.clock.now() >= claim.deadline_at
+
+    def _expire(self, claim: Claim) -> TaskStatus | None:
+        """A claim past its deadline before it started: TIMEOUT without running it."""
+        expired = self.storage.expire_claim(claim)
+        if expired is None:
+            return None
+        self.executor.announcer.transition(expired)
+        return expired.status
+
+    def _begin(self, claim: Claim, started: Claim | None) -> Begun | TaskStatus | None:
+        """After the start write: find the handler and convert the parameter."""
         if started is None:
             logger.debug("task %s: claim no longer valid, not started", claim.task_id)
             return None
         # Found first: a resolver may import the task's module, and receivers of the started
         # signal (the Django Tasks backend's) look the handler up.
         handler = resolve_handler(started.task.task_name)
-        executor.announcer.started(started.task)
+        self.executor.announcer.started(started.task)
         if handler is None:
             return self._record_error(
                 started,
@@ -154,27 +249,44 @@ class TaskRunner:
             parameter = from_json_value(started.task.parameter, handler.param_type)
         except ConversionError as exc:
             return self._record_error(started, f"parameter does not fit param_type: {exc}")
-        return self._call(started, handler, parameter, writer)
+        return Begun(started, handler, parameter)
 
-    def _hand_back(self, claim: Claim) -> None:
-        """A start that failed even on a new connection: give the claim back at once rather
-        than after its lease expires. Safe if the start did commit (only its reply was lost):
-        a hand-back changes only tasks that have not started, under this claim's token."""
+    def _hand_back(self, claims: list[Claim]) -> None:
+        """Starts that failed even on a new connection: give the claims back at once rather
+        than after their leases expire. Safe if a start did commit (only its reply was lost):
+        a hand-back changes only tasks that have not started, under the claim's token."""
         try:
-            with_reconnect(lambda: self.storage.release([claim]))
+            with_reconnect(lambda: self.storage.release(claims))
         except Exception:
-            logger.debug("task %s: could not hand the claim back", claim.task_id, exc_info=True)
+            logger.debug(
+                "tasks %s: could not hand the claims back",
+                ", ".join(claim.task_id for claim in claims),
+                exc_info=True,
+            )
 
-    def _call(
-        self, claim: Claim, handler: TaskHandler[Any], parameter: Any, writer: CompletionWriter
-    ) -> TaskStatus | None:
-        args = (parameter,) if handler.accepts_parameter else ()
-        kwargs: dict[str, Any] = {}
-        context = None
-        if handler.takes_context:
-            context = TaskContext(claim.task, claim.deadline_at, self.executor)
-            kwargs["context"] = context
-            self.contexts[claim.task_id] = context
+    def open_context(self, begun: Begun, *, always: bool = False) -> TaskContext | None:
+        """The handler's TaskContext (registered, so the heartbeat can mark it cancelled), if it
+        takes one or ``always``."""
+        claim = begun.claim
+        if not (begun.handler.takes_context or always):
+            return None
+        context = TaskContext(claim.task, claim.deadline_at, self.executor)
+        self.contexts[claim.task_id] = context
+        return context
+
+    @staticmethod
+    def arguments(
+        begun: Begun, context: TaskContext | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The positional and keyword arguments of the handler's call."""
+        handler = begun.handler
+        args = (begun.parameter,) if handler.accepts_parameter else ()
+        kwargs: dict[str, Any] = {"context": context} if handler.takes_context else {}
+        return args, kwargs
+
+    def _call(self, begun: Begun, writer: CompletionWriter) -> TaskStatus | None:
+        claim, handler = begun.claim, begun.handler
+        args, kwargs = self.arguments(begun, self.open_context(begun))
         try:
             value = handler.func(*args, **kwargs)
             if inspect.isawaitable(value):
@@ -188,22 +300,29 @@ class TaskRunner:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             retryable = isinstance(exc, handler.retry_on)
-            return self._record_failure(claim, traceback.format_exc(), retryable)
+            return self.record_failure(claim, traceback.format_exc(), retryable)
         finally:
             self.contexts.pop(claim.task_id, None)
+        refusal = self.hand_over(claim, value, writer)
+        if refusal is not None:
+            return self.record_failure(claim, refusal, False)
+        return TaskStatus.COMPLETED  # recorded shortly, by the writer
+
+    @staticmethod
+    def hand_over(claim: Claim, value: Any, writer: CompletionWriter) -> str | None:
+        """Give a handler's return value to the completion writer; or, when no storage could
+        take it, the error to record instead (without a storage call: the caller records it)."""
         # Serialised here, once: a value no storage can take (not JSON, an integer too long to
         # write, nested too deeply) fails this task alone, never the batch it would join.
         # Not retried: the same handler returns the same kind of value again.
         try:
             result = encode(value)
         except ConversionError as exc:
-            return self._record_failure(claim, f"{RESULT_REFUSED}: {exc}", False)
+            return f"{RESULT_REFUSED}: {exc}"
         except Exception as exc:  # a model_dump() that raises, say
-            return self._record_failure(
-                claim, f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}", False
-            )
+            return f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}"
         writer.put(claim, result)
-        return TaskStatus.COMPLETED  # recorded shortly, by the writer
+        return None
 
     def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
         """The storage refused this task's result (too large for it, say): the task fails
@@ -212,9 +331,11 @@ class TaskRunner:
         logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, error)
         return self.storage.fail(claim, error, retryable=False)
 
-    def _record_failure(
+    def record_failure(
         self, claim: Claim, error: str, retryable: bool, *, is_error: bool = False
     ) -> TaskStatus | None:
+        """Record a failed attempt (retry, final failure, TIMEOUT or CANCELLED: the storage
+        decides) and announce it; None when the claim was no longer ours."""
         transition = self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
         if transition is None:
             self._discarded(claim)
@@ -224,7 +345,7 @@ class TaskRunner:
 
     def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:
         """ERROR: the task cannot run here at all (no handler, unconvertible parameter)."""
-        return self._record_failure(claim, error, False, is_error=True)
+        return self.record_failure(claim, error, False, is_error=True)
 
     @staticmethod
     def _discarded(claim: Claim) -> None:

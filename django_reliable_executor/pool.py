@@ -4,6 +4,11 @@ Semantics follow the seed's (Java ThreadPoolExecutor): core threads start at onc
 in the local queue; only when more than ``queue_capacity`` wait does the pool grow towards
 ``max_size`` threads, and extra threads retire after a minute idle. The fetcher asks
 ``free_slots()`` before claiming, so nothing is ever rejected and nothing waits unseen.
+
+Claims of ``async def`` handlers take no thread: with an ``async_capacity``, they go to their own
+local queue, from which a feeder thread hands up to that many at a time to the worker's event
+loop (``run_async``). While it holds any, the pool has room for ``async_capacity`` more claims
+besides the threads' share, so claiming is not bounded by ``max_size`` for them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
 
+# run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
+RunAsync = Callable[[list[Claim], Callable[[Claim], None]], None]
+
 
 class BoundedPool:
     def __init__(
@@ -38,8 +46,14 @@ class BoundedPool:
         name: str = "reliable-executor",
         queue_limits: Mapping[str, int] | None = None,
         on_freed: Callable[[], object] | None = None,
+        async_capacity: int = 0,
+        run_async: RunAsync | None = None,
+        is_async: Callable[[Claim], bool] | None = None,
     ) -> None:
         self._run = run
+        self._run_async = run_async
+        self._is_async = is_async
+        self.async_capacity = async_capacity if run_async is not None and is_async else 0
         # Per-queue limits (absent: unlimited). The pool only counts claims per queue; the
         # fetcher claims no more of a queue than its limit minus what is held of it here.
         self.queue_limits = dict(queue_limits or {})
@@ -65,12 +79,19 @@ class BoundedPool:
         self._running: dict[str, Claim] = {}
         self._closed = False
         self._thread_ids = itertools.count(1)
+        # Async claims: waiting for a slot on the event loop, and handed to it (running).
+        self._async_heap: list[tuple[int, int, Claim]] = []
+        self._async_running: dict[str, Claim] = {}
+        self._async_work = threading.Condition(self._cond)  # the feeder waits on it
         for _ in range(core_size):
             self._spawn(core=True)
+        if self.async_capacity:
+            threading.Thread(target=self._feed, name=f"{name}-async-feeder", daemon=True).start()
 
     # -- the fetcher's side ---------------------------------------------------------------
     def free_slots(self) -> int:
-        """How many more claims the pool can take: max threads + queue capacity - held."""
+        """How many more claims the pool can take: max threads + queue capacity - held, plus
+        the free async slots while async claims are held."""
         with self._cond:
             return self._free()
 
@@ -131,13 +152,31 @@ class BoundedPool:
             except Exception:
                 logger.exception("could not wake the claim loop")
 
+    def _thread_free(self) -> int:
+        """Below zero when claims taken for async slots turned out to be for threads."""
+        return self.max_size + self.queue_capacity - len(self._heap) - len(self._running)
+
+    def _async_free(self) -> int:
+        """Free async slots, counted only while async claims are held: a worker whose tasks
+        are all synchronous claims exactly as without an event loop. Below zero when claims
+        taken for threads turned out to be async."""
+        held = len(self._async_heap) + len(self._async_running)
+        return self.async_capacity - held if held else 0
+
     def _free(self) -> int:
-        return max(0, self.max_size + self.queue_capacity - len(self._heap) - len(self._running))
+        return max(0, self._thread_free() + self._async_free())
 
     def _room(self) -> int:
-        return self._free() if len(self._heap) <= self.queue_capacity // 2 else 0
+        threads = self._thread_free() if len(self._heap) <= self.queue_capacity // 2 else 0
+        return min(self._free(), max(threads, 0) + max(self._async_free(), 0))
 
     def submit(self, claim: Claim) -> None:
+        if self._to_event_loop(claim):
+            with self._cond:
+                heapq.heappush(self._async_heap, (-claim.task.priority, next(self._order), claim))
+                self._held_by_queue[claim.task.queue] += 1
+                self._async_work.notify()
+            return
         with self._cond:
             heapq.heappush(self._heap, (-claim.task.priority, next(self._order), claim))
             self._held_by_queue[claim.task.queue] += 1
@@ -149,50 +188,67 @@ class BoundedPool:
                 self._spawn(core=False)
             self._work.notify()
 
+    def _to_event_loop(self, claim: Claim) -> bool:
+        if not self.async_capacity or self._is_async is None:
+            return False
+        try:
+            return self._is_async(claim)
+        except Exception:  # a thread then runs it, and records what fails
+            logger.exception("task %s: could not look its handler up", claim.task_id)
+            return False
+
     def take_queued(self) -> list[Claim]:
         """Remove and return every claim not yet started (shutdown: hand them back)."""
         with self._cond:
-            claims = [item[2] for item in sorted(self._heap)]
+            claims = [item[2] for item in sorted(self._heap + self._async_heap)]
             self._heap.clear()
+            self._async_heap.clear()
             self._release(claims)
             return claims
 
     def drop(self, task_ids: set[str]) -> list[Claim]:
         """Remove queued claims whose lease was lost, so they are never started here."""
         with self._cond:
-            kept = [item for item in self._heap if item[2].task_id not in task_ids]
-            dropped = [item[2] for item in self._heap if item[2].task_id in task_ids]
-            freed = False
-            if dropped:
-                self._heap = kept
-                heapq.heapify(self._heap)
-                freed = self._release(dropped)
+            dropped = []
+            for heap in (self._heap, self._async_heap):
+                gone = [item for item in heap if item[2].task_id in task_ids]
+                if gone:
+                    heap[:] = [item for item in heap if item[2].task_id not in task_ids]
+                    heapq.heapify(heap)
+                    dropped += [item[2] for item in gone]
+            freed = self._release(dropped) if dropped else False
         self._notify_freed(freed)
         return dropped
 
     def held(self) -> list[Claim]:
         """Every claim queued or running here (for the heartbeat)."""
         with self._cond:
-            return [item[2] for item in self._heap] + list(self._running.values())
+            return [item[2] for heap in (self._heap, self._async_heap) for item in heap] + [
+                *self._running.values(),
+                *self._async_running.values(),
+            ]
 
     def running_ids(self) -> set[str]:
         with self._cond:
-            return set(self._running)
+            return set(self._running) | set(self._async_running)
 
     @property
     def queued(self) -> int:
         with self._cond:
-            return len(self._heap)
+            return len(self._heap) + len(self._async_heap)
 
     def is_idle(self) -> bool:
         with self._cond:
-            return not self._heap and not self._running
+            return self._idle_now()
+
+    def _idle_now(self) -> bool:
+        return not (self._heap or self._running or self._async_heap or self._async_running)
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until nothing is queued or running; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._heap or self._running:
+            while not self._idle_now():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -204,6 +260,7 @@ class BoundedPool:
         with self._cond:
             self._closed = True
             self._work.notify_all()
+            self._async_work.notify_all()
             self._changed.notify_all()
 
     # -- the threads' side ----------------------------------------------------------------
@@ -252,6 +309,48 @@ class BoundedPool:
                         self._changed.notify_all()
                 self._notify_freed(freed)
         connections.close_all()  # this thread's connections die with it
+
+    # -- the event loop's side ------------------------------------------------------------
+    def _feed(self) -> None:
+        """The feeder thread: hands waiting async claims to the event loop, by priority, as
+        long as it has free slots; the loop's run_async starts them in one batched write."""
+        while True:
+            batch = self._next_async_batch()
+            if not batch:  # closed
+                connections.close_all()  # this thread's connections die with it
+                return
+            assert self._run_async is not None
+            try:
+                self._run_async(batch, self._async_done)
+            except Exception:  # run_async does not raise; should it, the leases lapse
+                logger.exception("could not hand %d claims to the event loop", len(batch))
+                for claim in batch:
+                    self._async_done(claim)
+
+    def _next_async_batch(self) -> list[Claim]:
+        """Wait for waiting async claims and free slots; take as many as fit, counted as
+        running. Empty once the pool is closed and none wait."""
+        with self._cond:
+            while not self._async_heap or len(self._async_running) >= self.async_capacity:
+                if self._closed and not self._async_heap:
+                    return []
+                self._async_work.wait(1.0)
+            take = min(self.async_capacity - len(self._async_running), len(self._async_heap))
+            batch = [heapq.heappop(self._async_heap)[2] for _ in range(take)]
+            for claim in batch:
+                self._async_running[claim.task_id] = claim
+            return batch
+
+    def _async_done(self, claim: Claim) -> None:
+        """An async claim left the event loop (its outcome recorded or handed over)."""
+        with self._cond:
+            if self._async_running.pop(claim.task_id, None) is None:
+                return
+            freed = self._release([claim])
+            self._async_work.notify()
+            if self._room() or self._idle_now():
+                self._changed.notify_all()
+        self._notify_freed(freed)
 
     def join(self, timeout: float) -> bool:
         """After ``close()``: wait for idle threads to exit; False if some are still busy."""

@@ -17,6 +17,7 @@ from django.db import DatabaseError, close_old_connections
 from . import metrics
 from .chores import MasterChores
 from .connections import drop_unusable_connections
+from .event_loop import EventLoop
 from .exceptions import ReliableExecutorError, StorageUnavailableError
 from .execution import TaskRunner
 from .fetching import Fetcher
@@ -43,6 +44,9 @@ class WorkerOptions:
     core_pool_size: int = 5
     max_pool_size: int = 10
     queue_capacity: int = 100
+    # Most async handlers running at once on the worker's event loop; 0: no event loop, an
+    # async handler takes a pool thread (through async_to_sync).
+    async_concurrency: int = 100
     poll_interval: float = 1.0
     lease_timeout: float = 60.0
     master_lock_ttl: float = 10.0
@@ -58,6 +62,7 @@ class WorkerOptions:
             core_pool_size=s.CORE_POOL_SIZE,
             max_pool_size=s.MAX_POOL_SIZE,
             queue_capacity=s.QUEUE_CAPACITY,
+            async_concurrency=s.ASYNC_CONCURRENCY,
             poll_interval=s.POLL_INTERVAL,
             lease_timeout=s.LEASE_TIMEOUT,
             master_lock_ttl=s.MASTER_LOCK_TTL,
@@ -80,6 +85,7 @@ class Worker:
         self.executor = executor or default_executor
         self.worker_id = options.worker_id
         self.runner = TaskRunner(self.executor, options.lease_timeout)
+        self.event_loop = EventLoop(self.runner) if options.async_concurrency else None
         self.pool = BoundedPool(
             self.runner.run,
             core_size=options.core_pool_size,
@@ -88,6 +94,9 @@ class Worker:
             queue_limits=options.queue_limits,
             # A slot of a limited queue freed: the fetcher (built below) may be waiting for it.
             on_freed=lambda: self.fetcher.on_freed(),
+            async_capacity=options.async_concurrency,
+            run_async=self.event_loop.run if self.event_loop is not None else None,
+            is_async=self.runner.is_async,
         )
         metrics.track_pool(lambda: self.pool.queued)
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
@@ -152,12 +161,13 @@ class Worker:
         Returns the process exit code: 0 after a graceful stop, 1 after a hard one."""
         opts = self.options
         logger.info(
-            "worker %s starting: queues=%s pool=%d..%d queue_capacity=%d",
+            "worker %s starting: queues=%s pool=%d..%d queue_capacity=%d async_concurrency=%d",
             self.worker_id,
             format_queues(opts.queues, opts.queue_limits),
             opts.core_pool_size,
             opts.max_pool_size,
             opts.queue_capacity,
+            opts.async_concurrency,
         )
         background = [
             threading.Thread(
@@ -212,6 +222,8 @@ class Worker:
             remaining = deadline - time.monotonic()
             if self.pool.wait_idle(min(0.2, max(remaining, 0))):
                 self.pool.join(1.0)
+                if self.event_loop is not None:
+                    self.event_loop.stop()
                 return 0
             if remaining <= 0:
                 break

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
+import threading
 import time
 
 from django_reliable_executor import TaskContext, reliable_task_handler
@@ -141,3 +143,26 @@ def journal(param: dict | None, context: TaskContext) -> object:
         result = deep
     _journal("end", context)
     return result
+
+
+@reliable_task_handler(
+    name="demo.async_sleep", takes_context=True, retry_on=(ConnectionError,), retry_interval=50
+)
+async def async_sleep(param: dict | None, context: TaskContext) -> object:
+    """An ``async def`` handler: awaits ``asyncio.sleep(seconds)`` between "start" and "end"
+    journal records (RE_JOURNAL), writing "cancelled" when the worker cancels it; fails the
+    first ``fail_times`` attempts with ConnectionError (retried), or with ``fail`` every
+    attempt with RuntimeError (not retried); returns ``result`` (default: the attempt)."""
+    param = param or {}
+    _journal("start", context, thread=threading.current_thread().name)
+    try:
+        await asyncio.sleep(float(param.get("seconds", 0)))
+    except asyncio.CancelledError:
+        _journal("cancelled", context)
+        raise
+    if context.attempt <= param.get("fail_times", 0):
+        raise ConnectionError(f"attempt {context.attempt}: upstream not reachable")
+    if param.get("fail"):
+        raise RuntimeError("this async task always fails")
+    _journal("end", context)
+    return param.get("result", context.attempt)

@@ -62,3 +62,38 @@ def test_group_committer_writes_an_item_the_store_refuses_alone():
         outcomes["down"], ConnectionError
     )
     assert flushed == [["first"], ["c", "down"]]
+
+
+def test_submit_many_writes_one_callers_items_in_batches_and_returns_each_outcome():
+    """One caller's items share round trips (max_batch each), every item gets its own outcome
+    or its own error, and a lone submit meanwhile still gets its outcome."""
+    import threading
+
+    from django_reliable_executor.batching import GroupCommitter
+
+    flushed: list[list[int]] = []
+
+    def flush(items: list[int]) -> list[int]:
+        if len(items) > 1 and 13 in items:
+            raise ValueError("refused")
+        if items == [13]:
+            raise ValueError("thirteen refused")
+        flushed.append(list(items))
+        return [item * 10 for item in items]
+
+    committer: GroupCommitter[int, int] = GroupCommitter(
+        flush, max_batch=4, isolate=lambda exc: isinstance(exc, ValueError)
+    )
+    assert committer.submit_many([]) == []
+    outcomes = committer.submit_many(list(range(10)))
+    assert outcomes == [item * 10 for item in range(10)]
+    assert flushed == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+    lone: list[int] = []
+    thread = threading.Thread(target=lambda: lone.append(committer.submit(99)))
+    thread.start()
+    outcomes = committer.submit_many([11, 12, 13, 14])
+    thread.join(10)
+    assert lone == [990]
+    assert outcomes[:2] == [110, 120] and outcomes[3] == 140
+    assert isinstance(outcomes[2], ValueError) and str(outcomes[2]) == "thirteen refused"

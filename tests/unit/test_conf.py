@@ -22,6 +22,7 @@ BAD_SETTINGS = {
     "CORE_POOL_SIZE": [0, -1, True, 2.0],
     "MAX_POOL_SIZE": [0, "10"],
     "QUEUE_CAPACITY": [-1, 1.5],
+    "ASYNC_CONCURRENCY": [-1, 2.5, True, "100"],
     "POLL_INTERVAL": [0, -0.5, "1", False],
     "LEASE_TIMEOUT": [0, None],
     "MASTER_LOCK_TTL": [0, "10"],
@@ -51,6 +52,7 @@ GOOD_SETTINGS = {
     "CORE_POOL_SIZE": 2,
     "MAX_POOL_SIZE": 4,
     "QUEUE_CAPACITY": 0,
+    "ASYNC_CONCURRENCY": 0,
     "POLL_INTERVAL": 0.2,
     "LEASE_TIMEOUT": 30,
     "MASTER_LOCK_TTL": 5.5,
@@ -138,6 +140,7 @@ def test_executor_settings_defaults_match_the_design():
         10,
         100,
     )
+    assert defaults.ASYNC_CONCURRENCY == 100
     assert (defaults.DEFAULT_RETRY_LIMIT, defaults.DEFAULT_RETRY_INTERVAL) == (3, 2000)
     assert (defaults.DEFAULT_RETRY_BACKOFF, defaults.DEFAULT_RETRY_BACKOFF_MAX) == ("fixed", 300000)
     assert defaults.MAX_PARAMETER_BYTES == 1048576

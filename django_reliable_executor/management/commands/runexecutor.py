@@ -19,6 +19,13 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(value)
+    return number
+
+
 def check_worker_id(worker_id: str | None) -> None:
     """A worker id is stored with each claim and in the worker registry: refuse at start one
     those columns cannot hold, rather than fail every claim and heartbeat later."""
@@ -79,6 +86,13 @@ class Command(BaseCommand):
         parser.add_argument("--core-pool-size", type=_positive_int, default=None)
         parser.add_argument("--max-pool-size", type=_positive_int, default=None)
         parser.add_argument("--queue-capacity", type=int, default=None)
+        parser.add_argument(
+            "--async-concurrency",
+            type=_non_negative_int,
+            default=None,
+            help="most async handlers running at once on the worker's event loop "
+            "(default ASYNC_CONCURRENCY, 100); 0: each takes a pool thread",
+        )
         parser.add_argument("--worker-id", default=None, help="default: hostname-pid-random")
         parser.add_argument(
             "--metrics-port", type=int, default=None, help="serve Prometheus metrics"
@@ -109,6 +123,7 @@ class Command(BaseCommand):
             core_pool_size=options["core_pool_size"],
             max_pool_size=options["max_pool_size"],
             queue_capacity=options["queue_capacity"],
+            async_concurrency=options["async_concurrency"],
             worker_id=options["worker_id"],
             shutdown_timeout=options["shutdown_timeout"],
             burst=options["burst"],
