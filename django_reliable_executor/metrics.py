@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .states import DEAD_LETTER_STATUSES, TaskStatus
 
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
     from prometheus_client.metrics_core import Metric
 
+    from .clock import Clock
     from .records import TaskInfo, Transition
-    from .service import ReliableExecutor
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -298,6 +298,17 @@ def track_pool(queue_size: Callable[[], int]) -> None:
 
 
 # -- the task gauges: read from the storage at scrape time ---------------------------------
+class TaskCounts(Protocol):
+    """What the task gauges read: the service (``executor``), which sits above this module."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]: ...
+
+    def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None: ...
+
+
 class TaskCountCollector:
     """``reliable_executor_tasks{status, queue}``,
     ``reliable_executor_dead_letters{queue}`` (the FAILED + TIMEOUT + ERROR of the same counts)
@@ -308,10 +319,8 @@ class TaskCountCollector:
     Every process exporting it reports the same stored totals: aggregate with ``max``, not
     ``sum``, across instances."""
 
-    def __init__(
-        self, executor: ReliableExecutor | None = None, cache_seconds: float = COUNT_CACHE_SECONDS
-    ) -> None:
-        self._executor = executor  # None: the module-level service, resolved when scraped
+    def __init__(self, executor: TaskCounts, cache_seconds: float = COUNT_CACHE_SECONDS) -> None:
+        self._executor = executor
         self.cache_seconds = cache_seconds
         self._lock = threading.Lock()
         self._read_at: float | None = None
@@ -339,10 +348,6 @@ class TaskCountCollector:
 
     def _query(self) -> _Snapshot | None:
         executor = self._executor
-        if executor is None:
-            from .service import executor as default_executor
-
-            executor = default_executor
         try:
             counts = executor.count_by_queue()
             ages: dict[str, float] = {}
@@ -397,9 +402,10 @@ def _age_seconds(oldest: dt.datetime | None, now: dt.datetime) -> float:
     return 0.0 if oldest is None else max((now - oldest).total_seconds(), 0.0)
 
 
-def register_collectors() -> TaskCountCollector | None:
-    """Create this process's metrics and register the task gauges in the default registry,
-    once (later calls return the same collector). Touches no storage: that happens per scrape.
+def register_collectors(executor: TaskCounts | None = None) -> TaskCountCollector | None:
+    """Create this process's metrics and register the task gauges, read through ``executor``,
+    in the default registry, once (later calls return the same collector; the app makes the
+    first, with the service, when Django starts). Touches no storage: that happens per scrape.
     Returns None without prometheus_client."""
     global _task_collector
     if _get() is None:
@@ -411,8 +417,10 @@ def register_collectors() -> TaskCountCollector | None:
             existing = getattr(REGISTRY, "_names_to_collectors", {}).get(f"{PREFIX}_tasks")
             if existing is not None:  # registered before this module was imported again
                 _task_collector = existing
+            elif executor is None:
+                raise RuntimeError("the task gauges are registered with the executor they read")
             else:
-                _task_collector = TaskCountCollector()
+                _task_collector = TaskCountCollector(executor)
                 REGISTRY.register(_task_collector)  # type: ignore[arg-type]
         return _task_collector
 

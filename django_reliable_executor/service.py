@@ -28,12 +28,13 @@ from .exceptions import (
 from .options import MAX_MILLIS, TaskOptions, is_int
 from .options import NAMES as OPTION_NAMES
 from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
-from .registry import TaskHandler, get_handler
-from .schedules.operations import ScheduleOperations, is_fire_task_id
+from .registry import TaskHandler, declared_schedules, get_handler
+from .schedules.ids import is_fire_task_id
+from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
-from .storage import TaskStorage, build_storage
+from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 
 MAX_ID_LENGTH = 191
 
@@ -395,8 +396,6 @@ class ReliableExecutor:
 
     def master(self) -> str | None:
         """The worker id holding the master lock now, or None."""
-        from .leadership import MASTER_LOCK_NAME
-
         return self.storage.lock_owner(MASTER_LOCK_NAME)
 
     def workers(self) -> list[WorkerInfo]:
@@ -502,7 +501,7 @@ class ReliableExecutor:
     def sync_declared_schedules(self) -> int:
         """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.
         Run by every runexecutor at start-up. Returns how many were written."""
-        return self._schedules.sync_declared_schedules()
+        return self._schedules.sync_declared_schedules(declared_schedules())
 
     # -- announcing (see announcing.py) ----------------------------------------------------
     def announce(self, transition: Transition, attempt: int | None = None) -> None:

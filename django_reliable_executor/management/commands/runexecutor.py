@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_reliable_executor import metrics
 from django_reliable_executor.service import MAX_ID_LENGTH, executor
 from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
@@ -119,8 +120,6 @@ class Command(BaseCommand):
         if metrics_port is None:
             metrics_port = executor.settings.METRICS_PORT
         if metrics_port is not None:
-            from django_reliable_executor import metrics
-
             metrics.serve(metrics_port)
         worker = Worker(worker_options, executor)
 
