@@ -9,7 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_reliable_executor import metrics
-from django_reliable_executor.service import MAX_ID_LENGTH, executor
+from django_reliable_executor.service import executor
+from django_reliable_executor.submission import MAX_ID_LENGTH
 from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
 
