@@ -140,18 +140,7 @@ class ScheduleOperations:
         index: int,
     ) -> ScheduleInfo:
         """Validate one definition and resolve its task options as a submit would."""
-        if spec.misfire not in MISFIRE_POLICIES:
-            raise InvalidScheduleError(
-                f"misfire must be one of {MISFIRE_POLICIES}, got {spec.misfire!r}",
-                field="misfire",
-            )
-        start_at = spec.start_at
-        if start_at is not None and (
-            not isinstance(start_at, dt.datetime) or start_at.tzinfo is None
-        ):
-            raise InvalidScheduleError(
-                f"start_at must be an aware datetime, got {start_at!r}", field="start_at"
-            )
+        start_at = _checked_start(spec)
         # Without a start, an existing schedule keeps its own: a definition in code is saved
         # again at every start-up and must not move its interval's anchor each time.
         anchor = (start_at or (stored.start_at if stored else now)).astimezone(dt.timezone.utc)
@@ -160,21 +149,7 @@ class ScheduleOperations:
         every = spec.every
         if every is not None and not isinstance(every, dt.timedelta):
             every = dt.timedelta(seconds=every)
-        task = self._prepare(
-            TaskSubmitRequest(
-                task_name=spec.task_name or "",
-                task_parameter=spec.parameter,
-                queue=spec.queue,
-                priority=spec.priority,
-                retry_limit=spec.retry_limit,
-                retry_interval=spec.retry_interval,
-                retry_backoff=spec.retry_backoff,
-                max_duration_millis=spec.max_duration_millis,
-            ),
-            now,
-            settings,
-            index,
-        )
+        task = self._prepare(_request_of(spec), now, settings, index)
         if every is not None and spec.start_at is None and stored is None:
             next_run = timing.next_after(now)  # one interval from now, not at once
         else:
@@ -202,17 +177,7 @@ class ScheduleOperations:
             created_at=now,
             updated_at=now,
         )
-        if stored is None:
-            return info
-        return dataclasses.replace(
-            info,
-            paused=stored.paused,
-            next_run_at=stored.next_run_at if info.same_timing(stored) else next_run,
-            last_run_at=stored.last_run_at,
-            last_task_id=stored.last_task_id,
-            created_at=stored.created_at,
-            updated_at=now if not info.same_definition(stored) else stored.updated_at,
-        )
+        return info if stored is None else _redefined(stored, info, now)
 
     def get_schedule(self, schedule_id: str) -> ScheduleInfo | None:
         """The stored schedule, or None for an unknown id."""
@@ -249,3 +214,46 @@ class ScheduleOperations:
         """Create or update ``declared``, the schedules of ``@reliable_task_handler(schedule=)``
         (the registry's, which the service passes in). Returns how many were written."""
         return self._save(declared, "code")[1]
+
+
+def _checked_start(spec: Schedule) -> dt.datetime | None:
+    """The definition's ``start_at``, after checking it and its misfire policy."""
+    if spec.misfire not in MISFIRE_POLICIES:
+        raise InvalidScheduleError(
+            f"misfire must be one of {MISFIRE_POLICIES}, got {spec.misfire!r}",
+            field="misfire",
+        )
+    start_at = spec.start_at
+    if start_at is not None and (not isinstance(start_at, dt.datetime) or start_at.tzinfo is None):
+        raise InvalidScheduleError(
+            f"start_at must be an aware datetime, got {start_at!r}", field="start_at"
+        )
+    return start_at
+
+
+def _request_of(spec: Schedule) -> TaskSubmitRequest:
+    """The submit a run of ``spec`` makes: its task options are checked as a submit's are."""
+    return TaskSubmitRequest(
+        task_name=spec.task_name or "",
+        task_parameter=spec.parameter,
+        queue=spec.queue,
+        priority=spec.priority,
+        retry_limit=spec.retry_limit,
+        retry_interval=spec.retry_interval,
+        retry_backoff=spec.retry_backoff,
+        max_duration_millis=spec.max_duration_millis,
+    )
+
+
+def _redefined(stored: ScheduleInfo, info: ScheduleInfo, now: dt.datetime) -> ScheduleInfo:
+    """``info``, the new definition of ``stored``, keeping its state: paused, last run, when it
+    was created, and its next run while the timing is the same."""
+    return dataclasses.replace(
+        info,
+        paused=stored.paused,
+        next_run_at=stored.next_run_at if info.same_timing(stored) else info.next_run_at,
+        last_run_at=stored.last_run_at,
+        last_task_id=stored.last_task_id,
+        created_at=stored.created_at,
+        updated_at=now if not info.same_definition(stored) else stored.updated_at,
+    )
