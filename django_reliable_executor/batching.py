@@ -11,7 +11,7 @@ O = TypeVar("O")  # noqa: E741 - outcome
 
 
 class _Slot(Generic[I, O]):
-    __slots__ = ("item", "wake", "finished", "must_lead", "outcome", "error")
+    __slots__ = ("item", "wake", "finished", "must_flush", "outcome", "error")
 
     def __init__(self, item: I) -> None:
         self.item = item
@@ -19,7 +19,7 @@ class _Slot(Generic[I, O]):
         # waiter on a shared condition) matters with many threads on few cores.
         self.wake = threading.Event()
         self.finished = False
-        self.must_lead = False
+        self.must_flush = False
         self.outcome: O | None = None
         self.error: BaseException | None = None
 
@@ -27,8 +27,8 @@ class _Slot(Generic[I, O]):
 class GroupCommitter(Generic[I, O]):
     """Coalesce concurrent ``submit`` calls into batched ``flush`` calls.
 
-    The first caller that finds no batch in flight becomes the leader: it flushes everything
-    waiting (its own item included), hands each caller its outcome, and passes the lead to the
+    The first caller that finds no batch in flight takes the flushing turn: it flushes everything
+    waiting (its own item included), hands each caller its outcome, and passes the turn to the
     oldest caller still waiting. A lone caller pays one round trip, as without batching; eight busy
     threads share one. Every caller still returns only after its own write is done, so the
     semantics of the underlying call are unchanged.
@@ -49,18 +49,18 @@ class GroupCommitter(Generic[I, O]):
         self._isolate = isolate
         self._lock = threading.Lock()
         self._waiting: list[_Slot[I, O]] = []
-        self._leader_active = False
+        self._turn_taken = False
 
     def submit(self, item: I) -> O:
         slot: _Slot[I, O] = _Slot(item)
         with self._lock:
             self._waiting.append(slot)
-            slot.must_lead = not self._leader_active
-            self._leader_active = True
+            slot.must_flush = not self._turn_taken
+            self._turn_taken = True
         while not slot.finished:
-            if slot.must_lead:
-                slot.must_lead = False
-                self._lead(slot)
+            if slot.must_flush:
+                slot.must_flush = False
+                self._take_turn(slot)
             else:
                 slot.wake.wait()
                 slot.wake.clear()
@@ -68,8 +68,8 @@ class GroupCommitter(Generic[I, O]):
             raise slot.error
         return slot.outcome  # type: ignore[return-value]
 
-    def _lead(self, own: _Slot[I, O]) -> None:
-        """Flush batches until our own item is written, then pass the lead to the oldest
+    def _take_turn(self, own: _Slot[I, O]) -> None:
+        """Flush batches until our own item is written, then pass the turn to the oldest
         waiter: no thread is kept writing for others while its own work waits."""
         while True:
             with self._lock:
@@ -81,10 +81,10 @@ class GroupCommitter(Generic[I, O]):
                 with self._lock:
                     if self._waiting:
                         successor = self._waiting[0]
-                        successor.must_lead = True
+                        successor.must_flush = True
                         successor.wake.set()
                     else:
-                        self._leader_active = False
+                        self._turn_taken = False
                 return
 
     def _run(self, batch: list[_Slot[I, O]]) -> None:

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 from django.db import close_old_connections
 
+from .chores import MasterChores
 from .connections import drop_unusable_connections
 from .execution import TaskRunner
 from .pool import BoundedPool
-from .scheduler import Scheduler
 from .service import ReliableExecutor
 
 logger = logging.getLogger("django_reliable_executor")
@@ -23,15 +23,15 @@ logger = logging.getLogger("django_reliable_executor")
 class Heartbeat:
     """One worker's heartbeat. ``beat()`` renews every lease held here (queued, running or
     awaiting its recorded completion), then refreshes the worker registry; ``run()`` beats every
-    ``interval`` seconds until ``done`` is set. Lease writes report to the scheduler whether the
-    storage was reached, so it can hold recovery back after an outage."""
+    ``interval`` seconds until ``done`` is set. Lease writes tell the chores whether the
+    storage was reached, so they can hold recovery back after an outage."""
 
     def __init__(
         self,
         executor: ReliableExecutor,
         pool: BoundedPool,
         runner: TaskRunner,
-        scheduler: Scheduler,
+        chores: MasterChores,
         done: threading.Event,
         *,
         worker_id: str,
@@ -42,7 +42,7 @@ class Heartbeat:
         self.executor = executor
         self.pool = pool
         self.runner = runner
-        self.scheduler = scheduler
+        self.chores = chores
         self.done = done
         self.worker_id = worker_id
         self.queues = queues
@@ -123,10 +123,10 @@ class Heartbeat:
                 if first_try and drop_unusable_connections():
                     continue
                 logger.exception("heartbeat: renewing %d leases failed", len(claims))
-                self.scheduler.storage_failed()
+                self.chores.storage_failed()
                 drop_unusable_connections()
                 return
-        self.scheduler.storage_reached()
+        self.chores.storage_reached()
         # The token moves only when the task is claimed again, so a different one means lost.
         lost = {c.task_id for c in claims if held.get(c.task_id, (None,))[0] != c.token}
         dropped = self.pool.drop(lost)

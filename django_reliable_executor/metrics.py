@@ -116,7 +116,7 @@ def observe_schedule_skipped(count: int) -> None:
 def set_master(is_master: bool) -> None:
     """This process holds the master lock now, or not."""
     gauge = unlabelled_gauge(
-        f"{PREFIX}_is_master", "1 while this worker holds the master lock (runs the scheduler)."
+        f"{PREFIX}_is_master", "1 while this worker holds the master lock (runs the chores)."
     )
     if gauge is not None:
         gauge.set(1 if is_master else 0)

@@ -1,4 +1,4 @@
-"""The runexecutor worker: runs the fetcher, bounded pool, heartbeat and scheduler threads, and the
+"""The runexecutor worker: runs the fetcher, bounded pool, heartbeat and chores threads, and the
 phased shutdown (quiet -> hand back unstarted claims -> drain -> stop)."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from django.db import DatabaseError, close_old_connections
 
 from . import metrics
+from .chores import MasterChores
 from .connections import drop_unusable_connections
 from .exceptions import ReliableExecutorError, StorageUnavailableError
 from .execution import TaskRunner
 from .fetching import Fetcher
 from .heartbeat import Heartbeat
-from .leadership import MasterLock
+from .master_lock import MasterLock
 from .pool import BoundedPool
-from .scheduler import Scheduler
 from .service import ReliableExecutor
 from .service import executor as default_executor
 
@@ -93,7 +93,7 @@ class Worker:
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
         # A worker silent for several heartbeats (which come every lease/4) is dead.
         self.heartbeat_interval = max(options.lease_timeout / 4, 0.05)
-        self.scheduler = Scheduler(
+        self.chores = MasterChores(
             self.executor,
             options.finished_retention,
             max(options.lease_timeout * 2, 60.0),
@@ -110,7 +110,7 @@ class Worker:
             self.executor,
             self.pool,
             self.runner,
-            self.scheduler,
+            self.chores,
             self._threads_done,
             worker_id=self.worker_id,
             queues=options.queues,
@@ -164,7 +164,7 @@ class Worker:
                 target=self.heartbeat.run, name="reliable-executor-heartbeat", daemon=True
             ),
             threading.Thread(
-                target=self._scheduler_loop, name="reliable-executor-scheduler", daemon=True
+                target=self._chores_loop, name="reliable-executor-chores", daemon=True
             ),
         ]
         try:
@@ -226,7 +226,7 @@ class Worker:
         return 1 if self.hard_stop.is_set() else 0
 
     # -- background threads ---------------------------------------------------------------
-    def _scheduler_loop(self) -> None:
+    def _chores_loop(self) -> None:
         tick = min(1.0, self.options.master_lock_ttl / 4)
         was_master = False
         synced = False
@@ -238,18 +238,18 @@ class Worker:
             try:
                 is_master = self.master.hold()
                 if not self.master.reachable:
-                    self.scheduler.storage_failed()
+                    self.chores.storage_failed()
                 if is_master and not was_master:
-                    self.scheduler.settle()
+                    self.chores.settle()
                 was_master = is_master
                 if is_master:
-                    busy = self.scheduler.run_once()
-                    wait = self.scheduler.seconds_to_next_schedule(tick)
+                    busy = self.chores.run_once()
+                    wait = self.chores.seconds_to_next_schedule(tick)
             except Exception:
-                logger.exception("scheduler round failed")
+                logger.exception("chores round failed")
                 # No settle here: recovery is held back once the storage is reached again
                 # (storage_reached), so errors that keep coming cannot postpone it forever.
-                self.scheduler.storage_failed()
+                self.chores.storage_failed()
                 drop_unusable_connections()
             self._threads_done.wait(0.01 if busy else max(wait, 0.001))
         close_old_connections()

@@ -19,9 +19,9 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_reliable_executor import TaskStatus, signals
-from django_reliable_executor.cli import format_age, parse_duration
 from django_reliable_executor.clock import FakeClock, system_clock
-from django_reliable_executor.leadership import MASTER_LOCK_NAME
+from django_reliable_executor.management.output import format_age, parse_duration
+from django_reliable_executor.master_lock import MASTER_LOCK_NAME
 from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.service import executor as module_executor

@@ -8,8 +8,8 @@ import threading
 from django.db import connections
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
-from django_reliable_executor.leadership import MASTER_LOCK_NAME, MasterLock
-from django_reliable_executor.scheduler import Scheduler
+from django_reliable_executor.chores import MasterChores
+from django_reliable_executor.master_lock import MASTER_LOCK_NAME, MasterLock
 from tests.contract_support import (
     LEASE,
     claim_and_start,
@@ -108,12 +108,12 @@ def test_recover_expired_respects_its_batch_limit(executor, storage, clock):
     assert executor.count_by_status()[TaskStatus.PENDING] == 5
 
 
-def test_scheduler_round_recovers_and_announces(executor, storage, clock):
+def test_chores_round_recovers_and_announces(executor, storage, clock):
     executor.submit("demo.echo", None, task_id="sch", retry_limit=0)
     storage.start(storage.claim("w1", ["default"], 1, 10)[0], 10)
     clock.advance(11)
     with recording(signals.task_failed) as failed:
-        Scheduler(executor, retention_seconds=3600).run_once()
+        MasterChores(executor, retention_seconds=3600).run_once()
     assert executor.get_task("sch").status is TaskStatus.FAILED
     assert [(c["task_id"], c["status"]) for c in failed.calls] == [("sch", TaskStatus.FAILED)]
 
@@ -344,7 +344,7 @@ def test_purge_finished_respects_its_batch_limit(executor, clock):
     assert total(executor.count_by_status()) == 0
 
 
-def test_scheduler_purges_past_retention(executor, clock):
+def test_chores_purge_past_retention(executor, clock):
     executor.submit("demo.echo", None, task_id="old")
     executor.cancel_task("old")
     clock.advance(100)
@@ -352,7 +352,7 @@ def test_scheduler_purges_past_retention(executor, clock):
     executor.cancel_task("young")
     executor.submit("demo.echo", None, task_id="live")
     clock.advance(60)
-    Scheduler(executor, retention_seconds=120).run_once()
+    MasterChores(executor, retention_seconds=120).run_once()
     assert {t.task_id for t in executor.list_tasks()} == {"young", "live"}
 
 

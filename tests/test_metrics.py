@@ -24,9 +24,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, metrics
+from django_reliable_executor.chores import MasterChores
 from django_reliable_executor.metrics import TaskCountCollector
 from django_reliable_executor.records import NewTask, new_info
-from django_reliable_executor.scheduler import Scheduler
 from django_reliable_executor.service import ReliableExecutor
 from tests.contract_support import LEASE, new_task, run_claims
 
@@ -150,11 +150,11 @@ def test_outcomes_the_master_records_count_but_add_no_execution_time(executor, s
     executor.submit("demo.echo", task_id="overdue", queue=queue, max_duration_millis=5000)
     for claim in storage.claim("elsewhere", [queue], 10, LEASE):  # another worker starts both
         assert storage.start(claim, LEASE) is not None
-    scheduler = Scheduler(executor, retention_seconds=3600)
+    chores = MasterChores(executor, retention_seconds=3600)
     clock.advance(10)  # past "overdue"'s deadline, leases still valid
-    scheduler.run_once()
+    chores.run_once()
     clock.advance(LEASE)  # the other worker stopped heartbeating: "lost" is recovered
-    scheduler.run_once()
+    chores.run_once()
     assert executor.get_task("overdue").status is TaskStatus.TIMEOUT
     assert executor.get_task("lost").status is TaskStatus.PENDING
     assert observed("demo.echo", queue) == expect(scheduled=2, timeout=1, retried=1)

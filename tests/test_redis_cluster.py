@@ -235,7 +235,7 @@ def test_submit_run_and_finish_tasks_through_a_cluster(
     assert {(t.status, t.attempts, t.worker_id) for t in back.values()} == {
         (TaskStatus.CREATED, 0, None)
     }
-    # Another one abandoned while running: the worker's scheduler must recover this one.
+    # Another one abandoned while running: the master's chores must recover this one.
     [orphan] = storage.claim("ghost", ["orphan"], 10, 1.0)
     assert storage.start(orphan, 1.0) is not None
 

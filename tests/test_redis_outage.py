@@ -20,7 +20,7 @@ from django.db import transaction
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.exceptions import StorageUnavailableError
-from django_reliable_executor.leadership import MASTER_LOCK_NAME
+from django_reliable_executor.master_lock import MASTER_LOCK_NAME
 from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TERMINAL_STATUSES
@@ -209,11 +209,11 @@ def test_worker_rides_out_a_redis_restart_and_loses_nothing(
     assert messages(logs, "task after-", after=up_at)  # "task after-N (demo.record): ... COMPLETED"
 
 
-def test_master_lock_and_scheduler_resume_after_the_outage(
+def test_master_lock_and_chores_resume_after_the_outage(
     aof_server: RedisServer, executor: ReliableExecutor, logs: pytest.LogCaptureFixture
 ):
     """Delayed work due during and after the outage runs; a lease that expired while Redis was
-    down is recovered by the scheduler, which only the master runs."""
+    down is recovered by the chores, which only the master runs."""
     storage = executor.storage
     soon = executor.submit("demo.record", {}, task_id="due-during", delay_millis=1500)
     later = executor.submit("demo.record", {}, task_id="due-after", delay_millis=6000)
@@ -222,15 +222,15 @@ def test_master_lock_and_scheduler_resume_after_the_outage(
     [orphan] = storage.claim("ghost", ["ghosts"], 1, 1.0)
     assert storage.start(orphan, 1.0) is not None  # a worker that dies now, holding a lease
 
-    with running(executor, "leader", ("default", "ghosts")) as (_, thread):
-        wait_for(lambda: storage.lock_owner(MASTER_LOCK_NAME) == "leader", 10, "the master lock")
+    with running(executor, "keeper", ("default", "ghosts")) as (_, thread):
+        wait_for(lambda: storage.lock_owner(MASTER_LOCK_NAME) == "keeper", 10, "the master lock")
         wait_for(
             lambda: task(executor, "retry").status is TaskStatus.PENDING, 10, "a first failure"
         )
         aof_server.kill()
         down_at = time.monotonic()
         wait_for(
-            lambda: messages(logs, "worker leader lost the master lock"), 10, "mastership lost"
+            lambda: messages(logs, "worker keeper lost the master lock"), 10, "mastership lost"
         )
         time.sleep(max(0.0, down_at + 3.0 - time.monotonic()))  # past the orphan's lease
         up_at = time.time()
@@ -244,7 +244,7 @@ def test_master_lock_and_scheduler_resume_after_the_outage(
             20,
             "every task to finish",
         )
-        assert storage.lock_owner(MASTER_LOCK_NAME) == "leader"
+        assert storage.lock_owner(MASTER_LOCK_NAME) == "keeper"
         assert thread.is_alive()
 
     due_during, due_after = task(executor, "due-during"), task(executor, "due-after")
@@ -259,12 +259,12 @@ def test_master_lock_and_scheduler_resume_after_the_outage(
     assert (recovered.status, recovered.attempts, recovered.worker_id) == (
         TaskStatus.COMPLETED,
         2,
-        "leader",
+        "keeper",
     )
     assert "worker lost: ghost stopped renewing its lease" in (recovered.last_error or "")
     assert set(executions()) == {"due-during", "due-after", "orphan"}
     assert messages(logs, "master lock: storage error, giving up mastership")
-    assert messages(logs, "worker leader took the master lock", after=up_at)
+    assert messages(logs, "worker keeper took the master lock", after=up_at)
 
 
 def test_submit_in_atomic_with_redis_down(aof_server: RedisServer, executor: ReliableExecutor):

@@ -128,7 +128,7 @@ class TaskStorage(ScheduleStorage):
         AttemptStillRunningError while the previous attempt's holder still holds its lease
         (a timed-out handler still running): a retry then would run the task twice at once."""
 
-    # -- leader-only chores (idempotent, batch-bounded) -----------------------------------
+    # -- master-only chores (idempotent, batch-bounded) -----------------------------------
     def promote_due(self, limit: int) -> int:
         """Make due scheduled tasks claimable. A no-op where due tasks are claimable as is."""
         return 0
@@ -223,7 +223,7 @@ class TaskStorage(ScheduleStorage):
     def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
         """True while a task of these queues is running or due within ``horizon_seconds``."""
 
-    # -- leadership and workers -----------------------------------------------------------
+    # -- the master lock and workers ------------------------------------------------------
     @abc.abstractmethod
     def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
         """Take or renew the named lease for ``owner``; False while someone else holds it."""

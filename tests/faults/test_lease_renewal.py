@@ -9,7 +9,7 @@ import time
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.scheduler import Scheduler
+from django_reliable_executor.chores import MasterChores
 
 from ..conftest import db_params, require
 from ..processes import Backend, service_for, wait_until
@@ -119,23 +119,23 @@ def test_a_handler_holding_the_gil_is_reported(alias, key_prefix, workers, journ
 
 
 def test_recovery_waits_once_per_long_outage_and_never_on_every_error():
-    """The scheduler's own rule, without a storage: errors alone never hold recovery back; the
+    """The chores' own rule, without a storage: errors alone never hold recovery back; the
     first success after an outage of ``outage_seconds`` or more does, once; writes that fail
     every other time, with successes in between, never do."""
-    scheduler = Scheduler(None, 0, settle_seconds=30.0, outage_seconds=0.2)  # type: ignore[arg-type]
-    held_back = lambda: scheduler._recover_from > time.monotonic()  # noqa: E731
-    scheduler.storage_reached()
+    chores = MasterChores(None, 0, settle_seconds=30.0, outage_seconds=0.2)  # type: ignore[arg-type]
+    held_back = lambda: chores._recover_from > time.monotonic()  # noqa: E731
+    chores.storage_reached()
     for _ in range(5):  # failing and succeeding in turn, well within the outage threshold
-        scheduler.storage_failed()
+        chores.storage_failed()
         assert not held_back()
-        scheduler.storage_reached()
+        chores.storage_reached()
         assert not held_back()
-    scheduler.storage_failed()
+    chores.storage_failed()
     time.sleep(0.25)  # an outage long enough for live workers' leases to lapse
-    scheduler.storage_failed()
+    chores.storage_failed()
     assert not held_back()
-    scheduler.storage_reached()
+    chores.storage_reached()
     assert held_back()
-    scheduler._recover_from = 0.0
-    scheduler.storage_reached()  # no new outage: no new wait
+    chores._recover_from = 0.0
+    chores.storage_reached()  # no new outage: no new wait
     assert not held_back()

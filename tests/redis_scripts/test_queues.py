@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.scheduler import Scheduler
+from django_reliable_executor.chores import MasterChores
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage
@@ -69,9 +69,9 @@ def test_queues_whose_tasks_were_purged_are_forgotten(storage, executor, clock):
     clock.advance(10)
 
     # The master's own rounds purge (retention 1 s); a full batch asks for another round.
-    scheduler = Scheduler(executor, retention_seconds=1)
+    chores = MasterChores(executor, retention_seconds=1)
     rounds = 0
-    while scheduler.run_once():
+    while chores.run_once():
         rounds += 1
         assert rounds < 10
     assert executor.count_by_status()[TaskStatus.COMPLETED] == 0

@@ -16,7 +16,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_reliable_executor.cli import (
+from django_reliable_executor.exceptions import StorageUnavailableError
+from django_reliable_executor.management.output import (
     DURATION_EXAMPLES,
     StatusReport,
     format_age,
@@ -25,7 +26,6 @@ from django_reliable_executor.cli import (
     task_json,
     task_text,
 )
-from django_reliable_executor.exceptions import StorageUnavailableError
 from django_reliable_executor.service import executor
 from django_reliable_executor.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 

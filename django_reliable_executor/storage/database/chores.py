@@ -1,4 +1,4 @@
-"""The leader's chores on the database storage: recover leases, time out, purge."""
+"""The master's chores on the database storage: recover leases, time out, purge."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The named leases of the database storage (the leader's lock), taken by conditional UPDATE."""
+"""The named leases of the database storage (the master lock), taken by conditional UPDATE."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The leader's chores on the Redis storage: promote due tasks, recover leases, time out, purge."""
+"""The master's chores on the Redis storage: promote due tasks, recover leases, time out, purge."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Chores(RedisAccess):
 
     _queue_cursor = 0  # where the sweep of the queue set goes on (SSCAN cursor)
 
-    # -- leader-only chores ---------------------------------------------------------------
+    # -- master-only chores ---------------------------------------------------------------
     @guarded
     def promote_due(self, limit: int) -> int:
         return int(self._run("promote", limit))

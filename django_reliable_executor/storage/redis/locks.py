@@ -1,4 +1,4 @@
-"""The named leases of the Redis storage (the leader's lock): a key per name, set by Lua."""
+"""The named leases of the Redis storage (the master lock): a key per name, set by Lua."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .conf import ExecutorSettings
-from .records import TaskInfo, WorkerInfo
-from .states import TaskStatus
+from ..conf import ExecutorSettings
+from ..records import TaskInfo, WorkerInfo
+from ..states import TaskStatus
 
 # Units of --older-than, in seconds.
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -1,4 +1,4 @@
-"""Leader-only chores, each idempotent and bounded per round: fire due schedules, promote due
+"""The master's chores, each idempotent and bounded per round: fire due schedules, promote due
 tasks, recover expired leases, time out tasks past their max duration, purge finished tasks past
 retention."""
 
@@ -18,7 +18,10 @@ BATCH = 500
 PURGE_EVERY_SECONDS = 60.0
 
 
-class Scheduler:
+class MasterChores:
+    """The chores only the master (the holder of the master lock) runs, one round per call of
+    ``run_once``; the storage's ``Chores`` part does each one atomically."""
+
     def __init__(
         self,
         executor: ReliableExecutor,

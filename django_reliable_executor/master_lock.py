@@ -14,7 +14,7 @@ logger = logging.getLogger("django_reliable_executor")
 
 
 class MasterLock:
-    """A lease in the storage; only its holder runs the scheduler's chores.
+    """A lease in the storage; only its holder (the master) runs the chores.
 
     Holding it is an optimisation, not a safety property: every chore is an atomic, idempotent
     compare-and-set, so two workers that both believe they are master do no harm.
