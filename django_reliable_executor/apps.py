@@ -1,12 +1,24 @@
-"""App config: autodiscover every installed app's ``tasks`` module, register system checks and
-the task gauges of the Prometheus registry."""
+"""App config: autodiscover every installed app's ``tasks`` module, register system checks,
+connect the service to the modules below it and register the task gauges of the Prometheus
+registry."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.module_loading import autodiscover_modules
+
+from . import (
+    checks,  # noqa: F401 - registers the system checks
+    metrics,
+    registry,
+)
+from .conf import SETTING_NAME
+from .service import executor
 
 
 class ReliableExecutorConfig(AppConfig):
@@ -15,10 +27,9 @@ class ReliableExecutorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import (
-            checks,  # noqa: F401 - registers the system checks
-            metrics,
-        )
+        # The modules below the service never import it: it is connected to them here.
+        registry.connect_submitter(executor.submit)
+        setting_changed.connect(_reset_executor, dispatch_uid="django_reliable_executor.reset")
 
         if _uses_tasks_backend():
             # Before the tasks modules: their @task decorators register through it, and a
@@ -34,7 +45,13 @@ class ReliableExecutorConfig(AppConfig):
 
         autodiscover_modules("tasks")
         # Reads no storage now: the gauges ask the service when they are scraped.
-        metrics.register_collectors()
+        metrics.register_collectors(executor)
+
+
+def _reset_executor(*, setting: str, **kwargs: Any) -> None:
+    """Build the service's storage again from overridden settings (tests)."""
+    if setting == SETTING_NAME:
+        executor.reset()
 
 
 def _uses_tasks_backend() -> bool:

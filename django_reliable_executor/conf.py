@@ -368,12 +368,10 @@ def get_settings() -> ExecutorSettings:
 
 
 def _reset(*, setting: str, **kwargs: Any) -> None:
+    """Read the settings again after a test overrides them (apps.ready resets the service)."""
     global _cached
     if setting == SETTING_NAME:
         _cached = None
-        from . import service  # local import: service depends on conf
-
-        service.executor.reset()
 
 
 setting_changed.connect(_reset)

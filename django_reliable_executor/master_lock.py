@@ -8,11 +8,9 @@ import time
 
 from . import metrics
 from .connections import drop_unusable_connections, with_reconnect
-from .storage.base import TaskStorage
+from .storage.base import MASTER_LOCK_NAME, TaskStorage
 
 logger = logging.getLogger("django_reliable_executor")
-
-MASTER_LOCK_NAME = "master"
 
 
 class MasterLock:

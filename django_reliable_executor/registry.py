@@ -10,10 +10,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .exceptions import HandlerRegistrationError, InvalidTaskOptionError
+from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
 from .options import NAMES as OPTION_NAMES
 from .options import TaskOptions
+from .schedules.ids import validate_schedule_id
 from .schedules.records import Schedule
+from .schedules.timing import make_timing
 
 ScheduleSpec = Schedule | str | int | float | dt.timedelta
 
@@ -65,9 +67,12 @@ class TaskHandler(Generic[R]):
 
     def submit(self, parameter: Any = None, **options: Any) -> TaskInfo:
         """Queue this handler with ``parameter``; options as for ``executor.submit``."""
-        from .service import executor
-
-        return executor.submit(self.name, parameter, **options)
+        if _submitter is None:
+            raise RuntimeError(
+                f"{self.name!r}.submit() needs the executor, connected when Django starts "
+                "(django.setup())"
+            )
+        return _submitter(self.name, parameter, **options)
 
     def __repr__(self) -> str:
         return f"<TaskHandler {self.name}>"
@@ -89,6 +94,15 @@ def _takes_positional(func: Callable[..., Any]) -> bool:
 
 _handlers: dict[str, TaskHandler[Any]] = {}
 _lock = threading.Lock()
+# ``executor.submit``, which ``TaskHandler.submit`` goes through. The service sits above this
+# module (it looks handlers up here), so the app connects it when Django starts (apps.ready).
+_submitter: Callable[..., TaskInfo] | None = None
+
+
+def connect_submitter(submit: Callable[..., TaskInfo]) -> None:
+    """Make ``TaskHandler.submit`` call ``submit(task_name, parameter, **options)``."""
+    global _submitter
+    _submitter = submit
 
 
 def _validate_options(name: str, options: dict[str, Any]) -> None:
@@ -225,10 +239,6 @@ def _schedules(
 ) -> tuple[Schedule, ...]:
     """The decorator's ``schedule=`` as Schedules of this task, validated now so a bad cron
     fails at import time rather than when a worker starts."""
-    from .exceptions import InvalidScheduleError
-    from .schedules.operations import validate_schedule_id
-    from .schedules.timing import make_timing
-
     if given is None:
         return ()
     items = list(given) if isinstance(given, (list, tuple)) else [given]

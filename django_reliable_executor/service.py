@@ -1,41 +1,28 @@
-"""ReliableExecutor: the public service: validate and serialise submits, call the storage."""
+"""ReliableExecutor: the public service: submit (checked by ``submission``), query, operate and
+schedule tasks through the storage."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import threading
-import unicodedata
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from django.db import connections, transaction
 
 from .announcing import Announcer
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
-from .exceptions import (
-    AttemptStillRunningError,
-    InvalidParameterError,
-    InvalidTaskIdError,
-    InvalidTaskOptionError,
-    ParameterTooLargeError,
-    ReservedTaskIdError,
-    TaskSubmitError,
-    UnknownTaskError,
-)
-from .options import MAX_MILLIS, TaskOptions, is_int
-from .options import NAMES as OPTION_NAMES
+from .exceptions import AttemptStillRunningError, InvalidTaskOptionError
+from .options import is_int
 from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
-from .registry import TaskHandler, get_handler
-from .schedules.operations import ScheduleOperations, is_fire_task_id
+from .registry import declared_schedules
+from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
-from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
-from .storage import TaskStorage, build_storage
-
-MAX_ID_LENGTH = 191
+from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
+from .submission import prepare
 
 
 def _status(value: TaskStatus | str) -> TaskStatus:
@@ -65,7 +52,7 @@ class ReliableExecutor:
             storage=lambda: self.storage,
             clock=lambda: self.clock,
             settings=lambda: self.settings,
-            prepare=self._prepare,
+            prepare=prepare,
         )
 
     # -- wiring ---------------------------------------------------------------------------
@@ -118,7 +105,7 @@ class ReliableExecutor:
         in one batch. Returns the tasks in request order."""
         now = self.clock.now()
         settings = self.settings
-        new_tasks = [self._prepare(request, now, settings, i) for i, request in enumerate(requests)]
+        new_tasks = [prepare(request, now, settings, i) for i, request in enumerate(requests)]
         if not new_tasks:
             return []
         storage = self.storage
@@ -170,139 +157,6 @@ class ReliableExecutor:
     def announce_submitted(self, created: list[TaskInfo]) -> None:
         """Metrics, log line and ``task_submitted`` signal of tasks just stored."""
         self.announcer.submitted(created)
-
-    def _prepare(
-        self, request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
-    ) -> NewTask:
-        if not isinstance(request, TaskSubmitRequest):
-            raise TaskSubmitError(
-                f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
-            )
-        name = request.task_name
-        if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
-            raise UnknownTaskError(
-                f"task_name must be a non-empty string of at most {MAX_ID_LENGTH} characters, "
-                f"got {name!r}",
-                field="task_name",
-            )
-        handler = get_handler(name)
-        if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
-            raise UnknownTaskError(
-                f"task_name {name!r} has no registered handler (is its tasks module in an "
-                "installed app?  Set ALLOW_UNKNOWN_TASKS to submit for another service)",
-                field="task_name",
-            )
-        task_id = self._task_id(request.task_id)
-        parameter = self._parameter(request.task_parameter, handler, settings)
-
-        # The submit's own options, then the handler's, then the settings' defaults.
-        options = TaskOptions.of(request, handler, settings.task_options).validate(
-            required=OPTION_NAMES
-        )
-        max_duration = options.max_duration_millis
-        run_at = self._run_at(request, now)
-        return NewTask(
-            task_id=task_id,
-            task_name=name,
-            # validate(required=...) refused a None in every option but max_duration_millis.
-            queue=cast(str, options.queue),
-            priority=cast(int, options.priority),
-            parameter=parameter,
-            retry_limit=cast(int, options.retry_limit),
-            retry_interval=cast(int, options.retry_interval),
-            retry_backoff=cast(str, options.retry_backoff),
-            max_duration_millis=max_duration,
-            created_at=now,
-            run_at=run_at,
-            deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
-        )
-
-    @staticmethod
-    def _task_id(task_id: Any) -> str:
-        if task_id is None:
-            return uuid.uuid4().hex
-        if not isinstance(task_id, str):
-            raise InvalidTaskIdError(
-                f"task_id must be a string, got {type(task_id).__name__}", field="task_id"
-            )
-        if not 1 <= len(task_id) <= MAX_ID_LENGTH:
-            raise InvalidTaskIdError(
-                f"task_id must be 1..{MAX_ID_LENGTH} characters, got {len(task_id)}",
-                field="task_id",
-            )
-        for char in task_id:
-            if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
-                raise InvalidTaskIdError(
-                    f"task_id {task_id!r} contains whitespace or a control character ({char!r})",
-                    field="task_id",
-                )
-        if is_fire_task_id(task_id):
-            raise ReservedTaskIdError(
-                f"task_id {task_id!r} has the form of a schedule's run "
-                "('<schedule_id>@<YYYYmmddTHHMMSS>Z'), which only the schedule may submit: "
-                "choose an id of another form",
-                field="task_id",
-            )
-        return task_id
-
-    @staticmethod
-    def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorSettings) -> Any:
-        try:
-            plain = to_json_value(value)
-            text = dumps(plain)
-        except (ConversionError, ValueError, RecursionError) as exc:
-            raise InvalidParameterError(
-                f"task_parameter is not JSON-serialisable: {exc}", field="task_parameter"
-            ) from exc
-        size = len(text.encode("utf-8"))
-        if size > settings.MAX_PARAMETER_BYTES:
-            raise ParameterTooLargeError(
-                f"task_parameter is {size} bytes as JSON, over MAX_PARAMETER_BYTES "
-                f"({settings.MAX_PARAMETER_BYTES})",
-                field="task_parameter",
-            )
-        if handler is not None:
-            if not handler.accepts_parameter and plain is not None:
-                raise InvalidParameterError(
-                    f"task_parameter must be None: handler {handler.name!r} takes no parameter, "
-                    f"got {type(value).__name__}",
-                    field="task_parameter",
-                )
-            if handler.param_type is not None:
-                try:
-                    from_json_value(plain, handler.param_type)
-                except ConversionError as exc:
-                    raise InvalidParameterError(
-                        f"task_parameter does not fit {handler.name!r}'s param_type: {exc}",
-                        field="task_parameter",
-                    ) from exc
-        return plain
-
-    @staticmethod
-    def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
-        delay = request.delay_millis
-        if not is_int(delay) or not 0 <= delay <= MAX_MILLIS:
-            raise InvalidTaskOptionError(
-                f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
-                field="delay_millis",
-            )
-        if request.run_at is None:
-            return now + dt.timedelta(milliseconds=delay)
-        if delay:
-            raise InvalidTaskOptionError(
-                "give either delay_millis or run_at, not both", field="run_at"
-            )
-        run_at = request.run_at
-        if not isinstance(run_at, dt.datetime) or run_at.tzinfo is None:
-            raise InvalidTaskOptionError(
-                f"run_at must be an aware datetime, got {run_at!r}", field="run_at"
-            )
-        try:
-            return max(run_at.astimezone(dt.timezone.utc), now)
-        except OverflowError:  # e.g. datetime.max in a zone west of UTC
-            raise InvalidTaskOptionError(
-                f"run_at is out of the datetime range in UTC, got {run_at!r}", field="run_at"
-            ) from None
 
     # -- querying and operating -----------------------------------------------------------
     def get_task(self, task_id: str) -> TaskInfo | None:
@@ -395,8 +249,6 @@ class ReliableExecutor:
 
     def master(self) -> str | None:
         """The worker id holding the master lock now, or None."""
-        from .master_lock import MASTER_LOCK_NAME
-
         return self.storage.lock_owner(MASTER_LOCK_NAME)
 
     def workers(self) -> list[WorkerInfo]:
@@ -502,7 +354,7 @@ class ReliableExecutor:
     def sync_declared_schedules(self) -> int:
         """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.
         Run by every runexecutor at start-up. Returns how many were written."""
-        return self._schedules.sync_declared_schedules()
+        return self._schedules.sync_declared_schedules(declared_schedules())
 
     # -- announcing (see announcing.py) ----------------------------------------------------
     def announce(self, transition: Transition, attempt: int | None = None) -> None:

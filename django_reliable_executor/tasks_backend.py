@@ -32,6 +32,7 @@ from .execution import TaskContext as ExecutorContext
 from .options import RETRY_NAMES, TaskOptions, check_option
 from .records import TaskInfo, TaskSubmitRequest
 from .registry import TaskHandler, get_handler, register, register_resolver
+from .service import executor
 from .states import TaskStatus
 from .tasks_compat import (
     BaseTaskBackend,
@@ -169,8 +170,6 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
 
     # -- enqueueing --------------------------------------------------------------------------
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        from .service import executor
-
         self.validate_task(task)
         if self.problems:
             raise InvalidTaskError(f"TASKS[{self.alias!r}]['OPTIONS']: {self.problems[0][1]}")
@@ -212,8 +211,6 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
 
     # -- results ---------------------------------------------------------------------------
     def get_result(self, result_id: str) -> TaskResult:
-        from .service import executor
-
         info = executor.get_task(result_id) if isinstance(result_id, str) else None
         task = django_task_of(info) if info is not None else None
         if info is None or task is None:
@@ -377,8 +374,6 @@ _local = threading.local()
 
 
 def _send(signal: Any, task_id: str) -> None:
-    from .service import executor
-
     info = executor.get_task(task_id)
     task = django_task_of(info) if info is not None else None
     if info is None or task is None:

@@ -17,7 +17,8 @@ from django_reliable_executor.exceptions import (
     ParameterTooLargeError,
     UnknownTaskError,
 )
-from django_reliable_executor.service import MAX_MILLIS, ReliableExecutor
+from django_reliable_executor.options import MAX_MILLIS
+from django_reliable_executor.service import ReliableExecutor
 from tests.contract_support import recording
 
 UTC = dt.timezone.utc

@@ -14,7 +14,7 @@ from django_reliable_executor.exceptions import ReservedTaskIdError, TaskSubmitE
 from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, register, unregister
 from django_reliable_executor.schedules.firing import ScheduleFiring
-from django_reliable_executor.schedules.operations import fire_task_id
+from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service import ReliableExecutor
 from tests.contract_support import recording

@@ -585,3 +585,11 @@ def test_the_metrics_page_queries_only_our_metrics():
         if line.startswith("| `reliable_executor_"):
             name = line.split("`")[1]
             assert name in EXPORTED_SAMPLES or name in HISTOGRAMS, name
+
+
+def test_the_app_registered_the_task_gauges_reading_the_service():
+    from django_reliable_executor.service import executor
+
+    collector = metrics.register_collectors()
+    assert collector is not None
+    assert collector._executor is executor

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from ..exceptions import StorageUnavailableError
+from ..models import ReliableApiNonce
 from ..service import executor
 
 PURGE_EVERY = 60.0  # seconds between purges of expired database rows, per process
@@ -40,8 +41,6 @@ def _claim_redis(name: str, ttl: float) -> bool:
 
 
 def _claim_database(name: str, ttl: float) -> bool:
-    from ..models import ReliableApiNonce
-
     alias = executor.settings.DATABASE_ALIAS
     now = dt.datetime.now(dt.timezone.utc)
     _purge_expired(alias, now)
@@ -66,6 +65,4 @@ def _purge_expired(alias: str, now: dt.datetime) -> None:
         if time.monotonic() - _last_purge < PURGE_EVERY and _last_purge:
             return
         _last_purge = time.monotonic()
-    from ..models import ReliableApiNonce
-
     ReliableApiNonce.objects.using(alias).filter(expires_at__lte=now).delete()

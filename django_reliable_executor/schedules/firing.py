@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .. import metrics
 from ..records import NewTask, TaskInfo
-from .operations import fire_task_id
+from .ids import fire_task_id
 from .planning import plan
 from .records import ScheduleFire, ScheduleInfo
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
-import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +12,7 @@ from django.utils import timezone as django_timezone
 from ..exceptions import InvalidScheduleError
 from ..options import RETRY_NAMES
 from ..records import NewTask, TaskSubmitRequest
+from .ids import validate_schedule_id
 from .records import MISFIRE_POLICIES, ORIGINS, Schedule, ScheduleInfo
 from .timing import make_timing
 
@@ -22,55 +21,7 @@ if TYPE_CHECKING:
     from ..conf import ExecutorSettings
     from ..storage import TaskStorage
 
-MAX_SCHEDULE_ID_LENGTH = 160  # leaves room for "@<planned time>" within a 191-character task id
 _MICRO = dt.timedelta(microseconds=1)
-# The planned-time part of a fire id: date, time, microseconds only when not zero, "Z".
-_FIRE_TIME = re.compile(r"(\d+)(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)(?:\.(\d{6}))?Z", re.ASCII)
-
-
-def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:
-    """The id of the task a schedule fires for one planned time: the same for every master
-    that fires it, so a run fired twice is stored once. ``nightly@20261129T030000Z``."""
-    utc = planned.astimezone(dt.timezone.utc)
-    fraction = f".{utc.microsecond:06d}" if utc.microsecond else ""
-    return f"{schedule_id}@{utc:%Y%m%dT%H%M%S}{fraction}Z"
-
-
-def is_fire_task_id(task_id: str) -> bool:
-    """Whether ``fire_task_id`` gives this (otherwise valid) task id for some schedule id and
-    planned time. That namespace is reserved to firing: a plain submit taking a run's id first
-    would make the schedule find its run already stored, and fire nothing. Exact: ids of
-    another form, such as ``a@b`` or ``x@20261129T030000.000000Z``, stay free."""
-    schedule_id, at, planned = task_id.rpartition("@")
-    match = _FIRE_TIME.fullmatch(planned)
-    if not at or not match or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:
-        return False
-    year, month, day, hour, minute, second = map(int, match.groups()[:6])
-    try:
-        time = dt.datetime(
-            year, month, day, hour, minute, second, int(match[7] or 0), tzinfo=dt.timezone.utc
-        )
-    except ValueError:  # no such date or time: no fire has this id
-        return False
-    return fire_task_id(schedule_id, time) == task_id
-
-
-def validate_schedule_id(schedule_id: Any) -> str:
-    if not isinstance(schedule_id, str) or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:
-        raise InvalidScheduleError(
-            f"schedule_id must be a string of 1..{MAX_SCHEDULE_ID_LENGTH} characters, "
-            f"got {schedule_id!r}",
-            field="schedule_id",
-        )
-    for char in schedule_id:
-        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
-            raise InvalidScheduleError(
-                f"schedule_id {schedule_id!r} contains whitespace or a control character "
-                f"({char!r})",
-                field="schedule_id",
-            )
-    return schedule_id
-
 
 #: Validates a schedule's task options as a submit would: (request, now, settings, index).
 PrepareTask = Callable[[TaskSubmitRequest, dt.datetime, "ExecutorSettings", int], NewTask]
@@ -189,18 +140,7 @@ class ScheduleOperations:
         index: int,
     ) -> ScheduleInfo:
         """Validate one definition and resolve its task options as a submit would."""
-        if spec.misfire not in MISFIRE_POLICIES:
-            raise InvalidScheduleError(
-                f"misfire must be one of {MISFIRE_POLICIES}, got {spec.misfire!r}",
-                field="misfire",
-            )
-        start_at = spec.start_at
-        if start_at is not None and (
-            not isinstance(start_at, dt.datetime) or start_at.tzinfo is None
-        ):
-            raise InvalidScheduleError(
-                f"start_at must be an aware datetime, got {start_at!r}", field="start_at"
-            )
+        start_at = _checked_start(spec)
         # Without a start, an existing schedule keeps its own: a definition in code is saved
         # again at every start-up and must not move its interval's anchor each time.
         anchor = (start_at or (stored.start_at if stored else now)).astimezone(dt.timezone.utc)
@@ -209,21 +149,7 @@ class ScheduleOperations:
         every = spec.every
         if every is not None and not isinstance(every, dt.timedelta):
             every = dt.timedelta(seconds=every)
-        task = self._prepare(
-            TaskSubmitRequest(
-                task_name=spec.task_name or "",
-                task_parameter=spec.parameter,
-                queue=spec.queue,
-                priority=spec.priority,
-                retry_limit=spec.retry_limit,
-                retry_interval=spec.retry_interval,
-                retry_backoff=spec.retry_backoff,
-                max_duration_millis=spec.max_duration_millis,
-            ),
-            now,
-            settings,
-            index,
-        )
+        task = self._prepare(_request_of(spec), now, settings, index)
         if every is not None and spec.start_at is None and stored is None:
             next_run = timing.next_after(now)  # one interval from now, not at once
         else:
@@ -251,17 +177,7 @@ class ScheduleOperations:
             created_at=now,
             updated_at=now,
         )
-        if stored is None:
-            return info
-        return dataclasses.replace(
-            info,
-            paused=stored.paused,
-            next_run_at=stored.next_run_at if info.same_timing(stored) else next_run,
-            last_run_at=stored.last_run_at,
-            last_task_id=stored.last_task_id,
-            created_at=stored.created_at,
-            updated_at=now if not info.same_definition(stored) else stored.updated_at,
-        )
+        return info if stored is None else _redefined(stored, info, now)
 
     def get_schedule(self, schedule_id: str) -> ScheduleInfo | None:
         """The stored schedule, or None for an unknown id."""
@@ -294,9 +210,50 @@ class ScheduleOperations:
         """Forget the schedule; the tasks it fired stay. False for an unknown id."""
         return self._storage().delete_schedule(schedule_id)
 
-    def sync_declared_schedules(self) -> int:
-        """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.
-        Run by every runexecutor at start-up. Returns how many were written."""
-        from ..registry import declared_schedules
+    def sync_declared_schedules(self, declared: Sequence[Schedule]) -> int:
+        """Create or update ``declared``, the schedules of ``@reliable_task_handler(schedule=)``
+        (the registry's, which the service passes in). Returns how many were written."""
+        return self._save(declared, "code")[1]
 
-        return self._save(declared_schedules(), "code")[1]
+
+def _checked_start(spec: Schedule) -> dt.datetime | None:
+    """The definition's ``start_at``, after checking it and its misfire policy."""
+    if spec.misfire not in MISFIRE_POLICIES:
+        raise InvalidScheduleError(
+            f"misfire must be one of {MISFIRE_POLICIES}, got {spec.misfire!r}",
+            field="misfire",
+        )
+    start_at = spec.start_at
+    if start_at is not None and (not isinstance(start_at, dt.datetime) or start_at.tzinfo is None):
+        raise InvalidScheduleError(
+            f"start_at must be an aware datetime, got {start_at!r}", field="start_at"
+        )
+    return start_at
+
+
+def _request_of(spec: Schedule) -> TaskSubmitRequest:
+    """The submit a run of ``spec`` makes: its task options are checked as a submit's are."""
+    return TaskSubmitRequest(
+        task_name=spec.task_name or "",
+        task_parameter=spec.parameter,
+        queue=spec.queue,
+        priority=spec.priority,
+        retry_limit=spec.retry_limit,
+        retry_interval=spec.retry_interval,
+        retry_backoff=spec.retry_backoff,
+        max_duration_millis=spec.max_duration_millis,
+    )
+
+
+def _redefined(stored: ScheduleInfo, info: ScheduleInfo, now: dt.datetime) -> ScheduleInfo:
+    """``info``, the new definition of ``stored``, keeping its state: paused, last run, when it
+    was created, and its next run while the timing is the same."""
+    return dataclasses.replace(
+        info,
+        paused=stored.paused,
+        next_run_at=stored.next_run_at if info.same_timing(stored) else info.next_run_at,
+        last_run_at=stored.last_run_at,
+        last_task_id=stored.last_task_id,
+        created_at=stored.created_at,
+        updated_at=now if not info.same_definition(stored) else stored.updated_at,
+    )

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ..records import NewTask
-
-if TYPE_CHECKING:
-    from .timing import Timing
+from .timing import Timing, make_timing
 
 Misfire = Literal["skip", "run_once", "catch_up"]
 MISFIRE_POLICIES: tuple[str, ...] = ("skip", "run_once", "catch_up")
@@ -50,8 +48,6 @@ class ScheduleInfo:
     @property
     def timing(self) -> Timing:
         """The rule giving this schedule's run times."""
-        from .timing import make_timing
-
         return make_timing(
             every=self.every, cron=self.cron, timezone=self.timezone, anchor=self.start_at
         )

@@ -6,7 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..clock import Clock
 from ..conf import ExecutorSettings
-from .base import TaskStorage
+from .base import MASTER_LOCK_NAME, TaskStorage
 
 
 def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> TaskStorage:
@@ -36,4 +36,4 @@ def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> Tas
     )
 
 
-__all__ = ["TaskStorage", "build_storage"]
+__all__ = ["MASTER_LOCK_NAME", "TaskStorage", "build_storage"]

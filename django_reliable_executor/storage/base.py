@@ -12,6 +12,9 @@ from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition, Worker
 from ..states import TaskStatus
 from .schedule_base import ScheduleStorage
 
+#: The lock whose holder is the master (runs the chores); the service reports who holds it.
+MASTER_LOCK_NAME = "master"
+
 
 class TaskStorage(ScheduleStorage):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and

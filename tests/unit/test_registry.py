@@ -124,3 +124,26 @@ def test_whether_a_handler_takes_a_parameter(names):
     assert register("units.p4", star).accepts_parameter is True
     assert register("units.p5", keyword_only).accepts_parameter is False
     assert register("units.p6", none, param_type=dict).accepts_parameter is True
+
+
+def test_submit_goes_through_the_submitter_the_app_connected(names, monkeypatch):
+    from django_reliable_executor.service import executor
+
+    # apps.ready() connected the service's submit: the registry never imports the service.
+    assert registry._submitter == executor.submit
+    names.append("units.sent")
+
+    @reliable_task_handler(name="units.sent")
+    def sent(param: int) -> None:
+        pass
+
+    calls = []
+    monkeypatch.setattr(
+        registry, "_submitter", lambda *args, **options: calls.append((args, options))
+    )
+    sent.submit(7, queue="q")
+    assert calls == [(("units.sent", 7), {"queue": "q"})]
+
+    monkeypatch.setattr(registry, "_submitter", None)
+    with pytest.raises(RuntimeError, match="needs the executor"):
+        sent.submit(7)

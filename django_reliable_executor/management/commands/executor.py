@@ -72,6 +72,92 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _add_status(actions: Any) -> None:
+    """``status``: counts, master, workers, oldest due task."""
+    status = actions.add_parser(
+        "status",
+        help="counts by status and queue, master, live workers, oldest due task",
+        description="Counts by status and queue, the master, the live workers and the "
+        "age of the oldest task waiting to run.",
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _add_show(actions: Any) -> None:
+    """``show TASK_ID``: every field of one task."""
+    show = actions.add_parser(
+        "show",
+        help="every field of one task",
+        description="Every field of one task; parameter and result as JSON, the last "
+        "error in full. Exit code 1 when the id is unknown.",
+    )
+    show.add_argument("task_id")
+    show.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _add_retry_and_cancel(actions: Any) -> None:
+    """``retry``/``cancel`` by ids; ``retry --failed``: every dead letter."""
+    for name, verb in (("retry", "Retry"), ("cancel", "Cancel")):
+        sub = actions.add_parser(
+            name,
+            help=f"{name} tasks by id",
+            description=f"{verb} each task, one line per id, then a summary line. "
+            "Exit code 0 when every task changed, 1 when any was skipped or not found.",
+        )
+        sub.add_argument("task_ids", nargs="+" if name == "cancel" else "*", metavar="task_id")
+    retry = actions.choices["retry"]
+    retry.add_argument(
+        "--failed",
+        action="store_true",
+        help="instead of ids: every task that ended FAILED, TIMEOUT or ERROR (the dead "
+        "letters), narrowed by --queue and --task-name",
+    )
+    retry.add_argument("--queue", default=None, help="with --failed: only this queue")
+    retry.add_argument("--task-name", default=None, help="with --failed: only this task name")
+
+
+def _add_purge(actions: Any) -> None:
+    """``purge --older-than``: delete finished tasks."""
+    purge = actions.add_parser(
+        "purge",
+        help="delete finished tasks older than a duration",
+        description="Delete finished tasks (by default of every finished status) whose "
+        "finished_at is older than --older-than. Running and waiting tasks are never "
+        "deleted.",
+    )
+    purge.add_argument(
+        "--older-than",
+        type=_duration,
+        required=True,
+        metavar="DURATION",
+        help=f"how long ago they finished, e.g. {DURATION_EXAMPLES}",
+    )
+    purge.add_argument(
+        "--status",
+        type=_finished_status,
+        nargs="+",
+        action="extend",
+        dest="statuses",
+        metavar="STATUS",
+        help=f"only tasks of these statuses (any of {FINISHED_NAMES}; default all)",
+    )
+    purge.add_argument(
+        "--yes",
+        "--no-input",
+        "--noinput",
+        action="store_true",
+        dest="yes",
+        help="do not ask for confirmation (required when stdin is not a terminal)",
+    )
+    purge.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=500,
+        metavar="N",
+        help="tasks deleted per round (default 500)",
+    )
+
+
 class Command(BaseCommand):
     help = (
         "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge. "
@@ -89,80 +175,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-        status = actions.add_parser(
-            "status",
-            help="counts by status and queue, master, live workers, oldest due task",
-            description="Counts by status and queue, the master, the live workers and the "
-            "age of the oldest task waiting to run.",
-        )
-        status.add_argument("--json", action="store_true", help="print one JSON document")
-
-        show = actions.add_parser(
-            "show",
-            help="every field of one task",
-            description="Every field of one task; parameter and result as JSON, the last "
-            "error in full. Exit code 1 when the id is unknown.",
-        )
-        show.add_argument("task_id")
-        show.add_argument("--json", action="store_true", help="print one JSON document")
-
-        for name, verb in (("retry", "Retry"), ("cancel", "Cancel")):
-            sub = actions.add_parser(
-                name,
-                help=f"{name} tasks by id",
-                description=f"{verb} each task, one line per id, then a summary line. "
-                "Exit code 0 when every task changed, 1 when any was skipped or not found.",
-            )
-            sub.add_argument("task_ids", nargs="+" if name == "cancel" else "*", metavar="task_id")
-        retry = actions.choices["retry"]
-        retry.add_argument(
-            "--failed",
-            action="store_true",
-            help="instead of ids: every task that ended FAILED, TIMEOUT or ERROR (the dead "
-            "letters), narrowed by --queue and --task-name",
-        )
-        retry.add_argument("--queue", default=None, help="with --failed: only this queue")
-        retry.add_argument("--task-name", default=None, help="with --failed: only this task name")
-
-        purge = actions.add_parser(
-            "purge",
-            help="delete finished tasks older than a duration",
-            description="Delete finished tasks (by default of every finished status) whose "
-            "finished_at is older than --older-than. Running and waiting tasks are never "
-            "deleted.",
-        )
-        purge.add_argument(
-            "--older-than",
-            type=_duration,
-            required=True,
-            metavar="DURATION",
-            help=f"how long ago they finished, e.g. {DURATION_EXAMPLES}",
-        )
-        purge.add_argument(
-            "--status",
-            type=_finished_status,
-            nargs="+",
-            action="extend",
-            dest="statuses",
-            metavar="STATUS",
-            help=f"only tasks of these statuses (any of {FINISHED_NAMES}; default all)",
-        )
-        purge.add_argument(
-            "--yes",
-            "--no-input",
-            "--noinput",
-            action="store_true",
-            dest="yes",
-            help="do not ask for confirmation (required when stdin is not a terminal)",
-        )
-        purge.add_argument(
-            "--batch-size",
-            type=_positive_int,
-            default=500,
-            metavar="N",
-            help="tasks deleted per round (default 500)",
-        )
+        _add_status(actions)
+        _add_show(actions)
+        _add_retry_and_cancel(actions)
+        _add_purge(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
         actions: dict[str, Callable[[dict[str, Any]], None]] = {

@@ -8,7 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_reliable_executor.service import MAX_ID_LENGTH, executor
+from django_reliable_executor import metrics
+from django_reliable_executor.service import executor
+from django_reliable_executor.submission import MAX_ID_LENGTH
 from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
 
@@ -134,8 +136,6 @@ class Command(BaseCommand):
         if metrics_port is None:
             metrics_port = executor.settings.METRICS_PORT
         if metrics_port is not None:
-            from django_reliable_executor import metrics
-
             metrics.serve(metrics_port)
         worker = Worker(worker_options, executor)
 

@@ -1,0 +1,186 @@
+"""This process's Prometheus collectors (counters, histograms, gauges), created on first use in
+``prometheus_client.REGISTRY``, and only if prometheus_client (an optional extra) is installed."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from .records import TaskInfo
+
+PREFIX = "reliable_executor"
+LABELS = ("task_name", "queue")
+
+# From a few milliseconds (a cache write) to an hour (a report): handlers vary that much.
+EXECUTION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
+# Attempts started here whose outcome was never recorded here (the lease was lost and another
+# worker recorded it) are forgotten oldest first beyond this many.
+MAX_TRACKED_ATTEMPTS = 10_000
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)  # schedule lag
+
+
+class ProcessMetrics:
+    """The collectors of this process's own events."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        def counter(name: str, documentation: str) -> Counter:
+            return find_or_create(
+                f"{PREFIX}_{name}", lambda: Counter(f"{PREFIX}_{name}", documentation, LABELS)
+            )
+
+        self.scheduled: Counter = counter(
+            "tasks_scheduled", "Tasks submitted (stored) by this process."
+        )
+        self.executed: Counter = counter(
+            "tasks_executed", "Attempts started by this worker (retries included)."
+        )
+        self.completed: Counter = counter(
+            "tasks_completed", "Attempts that completed successfully in this worker."
+        )
+        self.failed: Counter = counter(
+            "tasks_failed",
+            "Tasks that ended FAILED (retries used up, or an exception outside retry_on) "
+            "or ERROR (no handler, or a parameter that does not fit param_type).",
+        )
+        self.timeout: Counter = counter(
+            "tasks_timeout", "Tasks that ended TIMEOUT (max_duration_millis passed)."
+        )
+        self.retried: Counter = counter(
+            "tasks_retried",
+            "Failed attempts rescheduled as PENDING for an automatic retry "
+            "(handler failures, and lost workers' attempts the master recovered).",
+        )
+        name = f"{PREFIX}_task_execution_seconds"
+        self.execution_seconds: Histogram = find_or_create(
+            name,
+            lambda: Histogram(
+                name,
+                "Seconds from the start of an attempt in this worker to its recorded outcome.",
+                LABELS,
+                buckets=EXECUTION_BUCKETS,
+            ),
+        )
+        self.schedule_fired, self.schedule_skipped, self.schedule_lag = _schedule_metrics()
+        # (id of the metric, task_name, queue) -> its labelled child: labels() takes the metric's
+        # lock on every call, which eight pool threads then queue on for each task.
+        self._children: dict[tuple[int, str, str], Any] = {}
+        # (task_id, attempt) -> time.monotonic() at the start, for attempts started here.
+        self.started: collections.OrderedDict[tuple[str, int], float] = collections.OrderedDict()
+        self.started_lock = threading.Lock()
+
+    def child(self, metric: Any, task: TaskInfo) -> Any:
+        """``metric.labels(task_name, queue)``, cached (label values are bounded)."""
+        key = (id(metric), task.task_name, task.queue)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(task.task_name, task.queue)
+        return found
+
+    def attempt_started(self, task: TaskInfo) -> None:
+        with self.started_lock:
+            self.started[(task.task_id, task.attempts)] = time.monotonic()
+            while len(self.started) > MAX_TRACKED_ATTEMPTS:
+                self.started.popitem(last=False)
+
+    def attempt_seconds(self, task: TaskInfo) -> float | None:
+        """How long the attempt ran, if it started in this process (then forgotten)."""
+        with self.started_lock:
+            started = self.started.pop((task.task_id, task.attempts), None)
+        return None if started is None else time.monotonic() - started
+
+
+def _schedule_metrics() -> tuple[Counter, Counter, Histogram]:
+    """Runs fired, runs skipped and the lag histogram of the schedules (fired by the master),
+    unlabelled: a million schedules must not make a million series."""
+    from prometheus_client import Counter, Histogram
+
+    fired = find_or_create(
+        f"{PREFIX}_schedule_runs_fired_total",
+        lambda: Counter(f"{PREFIX}_schedule_runs_fired", "Schedule runs fired as tasks."),
+    )
+    skipped = find_or_create(
+        f"{PREFIX}_schedule_runs_skipped_total",
+        lambda: Counter(
+            f"{PREFIX}_schedule_runs_skipped",
+            "Missed schedule runs their misfire policy dropped (skip, run_once, or past "
+            "SCHEDULE_CATCH_UP_LIMIT).",
+        ),
+    )
+    lag = f"{PREFIX}_schedule_lag_seconds"
+    histogram = find_or_create(
+        lag,
+        lambda: Histogram(
+            lag, "Seconds from a run's planned time to its fire.", buckets=LAG_BUCKETS
+        ),
+    )
+    return fired, skipped, histogram
+
+
+_lock = threading.RLock()
+_metrics: ProcessMetrics | None = None
+_unavailable = False  # prometheus_client is not installed
+_gauges: dict[str, Gauge] = {}
+
+
+def find_or_create(name: str, create: Callable[[], Any]) -> Any:
+    """The collector already registered under ``name`` (this module was imported again, e.g.
+    reloaded by a test), else a new one: a second registration would raise."""
+    from prometheus_client import REGISTRY
+
+    names = getattr(REGISTRY, "_names_to_collectors", {})  # no public lookup exists
+    existing = names.get(name)
+    return existing if existing is not None else create()
+
+
+def process_metrics() -> ProcessMetrics | None:
+    """This process's collectors, created on first use; None without prometheus_client."""
+    global _metrics, _unavailable
+    if _metrics is not None or _unavailable:
+        return _metrics
+    with _lock:
+        if _metrics is None and not _unavailable:
+            try:
+                _metrics = ProcessMetrics()
+            except ImportError:
+                _unavailable = True
+        return _metrics
+
+
+def unlabelled_gauge(name: str, documentation: str) -> Gauge | None:
+    """The unlabelled gauge ``name``, created on first use; None without prometheus_client."""
+    if process_metrics() is None:
+        return None
+    with _lock:
+        found = _gauges.get(name)
+        if found is None:
+            from prometheus_client import Gauge
+
+            found = _gauges[name] = find_or_create(name, lambda: Gauge(name, documentation))
+        return found

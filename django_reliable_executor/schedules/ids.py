@@ -1,0 +1,58 @@
+"""Schedule ids, and the ids of the tasks a schedule's runs fire (a namespace submit refuses)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import unicodedata
+from typing import Any
+
+from ..exceptions import InvalidScheduleError
+
+MAX_SCHEDULE_ID_LENGTH = 160  # leaves room for "@<planned time>" within a 191-character task id
+# The planned-time part of a fire id: date, time, microseconds only when not zero, "Z".
+_FIRE_TIME = re.compile(r"(\d+)(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)(?:\.(\d{6}))?Z", re.ASCII)
+
+
+def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:
+    """The id of the task a schedule fires for one planned time: the same for every master
+    that fires it, so a run fired twice is stored once. ``nightly@20261129T030000Z``."""
+    utc = planned.astimezone(dt.timezone.utc)
+    fraction = f".{utc.microsecond:06d}" if utc.microsecond else ""
+    return f"{schedule_id}@{utc:%Y%m%dT%H%M%S}{fraction}Z"
+
+
+def is_fire_task_id(task_id: str) -> bool:
+    """Whether ``fire_task_id`` gives this (otherwise valid) task id for some schedule id and
+    planned time. That namespace is reserved to firing: a plain submit taking a run's id first
+    would make the schedule find its run already stored, and fire nothing. Exact: ids of
+    another form, such as ``a@b`` or ``x@20261129T030000.000000Z``, stay free."""
+    schedule_id, at, planned = task_id.rpartition("@")
+    match = _FIRE_TIME.fullmatch(planned)
+    if not at or not match or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:
+        return False
+    year, month, day, hour, minute, second = map(int, match.groups()[:6])
+    try:
+        time = dt.datetime(
+            year, month, day, hour, minute, second, int(match[7] or 0), tzinfo=dt.timezone.utc
+        )
+    except ValueError:  # no such date or time: no fire has this id
+        return False
+    return fire_task_id(schedule_id, time) == task_id
+
+
+def validate_schedule_id(schedule_id: Any) -> str:
+    if not isinstance(schedule_id, str) or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:
+        raise InvalidScheduleError(
+            f"schedule_id must be a string of 1..{MAX_SCHEDULE_ID_LENGTH} characters, "
+            f"got {schedule_id!r}",
+            field="schedule_id",
+        )
+    for char in schedule_id:
+        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            raise InvalidScheduleError(
+                f"schedule_id {schedule_id!r} contains whitespace or a control character "
+                f"({char!r})",
+                field="schedule_id",
+            )
+    return schedule_id

@@ -1,0 +1,161 @@
+"""A submit request checked and turned into the task the storage stores (``NewTask``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import unicodedata
+import uuid
+from typing import Any, cast
+
+from .conf import ExecutorSettings
+from .exceptions import (
+    InvalidParameterError,
+    InvalidTaskIdError,
+    InvalidTaskOptionError,
+    ParameterTooLargeError,
+    ReservedTaskIdError,
+    TaskSubmitError,
+    UnknownTaskError,
+)
+from .options import MAX_MILLIS, TaskOptions, is_int
+from .options import NAMES as OPTION_NAMES
+from .records import NewTask, TaskSubmitRequest
+from .registry import TaskHandler, get_handler
+from .schedules.ids import is_fire_task_id
+from .serialization import ConversionError, dumps, from_json_value, to_json_value
+
+MAX_ID_LENGTH = 191
+
+
+def prepare(
+    request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
+) -> NewTask:
+    """The task ``request`` stores, its options completed from its handler and the settings;
+    raises a TaskSubmitError subclass naming the bad field (``index``: its place in a batch)."""
+    if not isinstance(request, TaskSubmitRequest):
+        raise TaskSubmitError(
+            f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
+        )
+    name = request.task_name
+    if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
+        raise UnknownTaskError(
+            f"task_name must be a non-empty string of at most {MAX_ID_LENGTH} characters, "
+            f"got {name!r}",
+            field="task_name",
+        )
+    handler = get_handler(name)
+    if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
+        raise UnknownTaskError(
+            f"task_name {name!r} has no registered handler (is its tasks module in an "
+            "installed app?  Set ALLOW_UNKNOWN_TASKS to submit for another service)",
+            field="task_name",
+        )
+    task_id = _task_id(request.task_id)
+    parameter = _parameter(request.task_parameter, handler, settings)
+
+    # The submit's own options, then the handler's, then the settings' defaults.
+    options = TaskOptions.of(request, handler, settings.task_options).validate(
+        required=OPTION_NAMES
+    )
+    max_duration = options.max_duration_millis
+    run_at = _run_at(request, now)
+    return NewTask(
+        task_id=task_id,
+        task_name=name,
+        # validate(required=...) refused a None in every option but max_duration_millis.
+        queue=cast(str, options.queue),
+        priority=cast(int, options.priority),
+        parameter=parameter,
+        retry_limit=cast(int, options.retry_limit),
+        retry_interval=cast(int, options.retry_interval),
+        retry_backoff=cast(str, options.retry_backoff),
+        max_duration_millis=max_duration,
+        created_at=now,
+        run_at=run_at,
+        deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
+    )
+
+
+def _task_id(task_id: Any) -> str:
+    if task_id is None:
+        return uuid.uuid4().hex
+    if not isinstance(task_id, str):
+        raise InvalidTaskIdError(
+            f"task_id must be a string, got {type(task_id).__name__}", field="task_id"
+        )
+    if not 1 <= len(task_id) <= MAX_ID_LENGTH:
+        raise InvalidTaskIdError(
+            f"task_id must be 1..{MAX_ID_LENGTH} characters, got {len(task_id)}",
+            field="task_id",
+        )
+    for char in task_id:
+        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            raise InvalidTaskIdError(
+                f"task_id {task_id!r} contains whitespace or a control character ({char!r})",
+                field="task_id",
+            )
+    if is_fire_task_id(task_id):
+        raise ReservedTaskIdError(
+            f"task_id {task_id!r} has the form of a schedule's run "
+            "('<schedule_id>@<YYYYmmddTHHMMSS>Z'), which only the schedule may submit: "
+            "choose an id of another form",
+            field="task_id",
+        )
+    return task_id
+
+
+def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorSettings) -> Any:
+    try:
+        plain = to_json_value(value)
+        text = dumps(plain)
+    except (ConversionError, ValueError, RecursionError) as exc:
+        raise InvalidParameterError(
+            f"task_parameter is not JSON-serialisable: {exc}", field="task_parameter"
+        ) from exc
+    size = len(text.encode("utf-8"))
+    if size > settings.MAX_PARAMETER_BYTES:
+        raise ParameterTooLargeError(
+            f"task_parameter is {size} bytes as JSON, over MAX_PARAMETER_BYTES "
+            f"({settings.MAX_PARAMETER_BYTES})",
+            field="task_parameter",
+        )
+    if handler is not None:
+        if not handler.accepts_parameter and plain is not None:
+            raise InvalidParameterError(
+                f"task_parameter must be None: handler {handler.name!r} takes no parameter, "
+                f"got {type(value).__name__}",
+                field="task_parameter",
+            )
+        if handler.param_type is not None:
+            try:
+                from_json_value(plain, handler.param_type)
+            except ConversionError as exc:
+                raise InvalidParameterError(
+                    f"task_parameter does not fit {handler.name!r}'s param_type: {exc}",
+                    field="task_parameter",
+                ) from exc
+    return plain
+
+
+def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
+    delay = request.delay_millis
+    if not is_int(delay) or not 0 <= delay <= MAX_MILLIS:
+        raise InvalidTaskOptionError(
+            f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
+            field="delay_millis",
+        )
+    if request.run_at is None:
+        return now + dt.timedelta(milliseconds=delay)
+    if delay:
+        raise InvalidTaskOptionError("give either delay_millis or run_at, not both", field="run_at")
+    run_at = request.run_at
+    if not isinstance(run_at, dt.datetime) or run_at.tzinfo is None:
+        raise InvalidTaskOptionError(
+            f"run_at must be an aware datetime, got {run_at!r}", field="run_at"
+        )
+    try:
+        return max(run_at.astimezone(dt.timezone.utc), now)
+    except OverflowError:  # e.g. datetime.max in a zone west of UTC
+        raise InvalidTaskOptionError(
+            f"run_at is out of the datetime range in UTC, got {run_at!r}", field="run_at"
+        ) from None

@@ -1,0 +1,129 @@
+"""The task gauges: stored tasks by status and queue, dead letters and the oldest due task's age,
+read through the service when Prometheus scrapes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from .collectors import PREFIX
+from .states import DEAD_LETTER_STATUSES, TaskStatus
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from .clock import Clock
+
+logger = logging.getLogger("django_reliable_executor")
+
+# The task gauges query the storage (a GROUP BY, one indexed lookup per queue): at most once
+# per this many seconds per process, whatever the number of scrapers.
+COUNT_CACHE_SECONDS = 5.0
+
+
+class TaskCounts(Protocol):
+    """What the task gauges read: the service (``executor``), which sits above this module."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]: ...
+
+    def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None: ...
+
+
+class TaskCountCollector:
+    """``reliable_executor_tasks{status, queue}``,
+    ``reliable_executor_dead_letters{queue}`` (the FAILED + TIMEOUT + ERROR of the same counts)
+    and ``reliable_executor_oldest_due_task_age_seconds{queue}``, read through the service when
+    scraped, at most once per ``cache_seconds``. A storage error skips these samples (logged at
+    debug): the scrape itself never fails.
+
+    Every process exporting it reports the same stored totals: aggregate with ``max``, not
+    ``sum``, across instances."""
+
+    def __init__(self, executor: TaskCounts, cache_seconds: float = COUNT_CACHE_SECONDS) -> None:
+        self._executor = executor
+        self.cache_seconds = cache_seconds
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._snapshot: _Snapshot | None = None
+
+    def clear_cache(self) -> None:
+        """Read the storage again at the next scrape."""
+        with self._lock:
+            self._read_at = None
+
+    def describe(self) -> Iterable[Metric]:
+        """The families without samples: registering must not touch the storage."""
+        return self._families(None)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._read())
+
+    def _read(self) -> _Snapshot | None:
+        with self._lock:  # concurrent scrapes share one storage read
+            now = time.monotonic()
+            if self._read_at is None or now - self._read_at >= self.cache_seconds:
+                self._snapshot = self._query()
+                self._read_at = time.monotonic()
+            return self._snapshot
+
+    def _query(self) -> _Snapshot | None:
+        executor = self._executor
+        try:
+            counts = executor.count_by_queue()
+            ages: dict[str, float] = {}
+            for queue, by_status in counts.items():
+                waiting = by_status.get(TaskStatus.CREATED, 0) + by_status.get(
+                    TaskStatus.PENDING, 0
+                )
+                oldest = executor.oldest_due_at(queue) if waiting else None
+                ages[queue] = _age_seconds(oldest, executor.clock.now())
+        except Exception:
+            logger.debug("metrics: task counts not read, storage unavailable", exc_info=True)
+            return None
+        return _Snapshot(counts, ages)
+
+    @staticmethod
+    def _families(snapshot: _Snapshot | None) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        tasks = GaugeMetricFamily(
+            f"{PREFIX}_tasks", "Stored tasks by status and queue.", labels=["status", "queue"]
+        )
+        dead = GaugeMetricFamily(
+            f"{PREFIX}_dead_letters",
+            "Stored tasks that ended FAILED, TIMEOUT or ERROR (dead letters), by queue.",
+            labels=["queue"],
+        )
+        age = GaugeMetricFamily(
+            f"{PREFIX}_oldest_due_task_age_seconds",
+            "Seconds the oldest due, unclaimed task of the queue has waited (0: none waits).",
+            labels=["queue"],
+        )
+        if snapshot is not None:
+            for queue, by_status in snapshot.counts.items():
+                for status in TaskStatus:
+                    tasks.add_metric([status.value, queue], by_status.get(status, 0))
+                dead.add_metric(
+                    [queue], sum(by_status.get(status, 0) for status in DEAD_LETTER_STATUSES)
+                )
+                age.add_metric([queue], snapshot.ages[queue])
+        yield tasks
+        yield dead
+        yield age
+
+
+class _Snapshot:
+    def __init__(self, counts: dict[str, dict[TaskStatus, int]], ages: dict[str, float]) -> None:
+        self.counts = counts
+        self.ages = ages
+
+
+def _age_seconds(oldest: dt.datetime | None, now: dt.datetime) -> float:
+    return 0.0 if oldest is None else max((now - oldest).total_seconds(), 0.0)
