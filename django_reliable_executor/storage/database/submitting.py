@@ -15,7 +15,6 @@ from ...serialization import dumps
 from .access import DatabaseAccess
 from .rows import (
     chunks,
-    spans,
     to_info,
 )
 
@@ -83,14 +82,14 @@ class Submitting(DatabaseAccess):
         inserting nothing, when one parameter is larger than the database takes in a statement.
         """
         texts = [None if task.parameter is None else dumps(task.parameter) for task in tasks]
-        sizes = [self._value_bytes(text) for text in texts]
-        for task, size in zip(tasks, sizes, strict=True):
-            reason = self._oversized(size)
-            if reason is not None:
-                raise ParameterTooLargeError(
-                    f"task_parameter of task {task.task_id!r} is {reason}", field="task_parameter"
-                )
-        for span in spans(sizes, self._statement_bytes()):
+
+        def refuse(index: int, why: str) -> Exception:
+            return ParameterTooLargeError(
+                f"task_parameter of task {tasks[index].task_id!r} is {why}",
+                field="task_parameter",
+            )
+
+        for span in self._spans(texts, refuse):
             self._insert_rows(tasks[span], texts[span])
 
     def _insert_rows(self, tasks: Sequence[NewTask], texts: Sequence[str | None]) -> None:
