@@ -16,7 +16,7 @@ from ...models import ReliableTask
 from ...records import Claim, NewTask, TaskInfo
 from ...states import TaskStatus
 from ..base import TaskStorage
-from .rows import MYSQL_RETRYABLE, spans
+from .rows import MYSQL_RETRYABLE, spans, to_info
 
 T = TypeVar("T")
 # Bytes of values one batch statement carries at most: well under MariaDB's default
@@ -53,6 +53,11 @@ class DatabaseAccess(TaskStorage):
 
     def _tasks(self) -> QuerySet[ReliableTask]:
         return ReliableTask.objects.using(self.alias)
+
+    def get(self, task_id: str) -> TaskInfo | None:
+        # Here rather than in Reading: submitting and the transitions read a task back too.
+        row = self._tasks().filter(pk=task_id).first()
+        return to_info(row) if row is not None else None
 
     @property
     def _table(self) -> str:

@@ -20,10 +20,6 @@ from .rows import (
 class Reading(DatabaseAccess):
     """Queries only; nothing here writes."""
 
-    def get(self, task_id: str) -> TaskInfo | None:
-        row = self._tasks().filter(pk=task_id).first()
-        return to_info(row) if row is not None else None
-
     def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
         found: dict[str, TaskInfo] = {}
         for chunk in chunks(list(task_ids)):

@@ -121,26 +121,8 @@ class Submitting(DatabaseAccess):
             )
             for task, text in zip(tasks, texts, strict=True)
         ]
-        insert = (
-            f"INSERT INTO {self._table} (task_id, task_name, status, queue, priority, "
-            "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
-            "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
-            "lease_token) "
-        )
         if self.vendor == "postgresql" and len(rows) > 1:
-            # One array per column keeps the statement short: psycopg parses a statement with
-            # thousands of placeholders again on every call, which cost more than the INSERT.
-            columns = [list(column) for column in zip(*rows, strict=True)]
-            self._execute(
-                insert + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, t.parameter, "
-                "0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, t.created, "
-                "t.run_at, t.deadline, FALSE, TRUE, 0 FROM unnest(%s::varchar[], "
-                "%s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], %s::int[], %s::bigint[], "
-                "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
-                "%s::timestamptz[]) AS t(id, name, queue, priority, parameter, retry_limit, "
-                "retry_interval, backoff, max_duration, created, run_at, deadline)",
-                columns,
-            )
+            self._insert_columns(rows)
             return
         parameter_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"
         values = (
@@ -148,7 +130,31 @@ class Submitting(DatabaseAccess):
             "FALSE, TRUE, 0)"
         )
         params = [value for row in rows for value in row]
-        self._execute(insert + f"VALUES {', '.join([values] * len(rows))}", params)
+        self._execute(self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}", params)
+
+    def _insert_columns(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """PostgreSQL: the rows as one array per column, which keeps the statement short:
+        psycopg parses a statement with thousands of placeholders again on every call, which
+        cost more than the INSERT."""
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        self._execute(
+            self._insert_sql() + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, "
+            "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
+            "t.created, t.run_at, t.deadline, FALSE, TRUE, 0 FROM unnest(%s::varchar[], "
+            "%s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], %s::int[], %s::bigint[], "
+            "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
+            "%s::timestamptz[]) AS t(id, name, queue, priority, parameter, retry_limit, "
+            "retry_interval, backoff, max_duration, created, run_at, deadline)",
+            columns,
+        )
+
+    def _insert_sql(self) -> str:
+        return (
+            f"INSERT INTO {self._table} (task_id, task_name, status, queue, priority, "
+            "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
+            "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
+            "lease_token) "
+        )
 
     def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:
         try:
