@@ -95,13 +95,30 @@ class TaskOptions:
     def validate(self, *, required: Iterable[str] = ()) -> TaskOptions:
         """Check every option given (and those named in ``required`` even when None), in field
         order; raise InvalidTaskOptionError for the first bad one. Returns self."""
-        for name, value in zip(NAMES, _GET_ALL(self), strict=True):
+        values = _GET_ALL(self)
+        required = tuple(required)
+        # The values' types come first in the key: 1 == True, yet True is no priority.
+        key: tuple[Any, ...] | None = (tuple(map(type, values)), values, required)
+        try:
+            if key in _GOOD:
+                return self
+        except TypeError:  # an unhashable value: a bad one, which the checks below name
+            key = None
+        for name, value in zip(NAMES, values, strict=True):
             if (value is not None or name in required) and not RULES[name][0](value):
                 check_option(name, value)
+        if key is not None:
+            if len(_GOOD) >= GOOD_KEPT:
+                _GOOD.clear()
+            _GOOD.add(key)
         return self
 
 
 NAMES = tuple(field.name for field in dataclasses.fields(TaskOptions))
+# Options found good, with their types and the names required: a submit almost always checks
+# the very options the submit before it checked, and looking them up costs far less.
+_GOOD: set[tuple[Any, ...]] = set()
+GOOD_KEPT = 1024
 _GET_ALL = operator.attrgetter(*NAMES)  # one call reads them all: a submit reads three sources
 
 

@@ -11,6 +11,7 @@ from django.test import override_settings
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.database import DatabaseStorage, rows
+from django_reliable_executor.storage.database.access import value_bytes
 
 from .conftest import DB_ALIASES, db_params, require
 from .contract_support import claim_and_start
@@ -66,3 +67,24 @@ def test_fenced_writes_find_their_rows_by_primary_key_on_sqlite(alias):
         with connections[alias].cursor() as cursor:  # and they do match the claimed rows
             cursor.execute(f"SELECT task_id FROM reliable_executor_task WHERE {sql}", params)
             assert {row[0] for row in cursor.fetchall()} == {c.task_id for c in claims}
+
+
+def test_spans_split_by_rows_and_by_bytes():
+    assert list(rows.spans([1] * 5, max_bytes=100, max_rows=2)) == [
+        slice(0, 2),
+        slice(2, 4),
+        slice(4, 5),
+    ]
+    assert list(rows.spans([40, 40, 40, 200, 10], max_bytes=100, max_rows=10)) == [
+        slice(0, 2),
+        slice(2, 3),
+        slice(3, 4),  # larger than a statement takes: a run of its own
+        slice(4, 5),
+    ]
+    assert list(rows.spans([], max_bytes=100)) == []
+
+
+def test_values_are_measured_as_the_statement_carries_them():
+    assert value_bytes(None, mysql=False) == 4
+    assert value_bytes('"é"', mysql=False) == 4  # UTF-8 bytes, not characters
+    assert value_bytes('"a\\\\b"', mysql=True) == 6 + 2 + 2  # quotes, backslashes escaped

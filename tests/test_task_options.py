@@ -320,3 +320,21 @@ def test_an_option_value_that_cannot_be_compared_is_refused_as_a_bad_value():
     assert raised.value.field == "queue"
     with pytest.raises(InvalidTaskOptionError):
         TaskOptions(queue="a\u2003b").validate()  # any Unicode whitespace, as before
+
+
+def test_options_found_good_once_are_still_told_apart_by_type():
+    """validate remembers good options; an equal value of another type is checked anew."""
+    TaskOptions(priority=1, retry_limit=0).validate()
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(priority=True, retry_limit=0).validate()  # True == 1, but no priority
+    assert raised.value.field == "priority"
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(priority=1, retry_limit=False).validate()
+    assert raised.value.field == "retry_limit"
+    TaskOptions(queue="a").validate()
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(queue="a").validate(required=["priority"])  # other names required
+    assert raised.value.field == "priority"
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(queue=["a"]).validate()  # type: ignore[arg-type] # unhashable
+    assert raised.value.field == "queue"

@@ -87,7 +87,9 @@ class DatabaseAccess(TaskStorage):
         takes in any statement, before any run is handed out."""
         mysql = self.vendor == "mysql"  # read once: each read looks the connection up
         packet = self._max_packet_bytes()
-        sizes = [value_bytes(text, mysql) for text in texts]
+        sizes = [4 if text is None else len(text) for text in texts]  # the common case: ASCII
+        if mysql or not all(map(str.isascii, filter(None, texts))):
+            sizes = [value_bytes(text, mysql) for text in texts]
         if packet is not None:
             for index, size in enumerate(sizes):
                 if size > packet - PACKET_MARGIN:

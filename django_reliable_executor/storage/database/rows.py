@@ -129,6 +129,10 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
 def spans(sizes: Sequence[int], max_bytes: int, max_rows: int = CHUNK) -> Iterator[slice]:
     """Consecutive runs of items, each of at most ``max_rows`` items and ``max_bytes`` bytes
     together (an item larger than that alone makes a run of its own)."""
+    if sum(sizes) <= max_bytes:  # the common case: only the row count splits
+        for start in range(0, len(sizes), max_rows):
+            yield slice(start, min(start + max_rows, len(sizes)))
+        return
     start = total = 0
     for index, size in enumerate(sizes):
         if index > start and (index - start >= max_rows or total + size > max_bytes):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -17,6 +18,18 @@ from .rows import (
     chunks,
     to_info,
 )
+
+
+class Adapted(dict[dt.datetime | None, Any]):
+    """Datetimes as the driver wants them, each adapted once (None stays None)."""
+
+    def __init__(self, adapt: Callable[[dt.datetime], Any]) -> None:
+        super().__init__()
+        self.adapt = adapt
+
+    def __missing__(self, value: dt.datetime | None) -> Any:
+        self[value] = adapted = None if value is None else self.adapt(value)
+        return adapted
 
 
 class Submitting(DatabaseAccess):
@@ -95,15 +108,7 @@ class Submitting(DatabaseAccess):
     def _insert_rows(self, tasks: Sequence[NewTask], texts: Sequence[str | None]) -> None:
         """One multi-row INSERT. Hand-written: preparing 24 model fields per row through
         bulk_create cost several times the database's own work."""
-        adapted: dict[dt.datetime, Any] = {}  # a batch shares created_at, and mostly run_at
-
-        def when(value: dt.datetime | None) -> Any:
-            if value is None:
-                return None
-            if value not in adapted:
-                adapted[value] = self._dt(value)
-            return adapted[value]
-
+        when = Adapted(self._dt)  # a batch shares created_at, and mostly run_at
         rows = [
             (
                 task.task_id,
@@ -115,9 +120,9 @@ class Submitting(DatabaseAccess):
                 task.retry_interval,
                 task.retry_backoff,
                 task.max_duration_millis,
-                when(task.created_at),
-                when(task.run_at),
-                when(task.deadline_at),
+                when[task.created_at],
+                when[task.run_at],
+                when[task.deadline_at],
             )
             for task, text in zip(tasks, texts, strict=True)
         ]
@@ -129,7 +134,7 @@ class Submitting(DatabaseAccess):
             f"(%s, %s, 'CREATED', %s, %s, {parameter_sql}, 0, 0, %s, %s, %s, %s, %s, %s, %s, "
             "FALSE, TRUE, 0)"
         )
-        params = [value for row in rows for value in row]
+        params = list(itertools.chain.from_iterable(rows))
         self._execute(self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}", params)
 
     def _insert_columns(self, rows: Sequence[tuple[Any, ...]]) -> None:
