@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -47,8 +48,10 @@ class DatabaseAccess(TaskStorage):
             return get_settings().DEFAULT_RETRY_BACKOFF_MAX
         return self._backoff_cap_millis
 
-    @property
+    @functools.cached_property
     def vendor(self) -> str:
+        # Read once: an alias keeps its engine, and each look-up of the connection goes
+        # through the handler's thread-local storage (a submit asked several times).
         return connections[self.alias].vendor
 
     def _tasks(self) -> QuerySet[ReliableTask]:
