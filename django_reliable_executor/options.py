@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from types import NoneType
 from typing import Any
 
 from .exceptions import InvalidTaskOptionError
@@ -24,7 +26,8 @@ def _queue_ok(value: Any) -> bool:
     return (
         isinstance(value, str)
         and 0 < len(value) <= MAX_QUEUE_LENGTH
-        and not any(c.isspace() or c == "," for c in value)
+        and "," not in value
+        and not any(map(str.isspace, value))
     )
 
 
@@ -77,26 +80,55 @@ class TaskOptions:
         """Each option from the first of ``sources`` (objects carrying the options as
         attributes: a request, a handler, a schedule, a task, other TaskOptions; None is
         skipped) that gives it."""
-        values = []
-        for name in NAMES:
-            value = None
-            for source in sources:
-                value = getattr(source, name, None)
-                if value is not None:
-                    break
-            values.append(value)
+        values: Sequence[Any] = ()
+        for source in sources:
+            if source is None:
+                continue
+            given: Sequence[Any] = _given(source)
+            if values:
+                given = [v if v is not None else g for v, g in zip(values, given, strict=True)]
+            values = given
+            if NoneType not in map(type, values):  # by type: a value may compare oddly with None
+                break  # every option given: later sources cannot change anything
         return cls(*values)
 
     def validate(self, *, required: Iterable[str] = ()) -> TaskOptions:
         """Check every option given (and those named in ``required`` even when None), in field
         order; raise InvalidTaskOptionError for the first bad one. Returns self."""
-        for name, (test, _) in RULES.items():
-            value = getattr(self, name)
-            if (value is not None or name in required) and not test(value):
+        values = _GET_ALL(self)
+        required = tuple(required)
+        # The values' types come first in the key: 1 == True, yet True is no priority.
+        key: tuple[Any, ...] | None = (tuple(map(type, values)), values, required)
+        try:
+            if key in _GOOD:
+                return self
+        except TypeError:  # an unhashable value: a bad one, which the checks below name
+            key = None
+        for name, value in zip(NAMES, values, strict=True):
+            if (value is not None or name in required) and not RULES[name][0](value):
                 check_option(name, value)
+        if key is not None:
+            if len(_GOOD) >= GOOD_KEPT:
+                _GOOD.clear()
+            _GOOD.add(key)
         return self
 
 
 NAMES = tuple(field.name for field in dataclasses.fields(TaskOptions))
+# Options found good, with their types and the names required: a submit almost always checks
+# the very options the submit before it checked, and looking them up costs far less.
+_GOOD: set[tuple[Any, ...]] = set()
+GOOD_KEPT = 1024
+_GET_ALL = operator.attrgetter(*NAMES)  # one call reads them all: a submit reads three sources
+
+
+def _given(source: Any) -> tuple[Any, ...]:
+    """The options ``source`` carries as attributes, in NAMES order (None where it has none)."""
+    try:
+        return _GET_ALL(source)  # type: ignore[no-any-return]
+    except AttributeError:
+        return tuple(getattr(source, name, None) for name in NAMES)
+
+
 # The options a retry policy reads, apart from where and in what order the task runs.
 RETRY_NAMES = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from .states import TaskStatus
@@ -103,6 +104,37 @@ class Claim:
             self.task, status=TaskStatus.COMPLETED, result=result, finished_at=now
         )
         return Transition(task=task, previous=TaskStatus.RUNNING)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker's claim asks of the storage (see ``TaskStorage.claim``): up to ``limit``
+    due tasks of ``queues`` under a lease of ``lease_seconds``, never more held at once of a
+    name in ``name_limits`` (``{task_name: cap}``) than its cap."""
+
+    worker_id: str
+    queues: tuple[str, ...]
+    limit: int
+    lease_seconds: float
+    name_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskQuery:
+    """One page of a task listing (see ``TaskStorage.list``), newest first: the tasks of any
+    of ``statuses`` (None: any status; never empty), of ``task_name`` and ``queue`` where
+    given, ``limit`` of them after the first ``offset``."""
+
+    statuses: frozenset[TaskStatus] | None
+    task_name: str | None
+    queue: str | None
+    limit: int
+    offset: int
+
+    @property
+    def end(self) -> int:
+        """How many of the newest matches the page reaches down to."""
+        return self.offset + self.limit
 
 
 @dataclasses.dataclass(frozen=True)

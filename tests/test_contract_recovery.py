@@ -452,3 +452,16 @@ def test_dead_workers_are_forgotten_live_ones_kept(storage, clock):
     assert (again.started_at, again.last_seen_at) == (alive.started_at, clock.now())
     storage.worker_gone("alive")
     assert storage.workers() == []
+
+
+def test_purge_finished_of_a_status_that_is_not_terminal_deletes_nothing(executor, clock):
+    """Only finished tasks are ever purged, whatever statuses the caller passes."""
+    executor.submit("demo.echo", None, task_id="waiting")
+    executor.submit("demo.echo", None, task_id="cancelled")
+    executor.cancel_task("cancelled")
+    clock.advance(1)
+    storage = executor.storage
+    live = frozenset({TaskStatus.CREATED, TaskStatus.PENDING, TaskStatus.RUNNING})
+    assert storage.purge_finished(clock.now(), 100, live) == 0
+    assert storage.purge_finished(clock.now(), 100, live | {TaskStatus.CANCELLED}) == 1
+    assert [t.task_id for t in executor.list_tasks()] == ["waiting"]

@@ -288,3 +288,53 @@ def test_the_http_api_answers_400_with_submits_message(api_service, client, name
     assert response.status_code == 400, response.content
     assert response.json() == {"error": str(expected), "field": expected.field}
     assert api_service.list_tasks() == []
+
+
+def test_each_option_comes_from_the_first_source_that_gives_it():
+    class OnlyAQueue:  # carries one option of the six, like a Django Task's queue_name
+        queue = "q"
+
+    got = TaskOptions.of(
+        None,
+        TaskOptions(priority=3),
+        OnlyAQueue(),
+        TaskOptions(retry_limit=1, priority=9, queue="z"),
+    )
+    assert got == TaskOptions(retry_limit=1, priority=3, queue="q")
+    complete = TaskOptions(1, 2, "fixed", None, "a", 5)
+    assert TaskOptions.of(complete, TaskOptions(max_duration_millis=7)) == dataclasses.replace(
+        complete, max_duration_millis=7
+    )
+
+
+def test_an_option_value_that_cannot_be_compared_is_refused_as_a_bad_value():
+    class Incomparable:
+        def __eq__(self, other: object) -> bool:
+            raise ValueError("not comparable")
+
+        __hash__ = None  # type: ignore[assignment]
+
+    bad = Incomparable()
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions.of(TaskOptions(queue=bad), TaskOptions(1, 2, "fixed", 3, "a", 5)).validate()
+    assert raised.value.field == "queue"
+    with pytest.raises(InvalidTaskOptionError):
+        TaskOptions(queue="a\u2003b").validate()  # any Unicode whitespace, as before
+
+
+def test_options_found_good_once_are_still_told_apart_by_type():
+    """validate remembers good options; an equal value of another type is checked anew."""
+    TaskOptions(priority=1, retry_limit=0).validate()
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(priority=True, retry_limit=0).validate()  # True == 1, but no priority
+    assert raised.value.field == "priority"
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(priority=1, retry_limit=False).validate()
+    assert raised.value.field == "retry_limit"
+    TaskOptions(queue="a").validate()
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(queue="a").validate(required=["priority"])  # other names required
+    assert raised.value.field == "priority"
+    with pytest.raises(InvalidTaskOptionError) as raised:
+        TaskOptions(queue=["a"]).validate()  # type: ignore[arg-type] # unhashable
+    assert raised.value.field == "queue"

@@ -8,8 +8,17 @@ import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 
 from ..clock import Clock, system_clock
-from ..records import CancelResult, Claim, NewTask, TaskInfo, Transition, WorkerInfo
-from ..states import TaskStatus
+from ..records import (
+    CancelResult,
+    Claim,
+    ClaimRequest,
+    NewTask,
+    TaskInfo,
+    TaskQuery,
+    Transition,
+    WorkerInfo,
+)
+from ..states import TERMINAL_STATUSES, TaskStatus
 from .schedule_base import ScheduleStorage
 
 #: The lock whose holder is the master (runs the chores); the service reports who holds it.
@@ -58,17 +67,12 @@ class TaskStorage(ScheduleStorage):
         waiting in the storage and do not hold up other names. Names absent are uncapped."""
         if limit <= 0 or not queues:
             return []
-        return self._claim(worker_id, queues, limit, lease_seconds, name_limits or {})
+        return self._claim(
+            ClaimRequest(worker_id, tuple(queues), limit, lease_seconds, dict(name_limits or {}))
+        )
 
     @abc.abstractmethod
-    def _claim(
-        self,
-        worker_id: str,
-        queues: Sequence[str],
-        limit: int,
-        lease_seconds: float,
-        name_limits: Mapping[str, int],
-    ) -> list[Claim]:
+    def _claim(self, request: ClaimRequest) -> list[Claim]:
         """``claim`` for at least one queue and one task (the storage's own part)."""
 
     @abc.abstractmethod
@@ -145,7 +149,6 @@ class TaskStorage(ScheduleStorage):
         (threads cannot be stopped), it counts against max_concurrency, and ``retry`` is
         refused until the lease is let go or lapses. Lease recovery leaves it alone."""
 
-    @abc.abstractmethod
     def purge_finished(
         self,
         finished_before: dt.datetime,
@@ -153,7 +156,16 @@ class TaskStorage(ScheduleStorage):
         statuses: frozenset[TaskStatus] | None = None,
     ) -> int:
         """Delete up to ``limit`` terminal tasks (of ``statuses``, default any terminal one)
-        finished before the given time."""
+        finished before the given time. Only finished tasks are ever purged: a status that
+        is not terminal selects nothing."""
+        chosen = TERMINAL_STATUSES if statuses is None else frozenset(statuses) & TERMINAL_STATUSES
+        return self._purge_finished(finished_before, limit, chosen)
+
+    @abc.abstractmethod
+    def _purge_finished(
+        self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]
+    ) -> int:
+        """``purge_finished`` of these terminal ``statuses`` (maybe none)."""
 
     # -- reading --------------------------------------------------------------------------
     @abc.abstractmethod
@@ -183,18 +195,11 @@ class TaskStorage(ScheduleStorage):
         wanted = wanted_statuses(status, statuses)
         if limit <= 0 or wanted == frozenset():
             return []
-        return self._list(wanted, task_name, queue, limit, offset)
+        return self._list(TaskQuery(wanted, task_name, queue, limit, offset))
 
     @abc.abstractmethod
-    def _list(
-        self,
-        wanted: frozenset[TaskStatus] | None,
-        task_name: str | None,
-        queue: str | None,
-        limit: int,
-        offset: int,
-    ) -> builtins.list[TaskInfo]:
-        """``list`` of the ``wanted`` statuses (None: any; never empty), ``limit`` > 0."""
+    def _list(self, query: TaskQuery) -> builtins.list[TaskInfo]:
+        """``list`` of one page (its statuses never empty, its limit > 0)."""
 
     @abc.abstractmethod
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]: ...

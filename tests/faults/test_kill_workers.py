@@ -26,10 +26,7 @@ def test_workers_killed_at_random_during_a_drain(alias, key_prefix, workers, jou
     rng = random.Random(11)
     ids = [f"drain-{i:04d}" for i in range(TASKS)]
     service.submit_many(
-        [
-            TaskSubmitRequest("demo.journal", {"sleep": 0.25}, task_id=i, retry_limit=20)
-            for i in ids
-        ]
+        [TaskSubmitRequest("demo.journal", {"sleep": 0.25}, task_id=i, retry_limit=20) for i in ids]
     )
     start = [workers.start(backend, wait_ready=False, env=journal.env(), **FAST) for _ in range(3)]
     for process in start:

@@ -17,9 +17,7 @@ from .refusals import refused
 LEASE = 30.0  # a task left to its lease would wait this long: far beyond what is waited here
 WINDOW = 2.0
 # The start's UPDATE of the one task the test picks: waiting -> RUNNING.
-START_OF_VICTIM = (
-    "OLD.task_id = 'victim' AND NEW.status = 'RUNNING' AND OLD.status <> 'RUNNING'"
-)
+START_OF_VICTIM = "OLD.task_id = 'victim' AND NEW.status = 'RUNNING' AND OLD.status <> 'RUNNING'"
 
 
 @pytest.mark.parametrize("alias", db_params(DB_ALIASES))

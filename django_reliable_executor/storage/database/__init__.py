@@ -23,7 +23,14 @@ class DatabaseStorage(
     Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part
-    per role, each over DatabaseAccess (the connection, table and SQL helpers)."""
+    per role, each built on DatabaseAccess alone, never on another part.
+
+    DatabaseAccess provides the connection (``alias``, ``vendor``), the table (``_tasks``,
+    ``_table``), ``get`` (every part reads a task back with it), the SQL helpers
+    (``_execute``, ``_dt``, ``_hits``, ``_spans``), retrying on MySQL deadlocks
+    (``_retrying``) and the retry backoff cap; it declares ``_enqueue``, which Submitting
+    implements and Schedules fires through. rows.py holds the row/record conversions and the
+    SQL fragments the parts share."""
 
     supports_transactional_enqueue = True
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from django.db import OperationalError, connections
@@ -16,9 +17,7 @@ from ...models import ReliableTask
 from ...records import Claim, NewTask, TaskInfo
 from ...states import TaskStatus
 from ..base import TaskStorage
-from .rows import (
-    MYSQL_RETRYABLE,
-)
+from .rows import MYSQL_RETRYABLE, spans, to_info
 
 T = TypeVar("T")
 # Bytes of values one batch statement carries at most: well under MariaDB's default
@@ -49,12 +48,19 @@ class DatabaseAccess(TaskStorage):
             return get_settings().DEFAULT_RETRY_BACKOFF_MAX
         return self._backoff_cap_millis
 
-    @property
+    @functools.cached_property
     def vendor(self) -> str:
+        # Read once: an alias keeps its engine, and each look-up of the connection goes
+        # through the handler's thread-local storage (a submit asked several times).
         return connections[self.alias].vendor
 
     def _tasks(self) -> QuerySet[ReliableTask]:
         return ReliableTask.objects.using(self.alias)
+
+    def get(self, task_id: str) -> TaskInfo | None:
+        # Here rather than in Reading: submitting and the transitions read a task back too.
+        row = self._tasks().filter(pk=task_id).first()
+        return to_info(row) if row is not None else None
 
     @property
     def _table(self) -> str:
@@ -75,30 +81,28 @@ class DatabaseAccess(TaskStorage):
                 self._max_packet = int(cursor.fetchone()[0])
         return self._max_packet
 
-    def _statement_bytes(self) -> int:
-        """How many bytes of values one batch statement may carry."""
+    def _spans(
+        self, texts: Sequence[str | None], refuse: Callable[[int, str], Exception]
+    ) -> Iterator[slice]:
+        """Split values (JSON texts, None for SQL NULL) into runs one batch statement each can
+        carry: a few MiB of values at most (one statement over MariaDB's max_allowed_packet
+        fails whole). Raises ``refuse(index, why)`` for the first value larger than the server
+        takes in any statement, before any run is handed out."""
+        mysql = self.vendor == "mysql"  # read once: each read looks the connection up
         packet = self._max_packet_bytes()
-        return STATEMENT_BYTES if packet is None else min(STATEMENT_BYTES, packet // 4)
-
-    def _value_bytes(self, text: str | None) -> int:
-        """Bytes a JSON text takes in a statement. MySQL's driver writes values into the
-        statement with quotes and backslashes escaped, each one byte more."""
-        if text is None:
-            return 4
-        size = len(text.encode("utf-8")) if not text.isascii() else len(text)
-        if self.vendor == "mysql":
-            size += text.count('"') + text.count("\\") + text.count("'")
-        return size
-
-    def _oversized(self, size: int) -> str | None:
-        """Why one value of ``size`` bytes cannot be written at all, or None when it can."""
-        packet = self._max_packet_bytes()
-        if packet is not None and size > packet - PACKET_MARGIN:
-            return (
-                f"{size} bytes as JSON in the statement, more than the database server takes in "
-                f"one (max_allowed_packet = {packet} bytes)"
-            )
-        return None
+        sizes = [4 if text is None else len(text) for text in texts]  # the common case: ASCII
+        if mysql or not all(map(str.isascii, filter(None, texts))):
+            sizes = [value_bytes(text, mysql) for text in texts]
+        if packet is not None:
+            for index, size in enumerate(sizes):
+                if size > packet - PACKET_MARGIN:
+                    raise refuse(
+                        index,
+                        f"{size} bytes as JSON in the statement, more than the database server "
+                        f"takes in one (max_allowed_packet = {packet} bytes)",
+                    )
+        limit = STATEMENT_BYTES if packet is None else min(STATEMENT_BYTES, packet // 4)
+        return spans(sizes, limit)
 
     def _execute(self, sql: str, params: Sequence[Any]) -> int:
         with connections[self.alias].cursor() as cursor:
@@ -147,3 +151,14 @@ class DatabaseAccess(TaskStorage):
                     raise
                 time.sleep(0.005 * 2**attempt)
         raise AssertionError("unreachable")
+
+
+def value_bytes(text: str | None, mysql: bool) -> int:
+    """Bytes a JSON text takes in a statement. MySQL's driver writes values into the
+    statement with quotes and backslashes escaped, each one byte more."""
+    if text is None:
+        return 4
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if mysql:
+        size += text.count('"') + text.count("\\") + text.count("'")
+    return size

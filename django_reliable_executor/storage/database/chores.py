@@ -12,7 +12,6 @@ from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
     LIVE,
-    TERMINAL,
     chunks,
     claim_of,
     failure_changes,
@@ -94,13 +93,10 @@ class Chores(DatabaseAccess):
                 transitions.append(Transition(task=to_info(row), previous=previous))
         return transitions
 
-    def purge_finished(
-        self,
-        finished_before: dt.datetime,
-        limit: int,
-        statuses: frozenset[TaskStatus] | None = None,
+    def _purge_finished(
+        self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]
     ) -> int:
-        chosen = TERMINAL if statuses is None else [s.value for s in statuses if s.is_terminal]
+        chosen = sorted(s.value for s in statuses)
         # A timed-out task whose handler still runs is kept until its lease ends.
         unheld = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=self.clock.now())
         ids = list(

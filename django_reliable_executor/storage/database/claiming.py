@@ -5,14 +5,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import F
 
 from ...models import ReliableNameLock
-from ...records import Claim
+from ...records import Claim, ClaimRequest
 from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
@@ -26,6 +25,21 @@ from .rows import (
 HELD_SQL = "NOT available AND status IN ({})".format(", ".join(f"'{s}'" for s in LIVE))
 
 
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """One claiming statement's choice: up to ``limit`` due tasks of ``queues`` for
+    ``worker_id`` under a lease until ``lease_until``, leaving out the ``excluded`` task
+    names, or only those of ``name``."""
+
+    worker_id: str
+    queues: tuple[str, ...]
+    limit: int
+    now: dt.datetime
+    lease_until: dt.datetime
+    excluded: tuple[str, ...] = ()
+    name: str | None = None
+
+
 class Claiming(DatabaseAccess):
     """claim: SKIP LOCKED batches, or one UPDATE ... RETURNING on SQLite.
 
@@ -37,80 +51,56 @@ class Claiming(DatabaseAccess):
     capped name never holds up the others.
     """
 
-    def _claim(
-        self,
-        worker_id: str,
-        queues: Sequence[str],
-        limit: int,
-        lease_seconds: float,
-        name_limits: Mapping[str, int],
-    ) -> list[Claim]:
+    def _claim(self, request: ClaimRequest) -> list[Claim]:
         now = self.clock.now()
-        lease_until = now + dt.timedelta(seconds=lease_seconds)
-        queue_list = list(queues)
-        caps = dict(name_limits)
+        whole = Pick(
+            request.worker_id,
+            request.queues,
+            request.limit,
+            now,
+            now + dt.timedelta(seconds=request.lease_seconds),
+        )
         claims: list[Claim] = []
-        for name, cap in caps.items():
-            room = limit - len(claims)
+        for name, cap in request.name_limits.items():
+            room = request.limit - len(claims)
             if room <= 0:
                 break
-            claims += self._retrying(
-                functools.partial(
-                    self._claim_capped, worker_id, queue_list, room, now, lease_until, name, cap
-                )
-            )
-        left = limit - len(claims)
+            pick = dataclasses.replace(whole, limit=room, name=name)
+            claims += self._retrying(functools.partial(self._claim_capped, pick, cap))
+        left = request.limit - len(claims)
         if left > 0:
-            excluded = list(caps)
-            if self.vendor in ("sqlite", "postgresql"):
-                claims += self._claim_returning(
-                    worker_id, queue_list, left, now, lease_until, excluded=excluded
-                )
-            else:
-                claims += self._retrying(
-                    lambda: self._claim_skip_locked(
-                        worker_id, queue_list, left, now, lease_until, excluded=excluded
-                    )
-                )
+            pick = dataclasses.replace(whole, limit=left, excluded=tuple(request.name_limits))
+            claims += self._retrying(functools.partial(self._take, pick))
         claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
         return claims
 
-    def _pick_sql(
-        self,
-        queues: list[str],
-        limit: int,
-        now: dt.datetime,
-        *,
-        excluded: Sequence[str] = (),
-        name: str | None = None,
-    ) -> tuple[str, list[Any]]:
-        """The due, unclaimed rows of these queues in pickup order (served by the claim index),
-        leaving out the ``excluded`` task names, or only those of ``name``."""
-        marks = ", ".join(["%s"] * len(queues))
+    def _take(self, pick: Pick) -> list[Claim]:
+        """Claim what ``pick`` chooses, the way this database does it best."""
+        if self.vendor in ("sqlite", "postgresql"):
+            return self._claim_returning(pick)
+        return self._claim_skip_locked(pick)
+
+    def _pick_sql(self, pick: Pick) -> tuple[str, list[Any]]:
+        """The due, unclaimed rows the pick chooses, in pickup order (served by the claim
+        index)."""
+        marks = ", ".join(["%s"] * len(pick.queues))
         names_sql, names = "", []
-        if name is not None:
-            names_sql, names = "AND task_name = %s ", [name]
-        elif excluded:
-            names_sql = f"AND task_name NOT IN ({', '.join(['%s'] * len(excluded))}) "
-            names = list(excluded)
+        if pick.name is not None:
+            names_sql, names = "AND task_name = %s ", [pick.name]
+        elif pick.excluded:
+            names_sql = f"AND task_name NOT IN ({', '.join(['%s'] * len(pick.excluded))}) "
+            names = list(pick.excluded)
         sql = (
             f"FROM {self._table} WHERE available = %s AND queue IN ({marks}) AND run_at <= %s "
             f"{names_sql}ORDER BY priority DESC, run_at ASC LIMIT %s"
         )
-        return sql, [True, *queues, self._dt(now), *names, limit]
+        return sql, [True, *pick.queues, self._dt(pick.now), *names, pick.limit]
 
-    def _claim_capped(
-        self,
-        worker_id: str,
-        queues: list[str],
-        limit: int,
-        now: dt.datetime,
-        lease_until: dt.datetime,
-        name: str,
-        cap: int,
-    ) -> list[Claim]:
-        """Up to ``limit`` due tasks of ``name``, never more than its free slots, in one
-        transaction serialised on the name's lock row."""
+    def _claim_capped(self, pick: Pick, cap: int) -> list[Claim]:
+        """Up to ``pick.limit`` due tasks of ``pick.name``, never more than its free slots, in
+        one transaction serialised on the name's lock row."""
+        assert pick.name is not None
+        name, queues, now = pick.name, pick.queues, pick.now
         connection = connections[self.alias]
         quote = connection.ops.quote_name
         table = quote(ReliableNameLock._meta.db_table)
@@ -135,12 +125,10 @@ class Claiming(DatabaseAccess):
                     [name, name, TaskStatus.TIMEOUT.value, False, self._dt(now)],
                 )
                 (held,) = cursor.fetchone()
-            free = min(cap - int(held), limit)
+            free = min(cap - int(held), pick.limit)
             if free <= 0:
                 return []
-            if self.vendor in ("sqlite", "postgresql"):
-                return self._claim_returning(worker_id, queues, free, now, lease_until, name=name)
-            return self._claim_skip_locked(worker_id, queues, free, now, lease_until, name=name)
+            return self._take(dataclasses.replace(pick, limit=free))
 
     def _lock_name(self, cursor: Any, table: str, name: str) -> None:
         """Hold the name's lock row until the transaction ends, creating it on first use."""
@@ -167,50 +155,30 @@ class Claiming(DatabaseAccess):
                 return  # the INSERT (or the conflict it ignored) took the write lock
         raise AssertionError(f"the lock row of task name {name!r} cannot be created")
 
-    def _claim_returning(
-        self,
-        worker_id: str,
-        queues: list[str],
-        limit: int,
-        now: dt.datetime,
-        lease_until: dt.datetime,
-        *,
-        excluded: Sequence[str] = (),
-        name: str | None = None,
-    ) -> list[Claim]:
+    def _claim_returning(self, pick: Pick) -> list[Claim]:
         """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
         skip_locked = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
-        pick, pick_params = self._pick_sql(queues, limit, now, excluded=excluded, name=name)
+        chosen, chosen_params = self._pick_sql(pick)
         sql = (
             f"UPDATE {self._table} SET available = %s, worker_id = %s, "
             "lease_token = lease_token + 1, lease_expires_at = %s "
             # available is re-checked outside too: a row may change between pick and lock.
-            f"WHERE available = %s AND task_id IN (SELECT task_id {pick}{skip_locked}) "
+            f"WHERE available = %s AND task_id IN (SELECT task_id {chosen}{skip_locked}) "
             f"RETURNING {CLAIM_COLUMNS_SQL}"
         )
-        params = [False, worker_id, self._dt(lease_until), True, *pick_params]
+        params = [False, pick.worker_id, self._dt(pick.lease_until), True, *chosen_params]
         with connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)
             return [claim_from_row(row) for row in cursor.fetchall()]
 
-    def _claim_skip_locked(
-        self,
-        worker_id: str,
-        queues: list[str],
-        limit: int,
-        now: dt.datetime,
-        lease_until: dt.datetime,
-        *,
-        excluded: Sequence[str] = (),
-        name: str | None = None,
-    ) -> list[Claim]:
+    def _claim_skip_locked(self, pick: Pick) -> list[Claim]:
         """MariaDB/MySQL have no UPDATE ... RETURNING: lock a batch (reading it whole), then
         mark it by primary key, in one short transaction."""
-        pick, pick_params = self._pick_sql(queues, limit, now, excluded=excluded, name=name)
+        chosen, chosen_params = self._pick_sql(pick)
         with transaction.atomic(using=self.alias):
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(
-                    f"SELECT {CLAIM_COLUMNS_SQL} {pick} FOR UPDATE SKIP LOCKED", pick_params
+                    f"SELECT {CLAIM_COLUMNS_SQL} {chosen} FOR UPDATE SKIP LOCKED", chosen_params
                 )
                 rows = cursor.fetchall()
             if not rows:
@@ -218,9 +186,9 @@ class Claiming(DatabaseAccess):
             ids = [row[0] for row in rows]
             self._tasks().filter(pk__in=ids).update(
                 available=False,
-                worker_id=worker_id,
+                worker_id=pick.worker_id,
                 lease_token=F("lease_token") + 1,
-                lease_expires_at=lease_until,
+                lease_expires_at=pick.lease_until,
             )
         claims = [claim_from_row(row) for row in rows]
         # The rows were read before the UPDATE: give them the values it wrote.
@@ -228,7 +196,7 @@ class Claiming(DatabaseAccess):
             dataclasses.replace(
                 claim,
                 token=claim.token + 1,
-                task=dataclasses.replace(claim.task, worker_id=worker_id),
+                task=dataclasses.replace(claim.task, worker_id=pick.worker_id),
             )
             for claim in claims
         ]

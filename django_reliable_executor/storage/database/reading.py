@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from django.db.models import Count
 
-from ...records import TaskInfo
+from ...records import TaskInfo, TaskQuery
 from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
@@ -20,40 +20,29 @@ from .rows import (
 class Reading(DatabaseAccess):
     """Queries only; nothing here writes."""
 
-    def get(self, task_id: str) -> TaskInfo | None:
-        row = self._tasks().filter(pk=task_id).first()
-        return to_info(row) if row is not None else None
-
     def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
         found: dict[str, TaskInfo] = {}
         for chunk in chunks(list(task_ids)):
             found.update((row.pk, to_info(row)) for row in self._tasks().filter(pk__in=chunk))
         return found
 
-    def _list(
-        self,
-        wanted: frozenset[TaskStatus] | None,
-        task_name: str | None,
-        queue: str | None,
-        limit: int,
-        offset: int,
-    ) -> list[TaskInfo]:
+    def _list(self, query: TaskQuery) -> list[TaskInfo]:
         qs = self._tasks()
-        if wanted is not None and len(wanted) == 1:
-            qs = qs.filter(status=next(iter(wanted)).value)
-        elif wanted is not None:
-            qs = qs.filter(status__in=sorted(s.value for s in wanted))
-        if task_name is not None:
-            qs = qs.filter(task_name=task_name)
-        if queue is not None:
-            qs = qs.filter(queue=queue)
+        if query.statuses is not None and len(query.statuses) == 1:
+            qs = qs.filter(status=next(iter(query.statuses)).value)
+        elif query.statuses is not None:
+            qs = qs.filter(status__in=sorted(s.value for s in query.statuses))
+        if query.task_name is not None:
+            qs = qs.filter(task_name=query.task_name)
+        if query.queue is not None:
+            qs = qs.filter(queue=query.queue)
         # Two steps: the page's ids from the index alone (an InnoDB secondary index holds the
         # primary key), then only those rows. Skipping ``offset`` tasks then reads index
         # entries, not rows: at 1M rows on MariaDB page 50 went from 18-350 ms to 5 ms and
         # page 500 from 5.8 s to 11 ms (bench/admin_list.py); PostgreSQL is unchanged.
         ids = list(
             qs.order_by("-created_at", "-task_id").values_list("pk", flat=True)[
-                offset : offset + limit
+                query.offset : query.end
             ]
         )
         found = self.get_many(ids)  # in chunks: SQLite caps the parameters of one statement

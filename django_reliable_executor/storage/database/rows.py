@@ -68,45 +68,51 @@ def claims_match(claims: Sequence[Claim]) -> Q:
     return match
 
 
+def keyed(rows: Sequence[Sequence[Any]], condition: str) -> tuple[str, list[Any]]:
+    """SQL for "the row of each ``(task_id, *values)`` in ``rows`` meets ``condition``", whose
+    placeholders take the values.
+
+    Every condition sits beside its row's primary key, never alone in the WHERE clause: a
+    lone ``available = %s`` made SQLite's planner walk the claim index over every finished
+    task (their available is false too) instead of looking the few rows up by key. The
+    leading primary-key IN list steers every planner to the primary key likewise: left to
+    itself, PostgreSQL sometimes chose the claim index and scanned every claimed row."""
+    marks = ", ".join(["%s"] * len(rows))
+    each = " OR ".join([f"(task_id = %s AND {condition})"] * len(rows))
+    params: list[Any] = [row[0] for row in rows]
+    for row in rows:
+        params += row
+    return f"task_id IN ({marks}) AND ({each})", params
+
+
 def held_by_claims(claims: Sequence[Claim]) -> tuple[str, list[Any]]:
-    """SQL for "rows still held under these claims' fencing tokens". The leading primary-key
-    IN list steers every planner to the primary key: left to itself, PostgreSQL sometimes
-    chose the claim index for ``available = false`` and scanned every claimed row."""
-    marks = ", ".join(["%s"] * len(claims))
-    tokens = " OR ".join(["(task_id = %s AND lease_token = %s)"] * len(claims))
-    params: list[Any] = [claim.task_id for claim in claims]
-    for claim in claims:
-        params += [claim.task_id, claim.token]
-    return f"task_id IN ({marks}) AND ({tokens})", params
+    """SQL for "rows still held under these claims' fencing tokens"."""
+    return keyed([(claim.task_id, claim.token) for claim in claims], "lease_token = %s")
+
+
+# A lease held by this worker under this token, and still claimed.
+HOLDER_SQL = "lease_token = %s AND worker_id = %s AND available = %s"
 
 
 def claimed_by_holders(claims: Sequence[Claim]) -> tuple[str, list[Any]]:
     """SQL for "rows still claimed (not available) by each claim's worker under its fencing
     token": what a start must find. The token alone is not enough where a manual transition
     ran in between (cancel, retry), so the holder is checked too."""
-    marks = ", ".join(["%s"] * len(claims))
-    held = " OR ".join(["(task_id = %s AND lease_token = %s AND worker_id = %s)"] * len(claims))
-    params: list[Any] = [claim.task_id for claim in claims]
-    params.append(False)
-    for claim in claims:
-        params += [claim.task_id, claim.token, claim.task.worker_id]
-    return f"task_id IN ({marks}) AND available = %s AND ({held})", params
+    rows = [(claim.task_id, claim.token, claim.task.worker_id, False) for claim in claims]
+    return keyed(rows, HOLDER_SQL)
 
 
 def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str, list[Any]]:
     """SQL for "leases ``worker_id`` holds under these tokens": claimed or running tasks, and
     tasks that timed out while running whose holder keeps its lease (lease_expires_at set)."""
-    marks = ", ".join(["%s"] * len(tokens))
-    held = " OR ".join(["(task_id = %s AND lease_token = %s)"] * len(tokens))
-    params: list[Any] = [task_id for task_id, _ in tokens]
-    for task_id, token in tokens:
-        params += [task_id, token]
-    sql = (
-        f"task_id IN ({marks}) AND ({held}) AND worker_id = %s AND available = %s "
-        f"AND (status IN ({', '.join(['%s'] * len(LIVE))}) "
+    sql, params = keyed(
+        [(task_id, token, worker_id, False) for task_id, token in tokens], HOLDER_SQL
+    )
+    sql += (
+        f" AND (status IN ({', '.join(['%s'] * len(LIVE))}) "
         "OR (status = %s AND lease_expires_at IS NOT NULL))"
     )
-    return sql, [*params, worker_id, False, *LIVE, TaskStatus.TIMEOUT.value]
+    return sql, [*params, *LIVE, TaskStatus.TIMEOUT.value]
 
 
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo)]
@@ -123,6 +129,10 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
 def spans(sizes: Sequence[int], max_bytes: int, max_rows: int = CHUNK) -> Iterator[slice]:
     """Consecutive runs of items, each of at most ``max_rows`` items and ``max_bytes`` bytes
     together (an item larger than that alone makes a run of its own)."""
+    if sum(sizes) <= max_bytes:  # the common case: only the row count splits
+        for start in range(0, len(sizes), max_rows):
+            yield slice(start, min(start + max_rows, len(sizes)))
+        return
     start = total = 0
     for index, size in enumerate(sizes):
         if index > start and (index - start >= max_rows or total + size > max_bytes):

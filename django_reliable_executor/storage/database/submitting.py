@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -15,9 +16,20 @@ from ...serialization import dumps
 from .access import DatabaseAccess
 from .rows import (
     chunks,
-    spans,
     to_info,
 )
+
+
+class Adapted(dict[dt.datetime | None, Any]):
+    """Datetimes as the driver wants them, each adapted once (None stays None)."""
+
+    def __init__(self, adapt: Callable[[dt.datetime], Any]) -> None:
+        super().__init__()
+        self.adapt = adapt
+
+    def __missing__(self, value: dt.datetime | None) -> Any:
+        self[value] = adapted = None if value is None else self.adapt(value)
+        return adapted
 
 
 class Submitting(DatabaseAccess):
@@ -83,28 +95,20 @@ class Submitting(DatabaseAccess):
         inserting nothing, when one parameter is larger than the database takes in a statement.
         """
         texts = [None if task.parameter is None else dumps(task.parameter) for task in tasks]
-        sizes = [self._value_bytes(text) for text in texts]
-        for task, size in zip(tasks, sizes, strict=True):
-            reason = self._oversized(size)
-            if reason is not None:
-                raise ParameterTooLargeError(
-                    f"task_parameter of task {task.task_id!r} is {reason}", field="task_parameter"
-                )
-        for span in spans(sizes, self._statement_bytes()):
+
+        def refuse(index: int, why: str) -> Exception:
+            return ParameterTooLargeError(
+                f"task_parameter of task {tasks[index].task_id!r} is {why}",
+                field="task_parameter",
+            )
+
+        for span in self._spans(texts, refuse):
             self._insert_rows(tasks[span], texts[span])
 
     def _insert_rows(self, tasks: Sequence[NewTask], texts: Sequence[str | None]) -> None:
         """One multi-row INSERT. Hand-written: preparing 24 model fields per row through
         bulk_create cost several times the database's own work."""
-        adapted: dict[dt.datetime, Any] = {}  # a batch shares created_at, and mostly run_at
-
-        def when(value: dt.datetime | None) -> Any:
-            if value is None:
-                return None
-            if value not in adapted:
-                adapted[value] = self._dt(value)
-            return adapted[value]
-
+        when = Adapted(self._dt)  # a batch shares created_at, and mostly run_at
         rows = [
             (
                 task.task_id,
@@ -116,40 +120,46 @@ class Submitting(DatabaseAccess):
                 task.retry_interval,
                 task.retry_backoff,
                 task.max_duration_millis,
-                when(task.created_at),
-                when(task.run_at),
-                when(task.deadline_at),
+                when[task.created_at],
+                when[task.run_at],
+                when[task.deadline_at],
             )
             for task, text in zip(tasks, texts, strict=True)
         ]
-        insert = (
-            f"INSERT INTO {self._table} (task_id, task_name, status, queue, priority, "
-            "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
-            "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
-            "lease_token) "
-        )
         if self.vendor == "postgresql" and len(rows) > 1:
-            # One array per column keeps the statement short: psycopg parses a statement with
-            # thousands of placeholders again on every call, which cost more than the INSERT.
-            columns = [list(column) for column in zip(*rows, strict=True)]
-            self._execute(
-                insert + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, t.parameter, "
-                "0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, t.created, "
-                "t.run_at, t.deadline, FALSE, TRUE, 0 FROM unnest(%s::varchar[], "
-                "%s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], %s::int[], %s::bigint[], "
-                "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
-                "%s::timestamptz[]) AS t(id, name, queue, priority, parameter, retry_limit, "
-                "retry_interval, backoff, max_duration, created, run_at, deadline)",
-                columns,
-            )
+            self._insert_columns(rows)
             return
         parameter_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"
         values = (
             f"(%s, %s, 'CREATED', %s, %s, {parameter_sql}, 0, 0, %s, %s, %s, %s, %s, %s, %s, "
             "FALSE, TRUE, 0)"
         )
-        params = [value for row in rows for value in row]
-        self._execute(insert + f"VALUES {', '.join([values] * len(rows))}", params)
+        params = list(itertools.chain.from_iterable(rows))
+        self._execute(self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}", params)
+
+    def _insert_columns(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """PostgreSQL: the rows as one array per column, which keeps the statement short:
+        psycopg parses a statement with thousands of placeholders again on every call, which
+        cost more than the INSERT."""
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        self._execute(
+            self._insert_sql() + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, "
+            "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
+            "t.created, t.run_at, t.deadline, FALSE, TRUE, 0 FROM unnest(%s::varchar[], "
+            "%s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], %s::int[], %s::bigint[], "
+            "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
+            "%s::timestamptz[]) AS t(id, name, queue, priority, parameter, retry_limit, "
+            "retry_interval, backoff, max_duration, created, run_at, deadline)",
+            columns,
+        )
+
+    def _insert_sql(self) -> str:
+        return (
+            f"INSERT INTO {self._table} (task_id, task_name, status, queue, priority, "
+            "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
+            "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
+            "lease_token) "
+        )
 
     def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:
         try:

@@ -25,7 +25,6 @@ from .rows import (
     failure_changes,
     held_by_claims,
     holding_sql,
-    spans,
     to_info,
 )
 
@@ -104,13 +103,12 @@ class Transitions(DatabaseAccess):
         results = [encoded(result) for _, result in outcomes]  # a worker's are encoded already
         # JSON null is stored as SQL NULL, as the model field does.
         texts = [None if result.text == "null" else result.text for result in results]
-        sizes = [self._value_bytes(text) for text in texts]
-        for (claim, _), size in zip(outcomes, sizes, strict=True):
-            reason = self._oversized(size)
-            if reason is not None:
-                raise ValueError(f"the result of task {claim.task_id!r} is {reason}")
+
+        def refuse(index: int, why: str) -> Exception:
+            return ValueError(f"the result of task {outcomes[index][0].task_id!r} is {why}")
+
         transitions: list[Transition | None] = []
-        for span in spans(sizes, self._statement_bytes()):
+        for span in self._spans(texts, refuse):
             claims = [claim for claim, _ in outcomes[span]]
             done = self._complete_rows(claims, texts[span], now)
             transitions += [

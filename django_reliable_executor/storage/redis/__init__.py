@@ -76,7 +76,13 @@ class RedisStorage(
     Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading, Listing
 ):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout): one
-    part per role, each over RedisAccess (the client, key names, running a script)."""
+    part per role, each built on RedisAccess alone, never on another part.
+
+    RedisAccess provides the client and key prefix (``client``, ``p``, ``_tkey``), running a
+    Lua script (``_run``), ``get`` (every part reads a task back with it), reading tasks and
+    indexes in bulk (``_read_many``, ``_due_ids``, ``_queues``), the server checks and
+    ``guarded``, which turns a lost connection into StorageUnavailableError. codec.py
+    converts hashes to records and back."""
 
     #: Idle workers may block in wait_for_work instead of sleeping.
     blocking_wait = True

@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 from ...clock import Clock
 from ...exceptions import StorageUnavailableError
+from ...records import TaskInfo
 from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
-from .codec import micros, text
+from .codec import micros, text, to_info
 from .scripts import Scripts
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -73,6 +74,14 @@ class RedisAccess(TaskStorage):
         now = now or self.clock.now()
         script = getattr(self._scripts, name)
         return script(keys=self._keys, args=[self.p, micros(now), *args])
+
+    @guarded
+    def get(self, task_id: str) -> TaskInfo | None:
+        # Here rather than in Reading: a retry reads the task first too.
+        values = self.client.hgetall(self._tkey(task_id))
+        if not values:
+            return None
+        return to_info(task_id, {text(k): text(v) for k, v in values.items()})
 
     def _tkey(self, task_id: str) -> str:
         return self.p + "t:" + task_id

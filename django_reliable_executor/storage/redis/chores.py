@@ -88,14 +88,11 @@ class Chores(RedisAccess):
         return [outcomes[text(task_id)] for task_id in changed]
 
     @guarded
-    def purge_finished(
-        self,
-        finished_before: dt.datetime,
-        limit: int,
-        statuses: frozenset[TaskStatus] | None = None,
+    def _purge_finished(
+        self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]
     ) -> int:
         cutoff = micros(finished_before)
-        if statuses is None or statuses >= TERMINAL_STATUSES:
+        if statuses == TERMINAL_STATUSES:
             ids = self._due_ids("finished", finished_before, limit, inclusive=False)
         else:
             ids = self._finished_of(statuses, cutoff, limit)

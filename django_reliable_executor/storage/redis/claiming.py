@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from ...records import Claim
+from ...records import Claim, ClaimRequest
 from .access import RedisAccess, guarded
 from .codec import claimed, micros, text
 
@@ -20,26 +20,28 @@ class Claiming(RedisAccess):
     """claim, wait_for_work and wake: the ready lists, and the wake token idle workers block on."""
 
     @guarded
-    def _claim(
-        self,
-        worker_id: str,
-        queues: Sequence[str],
-        limit: int,
-        lease_seconds: float,
-        name_limits: Mapping[str, int],
-    ) -> list[Claim]:
+    def _claim(self, request: ClaimRequest) -> list[Claim]:
         now = self.clock.now()
-        lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
+        lease_until = micros(now + dt.timedelta(seconds=request.lease_seconds))
         step = random.randint(1, TOKEN_STEP_MAX)
         caps: list[object] = []
-        if name_limits:
+        if request.name_limits:
             caps = [""]  # after the queues (never empty): the name, cap pairs
-            for name, cap in name_limits.items():
+            for name, cap in request.name_limits.items():
                 caps += [name, int(cap)]
-        reply = self._run("claim", worker_id, lease_until, limit, step, *queues, *caps, now=now)
+        reply = self._run(
+            "claim",
+            request.worker_id,
+            lease_until,
+            request.limit,
+            step,
+            *request.queues,
+            *caps,
+            now=now,
+        )
         next_due = text(reply[0])
         due = int(next_due) if next_due else None
-        for queue in queues:  # the earliest of the call's queues: at worst a wake-up too early
+        for queue in request.queues:  # the earliest of the call's queues: at worst too early
             self._next_due[queue] = due
         return [claimed(text(reply[i]), reply[i + 1]) for i in range(1, len(reply), 2)]
 

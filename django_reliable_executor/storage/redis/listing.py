@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Sequence
 
-from ...records import TaskInfo
+from ...records import TaskInfo, TaskQuery
 from ...states import TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
@@ -29,30 +29,23 @@ class Listing(RedisAccess):
     """list(): merge pages of the done indexes with the unfinished tasks."""
 
     @guarded
-    def _list(
-        self,
-        wanted: frozenset[TaskStatus] | None,
-        task_name: str | None,
-        queue: str | None,
-        limit: int,
-        offset: int,
-    ) -> list[TaskInfo]:
-        want = offset + limit
+    def _list(self, query: TaskQuery) -> list[TaskInfo]:
+        wanted, queue = query.statuses, query.queue
         rows: builtins.list[Row] = []
         live = frozenset(LIVE) if wanted is None else frozenset(LIVE) & {s.value for s in wanted}
         if live:
-            newest = None if self._unfinished_count(queue) <= EXACT_UNFINISHED else want
+            newest = None if self._unfinished_count(queue) <= EXACT_UNFINISHED else query.end
             ids = sorted(self._unfinished_ids(live, queue, newest))
-            rows += self._matching(ids, live, task_name, queue)
-        # Each finished status's index is read only down to the ``want`` newest matches, then
-        # merged here: a page of dead letters (FAILED + TIMEOUT + ERROR) reads at most ``want``
-        # entries of each, never a whole index nor a union stored server side.
+            rows += self._matching(ids, live, query)
+        # Each finished status's index is read only down to the ``query.end`` newest matches,
+        # then merged here: a page of dead letters (FAILED + TIMEOUT + ERROR) reads at most
+        # that many entries of each, never a whole index nor a union stored server side.
         finished = TERMINAL_STATUSES if wanted is None else wanted & TERMINAL_STATUSES
         for done in sorted(finished, key=lambda s: s.value):
-            rows += self._newest_done(done, task_name, queue, want)
+            rows += self._newest_done(done, query)
         # A task that changed status between two reads may show up twice: keep it once.
         rows = sorted(set(rows), reverse=True)
-        page = [task_id for _, task_id in rows[offset:want]]
+        page = [task_id for _, task_id in rows[query.offset : query.end]]
         found = self._read_many(page)
         return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
 
@@ -106,48 +99,40 @@ class Listing(RedisAccess):
         return {text(i) for parked in pipe2.execute() for i in parked}
 
     def _matching(
-        self,
-        ids: Sequence[str],
-        accept: Collection[str],
-        task_name: str | None,
-        queue: str | None,
+        self, ids: Sequence[str], accept: Collection[str], query: TaskQuery
     ) -> builtins.list[Row]:
-        """The rows of these tasks that match the filters, in the order given: only tasks
-        whose status is now one of ``accept`` (status values)."""
+        """The rows of these tasks that match the query's name and queue, in the order given:
+        only tasks whose status is now one of ``accept`` (status values)."""
         rows: builtins.list[Row] = []
         for start in range(0, len(ids), READ_CHUNK):
             chunk = ids[start : start + READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
             for task_id in chunk:
                 pipe.hmget(self._tkey(task_id), "c", "s", "n", "q")
-            for task_id, (created, state, name, name_queue) in zip(
-                chunk, pipe.execute(), strict=True
-            ):
+            for task_id, (created, state, name, queue) in zip(chunk, pipe.execute(), strict=True):
                 if created is None:
                     continue  # purged meanwhile
                 if text(state) not in accept:
                     continue  # e.g. finished meanwhile: its done index lists it
-                if task_name is not None and text(name) != task_name:
+                if query.task_name is not None and text(name) != query.task_name:
                     continue
-                if queue is not None and text(name_queue) != queue:
+                if query.queue is not None and text(queue) != query.queue:
                     continue
                 rows.append((int(created), task_id))
         return rows
 
-    def _newest_done(
-        self, status: TaskStatus, task_name: str | None, queue: str | None, want: int
-    ) -> builtins.list[Row]:
-        """The ``want`` newest tasks of one finished status that match the filters."""
+    def _newest_done(self, status: TaskStatus, query: TaskQuery) -> builtins.list[Row]:
+        """The ``query.end`` newest tasks of one finished status that match the query."""
         key = self.p + "done:" + status.value
-        if task_name is None and queue is None:
-            found = self.client.zrevrange(key, 0, want - 1, withscores=True)
+        if query.task_name is None and query.queue is None:
+            found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
             return [(int(score), text(task_id)) for task_id, score in found]
         rows: builtins.list[Row] = []
         start = 0
-        while len(rows) < want:
+        while len(rows) < query.end:
             found = self.client.zrevrange(key, start, start + READ_CHUNK - 1, withscores=True)
             if not found:
                 break
             start += len(found)
-            rows += self._matching([text(i) for i, _ in found], {status.value}, task_name, queue)
-        return rows[:want]
+            rows += self._matching([text(i) for i, _ in found], {status.value}, query)
+        return rows[: query.end]

@@ -16,13 +16,6 @@ class Reading(RedisAccess):
 
     # -- reading --------------------------------------------------------------------------
     @guarded
-    def get(self, task_id: str) -> TaskInfo | None:
-        values = self.client.hgetall(self._tkey(task_id))
-        if not values:
-            return None
-        return to_info(task_id, {text(k): text(v) for k, v in values.items()})
-
-    @guarded
     def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
         found = self._read_many(list(dict.fromkeys(task_ids)))
         return {task_id: to_info(task_id, values) for task_id, values in found.items()}
