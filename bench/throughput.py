@@ -14,6 +14,10 @@ Measures, on a database of its own (never the development or test databases):
                          ``--latency-interval-ms`` apart; latency = ``started_at - created_at``
                          of the stored rows (submit to handler start).
 
+Beside each rate, the CPU time per task that phase cost, which a busy machine disturbs far less
+than the rates: ``enqueue_cpu_us`` and ``submit_many_cpu_us`` of the submitting (benchmark)
+process, ``drain_worker_cpu_us`` of the worker process over the drain (from /proc, so Linux).
+
 Prints exactly one JSON line on stdout (with ``rtt_ms``, the median round trip of a trivial
 query to the store) and, on Redis, ``redis_bytes_per_task`` (memory per queued task beyond its
 parameter, with ``--memory-n`` tasks queued); progress goes to stderr. See bench/README.md.
@@ -542,6 +546,14 @@ class WorkerProcess:
                 print(f"[worker] {line.rstrip()}", file=sys.stderr, flush=True)
         self._lines.put(None)
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the worker process has used so far, from /proc (Linux);
+        its threads included, its children (none) not."""
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of stat(5)
+        return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
             raise BenchError(f"worker exited unexpectedly with code {self.process.returncode}")
@@ -576,29 +588,31 @@ def _progress(total: int, what: str) -> Callable[[int], None]:
     return report
 
 
-def measure_enqueue(n: int) -> float:
+def measure_enqueue(n: int) -> tuple[float, float]:
+    """Tasks per second, and this process's CPU microseconds per task."""
     from django_reliable_executor import executor
 
     report = _progress(n, "submit")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(1, n + 1):
         executor.submit(TASK_NAME)
         report(i)
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / n
 
 
-def measure_submit_many(n: int, batch: int) -> float:
+def measure_submit_many(n: int, batch: int) -> tuple[float, float]:
+    """Tasks per second, and this process's CPU microseconds per task."""
     from django_reliable_executor import TaskSubmitRequest, executor
 
     report = _progress(n, "submit_many")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     done = 0
     while done < n:
         size = min(batch, n - done)
         executor.submit_many([TaskSubmitRequest(task_name=TASK_NAME) for _ in range(size)])
         done += size
         report(done)
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / n
 
 
 def wait_until_finished(
@@ -622,9 +636,14 @@ def wait_until_finished(
         time.sleep(interval)
 
 
-def measure_drain(store: Store, worker: WorkerProcess, n: int, stall_timeout: float) -> float:
+def measure_drain(
+    store: Store, worker: WorkerProcess, n: int, stall_timeout: float
+) -> tuple[float, float]:
+    """Tasks per second, and the worker process's CPU microseconds per task over the drain."""
     ready = worker.start()
+    cpu_at_ready = worker.cpu_seconds()
     observed = wait_until_finished(store, worker, n, stall_timeout=stall_timeout, interval=0.05)
+    cpu = worker.cpu_seconds() - cpu_at_ready
     counts = store.status_counts()
     if counts.get("COMPLETED", 0) != n:
         raise BenchError(f"expected {n} COMPLETED tasks, found {counts}")
@@ -641,8 +660,8 @@ def measure_drain(store: Store, worker: WorkerProcess, n: int, stall_timeout: fl
             f"poll saw the end {1000 * (observed - last_finished):.0f} ms after it"
         )
     seconds = end - ready
-    log(f"drain: {n} tasks in {seconds:.2f}s from the worker's ready line")
-    return n / seconds
+    log(f"drain: {n} tasks in {seconds:.2f}s from the worker's ready line, {cpu:.2f}s worker CPU")
+    return n / seconds, 1e6 * cpu / n
 
 
 def measure_latency(
@@ -856,6 +875,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "enqueue_per_s": None,
         "submit_many_per_s": None,
         "drain_per_s": None,
+        "enqueue_cpu_us": None,
+        "submit_many_cpu_us": None,
+        "drain_worker_cpu_us": None,
         "latency_p50_ms": None,
         "latency_p95_ms": None,
         "rtt_ms": round(rtt, 3),
@@ -863,20 +885,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if not args.skip_enqueue:
         store.clear()
-        rate = measure_enqueue(args.n)
+        rate, cpu_us = measure_enqueue(args.n)
         result["enqueue_per_s"] = round(rate, 1)
+        result["enqueue_cpu_us"] = round(cpu_us, 1)
         log(f"enqueue (submit one by one): {rate:.0f}/s")
 
     store.clear()
-    rate = measure_submit_many(args.n, args.batch)
+    rate, cpu_us = measure_submit_many(args.n, args.batch)
     result["submit_many_per_s"] = round(rate, 1)
+    result["submit_many_cpu_us"] = round(cpu_us, 1)
     log(f"submit_many (batches of {args.batch}): {rate:.0f}/s")
     store.after_load()
 
     worker = WorkerProcess(args, dict(os.environ))  # the environment open_store set up
     try:
-        rate = measure_drain(store, worker, args.n, args.stall_timeout)
+        rate, cpu_us = measure_drain(store, worker, args.n, args.stall_timeout)
         result["drain_per_s"] = round(rate, 1)
+        result["drain_worker_cpu_us"] = round(cpu_us, 1)
         log(f"drain ({args.threads} threads, one worker): {rate:.0f}/s")
         if not args.skip_latency:
             p50, p95 = measure_latency(

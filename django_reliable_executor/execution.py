@@ -106,7 +106,7 @@ class Begun:
 
 def is_async_handler(handler: TaskHandler[Any] | None) -> bool:
     """An ``async def`` handler: it runs on the worker's event loop, not in a pool thread."""
-    return handler is not None and inspect.iscoroutinefunction(handler.func)
+    return handler is not None and handler.is_async
 
 
 class TaskRunner:

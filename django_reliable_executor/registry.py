@@ -45,6 +45,8 @@ class TaskHandler(Generic[R]):
         max_concurrency: int | None = None,
     ) -> None:
         self.func = func
+        # Asked for every claim the worker takes (which pool runs it): looked up once here.
+        self.is_async = inspect.iscoroutinefunction(func)
         self.name = name
         self.param_type = param_type
         self.queue = queue

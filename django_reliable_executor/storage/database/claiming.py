@@ -11,7 +11,7 @@ from django.db import connections, transaction
 from django.db.models import F
 
 from ...models import ReliableNameLock
-from ...records import Claim, ClaimRequest
+from ...records import Claim, ClaimRequest, copy_with
 from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
@@ -193,10 +193,10 @@ class Claiming(DatabaseAccess):
         claims = [claim_from_row(row) for row in rows]
         # The rows were read before the UPDATE: give them the values it wrote.
         return [
-            dataclasses.replace(
+            copy_with(
                 claim,
                 token=claim.token + 1,
-                task=dataclasses.replace(claim.task, worker_id=pick.worker_id),
+                task=copy_with(claim.task, worker_id=pick.worker_id),
             )
             for claim in claims
         ]
