@@ -208,14 +208,16 @@ class ProcessPool:
         child = self._take()
         reusable = False
         try:
-            reply = self._call(child, begun, context, stop)
-            reusable = reply["status"] in ("ok", "error")
-        except ChildDied as exc:
-            reply = {"status": "died", "error": str(exc)}
+            try:
+                reply = self._call(child, begun, context, stop)
+                reusable = reply["status"] in ("ok", "error")
+            except ChildDied as exc:
+                reply = {"status": "died", "error": str(exc)}
+            finally:
+                runner.contexts.pop(claim.task_id, None)
+            return self._record(begun, reply)
         finally:
-            runner.contexts.pop(claim.task_id, None)
             self._put(child, reusable)
-        return self._record(begun, reply)
 
     def _call(
         self, child: Child, begun: Begun, context: TaskContext, stop: threading.Event
@@ -320,8 +322,12 @@ class ProcessPool:
             child.stop()
         with self._lock:
             closed = self._closed
-        if not closed:  # started now, so that it is set up when the next task comes
+        if closed:
+            return
+        try:  # started now, so that it is set up when the next task comes
             self._give_back(self._spawn())
+        except Exception:  # the next task's _take() tries again
+            logger.exception("could not start a child process")
 
     def _forget(self, child: Child) -> None:
         with self._lock:
