@@ -146,9 +146,11 @@ class Child:
 
 
 class ProcessPool:
-    """``size`` children, one per pool thread, each replaced after ``max_tasks_per_child``
-    tasks (None: never) or when it dies or is stopped. ``run(claim)`` is the pool threads'
-    entry point, in place of ``TaskRunner.run``."""
+    """``size`` children, each replaced after ``max_tasks_per_child`` tasks (None: never) or
+    when it dies or is stopped. ``run(claim)`` is the pool threads' entry point, in place of
+    ``TaskRunner.run``; the pool has ``threads`` of them, two per child: while one waits on the
+    child's handler, the other starts the next task (its start write), so the child does not
+    sit idle through that round trip."""
 
     def __init__(
         self, runner: TaskRunner, *, size: int, max_tasks_per_child: int | None = None
@@ -166,10 +168,16 @@ class ProcessPool:
         self.max_tasks_per_child = max_tasks_per_child
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a child became idle, or the pool closed
         self._idle: list[Child] = []
         self._children: set[Child] = set()
         self._closed = False
         self._started = False
+
+    @property
+    def threads(self) -> int:
+        """Pool threads to run: two per child."""
+        return 2 * self.size
 
     def start(self, timeout: float = STARTUP_SECONDS) -> None:
         """Start every child and wait until each has set Django up (in parallel); once only.
@@ -200,17 +208,17 @@ class ProcessPool:
         begun = runner.begin(claim)
         if not isinstance(begun, Begun):
             return begun
+        child = self._take()
         # Always made: the heartbeat marks it on a cancel request or a lost lease.
         context = runner.open_context(begun, always=True)
         assert context is not None
         stop = threading.Event()
         context.on_cancel(stop.set)
-        child = self._take()
         reusable = False
         try:
             try:
                 reply = self._call(child, begun, context, stop)
-                reusable = reply["status"] in ("ok", "error")
+                reusable = child.alive()  # not one the worker had to stop
             except ChildDied as exc:
                 reply = {"status": "died", "error": str(exc)}
             finally:
@@ -223,9 +231,13 @@ class ProcessPool:
         self, child: Child, begun: Begun, context: TaskContext, stop: threading.Event
     ) -> dict[str, Any]:
         """Send the task, wait for the reply; {"status": "timeout" | "cancelled"} once the
-        child had to be stopped."""
+        child had to be stopped, or when the task was over before it got a child."""
         claim = begun.claim
         deadline = claim.deadline_at
+        if deadline is not None and self._seconds_to(deadline) <= 0:
+            return {"status": "timeout"}
+        if stop.is_set():
+            return {"status": "cancelled"}
         child.send(
             {
                 "task": process_child.task_to_json(claim.task),
@@ -284,50 +296,65 @@ class ProcessPool:
 
     # -- children -------------------------------------------------------------------------
     def _spawn(self) -> Child:
+        with self._lock:
+            return self._spawn_locked()
+
+    def _spawn_locked(self) -> Child:
         assert self.settings_module is not None
         child = Child(self._context, self.settings_module)
-        with self._lock:
-            self._children.add(child)
+        self._children.add(child)
         return child
 
     def _give_back(self, child: Child) -> None:
         with self._lock:
             if not self._closed:
                 self._idle.append(child)
+                self._freed.notify()
                 return
         self._forget(child)
         child.retire()
 
     def _take(self) -> Child:
-        """An idle child (one per pool thread, so one is there, unless it was retired)."""
+        """An idle child, once there is one (ChildDied once the pool is closed). A child
+        missing (its replacement could not be started) is started here."""
         with self._lock:
+            while not self._idle and len(self._children) >= self.size:
+                if self._closed:
+                    raise ChildDied("the worker is stopping")
+                self._freed.wait(1.0)
             child = self._idle.pop() if self._idle else None
-        if child is not None and child.alive():
-            return child
-        if child is not None:  # died while idle (the OOM killer, say)
-            self._forget(child)
-            child.stop()
-        return self._spawn()
+            dead = None
+            if child is not None and not child.alive():  # died idle (the OOM killer, say)
+                self._children.discard(child)
+                child, dead = None, child
+            if child is None:
+                child = self._spawn_locked()
+        if dead is not None:
+            dead.stop()
+        return child
 
     def _put(self, child: Child, reusable: bool) -> None:
-        """A child back from a task: kept, or replaced when it is done or used up."""
+        """A child back from a task: kept, or replaced when it is done or used up. The
+        replacement is started at once (so it is set up when the next task comes), in the
+        same step as the old child is let go, so a waiting _take() never starts one too."""
         limit = self.max_tasks_per_child
         if reusable and (limit is None or child.tasks < limit):
             self._give_back(child)
             return
-        self._forget(child)
+        replacement = None
+        with self._lock:
+            self._children.discard(child)
+            if not self._closed:
+                try:
+                    replacement = self._spawn_locked()
+                except Exception:  # a _take() starts one once a child is missing
+                    logger.exception("could not start a child process")
         if reusable:
             child.retire()
         else:
             child.stop()
-        with self._lock:
-            closed = self._closed
-        if closed:
-            return
-        try:  # started now, so that it is set up when the next task comes
-            self._give_back(self._spawn())
-        except Exception:  # the next task's _take() tries again
-            logger.exception("could not start a child process")
+        if replacement is not None:
+            self._give_back(replacement)
 
     def _forget(self, child: Child) -> None:
         with self._lock:
@@ -338,6 +365,7 @@ class ProcessPool:
         handler (a hard stop, or past the shutdown timeout) is terminated."""
         with self._lock:
             self._closed = True
+            self._freed.notify_all()
             idle, self._idle = self._idle, []
             busy = self._children - set(idle)
             self._children = set()

@@ -103,10 +103,11 @@ class Worker:
             if options.pool == "process"
             else None
         )
+        threads = options.max_pool_size if self.processes is None else self.processes.threads
         self.pool = BoundedPool(
             self.runner.run if self.processes is None else self.processes.run,
-            core_size=options.core_pool_size if self.processes is None else options.max_pool_size,
-            max_size=options.max_pool_size,
+            core_size=options.core_pool_size if self.processes is None else threads,
+            max_size=threads,
             queue_capacity=options.queue_capacity,
             queue_limits=options.queue_limits,
             # A slot of a limited queue freed: the fetcher (built below) may be waiting for it.

@@ -88,7 +88,8 @@ def test_crashes_timeouts_and_cancels_end_in_the_child_not_the_worker(
     assert cancelled.status is TaskStatus.CANCELLED, cancelled
     assert "terminated" in cancelled.last_error
     assert overdue.status is TaskStatus.TIMEOUT, overdue
-    assert "max duration" in overdue.last_error and "terminated" in overdue.last_error
+    # Recorded by the worker as it stops the child, or by the master's expiry chore just before.
+    assert "max duration" in overdue.last_error
     assert (overdue.finished_at - overdue.created_at).total_seconds() < DEADLINE_MS / 1000 + 10
     assert time.monotonic() - cancel_asked < 30
     for task_id in ("cancelled", "overdue"):
