@@ -100,6 +100,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    load_before = os.getloadavg()[0]
     try:
         with throughput.terminate_on_sigterm():
             store = throughput.open_store(args)
@@ -131,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ratio": round(max(rates["process"]) / max(rates["thread"]), 2),
         "target_ratio": TARGET_RATIO,
         "rounds": rates,
+        # CPU the machine's other processes left: the process pool can only use free cores.
+        "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cores": os.cpu_count(),
     }
     print(json.dumps(result), flush=True)
     return 0
