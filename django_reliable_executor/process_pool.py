@@ -216,16 +216,15 @@ class ProcessPool:
         context.on_cancel(stop.set)
         reusable = False
         try:
-            try:
-                reply = self._call(child, begun, context, stop)
-                reusable = child.alive()  # not one the worker had to stop
-            except ChildDied as exc:
-                reply = {"status": "died", "error": str(exc)}
-            finally:
-                runner.contexts.pop(claim.task_id, None)
-            return self._record(begun, reply)
+            reply = self._call(child, begun, context, stop)
+            reusable = child.alive()  # not one the worker had to stop
+        except ChildDied as exc:
+            reply = {"status": "died", "error": str(exc)}
         finally:
+            runner.contexts.pop(claim.task_id, None)
+            # Back before the outcome is written: the thread waiting for it sends its task now.
             self._put(child, reusable)
+        return self._record(begun, reply)
 
     def _call(
         self, child: Child, begun: Begun, context: TaskContext, stop: threading.Event
