@@ -12,10 +12,13 @@ about 20 ms each here; ``--iterations`` sets the work) with ``submit_many``, sta
 2. ``--pool process --max-pool-size 2`` (``process_per_s``): two children, each its own GIL.
 
 The process pool's worker says it is ready once its children have set Django up, so their
-start is not in the window. ``--rounds R`` (default 2) alternates the two R times, so that a
-change in the machine's load hits both alike; ``thread_per_s`` and ``process_per_s`` are the
-best round of each (every round is in ``rounds``). The target (issue: a process pool), on this
-2-core machine: ``ratio`` = process_per_s / thread_per_s >= 1.7.
+start is not in the window. Before each round, ``ceiling_ratio``: two plain processes running
+the same loop (no worker, no store) against one, which bounds ``ratio`` while other processes
+compete for the cores (2.0 when both are free). ``--rounds R`` (default 2) alternates the
+two R times, so that a change in the machine's load hits both alike; ``thread_per_s`` and
+``process_per_s`` are the best round of each (every round is in ``rounds``). The target
+(issue: a process pool), on this 2-core machine: ``ratio`` = process_per_s / thread_per_s
+>= 1.7.
 
 Prints exactly one JSON line on stdout; progress goes to stderr.
 """
@@ -44,6 +47,45 @@ TARGET_RATIO = 1.7
 
 def log(message: str) -> None:
     throughput.log(message)
+
+
+def _spin(iterations: int) -> int:
+    """demo.cpu's work, without Django."""
+    total = 0
+    for i in range(iterations):
+        total += i * i % 7
+    return total
+
+
+def _probe(barrier: Any, results: Any, iterations: int, tasks: int) -> None:
+    barrier.wait()
+    started = time.perf_counter()
+    for _ in range(tasks):
+        _spin(iterations)
+    results.put(time.perf_counter() - started)
+
+
+def ceiling(iterations: int, tasks: int = 40) -> float:
+    """What two processes get done against one right now, running the handler's loop alone
+    (no worker, no store): the most the process pool can gain over one GIL on this machine
+    at the moment, 2.0 when both cores are free."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    rates = []
+    for parties in (1, 2):
+        barrier, results = context.Barrier(parties), context.Queue()
+        processes = [
+            context.Process(target=_probe, args=(barrier, results, iterations, tasks))
+            for _ in range(parties)
+        ]
+        for process in processes:
+            process.start()
+        seconds = max(results.get() for _ in processes)
+        for process in processes:
+            process.join()
+        rates.append(parties * tasks / seconds)
+    return rates[1] / rates[0]
 
 
 def drain(store: throughput.Store, args: argparse.Namespace, pool: str) -> float:
@@ -107,8 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"store: {store.describe()}; code: {throughput.code_version()}")
             log(throughput.machine_load())
             rates: dict[str, list[float]] = {"thread": [], "process": []}
+            ceilings: list[float] = []
             try:
                 for _ in range(args.rounds):
+                    ceilings.append(round(ceiling(args.iterations), 2))
+                    log(f"two plain processes against one, now: {ceilings[-1]:.2f}x")
                     for pool in ("thread", "process"):
                         rates[pool].append(round(drain(store, args, pool), 1))
                         time.sleep(0.5)
@@ -132,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ratio": round(max(rates["process"]) / max(rates["thread"]), 2),
         "target_ratio": TARGET_RATIO,
         "rounds": rates,
+        # Two plain processes running the loop against one, before each round: the ratio's
+        # ceiling while other processes compete for the cores (2.0 when both are free).
+        "ceiling_ratio": ceilings,
         # CPU the machine's other processes left: the process pool can only use free cores.
         "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "cores": os.cpu_count(),
