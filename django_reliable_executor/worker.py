@@ -84,6 +84,16 @@ def format_queues(queues: Sequence[str], limits: dict[str, int]) -> str:
     return ",".join(f"{q}:{limits[q]}" if q in limits else q for q in queues)
 
 
+def process_pool(runner: TaskRunner, options: WorkerOptions) -> ProcessPool | None:
+    """With ``--pool process``, the children that run the handlers (pool threads wait on
+    them); None for the thread pool."""
+    if options.pool != "process":
+        return None
+    return ProcessPool(
+        runner, size=options.max_pool_size, max_tasks_per_child=options.max_tasks_per_child
+    )
+
+
 class Worker:
     """One runexecutor process's worth of work. ``run()`` blocks until stopped."""
 
@@ -93,16 +103,7 @@ class Worker:
         self.worker_id = options.worker_id
         self.runner = TaskRunner(self.executor, options.lease_timeout)
         self.event_loop = EventLoop(self.runner) if options.async_concurrency else None
-        # --pool process: one pool thread per child, each waiting on its child's handlers.
-        self.processes = (
-            ProcessPool(
-                self.runner,
-                size=options.max_pool_size,
-                max_tasks_per_child=options.max_tasks_per_child,
-            )
-            if options.pool == "process"
-            else None
-        )
+        self.processes = process_pool(self.runner, options)
         threads = options.max_pool_size if self.processes is None else self.processes.threads
         self.pool = BoundedPool(
             self.runner.run if self.processes is None else self.processes.run,

@@ -147,6 +147,8 @@ class Command(BaseCommand):
             shutdown_timeout=options["shutdown_timeout"],
             burst=options["burst"],
         )
+        if options["max_tasks_per_child"] is not None and worker_options.pool != "process":
+            raise CommandError("--max-tasks-per-child needs --pool process")
         if (
             worker_options.pool == "thread"
             and worker_options.max_pool_size < worker_options.core_pool_size
@@ -157,8 +159,6 @@ class Command(BaseCommand):
             metrics_port = executor.settings.METRICS_PORT
         if metrics_port is not None:
             metrics.serve(metrics_port)
-        if options["max_tasks_per_child"] is not None and worker_options.pool != "process":
-            raise CommandError("--max-tasks-per-child needs --pool process")
         try:
             worker = Worker(worker_options, executor)
             worker.prepare()
