@@ -219,7 +219,8 @@ class ProcessPool:
             reply = self._call(child, begun, context, stop)
             reusable = child.alive()  # not one the worker had to stop
         except ChildDied as exc:
-            reply = {"status": "died", "error": str(exc)}
+            why = f"{TERMINATED}: the worker stopped" if self._closed else str(exc)
+            reply = {"status": "died", "error": why}
         finally:
             runner.contexts.pop(claim.task_id, None)
             # Back before the outcome is written: the thread waiting for it sends its task now.

@@ -161,7 +161,6 @@ class Command(BaseCommand):
             metrics.serve(metrics_port)
         try:
             worker = Worker(worker_options, executor)
-            worker.prepare()
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from None
 
@@ -170,6 +169,12 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        try:
+            # A stop asked for meanwhile (the process pool's children take seconds to set
+            # Django up) is kept: run() then stops at once.
+            worker.prepare()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         described = format_queues(queues, queue_limits)
         self.stdout.write(f"runexecutor {worker.worker_id}: queues {described}")
         self.stdout.flush()
