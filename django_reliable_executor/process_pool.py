@@ -45,6 +45,7 @@ WAIT_STEP = 0.1  # how often a waiting pool thread looks at the cancel flag and 
 READ_CANCEL_AFTER = 1.0
 # The storage's clock may be a hair behind ours: TIMEOUT is recorded only past the deadline.
 DEADLINE_MARGIN = 0.005
+RECORD_SECONDS = 5.0  # most close() waits for the attempts of the children it stopped
 STARTUP_SECONDS = 120.0  # most a child may take to set Django up when the worker starts
 CHILD_DIED = "the child process running the handler died"
 TERMINATED = "the child process running the handler was terminated"
@@ -173,6 +174,7 @@ class ProcessPool:
         self._children: set[Child] = set()
         self._closed = False
         self._started = False
+        self._in_flight = 0  # tasks started by run() whose outcome is not recorded yet
 
     @property
     def threads(self) -> int:
@@ -204,11 +206,24 @@ class ProcessPool:
     # -- the pool threads' side -----------------------------------------------------------
     def run(self, claim: Claim) -> TaskStatus | None:
         """Start the claim, run its handler in a child, record the outcome; as TaskRunner.run."""
-        runner = self.runner
-        begun = runner.begin(claim)
+        begun = self.runner.begin(claim)
         if not isinstance(begun, Begun):
             return begun
-        child = self._take()
+        with self._lock:
+            self._in_flight += 1
+        try:
+            return self._run_begun(begun)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._freed.notify_all()  # close() may be waiting for the last outcomes
+
+    def _run_begun(self, begun: Begun) -> TaskStatus | None:
+        runner, claim = self.runner, begun.claim
+        try:
+            child = self._take()
+        except ChildDied as exc:  # stopping: the task was started, and is not run now
+            return self._record(begun, {"status": "died", "error": f"{exc}: not run"})
         # Always made: the heartbeat marks it on a cancel request or a lost lease.
         context = runner.open_context(begun, always=True)
         assert context is not None
@@ -378,3 +393,9 @@ class ProcessPool:
             if child.process.is_alive():
                 child.process.kill()
                 child.process.join()
+        # The pool threads record the attempts of the children just stopped: give them a
+        # moment, so the worker does not exit first (then the tasks wait for their leases).
+        ends = time.monotonic() + RECORD_SECONDS
+        with self._lock:
+            while self._in_flight and time.monotonic() < ends:
+                self._freed.wait(max(0.0, ends - time.monotonic()))

@@ -17,7 +17,7 @@ from ..conftest import BACKENDS, db_params, require
 from ..processes import Backend, executions, service_for, wait_until
 
 CHILDREN = ("--pool", "process", "--max-pool-size", "3")
-DEADLINE_MS = 2500
+DEADLINE_MS = 5000
 JOURNALED = ("overdue", "cancelled", "exit-once", "exit-always", "segv", "poison", "async")
 
 
@@ -176,3 +176,24 @@ def test_a_handler_holding_the_gil_for_seconds_keeps_its_lease(alias, key_prefix
 def test_max_tasks_per_child_needs_the_process_pool():
     with pytest.raises(CommandError, match="--max-tasks-per-child needs --pool process"):
         call_command("runexecutor", "--max-tasks-per-child", "5", "--pool", "thread")
+
+
+@pytest.mark.parametrize("alias", db_params(["default"]))
+def test_a_hard_stop_terminates_running_children_and_records_their_attempts(
+    alias, key_prefix, workers, journal
+):
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    worker = workers.start(backend, *CHILDREN, env=journal.env())
+    service.submit("demo.journal", {"sleep": 60}, task_id="long", retry_interval=50)
+    wait_until(lambda: "long" in journal.runs(), 30, "the task never started", logs=workers.logs)
+    worker.terminate()
+    time.sleep(0.5)  # quiet: draining, the handler still running
+    worker.terminate()  # the second signal: stop now
+    assert worker.wait(30) == 1, worker.log()
+    (run,) = journal.runs()["long"]
+    assert run.end is None and _pid_gone(run.pid), run
+    task = service.get_task("long")
+    assert task.status is TaskStatus.PENDING and task.attempts == 1, task
+    assert "the worker stopped" in task.last_error
