@@ -1,5 +1,5 @@
-"""The process pool (``runexecutor --pool process``): each pool thread runs its handlers in a
-child process and waits for the outcome, so the worker keeps claiming, heartbeating and writing
+"""The process pool (``runexecutor --pool process``): pool threads hand their tasks' handlers to
+child processes (two threads per child) and wait for the outcome, so the worker keeps claiming, heartbeating and writing
 outcomes whatever a handler does, and can end a handler at once by terminating its child.
 
 The worker process starts each task, as a pool thread would (one batched start write), then
