@@ -1,6 +1,7 @@
-"""The process pool (``runexecutor --pool process``): pool threads hand their tasks' handlers to
-child processes (two threads per child) and wait for the outcome, so the worker keeps claiming, heartbeating and writing
-outcomes whatever a handler does, and can end a handler at once by terminating its child.
+"""The process pool (``runexecutor --pool process``): pool threads hand their tasks to child
+processes (two threads per child) and wait for the outcome, so the worker keeps claiming,
+heartbeating and writing outcomes whatever a handler does, and can end a handler at once by
+terminating its child.
 
 The worker process starts each task, as a pool thread would (one batched start write), then
 sends the child the task as JSON and waits. The wait lets the GIL go, so a handler holding the

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, close_old_connections
 
@@ -24,9 +25,11 @@ from .fetching import Fetcher
 from .heartbeat import Heartbeat
 from .master_lock import MasterLock
 from .pool import BoundedPool
-from .process_pool import ProcessPool
 from .service import ReliableExecutor
 from .service import executor as default_executor
+
+if TYPE_CHECKING:
+    from .process_pool import ProcessPool
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -89,6 +92,8 @@ def process_pool(runner: TaskRunner, options: WorkerOptions) -> ProcessPool | No
     them); None for the thread pool."""
     if options.pool != "process":
         return None
+    from .process_pool import ProcessPool  # multiprocessing is loaded only when used
+
     return ProcessPool(
         runner, size=options.max_pool_size, max_tasks_per_child=options.max_tasks_per_child
     )
