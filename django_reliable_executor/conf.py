@@ -36,6 +36,8 @@ class ExecutorSettings:
     MAX_POOL_SIZE: int = 10
     QUEUE_CAPACITY: int = 100
     ASYNC_CONCURRENCY: int = 100  # async handlers at once on a worker's event loop
+    POOL: str = "thread"  # "thread" | "process": where runexecutor runs synchronous handlers
+    MAX_TASKS_PER_CHILD: int | None = None  # process pool: tasks before a child is replaced
     POLL_INTERVAL: float = 1.0
     LEASE_TIMEOUT: float = 60.0
     MASTER_LOCK_TTL: float = 10.0
@@ -191,6 +193,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "MAX_POOL_SIZE": (_pos_int, "an integer >= 1"),
     "QUEUE_CAPACITY": (_nonneg_int, "an integer >= 0"),
     "ASYNC_CONCURRENCY": (_nonneg_int, "an integer >= 0"),
+    "POOL": (lambda v: v in ("thread", "process"), "'thread' or 'process'"),
+    "MAX_TASKS_PER_CHILD": (lambda v: v is None or _pos_int(v), "None or an integer >= 1"),
     "POLL_INTERVAL": (_pos_number, "a number of seconds > 0"),
     "LEASE_TIMEOUT": (_pos_number, "a number of seconds > 0"),
     "MASTER_LOCK_TTL": (_pos_number, "a number of seconds > 0"),

@@ -159,6 +159,15 @@ class TaskRunner:
         no longer ours (cancelled, expired, or reclaimed after a lost lease). COMPLETED means
         handed to the writer, which records it shortly (or discards it, if no longer ours)."""
         writer = self._writer()
+        begun = self.begin(claim)
+        if not isinstance(begun, Begun):
+            return begun
+        return self._call(begun, writer)
+
+    def begin(self, claim: Claim) -> Begun | TaskStatus | None:
+        """Start one claim (the start write, shared with claims starting at the same moment):
+        what to call, or the status recorded instead (None: the claim was no longer ours).
+        The process pool calls it (after start_writer()), then runs the handler in a child."""
         if self._past_deadline(claim):
             return self._expire(claim)
         try:
@@ -166,10 +175,7 @@ class TaskRunner:
         except Exception:
             self._hand_back([claim])
             raise
-        begun = self._begin(claim, started)
-        if not isinstance(begun, Begun):
-            return begun
-        return self._call(begun, writer)
+        return self._begin(claim, started)
 
     def begin_many(self, claims: list[Claim]) -> list[Begun | TaskStatus | None]:
         """Start ``claims`` in as few storage writes as they fit (the event loop's way in):

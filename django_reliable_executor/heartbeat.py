@@ -63,14 +63,15 @@ class Heartbeat:
     def _warn_if_late(self, gap: float) -> None:
         """A round later than LEASE_TIMEOUT / 2 after the previous one puts the leases held here
         at risk: say so, with the usual causes (a thread pool cannot preempt a handler that
-        holds the GIL; only a process pool can)."""
+        holds the GIL; the process pool runs handlers outside this process)."""
         limit = self.lease_timeout / 2
         if gap > limit:
             logger.warning(
                 "heartbeat came %.2fs after the previous one, more than LEASE_TIMEOUT / 2 = "
                 "%.2fs: leases not renewed within LEASE_TIMEOUT (%.2fs) are recovered and their "
                 "tasks run again. A handler holding the GIL (one long call into C code), an "
-                "overloaded machine or a paused process delays the heartbeat thread",
+                "overloaded machine or a paused process delays the heartbeat thread "
+                "(runexecutor --pool process runs handlers in child processes instead)",
                 gap,
                 limit,
                 self.lease_timeout,

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, close_old_connections
 
@@ -26,6 +27,9 @@ from .master_lock import MasterLock
 from .pool import BoundedPool
 from .service import ReliableExecutor
 from .service import executor as default_executor
+
+if TYPE_CHECKING:
+    from .process_pool import ProcessPool
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -47,6 +51,10 @@ class WorkerOptions:
     # Most async handlers running at once on the worker's event loop; 0: no event loop, an
     # async handler takes a pool thread (through async_to_sync).
     async_concurrency: int = 100
+    # "thread": handlers run in the pool's threads; "process": each pool thread (max_pool_size
+    # of them) runs its handlers in a child process, replaced after max_tasks_per_child tasks.
+    pool: str = "thread"
+    max_tasks_per_child: int | None = None
     poll_interval: float = 1.0
     lease_timeout: float = 60.0
     master_lock_ttl: float = 10.0
@@ -63,6 +71,8 @@ class WorkerOptions:
             max_pool_size=s.MAX_POOL_SIZE,
             queue_capacity=s.QUEUE_CAPACITY,
             async_concurrency=s.ASYNC_CONCURRENCY,
+            pool=s.POOL,
+            max_tasks_per_child=s.MAX_TASKS_PER_CHILD,
             poll_interval=s.POLL_INTERVAL,
             lease_timeout=s.LEASE_TIMEOUT,
             master_lock_ttl=s.MASTER_LOCK_TTL,
@@ -77,6 +87,18 @@ def format_queues(queues: Sequence[str], limits: dict[str, int]) -> str:
     return ",".join(f"{q}:{limits[q]}" if q in limits else q for q in queues)
 
 
+def process_pool(runner: TaskRunner, options: WorkerOptions) -> ProcessPool | None:
+    """With ``--pool process``, the children that run the handlers (pool threads wait on
+    them); None for the thread pool."""
+    if options.pool != "process":
+        return None
+    from .process_pool import ProcessPool  # multiprocessing is loaded only when used
+
+    return ProcessPool(
+        runner, size=options.max_pool_size, max_tasks_per_child=options.max_tasks_per_child
+    )
+
+
 class Worker:
     """One runexecutor process's worth of work. ``run()`` blocks until stopped."""
 
@@ -86,10 +108,12 @@ class Worker:
         self.worker_id = options.worker_id
         self.runner = TaskRunner(self.executor, options.lease_timeout)
         self.event_loop = EventLoop(self.runner) if options.async_concurrency else None
+        self.processes = process_pool(self.runner, options)
+        threads = options.max_pool_size if self.processes is None else self.processes.threads
         self.pool = BoundedPool(
-            self.runner.run,
-            core_size=options.core_pool_size,
-            max_size=options.max_pool_size,
+            self.runner.run if self.processes is None else self.processes.run,
+            core_size=options.core_pool_size if self.processes is None else threads,
+            max_size=threads,
             queue_capacity=options.queue_capacity,
             queue_limits=options.queue_limits,
             # A slot of a limited queue freed: the fetcher (built below) may be waiting for it.
@@ -155,17 +179,26 @@ class Worker:
             # in a signal handler).
             threading.Thread(target=self.fetcher.interrupt, daemon=True).start()
 
+    def prepare(self) -> None:
+        """Start what must be up before the worker says it is ready: the process pool's
+        children, each with Django set up. ``run()`` does it too, if not done."""
+        if self.processes is not None:
+            self.processes.start()
+
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
         """Claim and execute until stopped (or, with ``burst``, until no work is near).
         Returns the process exit code: 0 after a graceful stop, 1 after a hard one."""
         opts = self.options
+        if self.processes is None:
+            pool = f"{opts.core_pool_size}..{opts.max_pool_size} threads"
+        else:
+            pool = f"{opts.max_pool_size} processes"
         logger.info(
-            "worker %s starting: queues=%s pool=%d..%d queue_capacity=%d async_concurrency=%d",
+            "worker %s starting: queues=%s pool=%s queue_capacity=%d async_concurrency=%d",
             self.worker_id,
             format_queues(opts.queues, opts.queue_limits),
-            opts.core_pool_size,
-            opts.max_pool_size,
+            pool,
             opts.queue_capacity,
             opts.async_concurrency,
         )
@@ -183,6 +216,7 @@ class Worker:
         except Exception:
             logger.exception("could not read the storage server's configuration")
         writer = self.runner.start_writer(self.pool.freed_elsewhere if opts.queue_limits else None)
+        self.prepare()
         self.heartbeat.beat()
         for thread in background:
             thread.start()
@@ -190,6 +224,8 @@ class Worker:
             self.fetcher.run()
         finally:
             code = self._shutdown()
+            if self.processes is not None:
+                self.processes.close()
             writer.close()  # record the completions still pending before leases are dropped
             self._threads_done.set()
             for thread in background:

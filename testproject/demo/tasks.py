@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
 import threading
 import time
 
@@ -29,6 +30,16 @@ class PaymentDeclined(Exception):
 @reliable_task_handler(name="demo.noop")
 def noop() -> None:
     """Does nothing (benchmarks)."""
+
+
+@reliable_task_handler(name="demo.cpu")
+def cpu(param: dict | None = None) -> int:
+    """Pure-Python work holding the GIL throughout: ``iterations`` rounds of arithmetic
+    (the default 200,000 take about 20 ms here). The CPU-bound benchmark's handler."""
+    total = 0
+    for i in range(int((param or {}).get("iterations", 200_000))):
+        total += i * i % 7
+    return total
 
 
 @reliable_task_handler(name="demo.echo")
@@ -125,9 +136,16 @@ def journal(param: dict | None, context: TaskContext) -> object:
     """Writes "start" and "end" records to the journal (RE_JOURNAL) around ``sleep`` seconds of
     work (only in the first ``sleep_attempts`` attempts when that is given; cancellation is
     ignored); ``spin`` seconds instead hold the GIL in one C call; returns ``result`` (a poison
-    value with ``poison``: "bigint" or "deep")."""
+    value with ``poison``: "bigint" or "deep"). ``crash`` ends the process right after "start"
+    (in the first ``crash_attempts`` attempts when that is given): "exit" with os._exit(3),
+    "segv" by a SIGSEGV, as a crash in C code would."""
     param = param or {}
     _journal("start", context)
+    crash = param.get("crash")
+    if crash and context.attempt <= param.get("crash_attempts", context.attempt):
+        if crash == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        os._exit(3)
     if param.get("sleep") and context.attempt <= param.get("sleep_attempts", context.attempt):
         time.sleep(float(param["sleep"]))
     if param.get("spin"):

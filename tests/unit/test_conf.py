@@ -23,6 +23,8 @@ BAD_SETTINGS = {
     "MAX_POOL_SIZE": [0, "10"],
     "QUEUE_CAPACITY": [-1, 1.5],
     "ASYNC_CONCURRENCY": [-1, 2.5, True, "100"],
+    "POOL": ["threads", "", None, 2],
+    "MAX_TASKS_PER_CHILD": [0, -1, 2.5, True, "100"],
     "POLL_INTERVAL": [0, -0.5, "1", False],
     "LEASE_TIMEOUT": [0, None],
     "MASTER_LOCK_TTL": [0, "10"],
@@ -53,6 +55,8 @@ GOOD_SETTINGS = {
     "MAX_POOL_SIZE": 4,
     "QUEUE_CAPACITY": 0,
     "ASYNC_CONCURRENCY": 0,
+    "POOL": "process",
+    "MAX_TASKS_PER_CHILD": 500,
     "POLL_INTERVAL": 0.2,
     "LEASE_TIMEOUT": 30,
     "MASTER_LOCK_TTL": 5.5,
@@ -141,6 +145,7 @@ def test_executor_settings_defaults_match_the_design():
         100,
     )
     assert defaults.ASYNC_CONCURRENCY == 100
+    assert defaults.POOL == "thread" and defaults.MAX_TASKS_PER_CHILD is None
     assert (defaults.DEFAULT_RETRY_LIMIT, defaults.DEFAULT_RETRY_INTERVAL) == (3, 2000)
     assert (defaults.DEFAULT_RETRY_BACKOFF, defaults.DEFAULT_RETRY_BACKOFF_MAX) == ("fixed", 300000)
     assert defaults.MAX_PARAMETER_BYTES == 1048576

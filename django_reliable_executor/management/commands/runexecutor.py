@@ -6,6 +6,7 @@ import signal
 import sys
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_reliable_executor import metrics
@@ -95,6 +96,20 @@ class Command(BaseCommand):
             help="most async handlers running at once on the worker's event loop "
             "(default ASYNC_CONCURRENCY, 100); 0: each takes a pool thread",
         )
+        parser.add_argument(
+            "--pool",
+            choices=("thread", "process"),
+            default=None,
+            help="where synchronous handlers run: pool threads (default POOL, thread), or "
+            "--max-pool-size child processes (for CPU-bound handlers; hard time limits)",
+        )
+        parser.add_argument(
+            "--max-tasks-per-child",
+            type=_positive_int,
+            default=None,
+            help="--pool process: replace a child after N tasks (default MAX_TASKS_PER_CHILD: "
+            "never)",
+        )
         parser.add_argument("--worker-id", default=None, help="default: hostname-pid-random")
         parser.add_argument(
             "--metrics-port", type=int, default=None, help="serve Prometheus metrics"
@@ -126,24 +141,40 @@ class Command(BaseCommand):
             max_pool_size=options["max_pool_size"],
             queue_capacity=options["queue_capacity"],
             async_concurrency=options["async_concurrency"],
+            pool=options["pool"],
+            max_tasks_per_child=options["max_tasks_per_child"],
             worker_id=options["worker_id"],
             shutdown_timeout=options["shutdown_timeout"],
             burst=options["burst"],
         )
-        if worker_options.max_pool_size < worker_options.core_pool_size:
+        if options["max_tasks_per_child"] is not None and worker_options.pool != "process":
+            raise CommandError("--max-tasks-per-child needs --pool process")
+        if (
+            worker_options.pool == "thread"
+            and worker_options.max_pool_size < worker_options.core_pool_size
+        ):
             worker_options.max_pool_size = worker_options.core_pool_size
         metrics_port = options["metrics_port"]
         if metrics_port is None:
             metrics_port = executor.settings.METRICS_PORT
         if metrics_port is not None:
             metrics.serve(metrics_port)
-        worker = Worker(worker_options, executor)
+        try:
+            worker = Worker(worker_options, executor)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
 
         def on_signal(signum: int, frame: Any) -> None:
             worker.request_stop()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        try:
+            # A stop asked for meanwhile (the process pool's children take seconds to set
+            # Django up) is kept: run() then stops at once.
+            worker.prepare()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         described = format_queues(queues, queue_limits)
         self.stdout.write(f"runexecutor {worker.worker_id}: queues {described}")
         self.stdout.flush()

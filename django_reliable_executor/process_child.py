@@ -1,0 +1,137 @@
+"""A process pool's child: sets Django up, then runs the handlers its worker sends, one at a time.
+
+The child only runs handlers. It never claims, starts, heartbeats or records a task: the worker
+process does all of that, so whatever a handler does here (hold the GIL, crash, hang) cannot
+cost the worker its leases. Everything crossing the pipe is JSON text, both ways (never pickle):
+the task (a TaskInfo, its parameter as stored), then the outcome (the result as JSON, or the
+error with its traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import inspect
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+from .connections import tidy_connections
+from .execution import RESULT_REFUSED, TaskContext
+from .records import TaskInfo
+from .registry import resolve_handler
+from .serialization import ConversionError, dumps, encode, from_json_value
+from .service import executor
+from .states import TaskStatus
+
+PARENT_CHECK_SECONDS = 1.0
+
+
+def task_to_json(task: TaskInfo) -> dict[str, Any]:
+    """A TaskInfo as a JSON object: datetimes in ISO 8601, the status by its value."""
+    plain: dict[str, Any] = {}
+    for field in dataclasses.fields(task):
+        value = getattr(task, field.name)
+        if isinstance(value, dt.datetime):
+            value = value.isoformat()
+        elif isinstance(value, TaskStatus):
+            value = value.value
+        plain[field.name] = value
+    return plain
+
+
+def task_from_json(plain: dict[str, Any]) -> TaskInfo:
+    """The TaskInfo ``task_to_json`` wrote."""
+    values = dict(plain)
+    for field in dataclasses.fields(TaskInfo):
+        value = values.get(field.name)
+        if isinstance(value, str) and "datetime" in str(field.type):
+            values[field.name] = dt.datetime.fromisoformat(value)
+    values["status"] = TaskStatus(values["status"])
+    return TaskInfo(**values)
+
+
+def main(conn: Any, settings_module: str, parent_pid: int) -> None:
+    """The child process's entry point: set Django up, then answer one task message after
+    the other until the worker closes the pipe (or dies)."""
+    # Ctrl-C in a terminal reaches the whole process group: the worker decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
+    import django
+
+    django.setup()
+    _exit_with_parent(parent_pid)
+    conn.send_bytes(dumps({"status": "ready"}).encode())
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break  # the worker closed the pipe: retired, or stopping
+        try:
+            reply = run_task(message)
+        finally:
+            tidy_connections()
+        try:
+            conn.send_bytes(dumps(reply).encode())
+        except OSError:
+            break
+    from django.db import connections
+
+    connections.close_all()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A child whose worker died (kill -9) must not run on: its task is recovered and run
+    again elsewhere after the lease expires. The check runs between handler bytecodes, so a
+    handler holding the GIL in one C call delays it until that call returns."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="reliable-executor-parent-watch", daemon=True).start()
+
+
+def run_task(message: dict[str, Any]) -> dict[str, Any]:
+    """Run one task's handler: {"status": "ok", "result": ...}, or "error" with the error
+    text and whether it is retryable."""
+    task = task_from_json(message["task"])
+    handler = resolve_handler(task.task_name)
+    if handler is None:
+        return _error(f"no handler is registered for task name {task.task_name!r} in the child")
+    try:
+        parameter = from_json_value(task.parameter, handler.param_type)
+    except ConversionError as exc:
+        return _error(f"parameter does not fit param_type: {exc}")
+    args = (parameter,) if handler.accepts_parameter else ()
+    kwargs: dict[str, Any] = {}
+    if handler.takes_context:
+        deadline = message.get("deadline_at")
+        deadline_at = dt.datetime.fromisoformat(deadline) if deadline else None
+        kwargs["context"] = TaskContext(task, deadline_at, executor)
+    try:
+        value = handler.func(*args, **kwargs)
+        if inspect.isawaitable(value):  # an async handler sent here runs on a loop of its own
+
+            async def wait(awaitable: Any = value) -> Any:
+                return await awaitable
+
+            value = asyncio.run(wait())
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
+        return _error(traceback.format_exc(), retryable=isinstance(exc, handler.retry_on))
+    try:
+        return {"status": "ok", "result": encode(value).value}
+    except ConversionError as exc:
+        return _error(f"{RESULT_REFUSED}: {exc}")
+    except Exception as exc:  # a model_dump() that raises, say
+        return _error(f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}")
+
+
+def _error(error: str, *, retryable: bool = False) -> dict[str, Any]:
+    return {"status": "error", "error": error, "retryable": retryable}

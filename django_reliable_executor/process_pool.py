@@ -1,0 +1,402 @@
+"""The process pool (``runexecutor --pool process``): pool threads hand their tasks to child
+processes (two threads per child) and wait for the outcome, so the worker keeps claiming,
+heartbeating and writing outcomes whatever a handler does, and can end a handler at once by
+terminating its child.
+
+The worker process starts each task, as a pool thread would (one batched start write), then
+sends the child the task as JSON and waits. The wait lets the GIL go, so a handler holding the
+GIL in its child costs the worker nothing. Past the task's deadline, or once a cancel is
+requested (or the lease lost), the child gets SIGTERM, then SIGKILL after ``GRACE_SECONDS``, and
+the failed attempt is recorded: the storage ends it TIMEOUT or CANCELLED, as it does a thread's.
+A child that dies is replaced, and its task counts a failed (retryable) attempt.
+
+Children are started with the "spawn" method (fork after threads and open connections is
+unsafe), set Django up from the worker's settings module and share nothing with the worker:
+a handler that uses the database opens its own connection there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from . import process_child
+from .execution import Begun, TaskContext, TaskRunner
+from .records import Claim
+from .retries import timeout_message
+from .serialization import Encoded, dumps
+from .states import TaskStatus
+
+logger = logging.getLogger("django_reliable_executor")
+
+GRACE_SECONDS = 1.0  # between SIGTERM and SIGKILL of a child that is stopped
+WAIT_STEP = 0.1  # how often a waiting pool thread looks at the cancel flag and the clock
+# A handler running longer than this: read the task's cancel flag from the storage too (at
+# most once a second, TaskContext.is_cancelled), not only when the heartbeat brings it.
+READ_CANCEL_AFTER = 1.0
+# The storage's clock may be a hair behind ours: TIMEOUT is recorded only past the deadline.
+DEADLINE_MARGIN = 0.005
+RECORD_SECONDS = 5.0  # most close() waits for the attempts of the children it stopped
+STARTUP_SECONDS = 120.0  # most a child may take to set Django up when the worker starts
+CHILD_DIED = "the child process running the handler died"
+TERMINATED = "the child process running the handler was terminated"
+
+
+class ChildDied(Exception):
+    """The child exited (or its pipe broke) before it answered."""
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a child ended: ``killed by signal SIGSEGV (exit code -11)``, ``exit code 3``."""
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by signal {name} (exit code {exitcode})"
+    return f"exit code {exitcode}"
+
+
+class Child:
+    """One child process and the worker's end of its pipe."""
+
+    def __init__(self, context: Any, settings_module: str) -> None:
+        parent_end, child_end = context.Pipe()
+        self.process = context.Process(
+            target=process_child.main,
+            args=(child_end, settings_module, os.getpid()),
+            name="reliable-executor-child",
+        )
+        self.process.start()
+        child_end.close()  # the child holds it: EOF here once the child is gone
+        self.conn = parent_end
+        self.tasks = 0  # tasks sent to it
+        self.ready = False  # it said so: Django is set up there
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self.conn.send_bytes(dumps(message).encode())
+        except OSError as exc:
+            raise ChildDied(f"{CHILD_DIED} before it got the task: {self._exit()}") from exc
+        self.tasks += 1
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """The child's reply, or None if none came within ``timeout``; ChildDied if it died.
+        The message a new child sends once set up is taken here, as no reply."""
+        if not wait([self.conn, self.process.sentinel], timeout):
+            return None
+        if self.conn.poll(0):  # a reply sent just before the child exited still counts
+            try:
+                reply: dict[str, Any] = json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                pass
+            else:
+                if reply["status"] != "ready":
+                    return reply
+                self.ready = True
+                return None
+        raise ChildDied(f"{CHILD_DIED}: {self._exit()}")
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the child has set Django up; ChildDied if it could not."""
+        ends = time.monotonic() + timeout
+        while not self.ready:
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise ChildDied(f"the child process {self.pid} was not set up in {timeout:g}s")
+            if self.receive(left) is not None:
+                raise ChildDied(f"the child process {self.pid} answered before it was set up")
+
+    def _exit(self) -> str:
+        self.process.join(GRACE_SECONDS)
+        return describe_exit(self.process.exitcode)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after GRACE_SECONDS; reaped either way."""
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(GRACE_SECONDS)
+            if self.process.is_alive():
+                self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+    def retire(self) -> None:
+        """An idle child: close its pipe, which it takes as the sign to exit."""
+        self.conn.close()
+        self.process.join(GRACE_SECONDS)
+        self.stop()
+
+
+class ProcessPool:
+    """``size`` children, each replaced after ``max_tasks_per_child`` tasks (None: never) or
+    when it dies or is stopped. ``run(claim)`` is the pool threads' entry point, in place of
+    ``TaskRunner.run``; the pool has ``threads`` of them, two per child: while one waits on the
+    child's handler, the other starts the next task (its start write), so the child does not
+    sit idle through that round trip."""
+
+    def __init__(
+        self, runner: TaskRunner, *, size: int, max_tasks_per_child: int | None = None
+    ) -> None:
+        from django.conf import settings
+
+        self.settings_module = settings.SETTINGS_MODULE
+        if not self.settings_module:
+            raise ImproperlyConfigured(
+                "--pool process needs DJANGO_SETTINGS_MODULE: its child processes load the "
+                "settings from that module (settings.configure() cannot reach them)"
+            )
+        self.runner = runner
+        self.size = size
+        self.max_tasks_per_child = max_tasks_per_child
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a child became idle, or the pool closed
+        self._idle: list[Child] = []
+        self._children: set[Child] = set()
+        self._closed = False
+        self._started = False
+        self._in_flight = 0  # tasks started by run() whose outcome is not recorded yet
+
+    @property
+    def threads(self) -> int:
+        """Pool threads to run: two per child."""
+        return 2 * self.size
+
+    def start(self, timeout: float = STARTUP_SECONDS) -> None:
+        """Start every child and wait until each has set Django up (in parallel); once only.
+        Raises ImproperlyConfigured, the children stopped, if one could not."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        children = [self._spawn() for _ in range(self.size)]
+        try:
+            for child in children:
+                child.wait_ready(timeout)
+        except ChildDied as exc:
+            for child in children:
+                self._forget(child)
+                child.stop()
+            raise ImproperlyConfigured(
+                f"--pool process: a child process could not set Django up ({exc}); "
+                "its error is in the output above"
+            ) from None
+        for child in children:
+            self._give_back(child)
+
+    # -- the pool threads' side -----------------------------------------------------------
+    def run(self, claim: Claim) -> TaskStatus | None:
+        """Start the claim, run its handler in a child, record the outcome; as TaskRunner.run."""
+        begun = self.runner.begin(claim)
+        if not isinstance(begun, Begun):
+            return begun
+        with self._lock:
+            self._in_flight += 1
+        try:
+            return self._run_begun(begun)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._freed.notify_all()  # close() may be waiting for the last outcomes
+
+    def _run_begun(self, begun: Begun) -> TaskStatus | None:
+        runner, claim = self.runner, begun.claim
+        try:
+            child = self._take()
+        except ChildDied as exc:  # stopping: the task was started, and is not run now
+            return self._record(begun, {"status": "died", "error": f"{exc}: not run"})
+        # Always made: the heartbeat marks it on a cancel request or a lost lease.
+        context = runner.open_context(begun, always=True)
+        assert context is not None
+        stop = threading.Event()
+        context.on_cancel(stop.set)
+        reusable = False
+        try:
+            reply = self._call(child, begun, context, stop)
+            reusable = child.alive()  # not one the worker had to stop
+        except ChildDied as exc:
+            why = f"{TERMINATED}: the worker stopped" if self._closed else str(exc)
+            reply = {"status": "died", "error": why}
+        finally:
+            runner.contexts.pop(claim.task_id, None)
+            # Back before the outcome is written: the thread waiting for it sends its task now.
+            self._put(child, reusable)
+        return self._record(begun, reply)
+
+    def _call(
+        self, child: Child, begun: Begun, context: TaskContext, stop: threading.Event
+    ) -> dict[str, Any]:
+        """Send the task, wait for the reply; {"status": "timeout" | "cancelled"} once the
+        child had to be stopped, or when the task was over before it got a child."""
+        claim = begun.claim
+        deadline = claim.deadline_at
+        if deadline is not None and self._seconds_to(deadline) <= 0:
+            return {"status": "timeout"}
+        if stop.is_set():
+            return {"status": "cancelled"}
+        child.send(
+            {
+                "task": process_child.task_to_json(claim.task),
+                "deadline_at": deadline.isoformat() if deadline is not None else None,
+            }
+        )
+        started = time.monotonic()
+        ends = None if deadline is None else started + self._seconds_to(deadline)
+        while True:
+            step = WAIT_STEP if ends is None else max(0.0, min(WAIT_STEP, ends - time.monotonic()))
+            reply = child.receive(step)
+            if reply is not None:
+                return reply
+            now = time.monotonic()
+            why = None
+            if ends is not None and now >= ends:
+                why = "timeout"
+            elif stop.is_set() or (now - started >= READ_CANCEL_AFTER and context.is_cancelled()):
+                why = "cancelled"
+            if why is not None:
+                logger.warning(
+                    "task %s: %s; stopping its child process %s",
+                    claim.task_id,
+                    "past its deadline" if why == "timeout" else "cancelled or its lease lost",
+                    child.pid,
+                )
+                child.stop()
+                return {"status": why}
+
+    def _seconds_to(self, moment: dt.datetime) -> float:
+        return (moment - self.runner.executor.clock.now()).total_seconds()
+
+    def _record(self, begun: Begun, reply: dict[str, Any]) -> TaskStatus | None:
+        """Record what the child answered, or why it has none."""
+        runner, claim = self.runner, begun.claim
+        status = reply["status"]
+        if status == "ok":
+            writer = runner.writer
+            assert writer is not None  # the worker started it before any claim
+            value = reply["result"]
+            writer.put(claim, Encoded(value, dumps(value)))
+            return TaskStatus.COMPLETED  # recorded shortly, by the writer
+        if status == "error":
+            return runner.record_failure(claim, reply["error"], bool(reply["retryable"]))
+        if status == "died":
+            logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, reply["error"])
+            return runner.record_failure(claim, reply["error"], True)
+        if status == "timeout":
+            assert claim.deadline_at is not None
+            left = self._seconds_to(claim.deadline_at)
+            if left > 0:
+                time.sleep(left + DEADLINE_MARGIN)
+            error = timeout_message(claim.task.max_duration_millis, None)
+            return runner.record_failure(claim, f"{error}; {TERMINATED}", False)
+        return runner.record_failure(claim, f"cancelled: {TERMINATED}", False)
+
+    # -- children -------------------------------------------------------------------------
+    def _spawn(self) -> Child:
+        with self._lock:
+            return self._spawn_locked()
+
+    def _spawn_locked(self) -> Child:
+        assert self.settings_module is not None
+        child = Child(self._context, self.settings_module)
+        self._children.add(child)
+        return child
+
+    def _give_back(self, child: Child) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(child)
+                self._freed.notify()
+                return
+        self._forget(child)
+        child.retire()
+
+    def _take(self) -> Child:
+        """An idle child, once there is one (ChildDied once the pool is closed). A child
+        missing (its replacement could not be started) is started here."""
+        with self._lock:
+            while not self._idle and len(self._children) >= self.size:
+                if self._closed:
+                    raise ChildDied("the worker is stopping")
+                self._freed.wait(1.0)
+            child = self._idle.pop() if self._idle else None
+            dead = None
+            if child is not None and not child.alive():  # died idle (the OOM killer, say)
+                self._children.discard(child)
+                child, dead = None, child
+            if child is None:
+                child = self._spawn_locked()
+        if dead is not None:
+            dead.stop()
+        return child
+
+    def _put(self, child: Child, reusable: bool) -> None:
+        """A child back from a task: kept, or replaced when it is done or used up. The
+        replacement is started at once (so it is set up when the next task comes), in the
+        same step as the old child is let go, so a waiting _take() never starts one too."""
+        limit = self.max_tasks_per_child
+        if reusable and (limit is None or child.tasks < limit):
+            self._give_back(child)
+            return
+        replacement = None
+        with self._lock:
+            self._children.discard(child)
+            if not self._closed:
+                try:
+                    replacement = self._spawn_locked()
+                except Exception:  # a _take() starts one once a child is missing
+                    logger.exception("could not start a child process")
+        if reusable:
+            child.retire()
+        else:
+            child.stop()
+        if replacement is not None:
+            self._give_back(replacement)
+
+    def _forget(self, child: Child) -> None:
+        with self._lock:
+            self._children.discard(child)
+
+    def close(self) -> None:
+        """Stop every child: idle ones exit when their pipe closes; one still running a
+        handler (a hard stop, or past the shutdown timeout) is terminated."""
+        with self._lock:
+            self._closed = True
+            self._freed.notify_all()
+            idle, self._idle = self._idle, []
+            busy = self._children - set(idle)
+            self._children = set()
+        for child in idle:
+            child.conn.close()
+        for child in busy:  # its pool thread sees it die, and records the attempt
+            child.process.terminate()
+        for child in [*idle, *busy]:
+            child.process.join(GRACE_SECONDS)
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join()
+        # The pool threads record the attempts of the children just stopped: give them a
+        # moment, so the worker does not exit first (then the tasks wait for their leases).
+        ends = time.monotonic() + RECORD_SECONDS
+        with self._lock:
+            while self._in_flight and time.monotonic() < ends:
+                self._freed.wait(max(0.0, ends - time.monotonic()))
