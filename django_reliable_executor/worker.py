@@ -189,6 +189,7 @@ class Worker:
         try:
             self.fetcher.run()
         finally:
+            self.executor.storage.stop_waiting()  # the claim loop's LISTEN connection
             code = self._shutdown()
             writer.close()  # record the completions still pending before leases are dropped
             self._threads_done.set()

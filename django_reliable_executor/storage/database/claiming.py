@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import time
 from typing import Any
 
 from django.db import connections, transaction
@@ -71,7 +72,9 @@ class Claiming(DatabaseAccess):
         if left > 0:
             pick = dataclasses.replace(whole, limit=left, excluded=tuple(request.name_limits))
             claims += self._retrying(functools.partial(self._take, pick))
-        claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
+        if claims:
+            claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
+            self._wakeups.found_at = time.monotonic()  # idle waits grow from here (polling)
         return claims
 
     def _take(self, pick: Pick) -> list[Claim]:
