@@ -26,6 +26,18 @@ from .rows import (
 HELD_SQL = "NOT available AND status IN ({})".format(", ".join(f"'{s}'" for s in LIVE))
 
 
+# PostgreSQL: a claim commits without waiting for its WAL flush (synchronous_commit off for
+# this transaction alone), which saves a disk flush per claim round. Safe: a claim lost in a
+# server crash only frees the task again, and nothing follows from a claim before its start,
+# whose own (synchronous) commit flushes the WAL up to and past the claim's; a start after a
+# lost claim fails its token check. The one-row CTE runs before the first row is claimed.
+ASYNC_COMMIT_WITH = (
+    "WITH relaxed AS MATERIALIZED "
+    "(SELECT set_config('synchronous_commit', 'off', true) AS relaxed_commit) "
+)
+ASYNC_COMMIT_FROM = "FROM relaxed "
+
+
 @dataclasses.dataclass(frozen=True)
 class Pick:
     """One claiming statement's choice: up to ``limit`` due tasks of ``queues`` for
@@ -160,15 +172,19 @@ class Claiming(DatabaseAccess):
 
     def _claim_returning(self, pick: Pick) -> list[Claim]:
         """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
-        skip_locked = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
+        postgresql = self.vendor == "postgresql"
+        skip_locked = " FOR UPDATE SKIP LOCKED" if postgresql else ""
         chosen, chosen_params = self._pick_sql(pick)
         sql = (
             f"UPDATE {self._table} SET available = %s, worker_id = %s, "
             "lease_token = lease_token + 1, lease_expires_at = %s "
+            f"{ASYNC_COMMIT_FROM if postgresql else ''}"
             # available is re-checked outside too: a row may change between pick and lock.
             f"WHERE available = %s AND task_id IN (SELECT task_id {chosen}{skip_locked}) "
             f"RETURNING {CLAIM_COLUMNS_SQL}"
         )
+        if postgresql:
+            sql = ASYNC_COMMIT_WITH + sql
         params = [False, pick.worker_id, self._dt(pick.lease_until), True, *chosen_params]
         with connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)

@@ -34,9 +34,9 @@ logger = logging.getLogger("django_reliable_executor")
 
 MIN_WAIT = 0.005  # shortest wait between two claims of an idle worker
 # Polling only: an idle worker waits up to this fraction of the time since its last claim that
-# found work (at least MIN_WAIT, at most POLL_INTERVAL): the extra claims after a burst add up
-# to about ln(POLL_INTERVAL / MIN_WAIT) / IDLE_FRACTION (about 265 at the defaults), then the
-# worker asks once per POLL_INTERVAL (from 50 x POLL_INTERVAL after its last task on).
+# found work (at least MIN_WAIT, at most POLL_INTERVAL): the claims after a burst add up to at
+# most (1 + ln(POLL_INTERVAL / MIN_WAIT)) / IDLE_FRACTION (315 at the defaults), then the worker
+# asks once per POLL_INTERVAL (from POLL_INTERVAL / IDLE_FRACTION after its last task on).
 IDLE_FRACTION = 0.02
 MARKER_CHECK_SECONDS = 0.005  # how often an idle SQLite worker looks at the marker file
 MARKER_SUFFIX = "-executor-wake"
