@@ -48,7 +48,7 @@ LISTEN_OPTIONS = {
     "keepalives_idle": 30,
     "keepalives_interval": 10,
     "keepalives_count": 3,
-    "connect_timeout": 5,
+    "connect_timeout": 2,  # libpq honours no less
 }
 
 
