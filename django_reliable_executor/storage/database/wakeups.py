@@ -13,7 +13,8 @@ Each database has its own way for a commit to reach an idle worker (docs/workers
 
 In every case the wait ends after ``timeout`` (POLL_INTERVAL) at the latest: the worker's claim
 then is the fallback for a lost notification, a dropped LISTEN connection or a submitter that
-sends none. ``wake()`` (stop, a freed slot) ends any wait of this process through a pipe.
+sends none. ``wake()`` (stop, a freed slot) ends any wait of this process through a socket
+pair.
 """
 
 from __future__ import annotations
