@@ -256,7 +256,8 @@ def test_an_idle_worker_queries_once_per_poll_interval(alias):
         start = time.monotonic()
         time.sleep(window)
         idle = log.between(start, start + window) / per_claim
-        assert window / poll - 2 <= idle <= window / poll + 1, (idle, log.sqls[-30:])
+        # Fewer on a slow machine (each claim takes time too), never more.
+        assert window / poll / 2 <= idle <= window / poll + 1, (idle, log.sqls[-30:])
 
         service.submit("demo.noop", task_id="one")
         wait_until(lambda: service.get_task("one").status is TaskStatus.COMPLETED, 10, "no run")
