@@ -151,8 +151,8 @@ class Worker:
             self.hard_stop.set()
         self.stopping.set()
         if self.executor.storage.blocking_wait:
-            # The claim loop may be blocked on Redis: wake it (from a thread, as this may run
-            # in a signal handler).
+            # The claim loop may be blocked waiting for work: wake it (from a thread, as this
+            # may run in a signal handler).
             threading.Thread(target=self.fetcher.interrupt, daemon=True).start()
 
     # -- main loop ------------------------------------------------------------------------

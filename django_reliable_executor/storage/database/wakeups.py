@@ -114,8 +114,13 @@ class MarkerWaiter(Waiter):
         super().__init__(wakeups)
         self.path = path
         self._seen = marker_state(path)
+        self._fresh = True
 
     def wait(self, queues: Collection[str], timeout: float) -> bool:
+        if self._fresh:
+            # A submit between the last claim and the first look at the marker went unseen.
+            self._fresh = False
+            return True
         deadline = time.monotonic() + timeout
         while True:
             state = marker_state(self.path)
