@@ -175,8 +175,8 @@ class Worker:
             self.hard_stop.set()
         self.stopping.set()
         if self.executor.storage.blocking_wait:
-            # The claim loop may be blocked on Redis: wake it (from a thread, as this may run
-            # in a signal handler).
+            # The claim loop may be blocked waiting for work: wake it (from a thread, as this
+            # may run in a signal handler).
             threading.Thread(target=self.fetcher.interrupt, daemon=True).start()
 
     def prepare(self) -> None:
@@ -223,6 +223,7 @@ class Worker:
         try:
             self.fetcher.run()
         finally:
+            self.executor.storage.stop_waiting()  # the claim loop's LISTEN connection
             code = self._shutdown()
             if self.processes is not None:
                 self.processes.close()

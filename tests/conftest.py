@@ -156,6 +156,19 @@ def _clear_hooks():
     HOOKS.clear()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _remove_wake_marker() -> Iterator[None]:
+    """The SQLite test database's wake-up marker file (storage/database/wakeups.py) outlives the
+    database file Django deletes at the end: remove it too."""
+    yield
+    from django.db import connections
+
+    test_name = connections["default"].settings_dict["TEST"].get("NAME")
+    if test_name:
+        with contextlib.suppress(OSError):
+            os.remove(f"{test_name}-executor-wake")
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

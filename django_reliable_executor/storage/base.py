@@ -34,7 +34,8 @@ class TaskStorage(ScheduleStorage):
     #: enqueue() writes inside the caller's open transaction (database storage). Without it,
     #: the service defers submits made inside atomic() to on_commit.
     supports_transactional_enqueue: bool = False
-    #: wait_for_work() blocks until work arrives (Redis); otherwise idle workers poll.
+    #: wait_for_work() blocks until work may have arrived (Redis, the database storage);
+    #: otherwise idle workers poll.
     blocking_wait: bool = False
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -223,6 +224,9 @@ class TaskStorage(ScheduleStorage):
 
     def wake(self, queues: Sequence[str]) -> None:  # noqa: B027 - optional, polling needs none
         """Let a worker blocked in wait_for_work on these queues return now."""
+
+    def stop_waiting(self) -> None:  # noqa: B027 - optional, most waits hold nothing
+        """Release what wait_for_work holds for the calling thread (a LISTEN connection)."""
 
     @abc.abstractmethod
     def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:

@@ -33,6 +33,9 @@ class DatabaseStorage(
     SQL fragments the parts share."""
 
     supports_transactional_enqueue = True
+    #: Idle workers wait in wait_for_work (wakeups.py): woken by a NOTIFY (PostgreSQL) or the
+    #: marker file (SQLite), after a short wait growing with idleness (MariaDB/MySQL).
+    blocking_wait = True
 
 
 __all__ = ["DatabaseStorage"]

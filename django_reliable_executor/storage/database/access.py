@@ -5,11 +5,12 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from django.db import OperationalError, connections
+from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.models import QuerySet
 
 from ...clock import Clock
@@ -18,7 +19,9 @@ from ...records import Claim, NewTask, TaskInfo
 from ...states import TaskStatus
 from ..base import TaskStorage
 from .rows import MYSQL_RETRYABLE, spans, to_info
+from .wakeups import Wakeups
 
+logger = logging.getLogger("django_reliable_executor")
 T = TypeVar("T")
 # Bytes of values one batch statement carries at most: well under MariaDB's default
 # max_allowed_packet (16 MiB since 10.2; MySQL 8: 64 MiB), which a larger statement overflows.
@@ -133,11 +136,51 @@ class DatabaseAccess(TaskStorage):
             )
             return {row[0] for row in cursor.fetchall()}
 
+    # -- waking idle workers (wakeups.py) -----------------------------------------------------
+    @functools.cached_property
+    def _wakeups(self) -> Wakeups:
+        return Wakeups(self.alias, self.vendor, ReliableTask._meta.db_table)
+
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until a commit of new work in ``queues`` may have happened (a NOTIFY on
+        PostgreSQL, the marker file on SQLite; after a short wait that grows with idleness on
+        MariaDB), ``wake`` is called, or ``timeout`` passes. True when woken early."""
+        return self._wakeups.wait(queues, timeout)
+
+    def wake(self, queues: Sequence[str]) -> None:
+        # Local: every waiting thread of this process looks again (stop, a freed slot).
+        self._wakeups.wake()
+
+    def stop_waiting(self) -> None:
+        self._wakeups.stop_waiting()
+
+    def _work_committed(self, queues: Sequence[str]) -> None:
+        """Work due now in ``queues`` was just written (a retry, a hand-back): wake idle
+        workers once it is committed. PostgreSQL: a NOTIFY per queue in the open transaction
+        (sent on its commit); elsewhere on_commit touches the marker file (SQLite) and wakes
+        this process's waiters. Submits wake from their INSERT (Submitting)."""
+        if not queues:
+            return
+        if self.vendor == "postgresql":
+            sql = f"SELECT pg_notify({self._wakeups.channel}, q) FROM unnest(%s::text[]) AS q"
+            params = [list(dict.fromkeys(queues))]
+            if transaction.get_connection(self.alias).in_atomic_block:
+                self._execute(sql, params)
+                return
+            try:
+                self._execute(sql, params)
+            except DatabaseError:
+                # The change itself is committed: an idle worker still sees it at its next poll.
+                logger.warning("could not notify idle workers; they poll within POLL_INTERVAL")
+        else:
+            transaction.on_commit(self._wakeups.committed, using=self.alias)
+
     @abc.abstractmethod
     def _enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         """Store new tasks in the open transaction (Submitting); schedule fires use it too."""
 
     def close(self) -> None:
+        self.stop_waiting()
         connections[self.alias].close()
 
     def _retrying(self, operation: Callable[[], T]) -> T:

@@ -30,6 +30,7 @@ class Chores(DatabaseAccess):
             .order_by("lease_expires_at")[:limit]
         )
         transitions = []
+        requeued: list[str] = []  # the queues of tasks due again at once
         for row in rows:
             held = self._tasks().filter(
                 pk=row.pk,
@@ -41,12 +42,13 @@ class Chores(DatabaseAccess):
             )
             if row.status != TaskStatus.RUNNING.value:
                 # Claimed but never started: back to the queue, no attempt counted.
-                held.update(
+                if held.update(
                     available=True,
                     worker_id=None,
                     lease_expires_at=None,
                     lease_token=F("lease_token") + 1,  # the old holder can no longer start it
-                )
+                ):
+                    requeued.append(row.queue)
                 continue
             error = f"worker lost: {row.worker_id} stopped renewing its lease"
             status, run_at = failure_outcome(
@@ -61,6 +63,9 @@ class Chores(DatabaseAccess):
                 for key, value in changes.items():
                     setattr(row, key, value)
                 transitions.append(Transition(task=to_info(row), previous=TaskStatus.RUNNING))
+                if run_at is not None and run_at <= now:
+                    requeued.append(row.queue)
+        self._work_committed(requeued)
         return transitions
 
     def expire_overdue(self, limit: int) -> list[Transition]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import time
 from typing import Any
 
 from django.db import connections, transaction
@@ -23,6 +24,18 @@ from .rows import (
 # The statuses of a held task (with available false: claimed and not finished). Written into
 # the SQL as literals so that PostgreSQL matches the partial index of migration 0006.
 HELD_SQL = "NOT available AND status IN ({})".format(", ".join(f"'{s}'" for s in LIVE))
+
+
+# PostgreSQL: a claim commits without waiting for its WAL flush (synchronous_commit off for
+# this transaction alone), which saves a disk flush per claim round. Safe: a claim lost in a
+# server crash only frees the task again, and nothing follows from a claim before its start,
+# whose own (synchronous) commit flushes the WAL up to and past the claim's; a start after a
+# lost claim fails its token check. The one-row CTE runs before the first row is claimed.
+ASYNC_COMMIT_WITH = (
+    "WITH relaxed AS MATERIALIZED "
+    "(SELECT set_config('synchronous_commit', 'off', true) AS relaxed_commit) "
+)
+ASYNC_COMMIT_FROM = "FROM relaxed "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +84,9 @@ class Claiming(DatabaseAccess):
         if left > 0:
             pick = dataclasses.replace(whole, limit=left, excluded=tuple(request.name_limits))
             claims += self._retrying(functools.partial(self._take, pick))
-        claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
+        if claims:
+            claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
+            self._wakeups.found_at = time.monotonic()  # idle waits grow from here (polling)
         return claims
 
     def _take(self, pick: Pick) -> list[Claim]:
@@ -157,15 +172,19 @@ class Claiming(DatabaseAccess):
 
     def _claim_returning(self, pick: Pick) -> list[Claim]:
         """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
-        skip_locked = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
+        postgresql = self.vendor == "postgresql"
+        skip_locked = " FOR UPDATE SKIP LOCKED" if postgresql else ""
         chosen, chosen_params = self._pick_sql(pick)
         sql = (
             f"UPDATE {self._table} SET available = %s, worker_id = %s, "
             "lease_token = lease_token + 1, lease_expires_at = %s "
+            f"{ASYNC_COMMIT_FROM if postgresql else ''}"
             # available is re-checked outside too: a row may change between pick and lock.
             f"WHERE available = %s AND task_id IN (SELECT task_id {chosen}{skip_locked}) "
             f"RETURNING {CLAIM_COLUMNS_SQL}"
         )
+        if postgresql:
+            sql = ASYNC_COMMIT_WITH + sql
         params = [False, pick.worker_id, self._dt(pick.lease_until), True, *chosen_params]
         with connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)

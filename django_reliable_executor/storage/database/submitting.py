@@ -18,6 +18,7 @@ from .rows import (
     chunks,
     to_info,
 )
+from .wakeups import due_queues
 
 
 class Adapted(dict[dt.datetime | None, Any]):
@@ -104,6 +105,9 @@ class Submitting(DatabaseAccess):
 
         for span in self._spans(texts, refuse):
             self._insert_rows(tasks[span], texts[span])
+        if self.vendor != "postgresql" and any(t.run_at <= t.created_at for t in tasks):
+            # Idle workers learn of it once committed (on PostgreSQL the INSERT notifies).
+            transaction.on_commit(self._wakeups.committed, using=self.alias)
 
     def _insert_rows(self, tasks: Sequence[NewTask], texts: Sequence[str | None]) -> None:
         """One multi-row INSERT. Hand-written: preparing 24 model fields per row through
@@ -126,32 +130,45 @@ class Submitting(DatabaseAccess):
             )
             for task, text in zip(tasks, texts, strict=True)
         ]
-        if self.vendor == "postgresql" and len(rows) > 1:
-            self._insert_columns(rows)
+        postgresql = self.vendor == "postgresql"
+        if postgresql and len(rows) > 1:
+            due = due_queues((task.queue, task.run_at <= task.created_at) for task in tasks)
+            self._insert_columns(rows, due)
             return
-        parameter_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"
+        parameter_sql = "CAST(%s AS jsonb)" if postgresql else "%s"
         values = (
             f"(%s, %s, 'CREATED', %s, %s, {parameter_sql}, 0, 0, %s, %s, %s, %s, %s, %s, %s, "
             "FALSE, TRUE, 0)"
         )
         params = list(itertools.chain.from_iterable(rows))
-        self._execute(self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}", params)
+        sql = self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}"
+        if postgresql and tasks[0].run_at <= tasks[0].created_at:
+            # Wake idle workers in the same statement: PostgreSQL sends it on commit only.
+            sql = f"WITH inserted AS ({sql}) SELECT pg_notify({self._wakeups.channel}, %s)"
+            params.append(tasks[0].queue)
+        self._execute(sql, params)
 
-    def _insert_columns(self, rows: Sequence[tuple[Any, ...]]) -> None:
+    def _insert_columns(self, rows: Sequence[tuple[Any, ...]], due: list[str]) -> None:
         """PostgreSQL: the rows as one array per column, which keeps the statement short:
         psycopg parses a statement with thousands of placeholders again on every call, which
-        cost more than the INSERT."""
-        columns = [list(column) for column in zip(*rows, strict=True)]
-        self._execute(
+        cost more than the INSERT. The same statement notifies idle workers of the ``due``
+        queues: one NOTIFY per queue, which PostgreSQL sends on commit, once per transaction
+        however many statements repeat it."""
+        columns: list[Any] = [list(column) for column in zip(*rows, strict=True)]
+        notify = ""
+        if due:
+            notify = f"SELECT pg_notify({self._wakeups.channel}, q) FROM unnest(%s::text[]) AS q"
+            columns.append(due)
+        insert = (
             self._insert_sql() + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, "
             "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
             "t.created, t.run_at, t.deadline, FALSE, TRUE, 0 FROM unnest(%s::varchar[], "
             "%s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], %s::int[], %s::bigint[], "
             "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
             "%s::timestamptz[]) AS t(id, name, queue, priority, parameter, retry_limit, "
-            "retry_interval, backoff, max_duration, created, run_at, deadline)",
-            columns,
+            "retry_interval, backoff, max_duration, created, run_at, deadline)"
         )
+        self._execute(f"WITH inserted AS ({insert}) {notify}" if notify else insert, columns)
 
     def _insert_sql(self) -> str:
         return (

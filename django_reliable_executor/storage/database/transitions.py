@@ -165,6 +165,8 @@ class Transitions(DatabaseAccess):
             )
             transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)
             if transition is not None:
+                if run_at is not None and run_at <= now:  # a retry due at once
+                    self._work_committed([claim.task.queue])
                 return transition
         return None
 
@@ -210,6 +212,12 @@ class Transitions(DatabaseAccess):
         return Transition(task=task, previous=claim.task.status)
 
     def release(self, claims: Sequence[Claim]) -> int:
+        released = self._release(claims)
+        if released:
+            self._work_committed([claim.task.queue for claim in claims])
+        return released
+
+    def _release(self, claims: Sequence[Claim]) -> int:
         released = 0
         for chunk in chunks(list(claims), 100):
             released += (
@@ -289,6 +297,7 @@ class Transitions(DatabaseAccess):
             if holder is not None and holder[1] is not None:
                 raise AttemptStillRunningError(task_id, holder[0], holder[1])
             return None
+        self._work_committed([row.queue])
         previous = TaskStatus(row.status)
         row.status, row.run_at, row.finished_at = TaskStatus.PENDING.value, now, None
         row.cancel_requested, row.result = False, None
