@@ -9,6 +9,8 @@ import os
 import threading
 import time
 
+from asgiref.sync import sync_to_async
+
 from django_reliable_executor import TaskContext, reliable_task_handler
 from django_reliable_executor.conf import get_settings
 
@@ -173,12 +175,18 @@ async def async_journal(param: dict | None, context: TaskContext) -> object:
     """The ``async def`` twin of demo.journal for the fault tests: "start" and "end" records
     (RE_JOURNAL) around ``sleep`` seconds awaited (only in the first ``sleep_attempts`` attempts
     when that is given), then ``block`` seconds of ``time.sleep`` that hold up the whole event
-    loop; returns ``result`` (default: the attempt), or a poison value with ``poison``. When
-    the worker cancels it, writes "cancelled" at its ``await``; its finally-block always
-    writes "finally"."""
+    loop; returns ``result`` (default: the attempt), or a poison value with ``poison``. With
+    ``record``, first writes an Execution row through ``sync_to_async``, as async handlers use
+    the ORM. When the worker cancels it, writes "cancelled" at its ``await``; its
+    finally-block always writes "finally"."""
     param = param or {}
     _journal("start", context, thread=threading.current_thread().name)
     try:
+        if param.get("record"):
+            executions = Execution.objects.using(get_settings().DATABASE_ALIAS)
+            await sync_to_async(executions.create)(
+                task_id=context.task_id, attempt=context.attempt, pid=os.getpid()
+            )
         if param.get("sleep") and context.attempt <= param.get("sleep_attempts", context.attempt):
             await asyncio.sleep(float(param["sleep"]))
         if param.get("block"):
