@@ -50,9 +50,13 @@ def test_a_frozen_worker_s_async_handlers_run_elsewhere_and_their_late_outcomes_
     service = service_for(backend)
     storage = service.storage
     both = [
-        workers.start(backend, *POOL, "--async-concurrency", "6", env=journal.env(), **FAST)
+        workers.start(
+            backend, *POOL, "--async-concurrency", "6", env=journal.env(), wait_ready=False, **FAST
+        )
         for _ in range(2)
     ]
+    for process in both:
+        process.wait_ready()
     master_id = wait_until(
         lambda: storage.lock_owner(MASTER_LOCK_NAME), 30, "no master", logs=workers.logs
     )
