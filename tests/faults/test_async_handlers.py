@@ -11,8 +11,10 @@
   coroutine at once: ``CancelledError`` at its ``await``, its finally-block runs, the task ends
   TIMEOUT or CANCELLED.
 
-Worker kills, killed connections, a Redis restart and poison results meet async handlers in the
-drains of the other files of this suite (their tasks mix sync and async handlers).
+Worker kills, killed database connections, a Redis restart, cancel/retry races and poison
+results meet async handlers in the drains of the other files of this suite (their tasks mix
+sync and async handlers); test_connections.py also kills the connection async handlers' ORM
+calls use (``sync_to_async``).
 """
 
 from __future__ import annotations
@@ -127,7 +129,12 @@ def test_a_frozen_worker_s_async_handlers_run_elsewhere_and_their_late_outcomes_
 # A blocked loop: a lease shorter than the block, so one missed renewal would show.
 BLOCK_LEASE = 1.5  # seconds
 BLOCK = 3.5  # seconds the "hog" blocks the loop, after awaiting HOG_AWAIT
-HOG_AWAIT = 1.8
+HOG_AWAIT = 2.0
+# Seconds from creation. The early deadline comes before the block whatever the start latency
+# (the hog's own timer ends its await later); the late one within it, for start latencies
+# below 1.6 s, and long enough before its end for a chores round (MASTER_TTL / 4) to pass.
+EARLY_DEADLINE = 1.5
+LATE_DEADLINE = HOG_AWAIT + 1.6
 PROMPT = 1.0  # seconds: a cancel or timeout the loop is free to act on is acted on within this
 
 
@@ -170,14 +177,14 @@ def test_a_blocked_event_loop_keeps_every_lease_and_delays_only_its_cancellation
                 {"sleep": 60},
                 task_id="early-timeout",
                 retry_limit=0,
-                max_duration_millis=1000,
+                max_duration_millis=int(EARLY_DEADLINE * 1000),
             ),
             TaskSubmitRequest(
                 ASYNC,
                 {"sleep": 60},
                 task_id="late-timeout",
                 retry_limit=0,
-                max_duration_millis=int((HOG_AWAIT + 1.2) * 1000),
+                max_duration_millis=int(LATE_DEADLINE * 1000),
             ),
             TaskSubmitRequest(ASYNC, {"sleep": 60}, task_id="early-cancel"),
             TaskSubmitRequest(ASYNC, {"sleep": 60}, task_id="late-cancel"),
@@ -251,7 +258,7 @@ def test_a_blocked_event_loop_keeps_every_lease_and_delays_only_its_cancellation
         cancelled = _one(journal, task_id, "cancelled")["t"]
         assert _one(journal, task_id, "finally")["t"] >= cancelled
         assert not journal.events(task_id, "end"), task_id
-    deadline = service.get_task("early-timeout").created_at.timestamp() + 1.0
+    deadline = service.get_task("early-timeout").created_at.timestamp() + EARLY_DEADLINE
     assert deadline <= _one(journal, "early-timeout", "cancelled")["t"] < deadline + PROMPT
     assert (
         early_cancel_at < _one(journal, "early-cancel", "cancelled")["t"] < early_cancel_at + PROMPT
