@@ -11,6 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from .connections import tidy_connections
 from .exceptions import StorageUnavailableError
 from .execution import Begun, TaskRunner
@@ -109,6 +111,12 @@ class EventLoop:
         try:
             failure = await self._call(begun)
             if failure is not None:
+                # Handlers reach the ORM through sync_to_async, in asgiref's one thread for
+                # thread-sensitive calls, which no pool thread tidies: a connection the server
+                # killed stays there, and fails every later ORM call of every async handler,
+                # until closed. A failure may come from one: tidy that thread, as a pool thread
+                # tidies its own after each task, before the retry can run into it.
+                await sync_to_async(tidy_connections)()
                 await asyncio.get_running_loop().run_in_executor(
                     self._blocking, self._record_failure, begun, *failure
                 )

@@ -10,6 +10,8 @@ import signal
 import threading
 import time
 
+from asgiref.sync import sync_to_async
+
 from django_reliable_executor import TaskContext, reliable_task_handler
 from django_reliable_executor.conf import get_settings
 
@@ -184,3 +186,42 @@ async def async_sleep(param: dict | None, context: TaskContext) -> object:
         raise RuntimeError("this async task always fails")
     _journal("end", context)
     return param.get("result", context.attempt)
+
+
+@reliable_task_handler(name="demo.async_journal", takes_context=True, retry_interval=50)
+async def async_journal(param: dict | None, context: TaskContext) -> object:
+    """The ``async def`` twin of demo.journal for the fault tests: "start" and "end" records
+    (RE_JOURNAL) around ``sleep`` seconds awaited (only in the first ``sleep_attempts`` attempts
+    when that is given), then ``block`` seconds of ``time.sleep`` that hold up the whole event
+    loop; returns ``result`` (default: the attempt), or a poison value with ``poison``. With
+    ``record``, first writes an Execution row through ``sync_to_async``, as async handlers use
+    the ORM. When the worker cancels it, writes "cancelled" at its ``await``; its
+    finally-block always writes "finally"."""
+    param = param or {}
+    _journal("start", context, thread=threading.current_thread().name)
+    try:
+        if param.get("record"):
+            executions = Execution.objects.using(get_settings().DATABASE_ALIAS)
+            await sync_to_async(executions.create)(
+                task_id=context.task_id, attempt=context.attempt, pid=os.getpid()
+            )
+        if param.get("sleep") and context.attempt <= param.get("sleep_attempts", context.attempt):
+            await asyncio.sleep(float(param["sleep"]))
+        if param.get("block"):
+            time.sleep(float(param["block"]))  # no await: nothing else on the loop runs
+        poison = param.get("poison")
+        result: object = param.get("result", context.attempt)
+        if poison == "bigint":
+            result = 10**5000
+        elif poison == "deep":
+            deep: list = []
+            for _ in range(100_000):
+                deep = [deep]
+            result = deep
+        _journal("end", context)
+        return result
+    except asyncio.CancelledError:
+        _journal("cancelled", context)
+        raise
+    finally:
+        _journal("finally", context)

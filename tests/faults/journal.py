@@ -15,7 +15,7 @@ from pathlib import Path
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.service import ReliableExecutor
 
-from ..processes import WorkerProcess
+from ..processes import WorkerProcess, wait_until
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +70,40 @@ class Journal:
             task_runs.sort(key=lambda run: (run.attempt, run.start))
         return dict(runs)
 
+    def events(self, task: str, event: str) -> list[dict]:
+        """The records of one kind ("start", "end", "cancelled", "finally") of one task."""
+        return [r for r in self.records() if r["task"] == task and r["event"] == event]
+
     def started(self) -> int:
         return sum(1 for record in self.records() if record["event"] == "start")
 
     def pids_running_after(self, moment: float) -> set[int]:
         """Processes that started a handler after ``moment``."""
         return {r["pid"] for r in self.records() if r["event"] == "start" and r["t"] > moment}
+
+
+def unfinished_runs(journal: Journal, pid: int) -> dict[str, int]:
+    """Task id -> attempt of the handlers this process started and has not returned from."""
+    return {
+        run.task: run.attempt
+        for runs in journal.runs().values()
+        for run in runs
+        if run.pid == pid and run.end is None
+    }
+
+
+def freeze_mid_run(
+    faults: Faults, journal: Journal, process: WorkerProcess, logs: Callable[[], str]
+) -> dict[str, int]:
+    """Freeze ``process`` while it has handlers half done; returns them (task -> attempt)."""
+    for _ in range(20):
+        wait_until(lambda: unfinished_runs(journal, process.pid), 60, "it ran nothing", logs=logs)
+        faults.freeze(process)
+        stranded = unfinished_runs(journal, process.pid)  # its journal is still now
+        if stranded:
+            return stranded
+        faults.thaw(process)  # caught between two tasks: let it go on and try again
+    raise AssertionError("never caught the process with a handler running")
 
 
 @dataclasses.dataclass

@@ -1,7 +1,9 @@
 """The workers' database connections killed under them (as a restart, failover, proxy or idle
 timeout does), and the database server itself restarted, during a drain: every thread drops
 its dead connection and reconnects, so the living workers finish every task and one of them is
-master again, without being restarted and without running anything twice."""
+master again, without being restarted and without running anything twice. A quarter of the
+drain's handlers are async: their starts, written by the event loop's feeder thread, meet the
+dead connections too."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from django.db import connections
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from ..conftest import IN_CI, SERVERS, db_params, require
-from ..processes import MASTER_TTL, Backend, service_for, wait_until
+from ..processes import MASTER_TTL, Backend, executions, service_for, wait_until
 from .journal import check_runs
 
 # Longer than the shared LEASE: a heartbeat lost to a killed connection must not let a lease
@@ -167,8 +169,13 @@ def _drain(backend: Backend, workers, journal, count: int, sleep: float):
     ids = [f"conn-{i:04d}" for i in range(count)]
     service.submit_many(
         [
-            TaskSubmitRequest("demo.journal", {"sleep": sleep}, task_id=i, retry_limit=20)
-            for i in ids
+            TaskSubmitRequest(
+                "demo.async_journal" if n % 4 == 0 else "demo.journal",
+                {"sleep": sleep},
+                task_id=i,
+                retry_limit=20,
+            )
+            for n, i in enumerate(ids)
         ]
     )
     started = [
@@ -236,3 +243,43 @@ def test_database_server_restarted_during_a_drain(alias, key_prefix, workers, jo
     with server_stopped(alias):
         time.sleep(2.0)
     _finish(service, ids, started, workers, journal, faults)
+
+
+@pytest.mark.parametrize("alias", db_params(["mariadb", "postgres"]))
+def test_async_handlers_orm_calls_survive_killed_connections(alias, key_prefix, workers, journal):
+    """Async handlers reach the ORM through ``sync_to_async``, in asgiref's thread, not in one of
+    the worker's own. Once the database killed that thread's connection, the next call there
+    fails (as a pool thread's first query after a kill does), and the worker must then close
+    the dead connection, or every ORM call of every async handler fails for good."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    workers.start(backend, env=journal.env(), **FAST)
+
+    def drain(prefix: str) -> list[str]:
+        ids = [f"{prefix}-{i}" for i in range(8)]
+        service.submit_many(
+            [
+                TaskSubmitRequest("demo.async_journal", {"record": True}, task_id=i, retry_limit=3)
+                for i in ids
+            ]
+        )
+        wait_until(
+            lambda: all(service.get_task(i).status.is_terminal for i in ids),
+            LEASE * 3 + 20,
+            f"the {prefix} tasks did not end",
+            logs=workers.logs,
+        )
+        return ids
+
+    before = drain("before")  # asgiref's thread now holds a connection of its own
+    assert all(service.get_task(i).attempts == 1 for i in before)
+    assert kill_connections(alias) > 0
+    for round_ in range(2):
+        for task_id in drain(f"after-{round_}"):
+            task = service.get_task(task_id)
+            assert task.status is TaskStatus.COMPLETED, (task.status, task.last_error)
+            # The calls on the dead connection failed once; the retries had a new one.
+            assert task.attempts <= 2, (task.attempts, task.last_error)
+            rows = executions(backend, task_id).filter(attempt=task.attempts)
+            assert rows.count() == 1, list(rows)

@@ -13,8 +13,8 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.master_lock import MASTER_LOCK_NAME
 
 from ..conftest import BACKENDS, db_params, require
-from ..processes import MASTER_TTL, Backend, WorkerProcess, service_for, wait_until
-from .journal import Journal, check_runs
+from ..processes import MASTER_TTL, Backend, service_for, wait_until
+from .journal import check_runs, freeze_mid_run
 
 # Longer than the shared LEASE and the master lock TTL: the frozen master's lock is taken over
 # before its tasks' leases lapse.
@@ -29,30 +29,6 @@ POOL = ("--core-pool-size", "4", "--max-pool-size", "4", "--queue-capacity", "1"
 
 def job(task_id: str) -> TaskSubmitRequest:
     return TaskSubmitRequest("demo.journal", {"sleep": SLEEP}, task_id=task_id, retry_limit=20)
-
-
-def unfinished_runs(journal: Journal, pid: int) -> dict[str, int]:
-    """Task id -> attempt of the handlers this process started and has not returned from."""
-    return {
-        run.task: run.attempt
-        for runs in journal.runs().values()
-        for run in runs
-        if run.pid == pid and run.end is None
-    }
-
-
-def freeze_mid_run(faults, journal: Journal, master: WorkerProcess, logs) -> dict[str, int]:
-    """Freeze the master while it has handlers half done; returns them (task -> attempt)."""
-    for _ in range(20):
-        wait_until(
-            lambda: unfinished_runs(journal, master.pid), 60, "the master ran nothing", logs=logs
-        )
-        faults.freeze(master)
-        stranded = unfinished_runs(journal, master.pid)  # its journal is still now
-        if stranded:
-            return stranded
-        faults.thaw(master)  # caught between two tasks: let it go on and try again
-    raise AssertionError("never caught the master with a handler running")
 
 
 @pytest.mark.parametrize("alias", db_params(BACKENDS))

@@ -1,7 +1,7 @@
-"""Poison results among a drain: a handler returns a value no storage can take (an integer over
-Python's int-to-str digit limit, a list nested 100,000 deep). The task fails alone, once, with an
-error naming why; every other completion is written promptly, long before any lease could lapse;
-and the worker still stops cleanly."""
+"""Poison results among a drain: a handler, sync or async, returns a value no storage can take
+(an integer over Python's int-to-str digit limit, a list nested 100,000 deep). The task fails
+alone, once, with an error naming why; every other completion is written promptly, long before
+any lease could lapse; and the worker still stops cleanly."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ LEASE = 30.0  # recovery cannot rescue anything within the test: every outcome i
 PROMPT = 20.0  # seconds in which every task must be terminal
 TASKS = 200
 POISON = {"bigint": "is an integer too long", "deep": "nested too deeply"}
+HANDLERS = ("demo.journal", "demo.async_journal")  # a pool thread's, the event loop's
 
 
 @pytest.mark.parametrize("alias", db_params(BACKENDS))
@@ -27,13 +28,20 @@ def test_poison_results_fail_alone_and_hold_nothing_up(alias, key_prefix, worker
     backend = Backend(alias, key_prefix)
     service = service_for(backend)
     normal = [f"normal-{i:03d}" for i in range(TASKS)]
-    poison = {f"poison-{kind}-{i}": kind for i in range(3) for kind in POISON}
-    requests = [TaskSubmitRequest("demo.journal", {}, task_id=task_id) for task_id in normal]
+    poison = {
+        f"poison-{name.split('.')[1]}-{kind}-{i}": (name, kind)
+        for i in range(3)
+        for kind in POISON
+        for name in HANDLERS
+    }
+    requests = [
+        TaskSubmitRequest(HANDLERS[n % 2], {}, task_id=task_id) for n, task_id in enumerate(normal)
+    ]
     # Spread among the others, so their completions would share a batch with the poison's.
-    for n, (task_id, kind) in enumerate(poison.items()):
+    for n, (task_id, (name, kind)) in enumerate(poison.items()):
         requests.insert(
             (n + 1) * TASKS // (len(poison) + 1),
-            TaskSubmitRequest("demo.journal", {"poison": kind}, task_id=task_id, retry_limit=3),
+            TaskSubmitRequest(name, {"poison": kind}, task_id=task_id, retry_limit=3),
         )
     service.submit_many(requests)
 
@@ -59,7 +67,7 @@ def test_poison_results_fail_alone_and_hold_nothing_up(alias, key_prefix, worker
     problems += check_runs(journal, faults, service, poison, expected=TaskStatus.FAILED)
     assert not problems, "\n".join(problems[:20])
     runs = journal.runs()
-    for task_id, kind in poison.items():
+    for task_id, (_, kind) in poison.items():
         info = service.get_task(task_id)
         assert info.last_error.startswith("result cannot be stored: "), info.last_error
         assert POISON[kind] in info.last_error, info.last_error

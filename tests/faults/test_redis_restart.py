@@ -1,6 +1,6 @@
 """Redis (AOF, ``appendfsync always``) SIGKILLed mid-drain and started again on the same port and
 data directory: nothing acknowledged is lost, no handler runs twice, and the same runexecutor
-processes carry on by themselves."""
+processes carry on by themselves. A quarter of the handlers are async, on the event loop."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ pytest_plugins = ["tests.redis_servers"]  # spare_redis
 
 LEASE = 8.0  # seconds: far longer than the outage, so no lease can lapse during it
 FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}
-POOL = ("--core-pool-size", "4", "--max-pool-size", "4", "--queue-capacity", "1")
+POOL = (
+    *("--core-pool-size", "4", "--max-pool-size", "4", "--queue-capacity", "1"),
+    *("--async-concurrency", "4"),
+)
 TASKS = 200
 DOWN = 3.0  # seconds Redis stays down
 
@@ -39,7 +42,15 @@ def test_redis_killed_and_restarted_mid_drain(
     ids = [f"drain-{i:04d}" for i in range(TASKS)]
     # Every one of these was acknowledged (the call returned): each must end COMPLETED.
     service.submit_many(
-        [TaskSubmitRequest("demo.journal", {"sleep": 0.2}, task_id=i, retry_limit=20) for i in ids]
+        [
+            TaskSubmitRequest(
+                "demo.async_journal" if n % 4 == 0 else "demo.journal",
+                {"sleep": 0.2},
+                task_id=i,
+                retry_limit=20,
+            )
+            for n, i in enumerate(ids)
+        ]
     )
     running = [workers.start(backend, *POOL, env=journal.env(), **FAST) for _ in range(2)]
 
