@@ -136,7 +136,7 @@ class TaskRunner:
     ) -> CompletionWriter:
         self.writer = CompletionWriter(
             lambda outcomes: self.storage.complete_many(outcomes),
-            self.executor.announcer.transition,
+            self.executor.announcer.transitions,
             self._discarded,
             written,
             refuse=self._refuse_result,
