@@ -8,8 +8,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import Claim, NewTask, TaskInfo
-from ...serialization import dumps
+from ...records import Claim, NewTask, TaskInfo, build
+from ...serialization import dumps, loads
 from ...states import TaskStatus
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -90,34 +90,44 @@ CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k".split()  # noqa: SIM905
 
 
 def claimed(task_id: str, values: Sequence[Any]) -> Claim:
-    """A Claim from claim.lua's values (the hot path: no dict, no decoding when not bytes)."""
+    """A Claim from claim.lua's values (the hot path: no dict, no decoding when not bytes, the
+    records built without their __init__)."""
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
     n, q, p, s, j, a, b, rl, ri, rb, md, c, r, d, e, w, k = values
     created_at = from_micros(c)
-    info = TaskInfo(
-        task_id=task_id,
-        task_name=n,
-        status=TaskStatus(s),
-        queue=q,
-        priority=int(p),
-        parameter=json.loads(j),
-        attempts=int(a),
-        retry_limit=int(rl),
-        retry_interval=int(ri),
-        retry_backoff=rb,
-        max_duration_millis=int(md) if md else None,
-        created_at=created_at,
-        run_at=from_micros(r) if r else created_at,
-        started_at=None,
-        finished_at=None,
-        last_error=e,
-        result=None,
-        worker_id=w,
-        cancel_requested=False,
+    info = build(
+        TaskInfo,
+        {
+            "task_id": task_id,
+            "task_name": n,
+            "status": TaskStatus(s),
+            "queue": q,
+            "priority": int(p),
+            "parameter": loads(j),
+            "attempts": int(a),
+            "retry_limit": int(rl),
+            "retry_interval": int(ri),
+            "retry_backoff": rb,
+            "max_duration_millis": int(md) if md else None,
+            "created_at": created_at,
+            "run_at": from_micros(r) if r else created_at,
+            "started_at": None,
+            "finished_at": None,
+            "last_error": e,
+            "result": None,
+            "worker_id": w,
+            "cancel_requested": False,
+        },
     )
-    return Claim(
-        task=info, token=int(k), budget_attempts=int(b), deadline_at=from_micros(d) if d else None
+    return build(
+        Claim,
+        {
+            "task": info,
+            "token": int(k),
+            "budget_attempts": int(b),
+            "deadline_at": from_micros(d) if d else None,
+        },
     )
 
 
