@@ -86,8 +86,7 @@ class Fetcher:
             if claims is None:
                 continue
             if claims:
-                for claim in claims:
-                    self.pool.submit(claim)
+                self.pool.submit_many(claims)
                 self._idle_wait = MIN_IDLE_WAIT
                 continue
             if self.burst and self.pool.is_idle() and not self._work_near():

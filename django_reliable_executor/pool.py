@@ -171,22 +171,28 @@ class BoundedPool:
         return min(self._free(), max(threads, 0) + max(self._async_free(), 0))
 
     def submit(self, claim: Claim) -> None:
-        if self._to_event_loop(claim):
-            with self._cond:
-                heapq.heappush(self._async_heap, (-claim.task.priority, next(self._order), claim))
-                self._held_by_queue[claim.task.queue] += 1
-                self._async_work.notify()
-            return
+        self.submit_many([claim])
+
+    def submit_many(self, claims: list[Claim]) -> None:
+        """Queue claims (the fetcher's batch) under one lock, waking as many idle threads (and
+        the event loop's feeder) as they need at once rather than one notify per claim."""
+        to_loop = [self._to_event_loop(claim) for claim in claims]
         with self._cond:
-            heapq.heappush(self._heap, (-claim.task.priority, next(self._order), claim))
-            self._held_by_queue[claim.task.queue] += 1
-            if (
-                len(self._heap) > self.queue_capacity
-                and self._threads < self.max_size
-                and not self._idle
-            ):
-                self._spawn(core=False)
-            self._work.notify()
+            threads = 0
+            for claim, is_async in zip(claims, to_loop, strict=True):
+                heap = self._async_heap if is_async else self._heap
+                heapq.heappush(heap, (-claim.task.priority, next(self._order), claim))
+                self._held_by_queue[claim.task.queue] += 1
+                threads += not is_async
+            if threads < len(claims):
+                self._async_work.notify()
+            if not threads:
+                return
+            if not self._idle:
+                extra = min(len(self._heap) - self.queue_capacity, self.max_size - self._threads)
+                for _ in range(extra):
+                    self._spawn(core=False)
+            self._work.notify(threads)
 
     def _to_event_loop(self, claim: Claim) -> bool:
         if not self.async_capacity or self._is_async is None:
