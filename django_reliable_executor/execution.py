@@ -159,13 +159,16 @@ class TaskRunner:
         no longer ours (cancelled, expired, or reclaimed after a lost lease). COMPLETED means
         handed to the writer, which records it shortly (or discards it, if no longer ours)."""
         writer = self._writer()
-        if self._past_deadline(claim):
+        if claim.is_started:  # by the claim itself, for this thread
+            started: Claim | None = claim
+        elif self._past_deadline(claim):
             return self._expire(claim)
-        try:
-            started = self._starts.submit(claim)
-        except Exception:
-            self._hand_back([claim])
-            raise
+        else:
+            try:
+                started = self._starts.submit(claim)
+            except Exception:
+                self._hand_back([claim])
+                raise
         begun = self._begin(claim, started)
         if not isinstance(begun, Begun):
             return begun
@@ -179,7 +182,9 @@ class TaskRunner:
         outcomes: list[Begun | TaskStatus | None] = [None] * len(claims)
         due: list[int] = []
         for index, claim in enumerate(claims):
-            if self._past_deadline(claim):
+            if claim.is_started:  # by the claim itself
+                outcomes[index] = self._alone(claim, self._begin, claim, claim)
+            elif self._past_deadline(claim):
                 outcomes[index] = self._alone(claim, self._expire, claim)
             else:
                 due.append(index)

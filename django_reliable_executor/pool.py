@@ -30,6 +30,7 @@ from .records import Claim
 logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
+STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
 # run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
 RunAsync = Callable[[list[Claim], Callable[[Claim], None]], None]
@@ -108,6 +109,12 @@ class BoundedPool:
             if not self._room():
                 self._changed.wait(timeout)
 
+    def idle_threads(self) -> int:
+        """Threads waiting for a claim that none queued here is meant for yet: claims handed to
+        the pool now would run at once (the fetcher has those started as it claims them)."""
+        with self._cond:
+            return max(0, self._idle - len(self._heap))
+
     def held_by_queue(self) -> dict[str, int]:
         """Claims queued or running here, per queue."""
         with self._cond:
@@ -181,7 +188,9 @@ class BoundedPool:
             threads = 0
             for claim, is_async in zip(claims, to_loop, strict=True):
                 heap = self._async_heap if is_async else self._heap
-                heapq.heappush(heap, (-claim.task.priority, next(self._order), claim))
+                # A started claim first: it was started for a thread that is idle now.
+                first = STARTED_FIRST if claim.is_started else -claim.task.priority
+                heapq.heappush(heap, (first, next(self._order), claim))
                 self._held_by_queue[claim.task.queue] += 1
                 threads += not is_async
             if threads < len(claims):
@@ -204,11 +213,15 @@ class BoundedPool:
             return False
 
     def take_queued(self) -> list[Claim]:
-        """Remove and return every claim not yet started (shutdown: hand them back)."""
+        """Remove and return every claim not yet started (shutdown: hand them back). Claims
+        the storage started as it claimed them stay, and the threads run them."""
         with self._cond:
-            claims = [item[2] for item in sorted(self._heap + self._async_heap)]
-            self._heap.clear()
-            self._async_heap.clear()
+            unstarted = []
+            for heap in (self._heap, self._async_heap):
+                unstarted += [item for item in heap if not item[2].is_started]
+                heap[:] = [item for item in heap if item[2].is_started]
+                heapq.heapify(heap)
+            claims = [item[2] for item in sorted(unstarted)]  # by priority, then claim order
             self._release(claims)
             return claims
 

@@ -114,6 +114,12 @@ class Claim:
     def task_id(self) -> str:
         return self.task.task_id
 
+    @property
+    def is_started(self) -> bool:
+        """Started already (RUNNING, its attempt counted): by ``start``, or by the claim itself
+        (``TaskStorage.claim``'s ``start``)."""
+        return self.task.status is TaskStatus.RUNNING
+
     def started(self, now: dt.datetime) -> Claim:
         """This claim once its start was recorded: RUNNING, one more attempt counted."""
         task = copy_with(
@@ -131,13 +137,15 @@ class Claim:
 class ClaimRequest:
     """What a worker's claim asks of the storage (see ``TaskStorage.claim``): up to ``limit``
     due tasks of ``queues`` under a lease of ``lease_seconds``, never more held at once of a
-    name in ``name_limits`` (``{task_name: cap}``) than its cap."""
+    name in ``name_limits`` (``{task_name: cap}``) than its cap; up to ``start`` of them
+    started at once where the storage can."""
 
     worker_id: str
     queues: tuple[str, ...]
     limit: int
     lease_seconds: float
     name_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    start: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,19 +89,20 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k".split()  # noqa: SIM905
 
 
-def claimed(task_id: str, values: Sequence[Any]) -> Claim:
+def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
     """A Claim from claim.lua's values (the hot path: no dict, no decoding when not bytes, the
-    records built without their __init__)."""
+    records built without their __init__); RUNNING when the claim started it, at ``now``."""
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
     n, q, p, s, j, a, b, rl, ri, rb, md, c, r, d, e, w, k = values
     created_at = from_micros(c)
+    status = TaskStatus(s)
     info = build(
         TaskInfo,
         {
             "task_id": task_id,
             "task_name": n,
-            "status": TaskStatus(s),
+            "status": status,
             "queue": q,
             "priority": int(p),
             "parameter": loads(j),
@@ -112,7 +113,9 @@ def claimed(task_id: str, values: Sequence[Any]) -> Claim:
             "max_duration_millis": int(md) if md else None,
             "created_at": created_at,
             "run_at": from_micros(r) if r else created_at,
-            "started_at": None,
+            # Started by the claim: at now, or at its creation if it was submitted after now
+            # was read (as claim.lua records it).
+            "started_at": max(now, created_at) if status is TaskStatus.RUNNING else None,
             "finished_at": None,
             "last_error": e,
             "result": None,
