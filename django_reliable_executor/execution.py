@@ -294,7 +294,7 @@ class TaskRunner:
         args, kwargs = self.arguments(begun, self.open_context(begun))
         try:
             value = handler.func(*args, **kwargs)
-            if inspect.isawaitable(value):
+            if value is not None and inspect.isawaitable(value):
                 from asgiref.sync import async_to_sync
 
                 async def wait(awaitable: Any = value) -> Any:

@@ -75,6 +75,7 @@ class BoundedPool:
         self._cond = threading.Lock()
         self._work = threading.Condition(self._cond)
         self._changed = threading.Condition(self._cond)
+        self._watching = 0  # threads waiting on _changed: a finished task notifies only them
         self._threads = 0
         self._idle = 0
         self._running: dict[str, Claim] = {}
@@ -107,7 +108,7 @@ class BoundedPool:
         """Block until ``room()`` is positive (a claim finished), or ``timeout``."""
         with self._cond:
             if not self._room():
-                self._changed.wait(timeout)
+                self._wait_changed(timeout)
 
     def idle_threads(self) -> int:
         """Threads waiting for a claim that none queued here is meant for yet: claims handed to
@@ -125,7 +126,7 @@ class BoundedPool:
         ``timeout``."""
         with self._cond:
             if self.version == version:
-                self._changed.wait(timeout)
+                self._wait_changed(timeout)
 
     def freed_elsewhere(self, claims: list[Claim]) -> None:
         """Claims held outside the pool (completions being written) are gone: when one is of a
@@ -271,7 +272,7 @@ class BoundedPool:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._changed.wait(remaining if remaining is None else min(remaining, 0.5))
+                self._wait_changed(remaining if remaining is None else min(remaining, 0.5))
             return True
 
     def close(self) -> None:
@@ -281,6 +282,14 @@ class BoundedPool:
             self._work.notify_all()
             self._async_work.notify_all()
             self._changed.notify_all()
+
+    def _wait_changed(self, timeout: float | None) -> None:
+        """Wait on ``_changed`` (lock held), counted in ``_watching``."""
+        self._watching += 1
+        try:
+            self._changed.wait(timeout)
+        finally:
+            self._watching -= 1
 
     # -- the threads' side ----------------------------------------------------------------
     def _spawn(self, *, core: bool) -> None:
@@ -324,7 +333,7 @@ class BoundedPool:
                 with self._cond:
                     self._running.pop(claim.task_id, None)
                     freed = self._release([claim])
-                    if self._room() or not self._running:
+                    if self._watching and (self._room() or not self._running):
                         self._changed.notify_all()
                 self._notify_freed(freed)
         connections.close_all()  # this thread's connections die with it
@@ -367,7 +376,7 @@ class BoundedPool:
                 return
             freed = self._release([claim])
             self._async_work.notify()
-            if self._room() or self._idle_now():
+            if self._watching and (self._room() or self._idle_now()):
                 self._changed.notify_all()
         self._notify_freed(freed)
 
@@ -379,5 +388,5 @@ class BoundedPool:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._changed.wait(remaining)
+                self._wait_changed(remaining)
             return True
