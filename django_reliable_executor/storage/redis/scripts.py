@@ -11,6 +11,10 @@ from importlib import resources
 from typing import Any
 
 LUA_PACKAGE = "django_reliable_executor.storage"
+# Most connections kept idle for run(): a worker's fetcher, start batches, completion writer,
+# heartbeat and chores. More callers at once borrow more, given back to the pool after the
+# call, so a small pool shared with a cache is never drained by connections kept here.
+KEPT_CONNECTIONS = 4
 NAMES = (
     "submit",
     "claim",
@@ -54,12 +58,11 @@ class Scripts:
     connection it keeps: redis-py's command machinery (taking a connection from the pool and
     giving it back, its observability hooks, response callbacks: about 1,600 bytecode steps a
     call) costs several times the call itself, and the worker pays it on each claim, start and
-    completion batch. The connections are taken from the client's pool once and kept in a
-    stack of free ones here (as many as threads ran scripts at the same time; a forked
-    process starts afresh). The connection's own retry policy still applies: a call that fails
-    on a lost connection is sent again on a new one, as through redis-py (every transition
-    script is safe to repeat: its nonce or its compare-and-set recognises a write already
-    made). Other clients go through redis-py."""
+    completion batch. Connections are taken from the client's pool and up to KEPT_CONNECTIONS
+    idle ones kept here for the next calls (a forked process starts afresh). The connection's
+    own retry policy still applies: a call that fails on a lost connection is sent again on a
+    new one, as through redis-py (every transition script is safe to repeat: its nonce or its
+    compare-and-set recognises a write already made). Other clients go through redis-py."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -94,7 +97,11 @@ class Scripts:
             )
         finally:
             with self._free_lock:
-                self._free.append(conn)
+                keep = len(self._free) < KEPT_CONNECTIONS and self._pid == os.getpid()
+                if keep:
+                    self._free.append(conn)
+            if not keep:
+                self._client.connection_pool.release(conn)
 
     def close(self) -> None:
         """Give the kept connections back to the client's pool."""
