@@ -103,7 +103,7 @@ def main() -> int:
     def clear() -> None:
         if args.storage == "redis":
             client = executor.storage.client  # type: ignore[attr-defined]
-            for key in client.scan_iter(f"{KEY_PREFIX}:*"):
+            for key in client.scan_iter("{" + KEY_PREFIX + "}:*"):
                 client.delete(key)
         else:
             with connections[alias].cursor() as cursor:

@@ -25,20 +25,49 @@ class Announcer:
     def submitted(self, created: list[TaskInfo]) -> None:
         """Tasks just stored."""
         metrics.observe_submitted(created)
-        for info in created:
-            log_transition(logging.INFO, info, "new", f"queue {info.queue}")
-            self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
+        if logger.isEnabledFor(logging.INFO):
+            for info in created:
+                log_transition(logging.INFO, info, "new", f"queue {info.queue}")
+        if signals.task_submitted.receivers:
+            for info in created:
+                self._send(signals.task_submitted, task_id=info.task_id, task_name=info.task_name)
 
     def started(self, task: TaskInfo) -> None:
         """An attempt that has just started (RUNNING, this attempt counted)."""
         metrics.observe_started(task)
         log_transition(logging.INFO, task, None)
-        self._send(
-            signals.task_started,
-            task_id=task.task_id,
-            task_name=task.task_name,
-            attempt=task.attempts,
-        )
+        if signals.task_started.receivers:
+            self._send(
+                signals.task_started,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                attempt=task.attempts,
+            )
+
+    def transitions(self, transitions: list[Transition]) -> None:
+        """``transition`` for each of a batch (the completion writer's): the metrics of its
+        completions counted once per task name and queue, no per-task work for the log or a
+        signal nobody listens to."""
+        completed = [t for t in transitions if t.task.status is TaskStatus.COMPLETED]
+        if len(completed) < len(transitions):
+            for transition in transitions:
+                if transition.task.status is not TaskStatus.COMPLETED:
+                    self.transition(transition)
+        if not completed:
+            return
+        metrics.observe_completed(completed)
+        if logger.isEnabledFor(logging.INFO):
+            for transition in completed:
+                log_transition(logging.INFO, transition.task, transition.previous)
+        if signals.task_completed.receivers:
+            for transition in completed:
+                task = transition.task
+                self._send(
+                    signals.task_completed,
+                    task_id=task.task_id,
+                    task_name=task.task_name,
+                    result=task.result,
+                )
 
     def transition(self, transition: Transition) -> None:
         """An outcome: completed, retrying, failed (FAILED/TIMEOUT/ERROR) or cancelled."""

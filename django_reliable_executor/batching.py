@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -15,9 +16,11 @@ class _Slot(Generic[I, O]):
 
     def __init__(self, item: I) -> None:
         self.item = item
-        # Each caller waits on its own event: waking only the callers concerned (not every
-        # waiter on a shared condition) matters with many threads on few cores.
-        self.wake = threading.Event()
+        # Each caller waits on its own queue: waking only the callers concerned (not every
+        # waiter on a shared condition) matters with many threads on few cores. A SimpleQueue
+        # is C code through and through, where an Event's wait and set are Python (a Condition
+        # around a lock): this wait-and-wake comes once per task.
+        self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.finished = False
         self.must_flush = False
         self.outcome: O | None = None
@@ -82,8 +85,7 @@ class GroupCommitter(Generic[I, O]):
                 slot.must_flush = False
                 self._take_turn(slot)
             else:
-                slot.wake.wait()
-                slot.wake.clear()
+                slot.wake.get()  # a wake-up left over from a turn taken meanwhile is harmless
 
     def _take_turn(self, own: _Slot[I, O]) -> None:
         """Flush batches until our own item is written, then pass the turn to the oldest
@@ -99,7 +101,7 @@ class GroupCommitter(Generic[I, O]):
                     if self._waiting:
                         successor = self._waiting[0]
                         successor.must_flush = True
-                        successor.wake.set()
+                        successor.wake.put(None)
                     else:
                         self._turn_taken = False
                 return
@@ -119,7 +121,7 @@ class GroupCommitter(Generic[I, O]):
                     slot.error = exc
         for slot in batch:
             slot.finished = True
-            slot.wake.set()
+            slot.wake.put(None)
 
     def _write(self, batch: list[_Slot[I, O]]) -> None:
         outcomes = self._flush([slot.item for slot in batch])

@@ -97,10 +97,13 @@ class ProcessMetrics:
 
     def child(self, metric: Any, task: TaskInfo) -> Any:
         """``metric.labels(task_name, queue)``, cached (label values are bounded)."""
-        key = (id(metric), task.task_name, task.queue)
+        return self.child_of(metric, task.task_name, task.queue)
+
+    def child_of(self, metric: Any, task_name: str, queue: str) -> Any:
+        key = (id(metric), task_name, queue)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(task.task_name, task.queue)
+            found = self._children[key] = metric.labels(task_name, queue)
         return found
 
     def attempt_started(self, task: TaskInfo) -> None:
@@ -114,6 +117,14 @@ class ProcessMetrics:
         with self.started_lock:
             started = self.started.pop((task.task_id, task.attempts), None)
         return None if started is None else time.monotonic() - started
+
+    def attempts_seconds(self, tasks: list[TaskInfo]) -> list[float | None]:
+        """``attempt_seconds`` of several tasks, under one lock."""
+        pop = self.started.pop
+        with self.started_lock:
+            starts = [pop((task.task_id, task.attempts), None) for task in tasks]
+        now = time.monotonic()
+        return [None if started is None else now - started for started in starts]
 
 
 def _schedule_metrics() -> tuple[Counter, Counter, Histogram]:

@@ -24,9 +24,10 @@ CLOSING_RETRIES = 3
 
 class CompletionWriter:
     """One thread that writes every pending completion in one conditional UPDATE per batch,
-    then announces them (signals, logs). Until written, a completed task stays RUNNING under its
-    lease: if the worker dies first, the task is recovered and runs again — the at-least-once
-    promise, never a lost task. ``close()`` writes whatever is still pending.
+    then announces them together (signals, logs, metrics). Until written, a completed task
+    stays RUNNING under its lease: if the worker dies first, the task is recovered and runs
+    again — the at-least-once promise, never a lost task. ``close()`` writes whatever is
+    still pending.
 
     A batch the storage refuses (an error other than being out of reach) is written again item
     by item, and ``refuse(claim, error)`` records the failure of each task whose own write is
@@ -35,7 +36,7 @@ class CompletionWriter:
     def __init__(
         self,
         write: Callable[[list[tuple[Claim, Any]]], list[Transition | None]],
-        announce: Callable[[Transition], None],
+        announce: Callable[[list[Transition]], None],
         discarded: Callable[[Claim], None],
         written: Callable[[list[Claim]], None] | None = None,
         refuse: Callable[[Claim, Exception], Transition | None] | None = None,
@@ -91,8 +92,9 @@ class CompletionWriter:
                 for claim, transition in recorded:
                     if transition is None:
                         self._discarded(claim)
-                    else:
-                        self._announce(transition)
+                announced = [transition for _, transition in recorded if transition is not None]
+                if announced:
+                    self._announce(announced)
                 if kept:
                     failures += 1
                     if self._retry_later(kept, failures):

@@ -136,7 +136,7 @@ class TaskRunner:
     ) -> CompletionWriter:
         self.writer = CompletionWriter(
             lambda outcomes: self.storage.complete_many(outcomes),
-            self.executor.announcer.transition,
+            self.executor.announcer.transitions,
             self._discarded,
             written,
             refuse=self._refuse_result,
@@ -159,7 +159,10 @@ class TaskRunner:
         no longer ours (cancelled, expired, or reclaimed after a lost lease). COMPLETED means
         handed to the writer, which records it shortly (or discards it, if no longer ours)."""
         writer = self._writer()
-        begun = self.begin(claim)
+        if claim.is_started:  # by the claim itself, for this thread
+            begun = self._begin(claim, claim)
+        else:
+            begun = self.begin(claim)
         if not isinstance(begun, Begun):
             return begun
         return self._call(begun, writer)
@@ -168,6 +171,8 @@ class TaskRunner:
         """Start one claim (the start write, shared with claims starting at the same moment):
         what to call, or the status recorded instead (None: the claim was no longer ours).
         The process pool calls it (after start_writer()), then runs the handler in a child."""
+        if claim.is_started:
+            return self._begin(claim, claim)
         if self._past_deadline(claim):
             return self._expire(claim)
         try:
@@ -185,7 +190,9 @@ class TaskRunner:
         outcomes: list[Begun | TaskStatus | None] = [None] * len(claims)
         due: list[int] = []
         for index, claim in enumerate(claims):
-            if self._past_deadline(claim):
+            if claim.is_started:  # by the claim itself
+                outcomes[index] = self._alone(claim, self._begin, claim, claim)
+            elif self._past_deadline(claim):
                 outcomes[index] = self._alone(claim, self._expire, claim)
             else:
                 due.append(index)
@@ -295,7 +302,7 @@ class TaskRunner:
         args, kwargs = self.arguments(begun, self.open_context(begun))
         try:
             value = handler.func(*args, **kwargs)
-            if inspect.isawaitable(value):
+            if value is not None and inspect.isawaitable(value):
                 from asgiref.sync import async_to_sync
 
                 async def wait(awaitable: Any = value) -> Any:

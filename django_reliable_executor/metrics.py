@@ -83,6 +83,25 @@ def observe_transition(transition: Transition) -> None:
             collectors.child(collectors.execution_seconds, task).observe(seconds)
 
 
+def observe_completed(transitions: list[Transition]) -> None:
+    """``observe_transition`` for a batch of completions (RUNNING -> COMPLETED) recorded
+    together: ``completed_total`` goes up once per task name and queue, and the start times
+    of the attempts are looked up under one lock."""
+    collectors = process_metrics()
+    if collectors is None:
+        return
+    counts: dict[tuple[str, str], int] = {}
+    for transition in transitions:
+        key = (transition.task.task_name, transition.task.queue)
+        counts[key] = counts.get(key, 0) + 1
+    for task_name, queue in counts:
+        collectors.child_of(collectors.completed, task_name, queue).inc(counts[task_name, queue])
+    tasks = [transition.task for transition in transitions]
+    for task, seconds in zip(tasks, collectors.attempts_seconds(tasks), strict=True):
+        if seconds is not None:
+            collectors.child(collectors.execution_seconds, task).observe(seconds)
+
+
 # -- schedules: fired by the master ----------------------------------------------------------
 def _schedule_collectors() -> tuple[Any, Any, Any] | None:
     """(runs fired, runs skipped, lag histogram), unlabelled: a million schedules must not
@@ -192,6 +211,7 @@ __all__: list[Any] = [
     "TaskCountCollector",
     "TaskCounts",
     "observe_started",
+    "observe_completed",
     "observe_submitted",
     "observe_transition",
     "register_collectors",

@@ -30,6 +30,7 @@ from .records import Claim
 logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
+STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
 # run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
 RunAsync = Callable[[list[Claim], Callable[[Claim], None]], None]
@@ -74,6 +75,7 @@ class BoundedPool:
         self._cond = threading.Lock()
         self._work = threading.Condition(self._cond)
         self._changed = threading.Condition(self._cond)
+        self._watching = 0  # threads waiting on _changed: a finished task notifies only them
         self._threads = 0
         self._idle = 0
         self._running: dict[str, Claim] = {}
@@ -106,7 +108,13 @@ class BoundedPool:
         """Block until ``room()`` is positive (a claim finished), or ``timeout``."""
         with self._cond:
             if not self._room():
-                self._changed.wait(timeout)
+                self._wait_changed(timeout)
+
+    def idle_threads(self) -> int:
+        """Threads waiting for a claim that none queued here is meant for yet: claims handed to
+        the pool now would run at once (the fetcher has those started as it claims them)."""
+        with self._cond:
+            return max(0, self._idle - len(self._heap))
 
     def held_by_queue(self) -> dict[str, int]:
         """Claims queued or running here, per queue."""
@@ -118,7 +126,7 @@ class BoundedPool:
         ``timeout``."""
         with self._cond:
             if self.version == version:
-                self._changed.wait(timeout)
+                self._wait_changed(timeout)
 
     def freed_elsewhere(self, claims: list[Claim]) -> None:
         """Claims held outside the pool (completions being written) are gone: when one is of a
@@ -171,22 +179,30 @@ class BoundedPool:
         return min(self._free(), max(threads, 0) + max(self._async_free(), 0))
 
     def submit(self, claim: Claim) -> None:
-        if self._to_event_loop(claim):
-            with self._cond:
-                heapq.heappush(self._async_heap, (-claim.task.priority, next(self._order), claim))
-                self._held_by_queue[claim.task.queue] += 1
-                self._async_work.notify()
-            return
+        self.submit_many([claim])
+
+    def submit_many(self, claims: list[Claim]) -> None:
+        """Queue claims (the fetcher's batch) under one lock, waking as many idle threads (and
+        the event loop's feeder) as they need at once rather than one notify per claim."""
+        to_loop = [self._to_event_loop(claim) for claim in claims]
         with self._cond:
-            heapq.heappush(self._heap, (-claim.task.priority, next(self._order), claim))
-            self._held_by_queue[claim.task.queue] += 1
-            if (
-                len(self._heap) > self.queue_capacity
-                and self._threads < self.max_size
-                and not self._idle
-            ):
-                self._spawn(core=False)
-            self._work.notify()
+            threads = 0
+            for claim, is_async in zip(claims, to_loop, strict=True):
+                heap = self._async_heap if is_async else self._heap
+                # A started claim first: it was started for a thread that is idle now.
+                first = STARTED_FIRST if claim.is_started else -claim.task.priority
+                heapq.heappush(heap, (first, next(self._order), claim))
+                self._held_by_queue[claim.task.queue] += 1
+                threads += not is_async
+            if threads < len(claims):
+                self._async_work.notify()
+            if not threads:
+                return
+            if not self._idle:
+                extra = min(len(self._heap) - self.queue_capacity, self.max_size - self._threads)
+                for _ in range(extra):
+                    self._spawn(core=False)
+            self._work.notify(threads)
 
     def _to_event_loop(self, claim: Claim) -> bool:
         if not self.async_capacity or self._is_async is None:
@@ -198,11 +214,15 @@ class BoundedPool:
             return False
 
     def take_queued(self) -> list[Claim]:
-        """Remove and return every claim not yet started (shutdown: hand them back)."""
+        """Remove and return every claim not yet started (shutdown: hand them back). Claims
+        the storage started as it claimed them stay, and the threads run them."""
         with self._cond:
-            claims = [item[2] for item in sorted(self._heap + self._async_heap)]
-            self._heap.clear()
-            self._async_heap.clear()
+            unstarted = []
+            for heap in (self._heap, self._async_heap):
+                unstarted += [item for item in heap if not item[2].is_started]
+                heap[:] = [item for item in heap if item[2].is_started]
+                heapq.heapify(heap)
+            claims = [item[2] for item in sorted(unstarted)]  # by priority, then claim order
             self._release(claims)
             return claims
 
@@ -252,7 +272,7 @@ class BoundedPool:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._changed.wait(remaining if remaining is None else min(remaining, 0.5))
+                self._wait_changed(remaining if remaining is None else min(remaining, 0.5))
             return True
 
     def close(self) -> None:
@@ -262,6 +282,14 @@ class BoundedPool:
             self._work.notify_all()
             self._async_work.notify_all()
             self._changed.notify_all()
+
+    def _wait_changed(self, timeout: float | None) -> None:
+        """Wait on ``_changed`` (lock held), counted in ``_watching``."""
+        self._watching += 1
+        try:
+            self._changed.wait(timeout)
+        finally:
+            self._watching -= 1
 
     # -- the threads' side ----------------------------------------------------------------
     def _spawn(self, *, core: bool) -> None:
@@ -305,7 +333,7 @@ class BoundedPool:
                 with self._cond:
                     self._running.pop(claim.task_id, None)
                     freed = self._release([claim])
-                    if self._room() or not self._running:
+                    if self._watching and (self._room() or not self._running):
                         self._changed.notify_all()
                 self._notify_freed(freed)
         connections.close_all()  # this thread's connections die with it
@@ -348,7 +376,7 @@ class BoundedPool:
                 return
             freed = self._release([claim])
             self._async_work.notify()
-            if self._room() or self._idle_now():
+            if self._watching and (self._room() or self._idle_now()):
                 self._changed.notify_all()
         self._notify_freed(freed)
 
@@ -360,5 +388,5 @@ class BoundedPool:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._changed.wait(remaining)
+                self._wait_changed(remaining)
             return True

@@ -87,6 +87,16 @@ def copy_with(record: R, **changes: Any) -> R:
     return copy
 
 
+def build(cls: type[R], fields: dict[str, Any]) -> R:
+    """``cls(**fields)`` for the frozen records of this module, without running ``__init__``: a
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (seven
+    bytecode steps a field, ~150 for a TaskInfo), which the worker pays for every task it
+    claims. ``fields`` must name every field: no default is filled in."""
+    record = object.__new__(cls)
+    vars(record).update(fields)
+    return record
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """A task a worker holds under a lease. ``token`` fences every write the worker makes.
@@ -104,6 +114,12 @@ class Claim:
     def task_id(self) -> str:
         return self.task.task_id
 
+    @property
+    def is_started(self) -> bool:
+        """Started already (RUNNING, its attempt counted): by ``start``, or by the claim itself
+        (``TaskStorage.claim``'s ``start``)."""
+        return self.task.status is TaskStatus.RUNNING
+
     def started(self, now: dt.datetime) -> Claim:
         """This claim once its start was recorded: RUNNING, one more attempt counted."""
         task = copy_with(
@@ -114,20 +130,22 @@ class Claim:
     def completed(self, result: Any, now: dt.datetime) -> Transition:
         """The transition of recording this (started) claim's success."""
         task = copy_with(self.task, status=TaskStatus.COMPLETED, result=result, finished_at=now)
-        return Transition(task=task, previous=TaskStatus.RUNNING)
+        return build(Transition, {"task": task, "previous": TaskStatus.RUNNING})
 
 
 @dataclasses.dataclass(frozen=True)
 class ClaimRequest:
     """What a worker's claim asks of the storage (see ``TaskStorage.claim``): up to ``limit``
     due tasks of ``queues`` under a lease of ``lease_seconds``, never more held at once of a
-    name in ``name_limits`` (``{task_name: cap}``) than its cap."""
+    name in ``name_limits`` (``{task_name: cap}``) than its cap; up to ``start`` of them
+    started at once where the storage can."""
 
     worker_id: str
     queues: tuple[str, ...]
     limit: int
     lease_seconds: float
     name_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    start: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

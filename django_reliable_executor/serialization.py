@@ -92,9 +92,14 @@ class Encoded:
     text: str
 
 
+NULL = Encoded(None, "null")
+
+
 def encode(value: Any) -> Encoded:
     """``value`` as a plain JSON value and its text. Raises ConversionError saying why it
     cannot be stored: not JSON, an integer too long to write, or nested too deeply."""
+    if value is None:  # what most handlers return
+        return NULL
     try:
         plain = to_json_value(value)
         return Encoded(plain, dumps(plain))
@@ -113,9 +118,18 @@ def encoded(result: Any) -> Encoded:
     return result if isinstance(result, Encoded) else encode(result)
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text of a value already made plain by ``to_json_value``."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
+
+
+def loads(text: str) -> Any:
+    """The value of JSON text; ``null`` (a task without a parameter) without the parser."""
+    return None if text == "null" else json.loads(text)
 
 
 _PLAIN_TYPES: dict[Any, tuple[type, ...]] = {

@@ -323,9 +323,13 @@ def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[An
     def run(parameter: Any, context: ExecutorContext) -> Any:
         args = parameter.get("args", []) if isinstance(parameter, dict) else []
         kwargs = parameter.get("kwargs", {}) if isinstance(parameter, dict) else {}
+        info = context.task  # as started: RUNNING, this attempt counted
+        # Django's task_started, sent here rather than from a receiver of this app's signal:
+        # a receiver would run (and cost the worker) for every task, Django's or not.
+        if task_started.receivers:
+            task_started.send(type(backend), task_result=to_result(info, task, backend.alias))
         if not task.takes_context:
             return task.call(*args, **kwargs)
-        info = context.task
         return task.call(
             TaskContext(task_result=to_result(info, task, backend.alias)), *args, **kwargs
         )
@@ -386,17 +390,11 @@ def _is_django_task(task_name: str) -> bool:
     return getattr(get_handler(task_name), "django_task", None) is not None
 
 
-def _on_started(sender: Any, task_id: str, task_name: str, **kwargs: Any) -> None:
-    if _is_django_task(task_name):
-        _send(task_started, task_id)
-
-
 def _on_finished(sender: Any, task_id: str, task_name: str, **kwargs: Any) -> None:
     if _is_django_task(task_name):
         _send(task_finished, task_id)
 
 
-executor_signals.task_started.connect(_on_started, dispatch_uid="django-tasks-started")
 for _signal in (
     executor_signals.task_completed,
     executor_signals.task_failed,

@@ -701,7 +701,7 @@ def test_completion_writer_records_in_batches_and_announces(executor, storage):
     ids = [executor.submit("demo.echo", {"i": i}, task_id=f"cw-{i}").task_id for i in range(5)]
     started = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
     announced = []
-    writer = CompletionWriter(storage.complete_many, announced.append, lambda claim: None)
+    writer = CompletionWriter(storage.complete_many, announced.extend, lambda claim: None)
     for claim in started:
         writer.put(claim, {"done": claim.task_id})
     writer.close()
@@ -721,7 +721,7 @@ def test_completion_writer_failure_leaves_tasks_running_for_recovery(executor, s
     def broken(outcomes):
         raise ConnectionError("database went away")
 
-    writer = CompletionWriter(broken, announced.append, discarded.append)
+    writer = CompletionWriter(broken, announced.extend, discarded.append)
     writer.put(claim, "result")
     writer.close()
     assert announced == [] and discarded == []

@@ -56,10 +56,17 @@ class TaskStorage(ScheduleStorage):
         lease_seconds: float,
         *,
         name_limits: Mapping[str, int] | None = None,
+        start: int = 0,
     ) -> list[Claim]:
         """Take up to ``limit`` due tasks, highest priority first then oldest, under a lease.
         A claimed task keeps its CREATED/PENDING status until ``start``. Never blocks on rows
         another worker is claiming.
+
+        ``start``: the caller has that many threads idle to run claims right now; a storage
+        that can (Redis) starts up to that many of the first claims in the same atomic call,
+        as ``start_many`` would (RUNNING, an attempt counted, ``started_at`` now), saving the
+        start's round trip; a task past its deadline is not started. Those come back RUNNING;
+        the others as without ``start``. A storage may start none.
 
         ``name_limits`` (``{task_name: cap}``, each cap >= 1) caps how many tasks of a name
         are held at once (claimed under a lease, started or not) across every worker: the
@@ -69,7 +76,14 @@ class TaskStorage(ScheduleStorage):
         if limit <= 0 or not queues:
             return []
         return self._claim(
-            ClaimRequest(worker_id, tuple(queues), limit, lease_seconds, dict(name_limits or {}))
+            ClaimRequest(
+                worker_id,
+                tuple(queues),
+                limit,
+                lease_seconds,
+                dict(name_limits or {}),
+                max(start, 0),
+            )
         )
 
     @abc.abstractmethod

@@ -46,6 +46,53 @@ def test_index_checker_reports_a_broken_index(storage, executor):
     assert any("unknown task ghost" in line for line in problems)
 
 
+# -- claim, starting what idle threads will run ---------------------------------------------
+def test_claim_starts_the_first_claims_it_is_asked_to(storage, executor, clock):
+    for task_id in ("s1", "s2", "s3"):
+        submit(executor, task_id)
+    claims = storage.claim(WORKER_A, ["default"], 3, LEASE, start=2)
+    assert [(c.task_id, c.is_started) for c in claims] == [
+        ("s1", True),
+        ("s2", True),
+        ("s3", False),
+    ]
+    for claim in claims[:2]:
+        info = executor.get_task(claim.task_id)
+        assert (info.status, info.attempts, info.started_at) == (TaskStatus.RUNNING, 1, clock.now())
+        assert (claim.task.attempts, claim.budget_attempts) == (1, 1)
+        assert claim.task.started_at == clock.now()
+        assert storage.start(claim, LEASE) is None  # started once, not twice
+    assert executor.get_task("s3").status is TaskStatus.CREATED
+    assert_consistent(storage)
+    # A started claim is completed like one start started; only the unstarted one goes back.
+    assert storage.complete_many([(claims[0], "done")])[0] is not None
+    assert storage.release(claims[1:]) == 1
+    assert executor.get_task("s2").status is TaskStatus.RUNNING
+    assert_consistent(storage)
+
+
+def test_claim_does_not_start_a_task_past_its_deadline(storage, executor, clock):
+    submit(executor, "late", max_duration_millis=1000)
+    submit(executor, "fresh")
+    clock.advance(2)
+    claims = storage.claim(WORKER_A, ["default"], 2, LEASE, start=2)
+    assert [(c.task_id, c.is_started) for c in claims] == [("late", False), ("fresh", True)]
+    assert executor.get_task("late").attempts == 0
+    assert_consistent(storage)
+
+
+def test_a_task_submitted_after_the_claims_clock_reading_starts_no_earlier_than_created(
+    storage, executor, clock
+):
+    """The claim's now is read before it is sent: a task submitted meanwhile (by a submitter
+    whose clock reads later) is recorded as started when it was created, never before."""
+    submit(executor, "t1")
+    created = executor.get_task("t1").created_at
+    clock.advance(-1)  # the claiming worker read its clock a second earlier
+    [claim] = storage.claim(WORKER_A, ["default"], 1, LEASE, start=1)
+    assert claim.task.started_at == created == executor.get_task("t1").started_at
+
+
 # -- start ----------------------------------------------------------------------------------
 def test_start_refuses_a_token_bumped_by_release(storage, executor):
     submit(executor, "t1")

@@ -2,9 +2,13 @@
 -- priority first, first in first out within a priority. A claimed task keeps its status
 -- (CREATED or PENDING) until start; its token goes up by one, fencing every later write.
 -- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6] a random token increment,
--- ARGV[7..] queues, then optionally '' and pairs of task name, cap (max_concurrency). The
--- random step (not +1) keeps a claim that a Redis failover lost from sharing its token with
--- the next claim of the same task.
+-- ARGV[7] how many of the claimed tasks to start at once (the worker has that many idle threads
+-- to run them right now), ARGV[8..] queues, then optionally '' and pairs of task name, cap
+-- (max_concurrency). The random step (not +1) keeps a claim that a Redis failover lost from
+-- sharing its token with the next claim of the same task.
+-- Starting: the first tasks claimed (up to ARGV[7]) become RUNNING with one more attempt and
+-- started at now, as start.lua does it, in this same call; a task past its deadline is left
+-- unstarted (the worker times it out rather than running it).
 -- max_concurrency: a task of a capped name whose held count (`held`) has reached its cap is
 -- parked (see park in _common.lua) instead of taken, out of everyone's way; the parked tasks
 -- of a name with free slots compete here with the ready lists, in the same order. At most
@@ -15,11 +19,12 @@ local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md
   'd', 'e', 'w', 'k'}
 local PARK_MAX = 1000
 local worker, lease_until, limit, step = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local to_start = tonumber(ARGV[7])
 local queues = {}
 local claimed_queue = {}
 local caps = {}
 local capped = false
-local arg = 7
+local arg = 8
 while arg <= #ARGV and ARGV[arg] ~= '' do
   queues[#queues + 1] = ARGV[arg]
   claimed_queue[ARGV[arg]] = true
@@ -92,7 +97,7 @@ local parked = 0
 -- Take one popped (or unparked) task: lease it, or park it when its name is at its cap.
 local function take(id)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r')
+  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c')
   -- The double check: still waiting and nobody's claim (a stray entry is dropped).
   if not waiting(task[1]) or redis.call('ZSCORE', LEASES, id) then
     return
@@ -106,6 +111,15 @@ local function take(id)
   redis.call('HINCRBY', key, 'k', step)
   redis.call('HSET', key, 'w', worker)
   lease(id, task[2], lease_until)
+  if to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN) then
+    to_start = to_start - 1
+    -- now was read before this call was sent: a task submitted meanwhile is not started
+    -- before it was created.
+    redis.call('HSET', key, 's', 'RUNNING', 'st', tonumber(task[7]) > NOWN and task[7] or NOW)
+    redis.call('HINCRBY', key, 'a', 1)
+    redis.call('HINCRBY', key, 'b', 1)
+    recount(task[5], task[1], 'RUNNING')
+  end
   out[#out + 1] = id
   out[#out + 1] = redis.call('HMGET', key, unpack(CLAIMED_FIELDS))
   taken = taken + 1

@@ -72,8 +72,7 @@ class RedisAccess(TaskStorage):
 
     def _run(self, name: str, *args: Any, now: dt.datetime | None = None) -> Any:
         now = now or self.clock.now()
-        script = getattr(self._scripts, name)
-        return script(keys=self._keys, args=[self.p, micros(now), *args])
+        return self._scripts.run(name, self._keys, (self.p, micros(now), *args))
 
     @guarded
     def get(self, task_id: str) -> TaskInfo | None:
@@ -132,5 +131,6 @@ class RedisAccess(TaskStorage):
         return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
 
     def close(self) -> None:
+        self._scripts.close()
         if self._owns_client:
             self.client.close()

@@ -35,6 +35,7 @@ class Claiming(RedisAccess):
             lease_until,
             request.limit,
             step,
+            request.start,
             *request.queues,
             *caps,
             now=now,
@@ -43,7 +44,7 @@ class Claiming(RedisAccess):
         due = int(next_due) if next_due else None
         for queue in request.queues:  # the earliest of the call's queues: at worst too early
             self._next_due[queue] = due
-        return [claimed(text(reply[i]), reply[i + 1]) for i in range(1, len(reply), 2)]
+        return [claimed(text(reply[i]), reply[i + 1], now) for i in range(1, len(reply), 2)]
 
     @guarded
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:

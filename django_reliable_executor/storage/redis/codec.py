@@ -8,8 +8,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import Claim, NewTask, TaskInfo
-from ...serialization import dumps
+from ...records import Claim, NewTask, TaskInfo, build
+from ...serialization import dumps, loads
 from ...states import TaskStatus
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -89,35 +89,48 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k".split()  # noqa: SIM905
 
 
-def claimed(task_id: str, values: Sequence[Any]) -> Claim:
-    """A Claim from claim.lua's values (the hot path: no dict, no decoding when not bytes)."""
+def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
+    """A Claim from claim.lua's values (the hot path: no dict, no decoding when not bytes, the
+    records built without their __init__); RUNNING when the claim started it, at ``now``."""
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
     n, q, p, s, j, a, b, rl, ri, rb, md, c, r, d, e, w, k = values
     created_at = from_micros(c)
-    info = TaskInfo(
-        task_id=task_id,
-        task_name=n,
-        status=TaskStatus(s),
-        queue=q,
-        priority=int(p),
-        parameter=json.loads(j),
-        attempts=int(a),
-        retry_limit=int(rl),
-        retry_interval=int(ri),
-        retry_backoff=rb,
-        max_duration_millis=int(md) if md else None,
-        created_at=created_at,
-        run_at=from_micros(r) if r else created_at,
-        started_at=None,
-        finished_at=None,
-        last_error=e,
-        result=None,
-        worker_id=w,
-        cancel_requested=False,
+    status = TaskStatus(s)
+    info = build(
+        TaskInfo,
+        {
+            "task_id": task_id,
+            "task_name": n,
+            "status": status,
+            "queue": q,
+            "priority": int(p),
+            "parameter": loads(j),
+            "attempts": int(a),
+            "retry_limit": int(rl),
+            "retry_interval": int(ri),
+            "retry_backoff": rb,
+            "max_duration_millis": int(md) if md else None,
+            "created_at": created_at,
+            "run_at": from_micros(r) if r else created_at,
+            # Started by the claim: at now, or at its creation if it was submitted after now
+            # was read (as claim.lua records it).
+            "started_at": max(now, created_at) if status is TaskStatus.RUNNING else None,
+            "finished_at": None,
+            "last_error": e,
+            "result": None,
+            "worker_id": w,
+            "cancel_requested": False,
+        },
     )
-    return Claim(
-        task=info, token=int(k), budget_attempts=int(b), deadline_at=from_micros(d) if d else None
+    return build(
+        Claim,
+        {
+            "task": info,
+            "token": int(k),
+            "budget_attempts": int(b),
+            "deadline_at": from_micros(d) if d else None,
+        },
     )
 
 
