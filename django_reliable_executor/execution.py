@@ -159,10 +159,7 @@ class TaskRunner:
         no longer ours (cancelled, expired, or reclaimed after a lost lease). COMPLETED means
         handed to the writer, which records it shortly (or discards it, if no longer ours)."""
         writer = self._writer()
-        if claim.is_started:  # by the claim itself, for this thread
-            begun = self._begin(claim, claim)
-        else:
-            begun = self.begin(claim)
+        begun = self.begin(claim)
         if not isinstance(begun, Begun):
             return begun
         return self._call(begun, writer)
@@ -171,7 +168,7 @@ class TaskRunner:
         """Start one claim (the start write, shared with claims starting at the same moment):
         what to call, or the status recorded instead (None: the claim was no longer ours).
         The process pool calls it (after start_writer()), then runs the handler in a child."""
-        if claim.is_started:
+        if claim.is_started:  # by the claim itself (Redis), for an idle thread
             return self._begin(claim, claim)
         if self._past_deadline(claim):
             return self._expire(claim)
