@@ -29,8 +29,10 @@ class Fetcher:
     ``pool`` until ``stopping`` is set or, in burst mode, until no work is near.
 
     With per-queue limits, a queue at its limit is not claimed from, so none of it waits unseen
-    here while the other queues keep flowing. On Redis an idle fetcher blocks until a submit
-    wakes one of its queues, a delayed task is due, or (at a limit) a slot here frees up.
+    here while the other queues keep flowing. An idle fetcher waits in the storage's
+    ``wait_for_work`` until a submit wakes one of its queues (Redis, PostgreSQL, SQLite; on
+    MariaDB the wait is a short poll), a delayed task is due, (at a limit) a slot here frees up,
+    or POLL_INTERVAL has passed.
     """
 
     def __init__(
@@ -62,8 +64,8 @@ class Fetcher:
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT
         self._error_wait = MIN_ERROR_WAIT
-        # Per-queue limits on Redis: the fetcher may block in wait_for_work while a limited
-        # queue is full; a task of it finishing wakes the fetcher through this private wake key.
+        # Per-queue limits: the fetcher may block in wait_for_work while a limited queue is
+        # full; a task of it finishing wakes the fetcher through this private wake key.
         self._wake_key = f"_worker:{worker_id}"
         self._waiting_blocked = False
 
@@ -150,8 +152,8 @@ class Fetcher:
         """Nothing was claimed: wait for work. ``full``: some limited queue is at its limit, so
         a slot freed here (the pool's version moving on from ``version``) ends the wait too."""
         if self.executor.storage.blocking_wait:
-            # Redis: block until a submit wakes a queue, the next delayed task is due, or
-            # (at a limit) a slot here frees up.
+            # Block until a submit wakes a queue, the next delayed task is due, (at a limit) a
+            # slot here frees up, or POLL_INTERVAL has passed (see the storage's waiter).
             self._waiting_blocked = full
             try:
                 if self.pool.version == version:
@@ -160,8 +162,8 @@ class Fetcher:
             finally:
                 self._waiting_blocked = False
             return
-        # Nothing due: wait, doubling the wait up to POLL_INTERVAL. A worker that just had
-        # work looks again within milliseconds; an idle one asks once per POLL_INTERVAL.
+        # A storage that cannot wait (none of the shipped ones): poll, doubling the wait up to
+        # POLL_INTERVAL. A worker that just had work looks again within milliseconds.
         if full:
             self.pool.wait_for_change(version, self._idle_wait)
         else:
@@ -174,7 +176,7 @@ class Fetcher:
             self.executor.storage.wake([self._wake_key])
 
     def interrupt(self) -> None:
-        """Wake a blocking wait for work (Redis) so that the loop sees ``stopping`` at once."""
+        """Wake a blocking wait for work so that the loop sees ``stopping`` at once."""
         try:
             self.executor.storage.wake(self.queues)
         except Exception:
