@@ -91,6 +91,22 @@ def schedule_from_hash(schedule_id: str, values: dict[str, str]) -> ScheduleInfo
     )
 
 
+# The fields the master's round reads of each due schedule: to plan it (a cron one is then read
+# in full) and to fire it.
+FIRING_FIELDS = ("nr", "ev", "sa", "m", "pa", "cr", "n", "q", "p", "j", "rl", "ri", "rb", "md")
+
+
+def _present(values: Sequence[Any]) -> dict[str, str]:
+    """schedule_due.lua's FIRING_FIELDS values as a dict of the fields present."""
+    if values and isinstance(values[0], bytes):  # nr: every schedule has one
+        values = [None if value is None else text(value) for value in values]
+    return {
+        field: value
+        for field, value in zip(FIRING_FIELDS, values, strict=True)
+        if value is not None
+    }
+
+
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     """HGETALL's flat reply as a dict (decoded: a borrowed cache client may not decode)."""
     if flat and isinstance(flat[0], bytes):
@@ -266,15 +282,20 @@ class Schedules(RedisAccess):
         now_us = (now - EPOCH) // MICROSECOND
         created_at = str(now_us)
         grace_us = grace // MICROSECOND
-        reply = self._run("schedule_due", limit, now=now)
+        reply = self._run("schedule_due", limit, *FIRING_FIELDS, now=now)
+        due = [
+            (text(reply[index]), _present(reply[index + 1])) for index in range(0, len(reply), 2)
+        ]
+        # A cron schedule is planned from its whole definition (ScheduleInfo): read in full.
+        crons = [schedule_id for schedule_id, values in due if "cr" in values]
+        full = self._read_many(crons, self._skey) if crons else {}
         fires: builtins.list[_Fire] = []
         skipped: builtins.list[tuple[str, int, str]] = []
         paused: builtins.list[tuple[str, Exception]] = []
         planned = 0
-        reported = len(reply) // 2
-        for index in range(0, len(reply), 2):
-            schedule_id, values = text(reply[index]), _pairs(reply[index + 1])
-            if "pa" in values or "nr" not in values:
+        reported = len(due)
+        for schedule_id, values in due:
+            if "pa" in values or "nr" not in values or ("cr" in values and schedule_id not in full):
                 reported -= 1
                 continue
             if planned >= max_tasks:
@@ -294,7 +315,7 @@ class Schedules(RedisAccess):
                     )
                 else:
                     outcome = plan(
-                        schedule_from_hash(schedule_id, values),
+                        schedule_from_hash(schedule_id, full[schedule_id]),
                         now,
                         grace=grace,
                         catch_up_limit=catch_up_limit,
