@@ -4,7 +4,8 @@
     python bench/schedules.py --storage {redis,postgres,mariadb,sqlite} [--n 1000000] [--rate R]
 
 On a store of its own (the database or key prefix of bench/throughput.py's stores, under
-another name: ``reliable_executor_schedule_bench``), emptied first and at the end:
+another name: ``reliable_executor_schedule_bench``), emptied first and at the end, also after
+an error, Ctrl-C or SIGTERM (a million schedules must not stay behind on a shared server):
 
 1. create: ``--n`` interval schedules through ``executor.schedule_many`` in batches of
    ``--batch``, every one ``n / rate`` seconds apart in phase so that at steady state ``--rate``
