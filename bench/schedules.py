@@ -4,7 +4,8 @@
     python bench/schedules.py --storage {redis,postgres,mariadb,sqlite} [--n 1000000] [--rate R]
 
 On a store of its own (the database or key prefix of bench/throughput.py's stores, under
-another name: ``reliable_executor_schedule_bench``), emptied first and at the end:
+another name: ``reliable_executor_schedule_bench``), emptied first and at the end, also after
+an error, Ctrl-C or SIGTERM (a million schedules must not stay behind on a shared server):
 
 1. create: ``--n`` interval schedules through ``executor.schedule_many`` in batches of
    ``--batch``, every one ``n / rate`` seconds apart in phase so that at steady state ``--rate``
@@ -153,12 +154,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     store = throughput.open_store(args)
-    from django_reliable_executor import ReliableExecutor, executor
-    from django_reliable_executor.schedules.firing import ScheduleFiring
-
     log(f"store: {store.describe()}; code: {throughput.code_version()}")
     log(throughput.machine_load())
     store.clear()
+    try:
+        # A million schedules and as many tasks must not stay behind on a shared server: the
+        # store is emptied on the way out, also after an error, Ctrl-C or SIGTERM (a run
+        # killed outright leaves them to the next run's emptying at its start).
+        with throughput.terminate_on_sigterm():
+            result = run(args, store)
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        if not args.keep:
+            log("emptying the store")
+            store.clear()
+        store.close()
+    print(json.dumps(result))
+    return 0
+
+
+def run(args: argparse.Namespace, store: Any) -> dict[str, Any]:
+    """The three phases on the (empty) store."""
+    from django_reliable_executor import ReliableExecutor, executor
+    from django_reliable_executor.schedules.firing import ScheduleFiring
+
     rtt = store.rtt_ms(args.rtt_rounds)
     every = args.n / args.rate
     result: dict[str, Any] = {
@@ -192,12 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     resume_at = firing.next_due() or first
     result["steady"] = steady(firing, clock, resume_at, args.seconds)
     log(f"steady: {result['steady']}")
-    if not args.keep:
-        log("emptying the store")
-        store.clear()
-    store.close()
-    print(json.dumps(result))
-    return 0
+    return result
 
 
 if __name__ == "__main__":

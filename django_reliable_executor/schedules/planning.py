@@ -5,10 +5,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from ..records import NewTask, build
+from .ids import fire_task_id
 from .records import ScheduleInfo
 from .timing import Timing, runs_between
 
 _MICRO = dt.timedelta(microseconds=1)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _micros(when: dt.datetime) -> int:
+    return (when - _EPOCH) // _MICRO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +45,20 @@ def plan(
       newest ones): an outage of days must not flood the queue.
     The next run is always the first planned time after now, so the schedule never lags.
     """
+    if schedule.every is not None:
+        # Intervals by integer arithmetic on microseconds (exact, and what the master's round
+        # mostly does): no Timing, no datetime per step.
+        runs_us, next_us, skipped = plan_interval(
+            _micros(schedule.next_run_at),
+            schedule.every // _MICRO,
+            _micros(schedule.start_at),
+            _micros(now),
+            schedule.misfire,
+            grace=grace // _MICRO,
+            catch_up_limit=catch_up_limit,
+        )
+        planned = tuple(_EPOCH + _MICRO * run for run in runs_us)
+        return Plan(planned, _EPOCH + _MICRO * next_us, skipped)
     timing = timing or schedule.timing
     first = schedule.next_run_at
     next_run = timing.next_after(now)
@@ -52,8 +73,44 @@ def plan(
     skipped = 0
     if not runs or runs[0] != first:
         limit = catch_up_limit + len(runs) + 1
-        skipped = max(_missed(schedule, timing, first, now, limit) - len(runs), 1)
+        skipped = max(len(runs_between(timing, first - _MICRO, now, limit)) - len(runs), 1)
     return Plan(tuple(runs), next_run, skipped)
+
+
+def plan_interval(
+    first: int,
+    every: int,
+    anchor: int,
+    now: int,
+    misfire: str,
+    *,
+    grace: int,
+    catch_up_limit: int,
+) -> tuple[list[int], int, int]:
+    """``plan`` of an interval schedule (runs at ``anchor + k * every``, k >= 0) whose next run
+    is ``first``, every time in whole microseconds (since the epoch; ``every`` and ``grace``
+    as lengths): the runs to fire, oldest first, the next run, and how many runs were dropped
+    (exact)."""
+    elapsed = now - anchor
+    next_run = anchor if elapsed < 0 else anchor + (elapsed // every + 1) * every
+    if first > now:
+        return [], first, 0
+    if misfire == "run_once":
+        count, lower = 1, first
+    elif misfire == "catch_up":
+        count, lower = catch_up_limit, first
+    else:  # skip
+        count, lower = catch_up_limit, max(first, now - grace)
+    runs: list[int] = []
+    if count > 0 and lower <= now:
+        last = elapsed // every
+        low = max(-((anchor - lower) // every), 0, last - count + 1)  # ceiling division
+        runs = [anchor + k * every for k in range(low, last + 1)]
+    skipped = 0
+    if not runs or runs[0] != first:
+        missed = elapsed // every + ((anchor - first) // every) + 1  # runs in [first, now]
+        skipped = max(missed - len(runs), 1)
+    return runs, next_run, skipped
 
 
 def newest_runs(
@@ -63,11 +120,9 @@ def newest_runs(
     now: dt.datetime,
     count: int,
 ) -> list[dt.datetime]:
-    """The newest ``count`` planned runs in [lower, now], oldest first."""
+    """The newest ``count`` planned runs of a cron schedule in [lower, now], oldest first."""
     if count <= 0 or lower > now:
         return []
-    if schedule.every is not None:
-        return _interval_runs(schedule.start_at, schedule.every, lower, now, count)
     # Cron: search back from now over a doubling window, so an outage of months reads only
     # about as many run times as it returns.
     window = dt.timedelta(minutes=2)
@@ -81,29 +136,24 @@ def newest_runs(
         window *= 2
 
 
-def _interval_runs(
-    anchor: dt.datetime,
-    every: dt.timedelta,
-    lower: dt.datetime,
-    now: dt.datetime,
-    count: int,
-) -> list[dt.datetime]:
-    """Runs anchor + k*every in [lower, now], by integer arithmetic on microseconds."""
-    step = every // _MICRO
-    last = (now - anchor) // _MICRO // step
-    first = -(-((lower - anchor) // _MICRO) // step)  # ceiling division
-    first = max(first, 0, last - count + 1)
-    return [anchor + dt.timedelta(microseconds=k * step) for k in range(first, last + 1)]
-
-
-def _missed(
-    schedule: ScheduleInfo, timing: Timing, first: dt.datetime, now: dt.datetime, limit: int
-) -> int:
-    """How many planned runs lie in [first, now]: exact for an interval, for cron counted up to
-    ``limit`` only (walking a long outage run by run would cost more than the fire itself)."""
-    if schedule.every is not None:
-        step = schedule.every // _MICRO
-        anchor = schedule.start_at
-        total = (now - anchor) // _MICRO // step - (-(-((first - anchor) // _MICRO) // step)) + 1
-        return int(total)
-    return len(runs_between(timing, first - _MICRO, now, limit))
+def fire_task(schedule: ScheduleInfo, planned: dt.datetime, now: dt.datetime) -> NewTask:
+    """The task of one planned run: due at its planned time, with the schedule's options."""
+    max_duration = schedule.max_duration_millis
+    # Built without NewTask.__init__: the master builds a thousand per round.
+    return build(
+        NewTask,
+        {
+            "task_id": fire_task_id(schedule.schedule_id, planned),
+            "task_name": schedule.task_name,
+            "queue": schedule.queue,
+            "priority": schedule.priority,
+            "parameter": schedule.parameter,
+            "retry_limit": schedule.retry_limit,
+            "retry_interval": schedule.retry_interval,
+            "retry_backoff": schedule.retry_backoff,
+            "max_duration_millis": max_duration,
+            "created_at": now,
+            "run_at": planned,
+            "deadline_at": now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
+        },
+    )

@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 from typing import Any, Literal
 
-from ..records import NewTask
+from ..records import NewTask, TaskInfo
 from .timing import Timing, make_timing
 
 Misfire = Literal["skip", "run_once", "catch_up"]
@@ -102,6 +102,22 @@ class ScheduleFire:
     tasks: tuple[NewTask, ...]
     last_run_at: dt.datetime | None
     last_task_id: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FiringRound:
+    """What one round of the master's firing did (``ScheduleStorage.fire_due``).
+
+    ``created``: the tasks newly stored. ``due``: how many due schedules the round read (the
+    whole ``limit`` when it stopped early at its task cap: more is due). ``skipped``: per
+    schedule whose misfire policy dropped runs, (schedule id, runs dropped, policy).
+    ``paused``: per schedule that could not be planned and was paused, (schedule id, error).
+    """
+
+    created: list[TaskInfo]
+    due: int
+    skipped: list[tuple[str, int, str]]
+    paused: list[tuple[str, Exception]]
 
 
 @dataclasses.dataclass(frozen=True)

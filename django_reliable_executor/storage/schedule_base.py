@@ -7,8 +7,9 @@ import builtins
 import datetime as dt
 from collections.abc import Collection, Sequence
 
-from ..records import TaskInfo
-from ..schedules.records import ScheduleFire, ScheduleInfo
+from ..records import TaskInfo, build
+from ..schedules.planning import fire_task, plan
+from ..schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 
 
 class ScheduleStorage(abc.ABC):
@@ -78,3 +79,54 @@ class ScheduleStorage(abc.ABC):
     ) -> builtins.list[TaskInfo]:
         """Store each fire's tasks (an existing id is left alone) and move its schedule on, if
         the schedule still expects that fire. Returns the tasks newly created."""
+
+    def fire_due(
+        self,
+        now: dt.datetime,
+        limit: int,
+        *,
+        grace: dt.timedelta,
+        catch_up_limit: int,
+        max_tasks: int,
+    ) -> FiringRound:
+        """One round of the master's firing: read up to ``limit`` due schedules, plan each by
+        its misfire policy (``schedules.planning.plan``), then store the runs' tasks and move
+        the schedules on with ``fire_schedules`` (so racing a second master stays safe). The
+        round stops planning once it holds ``max_tasks`` tasks. A schedule that cannot be
+        planned is paused, so it never holds the others up. A storage may do the same round
+        its own faster way, with the same outcome."""
+        due = self.due_schedules(now, limit)
+        fires: list[ScheduleFire] = []
+        skipped: list[tuple[str, int, str]] = []
+        paused: list[tuple[str, Exception]] = []
+        planned = 0
+        reported = len(due)
+        for schedule in due:
+            if planned >= max_tasks:
+                reported = limit  # more is due: the next round comes at once
+                break
+            try:
+                outcome = plan(schedule, now, grace=grace, catch_up_limit=catch_up_limit)
+            except Exception as exc:
+                self.set_schedule_paused(schedule.schedule_id, True, now)
+                paused.append((schedule.schedule_id, exc))
+                continue
+            tasks = tuple(fire_task(schedule, run, now) for run in outcome.runs)
+            planned += len(tasks)
+            if outcome.skipped:
+                skipped.append((schedule.schedule_id, outcome.skipped, schedule.misfire))
+            fires.append(
+                build(
+                    ScheduleFire,
+                    {
+                        "schedule_id": schedule.schedule_id,
+                        "expected_next_run_at": schedule.next_run_at,
+                        "next_run_at": outcome.next_run_at,
+                        "tasks": tasks,
+                        "last_run_at": outcome.runs[-1] if outcome.runs else None,
+                        "last_task_id": tasks[-1].task_id if tasks else None,
+                    },
+                )
+            )
+        created = self.fire_schedules(fires, now) if fires else []
+        return FiringRound(created=created, due=reported, skipped=skipped, paused=paused)

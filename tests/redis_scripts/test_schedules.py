@@ -7,11 +7,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
+from functools import partial
 
 import pytest
 
+from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.records import ScheduleFire
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage.schedule_base import ScheduleStorage
+from tests.conftest import own_key_prefix
+from tests.redis_scripts.conftest import redis_storage
 from tests.redis_support import assert_consistent, changed_keys, snapshot, unchanged
 
 MINUTE = dt.timedelta(minutes=1)
@@ -153,3 +159,60 @@ def test_a_random_walk_keeps_the_schedule_indexes_consistent(storage, executor, 
     assert len(fired) == len(set(fired)) and all("@" in t for t in fired)
     for info in executor.list_schedules():
         assert dataclasses.replace(info) == executor.get_schedule(info.schedule_id)
+
+
+def _fill(executor: ReliableExecutor) -> None:
+    """Schedules of every kind the master meets: each misfire policy, cron, options, paused."""
+    executor.schedule("skip", "demo.echo", {"a": [1, 2.5, "é"]}, every=60)
+    executor.schedule(
+        "once", "demo.echo", every=60, misfire="run_once", max_duration_millis=5000, queue="q2"
+    )
+    executor.schedule("catch", "demo.echo", every=90, misfire="catch_up", priority=3)
+    executor.schedule("cron", "demo.echo", {"c": 1}, cron="*/5 * * * *", misfire="catch_up")
+    executor.schedule("gone", "demo.echo", cron="0 3 * * *")
+    executor.schedule("paused", "demo.echo", every=60)
+    executor.pause_schedule("paused")
+
+
+def test_the_redis_round_stores_what_the_general_round_stores(storage, executor, clock):
+    """RedisStorage.fire_due (the hashes' strings, intervals in microseconds) against the
+    storage-neutral round of ScheduleStorage over the same schedules and times: the same
+    tasks, schedules, indexes and reported outcome, key for key."""
+    other_clock = FakeClock(clock.now())
+    with own_key_prefix(True, "test-scripts") as other_prefix:
+        other = redis_storage(other_prefix, other_clock)
+        try:
+            rounds = []
+            for one, its_clock in ((storage, clock), (other, other_clock)):
+                service = ReliableExecutor(one, clock=its_clock)
+                _fill(service)
+                broken = one.get_schedules(["gone"])["gone"]
+                # As if the zone had gone from the system's time zone database.
+                one.save_schedules([dataclasses.replace(broken, timezone="Gone/Zone")], ["gone"])
+                general = partial(ScheduleStorage.fire_due, one)
+                fire_due = one.fire_due if one is storage else general
+                outcome = []
+                for seconds in (30, 31, 61, 500, 3600 * 5, 1):
+                    its_clock.advance(seconds)
+                    result = fire_due(
+                        its_clock.now(),
+                        1000,
+                        grace=dt.timedelta(seconds=60),
+                        catch_up_limit=3,
+                        max_tasks=5000,
+                    )
+                    outcome.append(
+                        (
+                            result.created,
+                            result.due,
+                            result.skipped,
+                            [(i, type(e)) for i, e in result.paused],
+                        )
+                    )
+                rounds.append((outcome, snapshot(one)))
+            assert rounds[0][0] == rounds[1][0]
+            assert rounds[0][1] == rounds[1][1]
+            assert sum(len(created) for created, *_ in rounds[0][0]) > 10
+            assert_consistent(storage)
+        finally:
+            other.close()

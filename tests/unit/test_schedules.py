@@ -189,3 +189,21 @@ def test_declared_schedules_lists_every_handler_schedule():
         assert [s.schedule_id for s in mine] == ["d1", "d2"]
     finally:
         unregister("tests.declared")
+
+
+@pytest.mark.parametrize(
+    "planned",
+    [
+        dt.datetime(2026, 11, 29, 3, 0, tzinfo=UTC),
+        dt.datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        dt.datetime(1969, 7, 20, 20, 17, 40, 5, tzinfo=UTC),  # before the epoch
+        dt.datetime(999, 1, 2, 3, 4, 5, tzinfo=UTC),
+        dt.datetime(2030, 3, 31, 2, 30, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+    ],
+)
+def test_a_fire_id_reads_the_planned_time_in_utc(planned):
+    """The id formatted by arithmetic is the one strftime gives, to the microsecond."""
+    utc = planned.astimezone(UTC)
+    fraction = f".{utc.microsecond:06d}" if utc.microsecond else ""
+    assert fire_task_id("s", planned) == f"s@{utc.strftime('%Y%m%dT%H%M%S')}{fraction}Z"
+    assert is_fire_task_id(fire_task_id("s", planned))

@@ -212,8 +212,10 @@ end
 
 -- Store a new task from the 12 values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
--- once per call, and to be woken once at its end.
-local function store_task(i, promoted, woken)
+-- once per call, and to be woken once at its end. With `batch` (a table the caller passes to
+-- flush_stored at its end), a task due now joins its ready list and the CREATED count in one
+-- command per list and queue for the whole call, in the order stored.
+local function store_task(i, promoted, woken, batch)
   local id, queue, priority = ARGV[i], ARGV[i + 2], ARGV[i + 3]
   local key = tkey(id)
   local run_at, deadline = ARGV[i + 10], ARGV[i + 11]
@@ -227,16 +229,50 @@ local function store_task(i, promoted, woken)
     redis.call('HSET', key, 'd', deadline)
     redis.call('ZADD', DEADLINES, deadline, id)
   end
-  recount(queue, nil, 'CREATED')
   if not promoted[queue] then
     promoted[queue] = true
     redis.call('SADD', P .. 'queues', queue)
     promote(queue, 1000) -- earlier due tasks keep their place ahead of these
   end
-  if tonumber(run_at) <= NOWN then
-    push_ready(id, queue, priority, false)
-  else
-    redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
-  end
   woken[queue] = true -- a delayed task too: an idle worker then waits until it is due
+  if batch then
+    batch.counts[queue] = (batch.counts[queue] or 0) + 1
+  else
+    recount(queue, nil, 'CREATED')
+  end
+  if tonumber(run_at) > NOWN then
+    redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
+  elseif batch then
+    local list = queue .. ':' .. priority
+    local ids = batch.ready[list]
+    if not ids then
+      ids = {}
+      batch.ready[list] = ids
+      batch.lists[#batch.lists + 1] = {queue, priority}
+    end
+    ids[#ids + 1] = id
+  else
+    push_ready(id, queue, priority, false)
+  end
+end
+
+local function new_batch()
+  return {counts = {}, ready = {}, lists = {}}
+end
+
+-- What store_task left in `batch`: the CREATED counts, then the ready lists (ids in the order
+-- stored, a few thousand per command at most: unpack's limit).
+local function flush_stored(batch)
+  for queue, n in pairs(batch.counts) do
+    redis.call('HINCRBY', COUNTS, 'CREATED:' .. queue, n)
+  end
+  for _, list in ipairs(batch.lists) do
+    local queue, priority = list[1], list[2]
+    local ids = batch.ready[queue .. ':' .. priority]
+    for first = 1, #ids, 4000 do
+      redis.call('RPUSH', P .. 'ready:' .. queue .. ':' .. priority,
+        unpack(ids, first, math.min(first + 3999, #ids)))
+    end
+    redis.call('ZADD', P .. 'prio:' .. queue, priority, priority)
+  end
 end

@@ -13,6 +13,8 @@
 local out = {}
 local promoted = {}
 local woken = {}
+local batch = new_batch()
+local moved = {} -- ZADD arguments: the schedules' new next runs, added together at the end
 local i = 3
 while i <= #ARGV do
   local id, expected, next_run, last_run, last_task = ARGV[i], ARGV[i + 1], ARGV[i + 2],
@@ -28,19 +30,25 @@ while i <= #ARGV do
       if redis.call('EXISTS', tkey(ARGV[t])) == 1 then
         fired[#fired + 1] = 0
       else
-        store_task(t, promoted, woken)
+        store_task(t, promoted, woken, batch)
         fired[#fired + 1] = 1
       end
     end
-    redis.call('HSET', key, 'nr', next_run)
     if last_run ~= '' then
-      redis.call('HSET', key, 'lr', last_run, 'lt', last_task)
+      redis.call('HSET', key, 'nr', next_run, 'lr', last_run, 'lt', last_task)
+    else
+      redis.call('HSET', key, 'nr', next_run)
     end
-    redis.call('ZADD', P .. 'schedules:due', next_run, id)
+    moved[#moved + 1] = next_run
+    moved[#moved + 1] = id
     out[#out + 1] = fired
   else
     out[#out + 1] = 0
   end
+end
+flush_stored(batch)
+for first = 1, #moved, 4000 do
+  redis.call('ZADD', P .. 'schedules:due', unpack(moved, first, math.min(first + 3999, #moved)))
 end
 for queue in pairs(woken) do
   wake(queue)

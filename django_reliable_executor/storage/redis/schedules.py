@@ -8,11 +8,18 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import TaskInfo, new_info
-from ...schedules.records import ScheduleFire, ScheduleInfo
+from ...records import TaskInfo, build, new_info
+from ...schedules.ids import fire_task_id_micros
+from ...schedules.planning import plan, plan_interval
+from ...schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 from ...serialization import dumps
+from ...states import TaskStatus
 from .access import READ_CHUNK, RedisAccess, guarded
-from .codec import MICROSECOND, fields, from_micros, micros, submit_args, text
+from .codec import EPOCH, MICROSECOND, fields, from_micros, micros, submit_args, text
+
+# A planned fire on the hashes' strings: schedule id, its hash fields, its runs and its next run
+# (microseconds).
+_Fire = tuple[str, dict[str, str], list[int], int]
 
 FIRE_CHUNK = 500  # tasks (and schedules) per fire script call, as SUBMIT_CHUNK for submits
 
@@ -49,34 +56,62 @@ def _encode(name: str, value: Any) -> str | None:
 
 
 def schedule_from_hash(schedule_id: str, values: dict[str, str]) -> ScheduleInfo:
-    def optional_int(key: str) -> int | None:
-        return int(values[key]) if key in values else None
-
-    every = optional_int("ev")
-    last_run = values.get("lr")
-    return ScheduleInfo(
-        schedule_id=schedule_id,
-        task_name=values["n"],
-        parameter=json.loads(values["j"]) if "j" in values else None,
-        every=None if every is None else dt.timedelta(microseconds=every),
-        cron=values.get("cr"),
-        timezone=values["tz"],
-        start_at=from_micros(values["sa"]),
-        misfire=values["m"],
-        queue=values["q"],
-        priority=int(values["p"]),
-        retry_limit=int(values["rl"]),
-        retry_interval=int(values["ri"]),
-        retry_backoff=values["rb"],
-        max_duration_millis=optional_int("md"),
-        paused="pa" in values,
-        next_run_at=from_micros(values["nr"]),
-        last_run_at=from_micros(last_run) if last_run else None,
-        last_task_id=values.get("lt"),
-        origin=values["o"],
-        created_at=from_micros(values["c"]),
-        updated_at=from_micros(values["u"]),
+    """A ScheduleInfo from its hash's fields. The master reads a thousand per round: the
+    record is built without its __init__."""
+    get = values.get
+    every = get("ev")
+    max_duration = get("md")
+    last_run = get("lr")
+    parameter = get("j")
+    return build(
+        ScheduleInfo,
+        {
+            "schedule_id": schedule_id,
+            "task_name": values["n"],
+            "parameter": None if parameter is None else json.loads(parameter),
+            "every": None if every is None else dt.timedelta(microseconds=int(every)),
+            "cron": get("cr"),
+            "timezone": values["tz"],
+            "start_at": from_micros(values["sa"]),
+            "misfire": values["m"],
+            "queue": values["q"],
+            "priority": int(values["p"]),
+            "retry_limit": int(values["rl"]),
+            "retry_interval": int(values["ri"]),
+            "retry_backoff": values["rb"],
+            "max_duration_millis": None if max_duration is None else int(max_duration),
+            "paused": "pa" in values,
+            "next_run_at": from_micros(values["nr"]),
+            "last_run_at": from_micros(last_run) if last_run else None,
+            "last_task_id": get("lt"),
+            "origin": values["o"],
+            "created_at": from_micros(values["c"]),
+            "updated_at": from_micros(values["u"]),
+        },
     )
+
+
+# The fields the master's round reads of each due schedule: to plan it (a cron one is then read
+# in full) and to fire it.
+FIRING_FIELDS = ("nr", "ev", "sa", "m", "pa", "cr", "n", "q", "p", "j", "rl", "ri", "rb", "md")
+
+
+def _present(values: Sequence[Any]) -> dict[str, str]:
+    """schedule_due.lua's FIRING_FIELDS values as a dict of the fields present."""
+    if values and isinstance(values[0], bytes):  # nr: every schedule has one
+        values = [None if value is None else text(value) for value in values]
+    return {
+        field: value
+        for field, value in zip(FIRING_FIELDS, values, strict=True)
+        if value is not None
+    }
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """HGETALL's flat reply as a dict (decoded: a borrowed cache client may not decode)."""
+    if flat and isinstance(flat[0], bytes):
+        flat = [text(item) for item in flat]
+    return dict(zip(flat[::2], flat[1::2], strict=False))
 
 
 class Schedules(RedisAccess):
@@ -174,7 +209,7 @@ class Schedules(RedisAccess):
         reply = self._run("schedule_due", limit, now=now)
         due = []
         for index in range(0, len(reply), 2):
-            info = schedule_from_hash(text(reply[index]), fields(reply[index + 1]))
+            info = schedule_from_hash(text(reply[index]), _pairs(reply[index + 1]))
             if not info.paused:
                 due.append(info)
         return due
@@ -208,14 +243,14 @@ class Schedules(RedisAccess):
     def _fire(self, fires: Sequence[ScheduleFire], now: dt.datetime) -> builtins.list[TaskInfo]:
         args: builtins.list[str] = []
         for fire in fires:
-            args += [
+            args += (
                 fire.schedule_id,
                 micros(fire.expected_next_run_at),
                 micros(fire.next_run_at),
                 "" if fire.last_run_at is None else micros(fire.last_run_at),
                 fire.last_task_id or "",
                 str(len(fire.tasks)),
-            ]
+            )
             for task in fire.tasks:
                 args += submit_args(task)
         replies = self._run("schedule_fire", *args, now=now)
@@ -227,4 +262,157 @@ class Schedules(RedisAccess):
                     for task, was_created in zip(fire.tasks, reply[1:], strict=True)
                     if was_created
                 ]
+        return created
+
+    @guarded
+    def fire_due(
+        self,
+        now: dt.datetime,
+        limit: int,
+        *,
+        grace: dt.timedelta,
+        catch_up_limit: int,
+        max_tasks: int,
+    ) -> FiringRound:
+        """The base round, on the hashes' own strings: an interval is planned in whole
+        microseconds (``plan_interval``), and its runs' tasks go to the fire script as the
+        schedule stores them (the parameter's JSON text as it is): no ScheduleInfo, NewTask
+        or ScheduleFire per run, no JSON decoded and encoded again. Cron schedules take the
+        general way (``plan``). The same script as ``fire_schedules`` stores the fires."""
+        now_us = (now - EPOCH) // MICROSECOND
+        created_at = str(now_us)
+        grace_us = grace // MICROSECOND
+        reply = self._run("schedule_due", limit, *FIRING_FIELDS, now=now)
+        due = [
+            (text(reply[index]), _present(reply[index + 1])) for index in range(0, len(reply), 2)
+        ]
+        # A cron schedule is planned from its whole definition (ScheduleInfo): read in full.
+        crons = [schedule_id for schedule_id, values in due if "cr" in values]
+        full = self._read_many(crons, self._skey) if crons else {}
+        fires: builtins.list[_Fire] = []
+        skipped: builtins.list[tuple[str, int, str]] = []
+        paused: builtins.list[tuple[str, Exception]] = []
+        planned = 0
+        reported = len(due)
+        for schedule_id, values in due:
+            if "pa" in values or "nr" not in values or ("cr" in values and schedule_id not in full):
+                reported -= 1
+                continue
+            if planned >= max_tasks:
+                reported = limit  # more is due: the next round comes at once
+                break
+            every = values.get("ev")
+            try:
+                if every is not None:
+                    runs, next_run, dropped = plan_interval(
+                        int(values["nr"]),
+                        int(every),
+                        int(values["sa"]),
+                        now_us,
+                        values["m"],
+                        grace=grace_us,
+                        catch_up_limit=catch_up_limit,
+                    )
+                else:
+                    outcome = plan(
+                        schedule_from_hash(schedule_id, full[schedule_id]),
+                        now,
+                        grace=grace,
+                        catch_up_limit=catch_up_limit,
+                    )
+                    runs = [(run - EPOCH) // MICROSECOND for run in outcome.runs]
+                    next_run, dropped = (
+                        (outcome.next_run_at - EPOCH) // MICROSECOND,
+                        outcome.skipped,
+                    )
+            except Exception as exc:
+                self.set_schedule_paused(schedule_id, True, now)
+                paused.append((schedule_id, exc))
+                continue
+            planned += len(runs)
+            if dropped:
+                skipped.append((schedule_id, dropped, values["m"]))
+            fires.append((schedule_id, values, runs, next_run))
+        created: builtins.list[TaskInfo] = []
+        batch: builtins.list[_Fire] = []
+        size = 0
+        for fire in fires:
+            batch.append(fire)
+            size += len(fire[2]) + 1
+            if size >= FIRE_CHUNK:
+                created += self._fire_planned(batch, now, created_at)
+                batch, size = [], 0
+        if batch:
+            created += self._fire_planned(batch, now, created_at)
+        return FiringRound(created=created, due=reported, skipped=skipped, paused=paused)
+
+    def _fire_planned(
+        self, fires: Sequence[_Fire], now: dt.datetime, created_at: str
+    ) -> builtins.list[TaskInfo]:
+        """schedule_fire.lua over planned fires: (id, hash fields, runs, next run)."""
+        now_us = int(created_at)
+        args: builtins.list[str] = []
+        ids: builtins.list[builtins.list[str]] = []
+        for schedule_id, values, runs, next_run in fires:
+            run_ids = [fire_task_id_micros(schedule_id, run) for run in runs]
+            ids.append(run_ids)
+            max_duration = values.get("md", "")
+            task = (
+                values["n"],
+                values["q"],
+                values["p"],
+                values.get("j", "null"),
+                values["rl"],
+                values["ri"],
+                values["rb"],
+                max_duration,
+            )
+            deadline = str(now_us + int(max_duration) * 1000) if max_duration else ""
+            args += (
+                schedule_id,
+                values["nr"],
+                str(next_run),
+                str(runs[-1]) if runs else "",
+                run_ids[-1] if runs else "",
+                str(len(runs)),
+            )
+            for run, task_id in zip(runs, run_ids, strict=True):
+                args.append(task_id)
+                args += task
+                args += (created_at, str(run), deadline)
+        replies = self._run("schedule_fire", *args, now=now)
+        created: builtins.list[TaskInfo] = []
+        for (_, values, runs, _), run_ids, reply in zip(fires, ids, replies, strict=True):
+            if not reply or not any(reply[1:]):
+                continue
+            parameter = json.loads(values["j"]) if "j" in values else None
+            max_duration_millis = int(values["md"]) if "md" in values else None
+            for run, task_id, was_created in zip(runs, run_ids, reply[1:], strict=True):
+                if was_created:
+                    created.append(
+                        build(
+                            TaskInfo,
+                            {
+                                "task_id": task_id,
+                                "task_name": values["n"],
+                                "status": TaskStatus.CREATED,
+                                "queue": values["q"],
+                                "priority": int(values["p"]),
+                                "parameter": parameter,
+                                "attempts": 0,
+                                "retry_limit": int(values["rl"]),
+                                "retry_interval": int(values["ri"]),
+                                "retry_backoff": values["rb"],
+                                "max_duration_millis": max_duration_millis,
+                                "created_at": now,
+                                "run_at": EPOCH + MICROSECOND * run,
+                                "started_at": None,
+                                "finished_at": None,
+                                "last_error": None,
+                                "result": None,
+                                "worker_id": None,
+                                "cancel_requested": False,
+                            },
+                        )
+                    )
         return created
