@@ -280,8 +280,6 @@ class Schedules(RedisAccess):
         or ScheduleFire per run, no JSON decoded and encoded again. Cron schedules take the
         general way (``plan``). The same script as ``fire_schedules`` stores the fires."""
         now_us = (now - EPOCH) // MICROSECOND
-        created_at = str(now_us)
-        grace_us = grace // MICROSECOND
         reply = self._run("schedule_due", limit, *FIRING_FIELDS, now=now)
         due = [
             (text(reply[index]), _present(reply[index + 1])) for index in range(0, len(reply), 2)
@@ -301,30 +299,10 @@ class Schedules(RedisAccess):
             if planned >= max_tasks:
                 reported = limit  # more is due: the next round comes at once
                 break
-            every = values.get("ev")
             try:
-                if every is not None:
-                    runs, next_run, dropped = plan_interval(
-                        int(values["nr"]),
-                        int(every),
-                        int(values["sa"]),
-                        now_us,
-                        values["m"],
-                        grace=grace_us,
-                        catch_up_limit=catch_up_limit,
-                    )
-                else:
-                    outcome = plan(
-                        schedule_from_hash(schedule_id, full[schedule_id]),
-                        now,
-                        grace=grace,
-                        catch_up_limit=catch_up_limit,
-                    )
-                    runs = [(run - EPOCH) // MICROSECOND for run in outcome.runs]
-                    next_run, dropped = (
-                        (outcome.next_run_at - EPOCH) // MICROSECOND,
-                        outcome.skipped,
-                    )
+                runs, next_run, dropped = _plan_runs(
+                    schedule_id, values, full, now, grace=grace, catch_up_limit=catch_up_limit
+                )
             except Exception as exc:
                 self.set_schedule_paused(schedule_id, True, now)
                 paused.append((schedule_id, exc))
@@ -333,6 +311,13 @@ class Schedules(RedisAccess):
             if dropped:
                 skipped.append((schedule_id, dropped, values["m"]))
             fires.append((schedule_id, values, runs, next_run))
+        created = self._fire_in_chunks(fires, now, str(now_us))
+        return FiringRound(created=created, due=reported, skipped=skipped, paused=paused)
+
+    def _fire_in_chunks(
+        self, fires: Sequence[_Fire], now: dt.datetime, created_at: str
+    ) -> builtins.list[TaskInfo]:
+        """``_fire_planned`` over chunks of about FIRE_CHUNK runs (one script call each)."""
         created: builtins.list[TaskInfo] = []
         batch: builtins.list[_Fire] = []
         size = 0
@@ -344,75 +329,124 @@ class Schedules(RedisAccess):
                 batch, size = [], 0
         if batch:
             created += self._fire_planned(batch, now, created_at)
-        return FiringRound(created=created, due=reported, skipped=skipped, paused=paused)
+        return created
 
     def _fire_planned(
         self, fires: Sequence[_Fire], now: dt.datetime, created_at: str
     ) -> builtins.list[TaskInfo]:
         """schedule_fire.lua over planned fires: (id, hash fields, runs, next run)."""
-        now_us = int(created_at)
-        args: builtins.list[str] = []
-        ids: builtins.list[builtins.list[str]] = []
-        for schedule_id, values, runs, next_run in fires:
-            run_ids = [fire_task_id_micros(schedule_id, run) for run in runs]
-            ids.append(run_ids)
-            max_duration = values.get("md", "")
-            task = (
-                values["n"],
-                values["q"],
-                values["p"],
-                values.get("j", "null"),
-                values["rl"],
-                values["ri"],
-                values["rb"],
-                max_duration,
-            )
-            deadline = str(now_us + int(max_duration) * 1000) if max_duration else ""
-            args += (
-                schedule_id,
-                values["nr"],
-                str(next_run),
-                str(runs[-1]) if runs else "",
-                run_ids[-1] if runs else "",
-                str(len(runs)),
-            )
-            for run, task_id in zip(runs, run_ids, strict=True):
-                args.append(task_id)
-                args += task
-                args += (created_at, str(run), deadline)
+        args, ids = _fire_arguments(fires, created_at)
         replies = self._run("schedule_fire", *args, now=now)
         created: builtins.list[TaskInfo] = []
         for (_, values, runs, _), run_ids, reply in zip(fires, ids, replies, strict=True):
-            if not reply or not any(reply[1:]):
-                continue
-            parameter = json.loads(values["j"]) if "j" in values else None
-            max_duration_millis = int(values["md"]) if "md" in values else None
-            for run, task_id, was_created in zip(runs, run_ids, reply[1:], strict=True):
-                if was_created:
-                    created.append(
-                        build(
-                            TaskInfo,
-                            {
-                                "task_id": task_id,
-                                "task_name": values["n"],
-                                "status": TaskStatus.CREATED,
-                                "queue": values["q"],
-                                "priority": int(values["p"]),
-                                "parameter": parameter,
-                                "attempts": 0,
-                                "retry_limit": int(values["rl"]),
-                                "retry_interval": int(values["ri"]),
-                                "retry_backoff": values["rb"],
-                                "max_duration_millis": max_duration_millis,
-                                "created_at": now,
-                                "run_at": EPOCH + MICROSECOND * run,
-                                "started_at": None,
-                                "finished_at": None,
-                                "last_error": None,
-                                "result": None,
-                                "worker_id": None,
-                                "cancel_requested": False,
-                            },
-                        )
-                    )
+            if reply and any(reply[1:]):
+                created += _created_tasks(values, runs, run_ids, reply[1:], now)
         return created
+
+
+def _plan_runs(
+    schedule_id: str,
+    values: dict[str, str],
+    full: dict[str, dict[str, str]],
+    now: dt.datetime,
+    *,
+    grace: dt.timedelta,
+    catch_up_limit: int,
+) -> tuple[list[int], int, int]:
+    """(runs, next run, runs dropped) of one due schedule, in microseconds since the epoch:
+    an interval by integer arithmetic on its stored strings, a cron from its full hash."""
+    every = values.get("ev")
+    if every is not None:
+        return plan_interval(
+            int(values["nr"]),
+            int(every),
+            int(values["sa"]),
+            (now - EPOCH) // MICROSECOND,
+            values["m"],
+            grace=grace // MICROSECOND,
+            catch_up_limit=catch_up_limit,
+        )
+    outcome = plan(
+        schedule_from_hash(schedule_id, full[schedule_id]),
+        now,
+        grace=grace,
+        catch_up_limit=catch_up_limit,
+    )
+    runs = [(run - EPOCH) // MICROSECOND for run in outcome.runs]
+    return runs, (outcome.next_run_at - EPOCH) // MICROSECOND, outcome.skipped
+
+
+def _fire_arguments(fires: Sequence[_Fire], created_at: str) -> tuple[list[str], list[list[str]]]:
+    """schedule_fire.lua's arguments for planned fires, and each fire's task ids."""
+    now_us = int(created_at)
+    args: list[str] = []
+    ids: list[list[str]] = []
+    for schedule_id, values, runs, next_run in fires:
+        run_ids = [fire_task_id_micros(schedule_id, run) for run in runs]
+        ids.append(run_ids)
+        max_duration = values.get("md", "")
+        task = (
+            values["n"],
+            values["q"],
+            values["p"],
+            values.get("j", "null"),
+            values["rl"],
+            values["ri"],
+            values["rb"],
+            max_duration,
+        )
+        deadline = str(now_us + int(max_duration) * 1000) if max_duration else ""
+        args += (
+            schedule_id,
+            values["nr"],
+            str(next_run),
+            str(runs[-1]) if runs else "",
+            run_ids[-1] if runs else "",
+            str(len(runs)),
+        )
+        for run, task_id in zip(runs, run_ids, strict=True):
+            args.append(task_id)
+            args += task
+            args += (created_at, str(run), deadline)
+    return args, ids
+
+
+def _created_tasks(
+    values: dict[str, str],
+    runs: list[int],
+    run_ids: list[str],
+    was_created: Sequence[object],
+    now: dt.datetime,
+) -> list[TaskInfo]:
+    """The TaskInfos of one schedule's runs that the fire script stored (not those whose task
+    existed already)."""
+    parameter = json.loads(values["j"]) if "j" in values else None
+    max_duration_millis = int(values["md"]) if "md" in values else None
+    return [
+        build(
+            TaskInfo,
+            {
+                "task_id": task_id,
+                "task_name": values["n"],
+                "status": TaskStatus.CREATED,
+                "queue": values["q"],
+                "priority": int(values["p"]),
+                "parameter": parameter,
+                "attempts": 0,
+                "retry_limit": int(values["rl"]),
+                "retry_interval": int(values["ri"]),
+                "retry_backoff": values["rb"],
+                "max_duration_millis": max_duration_millis,
+                "created_at": now,
+                "run_at": EPOCH + MICROSECOND * run,
+                "started_at": None,
+                "finished_at": None,
+                "last_error": None,
+                "result": None,
+                "worker_id": None,
+                "cancel_requested": False,
+            },
+        )
+        for run, task_id, created in zip(runs, run_ids, was_created, strict=True)
+        if created
+    ]
