@@ -225,3 +225,28 @@ def new_info(task: NewTask) -> TaskInfo:
             "cancel_requested": False,
         },
     )
+
+
+def task_to_json(task: TaskInfo) -> dict[str, Any]:
+    """Every TaskInfo field under its own name: datetimes in ISO 8601, the status by its value
+    (what ``executor show --json`` prints and what crosses the process pool's pipe)."""
+    plain: dict[str, Any] = {}
+    for field in dataclasses.fields(task):
+        value = getattr(task, field.name)
+        if isinstance(value, dt.datetime):
+            value = value.isoformat()
+        elif isinstance(value, TaskStatus):
+            value = value.value
+        plain[field.name] = value
+    return plain
+
+
+def task_from_json(plain: dict[str, Any]) -> TaskInfo:
+    """The TaskInfo ``task_to_json`` wrote."""
+    values = dict(plain)
+    for field in dataclasses.fields(TaskInfo):
+        value = values.get(field.name)
+        if isinstance(value, str) and "datetime" in str(field.type):
+            values[field.name] = dt.datetime.fromisoformat(value)
+    values["status"] = TaskStatus(values["status"])
+    return TaskInfo(**values)

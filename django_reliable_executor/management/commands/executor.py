@@ -23,9 +23,9 @@ from django_reliable_executor.management.output import (
     format_age,
     parse_duration,
     storage_label,
-    task_json,
     task_text,
 )
+from django_reliable_executor.records import task_to_json
 from django_reliable_executor.service import executor
 from django_reliable_executor.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 
@@ -233,7 +233,7 @@ class Command(BaseCommand):
         if info is None:
             raise CommandError(f"task {task_id!r} not found", returncode=EXIT_INCOMPLETE)
         if options["json"]:
-            self.stdout.write(json.dumps(task_json(info), indent=2, ensure_ascii=False))
+            self.stdout.write(json.dumps(task_to_json(info), indent=2, ensure_ascii=False))
         else:
             self.stdout.write(task_text(info, executor.clock.now()))
 
