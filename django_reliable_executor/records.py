@@ -199,24 +199,36 @@ class CancelResult:
     requested_only: bool = False  # True when the task was RUNNING: only the flag was set
 
 
-def new_info(task: NewTask) -> TaskInfo:
-    """What a task just stored from ``task`` looks like."""
+def created_info(
+    task_id: str,
+    task_name: str,
+    queue: str,
+    priority: int,
+    parameter: Any,
+    retry_limit: int,
+    retry_interval: int,
+    retry_backoff: str,
+    max_duration_millis: int | None,
+    created_at: dt.datetime,
+    run_at: dt.datetime,
+) -> TaskInfo:
+    """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
         TaskInfo,
         {
-            "task_id": task.task_id,
-            "task_name": task.task_name,
+            "task_id": task_id,
+            "task_name": task_name,
             "status": TaskStatus.CREATED,
-            "queue": task.queue,
-            "priority": task.priority,
-            "parameter": task.parameter,
+            "queue": queue,
+            "priority": priority,
+            "parameter": parameter,
             "attempts": 0,
-            "retry_limit": task.retry_limit,
-            "retry_interval": task.retry_interval,
-            "retry_backoff": task.retry_backoff,
-            "max_duration_millis": task.max_duration_millis,
-            "created_at": task.created_at,
-            "run_at": task.run_at,
+            "retry_limit": retry_limit,
+            "retry_interval": retry_interval,
+            "retry_backoff": retry_backoff,
+            "max_duration_millis": max_duration_millis,
+            "created_at": created_at,
+            "run_at": run_at,
             "started_at": None,
             "finished_at": None,
             "last_error": None,
@@ -224,6 +236,23 @@ def new_info(task: NewTask) -> TaskInfo:
             "worker_id": None,
             "cancel_requested": False,
         },
+    )
+
+
+def new_info(task: NewTask) -> TaskInfo:
+    """What a task just stored from ``task`` looks like."""
+    return created_info(
+        task.task_id,
+        task.task_name,
+        task.queue,
+        task.priority,
+        task.parameter,
+        task.retry_limit,
+        task.retry_interval,
+        task.retry_backoff,
+        task.max_duration_millis,
+        task.created_at,
+        task.run_at,
     )
 
 

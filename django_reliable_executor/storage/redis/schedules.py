@@ -8,12 +8,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ...records import TaskInfo, build, new_info
+from ...records import TaskInfo, build, created_info, new_info
 from ...schedules.ids import fire_task_id_micros
 from ...schedules.planning import plan, plan_interval
 from ...schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 from ...serialization import dumps
-from ...states import TaskStatus
 from .access import READ_CHUNK, RedisAccess, guarded
 from .codec import EPOCH, MICROSECOND, fields, from_micros, micros, submit_args, text
 
@@ -423,29 +422,18 @@ def _created_tasks(
     parameter = json.loads(values["j"]) if "j" in values else None
     max_duration_millis = int(values["md"]) if "md" in values else None
     return [
-        build(
-            TaskInfo,
-            {
-                "task_id": task_id,
-                "task_name": values["n"],
-                "status": TaskStatus.CREATED,
-                "queue": values["q"],
-                "priority": int(values["p"]),
-                "parameter": parameter,
-                "attempts": 0,
-                "retry_limit": int(values["rl"]),
-                "retry_interval": int(values["ri"]),
-                "retry_backoff": values["rb"],
-                "max_duration_millis": max_duration_millis,
-                "created_at": now,
-                "run_at": EPOCH + MICROSECOND * run,
-                "started_at": None,
-                "finished_at": None,
-                "last_error": None,
-                "result": None,
-                "worker_id": None,
-                "cancel_requested": False,
-            },
+        created_info(
+            task_id,
+            values["n"],
+            values["q"],
+            int(values["p"]),
+            parameter,
+            int(values["rl"]),
+            int(values["ri"]),
+            values["rb"],
+            max_duration_millis,
+            now,
+            EPOCH + MICROSECOND * run,
         )
         for run, task_id, created in zip(runs, run_ids, was_created, strict=True)
         if created
