@@ -252,6 +252,11 @@ class BoundedPool:
         with self._cond:
             return set(self._running) | set(self._async_running)
 
+    def async_running_ids(self) -> set[str]:
+        """The running tasks that are on the event loop (not in a pool thread)."""
+        with self._cond:
+            return set(self._async_running)
+
     @property
     def queued(self) -> int:
         with self._cond:

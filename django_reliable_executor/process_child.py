@@ -10,7 +10,6 @@ error with its traceback).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import inspect
 import json
@@ -23,37 +22,12 @@ from typing import Any
 
 from .connections import tidy_connections
 from .execution import RESULT_REFUSED, TaskContext
-from .records import TaskInfo
+from .records import task_from_json
 from .registry import resolve_handler
 from .serialization import ConversionError, dumps, encode, from_json_value
 from .service import executor
-from .states import TaskStatus
 
 PARENT_CHECK_SECONDS = 1.0
-
-
-def task_to_json(task: TaskInfo) -> dict[str, Any]:
-    """A TaskInfo as a JSON object: datetimes in ISO 8601, the status by its value."""
-    plain: dict[str, Any] = {}
-    for field in dataclasses.fields(task):
-        value = getattr(task, field.name)
-        if isinstance(value, dt.datetime):
-            value = value.isoformat()
-        elif isinstance(value, TaskStatus):
-            value = value.value
-        plain[field.name] = value
-    return plain
-
-
-def task_from_json(plain: dict[str, Any]) -> TaskInfo:
-    """The TaskInfo ``task_to_json`` wrote."""
-    values = dict(plain)
-    for field in dataclasses.fields(TaskInfo):
-        value = values.get(field.name)
-        if isinstance(value, str) and "datetime" in str(field.type):
-            values[field.name] = dt.datetime.fromisoformat(value)
-    values["status"] = TaskStatus(values["status"])
-    return TaskInfo(**values)
 
 
 def main(conn: Any, settings_module: str, parent_pid: int) -> None:

@@ -32,7 +32,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from . import process_child
 from .execution import Begun, TaskContext, TaskRunner
-from .records import Claim
+from .records import Claim, task_to_json
 from .retries import timeout_message
 from .serialization import Encoded, dumps
 from .states import TaskStatus
@@ -256,7 +256,7 @@ class ProcessPool:
             return {"status": "cancelled"}
         child.send(
             {
-                "task": process_child.task_to_json(claim.task),
+                "task": task_to_json(claim.task),
                 "deadline_at": deadline.isoformat() if deadline is not None else None,
             }
         )

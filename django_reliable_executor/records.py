@@ -199,24 +199,36 @@ class CancelResult:
     requested_only: bool = False  # True when the task was RUNNING: only the flag was set
 
 
-def new_info(task: NewTask) -> TaskInfo:
-    """What a task just stored from ``task`` looks like."""
+def created_info(
+    task_id: str,
+    task_name: str,
+    queue: str,
+    priority: int,
+    parameter: Any,
+    retry_limit: int,
+    retry_interval: int,
+    retry_backoff: str,
+    max_duration_millis: int | None,
+    created_at: dt.datetime,
+    run_at: dt.datetime,
+) -> TaskInfo:
+    """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
         TaskInfo,
         {
-            "task_id": task.task_id,
-            "task_name": task.task_name,
+            "task_id": task_id,
+            "task_name": task_name,
             "status": TaskStatus.CREATED,
-            "queue": task.queue,
-            "priority": task.priority,
-            "parameter": task.parameter,
+            "queue": queue,
+            "priority": priority,
+            "parameter": parameter,
             "attempts": 0,
-            "retry_limit": task.retry_limit,
-            "retry_interval": task.retry_interval,
-            "retry_backoff": task.retry_backoff,
-            "max_duration_millis": task.max_duration_millis,
-            "created_at": task.created_at,
-            "run_at": task.run_at,
+            "retry_limit": retry_limit,
+            "retry_interval": retry_interval,
+            "retry_backoff": retry_backoff,
+            "max_duration_millis": max_duration_millis,
+            "created_at": created_at,
+            "run_at": run_at,
             "started_at": None,
             "finished_at": None,
             "last_error": None,
@@ -225,3 +237,45 @@ def new_info(task: NewTask) -> TaskInfo:
             "cancel_requested": False,
         },
     )
+
+
+def new_info(task: NewTask) -> TaskInfo:
+    """What a task just stored from ``task`` looks like."""
+    return created_info(
+        task.task_id,
+        task.task_name,
+        task.queue,
+        task.priority,
+        task.parameter,
+        task.retry_limit,
+        task.retry_interval,
+        task.retry_backoff,
+        task.max_duration_millis,
+        task.created_at,
+        task.run_at,
+    )
+
+
+def task_to_json(task: TaskInfo) -> dict[str, Any]:
+    """Every TaskInfo field under its own name: datetimes in ISO 8601, the status by its value
+    (what ``executor show --json`` prints and what crosses the process pool's pipe)."""
+    plain: dict[str, Any] = {}
+    for field in dataclasses.fields(task):
+        value = getattr(task, field.name)
+        if isinstance(value, dt.datetime):
+            value = value.isoformat()
+        elif isinstance(value, TaskStatus):
+            value = value.value
+        plain[field.name] = value
+    return plain
+
+
+def task_from_json(plain: dict[str, Any]) -> TaskInfo:
+    """The TaskInfo ``task_to_json`` wrote."""
+    values = dict(plain)
+    for field in dataclasses.fields(TaskInfo):
+        value = values.get(field.name)
+        if isinstance(value, str) and "datetime" in str(field.type):
+            values[field.name] = dt.datetime.fromisoformat(value)
+    values["status"] = TaskStatus(values["status"])
+    return TaskInfo(**values)

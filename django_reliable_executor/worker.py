@@ -264,15 +264,32 @@ class Worker:
                 return 0
             if remaining <= 0:
                 break
+        self._warn_left_running()
+        return 1 if self.hard_stop.is_set() else 0
+
+    def _warn_left_running(self) -> None:
+        """Say what becomes of the handlers still running as the worker stops: a child of the
+        process pool is stopped now and its attempt recorded (processes.close()); a thread or
+        an event-loop handler is left to die with the process, its task recovered once its
+        lease expires."""
         still = self.pool.running_ids()
-        if still:
+        in_children = still - self.pool.async_running_ids() if self.processes is not None else set()
+        left = still - in_children
+        if in_children:
+            logger.warning(
+                "stopping with %d handlers still running in child processes (%s); the children "
+                "are stopped now and each attempt is recorded as failed (retried while the task "
+                "has retries left)",
+                len(in_children),
+                ", ".join(sorted(in_children)),
+            )
+        if left:
             logger.warning(
                 "stopping with %d handlers still running (%s); their tasks are recovered "
                 "after their lease expires",
-                len(still),
-                ", ".join(sorted(still)),
+                len(left),
+                ", ".join(sorted(left)),
             )
-        return 1 if self.hard_stop.is_set() else 0
 
     # -- background threads ---------------------------------------------------------------
     def _chores_loop(self) -> None:

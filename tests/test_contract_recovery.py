@@ -454,6 +454,21 @@ def test_dead_workers_are_forgotten_live_ones_kept(storage, clock):
     assert storage.workers() == []
 
 
+def test_worker_last_seen_is_its_last_heartbeat_until_it_is_gone(storage, clock):
+    assert storage.worker_last_seen("w1") is None
+    storage.worker_seen("w1", {"hostname": "h", "pid": 1, "queues": ["default"]})
+    first = clock.now()
+    clock.advance(7.5)
+    storage.worker_seen("w2", {"hostname": "h", "pid": 2, "queues": ["default"]})
+    assert storage.worker_last_seen("w1") == first
+    storage.worker_seen("w1", {"hostname": "h", "pid": 1, "queues": ["default"]})
+    assert storage.worker_last_seen("w1") == clock.now()
+    assert storage.worker_last_seen("w3") is None
+    storage.worker_gone("w1")
+    assert storage.worker_last_seen("w1") is None
+    assert storage.worker_last_seen("w2") == clock.now()
+
+
 def test_purge_finished_of_a_status_that_is_not_terminal_deletes_nothing(executor, clock):
     """Only finished tasks are ever purged, whatever statuses the caller passes."""
     executor.submit("demo.echo", None, task_id="waiting")

@@ -87,6 +87,7 @@ def test_second_sigterm_stops_without_waiting_for_the_handler(alias, key_prefix,
     task = service.get_task("long")
     assert (task.status, task.attempts) == (TaskStatus.RUNNING, 1)
     assert [r.finished for r in executions(backend, "long")] == [False]
+    assert "still running (long); their tasks are recovered after their lease" in worker.log()
 
 
 @pytest.mark.parametrize("alias", db_params(["default"]))  # signal handling, not storage

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from ..exceptions import StorageUnavailableError, TaskSubmitError
-from ..records import TaskInfo, TaskSubmitRequest
+from ..records import TaskSubmitRequest, task_to_json
 from ..service import executor
 from .auth import Denied, authorize
 
@@ -29,16 +29,6 @@ View = Callable[..., HttpResponse]
 def error(status: int, message: str, field: str | None = None, **extra: Any) -> JsonResponse:
     """``{"error": message, "field": field, ...}`` with ``status``."""
     return JsonResponse({"error": message, "field": field, **extra}, status=status)
-
-
-def task_json(info: TaskInfo) -> dict[str, Any]:
-    """A TaskInfo as JSON: the status by name, datetimes in ISO 8601 (UTC)."""
-    data = dataclasses.asdict(info)
-    data["status"] = info.status.value
-    for key, value in data.items():
-        if isinstance(value, dt.datetime):
-            data[key] = value.isoformat()
-    return data
 
 
 def api_view(method: str, permission: str) -> Callable[[View], View]:
@@ -134,7 +124,7 @@ def submit(request: HttpRequest) -> HttpResponse:
         return error(400, str(exc), exc.field)
     except TaskSubmitError as exc:
         return error(400, str(exc), exc.field)
-    return JsonResponse(task_json(info), status=201)
+    return JsonResponse(task_to_json(info), status=201)
 
 
 @api_view("GET", VIEW)
@@ -143,7 +133,7 @@ def detail(request: HttpRequest, task_id: str) -> HttpResponse:
     info = executor.get_task(task_id)
     if info is None:
         return error(404, f"no task {task_id!r}", "task_id")
-    return JsonResponse(task_json(info))
+    return JsonResponse(task_to_json(info))
 
 
 def _operate(task_id: str, action: Callable[[str], bool], verb: str) -> HttpResponse:
@@ -152,7 +142,7 @@ def _operate(task_id: str, action: Callable[[str], bool], verb: str) -> HttpResp
         return error(404, f"no task {task_id!r}", "task_id")
     changed = action(task_id)
     info = executor.get_task(task_id)
-    task = task_json(info) if info is not None else None
+    task = task_to_json(info) if info is not None else None
     if not changed:
         status = info.status.value if info is not None else "gone"
         return error(409, f"task {task_id!r} cannot be {verb} in status {status}", task=task)
@@ -173,7 +163,7 @@ def retry(request: HttpRequest, task_id: str) -> HttpResponse:
         return error(404, f"no task {task_id!r}", "task_id")
     reason = executor.retry_task_or_reason(task_id)
     info = executor.get_task(task_id)
-    task = task_json(info) if info is not None else None
+    task = task_to_json(info) if info is not None else None
     if reason is not None:
         return error(409, f"task {task_id!r} not retried: {reason}", task=task)
     return JsonResponse({"retried": True, "task": task})

@@ -191,19 +191,6 @@ class StatusReport:
 
 
 # -- show ----------------------------------------------------------------------------------
-def task_json(info: TaskInfo) -> dict[str, Any]:
-    """Every TaskInfo field under its own name; datetimes ISO 8601 (UTC), status its name."""
-    data: dict[str, Any] = {}
-    for field in dataclasses.fields(info):
-        value = getattr(info, field.name)
-        if isinstance(value, dt.datetime):
-            value = value.isoformat()
-        elif isinstance(value, TaskStatus):
-            value = value.value
-        data[field.name] = value
-    return data
-
-
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
 

@@ -271,6 +271,15 @@ class TaskStorage(ScheduleStorage):
     def workers(self) -> builtins.list[WorkerInfo]:
         """The workers seen recently and not yet forgotten, by worker id."""
 
+    def worker_last_seen(self, worker_id: str) -> dt.datetime | None:
+        """When ``worker_id`` last heartbeated, or None when it is not registered (never seen,
+        stopped cleanly, or forgotten after a long silence). The shipped storages read that one
+        worker; this default reads them all."""
+        for worker in self.workers():
+            if worker.worker_id == worker_id:
+                return worker.last_seen_at
+        return None
+
     @abc.abstractmethod
     def forget_workers(self, seen_before: dt.datetime) -> int:
         """Forget workers whose last heartbeat is older than ``seen_before`` (they died)."""

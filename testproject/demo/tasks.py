@@ -133,6 +133,21 @@ def _journal(event: str, context: TaskContext, **extra: object) -> None:
         os.close(fd)
 
 
+def _result(param: dict, context: TaskContext) -> object:
+    """What demo.journal and demo.async_journal return: ``result`` (default: the attempt), or
+    with ``poison`` a value no result can be stored from: "bigint" (over Python's int-to-str
+    digit limit) or "deep" (nested past any JSON encoder's recursion limit)."""
+    poison = param.get("poison")
+    if poison == "bigint":
+        return 10**5000
+    if poison == "deep":
+        deep: list = []
+        for _ in range(100_000):
+            deep = [deep]
+        return deep
+    return param.get("result", context.attempt)
+
+
 @reliable_task_handler(name="demo.journal", takes_context=True, retry_interval=50)
 def journal(param: dict | None, context: TaskContext) -> object:
     """Writes "start" and "end" records to the journal (RE_JOURNAL) around ``sleep`` seconds of
@@ -152,15 +167,7 @@ def journal(param: dict | None, context: TaskContext) -> object:
         time.sleep(float(param["sleep"]))
     if param.get("spin"):
         sum(range(int(float(param["spin"]) * 6 * 10**7)))  # one C call: the GIL is not let go
-    poison = param.get("poison")
-    result: object = param.get("result", context.attempt)
-    if poison == "bigint":
-        result = 10**5000  # over Python's int-to-str digit limit
-    elif poison == "deep":
-        deep: list = []
-        for _ in range(100_000):
-            deep = [deep]
-        result = deep
+    result = _result(param, context)
     _journal("end", context)
     return result
 
@@ -209,15 +216,7 @@ async def async_journal(param: dict | None, context: TaskContext) -> object:
             await asyncio.sleep(float(param["sleep"]))
         if param.get("block"):
             time.sleep(float(param["block"]))  # no await: nothing else on the loop runs
-        poison = param.get("poison")
-        result: object = param.get("result", context.attempt)
-        if poison == "bigint":
-            result = 10**5000
-        elif poison == "deep":
-            deep: list = []
-            for _ in range(100_000):
-                deep = [deep]
-            result = deep
+        result = _result(param, context)
         _journal("end", context)
         return result
     except asyncio.CancelledError:

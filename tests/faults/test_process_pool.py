@@ -197,3 +197,6 @@ def test_a_hard_stop_terminates_running_children_and_records_their_attempts(
     task = service.get_task("long")
     assert task.status is TaskStatus.PENDING and task.attempts == 1, task
     assert "the worker stopped" in task.last_error
+    # The shutdown warning says what happened: recorded at once, not left to the lease.
+    assert "children are stopped now and each attempt is recorded as failed" in worker.log()
+    assert "recovered after their lease" not in worker.log()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from django_reliable_executor.process_child import task_from_json, task_to_json
 from django_reliable_executor.process_pool import describe_exit
-from django_reliable_executor.records import TaskInfo
+from django_reliable_executor.records import TaskInfo, task_from_json, task_to_json
 from django_reliable_executor.serialization import dumps
 from django_reliable_executor.states import TaskStatus
 

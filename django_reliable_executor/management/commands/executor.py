@@ -1,4 +1,4 @@
-"""manage.py executor: status, show, retry, cancel and purge tasks from the shell.
+"""manage.py executor: status, show, retry, cancel and purge tasks from the shell; health.
 
 Every action goes through the service (so signals fire and both storages behave alike); the
 exit codes and output lines are documented in docs/command.md for scripts to rely on.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -17,15 +18,17 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_reliable_executor.exceptions import StorageUnavailableError
+from django_reliable_executor.management.commands.runexecutor import check_worker_id
+from django_reliable_executor.management.health import check_health, default_max_age
 from django_reliable_executor.management.output import (
     DURATION_EXAMPLES,
     StatusReport,
     format_age,
     parse_duration,
     storage_label,
-    task_json,
     task_text,
 )
+from django_reliable_executor.records import task_to_json
 from django_reliable_executor.service import executor
 from django_reliable_executor.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 
@@ -158,11 +161,43 @@ def _add_purge(actions: Any) -> None:
     )
 
 
+def _max_age(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(
+            f"invalid --max-age {value!r}: expected a number of seconds > 0"
+        )
+    return seconds
+
+
+def _add_health(actions: Any) -> None:
+    """``health``: the probe: storage answers, a master holds the lock, a worker is alive."""
+    health = actions.add_parser(
+        "health",
+        help="exit 0 when the storage answers and a master holds the lock (a probe)",
+        description="Exit 0 when the storage answers and a master holds the master lock "
+        "(and, with --worker-id, that worker heartbeated within --max-age seconds); exit 1 "
+        "otherwise. Prints one line saying what was checked and what failed.",
+    )
+    health.add_argument("--worker-id", default=None, help="also check this worker's last heartbeat")
+    health.add_argument(
+        "--max-age",
+        type=_max_age,
+        default=None,
+        metavar="S",
+        help="with --worker-id: the oldest heartbeat that passes, in seconds (default "
+        "LEASE_TIMEOUT: four heartbeat intervals)",
+    )
+
+
 class Command(BaseCommand):
     help = (
-        "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge. "
-        "Exit codes: 0 done, 1 some id not found or skipped, 2 usage error, "
-        "3 task store unavailable."
+        "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge; "
+        "health (a probe). Exit codes: 0 done, 1 some id not found or skipped (health: "
+        "unhealthy), 2 usage error, 3 task store unavailable."
     )
     stealth_options = ("stdin",)
 
@@ -179,6 +214,7 @@ class Command(BaseCommand):
         _add_show(actions)
         _add_retry_and_cancel(actions)
         _add_purge(actions)
+        _add_health(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
         actions: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -187,6 +223,7 @@ class Command(BaseCommand):
             "retry": self.retry,
             "cancel": self.cancel,
             "purge": self.purge,
+            "health": self.health,
         }
         try:
             actions[options["action"]](options)
@@ -233,9 +270,25 @@ class Command(BaseCommand):
         if info is None:
             raise CommandError(f"task {task_id!r} not found", returncode=EXIT_INCOMPLETE)
         if options["json"]:
-            self.stdout.write(json.dumps(task_json(info), indent=2, ensure_ascii=False))
+            self.stdout.write(json.dumps(task_to_json(info), indent=2, ensure_ascii=False))
         else:
             self.stdout.write(task_text(info, executor.clock.now()))
+
+    def health(self, options: dict[str, Any]) -> None:
+        worker_id, max_age = options["worker_id"], options["max_age"]
+        if max_age is not None and worker_id is None:
+            raise CommandError("health: --max-age applies to --worker-id", returncode=EXIT_USAGE)
+        try:
+            check_worker_id(worker_id)
+        except CommandError as exc:
+            raise CommandError(f"health: {exc}", returncode=EXIT_USAGE) from None
+        if max_age is None:
+            max_age = default_max_age(executor.settings)
+        verdict = check_health(executor, worker_id, max_age)
+        self.stdout.write(verdict.line)
+        if not verdict.healthy:
+            # Not a CommandError: the one line above is the whole answer, on stdout.
+            raise SystemExit(EXIT_INCOMPLETE)
 
     # -- retry and cancel -----------------------------------------------------------------
     def retry(self, options: dict[str, Any]) -> None:

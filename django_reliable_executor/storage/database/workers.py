@@ -12,7 +12,8 @@ from .access import DatabaseAccess
 
 
 class Workers(DatabaseAccess):
-    """worker_seen, worker_gone, workers, forget_workers over ``reliable_executor_worker``."""
+    """worker_seen, worker_gone, workers, worker_last_seen, forget_workers over
+    ``reliable_executor_worker``."""
 
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
         now = self.clock.now()
@@ -47,6 +48,10 @@ class Workers(DatabaseAccess):
             )
             for row in ReliableWorker.objects.using(self.alias).order_by("pk")
         ]
+
+    def worker_last_seen(self, worker_id: str) -> dt.datetime | None:
+        workers = ReliableWorker.objects.using(self.alias).filter(pk=worker_id)
+        return workers.values_list("last_seen_at", flat=True).first()
 
     def forget_workers(self, seen_before: dt.datetime) -> int:
         workers = ReliableWorker.objects.using(self.alias)

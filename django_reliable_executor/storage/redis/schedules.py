@@ -6,20 +6,30 @@ import builtins
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from ...records import TaskInfo, build, new_info
+from ...records import TaskInfo, build, created_info, new_info
 from ...schedules.ids import fire_task_id_micros
 from ...schedules.planning import plan, plan_interval
 from ...schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 from ...serialization import dumps
-from ...states import TaskStatus
 from .access import READ_CHUNK, RedisAccess, guarded
 from .codec import EPOCH, MICROSECOND, fields, from_micros, micros, submit_args, text
 
 # A planned fire on the hashes' strings: schedule id, its hash fields, its runs and its next run
 # (microseconds).
 _Fire = tuple[str, dict[str, str], list[int], int]
+
+
+class _RoundClock(NamedTuple):
+    """A firing round's now and misfire grace, also in whole microseconds (computed once a
+    round, not once a schedule)."""
+
+    now: dt.datetime
+    now_us: int
+    grace: dt.timedelta
+    grace_us: int
+
 
 FIRE_CHUNK = 500  # tasks (and schedules) per fire script call, as SUBMIT_CHUNK for submits
 
@@ -279,7 +289,8 @@ class Schedules(RedisAccess):
         schedule stores them (the parameter's JSON text as it is): no ScheduleInfo, NewTask
         or ScheduleFire per run, no JSON decoded and encoded again. Cron schedules take the
         general way (``plan``). The same script as ``fire_schedules`` stores the fires."""
-        now_us = (now - EPOCH) // MICROSECOND
+        # The round's clock in microseconds, as the interval planning counts: once a round.
+        clock = _RoundClock(now, (now - EPOCH) // MICROSECOND, grace, grace // MICROSECOND)
         reply = self._run("schedule_due", limit, *FIRING_FIELDS, now=now)
         due = [
             (text(reply[index]), _present(reply[index + 1])) for index in range(0, len(reply), 2)
@@ -301,7 +312,7 @@ class Schedules(RedisAccess):
                 break
             try:
                 runs, next_run, dropped = _plan_runs(
-                    schedule_id, values, full, now, grace=grace, catch_up_limit=catch_up_limit
+                    schedule_id, values, full, clock, catch_up_limit=catch_up_limit
                 )
             except Exception as exc:
                 self.set_schedule_paused(schedule_id, True, now)
@@ -311,7 +322,7 @@ class Schedules(RedisAccess):
             if dropped:
                 skipped.append((schedule_id, dropped, values["m"]))
             fires.append((schedule_id, values, runs, next_run))
-        created = self._fire_in_chunks(fires, now, str(now_us))
+        created = self._fire_in_chunks(fires, now, str(clock.now_us))
         return FiringRound(created=created, due=reported, skipped=skipped, paused=paused)
 
     def _fire_in_chunks(
@@ -348,9 +359,8 @@ def _plan_runs(
     schedule_id: str,
     values: dict[str, str],
     full: dict[str, dict[str, str]],
-    now: dt.datetime,
+    clock: _RoundClock,
     *,
-    grace: dt.timedelta,
     catch_up_limit: int,
 ) -> tuple[list[int], int, int]:
     """(runs, next run, runs dropped) of one due schedule, in microseconds since the epoch:
@@ -361,15 +371,15 @@ def _plan_runs(
             int(values["nr"]),
             int(every),
             int(values["sa"]),
-            (now - EPOCH) // MICROSECOND,
+            clock.now_us,
             values["m"],
-            grace=grace // MICROSECOND,
+            grace=clock.grace_us,
             catch_up_limit=catch_up_limit,
         )
     outcome = plan(
         schedule_from_hash(schedule_id, full[schedule_id]),
-        now,
-        grace=grace,
+        clock.now,
+        grace=clock.grace,
         catch_up_limit=catch_up_limit,
     )
     runs = [(run - EPOCH) // MICROSECOND for run in outcome.runs]
@@ -423,29 +433,18 @@ def _created_tasks(
     parameter = json.loads(values["j"]) if "j" in values else None
     max_duration_millis = int(values["md"]) if "md" in values else None
     return [
-        build(
-            TaskInfo,
-            {
-                "task_id": task_id,
-                "task_name": values["n"],
-                "status": TaskStatus.CREATED,
-                "queue": values["q"],
-                "priority": int(values["p"]),
-                "parameter": parameter,
-                "attempts": 0,
-                "retry_limit": int(values["rl"]),
-                "retry_interval": int(values["ri"]),
-                "retry_backoff": values["rb"],
-                "max_duration_millis": max_duration_millis,
-                "created_at": now,
-                "run_at": EPOCH + MICROSECOND * run,
-                "started_at": None,
-                "finished_at": None,
-                "last_error": None,
-                "result": None,
-                "worker_id": None,
-                "cancel_requested": False,
-            },
+        created_info(
+            task_id,
+            values["n"],
+            values["q"],
+            int(values["p"]),
+            parameter,
+            int(values["rl"]),
+            int(values["ri"]),
+            values["rb"],
+            max_duration_millis,
+            now,
+            EPOCH + MICROSECOND * run,
         )
         for run, task_id, created in zip(runs, run_ids, was_created, strict=True)
         if created

@@ -12,7 +12,8 @@ from .codec import from_micros, micros, text
 
 
 class Workers(RedisAccess):
-    """worker_seen, worker_gone, workers, forget_workers: kept fresh by heartbeats."""
+    """worker_seen, worker_gone, workers, worker_last_seen, forget_workers: kept fresh by
+    heartbeats."""
 
     @guarded
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
@@ -52,6 +53,11 @@ class Workers(RedisAccess):
                 )
             )
         return found
+
+    @guarded
+    def worker_last_seen(self, worker_id: str) -> dt.datetime | None:
+        seen = self.client.zscore(self.p + "workers:seen", worker_id)
+        return from_micros(int(seen)) if seen is not None else None
 
     @guarded
     def forget_workers(self, seen_before: dt.datetime) -> int:
