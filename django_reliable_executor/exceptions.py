@@ -89,6 +89,10 @@ class InvalidQueueError(ReliableExecutorError, ValueError):
     field = "queue"
 
 
+class UnknownQueueError(InvalidQueueError):
+    """The queue name passes the rule, but nothing uses it (see InvalidQueueError)."""
+
+
 def storage_unavailable(exc: BaseException) -> bool:
     """Does ``exc`` say the storage is out of reach (down, restarting, connection lost), so
     the same write is worth retrying later? Other errors are the storage refusing the write."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .exceptions import InvalidQueueError
+from .exceptions import InvalidQueueError, UnknownQueueError
 from .options import RULES
 from .registry import all_handlers, declared_schedules
 from .storage import TaskStorage
@@ -23,7 +23,7 @@ def check_queue_name(name: object) -> str:
 def check_known_queue(storage: TaskStorage, name: object) -> str:
     """``name`` if it is a valid queue name in use: paused already, the default queue, the
     queue of a registered handler or of a schedule, served by a live worker, or holding
-    tasks. InvalidQueueError naming the queue otherwise: a mistyped name would
+    tasks. UnknownQueueError naming the queue otherwise: a mistyped name would
     otherwise pause a queue nothing uses, and the operator would think the real one paused.
     The cheap sources are asked first; counting the stored queues comes last."""
     queue = check_queue_name(name)
@@ -37,7 +37,7 @@ def check_known_queue(storage: TaskStorage, name: object) -> str:
         return queue
     if _stored_schedules_use(storage, queue):
         return queue
-    raise InvalidQueueError(
+    raise UnknownQueueError(
         f"unknown queue {queue!r}: no registered handler, stored task, live worker or schedule "
         "uses it"
     )
