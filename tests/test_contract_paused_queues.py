@@ -44,6 +44,24 @@ def test_a_pause_holds_at_once_for_every_storage_object(executor, make_storage, 
     assert [c.task_id for c in other.claim("w2", ["mail"], 10, LEASE)] == ["m1"]
 
 
+def test_a_capped_name_is_paused_with_its_queue(executor, storage):
+    """max_concurrency's own claim path (a lock per capped name) leaves paused queues out too,
+    and a parked task of a paused queue (Redis) waits for the resume."""
+    for task_id, queue in (("m1", "mail"), ("m2", "mail"), ("d1", "default")):
+        executor.submit("demo.echo", None, task_id=task_id, queue=queue)
+    executor.pause_queue("mail")
+    caps = {"demo.echo": 1}
+    first = storage.claim("w1", ["mail", "default"], 10, LEASE, name_limits=caps)
+    assert [c.task_id for c in first] == ["d1"]
+    assert storage.claim("w1", ["mail", "default"], 10, LEASE, name_limits=caps) == []
+    executor.resume_queue("mail")
+    assert storage.claim("w1", ["mail", "default"], 10, LEASE, name_limits=caps) == []  # at cap
+    storage.release(first)
+    executor.cancel_task("d1")
+    taken = storage.claim("w1", ["mail", "default"], 10, LEASE, name_limits=caps)
+    assert [c.task_id for c in taken] == ["m1"]
+
+
 def test_running_tasks_of_a_paused_queue_finish(executor, storage):
     executor.submit("demo.echo", None, task_id="m1", queue="mail")
     claim = claim_and_start(storage, queue="mail")

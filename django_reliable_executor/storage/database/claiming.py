@@ -132,7 +132,8 @@ class Claiming(DatabaseAccess):
             # Nothing of the name due here: no lock taken (the common case of an idle name).
             cursor.execute(
                 f"SELECT 1 FROM {self._table} WHERE available = %s AND task_name = %s "
-                f"AND queue IN ({', '.join(['%s'] * len(queues))}) AND run_at <= %s LIMIT 1",
+                f"AND queue IN ({', '.join(['%s'] * len(queues))}) AND run_at <= %s "
+                f"{self._not_paused_sql}LIMIT 1",
                 [True, name, *queues, self._dt(now)],
             )
             if cursor.fetchone() is None:
