@@ -34,11 +34,12 @@ def test_a_paused_queue_runs_nothing_across_a_restart_until_resumed(alias, key_p
 
     first.terminate()
     assert first.wait(60) == 0
-    workers.start(backend, "--queues", "mail,default")
+    second = workers.start(backend, "--queues", "mail,default")
     assert service.paused_queues() == {"mail"}
     service.submit("demo.record", None, task_id="d2", queue="default")
     wait_until(lambda: ran(backend, "d2"), 60, "d2 did not run", logs=workers.logs)
     assert not executions(backend, "m1").exists()
+    assert "paused queues, claimed from once resumed: mail" in second.log()
 
     assert service.resume_queue("mail") is True
     wait_until(lambda: ran(backend, "m1"), 60, "m1 did not run once resumed", logs=workers.logs)
