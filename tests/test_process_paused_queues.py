@@ -76,3 +76,19 @@ def test_redis_pauses_and_resumes_a_running_worker_at_once(alias, key_prefix, wo
         lambda: ran(backend, "m1"), 30, "the resume did not wake the worker", logs=workers.logs
     )
     service.storage.close()
+
+
+def test_a_burst_worker_does_not_wait_for_a_paused_queue(alias, key_prefix, workers):
+    """--burst exits once nothing claimable is near: a paused queue's due task does not keep
+    it running (it would otherwise wait for it for ever)."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    service.submit("demo.record", None, task_id="m1", queue="mail")
+    service.submit("demo.record", None, task_id="d1", queue="default")
+    service.pause_queue("mail")
+    burst = workers.start(backend, "--burst", "--queues", "mail,default")
+    assert burst.wait(60) == 0
+    assert ran(backend, "d1")
+    assert not executions(backend, "m1").exists()
+    assert service.get_task("m1").status is TaskStatus.CREATED
