@@ -1,6 +1,11 @@
 """django-reliable-executor: reliable background tasks on the database or Redis you already run."""
 
-from .exceptions import InvalidScheduleError, TaskSubmitConflictError, TaskSubmitError
+from .exceptions import (
+    InvalidQueueError,
+    InvalidScheduleError,
+    TaskSubmitConflictError,
+    TaskSubmitError,
+)
 from .execution import TaskContext
 from .records import TaskInfo, TaskSubmitRequest
 from .registry import reliable_task_handler
@@ -11,6 +16,7 @@ from .states import TaskStatus
 __version__ = "0.1.0"
 
 __all__ = [
+    "InvalidQueueError",
     "InvalidScheduleError",
     "ReliableExecutor",
     "Schedule",

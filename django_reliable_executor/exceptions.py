@@ -81,6 +81,18 @@ class InvalidScheduleError(ReliableExecutorError, ValueError):
         self.field = field
 
 
+class InvalidQueueError(ReliableExecutorError, ValueError):
+    """pause_queue/resume_queue refused the queue name: it breaks the queue-name rule, or no
+    registered handler, stored task, live worker or schedule uses it (a typo would
+    otherwise pause nothing, silently). Nothing was stored. ``field`` is "queue"."""
+
+    field = "queue"
+
+
+class UnknownQueueError(InvalidQueueError):
+    """The queue name passes the rule, but nothing uses it (see InvalidQueueError)."""
+
+
 def storage_unavailable(exc: BaseException) -> bool:
     """Does ``exc`` say the storage is out of reach (down, restarting, connection lost), so
     the same write is worth retrying later? Other errors are the storage refusing the write."""

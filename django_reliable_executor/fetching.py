@@ -192,7 +192,10 @@ class Fetcher:
 
     def _work_near(self) -> bool:
         try:
-            return self.executor.storage.has_work(self.queues, BURST_HORIZON_SECONDS)
+            # The tasks of a paused queue wait for its resume, not for this worker.
+            paused = self.executor.storage.paused_queues()
+            queues = [queue for queue in self.queues if queue not in paused]
+            return bool(queues) and self.executor.storage.has_work(queues, BURST_HORIZON_SECONDS)
         except Exception:
             logger.exception("burst: could not check for work")
             drop_unusable_connections()

@@ -1,4 +1,4 @@
-"""Tables of the database storage: tasks, the master lock and the live-worker registry."""
+"""Tables of the database storage: tasks, the master lock, the worker registry, paused queues."""
 
 from __future__ import annotations
 
@@ -96,6 +96,21 @@ class ReliableNameLock(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ReliablePausedQueue(models.Model):
+    """A paused queue (``executor.pause_queue``): claims take nothing from it while the row is
+    here. Its claims read this table in the claiming statement itself."""
+
+    queue = models.CharField(max_length=100, primary_key=True)
+    paused_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "reliable_executor_paused_queue"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return self.queue
 
 
 class ReliableWorker(models.Model):

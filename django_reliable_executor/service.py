@@ -16,6 +16,7 @@ from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
 from .exceptions import AttemptStillRunningError, InvalidTaskOptionError
 from .options import is_int
+from .queue_pausing import check_known_queue
 from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
 from .registry import declared_schedules
 from .schedules.operations import ScheduleOperations
@@ -254,6 +255,24 @@ class ReliableExecutor:
     def workers(self) -> list[WorkerInfo]:
         """The workers alive by their heartbeats (forgotten once silent for 2 x LEASE_TIMEOUT)."""
         return self.storage.workers()
+
+    # -- paused queues ----------------------------------------------------------------------
+    def pause_queue(self, name: str) -> bool:
+        """Stop every worker claiming tasks of queue ``name``, stored so that it holds for
+        every worker, restarts included (from each worker's next claim). Running tasks
+        finish; submits and schedule fires into it are accepted and wait. True when paused
+        now, False when it already was. Raises InvalidQueueError (storing nothing) for a name
+        the queue rule refuses or that nothing uses (see queue_pausing.check_known_queue)."""
+        return self.storage.pause_queue(check_known_queue(self.storage, name))
+
+    def resume_queue(self, name: str) -> bool:
+        """Let workers claim from ``name`` again; idle workers are woken at once. True when it
+        was paused, False when not (no error). Raises InvalidQueueError like pause_queue."""
+        return self.storage.resume_queue(check_known_queue(self.storage, name))
+
+    def paused_queues(self) -> set[str]:
+        """The queues paused now."""
+        return self.storage.paused_queues()
 
     def purge_finished(
         self,

@@ -1,5 +1,5 @@
-"""The task gauges: stored tasks by status and queue, dead letters and the oldest due task's age,
-read through the service when Prometheus scrapes."""
+"""The task gauges: stored tasks by status and queue, dead letters, the oldest due task's age and
+the paused queues, read through the service when Prometheus scrapes."""
 
 from __future__ import annotations
 
@@ -35,13 +35,16 @@ class TaskCounts(Protocol):
 
     def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None: ...
 
+    def paused_queues(self) -> set[str]: ...
+
 
 class TaskCountCollector:
     """``reliable_executor_tasks{status, queue}``,
-    ``reliable_executor_dead_letters{queue}`` (the FAILED + TIMEOUT + ERROR of the same counts)
-    and ``reliable_executor_oldest_due_task_age_seconds{queue}``, read through the service when
-    scraped, at most once per ``cache_seconds``. A storage error skips these samples (logged at
-    debug): the scrape itself never fails.
+    ``reliable_executor_dead_letters{queue}`` (the FAILED + TIMEOUT + ERROR of the same counts),
+    ``reliable_executor_oldest_due_task_age_seconds{queue}`` and
+    ``reliable_executor_queue_paused{queue}`` (1 paused, 0 for a queue holding tasks), read
+    through the service when scraped, at most once per ``cache_seconds``. A storage error skips
+    these samples (logged at debug): the scrape itself never fails.
 
     Every process exporting it reports the same stored totals: aggregate with ``max``, not
     ``sum``, across instances."""
@@ -84,10 +87,11 @@ class TaskCountCollector:
                 )
                 oldest = executor.oldest_due_at(queue) if waiting else None
                 ages[queue] = _age_seconds(oldest, executor.clock.now())
+            paused = executor.paused_queues()
         except Exception:
             logger.debug("metrics: task counts not read, storage unavailable", exc_info=True)
             return None
-        return _Snapshot(counts, ages)
+        return _Snapshot(counts, ages, paused)
 
     @staticmethod
     def _families(snapshot: _Snapshot | None) -> Iterator[Metric]:
@@ -106,7 +110,15 @@ class TaskCountCollector:
             "Seconds the oldest due, unclaimed task of the queue has waited (0: none waits).",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            f"{PREFIX}_queue_paused",
+            "1 while the queue is paused (no worker claims its tasks), 0 for the other queues "
+            "holding tasks.",
+            labels=["queue"],
+        )
         if snapshot is not None:
+            for queue in sorted(set(snapshot.counts) | snapshot.paused):
+                paused.add_metric([queue], 1 if queue in snapshot.paused else 0)
             for queue, by_status in snapshot.counts.items():
                 for status in TaskStatus:
                     tasks.add_metric([status.value, queue], by_status.get(status, 0))
@@ -117,12 +129,19 @@ class TaskCountCollector:
         yield tasks
         yield dead
         yield age
+        yield paused
 
 
 class _Snapshot:
-    def __init__(self, counts: dict[str, dict[TaskStatus, int]], ages: dict[str, float]) -> None:
+    def __init__(
+        self,
+        counts: dict[str, dict[TaskStatus, int]],
+        ages: dict[str, float],
+        paused: set[str],
+    ) -> None:
         self.counts = counts
         self.ages = ages
+        self.paused = paused
 
 
 def _age_seconds(oldest: dt.datetime | None, now: dt.datetime) -> float:

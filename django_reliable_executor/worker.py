@@ -213,6 +213,9 @@ class Worker:
         try:
             for warning in self.executor.storage.server_warnings():
                 logger.warning(warning)
+            paused = sorted(set(opts.queues) & self.executor.paused_queues())
+            if paused:
+                logger.warning("paused queues, claimed from once resumed: %s", ", ".join(paused))
         except Exception:
             logger.exception("could not read the storage server's configuration")
         writer = self.runner.start_writer(self.pool.freed_elsewhere if opts.queue_limits else None)

@@ -48,6 +48,7 @@ EXPORTED_SAMPLES = {
     "reliable_executor_tasks",
     "reliable_executor_dead_letters",
     "reliable_executor_oldest_due_task_age_seconds",
+    "reliable_executor_queue_paused",
     "reliable_executor_schedule_runs_fired_total",
     "reliable_executor_schedule_runs_skipped_total",
     "reliable_executor_schedule_lag_seconds_bucket",
@@ -281,6 +282,25 @@ def test_dead_letters_sum_failed_timeout_and_error_by_queue(executor, storage, c
     assert f'reliable_executor_dead_letters{{queue="{mixed}"}} 3.0' in text
 
 
+def test_queue_paused_is_1_for_paused_queues_and_0_for_the_others(executor):
+    busy, stopped, empty = fresh_queue(), fresh_queue(), fresh_queue()
+    executor.submit("demo.echo", task_id="b", queue=busy)
+    executor.submit("demo.echo", task_id="s", queue=stopped)
+    executor.submit("demo.echo", task_id="e", queue=empty)
+    executor.pause_queue(stopped)
+    executor.pause_queue(empty)
+    assert executor.cancel_task("e")
+    executor.purge_finished(executor.clock.now().replace(year=2100))  # empty: no task left
+    collector = TaskCountCollector(executor, cache_seconds=0)
+    assert gauges(collector)["reliable_executor_queue_paused"] == {
+        (busy,): 0,
+        (stopped,): 1,
+        (empty,): 1,
+    }
+    executor.resume_queue(stopped)
+    assert gauges(collector)["reliable_executor_queue_paused"][(stopped,)] == 0
+
+
 def test_collector_caches_between_scrapes(executor):
     queue = fresh_queue()
     executor.submit("demo.echo", task_id="a", queue=queue)
@@ -307,6 +327,7 @@ def test_unreachable_storage_skips_the_task_gauges_without_failing_the_scrape(ca
         "reliable_executor_tasks": {},
         "reliable_executor_dead_letters": {},
         "reliable_executor_oldest_due_task_age_seconds": {},
+        "reliable_executor_queue_paused": {},
     }
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
     assert "storage unavailable" in caplog.records[0].getMessage()

@@ -1,10 +1,11 @@
-"""The tasks in Django's admin: a list with a summary, a detail page, retry and cancel.
+"""The tasks in Django's admin: a list with a summary, a detail page, retry and cancel, pausing
+and resuming queues.
 
 ``ReliableTask`` stays registered for its admin URLs and its permissions (which live in the auth
 tables, whatever the storage), but every page reads and acts through the service, never the ORM:
 the same pages work on the database and on Redis storage.
 
-Permissions: viewing needs ``view_reliabletask``; retry and cancel need
+Permissions: viewing needs ``view_reliabletask``; retry, cancel, pause and resume need
 ``operate_reliabletask``. Nothing can be added, edited or deleted by hand.
 
 The schedule pages (``ReliableScheduleAdmin``, for ``ReliableSchedule``) live in ``schedules``
@@ -42,7 +43,7 @@ class ReliableTaskAdmin(ServiceModelAdmin):
     counts_cache = pages.SlowCounts()
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
-        """May retry and cancel tasks (``operate_reliabletask``)."""
+        """May retry and cancel tasks, pause and resume queues (``operate_reliabletask``)."""
         user: Any = request.user
         return bool(user.has_perm(OPERATE_PERMISSION))
 
@@ -65,6 +66,8 @@ class ReliableTaskAdmin(ServiceModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         if request.method == "POST":
+            if "queue_action" in request.POST:
+                return self._change_queue(request)
             return self._act(
                 request, request.POST.getlist("_selected_action"), request.get_full_path()
             )
@@ -129,6 +132,17 @@ class ReliableTaskAdmin(ServiceModelAdmin):
     def _act(self, request: HttpRequest, task_ids: list[str], back: str) -> HttpResponse:
         allowed = self.has_operate_permission(request)
         return self._run_action(request, task_ids, back, operations.ACTIONS, allowed)
+
+    def _change_queue(self, request: HttpRequest) -> HttpResponse:
+        """The summary's pause/resume button of one queue."""
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        level, text = operations.change_queue(
+            self.executor, request.POST["queue_action"], request.POST.get("queue", "")
+        )
+        messages.add_message(request, level, text)
+        self._acted()
+        return HttpResponseRedirect(request.get_full_path())
 
     def _acted(self) -> None:
         self.counts_cache.forget()

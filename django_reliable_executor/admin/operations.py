@@ -1,4 +1,5 @@
-"""Retry or cancel a selection of tasks through the service and say what became of each one."""
+"""Retry or cancel a selection of tasks, pause or resume a queue, through the service, and say
+what became of each one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 from django.contrib import messages
 
-from ..exceptions import StorageUnavailableError
+from ..exceptions import InvalidQueueError, StorageUnavailableError
 from ..records import TaskInfo
 from ..service import ReliableExecutor
 from ..states import RETRYABLE_BY_HAND, WAITING_STATUSES, TaskStatus
@@ -123,3 +124,25 @@ def can_cancel(status: TaskStatus, cancel_requested: bool) -> bool:
 
 
 ACTIONS = {"retry": retry_tasks, "cancel": cancel_tasks}
+
+
+def change_queue(executor: ReliableExecutor, action: str, queue: str) -> tuple[int, str]:
+    """Pause or resume ``queue`` (``action`` "pause" or "resume"): the message's level and
+    text, saying whether it changed or why not."""
+    operation = {"pause": executor.pause_queue, "resume": executor.resume_queue}.get(action)
+    if operation is None:
+        return messages.ERROR, "Choose pause or resume: no queue was changed."
+    try:
+        changed = operation(queue)
+    except (InvalidQueueError, StorageUnavailableError) as exc:
+        return messages.ERROR, f"Queue not changed: {exc}."
+    if action == "pause":
+        if not changed:
+            return messages.INFO, f"Queue {queue} was paused already."
+        return messages.SUCCESS, (
+            f"Queue {queue} paused: no worker claims its tasks until it is resumed (running "
+            "ones finish, new ones are accepted and wait)."
+        )
+    if not changed:
+        return messages.INFO, f"Queue {queue} was not paused."
+    return messages.SUCCESS, f"Queue {queue} resumed: workers claim its tasks again."

@@ -240,6 +240,7 @@ class QueueCounts:
     counts: list[tuple[TaskStatus, int, str]]  # status, count, list URL of those tasks
     total: int
     url: str
+    paused: bool = False
 
 
 def summary(
@@ -247,17 +248,22 @@ def summary(
     by_queue: dict[str, dict[TaskStatus, int]],
     counts_age: float = 0.0,
 ) -> dict[str, Any]:
-    """Counts by status and queue, the oldest due task's age, the master and the live workers."""
+    """Counts by status and queue (paused queues marked, listed even when empty), the oldest
+    due task's age, the master and the live workers."""
     statuses = list(TaskStatus)
     base = Filters()
+    paused = executor.paused_queues()
+    # A paused queue is listed even with no task left, so that it can be resumed here.
+    shown: dict[str, dict[TaskStatus, int]] = {**{queue: {} for queue in paused}, **by_queue}
     queues = [
         QueueCounts(
             queue=queue,
             counts=[(s, counts.get(s, 0), base.url(queue=queue, status=s.value)) for s in statuses],
             total=sum(counts.values()),
             url=base.url(queue=queue),
+            paused=queue in paused,
         )
-        for queue, counts in sorted(by_queue.items())
+        for queue, counts in sorted(shown.items())
     ]
     totals = {s: sum(counts.get(s, 0) for counts in by_queue.values()) for s in statuses}
     dead_letters = sum(totals[s] for s in DEAD_LETTER_STATUSES)
@@ -267,6 +273,7 @@ def summary(
     return {
         "statuses": statuses,
         "queues": queues,
+        "paused_queues": sorted(paused),
         "totals": [(s, totals[s], base.url(status=s.value)) for s in statuses],
         "grand_total": sum(totals.values()),
         "dead_letters": dead_letters,

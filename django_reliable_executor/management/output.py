@@ -95,6 +95,7 @@ class StatusReport:
         default_factory=lambda: {"active": 0, "paused": 0}
     )
     next_schedule_at: dt.datetime | None = None
+    paused_queues: frozenset[str] = frozenset()
 
     @property
     def counts(self) -> dict[TaskStatus, int]:
@@ -115,6 +116,7 @@ class StatusReport:
                 queue: {status.value: by_status.get(status, 0) for status in TaskStatus}
                 for queue, by_status in sorted(self.queues.items())
             },
+            "paused_queues": sorted(self.paused_queues),
             "oldest_due_at": iso(self.oldest_due_at),
             "oldest_due_age_seconds": _seconds(self.oldest_due_at, self.checked_at),
             "schedules": {
@@ -167,6 +169,8 @@ class StatusReport:
         else:
             lines.append("No tasks.")
         lines.append("")
+        paused = ", ".join(sorted(self.paused_queues)) or "none"
+        lines.append(f"Paused queues: {paused}")
         if self.oldest_due_at is None:
             lines.append("Oldest due task: none waiting")
         else:

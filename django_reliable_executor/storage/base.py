@@ -147,6 +147,23 @@ class TaskStorage(ScheduleStorage):
         AttemptStillRunningError while the previous attempt's holder still holds its lease
         (a timed-out handler still running): a retry then would run the task twice at once."""
 
+    # -- paused queues --------------------------------------------------------------------
+    @abc.abstractmethod
+    def pause_queue(self, queue: str) -> bool:
+        """Store ``queue`` as paused: from then on no claim, by any worker, takes a task of it
+        (the claim reads the paused queues atomically with what it takes). Claims already
+        made, running tasks, submits and schedule fires into it are left alone. True when
+        paused now, False when it already was."""
+
+    @abc.abstractmethod
+    def resume_queue(self, queue: str) -> bool:
+        """Forget the pause of ``queue`` and wake the idle workers waiting on it. True when it
+        was paused, False when it was not (nothing changes)."""
+
+    @abc.abstractmethod
+    def paused_queues(self) -> set[str]:
+        """The queues paused now."""
+
     # -- master-only chores (idempotent, batch-bounded) -----------------------------------
     def promote_due(self, limit: int) -> int:
         """Make due scheduled tasks claimable. A no-op where due tasks are claimable as is."""

@@ -1,4 +1,4 @@
-"""manage.py executor: status, show, retry, cancel and purge tasks from the shell; health.
+"""manage.py executor: status, show, retry, cancel and purge tasks, pause and resume queues; health.
 
 Every action goes through the service (so signals fire and both storages behave alike); the
 exit codes and output lines are documented in docs/command.md for scripts to rely on.
@@ -17,7 +17,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_reliable_executor.exceptions import StorageUnavailableError
+from django_reliable_executor.exceptions import (
+    InvalidQueueError,
+    StorageUnavailableError,
+    UnknownQueueError,
+)
 from django_reliable_executor.management.commands.runexecutor import check_worker_id
 from django_reliable_executor.management.health import check_health, default_max_age
 from django_reliable_executor.management.output import (
@@ -193,11 +197,27 @@ def _add_health(actions: Any) -> None:
     )
 
 
+def _add_pause_and_resume(actions: Any) -> None:
+    """``pause-queue NAME`` / ``resume-queue NAME``."""
+    for name, verb, what in (
+        ("pause-queue", "Pause", "no worker claims its tasks until resumed"),
+        ("resume-queue", "Resume", "workers claim its tasks again"),
+    ):
+        sub = actions.add_parser(
+            name,
+            help=f"{verb.lower()} a queue: {what}",
+            description=f"{verb} a queue: {what}. Doing it twice is no error. Exit code 1 for "
+            "a queue nothing uses, 2 for a name no queue can have.",
+        )
+        sub.add_argument("queue")
+
+
 class Command(BaseCommand):
     help = (
-        "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge; "
-        "health (a probe). Exit codes: 0 done, 1 some id not found or skipped (health: "
-        "unhealthy), 2 usage error, 3 task store unavailable."
+        "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge, "
+        "pause-queue, resume-queue; health (a probe). Exit codes: 0 done, 1 some id not found "
+        "or skipped (health: unhealthy; pause/resume: unknown queue), 2 usage error, "
+        "3 task store unavailable."
     )
     stealth_options = ("stdin",)
 
@@ -215,6 +235,7 @@ class Command(BaseCommand):
         _add_retry_and_cancel(actions)
         _add_purge(actions)
         _add_health(actions)
+        _add_pause_and_resume(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
         actions: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -224,9 +245,15 @@ class Command(BaseCommand):
             "cancel": self.cancel,
             "purge": self.purge,
             "health": self.health,
+            "pause-queue": self.pause_queue,
+            "resume-queue": self.resume_queue,
         }
         try:
             actions[options["action"]](options)
+        except UnknownQueueError as exc:
+            raise CommandError(str(exc), returncode=EXIT_INCOMPLETE) from exc
+        except InvalidQueueError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except StorageUnavailableError as exc:
             raise CommandError(
                 f"task store unavailable: {exc}", returncode=EXIT_UNAVAILABLE
@@ -258,6 +285,7 @@ class Command(BaseCommand):
             lease_timeout=settings.LEASE_TIMEOUT,
             schedules=schedules,
             next_schedule_at=next_schedule_at,
+            paused_queues=frozenset(executor.paused_queues()),
         )
         if options["json"]:
             self.stdout.write(json.dumps(report.as_json(), indent=2, ensure_ascii=False))
@@ -361,6 +389,21 @@ class Command(BaseCommand):
         if now.status is TaskStatus.CANCELLED:
             return "changed", "cancelled"
         return "changed", "cancel requested (running)"
+
+    # -- paused queues --------------------------------------------------------------------
+    def pause_queue(self, options: dict[str, Any]) -> None:
+        queue = options["queue"]
+        if executor.pause_queue(queue):
+            self.stdout.write(f"paused queue {queue}")
+        else:
+            self.stdout.write(f"queue {queue} was paused already")
+
+    def resume_queue(self, options: dict[str, Any]) -> None:
+        queue = options["queue"]
+        if executor.resume_queue(queue):
+            self.stdout.write(f"resumed queue {queue}")
+        else:
+            self.stdout.write(f"queue {queue} was not paused")
 
     # -- purge ----------------------------------------------------------------------------
     def purge(self, options: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .chores import Chores
 from .claiming import Claiming
 from .locks import Locks
+from .pausing import Pausing
 from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
@@ -20,7 +21,7 @@ from .workers import Workers
 
 
 class DatabaseStorage(
-    Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading
+    Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading, Pausing
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part
     per role, each built on DatabaseAccess alone, never on another part.

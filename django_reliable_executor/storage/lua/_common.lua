@@ -13,6 +13,7 @@ local FINISHED = P .. 'finished'
 local COUNTS = P .. 'counts'
 local HELD = P .. 'held'
 local PARKED = P .. 'parked'
+local PAUSED_QUEUES = P .. 'queues:paused'
 
 local function tkey(id)
   return P .. 't:' .. id
@@ -62,6 +63,12 @@ local function forget_if_empty(queue)
   redis.call('SREM', P .. 'queues', queue)
   redis.call('DEL', P .. 'wake:' .. queue)
   return true
+end
+
+-- A paused queue (executor.pause_queue): claims take none of its tasks, which wait where they
+-- are (ready lists, schedule, parked sets) until it is resumed.
+local function queue_paused(queue)
+  return redis.call('SISMEMBER', PAUSED_QUEUES, queue) == 1
 end
 
 -- One token in the queue's wake list lets one idle worker's blocking pop return.

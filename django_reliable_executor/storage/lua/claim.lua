@@ -26,9 +26,12 @@ local caps = {}
 local capped = false
 local arg = 8
 while arg <= #ARGV and ARGV[arg] ~= '' do
-  queues[#queues + 1] = ARGV[arg]
-  claimed_queue[ARGV[arg]] = true
-  promote(ARGV[arg], 1000)
+  -- A paused queue is left out of the whole call: nothing taken, promoted or waited for.
+  if not queue_paused(ARGV[arg]) then
+    queues[#queues + 1] = ARGV[arg]
+    claimed_queue[ARGV[arg]] = true
+    promote(ARGV[arg], 1000)
+  end
   arg = arg + 1
 end
 for i = arg + 1, #ARGV - 1, 2 do

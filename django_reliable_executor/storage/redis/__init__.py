@@ -27,6 +27,8 @@ epoch, written as decimal strings.
 ``P queues``               SET of every queue that holds a task in any status: purge forgets a
                            queue with its last task (its count fields and wake token too), a
                            submit adds it again (forget_if_empty in _common.lua).
+``P queues:paused``        SET of the paused queues (executor.pause_queue): claim.lua takes
+                           nothing from them. Kept whether or not the queue holds tasks.
 ``P wake:<queue>``         LIST holding at most one token: idle workers block on it (BLPOP).
 ``P held``                 HASH task name -> how many tasks of the name are in the leases (claimed
                            or running), changed only where a task enters or leaves the leases
@@ -65,6 +67,7 @@ from .chores import Chores
 from .claiming import Claiming
 from .listing import Listing
 from .locks import Locks
+from .pausing import Pausing
 from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
@@ -73,7 +76,16 @@ from .workers import Workers
 
 
 class RedisStorage(
-    Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading, Listing
+    Submitting,
+    Claiming,
+    Transitions,
+    Schedules,
+    Chores,
+    Locks,
+    Workers,
+    Reading,
+    Listing,
+    Pausing,
 ):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout): one
     part per role, each built on RedisAccess alone, never on another part.
