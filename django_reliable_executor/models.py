@@ -1,4 +1,4 @@
-"""Tables of the database storage: tasks, the master lock and the live-worker registry."""
+"""Tables of the database storage: tasks, unique keys, the master lock and the worker registry."""
 
 from __future__ import annotations
 
@@ -127,6 +127,24 @@ class ReliableApiNonce(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} until {self.expires_at}"
+
+
+class ReliableUniqueKey(models.Model):
+    """The key of a unique task (``unique_for``): which task holds it, and until when. The
+    primary key makes concurrent submits of one key wait for each other; a row past its
+    ``expires_at``, or whose task is finished, is taken over by the next submit or deleted by
+    the master's purge."""
+
+    key = models.CharField(max_length=64, primary_key=True)  # uniqueness.unique_digest
+    task_id = models.CharField(max_length=191)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "reliable_executor_unique_key"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.key} held by {self.task_id} until {self.expires_at}"
 
 
 class ReliableSchedule(models.Model):

@@ -150,7 +150,18 @@ class ReliableExecutor:
 
         transaction.on_commit(write, using=alias)
         infos: dict[str, TaskInfo] = dict(existing)
+        holders: dict[str, TaskInfo | None] = {}
         for task in new_tasks:
+            key = task.unique_key
+            if key is not None and task.task_id not in infos:
+                # The live holder of its key as things stand; the write at commit decides.
+                if key not in holders:
+                    holders[key] = self.storage.unique_holder(key)
+                holder = holders[key]
+                if holder is not None:
+                    infos[task.task_id] = holder
+                    continue
+                holders[key] = new_info(task)  # a later task of the batch meets this one
             infos.setdefault(task.task_id, new_info(task))
         return [infos[task.task_id] for task in new_tasks]
 
