@@ -171,6 +171,10 @@ class ReliableSchedule(models.Model):
     origin = models.CharField(max_length=16, default="api")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    # "skip": a run due while the previous run (last_task_id) is not terminal is not fired.
+    overlap = models.CharField(max_length=8, default="allow")
+    overlap_skipped = models.BigIntegerField(default=0, help_text="Runs skipped for overlap.")
+    last_skipped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "reliable_executor_schedule"

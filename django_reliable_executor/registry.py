@@ -14,7 +14,7 @@ from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidT
 from .options import NAMES as OPTION_NAMES
 from .options import TaskOptions
 from .schedules.ids import validate_schedule_id
-from .schedules.records import Schedule
+from .schedules.records import OVERLAP_POLICIES, Schedule
 from .schedules.timing import make_timing
 from .uniqueness import check_unique_for
 
@@ -279,6 +279,11 @@ def _schedules(
         spec = dataclasses.replace(spec, task_name=name, schedule_id=spec.schedule_id or name)
         try:
             validate_schedule_id(spec.schedule_id)
+            if spec.overlap not in OVERLAP_POLICIES:
+                raise InvalidScheduleError(
+                    f"overlap must be one of {OVERLAP_POLICIES}, got {spec.overlap!r}",
+                    field="overlap",
+                )
             make_timing(
                 every=spec.every,
                 cron=spec.cron,

@@ -306,13 +306,16 @@ class ReliableExecutor:
         priority: int | None = None,
         start_at: dt.datetime | None = None,
         misfire: str = "skip",
+        overlap: str = "allow",
         **task_options: Any,
     ) -> ScheduleInfo:
         """Create the schedule, or redefine the one with this id (keeping its state: paused,
         last run, and its next run too if its timing did not change). Fires ``task_name``
         with ``parameter`` every ``every`` seconds (or timedelta) or by ``cron`` in
         ``timezone`` (default: Django's TIME_ZONE). ``misfire`` says what runs missed while no
-        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``task_options``:
+        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``overlap``: what
+        a run falling due while the previous run is not terminal does: "allow" (fire it) or
+        "skip" (fire nothing; logged, counted, shown in the admin). ``task_options``:
         retry_limit, retry_interval, retry_backoff, max_duration_millis. Raises
         InvalidScheduleError or a TaskSubmitError naming the bad field; stores nothing then."""
         return self._schedules.schedule(
@@ -326,6 +329,7 @@ class ReliableExecutor:
             priority=priority,
             start_at=start_at,
             misfire=misfire,
+            overlap=overlap,
             **task_options,
         )
 

@@ -45,7 +45,8 @@ epoch, written as decimal strings.
                            cr cron + tz time zone, sa start, m misfire policy, q/p/rl/ri/rb/md
                            the task options it fires with, o origin, pa "1" while paused,
                            nr next run, lr/lt planned time and task id of the latest fire,
-                           c created, u updated.
+                           ov overlap policy ("skip"; absent: "allow"), os runs skipped for
+                           overlap, ol when last, c created, u updated.
 ``P u:<digest>``           STRING "<window end> <task id>": the task holding a unique task's key
                            (``uniqueness.unique_digest``), expiring (PX) with its window.
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
