@@ -50,6 +50,7 @@ EXPORTED_SAMPLES = {
     "reliable_executor_oldest_due_task_age_seconds",
     "reliable_executor_schedule_runs_fired_total",
     "reliable_executor_schedule_runs_skipped_total",
+    "reliable_executor_schedule_overlap_skipped_total",
     "reliable_executor_schedule_lag_seconds_bucket",
     "reliable_executor_schedule_lag_seconds_sum",
     "reliable_executor_schedule_lag_seconds_count",
