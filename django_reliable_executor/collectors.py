@@ -88,6 +88,14 @@ class ProcessMetrics:
             ),
         )
         self.schedule_fired, self.schedule_skipped, self.schedule_lag = _schedule_metrics()
+        self.schedule_overlap_skipped: Counter = find_or_create(
+            f"{PREFIX}_schedule_overlap_skipped_total",
+            lambda: Counter(
+                f"{PREFIX}_schedule_overlap_skipped",
+                "Schedule runs not fired because the previous run was not terminal "
+                '(overlap="skip").',
+            ),
+        )
         # (id of the metric, task_name, queue) -> its labelled child: labels() takes the metric's
         # lock on every call, which eight pool threads then queue on for each task.
         self._children: dict[tuple[int, str, str], Any] = {}

@@ -132,6 +132,14 @@ def observe_schedule_skipped(count: int) -> None:
         collectors[1].inc(count)
 
 
+def observe_schedule_overlap_skipped(count: int) -> None:
+    """Runs not fired because their schedule's previous run was not terminal. Unlabelled as
+    the other schedule counters; each schedule stores its own count (``overlap_skipped``)."""
+    collectors = process_metrics()
+    if collectors is not None:
+        collectors.schedule_overlap_skipped.inc(count)
+
+
 def set_master(is_master: bool) -> None:
     """This process holds the master lock now, or not."""
     gauge = unlabelled_gauge(

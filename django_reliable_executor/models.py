@@ -1,4 +1,5 @@
-"""Tables of the database storage: tasks, the master lock, the worker registry, paused queues."""
+"""Tables of the database storage: tasks, unique keys, the master lock, the worker registry,
+paused queues."""
 
 from __future__ import annotations
 
@@ -144,6 +145,24 @@ class ReliableApiNonce(models.Model):
         return f"{self.key} until {self.expires_at}"
 
 
+class ReliableUniqueKey(models.Model):
+    """The key of a unique task (``unique_for``): which task holds it, and until when. The
+    primary key makes concurrent submits of one key wait for each other; a row past its
+    ``expires_at``, or whose task is finished, is taken over by the next submit or deleted by
+    the master's purge."""
+
+    key = models.CharField(max_length=64, primary_key=True)  # uniqueness.unique_digest
+    task_id = models.CharField(max_length=191)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "reliable_executor_unique_key"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.key} held by {self.task_id} until {self.expires_at}"
+
+
 class ReliableSchedule(models.Model):
     """A periodic schedule (database storage): its definition, and when it fires next."""
 
@@ -168,6 +187,10 @@ class ReliableSchedule(models.Model):
     origin = models.CharField(max_length=16, default="api")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    # "skip": a run due while the previous run (last_task_id) is not terminal is not fired.
+    overlap = models.CharField(max_length=8, default="allow")
+    overlap_skipped = models.BigIntegerField(default=0, help_text="Runs skipped for overlap.")
+    last_skipped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "reliable_executor_schedule"

@@ -27,6 +27,10 @@ class TaskSubmitRequest:
     priority: int | None = None
     delay_millis: int = 0
     run_at: dt.datetime | None = None
+    # Unique tasks: while a task submitted with the same key within ``unique_for`` seconds
+    # is not terminal, a submit returns that task and stores nothing.
+    unique_for: float | None = None
+    unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +78,10 @@ class NewTask:
     created_at: dt.datetime
     run_at: dt.datetime
     deadline_at: dt.datetime | None
+    # A unique task: the digest of its key (``uniqueness.unique_digest``) and when the key
+    # stops holding; None for an ordinary task.
+    unique_key: str | None = None
+    unique_until: dt.datetime | None = None
 
 
 def copy_with(record: R, **changes: Any) -> R:

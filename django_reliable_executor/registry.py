@@ -14,8 +14,9 @@ from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidT
 from .options import NAMES as OPTION_NAMES
 from .options import TaskOptions
 from .schedules.ids import validate_schedule_id
-from .schedules.records import Schedule
+from .schedules.records import OVERLAP_POLICIES, Schedule
 from .schedules.timing import make_timing
+from .uniqueness import check_unique_for
 
 ScheduleSpec = Schedule | str | int | float | dt.timedelta
 
@@ -43,6 +44,7 @@ class TaskHandler(Generic[R]):
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         takes_context: bool = False,
         max_concurrency: int | None = None,
+        unique_for: float | None = None,
     ) -> None:
         self.func = func
         # Asked for every claim the worker takes (which pool runs it): looked up once here.
@@ -59,6 +61,9 @@ class TaskHandler(Generic[R]):
         self.takes_context = takes_context
         # Most tasks of this name held (claimed, started or not) at once across all workers.
         self.max_concurrency = max_concurrency
+        # Seconds a submit of the same name and parameter returns the live task already
+        # submitted instead of storing another (a submit's own unique_for comes first).
+        self.unique_for = unique_for
         # Schedules declared with the decorator's ``schedule=`` (saved by runexecutor).
         self.schedules: tuple[Schedule, ...] = ()
         self.accepts_parameter = param_type is not None or _takes_positional(func)
@@ -129,6 +134,11 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
     cap = options.get("max_concurrency")
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise bad(f"max_concurrency must be an integer >= 1 or None, got {cap!r}")
+    if options.get("unique_for") is not None:
+        try:
+            check_unique_for(options["unique_for"])
+        except InvalidTaskOptionError as exc:
+            raise bad(str(exc)) from exc
 
 
 def reliable_task_handler(
@@ -144,6 +154,7 @@ def reliable_task_handler(
     retry_on: tuple[type[BaseException], ...] = (Exception,),
     takes_context: bool = False,
     max_concurrency: int | None = None,
+    unique_for: float | None = None,
     schedule: ScheduleSpec | Sequence[ScheduleSpec] | None = None,
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
     """Register a function as the handler of ``name`` (default ``module.qualname``).
@@ -151,6 +162,8 @@ def reliable_task_handler(
     Options left as None take the RELIABLE_EXECUTOR defaults when a task is submitted.
     ``max_concurrency`` caps how many tasks of this name are held (claimed, started or not)
     at once across every worker; the storage enforces it when workers claim.
+    ``unique_for`` (seconds) makes every submit of this name unique: one with the same
+    parameter (or ``unique_key``) within that window returns the task still live.
     ``schedule`` fires the task periodically: a cron string ("0 3 * * *"), an interval in
     seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
     updates these schedules when it starts.
@@ -172,6 +185,7 @@ def reliable_task_handler(
             retry_on=retry_on,
             takes_context=takes_context,
             max_concurrency=max_concurrency,
+            unique_for=unique_for,
         )
         _validate_options(task_name, options)
         handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
@@ -265,6 +279,11 @@ def _schedules(
         spec = dataclasses.replace(spec, task_name=name, schedule_id=spec.schedule_id or name)
         try:
             validate_schedule_id(spec.schedule_id)
+            if spec.overlap not in OVERLAP_POLICIES:
+                raise InvalidScheduleError(
+                    f"overlap must be one of {OVERLAP_POLICIES}, got {spec.overlap!r}",
+                    field="overlap",
+                )
             make_timing(
                 every=spec.every,
                 cron=spec.cron,

@@ -151,7 +151,18 @@ class ReliableExecutor:
 
         transaction.on_commit(write, using=alias)
         infos: dict[str, TaskInfo] = dict(existing)
+        holders: dict[str, TaskInfo | None] = {}
         for task in new_tasks:
+            key = task.unique_key
+            if key is not None and task.task_id not in infos:
+                # The live holder of its key as things stand; the write at commit decides.
+                if key not in holders:
+                    holders[key] = self.storage.unique_holder(key)
+                holder = holders[key]
+                if holder is not None:
+                    infos[task.task_id] = holder
+                    continue
+                holders[key] = new_info(task)  # a later task of the batch meets this one
             infos.setdefault(task.task_id, new_info(task))
         return [infos[task.task_id] for task in new_tasks]
 
@@ -314,13 +325,16 @@ class ReliableExecutor:
         priority: int | None = None,
         start_at: dt.datetime | None = None,
         misfire: str = "skip",
+        overlap: str = "allow",
         **task_options: Any,
     ) -> ScheduleInfo:
         """Create the schedule, or redefine the one with this id (keeping its state: paused,
         last run, and its next run too if its timing did not change). Fires ``task_name``
         with ``parameter`` every ``every`` seconds (or timedelta) or by ``cron`` in
         ``timezone`` (default: Django's TIME_ZONE). ``misfire`` says what runs missed while no
-        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``task_options``:
+        master ran (or while paused) do: "skip", "run_once" or "catch_up". ``overlap``: what
+        a run falling due while the previous run is not terminal does: "allow" (fire it) or
+        "skip" (fire nothing; logged, counted, shown in the admin). ``task_options``:
         retry_limit, retry_interval, retry_backoff, max_duration_millis. Raises
         InvalidScheduleError or a TaskSubmitError naming the bad field; stores nothing then."""
         return self._schedules.schedule(
@@ -334,6 +348,7 @@ class ReliableExecutor:
             priority=priority,
             start_at=start_at,
             misfire=misfire,
+            overlap=overlap,
             **task_options,
         )
 

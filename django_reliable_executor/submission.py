@@ -23,6 +23,7 @@ from .records import NewTask, TaskSubmitRequest
 from .registry import TaskHandler, get_handler
 from .schedules.ids import is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
+from .uniqueness import unique_digest, unique_window
 
 MAX_ID_LENGTH = 191
 
@@ -59,6 +60,9 @@ def prepare(
     )
     max_duration = options.max_duration_millis
     run_at = _run_at(request, now)
+    unique, unique_key, unique_until = unique_window(
+        request.unique_for, request.unique_key, getattr(handler, "unique_for", None), now
+    )
     return NewTask(
         task_id=task_id,
         task_name=name,
@@ -73,6 +77,8 @@ def prepare(
         created_at=now,
         run_at=run_at,
         deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
+        unique_key=unique_digest(name, unique_key, parameter) if unique else None,
+        unique_until=unique_until,
     )
 
 

@@ -250,6 +250,41 @@ def test_detail_of_a_cron_schedule_and_a_never_fired_one(service, viewer):
     assert '<span class="re-paused">paused</span>' in html
 
 
+def test_detail_shows_the_overlap_policy_and_the_runs_skipped(service, viewer):
+    from django_reliable_executor.schedules.planning import fire_task
+    from django_reliable_executor.schedules.records import ScheduleFire
+
+    # b-nightly's last fire is still CREATED: with overlap="skip" its next fire is skipped.
+    service.schedule(
+        "b-nightly",
+        "contract.hook",
+        {"n": 2},
+        cron="0 3 * * *",
+        timezone="Europe/Paris",
+        queue="sched-b",
+        overlap="skip",
+    )
+    schedule = service.get_schedule("b-nightly")
+    now = service.clock.now()
+    task = fire_task(schedule, schedule.next_run_at, now)
+    planned = ScheduleFire(
+        "b-nightly",
+        schedule.next_run_at,
+        schedule.next_run_at + dt.timedelta(days=1),
+        (task,),
+        task.run_at,
+        task.task_id,
+        overlap="skip",
+    )
+    assert service.storage.fire_schedules([planned], now) == []
+    html = viewer.get(detail_url("b-nightly")).content.decode()
+    assert 'id="re-overlap">skip' in html
+    assert 'id="re-overlap-skipped">1 run, latest at' in html
+    other = viewer.get(detail_url("a-hourly")).content.decode()
+    assert 'id="re-overlap">allow' in other
+    assert 'id="re-overlap-skipped"><span class="re-muted">none' in other
+
+
 def test_detail_of_an_unknown_schedule_goes_back_to_the_list(service, viewer):
     response = viewer.get(detail_url("missing"))
     assert response.status_code == 302 and response["Location"] == LIST_URL

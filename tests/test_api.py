@@ -170,6 +170,17 @@ def test_submit_get_cancel_retry_with_a_session(service, operator):
     assert post_json(operator, f"{API}api-1/retry/").status_code == 409
 
 
+def test_a_unique_submit_returns_the_live_task_of_its_key(service, operator):
+    body = {"task_name": HOOK, "task_parameter": {"order": 8}, "unique_for": 60}
+    first = post_json(operator, API, body)
+    assert first.status_code == 201, first.content
+    again = post_json(operator, API, {**body, "priority": 5})
+    assert again.status_code == 201 and again.json() == first.json()
+    bad = post_json(operator, API, {**body, "unique_for": 0})
+    assert bad.status_code == 400 and bad.json()["field"] == "unique_for"
+    assert len(service.list_tasks()) == 1
+
+
 def test_retry_of_a_failed_task_and_run_at(service, operator):
     response = post_json(operator, API, {"task_name": HOOK, "task_id": "api-f", "retry_limit": 0})
     assert response.status_code == 201

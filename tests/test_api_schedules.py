@@ -81,7 +81,8 @@ def test_define_get_list_pause_resume_delete_signed(service):
         "schedule_id", "task_name", "parameter", "every", "cron", "timezone", "start_at",
         "misfire", "queue", "priority", "retry_limit", "retry_interval", "retry_backoff",
         "max_duration_millis", "paused", "next_run_at", "last_run_at", "last_task_id", "origin",
-        "created_at", "updated_at", "description",
+        "created_at", "updated_at", "description", "overlap", "overlap_skipped",
+        "last_skipped_at",
     }  # fmt: skip
     assert (first["schedule_id"], first["task_name"], first["parameter"]) == (
         "every5",
@@ -93,6 +94,8 @@ def test_define_get_list_pause_resume_delete_signed(service):
     assert first["retry_interval"] == 1000  # the handler's, resolved when saved
     assert first["retry_backoff"] == "fixed" and first["max_duration_millis"] is None
     assert first["misfire"] == "skip" and first["paused"] is False and first["origin"] == "api"
+    assert first["overlap"] == "allow" and first["overlap_skipped"] == 0
+    assert first["last_skipped_at"] is None
     assert first["last_run_at"] is None and first["last_task_id"] is None
     assert first["description"] == "every 5 minutes"
     created = when(first["created_at"])
@@ -125,6 +128,7 @@ def test_define_get_list_pause_resume_delete_signed(service):
             "timezone": "Europe/Paris",
             "start_at": start.isoformat(),
             "misfire": "run_once",
+            "overlap": "skip",
             "max_duration_millis": 60_000,
             "every": None,
         },
@@ -137,6 +141,7 @@ def test_define_get_list_pause_resume_delete_signed(service):
     # 03:00 in Paris (UTC+2 in summer) after the start: 01:00 UTC the next day.
     assert nightly["next_run_at"] == "2031-05-02T01:00:00+00:00"
     assert nightly["misfire"] == "run_once" and nightly["max_duration_millis"] == 60_000
+    assert nightly["overlap"] == "skip"
 
     assert signed_get(client, f"{API}nightly/report/").json() == nightly
     listed = signed_get(client, API)
@@ -386,6 +391,8 @@ GOOD = {"schedule_id": "bad-1", "task_name": HOOK, "every": 60}
         ({**GOOD, "max_duration_millis": {}}, "max_duration_millis", "got an object"),
         ({**GOOD, "misfire": "sometimes"}, "misfire", "misfire must be one of"),
         ({**GOOD, "misfire": 1}, "misfire", "must be a string"),
+        ({**GOOD, "overlap": "sometimes"}, "overlap", "overlap must be one of"),
+        ({**GOOD, "overlap": True}, "overlap", "must be a string"),
         ({**GOOD, "start_at": "2030-01-01T00:00:00"}, "start_at", "UTC offset"),
         ({**GOOD, "start_at": "tomorrow"}, "start_at", "ISO 8601"),
         ({**GOOD, "start_at": 17}, "start_at", "must be a string"),

@@ -51,6 +51,7 @@ EXPORTED_SAMPLES = {
     "reliable_executor_queue_paused",
     "reliable_executor_schedule_runs_fired_total",
     "reliable_executor_schedule_runs_skipped_total",
+    "reliable_executor_schedule_overlap_skipped_total",
     "reliable_executor_schedule_lag_seconds_bucket",
     "reliable_executor_schedule_lag_seconds_sum",
     "reliable_executor_schedule_lag_seconds_count",

@@ -36,6 +36,7 @@ DEFINE_FIELDS: dict[str, tuple[type, ...] | None] = {
     "priority": _INTEGER,
     "start_at": _STRING,
     "misfire": _STRING,
+    "overlap": _STRING,
     "retry_limit": _INTEGER,
     "retry_interval": _INTEGER,
     "retry_backoff": _STRING,
@@ -73,6 +74,7 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
         "timezone": info.timezone,
         "start_at": when(info.start_at),
         "misfire": info.misfire,
+        "overlap": info.overlap,
         "queue": info.queue,
         "priority": info.priority,
         "retry_limit": info.retry_limit,
@@ -83,6 +85,8 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
         "next_run_at": when(info.next_run_at),
         "last_run_at": when(info.last_run_at),
         "last_task_id": info.last_task_id,
+        "overlap_skipped": info.overlap_skipped,
+        "last_skipped_at": when(info.last_skipped_at),
         "origin": info.origin,
         "created_at": when(info.created_at),
         "updated_at": when(info.updated_at),
@@ -109,8 +113,9 @@ def parse_definition(body: bytes) -> dict[str, Any]:
             raise BadRequest(f"{name} must be {_TYPE_NAMES[types]} or null, got {got}", name)
     if data.get("start_at") is not None:
         data["start_at"] = aware_datetime(data["start_at"], "start_at")
-    if data.get("misfire") is None:
-        data.pop("misfire", None)  # the service's default
+    for name in ("misfire", "overlap"):
+        if data.get(name) is None:
+            data.pop(name, None)  # the service's default
     return data
 
 

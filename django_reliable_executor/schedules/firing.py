@@ -64,6 +64,16 @@ class ScheduleFiring:
                 misfire,
             )
             metrics.observe_schedule_skipped(count)
+        for schedule_id, task_id, count in round_.overlapped:
+            logger.warning(
+                "schedule %s: %d run(s) due at %s not fired: its previous run %s is not "
+                "finished (overlap=skip)",
+                schedule_id,
+                count,
+                now.isoformat(),
+                task_id,
+            )
+            metrics.observe_schedule_overlap_skipped(count)
         created = round_.created
         if created:
             metrics.observe_schedule_fired(

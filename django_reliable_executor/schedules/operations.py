@@ -13,7 +13,7 @@ from ..exceptions import InvalidScheduleError
 from ..options import RETRY_NAMES
 from ..records import NewTask, TaskSubmitRequest
 from .ids import validate_schedule_id
-from .records import MISFIRE_POLICIES, ORIGINS, Schedule, ScheduleInfo
+from .records import MISFIRE_POLICIES, ORIGINS, OVERLAP_POLICIES, Schedule, ScheduleInfo
 from .timing import make_timing
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class ScheduleOperations:
         priority: int | None = None,
         start_at: dt.datetime | None = None,
         misfire: str = "skip",
+        overlap: str = "allow",
         **task_options: Any,
     ) -> ScheduleInfo:
         """One schedule, as ``ReliableExecutor.schedule`` documents."""
@@ -78,6 +79,7 @@ class ScheduleOperations:
             priority=priority,
             start_at=start_at,
             misfire=misfire,
+            overlap=overlap,
             **task_options,
         )
         return self.schedule_many([spec])[0]
@@ -176,6 +178,7 @@ class ScheduleOperations:
             origin=origin,
             created_at=now,
             updated_at=now,
+            overlap=spec.overlap,
         )
         return info if stored is None else _redefined(stored, info, now)
 
@@ -217,11 +220,16 @@ class ScheduleOperations:
 
 
 def _checked_start(spec: Schedule) -> dt.datetime | None:
-    """The definition's ``start_at``, after checking it and its misfire policy."""
+    """The definition's ``start_at``, after checking it and its misfire and overlap policies."""
     if spec.misfire not in MISFIRE_POLICIES:
         raise InvalidScheduleError(
             f"misfire must be one of {MISFIRE_POLICIES}, got {spec.misfire!r}",
             field="misfire",
+        )
+    if not isinstance(spec.overlap, str) or spec.overlap not in OVERLAP_POLICIES:
+        raise InvalidScheduleError(
+            f"overlap must be one of {OVERLAP_POLICIES}, got {spec.overlap!r}",
+            field="overlap",
         )
     start_at = spec.start_at
     if start_at is not None and (not isinstance(start_at, dt.datetime) or start_at.tzinfo is None):
@@ -246,14 +254,16 @@ def _request_of(spec: Schedule) -> TaskSubmitRequest:
 
 
 def _redefined(stored: ScheduleInfo, info: ScheduleInfo, now: dt.datetime) -> ScheduleInfo:
-    """``info``, the new definition of ``stored``, keeping its state: paused, last run, when it
-    was created, and its next run while the timing is the same."""
+    """``info``, the new definition of ``stored``, keeping its state: paused, last run, runs
+    skipped for overlap, when it was created, and its next run while the timing is the same."""
     return dataclasses.replace(
         info,
         paused=stored.paused,
         next_run_at=stored.next_run_at if info.same_timing(stored) else info.next_run_at,
         last_run_at=stored.last_run_at,
         last_task_id=stored.last_task_id,
+        overlap_skipped=stored.overlap_skipped,
+        last_skipped_at=stored.last_skipped_at,
         created_at=stored.created_at,
         updated_at=now if not info.same_definition(stored) else stored.updated_at,
     )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import TypeVar
 
 from ..records import NewTask, build
 from .ids import fire_task_id
 from .records import ScheduleInfo
 from .timing import Timing, runs_between
 
+T = TypeVar("T")
 _MICRO = dt.timedelta(microseconds=1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -75,6 +77,15 @@ def plan(
         limit = catch_up_limit + len(runs) + 1
         skipped = max(len(runs_between(timing, first - _MICRO, now, limit)) - len(runs), 1)
     return Plan(tuple(runs), next_run, skipped)
+
+
+def overlap_runs(overlap: str, runs: tuple[T, ...] | list[T]) -> tuple[list[T], int]:
+    """The runs a fire stores under the schedule's ``overlap`` policy, and how many it drops:
+    with "skip", runs planned together would overlap each other, so only the newest fires and
+    the older ones count as missed (as ``run_once`` would collapse them)."""
+    if overlap == "skip" and len(runs) > 1:
+        return list(runs[-1:]), len(runs) - 1
+    return list(runs), 0
 
 
 def plan_interval(

@@ -11,6 +11,9 @@ from .timing import Timing, make_timing
 
 Misfire = Literal["skip", "run_once", "catch_up"]
 MISFIRE_POLICIES: tuple[str, ...] = ("skip", "run_once", "catch_up")
+#: What a run falling due while the schedule's previous run is not terminal does: "allow"
+#: fires it anyway; "skip" does not fire it (counted on the schedule and logged).
+OVERLAP_POLICIES: tuple[str, ...] = ("allow", "skip")
 ORIGINS: tuple[str, ...] = ("api", "code")
 
 
@@ -21,6 +24,8 @@ class ScheduleInfo:
     The task options (queue, priority, retries, max duration) were resolved against the
     handler and the settings when the schedule was saved: each fire submits exactly these.
     ``last_run_at`` is the planned time of the latest fire and ``last_task_id`` its task.
+    ``overlap_skipped`` counts the runs not fired because that task was still live
+    (``overlap="skip"``), the latest such skip at ``last_skipped_at``.
     """
 
     schedule_id: str
@@ -44,6 +49,9 @@ class ScheduleInfo:
     origin: str
     created_at: dt.datetime
     updated_at: dt.datetime
+    overlap: str = "allow"
+    overlap_skipped: int = 0
+    last_skipped_at: dt.datetime | None = None
 
     @property
     def timing(self) -> Timing:
@@ -86,6 +94,7 @@ DEFINITION_FIELDS: tuple[str, ...] = (
     "retry_backoff",
     "max_duration_millis",
     "origin",
+    "overlap",
 )
 
 
@@ -94,7 +103,10 @@ class ScheduleFire:
     """What one master round does to one due schedule: store ``tasks`` (one per planned run,
     ids derived from the schedule id and the planned time) and move the schedule on to
     ``next_run_at`` — only if it still expects ``expected_next_run_at`` and is not paused, so
-    a second master with the same plan changes nothing."""
+    a second master with the same plan changes nothing.
+
+    ``overlap`` "skip": if the schedule's previous run (its stored ``last_task_id``) is not
+    terminal, store no task, count the runs skipped on the schedule and still move it on."""
 
     schedule_id: str
     expected_next_run_at: dt.datetime
@@ -102,6 +114,7 @@ class ScheduleFire:
     tasks: tuple[NewTask, ...]
     last_run_at: dt.datetime | None
     last_task_id: str | None
+    overlap: str = "allow"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +125,15 @@ class FiringRound:
     whole ``limit`` when it stopped early at its task cap: more is due). ``skipped``: per
     schedule whose misfire policy dropped runs, (schedule id, runs dropped, policy).
     ``paused``: per schedule that could not be planned and was paused, (schedule id, error).
+    ``overlapped``: per schedule whose runs were not fired because its previous run was still
+    live (``overlap="skip"``), (schedule id, that run's task id, runs skipped).
     """
 
     created: list[TaskInfo]
     due: int
     skipped: list[tuple[str, int, str]]
     paused: list[tuple[str, Exception]]
+    overlapped: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,3 +157,4 @@ class Schedule:
     retry_interval: int | None = None
     retry_backoff: str | None = None
     max_duration_millis: int | None = None
+    overlap: str = "allow"

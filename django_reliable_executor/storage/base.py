@@ -47,6 +47,11 @@ class TaskStorage(ScheduleStorage):
         """Store new tasks; an existing task_id is left unchanged. Returns ``(info, created)``
         in input order (a task_id repeated within the batch is created once)."""
 
+    @abc.abstractmethod
+    def unique_holder(self, unique_key: str) -> TaskInfo | None:
+        """The task holding a unique task's key (``NewTask.unique_key``), while its window
+        lasts and it is not terminal; else None (a submit of the key would store a task)."""
+
     # -- the worker's path ----------------------------------------------------------------
     def claim(
         self,

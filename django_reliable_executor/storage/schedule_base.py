@@ -8,7 +8,7 @@ import datetime as dt
 from collections.abc import Collection, Sequence
 
 from ..records import TaskInfo, build
-from ..schedules.planning import fire_task, plan
+from ..schedules.planning import fire_task, overlap_runs, plan
 from ..schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 
 
@@ -75,10 +75,18 @@ class ScheduleStorage(abc.ABC):
 
     @abc.abstractmethod
     def fire_schedules(
-        self, fires: Sequence[ScheduleFire], now: dt.datetime
+        self,
+        fires: Sequence[ScheduleFire],
+        now: dt.datetime,
+        overlapped: builtins.list[tuple[str, str, int]] | None = None,
     ) -> builtins.list[TaskInfo]:
         """Store each fire's tasks (an existing id is left alone) and move its schedule on, if
-        the schedule still expects that fire. Returns the tasks newly created."""
+        the schedule still expects that fire. Returns the tasks newly created.
+
+        A fire with ``overlap="skip"`` whose schedule's previous run (its stored
+        ``last_task_id``) is not terminal stores nothing: in the same atomic step the schedule
+        moves on, counts the runs skipped (``overlap_skipped``, ``last_skipped_at``), and
+        (schedule id, that run's task id, runs skipped) is appended to ``overlapped``."""
 
     def fire_due(
         self,
@@ -111,10 +119,11 @@ class ScheduleStorage(abc.ABC):
                 self.set_schedule_paused(schedule.schedule_id, True, now)
                 paused.append((schedule.schedule_id, exc))
                 continue
-            tasks = tuple(fire_task(schedule, run, now) for run in outcome.runs)
+            runs, dropped = overlap_runs(schedule.overlap, outcome.runs)
+            tasks = tuple(fire_task(schedule, run, now) for run in runs)
             planned += len(tasks)
-            if outcome.skipped:
-                skipped.append((schedule.schedule_id, outcome.skipped, schedule.misfire))
+            if outcome.skipped + dropped:
+                skipped.append((schedule.schedule_id, outcome.skipped + dropped, schedule.misfire))
             fires.append(
                 build(
                     ScheduleFire,
@@ -123,10 +132,14 @@ class ScheduleStorage(abc.ABC):
                         "expected_next_run_at": schedule.next_run_at,
                         "next_run_at": outcome.next_run_at,
                         "tasks": tasks,
-                        "last_run_at": outcome.runs[-1] if outcome.runs else None,
+                        "last_run_at": runs[-1] if runs else None,
                         "last_task_id": tasks[-1].task_id if tasks else None,
+                        "overlap": schedule.overlap,
                     },
                 )
             )
-        created = self.fire_schedules(fires, now) if fires else []
-        return FiringRound(created=created, due=reported, skipped=skipped, paused=paused)
+        overlapped: list[tuple[str, str, int]] = []
+        created = self.fire_schedules(fires, now, overlapped) if fires else []
+        return FiringRound(
+            created=created, due=reported, skipped=skipped, paused=paused, overlapped=overlapped
+        )

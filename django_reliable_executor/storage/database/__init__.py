@@ -17,11 +17,21 @@ from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
 from .transitions import Transitions
+from .unique_keys import UniqueKeys
 from .workers import Workers
 
 
 class DatabaseStorage(
-    Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading, Pausing
+    Submitting,
+    UniqueKeys,
+    Claiming,
+    Transitions,
+    Schedules,
+    Chores,
+    Locks,
+    Workers,
+    Reading,
+    Pausing,
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part
     per role, each built on DatabaseAccess alone, never on another part.
@@ -30,8 +40,9 @@ class DatabaseStorage(
     ``_table``), ``get`` (every part reads a task back with it), the SQL helpers
     (``_execute``, ``_dt``, ``_hits``, ``_spans``), retrying on MySQL deadlocks
     (``_retrying``) and the retry backoff cap; it declares ``_enqueue``, which Submitting
-    implements and Schedules fires through. rows.py holds the row/record conversions and the
-    SQL fragments the parts share."""
+    implements and Schedules fires through, and ``_take_unique_key``, which UniqueKeys
+    implements and Submitting takes unique tasks' keys with. rows.py holds the row/record
+    conversions and the SQL fragments the parts share."""
 
     supports_transactional_enqueue = True
     #: Idle workers wait in wait_for_work (wakeups.py): woken by a NOTIFY (PostgreSQL) or the

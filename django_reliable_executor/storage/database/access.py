@@ -179,6 +179,15 @@ class DatabaseAccess(TaskStorage):
     def _enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         """Store new tasks in the open transaction (Submitting); schedule fires use it too."""
 
+    @abc.abstractmethod
+    def _take_unique_key(self, task: NewTask) -> TaskInfo | None:
+        """Take a unique task's key in the open transaction, or return the live task holding
+        it (UniqueKeys)."""
+
+    @abc.abstractmethod
+    def _purge_unique_keys(self, now: dt.datetime) -> int:
+        """Delete key rows whose window has passed, a batch at a time (UniqueKeys)."""
+
     def close(self) -> None:
         self.stop_waiting()
         connections[self.alias].close()

@@ -109,6 +109,8 @@ class Chores(DatabaseAccess):
             .filter(unheld, finished_at__lt=finished_before, status__in=chosen)
             .values_list("pk", flat=True)[:limit]
         )
+        # Unique keys past their window go with the finished tasks (not counted: not tasks).
+        self._purge_unique_keys(self.clock.now())
         deleted = 0
         for chunk in chunks(ids):
             deleted += self._tasks().filter(unheld, pk__in=chunk, status__in=chosen).delete()[0]

@@ -13,7 +13,7 @@ from ...models import ReliableSchedule
 from ...records import TaskInfo
 from ...schedules.records import DEFINITION_FIELDS, ScheduleFire, ScheduleInfo
 from .access import DatabaseAccess
-from .rows import chunks
+from .rows import LIVE, chunks
 
 _MICRO = dt.timedelta(microseconds=1)
 # Definition fields as model columns (``every`` is stored in microseconds).
@@ -45,6 +45,9 @@ def schedule_from_row(row: ReliableSchedule) -> ScheduleInfo:
         origin=row.origin,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        overlap=row.overlap,
+        overlap_skipped=row.overlap_skipped,
+        last_skipped_at=row.last_skipped_at,
     )
 
 
@@ -71,6 +74,9 @@ def row_from_schedule(info: ScheduleInfo) -> ReliableSchedule:
         origin=info.origin,
         created_at=info.created_at,
         updated_at=info.updated_at,
+        overlap=info.overlap,
+        overlap_skipped=info.overlap_skipped,
+        last_skipped_at=info.last_skipped_at,
     )
 
 
@@ -157,15 +163,31 @@ class Schedules(DatabaseAccess):
         return None if row is None else row.next_run_at
 
     def fire_schedules(
-        self, fires: Sequence[ScheduleFire], now: dt.datetime
+        self,
+        fires: Sequence[ScheduleFire],
+        now: dt.datetime,
+        overlapped: builtins.list[tuple[str, str, int]] | None = None,
     ) -> builtins.list[TaskInfo]:
         if not fires:
             return []
-        return self._retrying(lambda: self._fire(fires, now))
+        skips: builtins.list[tuple[str, str, int]] = []
 
-    def _fire(self, fires: Sequence[ScheduleFire], now: dt.datetime) -> builtins.list[TaskInfo]:
+        def fire() -> builtins.list[TaskInfo]:
+            skips.clear()  # a deadlock retry runs the whole transaction again
+            return self._fire(fires, now, skips)
+
+        created = self._retrying(fire)
+        if overlapped is not None:
+            overlapped.extend(skips)
+        return created
+
+    def _fire(
+        self,
+        fires: Sequence[ScheduleFire],
+        now: dt.datetime,
+        overlapped: builtins.list[tuple[str, str, int]],
+    ) -> builtins.list[TaskInfo]:
         by_id = {fire.schedule_id: fire for fire in fires}
-        table = connections[self.alias].ops.quote_name(ReliableSchedule._meta.db_table)
         with transaction.atomic(using=self.alias):
             # Lock the schedules first (in id order, so two masters cannot deadlock), then
             # keep only the fires whose schedule still expects them: a schedule paused,
@@ -176,31 +198,74 @@ class Schedules(DatabaseAccess):
                 .select_for_update()
                 .filter(pk__in=sorted(by_id))
                 .order_by("pk")
-                .values_list("schedule_id", "next_run_at", "paused")
+                .values_list("schedule_id", "next_run_at", "paused", "last_task_id")
             )
-            hits = [
-                by_id[schedule_id]
-                for schedule_id, next_run_at, paused in rows
-                if not paused and next_run_at == by_id[schedule_id].expected_next_run_at
-            ]
-            if not hits:
-                return []
-            with connections[self.alias].cursor() as cursor:
-                cursor.executemany(
-                    f"UPDATE {table} SET next_run_at = %s, last_run_at = COALESCE(%s, "
-                    "last_run_at), last_task_id = COALESCE(%s, last_task_id) "
-                    "WHERE schedule_id = %s",
-                    [
-                        (
-                            self._dt(fire.next_run_at),
-                            None if fire.last_run_at is None else self._dt(fire.last_run_at),
-                            fire.last_task_id,
-                            fire.schedule_id,
-                        )
-                        for fire in hits
-                    ],
-                )
+            hits: builtins.list[ScheduleFire] = []
+            previous: dict[str, str] = {}  # overlap="skip" fires: schedule id -> previous run
+            for schedule_id, next_run_at, paused, last_task_id in rows:
+                fire = by_id[schedule_id]
+                if paused or next_run_at != fire.expected_next_run_at:
+                    continue
+                hits.append(fire)
+                if fire.overlap == "skip" and fire.tasks and last_task_id:
+                    previous[schedule_id] = last_task_id
+            running = self._still_running(previous)
+            skipped = [fire for fire in hits if fire.schedule_id in running]
+            hits = [fire for fire in hits if fire.schedule_id not in running]
+            self._skip_overlapping(skipped, now)
+            overlapped += [(f.schedule_id, running[f.schedule_id], len(f.tasks)) for f in skipped]
+            if hits:
+                self._move_on(hits)
             tasks = [task for fire in hits for task in fire.tasks]
             if not tasks:
                 return []
             return [info for info, created in self._enqueue(tasks) if created]
+
+    def _move_on(self, hits: Sequence[ScheduleFire]) -> None:
+        """Set the fired schedules' next run, and their latest run where they fired one."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.executemany(
+                f"UPDATE {self._schedule_table} SET next_run_at = %s, last_run_at = COALESCE(%s, "
+                "last_run_at), last_task_id = COALESCE(%s, last_task_id) "
+                "WHERE schedule_id = %s",
+                [
+                    (
+                        self._dt(fire.next_run_at),
+                        None if fire.last_run_at is None else self._dt(fire.last_run_at),
+                        fire.last_task_id,
+                        fire.schedule_id,
+                    )
+                    for fire in hits
+                ],
+            )
+
+    def _still_running(self, previous: dict[str, str]) -> dict[str, str]:
+        """Of ``{schedule id: its previous run's task id}``, those whose task is not terminal
+        (a task purged since is terminal by then)."""
+        if not previous:
+            return {}
+        live = set(
+            self._tasks()
+            .filter(pk__in=sorted(set(previous.values())), status__in=LIVE)
+            .values_list("pk", flat=True)
+        )
+        return {schedule: task_id for schedule, task_id in previous.items() if task_id in live}
+
+    def _skip_overlapping(self, fires: Sequence[ScheduleFire], now: dt.datetime) -> None:
+        """Move these schedules on without firing: their previous run is still live."""
+        if not fires:
+            return
+        with connections[self.alias].cursor() as cursor:
+            cursor.executemany(
+                f"UPDATE {self._schedule_table} SET next_run_at = %s, "
+                "overlap_skipped = overlap_skipped + %s, last_skipped_at = %s "
+                "WHERE schedule_id = %s",
+                [
+                    (self._dt(fire.next_run_at), len(fire.tasks), self._dt(now), fire.schedule_id)
+                    for fire in fires
+                ],
+            )
+
+    @property
+    def _schedule_table(self) -> str:
+        return connections[self.alias].ops.quote_name(ReliableSchedule._meta.db_table)

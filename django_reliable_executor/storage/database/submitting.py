@@ -44,6 +44,8 @@ class Submitting(DatabaseAccess):
         return self._retrying(lambda: self._enqueue(tasks))
 
     def _enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        if any(task.unique_key is not None for task in tasks):
+            return self._enqueue_keyed(tasks)
         if len(tasks) == 1:
             return [self._enqueue_one(tasks[0])]
         unique: dict[str, NewTask] = {}
@@ -88,6 +90,20 @@ class Submitting(DatabaseAccess):
                 results.append((created[task.task_id], True))
             else:
                 results.append((existing.get(task.task_id) or created[task.task_id], False))
+        return results
+
+    def _enqueue_keyed(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        """A batch holding unique tasks: one at a time, each unique one in a transaction (a
+        savepoint in the caller's) taking its key with the insert, so a later task of the
+        batch meets the key an earlier one took, and a failed insert gives the key back."""
+        results: list[tuple[TaskInfo, bool]] = []
+        for task in tasks:
+            if task.unique_key is None:
+                results.append(self._enqueue_one(task))
+                continue
+            with transaction.atomic(using=self.alias):
+                holder = self._take_unique_key(task)
+                results.append((holder, False) if holder is not None else self._enqueue_one(task))
         return results
 
     def _insert(self, tasks: Sequence[NewTask]) -> None:

@@ -5,11 +5,14 @@
 -- KEYS[1]: any key of the prefix (the caller passes P counts), so the call is routed to the
 -- prefix's Cluster slot; the other keys are P-prefixed names in the same slot, as in every
 -- script (see _common.lua).
--- ARGV[3..]: per schedule, 6 values: id, the next run the fire planned from, the new next run,
--- the planned time of the latest run fired ('' = none), its task id ('' = none), the number n
--- of its tasks; then its n tasks, 12 values each as submit.lua takes them.
--- Returns per schedule 0 (it no longer expects this fire: nothing stored) or a list with
--- 1 and then, per task, 1 (created) or 0 (its id existed).
+-- ARGV[3..]: per schedule, 7 values: id, the next run the fire planned from, the new next run,
+-- the planned time of the latest run fired ('' = none), its task id ('' = none), its overlap
+-- policy ('skip', or '' to fire whatever runs), the number n of its tasks; then its n tasks,
+-- 12 values each as submit.lua takes them.
+-- Returns per schedule 0 (it no longer expects this fire: nothing stored), a list with 1 and
+-- then, per task, 1 (created) or 0 (its id existed), or {2, task id, n} when overlap is 'skip'
+-- and the schedule's previous run (its `lt`) is not terminal: then no task is stored, the
+-- schedule still moves on, and its `os` (runs skipped for overlap) grows by n, `ol` = now.
 local out = {}
 local promoted = {}
 local woken = {}
@@ -19,12 +22,26 @@ local i = 3
 while i <= #ARGV do
   local id, expected, next_run, last_run, last_task = ARGV[i], ARGV[i + 1], ARGV[i + 2],
     ARGV[i + 3], ARGV[i + 4]
-  local count = tonumber(ARGV[i + 5])
-  local first = i + 6
+  local overlap = ARGV[i + 5]
+  local count = tonumber(ARGV[i + 6])
+  local first = i + 7
   i = first + 12 * count
   local key = P .. 's:' .. id
-  local state = redis.call('HMGET', key, 'nr', 'pa')
-  if state[1] == expected and not state[2] then
+  local state = redis.call('HMGET', key, 'nr', 'pa', 'lt')
+  local running = nil
+  if overlap == 'skip' and count > 0 and state[3] then
+    local status = redis.call('HGET', tkey(state[3]), 's')
+    if status and live(status) then
+      running = state[3]
+    end
+  end
+  if state[1] == expected and not state[2] and running then
+    redis.call('HSET', key, 'nr', next_run, 'ol', NOW)
+    redis.call('HINCRBY', key, 'os', count)
+    moved[#moved + 1] = next_run
+    moved[#moved + 1] = id
+    out[#out + 1] = {2, running, count}
+  elseif state[1] == expected and not state[2] then
     local fired = {1}
     for t = first, i - 1, 12 do
       if redis.call('EXISTS', tkey(ARGV[t])) == 1 then

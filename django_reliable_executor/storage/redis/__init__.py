@@ -47,7 +47,10 @@ epoch, written as decimal strings.
                            cr cron + tz time zone, sa start, m misfire policy, q/p/rl/ri/rb/md
                            the task options it fires with, o origin, pa "1" while paused,
                            nr next run, lr/lt planned time and task id of the latest fire,
-                           c created, u updated.
+                           ov overlap policy ("skip"; absent: "allow"), os runs skipped for
+                           overlap, ol when last, c created, u updated.
+``P u:<digest>``           STRING "<window end> <task id>": the task holding a unique task's key
+                           (``uniqueness.unique_digest``), expiring (PX) with its window.
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.

@@ -10,11 +10,12 @@ from typing import Any, NamedTuple
 
 from ...records import TaskInfo, build, created_info, new_info
 from ...schedules.ids import fire_task_id_micros
-from ...schedules.planning import plan, plan_interval
+from ...schedules.planning import overlap_runs, plan, plan_interval
 from ...schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 from ...serialization import dumps
 from .access import READ_CHUNK, RedisAccess, guarded
 from .codec import EPOCH, MICROSECOND, fields, from_micros, micros, submit_args, text
+from .schedule_overlap import overlap_flag, overlap_skipped
 
 # A planned fire on the hashes' strings: schedule id, its hash fields, its runs and its next run
 # (microseconds).
@@ -49,6 +50,7 @@ _DEFINITION = {
     "retry_backoff": "rb",
     "max_duration_millis": "md",
     "origin": "o",
+    "overlap": "ov",
 }
 
 
@@ -72,6 +74,7 @@ def schedule_from_hash(schedule_id: str, values: dict[str, str]) -> ScheduleInfo
     every = get("ev")
     max_duration = get("md")
     last_run = get("lr")
+    last_skipped = get("ol")
     parameter = get("j")
     return build(
         ScheduleInfo,
@@ -97,13 +100,19 @@ def schedule_from_hash(schedule_id: str, values: dict[str, str]) -> ScheduleInfo
             "origin": values["o"],
             "created_at": from_micros(values["c"]),
             "updated_at": from_micros(values["u"]),
+            "overlap": get("ov", "allow"),
+            "overlap_skipped": int(get("os", 0)),
+            "last_skipped_at": from_micros(last_skipped) if last_skipped else None,
         },
     )
 
 
 # The fields the master's round reads of each due schedule: to plan it (a cron one is then read
 # in full) and to fire it.
-FIRING_FIELDS = ("nr", "ev", "sa", "m", "pa", "cr", "n", "q", "p", "j", "rl", "ri", "rb", "md")
+FIRING_FIELDS = (
+    *("nr", "ev", "sa", "m", "pa", "cr", "n", "q", "p", "j", "rl", "ri", "rb", "md"),
+    "ov",
+)
 
 
 def _present(values: Sequence[Any]) -> dict[str, str]:
@@ -231,7 +240,10 @@ class Schedules(RedisAccess):
 
     @guarded
     def fire_schedules(
-        self, fires: Sequence[ScheduleFire], now: dt.datetime
+        self,
+        fires: Sequence[ScheduleFire],
+        now: dt.datetime,
+        overlapped: builtins.list[tuple[str, str, int]] | None = None,
     ) -> builtins.list[TaskInfo]:
         """Each fire is one script: the check that its schedule still expects it, its tasks
         and the schedule's move happen together or not at all (a schedule paused or deleted
@@ -244,13 +256,18 @@ class Schedules(RedisAccess):
             batch.append(fire)
             size += len(fire.tasks) + 1
             if size >= FIRE_CHUNK or len(batch) >= READ_CHUNK:
-                created += self._fire(batch, now)
+                created += self._fire(batch, now, overlapped)
                 batch, size = [], 0
         if batch:
-            created += self._fire(batch, now)
+            created += self._fire(batch, now, overlapped)
         return created
 
-    def _fire(self, fires: Sequence[ScheduleFire], now: dt.datetime) -> builtins.list[TaskInfo]:
+    def _fire(
+        self,
+        fires: Sequence[ScheduleFire],
+        now: dt.datetime,
+        overlapped: builtins.list[tuple[str, str, int]] | None,
+    ) -> builtins.list[TaskInfo]:
         args: builtins.list[str] = []
         for fire in fires:
             args += (
@@ -259,6 +276,7 @@ class Schedules(RedisAccess):
                 micros(fire.next_run_at),
                 "" if fire.last_run_at is None else micros(fire.last_run_at),
                 fire.last_task_id or "",
+                overlap_flag(fire.overlap),
                 str(len(fire.tasks)),
             )
             for task in fire.tasks:
@@ -266,6 +284,8 @@ class Schedules(RedisAccess):
         replies = self._run("schedule_fire", *args, now=now)
         created = []
         for fire, reply in zip(fires, replies, strict=True):
+            if overlap_skipped(fire.schedule_id, reply, overlapped):
+                continue
             if reply:  # [1, per task 1 (created) or 0]
                 created += [
                     new_info(task)
@@ -318,15 +338,23 @@ class Schedules(RedisAccess):
                 self.set_schedule_paused(schedule_id, True, now)
                 paused.append((schedule_id, exc))
                 continue
+            runs, overlapping = overlap_runs(values.get("ov", "allow"), runs)
             planned += len(runs)
-            if dropped:
-                skipped.append((schedule_id, dropped, values["m"]))
+            if dropped + overlapping:
+                skipped.append((schedule_id, dropped + overlapping, values["m"]))
             fires.append((schedule_id, values, runs, next_run))
-        created = self._fire_in_chunks(fires, now, str(clock.now_us))
-        return FiringRound(created=created, due=reported, skipped=skipped, paused=paused)
+        overlapped: builtins.list[tuple[str, str, int]] = []
+        created = self._fire_in_chunks(fires, now, str(clock.now_us), overlapped)
+        return FiringRound(
+            created=created, due=reported, skipped=skipped, paused=paused, overlapped=overlapped
+        )
 
     def _fire_in_chunks(
-        self, fires: Sequence[_Fire], now: dt.datetime, created_at: str
+        self,
+        fires: Sequence[_Fire],
+        now: dt.datetime,
+        created_at: str,
+        overlapped: builtins.list[tuple[str, str, int]],
     ) -> builtins.list[TaskInfo]:
         """``_fire_planned`` over chunks of about FIRE_CHUNK runs (one script call each)."""
         created: builtins.list[TaskInfo] = []
@@ -336,20 +364,26 @@ class Schedules(RedisAccess):
             batch.append(fire)
             size += len(fire[2]) + 1
             if size >= FIRE_CHUNK:
-                created += self._fire_planned(batch, now, created_at)
+                created += self._fire_planned(batch, now, created_at, overlapped)
                 batch, size = [], 0
         if batch:
-            created += self._fire_planned(batch, now, created_at)
+            created += self._fire_planned(batch, now, created_at, overlapped)
         return created
 
     def _fire_planned(
-        self, fires: Sequence[_Fire], now: dt.datetime, created_at: str
+        self,
+        fires: Sequence[_Fire],
+        now: dt.datetime,
+        created_at: str,
+        overlapped: builtins.list[tuple[str, str, int]],
     ) -> builtins.list[TaskInfo]:
         """schedule_fire.lua over planned fires: (id, hash fields, runs, next run)."""
         args, ids = _fire_arguments(fires, created_at)
         replies = self._run("schedule_fire", *args, now=now)
         created: builtins.list[TaskInfo] = []
-        for (_, values, runs, _), run_ids, reply in zip(fires, ids, replies, strict=True):
+        for (schedule_id, values, runs, _), run_ids, reply in zip(fires, ids, replies, strict=True):
+            if overlap_skipped(schedule_id, reply, overlapped):
+                continue
             if reply and any(reply[1:]):
                 created += _created_tasks(values, runs, run_ids, reply[1:], now)
         return created
@@ -412,6 +446,7 @@ def _fire_arguments(fires: Sequence[_Fire], created_at: str) -> tuple[list[str],
             str(next_run),
             str(runs[-1]) if runs else "",
             run_ids[-1] if runs else "",
+            overlap_flag(values.get("ov", "allow")),
             str(len(runs)),
         )
         for run, task_id in zip(runs, run_ids, strict=True):

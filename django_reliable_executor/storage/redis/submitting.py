@@ -5,26 +5,48 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...records import NewTask, TaskInfo, new_info
+from ...states import LIVE_STATUSES
 from .access import RedisAccess, guarded
-from .codec import fields, submit_args, to_info
+from .codec import fields, from_micros, micros, submit_args, text, to_info
 
 SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, short enough not
 # to hold Redis up (a script blocks every other client while it runs)
 
 
 class Submitting(RedisAccess):
-    """enqueue: existing ids returned unchanged, new ones stored and their queues woken."""
+    """enqueue: existing ids (and live holders of unique keys) returned unchanged, new ones
+    stored and their queues woken."""
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         results: list[tuple[TaskInfo, bool]] = []
         for start in range(0, len(tasks), SUBMIT_CHUNK):
             chunk = tasks[start : start + SUBMIT_CHUNK]
-            args = [value for task in chunk for value in submit_args(task)]
+            args = [value for task in chunk for value in (*submit_args(task), *_unique(task))]
             replies = self._run("submit", *args)
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
                     results.append((new_info(task), True))
+                elif len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
+                    results.append((to_info(text(reply[0]), fields(reply[1])), False))
                 else:
                     results.append((to_info(task.task_id, fields(reply)), False))
         return results
+
+    @guarded
+    def unique_holder(self, unique_key: str) -> TaskInfo | None:
+        held = self.client.get(self.p + "u:" + unique_key)
+        if held is None:
+            return None
+        until, task_id = text(held).split(" ", 1)
+        if from_micros(until) <= self.clock.now():
+            return None
+        holder = self.get(task_id)
+        return holder if holder is not None and holder.status in LIVE_STATUSES else None
+
+
+def _unique(task: NewTask) -> tuple[str, str]:
+    """The 2 values submit.lua takes per task after submit_args: key digest, window end."""
+    if task.unique_key is None or task.unique_until is None:
+        return ("", "")
+    return (task.unique_key, micros(task.unique_until))

@@ -1,0 +1,106 @@
+"""Unique tasks on the database storage: the key rows of reliable_executor_unique_key."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import connections
+
+from ...models import ReliableTask, ReliableUniqueKey
+from ...records import NewTask, TaskInfo
+from ...states import LIVE_STATUSES
+from .access import DatabaseAccess
+from .rows import to_info
+
+PURGE_BATCH = 1000  # expired key rows deleted per statement
+PURGE_BATCHES = 100  # statements per purge at most: 100,000 rows a minute (the purge's pace)
+
+
+class UniqueKeys(DatabaseAccess):
+    """_take_unique_key, unique_holder, _purge_unique_keys.
+
+    A submit takes its key in the transaction that stores its task: first an INSERT that does
+    nothing when the key exists (it waits for another open transaction inserting the same key,
+    then sees its outcome), then a locking read of the row, so concurrent submits of one key
+    run one after the other whatever their isolation level. A rolled-back transaction takes
+    its key row with it."""
+
+    @property
+    def _keys_table(self) -> str:
+        return connections[self.alias].ops.quote_name(ReliableUniqueKey._meta.db_table)
+
+    def _take_unique_key(self, task: NewTask) -> TaskInfo | None:
+        """Within the open transaction: the live task holding ``task``'s key within its
+        window (then nothing is written), or None once ``task`` holds the key (its row
+        inserted, or taken over from a finished or expired holder)."""
+        assert task.unique_key is not None and task.unique_until is not None
+        key, until = task.unique_key, self._dt(task.unique_until)
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(self._insert_key_sql(), [key, task.task_id, until])
+            lock = "" if self.vendor == "sqlite" else " FOR UPDATE"
+            cursor.execute(
+                f"SELECT task_id, expires_at > %s FROM {self._keys_table} WHERE {self._key} = %s"
+                + lock,
+                [self._dt(task.created_at), key],
+            )
+            holder_id, in_window = cursor.fetchone()
+            if holder_id == task.task_id:
+                return None  # inserted now (or by this very submit sent again)
+            holder = self._latest(holder_id) if in_window else None
+            if holder is not None and holder.status in LIVE_STATUSES:
+                return holder
+            cursor.execute(
+                f"UPDATE {self._keys_table} SET task_id = %s, expires_at = %s "
+                f"WHERE {self._key} = %s",
+                [task.task_id, until, key],
+            )
+        return None
+
+    @property
+    def _key(self) -> str:
+        return connections[self.alias].ops.quote_name("key")
+
+    def _insert_key_sql(self) -> str:
+        """INSERT of a key row that changes nothing when the key exists."""
+        insert = f"INSERT INTO {self._keys_table} ({self._key}, task_id, expires_at) "
+        if self.vendor == "mysql":
+            # Not INSERT IGNORE: on a duplicate that takes a shared lock, and two submitters
+            # both holding one deadlock when each then locks the row for update. This takes
+            # the exclusive lock at once.
+            return insert + "VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE task_id = task_id"
+        return insert + f"VALUES (%s, %s, %s) ON CONFLICT ({self._key}) DO NOTHING"
+
+    def _latest(self, task_id: str) -> TaskInfo | None:
+        """The task as last committed. On MySQL/MariaDB a plain read under REPEATABLE READ
+        sees the transaction's snapshot, which may predate the holder: read with a lock."""
+        if self.vendor != "mysql":
+            return self.get(task_id)
+        rows = ReliableTask.objects.db_manager(self.alias).raw(
+            f"SELECT * FROM {self._table} WHERE task_id = %s LOCK IN SHARE MODE", [task_id]
+        )
+        return next((to_info(row) for row in rows), None)
+
+    def unique_holder(self, unique_key: str) -> TaskInfo | None:
+        now = self.clock.now()
+        row = (
+            ReliableUniqueKey.objects.using(self.alias)
+            .filter(key=unique_key, expires_at__gt=now)
+            .first()
+        )
+        holder = self.get(row.task_id) if row is not None else None
+        return holder if holder is not None and holder.status in LIVE_STATUSES else None
+
+    def _purge_unique_keys(self, now: dt.datetime) -> int:
+        """Delete the key rows whose window has passed, PURGE_BATCH at a time (short
+        statements: a submit of one of them waits for none for long), up to PURGE_BATCHES."""
+        keys = ReliableUniqueKey.objects.using(self.alias)
+        deleted = 0
+        for _ in range(PURGE_BATCHES):
+            expired = list(
+                keys.filter(expires_at__lte=now).values_list("pk", flat=True)[:PURGE_BATCH]
+            )
+            if expired:
+                deleted += keys.filter(pk__in=expired, expires_at__lte=now).delete()[0]
+            if len(expired) < PURGE_BATCH:
+                break
+        return deleted
