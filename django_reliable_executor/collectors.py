@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 import time
@@ -106,11 +107,14 @@ class ProcessMetrics:
             found = self._children[key] = metric.labels(task_name, queue)
         return found
 
-    def attempt_started(self, task: TaskInfo) -> None:
+    def attempts_started(self, tasks: list[TaskInfo]) -> None:
+        """Note when attempts started here (their outcome then times them), under one lock."""
+        now = time.monotonic()
+        started = self.started
         with self.started_lock:
-            self.started[(task.task_id, task.attempts)] = time.monotonic()
-            while len(self.started) > MAX_TRACKED_ATTEMPTS:
-                self.started.popitem(last=False)
+            started.update(dict.fromkeys([(task.task_id, task.attempts) for task in tasks], now))
+            while len(started) > MAX_TRACKED_ATTEMPTS:
+                started.popitem(last=False)
 
     def attempt_seconds(self, task: TaskInfo) -> float | None:
         """How long the attempt ran, if it started in this process (then forgotten)."""
@@ -125,6 +129,31 @@ class ProcessMetrics:
             starts = [pop((task.task_id, task.attempts), None) for task in tasks]
         now = time.monotonic()
         return [None if started is None else now - started for started in starts]
+
+
+def observe_many(histogram: Any, samples: list[float]) -> None:
+    """``histogram.observe(sample)`` for each of ``samples``, as one increment of its sum and
+    one of each bucket they fall in: per sample, a bisection instead of prometheus_client's
+    two locked increments and its walk along the buckets. Falls back to ``observe`` should
+    the histogram not keep its sum and buckets as this expects (another prometheus_client)."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if (
+        not isinstance(bounds, list)
+        or not isinstance(buckets, list)
+        or len(bounds) != len(buckets)
+        or not hasattr(total, "inc")
+    ):
+        for sample in samples:
+            histogram.observe(sample)
+        return
+    # observe() counts a sample in the first bucket whose upper bound is >= it; the last
+    # bound is +Inf, so every sample has one.
+    counts = collections.Counter([bisect.bisect_left(bounds, sample) for sample in samples])
+    total.inc(sum(samples))
+    for index, count in counts.items():
+        buckets[index].inc(count)
 
 
 def _schedule_metrics() -> tuple[Counter, Counter, Histogram]:

@@ -122,10 +122,7 @@ class TaskRunner:
         # A batch the storage refuses (rather than cannot reach) is written again item by item,
         # so one task it cannot take does not fail the others.
         self._starts: GroupCommitter[Claim, Claim | None] = GroupCommitter(
-            lambda claims: with_reconnect(
-                lambda: self.storage.start_many(claims, self.lease_seconds)
-            ),
-            isolate=_refused,
+            self._start_many, isolate=_refused
         )
         # Started by the worker (start_writer): it writes every completion in the background,
         # in batches, and fails alone a result the storage refuses (see completions.py).
@@ -142,6 +139,19 @@ class TaskRunner:
             refuse=self._refuse_result,
         )
         return self.writer
+
+    def _start_many(self, claims: list[Claim]) -> list[Claim | None]:
+        """One start write for ``claims``; the metrics of those it started counted at once."""
+        started = with_reconnect(lambda: self.storage.start_many(claims, self.lease_seconds))
+        self.executor.announcer.starts_recorded([c.task for c in started if c is not None])
+        return started
+
+    def claimed(self, claims: list[Claim]) -> None:
+        """Claims just taken: the metrics of those the claim itself started counted at once
+        (``begin`` announces each as it runs)."""
+        started = [claim.task for claim in claims if claim.is_started]
+        if started:
+            self.executor.announcer.starts_recorded(started)
 
     @property
     def storage(self) -> Any:
@@ -249,7 +259,7 @@ class TaskRunner:
         # Found first: a resolver may import the task's module, and receivers of the started
         # signal (the Django Tasks backend's) look the handler up.
         handler = resolve_handler(started.task.task_name)
-        self.executor.announcer.started(started.task)
+        self.executor.announcer.starting(started.task)  # its metrics: at its start write
         if handler is None:
             return self._record_error(
                 started,

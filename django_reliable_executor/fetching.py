@@ -134,6 +134,7 @@ class Fetcher:
                         name_limits=self.name_limits or None,
                         start=start,
                     )
+                    self.runner.claimed(taken)
                     start -= sum(claim.is_started for claim in taken)
                     claims += taken
             self.last_poll_at = time.time()

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from .collectors import PREFIX, process_metrics, unlabelled_gauge
+from .collectors import PREFIX, observe_many, process_metrics, unlabelled_gauge
 from .states import TaskStatus
 from .task_gauges import TaskCountCollector, TaskCounts
 
@@ -51,11 +52,19 @@ def observe_submitted(tasks: list[TaskInfo]) -> None:
 
 def observe_started(task: TaskInfo) -> None:
     """An attempt started (status RUNNING, ``task.attempts`` counts it)."""
+    observe_started_many([task])
+
+
+def observe_started_many(tasks: list[TaskInfo]) -> None:
+    """Attempts started together (one start write, or one claim that started them):
+    ``executed_total`` goes up once per task name and queue, their start times are noted
+    under one lock."""
     collectors = process_metrics()
-    if collectors is None:
+    if collectors is None or not tasks:
         return
-    collectors.child(collectors.executed, task).inc()
-    collectors.attempt_started(task)
+    for (task_name, queue), count in Counter([(t.task_name, t.queue) for t in tasks]).items():
+        collectors.child_of(collectors.executed, task_name, queue).inc(count)
+    collectors.attempts_started(tasks)
 
 
 def observe_transition(transition: Transition) -> None:
@@ -85,21 +94,29 @@ def observe_transition(transition: Transition) -> None:
 
 def observe_completed(transitions: list[Transition]) -> None:
     """``observe_transition`` for a batch of completions (RUNNING -> COMPLETED) recorded
-    together: ``completed_total`` goes up once per task name and queue, and the start times
-    of the attempts are looked up under one lock."""
+    together: ``completed_total`` goes up once per task name and queue, the start times of the
+    attempts are looked up under one lock, and the histogram takes each label's samples at
+    once."""
     collectors = process_metrics()
     if collectors is None:
         return
-    counts: dict[tuple[str, str], int] = {}
-    for transition in transitions:
-        key = (transition.task.task_name, transition.task.queue)
-        counts[key] = counts.get(key, 0) + 1
-    for task_name, queue in counts:
-        collectors.child_of(collectors.completed, task_name, queue).inc(counts[task_name, queue])
     tasks = [transition.task for transition in transitions]
-    for task, seconds in zip(tasks, collectors.attempts_seconds(tasks), strict=True):
-        if seconds is not None:
-            collectors.child(collectors.execution_seconds, task).observe(seconds)
+    labels = [(task.task_name, task.queue) for task in tasks]
+    counts = Counter(labels)
+    for (task_name, queue), count in counts.items():
+        collectors.child_of(collectors.completed, task_name, queue).inc(count)
+    seconds = collectors.attempts_seconds(tasks)
+    samples: dict[tuple[str, str], list[float]] = {}
+    if len(counts) == 1:  # the usual batch: one task name in one queue
+        samples[labels[0]] = [s for s in seconds if s is not None]
+    else:
+        for key, sample in zip(labels, seconds, strict=True):
+            if sample is not None:
+                samples.setdefault(key, []).append(sample)
+    for (task_name, queue), values in samples.items():
+        if values:
+            histogram = collectors.child_of(collectors.execution_seconds, task_name, queue)
+            observe_many(histogram, values)
 
 
 # -- schedules: fired by the master ----------------------------------------------------------
@@ -211,6 +228,7 @@ __all__: list[Any] = [
     "TaskCountCollector",
     "TaskCounts",
     "observe_started",
+    "observe_started_many",
     "observe_completed",
     "observe_submitted",
     "observe_transition",
