@@ -180,6 +180,10 @@ class BoundedPool:
         return max(0, self._thread_free() + self._async_free())
 
     def _room(self) -> int:
+        if len(self._heap) > self.queue_capacity // 2 and not (
+            self._async_heap or self._async_running
+        ):
+            return 0  # the threads' queue is still over half full, and no async slot is held
         thread_free, async_free = self._thread_free(), self._async_free()
         threads = thread_free if len(self._heap) <= self.queue_capacity // 2 else 0
         return min(max(0, thread_free + async_free), max(threads, 0) + max(async_free, 0))
@@ -365,10 +369,19 @@ class BoundedPool:
     def _done(self, claim: Claim) -> bool:
         """A thread ran ``claim`` (lock held): count it gone and wake the fetcher if it waits
         for room or idleness. True when a limited queue got room (see ``_release``)."""
-        self._running.pop(claim.task.task_id, None)
-        if self._release([claim]):
+        task = claim.task
+        self._running.pop(task.task_id, None)
+        held = self._held_by_queue  # _release([claim]), without its list and loop
+        left = held[task.queue] - 1
+        if left > 0:
+            held[task.queue] = left
+        else:
+            del held[task.queue]
+        if task.queue in self.queue_limits:
+            self.version += 1
+            self._changed.notify_all()
             return True
-        if self._watching and (self._room() or not self._running):
+        if self._watching and (not self._running or self._room()):
             self._changed.notify_all()
         return False
 
