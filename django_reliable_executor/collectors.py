@@ -138,7 +138,7 @@ def observe_many(histogram: Any, samples: list[float]) -> None:
     the histogram not keep its sum and buckets as this expects (another prometheus_client)."""
     bounds = getattr(histogram, "_upper_bounds", None)
     buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
+    total: Any = getattr(histogram, "_sum", None)
     if (
         not isinstance(bounds, list)
         or not isinstance(buckets, list)

@@ -179,11 +179,18 @@ class BoundedPool:
     def _free(self) -> int:
         return max(0, self._thread_free() + self._async_free())
 
+    def _may_have_room(self) -> bool:
+        """False when ``_room()`` is 0 for sure: the threads' queue is still over half full and
+        no async slot is held (the usual case of a busy worker, checked for every task)."""
+        return (
+            len(self._heap) <= self.queue_capacity // 2
+            or bool(self._async_heap)
+            or bool(self._async_running)
+        )
+
     def _room(self) -> int:
-        if len(self._heap) > self.queue_capacity // 2 and not (
-            self._async_heap or self._async_running
-        ):
-            return 0  # the threads' queue is still over half full, and no async slot is held
+        if not self._may_have_room():
+            return 0
         thread_free, async_free = self._thread_free(), self._async_free()
         threads = thread_free if len(self._heap) <= self.queue_capacity // 2 else 0
         return min(max(0, thread_free + async_free), max(threads, 0) + max(async_free, 0))
@@ -381,7 +388,7 @@ class BoundedPool:
             self.version += 1
             self._changed.notify_all()
             return True
-        if self._watching and (not self._running or self._room()):
+        if self._watching and (not self._running or self._may_have_room() and self._room()):
             self._changed.notify_all()
         return False
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, Transition
 from ...retries import failure_outcome, timeout_message
-from ...serialization import encoded
+from ...serialization import Encoded, encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, nonce, text, to_info
@@ -57,7 +57,8 @@ class Transitions(RedisAccess):
         if not outcomes:
             return []
         now = self.clock.now()
-        results = [encoded(result) for _, result in outcomes]  # a worker's are encoded already
+        # A worker's are encoded already (encoded() for the others, without a call per task).
+        results = [r if type(r) is Encoded else encoded(r) for _, r in outcomes]
         args = [
             value
             for (claim, _), result in zip(outcomes, results, strict=True)
