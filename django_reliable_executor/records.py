@@ -93,7 +93,7 @@ def build(cls: type[R], fields: dict[str, Any]) -> R:
     bytecode steps a field, ~150 for a TaskInfo), which the worker pays for every task it
     claims. ``fields`` must name every field: no default is filled in."""
     record = object.__new__(cls)
-    vars(record).update(fields)
+    record.__dict__.update(fields)
     return record
 
 
@@ -126,21 +126,21 @@ class Claim:
         """This claim once its start was recorded: RUNNING, one more attempt counted."""
         info = self.task
         task = object.__new__(TaskInfo)
-        vars(task).update(
-            vars(info), status=TaskStatus.RUNNING, attempts=info.attempts + 1, started_at=now
+        task.__dict__.update(
+            info.__dict__, status=TaskStatus.RUNNING, attempts=info.attempts + 1, started_at=now
         )
         claim = object.__new__(Claim)
-        vars(claim).update(vars(self), task=task, budget_attempts=self.budget_attempts + 1)
+        claim.__dict__.update(self.__dict__, task=task, budget_attempts=self.budget_attempts + 1)
         return claim
 
     def completed(self, result: Any, now: dt.datetime) -> Transition:
         """The transition of recording this (started) claim's success."""
         task = object.__new__(TaskInfo)
-        vars(task).update(
-            vars(self.task), status=TaskStatus.COMPLETED, result=result, finished_at=now
+        task.__dict__.update(
+            self.task.__dict__, status=TaskStatus.COMPLETED, result=result, finished_at=now
         )
         transition = object.__new__(Transition)
-        vars(transition).update(task=task, previous=TaskStatus.RUNNING)
+        transition.__dict__.update(task=task, previous=TaskStatus.RUNNING)
         return transition
 
 

@@ -102,7 +102,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
     created_at = EPOCH + dt.timedelta(microseconds=int(c))
     status = _STATUSES.get(s) or TaskStatus(s)
     info = object.__new__(TaskInfo)
-    vars(info).update(
+    info.__dict__.update(
         {
             "task_id": task_id,
             "task_name": n,
@@ -128,7 +128,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
         }
     )
     claim = object.__new__(Claim)
-    vars(claim).update(
+    claim.__dict__.update(
         task=info,
         token=int(k),
         budget_attempts=int(b),
