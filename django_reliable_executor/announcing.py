@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,8 @@ logger = logging.getLogger("django_reliable_executor")
 # CANCELLED), just before this app's signals for them: the Django Tasks backend sends Django's
 # task_finished so. Not a signal receiver: a receiver would cost every task a dispatch, where
 # a listener costs a batch one call.
+STATUS = operator.attrgetter("task.status")  # read in C, for a batch
+
 FinishListener = Callable[[list[Transition]], None]
 _finish_listeners: list[FinishListener] = []
 
@@ -73,7 +76,12 @@ class Announcer:
         """``transition`` for each of a batch (the completion writer's): the metrics of its
         completions counted once per task name and queue, no per-task work for the log or a
         signal nobody listens to."""
-        completed = [t for t in transitions if t.task.status is TaskStatus.COMPLETED]
+        statuses = set(map(STATUS, transitions))
+        completed = (
+            transitions
+            if statuses == {TaskStatus.COMPLETED}
+            else [t for t in transitions if t.task.status is TaskStatus.COMPLETED]
+        )
         if len(completed) < len(transitions):
             for transition in transitions:
                 if transition.task.status is not TaskStatus.COMPLETED:

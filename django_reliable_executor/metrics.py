@@ -14,6 +14,7 @@ in the master that recorded them. Sum them over every instance (docs/metrics.md)
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -21,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from .collectors import PREFIX, observe_many, process_metrics, unlabelled_gauge
+from .collectors import (
+    LABEL_VALUES,
+    PREFIX,
+    observe_many,
+    process_metrics,
+    unlabelled_gauge,
+)
 from .states import TaskStatus
 from .task_gauges import TaskCountCollector, TaskCounts
 
@@ -35,6 +42,8 @@ logger = logging.getLogger("django_reliable_executor")
 # Outcomes counted in ``failed_total``: the task ended without success and not by its deadline
 # (ERROR: it could not run here at all: no handler, or a parameter param_type rejects).
 FAILED_COUNTED = frozenset({TaskStatus.FAILED, TaskStatus.ERROR})
+
+TASK = operator.attrgetter("task")  # a transition's task, read in C
 
 _lock = threading.Lock()
 _task_collector: TaskCountCollector | None = None
@@ -62,7 +71,7 @@ def observe_started_many(tasks: list[TaskInfo]) -> None:
     collectors = process_metrics()
     if collectors is None or not tasks:
         return
-    for (task_name, queue), count in Counter([(t.task_name, t.queue) for t in tasks]).items():
+    for (task_name, queue), count in Counter(map(LABEL_VALUES, tasks)).items():
         collectors.child_of(collectors.executed, task_name, queue).inc(count)
     collectors.attempts_started(tasks)
 
@@ -100,23 +109,22 @@ def observe_completed(transitions: list[Transition]) -> None:
     collectors = process_metrics()
     if collectors is None:
         return
-    tasks = [transition.task for transition in transitions]
-    labels = [(task.task_name, task.queue) for task in tasks]
+    tasks = list(map(TASK, transitions))
+    labels = list(map(LABEL_VALUES, tasks))
     counts = Counter(labels)
     for (task_name, queue), count in counts.items():
         collectors.child_of(collectors.completed, task_name, queue).inc(count)
-    seconds = collectors.attempts_seconds(tasks)
-    samples: dict[tuple[str, str], list[float]] = {}
     if len(counts) == 1:  # the usual batch: one task name in one queue
-        samples[labels[0]] = [s for s in seconds if s is not None]
+        groups = {labels[0]: tasks}
     else:
-        for key, sample in zip(labels, seconds, strict=True):
-            if sample is not None:
-                samples.setdefault(key, []).append(sample)
-    for (task_name, queue), values in samples.items():
-        if values:
+        groups = {}
+        for key, task in zip(labels, tasks, strict=True):
+            groups.setdefault(key, []).append(task)
+    for (task_name, queue), group in groups.items():
+        samples = collectors.attempts_seconds(group)
+        if samples:
             histogram = collectors.child_of(collectors.execution_seconds, task_name, queue)
-            observe_many(histogram, values)
+            observe_many(histogram, samples)
 
 
 # -- schedules: fired by the master ----------------------------------------------------------
