@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import operator
+from collections.abc import Callable
 from typing import Any
 
 from django.dispatch import Signal
@@ -12,6 +14,21 @@ from .records import TaskInfo, Transition
 from .states import FAILURE_STATUSES, TaskStatus
 
 logger = logging.getLogger("django_reliable_executor")
+
+# Told of every batch of tasks that reached a final status (COMPLETED, FAILED, TIMEOUT, ERROR,
+# CANCELLED), just before this app's signals for them: the Django Tasks backend sends Django's
+# task_finished so. Not a signal receiver: a receiver would cost every task a dispatch, where
+# a listener costs a batch one call.
+STATUS = operator.attrgetter("task.status")  # read in C, for a batch
+
+FinishListener = Callable[[list[Transition]], None]
+_finish_listeners: list[FinishListener] = []
+
+
+def on_finished(listener: FinishListener) -> None:
+    """Call ``listener`` with the transitions of each batch of tasks that finished (once)."""
+    if listener not in _finish_listeners:
+        _finish_listeners.append(listener)
 
 
 class Announcer:
@@ -35,6 +52,17 @@ class Announcer:
     def started(self, task: TaskInfo) -> None:
         """An attempt that has just started (RUNNING, this attempt counted)."""
         metrics.observe_started(task)
+        self.starting(task)
+
+    @staticmethod
+    def starts_recorded(tasks: list[TaskInfo]) -> None:
+        """The metrics of attempts whose start was just recorded together (one start write, or
+        one claim that started them); each is announced with ``starting`` as it runs."""
+        metrics.observe_started_many(tasks)
+
+    def starting(self, task: TaskInfo) -> None:
+        """``started`` but the metrics, already counted by ``starts_recorded``: the log line
+        and the signal, sent by the thread about to run the attempt."""
         log_transition(logging.INFO, task, None)
         if signals.task_started.receivers:
             self._send(
@@ -48,7 +76,12 @@ class Announcer:
         """``transition`` for each of a batch (the completion writer's): the metrics of its
         completions counted once per task name and queue, no per-task work for the log or a
         signal nobody listens to."""
-        completed = [t for t in transitions if t.task.status is TaskStatus.COMPLETED]
+        statuses = set(map(STATUS, transitions))
+        completed = (
+            transitions
+            if statuses == {TaskStatus.COMPLETED}
+            else [t for t in transitions if t.task.status is TaskStatus.COMPLETED]
+        )
         if len(completed) < len(transitions):
             for transition in transitions:
                 if transition.task.status is not TaskStatus.COMPLETED:
@@ -59,6 +92,7 @@ class Announcer:
         if logger.isEnabledFor(logging.INFO):
             for transition in completed:
                 log_transition(logging.INFO, transition.task, transition.previous)
+        self._finished(completed)
         if signals.task_completed.receivers:
             for transition in completed:
                 task = transition.task
@@ -76,6 +110,7 @@ class Announcer:
         status = task.status
         if status is TaskStatus.COMPLETED:
             log_transition(logging.INFO, task, transition.previous)
+            self._finished([transition])
             self._send(
                 signals.task_completed,
                 task_id=task.task_id,
@@ -100,6 +135,7 @@ class Announcer:
             )
         elif status in FAILURE_STATUSES:
             log_transition(logging.ERROR, task, transition.previous, _first_line(task.last_error))
+            self._finished([transition])
             self._send(
                 signals.task_failed,
                 task_id=task.task_id,
@@ -109,6 +145,7 @@ class Announcer:
             )
         elif status is TaskStatus.CANCELLED:
             log_transition(logging.INFO, task, transition.previous)
+            self._finished([transition])
             self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
 
     @staticmethod
@@ -120,6 +157,14 @@ class Announcer:
     def retried(transition: Transition) -> None:
         """A task put back to PENDING by hand: only a log line; its next outcome is announced."""
         log_transition(logging.INFO, transition.task, transition.previous, "retried by hand")
+
+    @staticmethod
+    def _finished(transitions: list[Transition]) -> None:
+        for listener in _finish_listeners:
+            try:
+                listener(transitions)
+            except Exception:  # as a signal receiver's: logged, never raised into the worker
+                logger.exception("finished-task listener %r failed", listener)
 
     def _send(self, signal: Signal, **kwargs: Any) -> None:
         for receiver, response in signal.send_robust(sender=self.sender, **kwargs):

@@ -12,7 +12,11 @@ O = TypeVar("O")  # noqa: E741 - outcome
 
 
 class _Slot(Generic[I, O]):
-    __slots__ = ("item", "wake", "finished", "must_flush", "outcome", "error")
+    # Defaults on the class: a slot is made for every task, and sets only what changes.
+    finished = False
+    must_flush = False
+    outcome: O | None = None
+    error: BaseException | None = None
 
     def __init__(self, item: I) -> None:
         self.item = item
@@ -21,10 +25,6 @@ class _Slot(Generic[I, O]):
         # is C code through and through, where an Event's wait and set are Python (a Condition
         # around a lock): this wait-and-wake comes once per task.
         self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self.finished = False
-        self.must_flush = False
-        self.outcome: O | None = None
-        self.error: BaseException | None = None
 
 
 class GroupCommitter(Generic[I, O]):
@@ -56,7 +56,10 @@ class GroupCommitter(Generic[I, O]):
 
     def submit(self, item: I) -> O:
         slot: _Slot[I, O] = _Slot(item)
-        self._enqueue([slot])
+        with self._lock:  # _enqueue([slot]), without its list: once per task
+            self._waiting.append(slot)
+            slot.must_flush = not self._turn_taken
+            self._turn_taken = True
         self._await(slot)
         if slot.error is not None:
             raise slot.error

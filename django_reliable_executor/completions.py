@@ -16,7 +16,12 @@ from .records import Claim, Transition
 logger = logging.getLogger("django_reliable_executor")
 
 MAX_BATCH = 200
+# While busy (completions came in as the last batch was written), the writer waits up to
+# LINGER_SECONDS for LINGER_BATCH of them: fewer, larger writes, each costing the worker a
+# script call or a statement and the announcing of its batch. An idle worker's lone
+# completion is written at once.
 LINGER_SECONDS = 0.002  # a completion is recorded at most this much later than without it
+LINGER_BATCH = 32
 RETRY_WAIT_MIN = 0.1  # seconds after the first failed write; doubles up to RETRY_WAIT_MAX
 RETRY_WAIT_MAX = 5.0
 CLOSING_RETRIES = 3
@@ -46,20 +51,24 @@ class CompletionWriter:
         self._written = written  # told which claims it no longer holds (per-queue limits)
         self._announce = announce
         self._discarded = discarded
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # a plain lock: put() takes it once per task
+        self._cond = threading.Condition(self._lock)
         self._pending: list[tuple[Claim, Any]] = []
         self._writing: list[tuple[Claim, Any]] = []
         self._closed = False
-        self._idle = False
+        self._idle = False  # waiting for a first completion
+        self._lingering = False  # waiting for LINGER_BATCH completions, or LINGER_SECONDS
         self._thread = threading.Thread(
             target=self._loop, name="reliable-executor-completions", daemon=True
         )
         self._thread.start()
 
     def put(self, claim: Claim, result: Any) -> None:
-        with self._cond:
-            self._pending.append((claim, result))
-            if self._idle:  # a lingering or writing writer takes it with the next batch
+        with self._lock:
+            pending = self._pending
+            pending.append((claim, result))
+            # A writing writer takes it with the next batch; a lingering one once enough wait.
+            if self._idle or (self._lingering and len(pending) >= LINGER_BATCH):
                 self._cond.notify()
 
     def held(self) -> list[Claim]:
@@ -76,6 +85,7 @@ class CompletionWriter:
 
     def _loop(self) -> None:
         failures = 0
+        busy = False  # completions came in while the last batch was written
         try:
             while True:
                 with self._cond:
@@ -83,6 +93,10 @@ class CompletionWriter:
                         self._idle = True
                         self._cond.wait()
                         self._idle = False
+                    if busy and len(self._pending) < LINGER_BATCH and not self._closed:
+                        self._lingering = True
+                        self._cond.wait(LINGER_SECONDS)
+                        self._lingering = False
                     if not self._pending:
                         return
                     self._writing = self._pending[:MAX_BATCH]
@@ -105,6 +119,7 @@ class CompletionWriter:
                     failures = 0
                 with self._cond:
                     self._writing = []
+                    busy = bool(self._pending)
                 if self._written is not None and batch:
                     try:
                         self._written([claim for claim, _ in batch])

@@ -3,22 +3,40 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 T = TypeVar("T")
+
+# Per thread, ``open`` is False once tidy_connections found no open connection and none was
+# opened since (Django sends connection_created, in the connecting thread, for each one): a
+# pool thread whose handlers never touch the database then skips the look at every alias.
+_threads = threading.local()
+
+
+def _opened(sender: Any, connection: Any, **kwargs: Any) -> None:
+    _threads.open = True
+
+
+connection_created.connect(_opened, weak=False, dispatch_uid="reliable-executor-opened")
 
 
 def tidy_connections() -> None:
     """Between tasks: close broken connections and ones past a positive CONN_MAX_AGE, but keep
     healthy ones open even with CONN_MAX_AGE = 0 — that default is meant for web requests, and
     reconnecting before every task would cost more than most tasks do."""
+    if not getattr(_threads, "open", True):
+        return
+    found = False
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
+        found = True
         if conn.in_atomic_block:
             # A handler left a transaction open: never let it leak into the next task.
             conn.close()
@@ -26,6 +44,7 @@ def tidy_connections() -> None:
             conn.close_if_unusable_or_obsolete()
         elif conn.errors_occurred:
             _close_if_unusable(conn)
+    _threads.open = found
 
 
 def drop_unusable_connections() -> int:

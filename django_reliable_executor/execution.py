@@ -16,7 +16,7 @@ from .batching import GroupCommitter
 from .completions import CompletionWriter
 from .connections import with_reconnect
 from .exceptions import StorageUnavailableError, storage_unavailable
-from .records import Claim, TaskInfo, Transition
+from .records import Claim, TaskInfo, Transition, build
 from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
@@ -122,10 +122,7 @@ class TaskRunner:
         # A batch the storage refuses (rather than cannot reach) is written again item by item,
         # so one task it cannot take does not fail the others.
         self._starts: GroupCommitter[Claim, Claim | None] = GroupCommitter(
-            lambda claims: with_reconnect(
-                lambda: self.storage.start_many(claims, self.lease_seconds)
-            ),
-            isolate=_refused,
+            self._start_many, isolate=_refused
         )
         # Started by the worker (start_writer): it writes every completion in the background,
         # in batches, and fails alone a result the storage refuses (see completions.py).
@@ -142,6 +139,20 @@ class TaskRunner:
             refuse=self._refuse_result,
         )
         return self.writer
+
+    def _start_many(self, claims: list[Claim]) -> list[Claim | None]:
+        """One start write for ``claims``; the metrics of those it started counted at once."""
+        started = with_reconnect(lambda: self.storage.start_many(claims, self.lease_seconds))
+        self.executor.announcer.starts_recorded([c.task for c in started if c is not None])
+        return started
+
+    def claimed(self, claims: list[Claim]) -> int:
+        """Claims just taken: the metrics of those the claim itself started counted at once
+        (``begin`` announces each as it runs). Returns how many it started."""
+        started = [claim.task for claim in claims if claim.is_started]
+        if started:
+            self.executor.announcer.starts_recorded(started)
+        return len(started)
 
     @property
     def storage(self) -> Any:
@@ -249,7 +260,7 @@ class TaskRunner:
         # Found first: a resolver may import the task's module, and receivers of the started
         # signal (the Django Tasks backend's) look the handler up.
         handler = resolve_handler(started.task.task_name)
-        self.executor.announcer.started(started.task)
+        self.executor.announcer.starting(started.task)  # its metrics: at its start write
         if handler is None:
             return self._record_error(
                 started,
@@ -259,7 +270,7 @@ class TaskRunner:
             parameter = from_json_value(started.task.parameter, handler.param_type)
         except ConversionError as exc:
             return self._record_error(started, f"parameter does not fit param_type: {exc}")
-        return Begun(started, handler, parameter)
+        return build(Begun, {"claim": started, "handler": handler, "parameter": parameter})
 
     def _hand_back(self, claims: list[Claim]) -> None:
         """Starts that failed even on a new connection: give the claims back at once rather
@@ -296,9 +307,10 @@ class TaskRunner:
 
     def _call(self, begun: Begun, writer: CompletionWriter) -> TaskStatus | None:
         claim, handler = begun.claim, begun.handler
-        args, kwargs = self.arguments(begun, self.open_context(begun))
+        context = self.open_context(begun)  # None unless the handler takes one
+        args = (begun.parameter,) if handler.accepts_parameter else ()
         try:
-            value = handler.func(*args, **kwargs)
+            value = handler.func(*args) if context is None else handler.func(*args, context=context)
             if value is not None and inspect.isawaitable(value):
                 from asgiref.sync import async_to_sync
 
@@ -312,7 +324,8 @@ class TaskRunner:
             retryable = isinstance(exc, handler.retry_on)
             return self.record_failure(claim, traceback.format_exc(), retryable)
         finally:
-            self.contexts.pop(claim.task_id, None)
+            if context is not None:
+                self.contexts.pop(claim.task_id, None)
         refusal = self.hand_over(claim, value, writer)
         if refusal is not None:
             return self.record_failure(claim, refusal, False)

@@ -134,7 +134,7 @@ class Fetcher:
                         name_limits=self.name_limits or None,
                         start=start,
                     )
-                    start -= sum(claim.is_started for claim in taken)
+                    start -= self.runner.claimed(taken)
                     claims += taken
             self.last_poll_at = time.time()
             self._error_wait = MIN_ERROR_WAIT

@@ -14,13 +14,21 @@ in the master that recorded them. Sum them over every instance (docs/metrics.md)
 from __future__ import annotations
 
 import logging
+import operator
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from .collectors import PREFIX, process_metrics, unlabelled_gauge
+from .collectors import (
+    LABEL_VALUES,
+    PREFIX,
+    observe_many,
+    process_metrics,
+    unlabelled_gauge,
+)
 from .states import TaskStatus
 from .task_gauges import TaskCountCollector, TaskCounts
 
@@ -34,6 +42,8 @@ logger = logging.getLogger("django_reliable_executor")
 # Outcomes counted in ``failed_total``: the task ended without success and not by its deadline
 # (ERROR: it could not run here at all: no handler, or a parameter param_type rejects).
 FAILED_COUNTED = frozenset({TaskStatus.FAILED, TaskStatus.ERROR})
+
+TASK = operator.attrgetter("task")  # a transition's task, read in C
 
 _lock = threading.Lock()
 _task_collector: TaskCountCollector | None = None
@@ -51,11 +61,19 @@ def observe_submitted(tasks: list[TaskInfo]) -> None:
 
 def observe_started(task: TaskInfo) -> None:
     """An attempt started (status RUNNING, ``task.attempts`` counts it)."""
+    observe_started_many([task])
+
+
+def observe_started_many(tasks: list[TaskInfo]) -> None:
+    """Attempts started together (one start write, or one claim that started them):
+    ``executed_total`` goes up once per task name and queue, their start times are noted
+    under one lock."""
     collectors = process_metrics()
-    if collectors is None:
+    if collectors is None or not tasks:
         return
-    collectors.child(collectors.executed, task).inc()
-    collectors.attempt_started(task)
+    for (task_name, queue), count in Counter(map(LABEL_VALUES, tasks)).items():
+        collectors.child_of(collectors.executed, task_name, queue).inc(count)
+    collectors.attempts_started(tasks)
 
 
 def observe_transition(transition: Transition) -> None:
@@ -85,21 +103,28 @@ def observe_transition(transition: Transition) -> None:
 
 def observe_completed(transitions: list[Transition]) -> None:
     """``observe_transition`` for a batch of completions (RUNNING -> COMPLETED) recorded
-    together: ``completed_total`` goes up once per task name and queue, and the start times
-    of the attempts are looked up under one lock."""
+    together: ``completed_total`` goes up once per task name and queue, the start times of the
+    attempts are looked up under one lock, and the histogram takes each label's samples at
+    once."""
     collectors = process_metrics()
     if collectors is None:
         return
-    counts: dict[tuple[str, str], int] = {}
-    for transition in transitions:
-        key = (transition.task.task_name, transition.task.queue)
-        counts[key] = counts.get(key, 0) + 1
-    for task_name, queue in counts:
-        collectors.child_of(collectors.completed, task_name, queue).inc(counts[task_name, queue])
-    tasks = [transition.task for transition in transitions]
-    for task, seconds in zip(tasks, collectors.attempts_seconds(tasks), strict=True):
-        if seconds is not None:
-            collectors.child(collectors.execution_seconds, task).observe(seconds)
+    tasks = list(map(TASK, transitions))
+    labels = list(map(LABEL_VALUES, tasks))
+    counts = Counter(labels)
+    for (task_name, queue), count in counts.items():
+        collectors.child_of(collectors.completed, task_name, queue).inc(count)
+    if len(counts) == 1:  # the usual batch: one task name in one queue
+        groups = {labels[0]: tasks}
+    else:
+        groups = {}
+        for key, task in zip(labels, tasks, strict=True):
+            groups.setdefault(key, []).append(task)
+    for (task_name, queue), group in groups.items():
+        samples = collectors.attempts_seconds(group)
+        if samples:
+            histogram = collectors.child_of(collectors.execution_seconds, task_name, queue)
+            observe_many(histogram, samples)
 
 
 # -- schedules: fired by the master ----------------------------------------------------------
@@ -219,6 +244,7 @@ __all__: list[Any] = [
     "TaskCountCollector",
     "TaskCounts",
     "observe_started",
+    "observe_started_many",
     "observe_completed",
     "observe_submitted",
     "observe_transition",

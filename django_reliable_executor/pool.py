@@ -139,13 +139,17 @@ class BoundedPool:
         self._notify_freed(True)
 
     def _release(self, claims: list[Claim]) -> bool:
-        """Count claims leaving the pool (lock held); True when a limited queue got room."""
+        """Count claims leaving the pool (lock held); True when a limited queue got room (the
+        fetcher's waits on ``_changed`` are then woken)."""
         freed = False
+        held = self._held_by_queue
         for claim in claims:
             queue = claim.task.queue
-            self._held_by_queue[queue] -= 1
-            if self._held_by_queue[queue] <= 0:
-                del self._held_by_queue[queue]
+            left = held[queue] - 1
+            if left > 0:
+                held[queue] = left
+            else:
+                del held[queue]
             if queue in self.queue_limits:
                 freed = True
         if freed:
@@ -168,15 +172,28 @@ class BoundedPool:
         """Free async slots, counted only while async claims are held: a worker whose tasks
         are all synchronous claims exactly as without an event loop. Below zero when claims
         taken for threads turned out to be async."""
-        held = len(self._async_heap) + len(self._async_running)
-        return self.async_capacity - held if held else 0
+        if not (self._async_heap or self._async_running):
+            return 0
+        return self.async_capacity - len(self._async_heap) - len(self._async_running)
 
     def _free(self) -> int:
         return max(0, self._thread_free() + self._async_free())
 
+    def _may_have_room(self) -> bool:
+        """False when ``_room()`` is 0 for sure: the threads' queue is still over half full and
+        no async slot is held (the usual case of a busy worker, checked for every task)."""
+        return (
+            len(self._heap) <= self.queue_capacity // 2
+            or bool(self._async_heap)
+            or bool(self._async_running)
+        )
+
     def _room(self) -> int:
-        threads = self._thread_free() if len(self._heap) <= self.queue_capacity // 2 else 0
-        return min(self._free(), max(threads, 0) + max(self._async_free(), 0))
+        if not self._may_have_room():
+            return 0
+        thread_free, async_free = self._thread_free(), self._async_free()
+        threads = thread_free if len(self._heap) <= self.queue_capacity // 2 else 0
+        return min(max(0, thread_free + async_free), max(threads, 0) + max(async_free, 0))
 
     def submit(self, claim: Claim) -> None:
         self.submit_many([claim])
@@ -184,15 +201,21 @@ class BoundedPool:
     def submit_many(self, claims: list[Claim]) -> None:
         """Queue claims (the fetcher's batch) under one lock, waking as many idle threads (and
         the event loop's feeder) as they need at once rather than one notify per claim."""
-        to_loop = [self._to_event_loop(claim) for claim in claims]
+        to_loop = (
+            [self._to_event_loop(claim) for claim in claims]
+            if self.async_capacity
+            else [False] * len(claims)
+        )
         with self._cond:
             threads = 0
+            held, order = self._held_by_queue, self._order
             for claim, is_async in zip(claims, to_loop, strict=True):
                 heap = self._async_heap if is_async else self._heap
+                task = claim.task
                 # A started claim first: it was started for a thread that is idle now.
-                first = STARTED_FIRST if claim.is_started else -claim.task.priority
-                heapq.heappush(heap, (first, next(self._order), claim))
-                self._held_by_queue[claim.task.queue] += 1
+                first = STARTED_FIRST if claim.is_started else -task.priority
+                heapq.heappush(heap, (first, next(order), claim))
+                held[task.queue] += 1
                 threads += not is_async
             if threads < len(claims):
                 self._async_work.notify()
@@ -308,23 +331,18 @@ class BoundedPool:
         thread.start()
 
     def _loop(self, core: bool) -> None:
+        done: Claim | None = None  # the claim this thread just ran
         while True:
+            # One turn of the lock both gives back the claim just run and takes the next.
             with self._cond:
-                self._idle += 1
-                idle_since = time.monotonic()
-                while not self._heap and not self._closed:
-                    if not core and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS:
-                        break
-                    self._work.wait(1.0 if core else KEEP_ALIVE_SECONDS)
-                self._idle -= 1
-                if not self._heap:
-                    self._threads -= 1
-                    self._changed.notify_all()
-                    break
-                claim = heapq.heappop(self._heap)[2]
-                self._running[claim.task_id] = claim
-                if len(self._heap) == self.queue_capacity // 2:
-                    self._changed.notify_all()  # room for a refill
+                freed = done is not None and self._done(done)
+                claim = None if freed else self._take(core)
+            done = None
+            if freed:
+                self._notify_freed(True)  # outside the lock; the next claim on the next turn
+                continue
+            if claim is None:
+                break
             try:
                 self._run(claim)
             except StorageUnavailableError as exc:
@@ -335,13 +353,49 @@ class BoundedPool:
                 logger.exception("task %s: unexpected error in the worker", claim.task_id)
             finally:
                 tidy_connections()
-                with self._cond:
-                    self._running.pop(claim.task_id, None)
-                    freed = self._release([claim])
-                    if self._watching and (self._room() or not self._running):
-                        self._changed.notify_all()
-                self._notify_freed(freed)
+                done = claim
         connections.close_all()  # this thread's connections die with it
+
+    def _take(self, core: bool) -> Claim | None:
+        """The next claim to run (lock held), waiting for one; None when this thread is to
+        exit (closed with nothing queued, or an extra thread idle for KEEP_ALIVE_SECONDS)."""
+        heap = self._heap
+        if not heap:
+            self._idle += 1
+            idle_since = time.monotonic()
+            while not heap and not self._closed:
+                if not core and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS:
+                    break
+                self._work.wait(1.0 if core else KEEP_ALIVE_SECONDS)
+            self._idle -= 1
+            if not heap:
+                self._threads -= 1
+                self._changed.notify_all()
+                return None
+        claim = heapq.heappop(heap)[2]
+        self._running[claim.task.task_id] = claim
+        if len(heap) == self.queue_capacity // 2:
+            self._changed.notify_all()  # room for a refill
+        return claim
+
+    def _done(self, claim: Claim) -> bool:
+        """A thread ran ``claim`` (lock held): count it gone and wake the fetcher if it waits
+        for room or idleness. True when a limited queue got room (see ``_release``)."""
+        task = claim.task
+        self._running.pop(task.task_id, None)
+        held = self._held_by_queue  # _release([claim]), without its list and loop
+        left = held[task.queue] - 1
+        if left > 0:
+            held[task.queue] = left
+        else:
+            del held[task.queue]
+        if task.queue in self.queue_limits:
+            self.version += 1
+            self._changed.notify_all()
+            return True
+        if self._watching and (not self._running or self._may_have_room() and self._room()):
+            self._changed.notify_all()
+        return False
 
     # -- the event loop's side ------------------------------------------------------------
     def _feed(self) -> None:

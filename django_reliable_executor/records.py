@@ -101,7 +101,7 @@ def build(cls: type[R], fields: dict[str, Any]) -> R:
     bytecode steps a field, ~150 for a TaskInfo), which the worker pays for every task it
     claims. ``fields`` must name every field: no default is filled in."""
     record = object.__new__(cls)
-    vars(record).update(fields)
+    record.__dict__.update(fields)
     return record
 
 
@@ -128,17 +128,28 @@ class Claim:
         (``TaskStorage.claim``'s ``start``)."""
         return self.task.status is TaskStatus.RUNNING
 
+    # These two run for every task a worker starts and completes: they copy the records as
+    # copy_with does, without its check of the field names (they name fields of these classes).
     def started(self, now: dt.datetime) -> Claim:
         """This claim once its start was recorded: RUNNING, one more attempt counted."""
-        task = copy_with(
-            self.task, status=TaskStatus.RUNNING, attempts=self.task.attempts + 1, started_at=now
+        info = self.task
+        task = object.__new__(TaskInfo)
+        task.__dict__.update(
+            info.__dict__, status=TaskStatus.RUNNING, attempts=info.attempts + 1, started_at=now
         )
-        return copy_with(self, task=task, budget_attempts=self.budget_attempts + 1)
+        claim = object.__new__(Claim)
+        claim.__dict__.update(self.__dict__, task=task, budget_attempts=self.budget_attempts + 1)
+        return claim
 
     def completed(self, result: Any, now: dt.datetime) -> Transition:
         """The transition of recording this (started) claim's success."""
-        task = copy_with(self.task, status=TaskStatus.COMPLETED, result=result, finished_at=now)
-        return build(Transition, {"task": task, "previous": TaskStatus.RUNNING})
+        task = object.__new__(TaskInfo)
+        task.__dict__.update(
+            self.task.__dict__, status=TaskStatus.COMPLETED, result=result, finished_at=now
+        )
+        transition = object.__new__(Transition)
+        transition.__dict__.update(task=task, previous=TaskStatus.RUNNING)
+        return transition
 
 
 @dataclasses.dataclass(frozen=True)

@@ -230,10 +230,12 @@ def resolve_handler(name: str) -> TaskHandler[Any] | None:
     """The registered handler of ``name``, else the first a resolver finds (workers only:
     submitting never imports anything by name)."""
     handler = _handlers.get(name)
+    if handler is not None:  # every task but a first one of a name a resolver finds
+        return handler
     for resolver in list(_resolvers):
+        handler = resolver(name)
         if handler is not None:
             break
-        handler = resolver(name)
     return handler
 
 

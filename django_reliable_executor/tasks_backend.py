@@ -26,11 +26,11 @@ from django.apps import apps
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from . import signals as executor_signals
+from .announcing import on_finished
 from .exceptions import InvalidTaskOptionError, TaskSubmitError
 from .execution import TaskContext as ExecutorContext
 from .options import RETRY_NAMES, TaskOptions, check_option
-from .records import TaskInfo, TaskSubmitRequest
+from .records import TaskInfo, TaskSubmitRequest, Transition
 from .registry import TaskHandler, get_handler, register, register_resolver
 from .service import executor
 from .states import TaskStatus
@@ -390,16 +390,23 @@ def _is_django_task(task_name: str) -> bool:
     return getattr(get_handler(task_name), "django_task", None) is not None
 
 
-def _on_finished(sender: Any, task_id: str, task_name: str, **kwargs: Any) -> None:
-    if _is_django_task(task_name):
-        _send(task_finished, task_id)
+def _on_finished(transitions: list[Transition]) -> None:
+    """Django's task_finished for each Django task among ``transitions`` (tasks that reached a
+    final status); a failure is logged and costs only its own task's signal."""
+    names = {transition.task.task_name for transition in transitions}
+    django_names = {name for name in names if _is_django_task(name)}
+    if not django_names:
+        return
+    for transition in transitions:
+        if transition.task.task_name in django_names:
+            try:
+                _send(task_finished, transition.task.task_id)
+            except Exception:
+                logger.exception("task %s: sending task_finished failed", transition.task.task_id)
 
 
-for _signal in (
-    executor_signals.task_completed,
-    executor_signals.task_failed,
-    executor_signals.task_cancelled,
-):
-    _signal.connect(_on_finished, dispatch_uid=f"django-tasks-finished-{id(_signal)}")
+# A listener of the announcer rather than a receiver of this app's signals: those would make
+# every task, Django's or not, pay for a signal dispatch.
+on_finished(_on_finished)
 
 __all__ = ["ReliableExecutorBackend", "ReliableTask", "task_backends"]

@@ -207,6 +207,28 @@ def test_execution_seconds_time_the_handler(alias, executor):
     assert REGISTRY.get_sample_value(f"{HISTOGRAM}_bucket", {**labels, "le": "+Inf"}) == 1
 
 
+def test_a_batch_of_samples_fills_the_histogram_as_observing_each_does():
+    """The completion writer's batches go into the histogram at once: the same buckets, count
+    and sum as one observe() per sample, bounds and the +Inf bucket included."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from django_reliable_executor.collectors import EXECUTION_BUCKETS, observe_many
+
+    samples = [0.0, 0.004, 0.005, 0.0051, 0.3, 0.3, 1.0, 59.9, 3600.0, 7200.5]
+    registry = CollectorRegistry()
+    histogram = Histogram("h", "h", ["l"], buckets=EXECUTION_BUCKETS, registry=registry)
+    for sample in samples:
+        histogram.labels("each").observe(sample)
+    observe_many(histogram.labels("batch"), samples)
+    each, batch = ({"l": "each"}, {"l": "batch"})
+    for bound in [*map(str, EXECUTION_BUCKETS), "+Inf"]:
+        value = registry.get_sample_value("h_bucket", {**each, "le": bound})
+        assert registry.get_sample_value("h_bucket", {**batch, "le": bound}) == value, bound
+    assert registry.get_sample_value("h_count", batch) == len(samples)
+    assert registry.get_sample_value("h_sum", batch) == pytest.approx(sum(samples))
+    assert registry.get_sample_value("h_bucket", {**batch, "le": "0.005"}) == 3
+
+
 # -- the task gauges -----------------------------------------------------------------------------
 def gauges(collector: TaskCountCollector) -> dict[str, dict[tuple[str, ...], float]]:
     """family name -> {label values: value}."""

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import operator
 from collections.abc import Mapping, Sequence
+from itertools import chain
 
 from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, Transition
 from ...retries import failure_outcome, timeout_message
-from ...serialization import encoded
+from ...serialization import Encoded, encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, nonce, text, to_info
+
+ID_AND_TOKEN = operator.attrgetter("task.task_id", "token")
+TASK_ID = operator.attrgetter("task.task_id")
+TOKEN = operator.attrgetter("token")
+TEXT = operator.attrgetter("text")
+FIRST = operator.itemgetter(0)
 
 
 class Transitions(RedisAccess):
@@ -28,7 +36,7 @@ class Transitions(RedisAccess):
             return []
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
-        args = [value for claim in claims for value in (claim.task_id, claim.token)]
+        args = chain.from_iterable(map(ID_AND_TOKEN, claims))  # read in C: no bytecode a claim
         replies = self._run("start", lease_until, nonce(), *args, now=now)
         return [
             claim.started(now) if started == 1 else None
@@ -57,12 +65,13 @@ class Transitions(RedisAccess):
         if not outcomes:
             return []
         now = self.clock.now()
-        results = [encoded(result) for _, result in outcomes]  # a worker's are encoded already
-        args = [
-            value
-            for (claim, _), result in zip(outcomes, results, strict=True)
-            for value in (claim.task_id, claim.token, result.text)
-        ]
+        # A worker's are encoded already (encoded() for the others, without a call per task).
+        results = [r if type(r) is Encoded else encoded(r) for _, r in outcomes]
+        claims = list(map(FIRST, outcomes))
+        # task id, token and result text of each, read in C: no bytecode a task.
+        args = chain.from_iterable(
+            zip(map(TASK_ID, claims), map(TOKEN, claims), map(TEXT, results), strict=True)
+        )
         replies = self._run("complete", nonce(), *args, now=now)
         return [
             claim.completed(result.value, now) if done == 1 else None
