@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from .rate_limits import RateLimit
 from .states import TaskStatus
 
 R = TypeVar("R")
@@ -27,6 +28,7 @@ class TaskSubmitRequest:
     priority: int | None = None
     delay_millis: int = 0
     run_at: dt.datetime | None = None
+    rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,7 @@ class NewTask:
     created_at: dt.datetime
     run_at: dt.datetime
     deadline_at: dt.datetime | None
+    rate_key: str | None = None
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -109,6 +112,9 @@ class Claim:
     token: int
     budget_attempts: int
     deadline_at: dt.datetime | None
+    # A claim of a rate-limited name: the time.monotonic() by which a pool thread must start
+    # it, else it is handed back unstarted (set by the fetcher, see rate_limits.py).
+    start_by: float | None = None
 
     @property
     def task_id(self) -> str:
@@ -138,7 +144,8 @@ class ClaimRequest:
     """What a worker's claim asks of the storage (see ``TaskStorage.claim``): up to ``limit``
     due tasks of ``queues`` under a lease of ``lease_seconds``, never more held at once of a
     name in ``name_limits`` (``{task_name: cap}``) than its cap; up to ``start`` of them
-    started at once where the storage can."""
+    started at once where the storage can. Of a name in ``rate_limits``, no more claimed
+    than its limit allows (see ``TaskStorage.claim``)."""
 
     worker_id: str
     queues: tuple[str, ...]
@@ -146,6 +153,7 @@ class ClaimRequest:
     lease_seconds: float
     name_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     start: int = 0
+    rate_limits: Mapping[str, RateLimit] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
 from .options import NAMES as OPTION_NAMES
 from .options import TaskOptions
+from .rate_limits import RateLimit, parse_rate_limit
 from .schedules.ids import validate_schedule_id
 from .schedules.records import Schedule
 from .schedules.timing import make_timing
@@ -43,6 +44,7 @@ class TaskHandler(Generic[R]):
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         takes_context: bool = False,
         max_concurrency: int | None = None,
+        rate_limit: str | None = None,
     ) -> None:
         self.func = func
         # Asked for every claim the worker takes (which pool runs it): looked up once here.
@@ -59,6 +61,10 @@ class TaskHandler(Generic[R]):
         self.takes_context = takes_context
         # Most tasks of this name held (claimed, started or not) at once across all workers.
         self.max_concurrency = max_concurrency
+        # Most tasks of this name (per rate_key) started in any window, across all workers.
+        self.rate_limit: RateLimit | None = (
+            parse_rate_limit(rate_limit) if rate_limit is not None else None
+        )
         # Schedules declared with the decorator's ``schedule=`` (saved by runexecutor).
         self.schedules: tuple[Schedule, ...] = ()
         self.accepts_parameter = param_type is not None or _takes_positional(func)
@@ -129,6 +135,12 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
     cap = options.get("max_concurrency")
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise bad(f"max_concurrency must be an integer >= 1 or None, got {cap!r}")
+    rate = options.get("rate_limit")
+    if rate is not None:
+        try:
+            parse_rate_limit(rate)
+        except ValueError as exc:
+            raise bad(str(exc)) from exc
 
 
 def reliable_task_handler(
@@ -144,6 +156,7 @@ def reliable_task_handler(
     retry_on: tuple[type[BaseException], ...] = (Exception,),
     takes_context: bool = False,
     max_concurrency: int | None = None,
+    rate_limit: str | None = None,
     schedule: ScheduleSpec | Sequence[ScheduleSpec] | None = None,
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
     """Register a function as the handler of ``name`` (default ``module.qualname``).
@@ -151,6 +164,9 @@ def reliable_task_handler(
     Options left as None take the RELIABLE_EXECUTOR defaults when a task is submitted.
     ``max_concurrency`` caps how many tasks of this name are held (claimed, started or not)
     at once across every worker; the storage enforces it when workers claim.
+    ``rate_limit`` ("N/s", "N/m", "N/h") lets at most N tasks of this name start in any
+    window of that length across every worker, one limit per ``rate_key`` given at submit
+    (docs/flow-control.md).
     ``schedule`` fires the task periodically: a cron string ("0 3 * * *"), an interval in
     seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
     updates these schedules when it starts.
@@ -172,6 +188,7 @@ def reliable_task_handler(
             retry_on=retry_on,
             takes_context=takes_context,
             max_concurrency=max_concurrency,
+            rate_limit=rate_limit,
         )
         _validate_options(task_name, options)
         handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
@@ -233,6 +250,15 @@ def name_limits() -> dict[str, int]:
         name: handler.max_concurrency
         for name, handler in list(_handlers.items())
         if handler.max_concurrency is not None
+    }
+
+
+def rate_limits() -> dict[str, RateLimit]:
+    """``{task_name: RateLimit}`` of the registered handlers that have a rate limit."""
+    return {
+        name: handler.rate_limit
+        for name, handler in list(_handlers.items())
+        if handler.rate_limit is not None
     }
 
 

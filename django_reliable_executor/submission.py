@@ -19,6 +19,7 @@ from .exceptions import (
 )
 from .options import MAX_MILLIS, TaskOptions, is_int
 from .options import NAMES as OPTION_NAMES
+from .rate_limits import rate_key_problem
 from .records import NewTask, TaskSubmitRequest
 from .registry import TaskHandler, get_handler
 from .schedules.ids import is_fire_task_id
@@ -59,6 +60,10 @@ def prepare(
     )
     max_duration = options.max_duration_millis
     run_at = _run_at(request, now)
+    rate_key = getattr(request, "rate_key", None)
+    problem = rate_key_problem(rate_key)
+    if problem is not None:
+        raise InvalidTaskOptionError(problem, field="rate_key")
     return NewTask(
         task_id=task_id,
         task_name=name,
@@ -73,6 +78,7 @@ def prepare(
         created_at=now,
         run_at=run_at,
         deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
+        rate_key=rate_key,
     )
 
 

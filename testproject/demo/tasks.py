@@ -109,6 +109,15 @@ def capped(param: dict | None = None) -> dict:
     return {"pid": os.getpid(), "started": started, "ended": time.time()}
 
 
+@reliable_task_handler(name="demo.rated", takes_context=True, rate_limit="5/s")
+def rated(param: dict | None, context: TaskContext) -> float:
+    """At most five start in any second across every worker, per rate_key (rate_limit): writes
+    a "start" record to the journal (RE_JOURNAL) as its first step and returns its start."""
+    started = time.time()
+    _journal("start", context, at=started)
+    return started
+
+
 def _journal(event: str, context: TaskContext, **extra: object) -> None:
     """One line in the file named by RE_JOURNAL, written with a single O_APPEND write so that
     lines of concurrent processes never interleave. The fault tests read what ran when from

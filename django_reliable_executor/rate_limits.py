@@ -1,0 +1,81 @@
+"""Rate limits: parsing ``rate_limit="N/s"``, the ``rate_key`` rule, and the start margin.
+
+A rate limit of N per window W promises that at most N tasks of a name (per ``rate_key``) have
+their handler called within any W seconds, as the handlers themselves would see it with
+``time.time()``. The storage enforces it when workers claim, with a sliding log of claim times
+per (name, rate key). A claim time comes before the handler's call by a delay the storage does
+not see (the hand-over to a pool thread, the start write, the ``task_started`` signal, the
+parameter's conversion), and two claims W apart can have handlers closer than W when the first
+one was slower to start. So:
+
+- the log keeps a claim for ``W + margin`` (``log_window_seconds``), not W: two handler calls
+  closer than W come from claims closer than ``W + margin`` as long as neither handler started
+  more than ``margin`` after its claim;
+- the worker enforces that bound from its side: a claim of a rate-limited name that a pool
+  thread picks up more than ``start_allowance_seconds`` (half the margin) after it was claimed
+  is handed back unstarted (the task stays queued, no attempt counted), leaving the other half
+  of the margin for the start write and what runs before the handler's first line.
+
+The margin is a tenth of the window, at most one second: a limit lets through at most N per
+``W + margin`` (about 9 % below N/W for per-second limits, under 2 % for per-minute ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_RATE_KEY_LENGTH = 191
+MAX_MARGIN_SECONDS = 1.0
+_PATTERN = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimit:
+    """At most ``count`` starts in any ``window_seconds``."""
+
+    count: int
+    window_seconds: float
+
+    @property
+    def margin_seconds(self) -> float:
+        return min(self.window_seconds / 10, MAX_MARGIN_SECONDS)
+
+    @property
+    def log_window_seconds(self) -> float:
+        """How long the storage counts a claim against the limit (window + margin)."""
+        return self.window_seconds + self.margin_seconds
+
+    @property
+    def start_allowance_seconds(self) -> float:
+        """Longest a worker may hold a claim of this name before starting it."""
+        return self.margin_seconds / 2
+
+    def __str__(self) -> str:
+        unit = {1.0: "s", 60.0: "m", 3600.0: "h"}[self.window_seconds]
+        return f"{self.count}/{unit}"
+
+
+def parse_rate_limit(value: Any) -> RateLimit:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` (N >= 1) as a RateLimit; ValueError naming
+    ``rate_limit`` otherwise."""
+    match = _PATTERN.match(value) if isinstance(value, str) else None
+    if match is None or int(match.group(1)) < 1:
+        raise ValueError(
+            f'rate_limit must be a string "N/s", "N/m" or "N/h" with N >= 1, got {value!r}'
+        )
+    return RateLimit(int(match.group(1)), UNITS[match.group(2)])
+
+
+def rate_key_problem(value: Any) -> str | None:
+    """Why ``value`` is no good ``rate_key`` (None: it is, or it is None: no key)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_RATE_KEY_LENGTH:
+        return (
+            f"rate_key must be None or a string of 1..{MAX_RATE_KEY_LENGTH} characters, "
+            f"got {value!r}"
+        )
+    return None

@@ -1,0 +1,197 @@
+"""rate_limit on the database storage: a sliding log of claims per name and rate key.
+
+Each rate-limited name is claimed in its own short transaction serialised on the name's row of
+``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
+lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of claims
+older than the limit's log window (window + margin, see ``rate_limits.py``), counts the rest
+per rate key, claims at most the room of each key and logs one row per claim at the claim's
+``now``, before committing. Two workers never count the same free room. Tasks over their limit
+are not touched: they stay waiting, and the claim notes when the earliest full window frees, so
+that an idle worker's ``wait_for_work`` ends then rather than at POLL_INTERVAL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+from django.utils.dateparse import parse_datetime
+
+from ...models import ReliableNameLock, ReliableRateLog
+from ...rate_limits import RateLimit
+from ...records import Claim, ClaimRequest
+from .access import DatabaseAccess
+
+if TYPE_CHECKING:
+    from .claiming import Pick
+
+# How many due tasks of a rate-limited name one claim looks at per task it may take: with rate
+# keys, tasks of keys out of room are passed over in the same read.
+CANDIDATES_PER_CLAIM = 4
+
+
+def _aware(value: Any) -> dt.datetime:
+    """A raw datetime column value (text on SQLite, naive UTC on MySQL) as an aware one."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value  # type: ignore[no-any-return]
+
+
+class RateLimiting(DatabaseAccess):
+    """The claim's rate_limit part (see the module docstring)."""
+
+    #: time.time() at which the earliest window that held back a due task frees (set by each
+    #: claim; ``wait_for_work`` ends then at the latest).
+    rate_free_at: float | None = None
+
+    def _claim_rate_limited(self, request: ClaimRequest, whole: Pick) -> list[Claim]:
+        """Claims of the rate-limited names of ``request``: at most ``request.start`` in all
+        (they go to idle threads and start at once), each name within its limit and cap."""
+        self.rate_free_at = None
+        claims: list[Claim] = []
+        for name, rate in request.rate_limits.items():
+            budget = min(request.limit, request.start) - len(claims)
+            if budget <= 0:
+                break
+            pick = dataclasses.replace(whole, limit=budget, name=name)
+            cap = request.name_limits.get(name)
+            claims += self._retrying(functools.partial(self._claim_rated, pick, rate, cap))
+        return claims
+
+    def _claim_rated(self, pick: Pick, rate: RateLimit, cap: int | None) -> list[Claim]:
+        """Up to ``pick.limit`` due tasks of ``pick.name`` within its rate limit (and ``cap``),
+        in one transaction serialised on the name's lock row."""
+        assert pick.name is not None
+        name, now = pick.name, pick.now
+        connection = connections[self.alias]
+        due_sql, due_params = self._due_of_name(pick)
+        with connection.cursor() as cursor:
+            # Nothing of the name due here: no lock taken (the common case of an idle name).
+            cursor.execute(f"SELECT 1 {due_sql} LIMIT 1", due_params)
+            if cursor.fetchone() is None:
+                return []
+        cutoff = now - dt.timedelta(seconds=rate.log_window_seconds)
+        with transaction.atomic(using=self.alias):
+            with connection.cursor() as cursor:
+                self._lock_name(
+                    cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
+                )
+                used = self._window_use(cursor, name, cutoff)
+                limit = pick.limit
+                if cap is not None:
+                    limit = min(limit, cap - self._held(cursor, name, now))
+                full = [key for key, (n, _) in used.items() if n >= rate.count]
+                chosen = self._choose(cursor, pick, rate, used, full, limit)
+            self._note_free_at(used, rate, chosen, now)
+            if not chosen:
+                return []
+            claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
+            ReliableRateLog.objects.using(self.alias).bulk_create(
+                [
+                    ReliableRateLog(name=name, rate_key=chosen[c.task_id], claimed_at=now)
+                    for c in claims
+                ]
+            )
+        return claims
+
+    def _due_of_name(self, pick: Pick) -> tuple[str, list[Any]]:
+        marks = ", ".join(["%s"] * len(pick.queues))
+        return (
+            f"FROM {self._table} WHERE available = %s AND task_name = %s "
+            f"AND queue IN ({marks}) AND run_at <= %s",
+            [True, pick.name, *pick.queues, self._dt(pick.now)],
+        )
+
+    def _window_use(
+        self, cursor: Any, name: str, cutoff: dt.datetime
+    ) -> dict[str, tuple[int, dt.datetime]]:
+        """Trim the name's log to its window and return, per rate key, the claims in it and
+        the earliest of them."""
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        cursor.execute(
+            f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s", [name, self._dt(cutoff)]
+        )
+        cursor.execute(
+            f"SELECT rate_key, COUNT(*), MIN(claimed_at) FROM {table} WHERE name = %s "
+            "GROUP BY rate_key",
+            [name],
+        )
+        return {key: (int(n), _aware(oldest)) for key, n, oldest in cursor.fetchall()}
+
+    def _choose(
+        self,
+        cursor: Any,
+        pick: Pick,
+        rate: RateLimit,
+        used: dict[str, tuple[int, dt.datetime]],
+        full: list[str],
+        limit: int,
+    ) -> dict[str, str]:
+        """``{task_id: rate key}`` of the due tasks to claim, in pickup order, within each
+        key's room; tasks of full keys are left out in the query itself."""
+        if limit <= 0:
+            return {}
+        due_sql, params = self._due_of_name(pick)
+        if full:
+            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(full))})"
+            params += full
+        lock = " FOR UPDATE SKIP LOCKED" if self.vendor != "sqlite" else ""
+        cursor.execute(
+            f"SELECT task_id, COALESCE(rate_key, '') {due_sql} "
+            f"ORDER BY priority DESC, run_at ASC LIMIT %s{lock}",
+            [*params, limit * CANDIDATES_PER_CLAIM],
+        )
+        chosen: dict[str, str] = {}
+        room = {key: rate.count - n for key, (n, _) in used.items()}
+        for task_id, key in cursor.fetchall():
+            if len(chosen) >= limit:
+                break
+            if room.setdefault(key, rate.count) > 0:
+                room[key] -= 1
+                chosen[task_id] = key
+        return chosen
+
+    def _note_free_at(
+        self,
+        used: dict[str, tuple[int, dt.datetime]],
+        rate: RateLimit,
+        chosen: dict[str, str],
+        now: dt.datetime,
+    ) -> None:
+        """Remember when the earliest full window of the name frees (a key full before this
+        claim or filled by it), for ``wait_for_work``. A wake-up for a key with nothing left
+        waiting costs one claim that finds nothing."""
+        taken: dict[str, int] = {}
+        for key in chosen.values():
+            taken[key] = taken.get(key, 0) + 1
+        window = dt.timedelta(seconds=rate.log_window_seconds)
+        frees = []
+        for key in set(used) | set(taken):
+            n, oldest = used.get(key, (0, now))
+            if n + taken.get(key, 0) >= rate.count:
+                frees.append((oldest + window).timestamp())
+        if frees:
+            first = min(frees)
+            self.rate_free_at = min(first, self.rate_free_at or first)
+
+    def _rate_timeout(self, timeout: float, now: float) -> float:
+        """``timeout`` shortened to end when a window noted by the last claim frees."""
+        free_at = self.rate_free_at
+        if free_at is None:
+            return timeout
+        return max(0.001, min(timeout, free_at - now))
+
+    # Provided by Claiming (which builds on this class).
+    def _lock_name(self, cursor: Any, table: str, name: str) -> None:
+        raise NotImplementedError
+
+    def _held(self, cursor: Any, name: str, now: dt.datetime) -> int:
+        raise NotImplementedError
+
+    def _take(self, pick: Pick) -> list[Claim]:
+        raise NotImplementedError
