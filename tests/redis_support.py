@@ -126,6 +126,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             schedule_hashes[rest] = value
         elif key in SCHEDULE_INDEXES and kind == "zset":
             schedule_indexes[key] = dict(value)
+        elif (family, kind) in (("rate", "zset"), ("ratenext", "string")):
+            pass  # rate_limit's logs: no task is in them
         elif family == "wake" and kind == "list":
             if value != ["1"]:
                 problems.append(f"{key} holds {value}, not one token")

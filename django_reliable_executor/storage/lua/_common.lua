@@ -122,6 +122,59 @@ local function wake_parked(name)
   end
 end
 
+-- rate_limit (rate_limits.py): the sliding log of the claims of one task name and rate key, a
+-- sorted set `rate:<bucket>` of claim times (microseconds) kept for the limit's log window
+-- (window + margin, microseconds) and expiring with it once idle. The bucket is
+-- `<length of name>:<name>:<rate key>`: the length keeps names holding ':' apart.
+local function rate_bucket(name, rate_key)
+  return #name .. ':' .. name .. ':' .. (rate_key or '')
+end
+
+-- How many more claims the bucket's limit allows now (claims older than the window trimmed).
+local function rate_room(bucket, count, window)
+  local log = P .. 'rate:' .. bucket
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', string.format('%.0f', NOWN - window))
+  return count - redis.call('ZCARD', log)
+end
+
+-- Log a claim of task `id` at now.
+local function rate_log(bucket, id, window)
+  local log = P .. 'rate:' .. bucket
+  redis.call('ZADD', log, NOW, id .. ':' .. NOW)
+  redis.call('PEXPIRE', log, math.ceil(window / 1000) + 1)
+end
+
+-- When a task held back at its bucket's limit tries again: once the earliest claim leaves the
+-- window; past the first `count` tasks held back for that moment, a window later per `count`
+-- (`ratenext:<bucket>` = "<slot>:<tasks given it>"), so that a backlog comes back about once
+-- per task rather than all of it at every window.
+local function rate_slot(bucket, count, window)
+  local first = redis.call('ZRANGE', P .. 'rate:' .. bucket, 0, 0, 'WITHSCORES')
+  local slot, given = first[2] and (tonumber(first[2]) + window) or NOWN, 0
+  local key = P .. 'ratenext:' .. bucket
+  local saved = redis.call('GET', key)
+  if saved then
+    local at, n = string.match(saved, '^(%d+):(%d+)$')
+    if tonumber(at) >= slot then
+      slot, given = tonumber(at), tonumber(n)
+    end
+  end
+  if given >= count then
+    slot, given = slot + window, 0
+  end
+  local text = string.format('%.0f', slot)
+  redis.call('SET', key, text .. ':' .. (given + 1), 'PX',
+    math.ceil((slot + window - NOWN) / 1000))
+  return text
+end
+
+-- A waiting task a claim popped but may not take yet: scheduled again at `at` (its run at
+-- too: the next time it may start), where promote brings it back and idle workers wait for.
+local function hold_back(id, key, queue, at)
+  redis.call('HSET', key, 'r', at)
+  redis.call('ZADD', P .. 'sched:' .. queue, at, id)
+end
+
 -- The only ways into and out of the leases: `held` counts the leased tasks of each name
 -- (max_concurrency); a slot freed wakes the workers of a parked task of the name.
 local function lease(id, name, lease_until)
@@ -210,7 +263,10 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
 end
 
 
--- Store a new task from the 12 values submit.lua takes per task, starting at ARGV[i] (its id
+-- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
+local TASK_ARGS = 13
+
+-- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
 -- once per call, and to be woken once at its end. With `batch` (a table the caller passes to
 -- flush_stored at its end), a task due now joins its ready list and the CREATED count in one
@@ -228,6 +284,9 @@ local function store_task(i, promoted, woken, batch)
   if deadline ~= '' then
     redis.call('HSET', key, 'd', deadline)
     redis.call('ZADD', DEADLINES, deadline, id)
+  end
+  if ARGV[i + 12] ~= '' then
+    redis.call('HSET', key, 'rk', ARGV[i + 12]) -- rate_key
   end
   if not promoted[queue] then
     promoted[queue] = true

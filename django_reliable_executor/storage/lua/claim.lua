@@ -4,7 +4,8 @@
 -- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6] a random token increment,
 -- ARGV[7] how many of the claimed tasks to start at once (the worker has that many idle threads
 -- to run them right now), ARGV[8..] queues, then optionally '' and pairs of task name, cap
--- (max_concurrency). The random step (not +1) keeps a claim that a Redis failover lost from
+-- (max_concurrency), then optionally '' and quadruples of task name, count, log window and
+-- retry delay in microseconds (rate_limit). The random step (not +1) keeps a claim that a Redis failover lost from
 -- sharing its token with the next claim of the same task.
 -- Starting: the first tasks claimed (up to ARGV[7]) become RUNNING with one more attempt and
 -- started at now, as start.lua does it, in this same call; a task past its deadline is left
@@ -13,6 +14,11 @@
 -- parked (see park in _common.lua) instead of taken, out of everyone's way; the parked tasks
 -- of a name with free slots compete here with the ready lists, in the same order. At most
 -- PARK_MAX tasks are parked per call, so one call stays short.
+-- rate_limit: a task of a rate-limited name is taken only while its bucket's log has room
+-- (see rate_room in _common.lua) and only to be started at once by this call (the claim time
+-- is then its start); otherwise it is held back in the schedule: until its window frees (or
+-- its turn after the tasks held back before it), or, when no thread of this worker is idle,
+-- for the retry delay. Held-back tasks count in PARK_MAX.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
@@ -24,6 +30,7 @@ local queues = {}
 local claimed_queue = {}
 local caps = {}
 local capped = false
+local rates = {}
 local arg = 8
 while arg <= #ARGV and ARGV[arg] ~= '' do
   queues[#queues + 1] = ARGV[arg]
@@ -31,9 +38,15 @@ while arg <= #ARGV and ARGV[arg] ~= '' do
   promote(ARGV[arg], 1000)
   arg = arg + 1
 end
-for i = arg + 1, #ARGV - 1, 2 do
-  caps[ARGV[i]] = tonumber(ARGV[i + 1])
+arg = arg + 1
+while arg < #ARGV and ARGV[arg] ~= '' do
+  caps[ARGV[arg]] = tonumber(ARGV[arg + 1])
   capped = true
+  arg = arg + 2
+end
+for i = arg + 1, #ARGV - 3, 4 do
+  rates[ARGV[i]] = {count = tonumber(ARGV[i + 1]), window = tonumber(ARGV[i + 2]),
+    retry = tonumber(ARGV[i + 3])}
 end
 
 local function held(name)
@@ -97,7 +110,7 @@ local parked = 0
 -- Take one popped (or unparked) task: lease it, or park it when its name is at its cap.
 local function take(id)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c')
+  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk')
   -- The double check: still waiting and nobody's claim (a stray entry is dropped).
   if not waiting(task[1]) or redis.call('ZSCORE', LEASES, id) then
     return
@@ -107,6 +120,22 @@ local function take(id)
     park(id, task[2], task[3], task[4])
     parked = parked + 1
     return
+  end
+  local rate = rates[task[2]]
+  if rate then
+    local bucket = rate_bucket(task[2], task[8])
+    local at
+    if to_start <= 0 then
+      at = string.format('%.0f', NOWN + rate.retry)
+    elseif rate_room(bucket, rate.count, rate.window) <= 0 then
+      at = rate_slot(bucket, rate.count, rate.window)
+    end
+    if at then
+      hold_back(id, key, task[5], at)
+      parked = parked + 1
+      return
+    end
+    rate_log(bucket, id, rate.window)
   end
   redis.call('HINCRBY', key, 'k', step)
   redis.call('HSET', key, 'w', worker)

@@ -7,7 +7,7 @@
 -- script (see _common.lua).
 -- ARGV[3..]: per schedule, 6 values: id, the next run the fire planned from, the new next run,
 -- the planned time of the latest run fired ('' = none), its task id ('' = none), the number n
--- of its tasks; then its n tasks, 12 values each as submit.lua takes them.
+-- of its tasks; then its n tasks, TASK_ARGS values each as submit.lua takes them.
 -- Returns per schedule 0 (it no longer expects this fire: nothing stored) or a list with
 -- 1 and then, per task, 1 (created) or 0 (its id existed).
 local out = {}
@@ -21,12 +21,12 @@ while i <= #ARGV do
     ARGV[i + 3], ARGV[i + 4]
   local count = tonumber(ARGV[i + 5])
   local first = i + 6
-  i = first + 12 * count
+  i = first + TASK_ARGS * count
   local key = P .. 's:' .. id
   local state = redis.call('HMGET', key, 'nr', 'pa')
   if state[1] == expected and not state[2] then
     local fired = {1}
-    for t = first, i - 1, 12 do
+    for t = first, i - 1, TASK_ARGS do
       if redis.call('EXISTS', tkey(ARGV[t])) == 1 then
         fired[#fired + 1] = 0
       else
