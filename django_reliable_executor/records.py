@@ -157,6 +157,18 @@ class ClaimRequest:
 
 
 @dataclasses.dataclass(frozen=True)
+class RateUse:
+    """How much of one task name's rate limit is in use now (``TaskStorage.rate_use``)."""
+
+    task_name: str
+    limit: RateLimit
+    started: int  # claims (starts) in the last window, every rate key together
+    busiest: int  # the most of them of one rate key: the key nearest its limit
+    keys: int  # rate keys with a claim in the last window
+    held_back: int  # waiting tasks held back because their key's window is full
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskQuery:
     """One page of a task listing (see ``TaskStorage.list``), newest first: the tasks of any
     of ``statuses`` (None: any status; never empty), of ``task_name`` and ``queue`` where

@@ -1,5 +1,5 @@
-"""The task gauges: stored tasks by status and queue, dead letters and the oldest due task's age,
-read through the service when Prometheus scrapes."""
+"""The task gauges: stored tasks by status and queue, dead letters, the oldest due task's age and
+the use of each rate limit, read through the service when Prometheus scrapes."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from .clock import Clock
+    from .records import RateUse
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -35,11 +36,16 @@ class TaskCounts(Protocol):
 
     def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None: ...
 
+    def rate_limit_use(self) -> list[RateUse]: ...
+
 
 class TaskCountCollector:
     """``reliable_executor_tasks{status, queue}``,
     ``reliable_executor_dead_letters{queue}`` (the FAILED + TIMEOUT + ERROR of the same counts)
-    and ``reliable_executor_oldest_due_task_age_seconds{queue}``, read through the service when
+    ``reliable_executor_oldest_due_task_age_seconds{queue}``,
+    ``reliable_executor_rate_limited_tasks{task_name}`` (waiting tasks a rate limit holds back)
+    and ``reliable_executor_rate_limit_started{task_name}`` (starts in the limit's last
+    window, every rate key together), read through the service when
     scraped, at most once per ``cache_seconds``. A storage error skips these samples (logged at
     debug): the scrape itself never fails.
 
@@ -84,10 +90,11 @@ class TaskCountCollector:
                 )
                 oldest = executor.oldest_due_at(queue) if waiting else None
                 ages[queue] = _age_seconds(oldest, executor.clock.now())
+            rates = executor.rate_limit_use()
         except Exception:
             logger.debug("metrics: task counts not read, storage unavailable", exc_info=True)
             return None
-        return _Snapshot(counts, ages)
+        return _Snapshot(counts, ages, rates)
 
     @staticmethod
     def _families(snapshot: _Snapshot | None) -> Iterator[Metric]:
@@ -106,7 +113,20 @@ class TaskCountCollector:
             "Seconds the oldest due, unclaimed task of the queue has waited (0: none waits).",
             labels=["queue"],
         )
+        held = GaugeMetricFamily(
+            f"{PREFIX}_rate_limited_tasks",
+            "Waiting tasks held back by their task name's rate_limit (their window is full).",
+            labels=["task_name"],
+        )
+        started = GaugeMetricFamily(
+            f"{PREFIX}_rate_limit_started",
+            "Tasks of a rate-limited name started in its limit's last window (all rate keys).",
+            labels=["task_name"],
+        )
         if snapshot is not None:
+            for use in snapshot.rates:
+                held.add_metric([use.task_name], use.held_back)
+                started.add_metric([use.task_name], use.started)
             for queue, by_status in snapshot.counts.items():
                 for status in TaskStatus:
                     tasks.add_metric([status.value, queue], by_status.get(status, 0))
@@ -117,12 +137,20 @@ class TaskCountCollector:
         yield tasks
         yield dead
         yield age
+        yield held
+        yield started
 
 
 class _Snapshot:
-    def __init__(self, counts: dict[str, dict[TaskStatus, int]], ages: dict[str, float]) -> None:
+    def __init__(
+        self,
+        counts: dict[str, dict[TaskStatus, int]],
+        ages: dict[str, float],
+        rates: list[RateUse],
+    ) -> None:
         self.counts = counts
         self.ages = ages
+        self.rates = rates
 
 
 def _age_seconds(oldest: dt.datetime | None, now: dt.datetime) -> float:

@@ -216,6 +216,44 @@ def test_an_idle_worker_waits_until_the_window_frees(executor, storage, clock):
     assert len(claim(storage)) == 1
 
 
+def test_the_use_of_each_limit_can_be_read(executor, storage, clock):
+    rate = RateLimit(2, 60.0)
+    for i in range(3):
+        for key in ("a", "b", None):
+            executor.submit(RATED, i, rate_key=key)
+    claim(storage, rate, limit=3)  # a, b and the name's own: one each
+    claim(storage, rate)  # one more each: all three at their limit
+    [use] = storage.rate_use({RATED: rate, OTHER: rate})[:1]
+    assert (use.task_name, use.limit, use.started, use.busiest, use.keys) == (
+        RATED,
+        rate,
+        6,
+        2,
+        3,
+    )
+    assert use.held_back == 3  # the third of each key
+    [other] = storage.rate_use({OTHER: rate})
+    assert (other.started, other.busiest, other.keys, other.held_back) == (0, 0, 0, 0)
+    clock.advance(61.5)
+    [later] = storage.rate_use({RATED: rate})
+    assert (later.started, later.held_back) == (0, 0)
+
+
+def test_the_metrics_report_held_back_tasks_and_starts(executor, storage):
+    from django_reliable_executor.task_gauges import TaskCountCollector
+
+    for _ in range(7):
+        executor.submit("demo.rated", {})
+    claims = storage.claim("w1", ["default"], 10, LEASE, rate_limits=rate_limits(), start=10)
+    assert len(claims) == 5  # demo.rated: rate_limit="5/s"
+    read = {
+        family.name: {tuple(s.labels.values()): s.value for s in family.samples}
+        for family in TaskCountCollector(executor, cache_seconds=0).collect()
+    }
+    assert read["reliable_executor_rate_limited_tasks"][("demo.rated",)] == 2
+    assert read["reliable_executor_rate_limit_started"][("demo.rated",)] == 5
+
+
 # -- real processes ---------------------------------------------------------------------------
 
 

@@ -247,7 +247,8 @@ def summary(
     by_queue: dict[str, dict[TaskStatus, int]],
     counts_age: float = 0.0,
 ) -> dict[str, Any]:
-    """Counts by status and queue, the oldest due task's age, the master and the live workers."""
+    """Counts by status and queue, the oldest due task's age, the master, the live workers and
+    the use of each rate limit."""
     statuses = list(TaskStatus)
     base = Filters()
     queues = [
@@ -265,6 +266,7 @@ def summary(
     oldest_due = executor.oldest_due_at()
     workers: list[WorkerInfo] = executor.workers()
     return {
+        "rate_limits": executor.rate_limit_use(),
         "statuses": statuses,
         "queues": queues,
         "totals": [(s, totals[s], base.url(status=s.value)) for s in statuses],

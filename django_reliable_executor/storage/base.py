@@ -13,6 +13,7 @@ from ..records import (
     Claim,
     ClaimRequest,
     NewTask,
+    RateUse,
     TaskInfo,
     TaskQuery,
     Transition,
@@ -95,6 +96,12 @@ class TaskStorage(ScheduleStorage):
                 dict(rate_limits or {}),
             )
         )
+
+    @abc.abstractmethod
+    def rate_use(self, limits: Mapping[str, RateLimit]) -> builtins.list[RateUse]:
+        """For each rate-limited name of ``limits``: its claims in the last window (all rate
+        keys, and the busiest key's) and how many waiting tasks its limit holds back now.
+        A read for the admin, the command and the metrics; not atomic across names."""
 
     @abc.abstractmethod
     def _claim(self, request: ClaimRequest) -> list[Claim]:

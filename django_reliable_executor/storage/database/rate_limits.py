@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -22,7 +23,7 @@ from django.utils.dateparse import parse_datetime
 
 from ...models import ReliableNameLock, ReliableRateLog
 from ...rate_limits import RateLimit
-from ...records import Claim, ClaimRequest
+from ...records import Claim, ClaimRequest, RateUse
 from .access import DatabaseAccess
 
 if TYPE_CHECKING:
@@ -185,6 +186,37 @@ class RateLimiting(DatabaseAccess):
         if free_at is None:
             return timeout
         return max(0.001, min(timeout, free_at - now))
+
+    def rate_use(self, limits: Mapping[str, RateLimit]) -> list[RateUse]:
+        now = self.clock.now()
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        uses = []
+        with connections[self.alias].cursor() as cursor:
+            for name, rate in limits.items():
+                window_start = now - dt.timedelta(seconds=rate.window_seconds)
+                log_start = now - dt.timedelta(seconds=rate.log_window_seconds)
+                cursor.execute(
+                    "SELECT rate_key, SUM(CASE WHEN claimed_at > %s THEN 1 ELSE 0 END), "
+                    f"COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s "
+                    "GROUP BY rate_key",
+                    [self._dt(window_start), name, self._dt(log_start)],
+                )
+                rows = [(key, int(recent or 0), int(n)) for key, recent, n in cursor.fetchall()]
+                full = [key for key, _, n in rows if n >= rate.count]
+                held = 0
+                if full:
+                    cursor.execute(
+                        f"SELECT COUNT(*) FROM {self._table} WHERE available = %s "
+                        "AND task_name = %s AND run_at <= %s AND COALESCE(rate_key, '') "
+                        f"IN ({', '.join(['%s'] * len(full))})",
+                        [True, name, self._dt(now), *full],
+                    )
+                    (held,) = cursor.fetchone()
+                recent = [r for _, r, _ in rows]
+                busiest = max(recent, default=0)
+                keys = sum(1 for r in recent if r)
+                uses.append(RateUse(name, rate, sum(recent), busiest, keys, int(held)))
+        return uses
 
     # Provided by Claiming (which builds on this class).
     def _lock_name(self, cursor: Any, table: str, name: str) -> None:

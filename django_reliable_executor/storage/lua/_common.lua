@@ -137,11 +137,27 @@ local function rate_room(bucket, count, window)
   return count - redis.call('ZCARD', log)
 end
 
--- Log a claim of task `id` at now.
-local function rate_log(bucket, id, window)
+-- Log a claim of task `id` (of `name`, rate key `rate_key`) at now. `ratekeys:<len>:<name>`
+-- lists the name's rate keys by their latest claim (for rate_use), trimmed alike; a task held
+-- back before leaves `ratewait:<len>:<name>` (its held-back tasks by the time they try again).
+local function rate_log(bucket, id, window, name, rate_key)
   local log = P .. 'rate:' .. bucket
+  local ttl = math.ceil(window / 1000) + 1
   redis.call('ZADD', log, NOW, id .. ':' .. NOW)
-  redis.call('PEXPIRE', log, math.ceil(window / 1000) + 1)
+  redis.call('PEXPIRE', log, ttl)
+  local keys = P .. 'ratekeys:' .. #name .. ':' .. name
+  redis.call('ZREMRANGEBYSCORE', keys, '-inf', string.format('%.0f', NOWN - window))
+  redis.call('ZADD', keys, NOW, rate_key or '')
+  redis.call('PEXPIRE', keys, ttl)
+  redis.call('ZREM', P .. 'ratewait:' .. #name .. ':' .. name, id)
+end
+
+-- Note task `id` of `name` as held back by its rate limit until `at` (for rate_use).
+local function rate_wait(name, id, at)
+  local key = P .. 'ratewait:' .. #name .. ':' .. name
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', NOW)
+  redis.call('ZADD', key, at, id)
+  redis.call('PEXPIRE', key, math.ceil((tonumber(at) - NOWN) / 1000) + 1000)
 end
 
 -- When a task held back at its bucket's limit tries again: once the earliest claim leaves the

@@ -129,13 +129,14 @@ local function take(id)
       at = string.format('%.0f', NOWN + rate.retry)
     elseif rate_room(bucket, rate.count, rate.window) <= 0 then
       at = rate_slot(bucket, rate.count, rate.window)
+      rate_wait(task[2], id, at)
     end
     if at then
       hold_back(id, key, task[5], at)
       parked = parked + 1
       return
     end
-    rate_log(bucket, id, rate.window)
+    rate_log(bucket, id, rate.window, task[2], task[8])
   end
   redis.call('HINCRBY', key, 'k', step)
   redis.call('HSET', key, 'w', worker)

@@ -46,6 +46,11 @@ epoch, written as decimal strings.
                            the task options it fires with, o origin, pa "1" while paused,
                            nr next run, lr/lt planned time and task id of the latest fire,
                            c created, u updated.
+``P rate:<len>:<name>:<key>``  ZSET of the claim times of a rate-limited name and rate key
+                           (rate_limit), kept for its window + margin; ``P ratenext:...``
+                           STRING the slot held-back tasks of it get next; ``P ratekeys:<len>:
+                           <name>`` ZSET its rate keys by latest claim; ``P ratewait:<len>:
+                           <name>`` ZSET its held-back tasks by when they try again. All expire.
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.
@@ -65,6 +70,7 @@ from .chores import Chores
 from .claiming import Claiming
 from .listing import Listing
 from .locks import Locks
+from .rate_limits import RateReading
 from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
@@ -73,7 +79,16 @@ from .workers import Workers
 
 
 class RedisStorage(
-    Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading, Listing
+    Submitting,
+    Claiming,
+    Transitions,
+    Schedules,
+    Chores,
+    Locks,
+    Workers,
+    Reading,
+    Listing,
+    RateReading,
 ):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout): one
     part per role, each built on RedisAccess alone, never on another part.
