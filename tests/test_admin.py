@@ -15,6 +15,7 @@ from django.urls import NoReverseMatch, reverse
 
 from django_reliable_executor import signals
 from django_reliable_executor.admin import pages
+from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import (
     NEWEST_FIRST,
@@ -24,7 +25,6 @@ from tests.admin_support import (
     make_user,
     populate,
 )
-from django_reliable_executor.registry import rate_limits
 from tests.contract_support import claim_and_start, recording
 
 LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
@@ -513,9 +513,7 @@ def test_summary_shows_the_use_of_each_rate_limit(service, viewer):
     """demo.rated has rate_limit="5/s": two claimed starts and its limit in the summary."""
     for key in ("a", "b"):
         service.submit("demo.rated", {}, rate_key=key)
-    claims = service.storage.claim(
-        "w-1", ["default"], 10, 60, rate_limits=rate_limits(), start=10
-    )
+    claims = service.storage.claim("w-1", ["default"], 10, 60, rate_limits=rate_limits(), start=10)
     assert sum(c.task.task_name == "demo.rated" for c in claims) == 2
     response = viewer.get(LIST_URL)
     [use] = [u for u in response.context["summary"]["rate_limits"] if u.task_name == "demo.rated"]

@@ -212,9 +212,7 @@ def test_status_shows_the_use_of_each_rate_limit(live):
     """demo.rated has rate_limit="5/s": three claimed starts show in its row."""
     for key in ("a", "a", "b"):
         live.submit("demo.rated", {}, rate_key=key)
-    claims = live.storage.claim(
-        "w-1", ["default"], 10, 60, rate_limits=rate_limits(), start=10
-    )
+    claims = live.storage.claim("w-1", ["default"], 10, 60, rate_limits=rate_limits(), start=10)
     assert sum(c.task.task_name == "demo.rated" for c in claims) == 3
     report = json.loads(run("status", "--json").out)
     assert report["rate_limits"] == [

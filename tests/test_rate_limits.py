@@ -282,9 +282,7 @@ def test_two_worker_processes_keep_the_rate_in_the_handlers_records(
     others = [service.submit("demo.echo", i).task_id for i in range(20)]
     env = {"RE_JOURNAL": str(journal)}
     started = [
-        workers.start(
-            backend, "--burst", "--core-pool-size", "4", "--max-pool-size", "4", env=env
-        )
+        workers.start(backend, "--burst", "--core-pool-size", "4", "--max-pool-size", "4", env=env)
         for _ in range(2)
     ]
 

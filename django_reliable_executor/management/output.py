@@ -165,8 +165,14 @@ class StatusReport:
         if not self.rate_limits:
             return []
         rows = [
-            [u.task_name, str(u.limit), u.started, f"{u.busiest}/{u.limit.count}", u.keys,
-             u.held_back]
+            [
+                u.task_name,
+                str(u.limit),
+                u.started,
+                f"{u.busiest}/{u.limit.count}",
+                u.keys,
+                u.held_back,
+            ]
             for u in self.rate_limits
         ]
         headers = ["task name", "limit", "started", "busiest key", "keys", "held back"]

@@ -8,6 +8,7 @@ import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 
 from ..clock import Clock, system_clock
+from ..rate_limits import RateLimit
 from ..records import (
     CancelResult,
     Claim,
@@ -19,7 +20,6 @@ from ..records import (
     Transition,
     WorkerInfo,
 )
-from ..rate_limits import RateLimit
 from ..states import TERMINAL_STATUSES, TaskStatus
 from .schedule_base import ScheduleStorage
 

@@ -163,8 +163,9 @@ class Submitting(DatabaseAccess):
         insert = (
             self._insert_sql() + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, "
             "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
-            "t.created, t.run_at, t.deadline, FALSE, TRUE, 0, t.rate_key FROM unnest(%s::varchar[], "
-            "%s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], %s::int[], %s::bigint[], "
+            "t.created, t.run_at, t.deadline, FALSE, TRUE, 0, t.rate_key "
+            "FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], "
+            "%s::int[], %s::bigint[], "
             "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
             "%s::timestamptz[], %s::varchar[]) AS t(id, name, queue, priority, parameter, "
             "retry_limit, retry_interval, backoff, max_duration, created, run_at, deadline, "
