@@ -172,9 +172,6 @@ class TaskRunner:
             return self._begin(claim, claim)
         if self._past_deadline(claim):
             return self._expire(claim)
-        if self._too_late(claim):
-            self._hand_back([claim])
-            return None
         try:
             started = self._starts.submit(claim)
         except Exception:
@@ -194,8 +191,6 @@ class TaskRunner:
                 outcomes[index] = self._alone(claim, self._begin, claim, claim)
             elif self._past_deadline(claim):
                 outcomes[index] = self._alone(claim, self._expire, claim)
-            elif self._too_late(claim):
-                self._hand_back([claim])
             else:
                 due.append(index)
         started = self._starts.submit_many([claims[index] for index in due])
@@ -237,21 +232,6 @@ class TaskRunner:
 
     def _past_deadline(self, claim: Claim) -> bool:
         return claim.deadline_at is not None and self.executor.clock.now() >= claim.deadline_at
-
-    @staticmethod
-    def _too_late(claim: Claim) -> bool:
-        """A claim of a rate-limited name that waited here longer than its limit allows
-        (rate_limits.py): handed back unstarted, so no handler starts later than the margin
-        the storage's log keeps after its claim. The task waits again; its logged claim still
-        counts until its window has passed."""
-        if claim.start_by is None or time.monotonic() <= claim.start_by:
-            return False
-        logger.info(
-            "task %s (%s): not started within its rate limit's margin; handed back",
-            claim.task_id,
-            claim.task.task_name,
-        )
-        return True
 
     def _expire(self, claim: Claim) -> TaskStatus | None:
         """A claim past its deadline before it started: TIMEOUT without running it."""

@@ -12,7 +12,7 @@ from . import registry
 from .connections import drop_unusable_connections
 from .execution import TaskRunner
 from .pool import BoundedPool
-from .records import Claim, copy_with
+from .records import Claim
 from .service import ReliableExecutor
 
 logger = logging.getLogger("django_reliable_executor")
@@ -61,8 +61,8 @@ class Fetcher:
         self.burst = burst
         # max_concurrency of the registered handlers: enforced by the storage at each claim.
         self.name_limits = registry.name_limits()
-        # rate_limit of the registered handlers: enforced by the storage at each claim, and
-        # here by handing back a claim that a pool thread did not start soon enough.
+        # rate_limit of the registered handlers: enforced by the storage at each claim (and
+        # at each start, see rate_limits.py).
         self.rate_limits = registry.rate_limits()
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT
@@ -129,7 +129,6 @@ class Fetcher:
             for queues, allowed in calls:
                 n = min(allowed, budget - len(claims))
                 if n > 0:
-                    claimed_at = time.monotonic()
                     taken = self.executor.storage.claim(
                         self.worker_id,
                         queues,
@@ -139,8 +138,6 @@ class Fetcher:
                         start=start,
                         rate_limits=self.rate_limits or None,
                     )
-                    if self.rate_limits:
-                        taken = self._with_start_by(taken, claimed_at)
                     start -= sum(claim.is_started for claim in taken)
                     claims += taken
             self.last_poll_at = time.time()
@@ -154,19 +151,6 @@ class Fetcher:
             self._error_wait = min(self._error_wait * 2, MAX_ERROR_WAIT)
             return None
         return claims
-
-    def _with_start_by(self, claims: list[Claim], claimed_at: float) -> list[Claim]:
-        """Claims of rate-limited names, unstarted, get the time by which a pool thread must
-        start them (rate_limits.py: the storage logged them at the claim, and a handler that
-        starts later than the limit's margin could come closer than its window to a later
-        one)."""
-        rates = self.rate_limits
-        return [
-            copy_with(claim, start_by=claimed_at + rates[name].start_allowance_seconds)
-            if (name := claim.task.task_name) in rates and not claim.is_started
-            else claim
-            for claim in claims
-        ]
 
     def _idle(self, version: int, claimable: list[str], full: bool) -> None:
         """Nothing was claimed: wait for work. ``full``: some limited queue is at its limit, so

@@ -101,19 +101,25 @@ class ReliableNameLock(models.Model):
 
 
 class ReliableRateLog(models.Model):
-    """rate_limit's sliding log: one row per claim of a rate-limited task name, kept for the
-    limit's window (plus its margin, see rate_limits.py), then trimmed by the next claim of
-    the name. Claims of the name count and add rows under the name's ReliableNameLock row."""
+    """rate_limit's sliding log: one row per claim of a rate-limited task name, at the claim's
+    time and moved to its start's, kept for the limit's window (plus its margin, see
+    rate_limits.py), then trimmed by the next claim of the name. Claims and starts of the
+    name read and write it under the name's ReliableNameLock row."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=191)
     rate_key = models.CharField(max_length=191, default="")  # "": the name's own limit
+    task_id = models.CharField(max_length=191)
+    token = models.BigIntegerField()  # the claim's fencing token
     claimed_at = models.DateTimeField()
 
     class Meta:
         db_table = "reliable_executor_rate_log"
         default_permissions = ()
-        indexes = [models.Index(fields=["name", "claimed_at"], name="rexec_rate_log_idx")]
+        indexes = [
+            models.Index(fields=["name", "claimed_at"], name="rexec_rate_log_idx"),
+            models.Index(fields=["task_id"], name="rexec_rate_log_task_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} [{self.rate_key}] at {self.claimed_at}"

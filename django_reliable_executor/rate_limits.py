@@ -2,19 +2,19 @@
 
 A rate limit of N per window W promises that at most N tasks of a name (per ``rate_key``) have
 their handler called within any W seconds, as the handlers themselves would see it with
-``time.time()``. The storage enforces it when workers claim, with a sliding log of claim times
-per (name, rate key). A claim time comes before the handler's call by a delay the storage does
-not see (the hand-over to a pool thread, the start write, the ``task_started`` signal, the
-parameter's conversion), and two claims W apart can have handlers closer than W when the first
-one was slower to start. So:
+``time.time()``. The storage enforces it with a sliding log per (name, rate key):
 
-- the log keeps a claim for ``W + margin`` (``log_window_seconds``), not W: two handler calls
-  closer than W come from claims closer than ``W + margin`` as long as neither handler started
-  more than ``margin`` after its claim;
-- the worker enforces that bound from its side: a claim of a rate-limited name that a pool
-  thread picks up more than ``start_allowance_seconds`` (half the margin) after it was claimed
-  is handed back unstarted (the task stays queued, no attempt counted), leaving the other half
-  of the margin for the start write and what runs before the handler's first line.
+- a claim takes a task only while fewer than N entries are in the log's window, and logs one
+  at the claim's time, atomically with the claim (so concurrent workers never share room);
+- the start (the storage's start write, or the claim itself where it starts the task) moves
+  the entry to the start's time, and refuses to start, handing the task back, when the entry
+  has already left the window (the claim waited in its worker longer than that). Moving an
+  entry that every claim since has counted keeps it counted, so room is never taken twice;
+- the handler is called shortly after its start write, but not at the same instant (the
+  ``task_started`` signal, the parameter's conversion and the thread's scheduling come
+  between), and two starts W apart could have handlers a little closer than W. So the log
+  keeps entries for ``W + margin`` (``log_window_seconds``): two handler calls closer than W
+  come from starts closer than ``W + margin`` while that delay stays under the margin.
 
 The margin is a tenth of the window, at most one second: a limit lets through at most N per
 ``W + margin`` (about 9 % below N/W for per-second limits, under 2 % for per-minute ones).
@@ -47,11 +47,6 @@ class RateLimit:
     def log_window_seconds(self) -> float:
         """How long the storage counts a claim against the limit (window + margin)."""
         return self.window_seconds + self.margin_seconds
-
-    @property
-    def start_allowance_seconds(self) -> float:
-        """Longest a worker may hold a claim of this name before starting it."""
-        return self.margin_seconds / 2
 
     def __str__(self) -> str:
         unit = {1.0: "s", 60.0: "m", 3600.0: "h"}[self.window_seconds]

@@ -112,9 +112,9 @@ class Claim:
     token: int
     budget_attempts: int
     deadline_at: dt.datetime | None
-    # A claim of a rate-limited name: the time.monotonic() by which a pool thread must start
-    # it, else it is handed back unstarted (set by the fetcher, see rate_limits.py).
-    start_by: float | None = None
+    # A claim of a rate-limited name on the database storage: its limit's log window, which
+    # the start checks and moves its logged claim on by (see rate_limits.py).
+    rate_window_seconds: float | None = None
 
     @property
     def task_id(self) -> str:

@@ -154,13 +154,37 @@ def test_other_names_flow_past_a_held_name(executor, storage, clock):
     assert len([t for t in listed if t.worker_id is None]) == 27  # waiting, nobody's
 
 
-def test_rate_limited_tasks_are_claimed_only_for_idle_threads(executor, storage, clock):
+def test_a_start_moves_the_logged_claim_to_the_start(executor, storage, clock):
+    """A claim started later than claimed counts from its start: the window frees a window
+    after the start, not after the claim."""
     for i in range(10):
         executor.submit(RATED, i)
+    first = claim(storage, start=0)  # none started by the claim itself
+    assert len(first) == 5
+    clock.advance(1.0)
+    assert all(storage.start(c, LEASE) is not None for c in first)
+    clock.advance(0.2)  # 1.2 s after the claims, 0.2 s after the starts
     assert claim(storage, start=0) == []
-    # Redis held them back for half the margin (the database left them where they were).
-    clock.advance(FIVE_PER_SECOND.start_allowance_seconds)
-    assert len(claim(storage, start=2)) == 2
+    clock.advance(0.91)  # 1.11 s after the starts
+    assert len(claim(storage, start=0)) == 5
+    consistent(storage)
+
+
+def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(
+    executor, storage, clock
+):
+    for i in range(2):
+        executor.submit(RATED, i)
+    [late, _] = claim(storage, start=0)
+    clock.advance(1.2)  # longer than the window (1 s) and its margin
+    assert storage.start(late, LEASE) is None
+    task = executor.get_task(late.task_id)
+    assert (task.status, task.attempts, task.worker_id) == (TaskStatus.CREATED, 0, None)
+    consistent(storage)
+    again = claim(storage, start=0)
+    assert [c.task_id for c in again] == [late.task_id]  # waiting again, claimed again
+    assert all(storage.start(c, LEASE) is not None for c in again)
+    consistent(storage)
 
 
 def test_concurrent_claims_never_exceed_the_limit(executor, make_storage, clock):

@@ -2,12 +2,20 @@
 
 Each rate-limited name is claimed in its own short transaction serialised on the name's row of
 ``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
-lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of claims
+lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of entries
 older than the limit's log window (window + margin, see ``rate_limits.py``), counts the rest
 per rate key, claims at most the room of each key and logs one row per claim at the claim's
-``now``, before committing. Two workers never count the same free room. Tasks over their limit
-are not touched: they stay waiting, and the claim notes when the earliest full window frees, so
-that an idle worker's ``wait_for_work`` ends then rather than at POLL_INTERVAL.
+``now``, before committing. Two workers never count the same free room.
+
+A claim waits in its worker's pool before it starts. Its start (``start_many``, under the same
+lock) moves its row to the start's time, so the limit counts the start; a claim whose row has
+left the window meanwhile (it waited longer than the window) is not started but handed back,
+to be claimed again within the limit. Moving a row that every claim since has counted, to a
+later time, keeps it counted: at no time was there room that a start later took twice.
+
+Tasks over their limit are not touched: they stay waiting, and the claim notes when the
+earliest full window frees, so that an idle worker's ``wait_for_work`` ends then rather than
+at POLL_INTERVAL.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -23,7 +31,7 @@ from django.utils.dateparse import parse_datetime
 
 from ...models import ReliableNameLock, ReliableRateLog
 from ...rate_limits import RateLimit
-from ...records import Claim, ClaimRequest, RateUse
+from ...records import Claim, ClaimRequest, RateUse, copy_with
 from .access import DatabaseAccess
 
 if TYPE_CHECKING:
@@ -51,12 +59,12 @@ class RateLimiting(DatabaseAccess):
     rate_free_at: float | None = None
 
     def _claim_rate_limited(self, request: ClaimRequest, whole: Pick) -> list[Claim]:
-        """Claims of the rate-limited names of ``request``: at most ``request.start`` in all
-        (they go to idle threads and start at once), each name within its limit and cap."""
+        """Claims of the rate-limited names of ``request``, each name within its limit (and
+        its cap)."""
         self.rate_free_at = None
         claims: list[Claim] = []
         for name, rate in request.rate_limits.items():
-            budget = min(request.limit, request.start) - len(claims)
+            budget = request.limit - len(claims)
             if budget <= 0:
                 break
             pick = dataclasses.replace(whole, limit=budget, name=name)
@@ -94,11 +102,81 @@ class RateLimiting(DatabaseAccess):
             claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
             ReliableRateLog.objects.using(self.alias).bulk_create(
                 [
-                    ReliableRateLog(name=name, rate_key=chosen[c.task_id], claimed_at=now)
+                    ReliableRateLog(
+                        name=name,
+                        rate_key=chosen[c.task_id],
+                        task_id=c.task_id,
+                        token=c.token,
+                        claimed_at=now,
+                    )
                     for c in claims
                 ]
             )
-        return claims
+        window = rate.log_window_seconds
+        return [copy_with(c, rate_window_seconds=window) for c in claims]
+
+    def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
+        """Claims of rate-limited names start name by name under the name's lock, each only
+        while its logged claim is in the window (moved to now); the others as before."""
+        if all(claim.rate_window_seconds is None for claim in claims):
+            return super().start_many(claims, lease_seconds)
+        started: dict[int, Claim | None] = {}
+        by_name: dict[str | None, list[int]] = {}
+        for index, claim in enumerate(claims):
+            name = claim.task.task_name if claim.rate_window_seconds is not None else None
+            by_name.setdefault(name, []).append(index)
+        for name, indexes in by_name.items():
+            group = [claims[i] for i in indexes]
+            if name is None:
+                results = super().start_many(group, lease_seconds)
+            else:
+                results = self._retrying(
+                    functools.partial(self._start_rated, name, group, lease_seconds)
+                )
+            started.update(zip(indexes, results, strict=True))
+        return [started[i] for i in range(len(claims))]
+
+    def _start_rated(
+        self, name: str, claims: list[Claim], lease_seconds: float
+    ) -> list[Claim | None]:
+        connection = connections[self.alias]
+        table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
+        now = self.clock.now()
+        with transaction.atomic(using=self.alias):
+            with connection.cursor() as cursor:
+                self._lock_name(
+                    cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
+                )
+                window = max(c.rate_window_seconds or 0.0 for c in claims)
+                cutoff = self._dt(now - dt.timedelta(seconds=window))
+                marks = ", ".join(["%s"] * len(claims))
+                ids = [c.task_id for c in claims]
+                cursor.execute(
+                    f"SELECT task_id, token FROM {table} WHERE task_id IN ({marks}) "
+                    "AND claimed_at > %s",
+                    [*ids, cutoff],
+                )
+                logged = {(task_id, int(token)) for task_id, token in cursor.fetchall()}
+                alive = [c for c in claims if (c.task_id, c.token) in logged]
+                if alive:
+                    cursor.execute(
+                        f"UPDATE {table} SET claimed_at = %s WHERE task_id IN "
+                        f"({', '.join(['%s'] * len(alive))}) AND claimed_at > %s",
+                        [self._dt(now), *(c.task_id for c in alive), cutoff],
+                    )
+            results = dict(
+                zip(
+                    (c.task_id for c in alive),
+                    super().start_many(alive, lease_seconds) if alive else [],
+                    strict=True,
+                )
+            )
+            late = [c for c in claims if (c.task_id, c.token) not in logged]
+            if late:
+                # Waited in its worker longer than the window: claimed again later, within
+                # the limit (as handed back, no attempt counted).
+                self.release(late)
+        return [results.get(c.task_id) for c in claims]
 
     def _due_of_name(self, pick: Pick) -> tuple[str, list[Any]]:
         marks = ", ".join(["%s"] * len(pick.queues))

@@ -137,13 +137,14 @@ local function rate_room(bucket, count, window)
   return count - redis.call('ZCARD', log)
 end
 
--- Log a claim of task `id` (of `name`, rate key `rate_key`) at now. `ratekeys:<len>:<name>`
--- lists the name's rate keys by their latest claim (for rate_use), trimmed alike; a task held
--- back before leaves `ratewait:<len>:<name>` (its held-back tasks by the time they try again).
-local function rate_log(bucket, id, window, name, rate_key)
+-- Log a claim (`member`: "<task id>:<token>") of task `id` (of `name`, rate key `rate_key`)
+-- at now. `ratekeys:<len>:<name>` lists the name's rate keys by their latest claim (for
+-- rate_use), trimmed alike; a task held back before leaves `ratewait:<len>:<name>` (its
+-- held-back tasks by the time they try again).
+local function rate_log(bucket, member, window, name, rate_key, id)
   local log = P .. 'rate:' .. bucket
   local ttl = math.ceil(window / 1000) + 1
-  redis.call('ZADD', log, NOW, id .. ':' .. NOW)
+  redis.call('ZADD', log, NOW, member)
   redis.call('PEXPIRE', log, ttl)
   local keys = P .. 'ratekeys:' .. #name .. ':' .. name
   redis.call('ZREMRANGEBYSCORE', keys, '-inf', string.format('%.0f', NOWN - window))
@@ -182,6 +183,19 @@ local function rate_slot(bucket, count, window)
   redis.call('SET', key, text .. ':' .. (given + 1), 'PX',
     math.ceil((slot + window - NOWN) / 1000))
   return text
+end
+
+-- start.lua: a claimed task's logged claim (`member` in its bucket) moves to now if it is
+-- still in the window (`window`, µs): false when it left it (the claim waited too long).
+local function rate_restamp(bucket, member, window)
+  local log = P .. 'rate:' .. bucket
+  local at = redis.call('ZSCORE', log, member)
+  if not at or tonumber(at) <= NOWN - window then
+    return false
+  end
+  redis.call('ZADD', log, NOW, member)
+  redis.call('PEXPIRE', log, math.ceil(window / 1000) + 1)
+  return true
 end
 
 -- A waiting task a claim popped but may not take yet: scheduled again at `at` (its run at

@@ -4,8 +4,8 @@
 -- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6] a random token increment,
 -- ARGV[7] how many of the claimed tasks to start at once (the worker has that many idle threads
 -- to run them right now), ARGV[8..] queues, then optionally '' and pairs of task name, cap
--- (max_concurrency), then optionally '' and quadruples of task name, count, log window and
--- retry delay in microseconds (rate_limit). The random step (not +1) keeps a claim that a Redis failover lost from
+-- (max_concurrency), then optionally '' and triples of task name, count and log window in
+-- microseconds (rate_limit). The random step (not +1) keeps a claim that a Redis failover lost from
 -- sharing its token with the next claim of the same task.
 -- Starting: the first tasks claimed (up to ARGV[7]) become RUNNING with one more attempt and
 -- started at now, as start.lua does it, in this same call; a task past its deadline is left
@@ -15,10 +15,11 @@
 -- of a name with free slots compete here with the ready lists, in the same order. At most
 -- PARK_MAX tasks are parked per call, so one call stays short.
 -- rate_limit: a task of a rate-limited name is taken only while its bucket's log has room
--- (see rate_room in _common.lua) and only to be started at once by this call (the claim time
--- is then its start); otherwise it is held back in the schedule: until its window frees (or
--- its turn after the tasks held back before it), or, when no thread of this worker is idle,
--- for the retry delay. Held-back tasks count in PARK_MAX.
+-- (see rate_room in _common.lua), and logged there under "<id>:<new token>" at now; one not
+-- started by this call keeps the log window in its hash (`rw`) for start.lua, which moves
+-- the logged time to its start. A task over the limit is held back in the schedule until its
+-- window frees (or its turn after the tasks held back before it); held-back tasks count in
+-- PARK_MAX.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
@@ -44,9 +45,8 @@ while arg < #ARGV and ARGV[arg] ~= '' do
   capped = true
   arg = arg + 2
 end
-for i = arg + 1, #ARGV - 3, 4 do
-  rates[ARGV[i]] = {count = tonumber(ARGV[i + 1]), window = tonumber(ARGV[i + 2]),
-    retry = tonumber(ARGV[i + 3])}
+for i = arg + 1, #ARGV - 2, 3 do
+  rates[ARGV[i]] = {count = tonumber(ARGV[i + 1]), window = tonumber(ARGV[i + 2])}
 end
 
 local function held(name)
@@ -122,26 +122,28 @@ local function take(id)
     return
   end
   local rate = rates[task[2]]
+  local bucket
   if rate then
-    local bucket = rate_bucket(task[2], task[8])
-    local at
-    if to_start <= 0 then
-      at = string.format('%.0f', NOWN + rate.retry)
-    elseif rate_room(bucket, rate.count, rate.window) <= 0 then
-      at = rate_slot(bucket, rate.count, rate.window)
+    bucket = rate_bucket(task[2], task[8])
+    if rate_room(bucket, rate.count, rate.window) <= 0 then
+      local at = rate_slot(bucket, rate.count, rate.window)
       rate_wait(task[2], id, at)
-    end
-    if at then
       hold_back(id, key, task[5], at)
       parked = parked + 1
       return
     end
-    rate_log(bucket, id, rate.window, task[2], task[8])
   end
-  redis.call('HINCRBY', key, 'k', step)
+  local token = redis.call('HINCRBY', key, 'k', step)
   redis.call('HSET', key, 'w', worker)
   lease(id, task[2], lease_until)
-  if to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN) then
+  local starts = to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN)
+  if bucket then
+    rate_log(bucket, id .. ':' .. token, rate.window, task[2], task[8], id)
+    if not starts then
+      redis.call('HSET', key, 'rw', rate.window)
+    end
+  end
+  if starts then
     to_start = to_start - 1
     -- now was read before this call was sent: a task submitted meanwhile is not started
     -- before it was created.

@@ -30,14 +30,9 @@ class Claiming(RedisAccess):
             for name, cap in request.name_limits.items():
                 caps += [name, int(cap)]
         if request.rate_limits:
-            caps.append("")  # then the name, count, log window, retry delay quadruples
+            caps.append("")  # then the name, count, log window (µs) triples
             for name, rate in request.rate_limits.items():
-                caps += [
-                    name,
-                    rate.count,
-                    round(rate.log_window_seconds * 1e6),
-                    round(rate.start_allowance_seconds * 1e6),
-                ]
+                caps += [name, rate.count, round(rate.log_window_seconds * 1e6)]
         reply = self._run(
             "claim",
             request.worker_id,
