@@ -34,6 +34,16 @@ def noop() -> None:
     """Does nothing (benchmarks)."""
 
 
+@reliable_task_handler(name="demo.noop_rated", rate_limit="100000/s")
+def noop_rated() -> None:
+    """Does nothing, under a rate limit far above any drain rate (bench/rate_limits.py)."""
+
+
+@reliable_task_handler(name="demo.noop_hourly", rate_limit="1/h")
+def noop_hourly() -> None:
+    """Does nothing, once an hour: a backlog of it stays held at its limit (bench)."""
+
+
 @reliable_task_handler(name="demo.cpu")
 def cpu(param: dict | None = None) -> int:
     """Pure-Python work holding the GIL throughout: ``iterations`` rounds of arithmetic

@@ -137,20 +137,49 @@ local function rate_room(bucket, count, window)
   return count - redis.call('ZCARD', log)
 end
 
--- Log a claim (`member`: "<task id>:<token>") of task `id` (of `name`, rate key `rate_key`)
--- at now. `ratekeys:<len>:<name>` lists the name's rate keys by their latest claim (for
--- rate_use), trimmed alike; a task held back before leaves `ratewait:<len>:<name>` (its
--- held-back tasks by the time they try again).
-local function rate_log(bucket, member, window, name, rate_key, id)
-  local log = P .. 'rate:' .. bucket
-  local ttl = math.ceil(window / 1000) + 1
-  redis.call('ZADD', log, NOW, member)
-  redis.call('PEXPIRE', log, ttl)
-  local keys = P .. 'ratekeys:' .. #name .. ':' .. name
-  redis.call('ZREMRANGEBYSCORE', keys, '-inf', string.format('%.0f', NOWN - window))
-  redis.call('ZADD', keys, NOW, rate_key or '')
-  redis.call('PEXPIRE', keys, ttl)
-  redis.call('ZREM', P .. 'ratewait:' .. #name .. ':' .. name, id)
+-- A claim call's buckets: each trimmed and counted once (`room`), its writes that need doing
+-- once (the log's expiry, `ratekeys:<len>:<name>` listing the name's rate keys by latest
+-- claim, for rate_use) done by rate_flush at the end of the call.
+local rate_seen = {}
+
+-- Room for one more claim in `bucket` now: taken (true), or none (false).
+local function rate_take(bucket, count, window, name, rate_key)
+  local b = rate_seen[bucket]
+  if not b then
+    b = {room = rate_room(bucket, count, window), window = window, name = name,
+      key = rate_key or '', logged = false,
+      waits = redis.call('EXISTS', P .. 'ratewait:' .. #name .. ':' .. name) == 1}
+    rate_seen[bucket] = b
+  end
+  if b.room <= 0 then
+    return false
+  end
+  b.room = b.room - 1
+  return true
+end
+
+-- Log a claim (`member`: "<task id>:<token>") of task `id` in `bucket` (after rate_take) at
+-- now; a task held back before leaves `ratewait:` (see rate_wait).
+local function rate_log(bucket, member, id)
+  local b = rate_seen[bucket]
+  redis.call('ZADD', P .. 'rate:' .. bucket, NOW, member)
+  b.logged = true
+  if b.waits then
+    redis.call('ZREM', P .. 'ratewait:' .. #b.name .. ':' .. b.name, id)
+  end
+end
+
+local function rate_flush()
+  for bucket, b in pairs(rate_seen) do
+    if b.logged then
+      local ttl = math.ceil(b.window / 1000) + 1
+      redis.call('PEXPIRE', P .. 'rate:' .. bucket, ttl)
+      local keys = P .. 'ratekeys:' .. #b.name .. ':' .. b.name
+      redis.call('ZREMRANGEBYSCORE', keys, '-inf', string.format('%.0f', NOWN - b.window))
+      redis.call('ZADD', keys, NOW, b.key)
+      redis.call('PEXPIRE', keys, ttl)
+    end
+  end
 end
 
 -- Note task `id` of `name` as held back by its rate limit until `at` (for rate_use).

@@ -125,7 +125,7 @@ local function take(id)
   local bucket
   if rate then
     bucket = rate_bucket(task[2], task[8])
-    if rate_room(bucket, rate.count, rate.window) <= 0 then
+    if not rate_take(bucket, rate.count, rate.window, task[2], task[8]) then
       local at = rate_slot(bucket, rate.count, rate.window)
       rate_wait(task[2], id, at)
       hold_back(id, key, task[5], at)
@@ -138,7 +138,7 @@ local function take(id)
   lease(id, task[2], lease_until)
   local starts = to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN)
   if bucket then
-    rate_log(bucket, id .. ':' .. token, rate.window, task[2], task[8], id)
+    rate_log(bucket, id .. ':' .. token, id)
     if not starts then
       redis.call('HSET', key, 'rw', rate.window)
     end
@@ -174,6 +174,8 @@ while taken < limit and parked < PARK_MAX do
     break
   end
 end
+
+rate_flush()
 
 local next_due
 for _, q in ipairs(queues) do
