@@ -170,9 +170,7 @@ def test_a_start_moves_the_logged_claim_to_the_start(executor, storage, clock):
     consistent(storage)
 
 
-def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(
-    executor, storage, clock
-):
+def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(executor, storage, clock):
     for i in range(2):
         executor.submit(RATED, i)
     [late, _] = claim(storage, start=0)

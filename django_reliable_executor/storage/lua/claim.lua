@@ -138,7 +138,7 @@ local function take(id)
   lease(id, task[2], lease_until)
   local starts = to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN)
   if bucket then
-    rate_log(bucket, id .. ':' .. token, id)
+    rate_log(bucket, id .. ':' .. string.format('%.0f', token), id) -- as start.lua's ARGV
     if not starts then
       redis.call('HSET', key, 'rw', rate.window)
     end
