@@ -60,7 +60,7 @@ def prepare(
     )
     max_duration = options.max_duration_millis
     run_at = _run_at(request, now)
-    rate_key = getattr(request, "rate_key", None)
+    rate_key = request.rate_key
     problem = rate_key_problem(rate_key)
     if problem is not None:
         raise InvalidTaskOptionError(problem, field="rate_key")

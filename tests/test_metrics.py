@@ -48,6 +48,8 @@ EXPORTED_SAMPLES = {
     "reliable_executor_tasks",
     "reliable_executor_dead_letters",
     "reliable_executor_oldest_due_task_age_seconds",
+    "reliable_executor_rate_limited_tasks",
+    "reliable_executor_rate_limit_started",
     "reliable_executor_schedule_runs_fired_total",
     "reliable_executor_schedule_runs_skipped_total",
     "reliable_executor_schedule_lag_seconds_bucket",
@@ -307,6 +309,8 @@ def test_unreachable_storage_skips_the_task_gauges_without_failing_the_scrape(ca
         "reliable_executor_tasks": {},
         "reliable_executor_dead_letters": {},
         "reliable_executor_oldest_due_task_age_seconds": {},
+        "reliable_executor_rate_limited_tasks": {},
+        "reliable_executor_rate_limit_started": {},
     }
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
     assert "storage unavailable" in caplog.records[0].getMessage()
