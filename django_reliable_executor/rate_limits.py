@@ -6,10 +6,12 @@ their handler called within any W seconds, as the handlers themselves would see 
 
 - a claim takes a task only while fewer than N entries are in the log's window, and logs one
   at the claim's time, atomically with the claim (so concurrent workers never share room);
-- the start (the storage's start write, or the claim itself where it starts the task) moves
-  the entry to the start's time, and refuses to start, handing the task back, when the entry
-  has already left the window (the claim waited in its worker longer than that). Moving an
-  entry that every claim since has counted keeps it counted, so room is never taken twice;
+- the start (the storage's start write, or the claim itself where it starts the task) of a
+  claim that waited in its worker longer than half the margin (``fresh_seconds``) moves the
+  entry to the start's time, and refuses to start, handing the task back, when the entry has
+  already left the window (the claim waited longer than that). Moving an entry that every
+  claim since has counted keeps it counted, so room is never taken twice. A claim started
+  sooner keeps its entry: its handler still begins within the margin of it;
 - the handler is called shortly after its start write, but not at the same instant (the
   ``task_started`` signal, the parameter's conversion and the thread's scheduling come
   between), and two starts W apart could have handlers a little closer than W. So the log
@@ -42,6 +44,12 @@ class RateLimit:
     @property
     def margin_seconds(self) -> float:
         return min(self.window_seconds / 10, MAX_MARGIN_SECONDS)
+
+    @property
+    def fresh_seconds(self) -> float:
+        """A claim started within this time of its logging starts without moving its entry:
+        half the margin, leaving the other half for the way from the start to the handler."""
+        return self.margin_seconds / 2
 
     @property
     def log_window_seconds(self) -> float:

@@ -112,9 +112,10 @@ class Claim:
     token: int
     budget_attempts: int
     deadline_at: dt.datetime | None
-    # A claim of a rate-limited name on the database storage: its limit's log window, which
-    # the start checks and moves its logged claim on by (see rate_limits.py).
-    rate_window_seconds: float | None = None
+    # A claim of a rate-limited name on the database storage: its limit and the time it was
+    # logged at, which its start checks (see storage/database/rate_limits.py).
+    rate_limit: RateLimit | None = None
+    rate_logged_at: dt.datetime | None = None
 
     @property
     def task_id(self) -> str:

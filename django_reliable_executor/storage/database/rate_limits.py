@@ -7,11 +7,13 @@ older than the limit's log window (window + margin, see ``rate_limits.py``), cou
 per rate key, claims at most the room of each key and logs one row per claim at the claim's
 ``now``, before committing. Two workers never count the same free room.
 
-A claim waits in its worker's pool before it starts. Its start (``start_many``, under the same
-lock) moves its row to the start's time, so the limit counts the start; a claim whose row has
-left the window meanwhile (it waited longer than the window) is not started but handed back,
-to be claimed again within the limit. Moving a row that every claim since has counted, to a
-later time, keeps it counted: at no time was there room that a start later took twice.
+A claim waits in its worker's pool before it starts. A claim started within its limit's
+``fresh_seconds`` (half the margin) starts as any other: its handler begins within the margin
+of its logged time. The start of one that waited longer (``start_many``, under the same lock)
+moves its row to the start's time, so the limit counts the start; a claim whose row has left
+the window meanwhile (it waited longer than the window) is not started but handed back, to be
+claimed again within the limit. Moving a row that every claim since has counted, to a later
+time, keeps it counted: at no time was there room that a start later took twice.
 
 Tasks over their limit are not touched: they stay waiting, and the claim notes when the
 earliest full window frees, so that an idle worker's ``wait_for_work`` ends then rather than
@@ -40,6 +42,14 @@ if TYPE_CHECKING:
 # How many due tasks of a rate-limited name one claim looks at per task it may take: with rate
 # keys, tasks of keys out of room are passed over in the same read.
 CANDIDATES_PER_CLAIM = 4
+
+
+def _stale(claim: Claim, now: dt.datetime) -> bool:
+    """A claim of a rate-limited name logged longer ago than its limit's fresh_seconds."""
+    rate, logged_at = claim.rate_limit, claim.rate_logged_at
+    if rate is None or logged_at is None:
+        return False
+    return (now - logged_at).total_seconds() > rate.fresh_seconds
 
 
 def _aware(value: Any) -> dt.datetime:
@@ -112,19 +122,20 @@ class RateLimiting(DatabaseAccess):
                     for c in claims
                 ]
             )
-        window = rate.log_window_seconds
-        return [copy_with(c, rate_window_seconds=window) for c in claims]
+        return [copy_with(c, rate_limit=rate, rate_logged_at=now) for c in claims]
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
-        """Claims of rate-limited names start name by name under the name's lock, each only
-        while its logged claim is in the window (moved to now); the others as before."""
-        if all(claim.rate_window_seconds is None for claim in claims):
+        """Claims of rate-limited names that waited here longer than their limit's
+        ``fresh_seconds`` start name by name under the name's lock, each only while its logged
+        claim is in the window (moved to now); the others as before."""
+        now = self.clock.now()
+        stale = [_stale(claim, now) for claim in claims]
+        if not any(stale):
             return super().start_many(claims, lease_seconds)
         started: dict[int, Claim | None] = {}
         by_name: dict[str | None, list[int]] = {}
         for index, claim in enumerate(claims):
-            name = claim.task.task_name if claim.rate_window_seconds is not None else None
-            by_name.setdefault(name, []).append(index)
+            by_name.setdefault(claim.task.task_name if stale[index] else None, []).append(index)
         for name, indexes in by_name.items():
             group = [claims[i] for i in indexes]
             if name is None:
@@ -147,7 +158,7 @@ class RateLimiting(DatabaseAccess):
                 self._lock_name(
                     cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
                 )
-                window = max(c.rate_window_seconds or 0.0 for c in claims)
+                window = max(c.rate_limit.log_window_seconds for c in claims if c.rate_limit)
                 cutoff = self._dt(now - dt.timedelta(seconds=window))
                 marks = ", ".join(["%s"] * len(claims))
                 ids = [c.task_id for c in claims]
