@@ -9,11 +9,11 @@ per rate key, claims at most the room of each key and logs one row per claim at 
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
 ``fresh_seconds`` (half the margin) starts as any other: its handler begins within the margin
-of its logged time. The start of one that waited longer (``start_many``, under the same lock)
-moves its row to the start's time, so the limit counts the start; a claim whose row has left
-the window meanwhile (it waited longer than the window) is not started but handed back, to be
-claimed again within the limit. Moving a row that every claim since has counted, to a later
-time, keeps it counted: at no time was there room that a start later took twice.
+of its logged time. The start of one that waited longer (``start_many``) first moves its row
+to the start's time, so the limit counts the start; a claim whose row has left the window
+meanwhile (it waited longer than the window) is not started but handed back, to be claimed
+again within the limit. Moving a row that every claim since has counted, to a later time,
+keeps it counted: at no time was there room that a start later took twice.
 
 Tasks over their limit are not touched: they stay waiting, and the claim notes when the
 earliest full window frees, so that an idle worker's ``wait_for_work`` ends then rather than
@@ -126,68 +126,59 @@ class RateLimiting(DatabaseAccess):
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         """Claims of rate-limited names that waited here longer than their limit's
-        ``fresh_seconds`` start name by name under the name's lock, each only while its logged
-        claim is in the window (moved to now); the others as before."""
+        ``fresh_seconds`` start only while their logged claim is in the window, moved to now
+        first; the others are handed back. The rest as before, in the same start write."""
         now = self.clock.now()
-        stale = [_stale(claim, now) for claim in claims]
-        if not any(stale):
+        stale = [claim for claim in claims if _stale(claim, now)]
+        if not stale:
             return super().start_many(claims, lease_seconds)
-        started: dict[int, Claim | None] = {}
-        by_name: dict[str | None, list[int]] = {}
-        for index, claim in enumerate(claims):
-            by_name.setdefault(claim.task.task_name if stale[index] else None, []).append(index)
-        for name, indexes in by_name.items():
-            group = [claims[i] for i in indexes]
-            if name is None:
-                results = super().start_many(group, lease_seconds)
-            else:
-                results = self._retrying(
-                    functools.partial(self._start_rated, name, group, lease_seconds)
-                )
-            started.update(zip(indexes, results, strict=True))
-        return [started[i] for i in range(len(claims))]
-
-    def _start_rated(
-        self, name: str, claims: list[Claim], lease_seconds: float
-    ) -> list[Claim | None]:
-        connection = connections[self.alias]
-        table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
-        now = self.clock.now()
-        with transaction.atomic(using=self.alias):
-            with connection.cursor() as cursor:
-                self._lock_name(
-                    cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
-                )
-                window = max(c.rate_limit.log_window_seconds for c in claims if c.rate_limit)
-                cutoff = self._dt(now - dt.timedelta(seconds=window))
-                marks = ", ".join(["%s"] * len(claims))
-                ids = [c.task_id for c in claims]
-                cursor.execute(
-                    f"SELECT task_id, token FROM {table} WHERE task_id IN ({marks}) "
-                    "AND claimed_at > %s",
-                    [*ids, cutoff],
-                )
-                logged = {(task_id, int(token)) for task_id, token in cursor.fetchall()}
-                alive = [c for c in claims if (c.task_id, c.token) in logged]
-                if alive:
-                    cursor.execute(
-                        f"UPDATE {table} SET claimed_at = %s WHERE task_id IN "
-                        f"({', '.join(['%s'] * len(alive))}) AND claimed_at > %s",
-                        [self._dt(now), *(c.task_id for c in alive), cutoff],
-                    )
-            results = dict(
-                zip(
-                    (c.task_id for c in alive),
-                    super().start_many(alive, lease_seconds) if alive else [],
-                    strict=True,
-                )
+        alive = self._restamp(stale, now)
+        late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
+        late_ids = {claim.task_id for claim in late}
+        going = [claim for claim in claims if claim.task_id not in late_ids]
+        started = dict(
+            zip(
+                (claim.task_id for claim in going),
+                super().start_many(going, lease_seconds) if going else [],
+                strict=True,
             )
-            late = [c for c in claims if (c.task_id, c.token) not in logged]
-            if late:
-                # Waited in its worker longer than the window: claimed again later, within
-                # the limit (as handed back, no attempt counted).
-                self.release(late)
-        return [results.get(c.task_id) for c in claims]
+        )
+        if late:
+            # Waited in its worker longer than the window: claimed again later, within the
+            # limit (as handed back, no attempt counted).
+            self.release(late)
+        return [started.get(claim.task_id) for claim in claims]
+
+    def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
+        """Move the logged claims of ``claims`` still in their window to ``now``; return the
+        (task id, token) of those moved. One UPDATE per window, autocommitted: its row locks
+        order it with a claim's trim (a DELETE of the rows out of the window, before the
+        count) — a row moved first is not trimmed and is counted, a row trimmed first is not
+        moved. No name lock is needed."""
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        windows: dict[float, list[Claim]] = {}
+        for claim in claims:
+            assert claim.rate_limit is not None
+            windows.setdefault(claim.rate_limit.log_window_seconds, []).append(claim)
+        moved: set[tuple[str, int]] = set()
+        with connections[self.alias].cursor() as cursor:
+            for window, group in windows.items():
+                cutoff = self._dt(now - dt.timedelta(seconds=window))
+                ids = [claim.task_id for claim in group]
+                where = f"WHERE task_id IN ({', '.join(['%s'] * len(ids))}) AND claimed_at > %s"
+                update = f"UPDATE {table} SET claimed_at = %s {where}"
+                params = [self._dt(now), *ids, cutoff]
+                if self.vendor == "mysql":
+                    cursor.execute(update, params)
+                    cursor.execute(
+                        f"SELECT task_id, token FROM {table} WHERE task_id IN "
+                        f"({', '.join(['%s'] * len(ids))}) AND claimed_at = %s",
+                        [*ids, self._dt(now)],
+                    )
+                else:
+                    cursor.execute(f"{update} RETURNING task_id, token", params)
+                moved |= {(task_id, int(token)) for task_id, token in cursor.fetchall()}
+        return moved
 
     def _due_of_name(self, pick: Pick) -> tuple[str, list[Any]]:
         marks = ", ".join(["%s"] * len(pick.queues))
