@@ -132,16 +132,8 @@ class RateLimiting(DatabaseAccess):
         stale = [claim for claim in claims if _stale(claim, now)]
         if not stale:
             return super().start_many(claims, lease_seconds)
-        alive = self._restamp(stale, now)
-        late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
-        late_ids = {claim.task_id for claim in late}
-        going = [claim for claim in claims if claim.task_id not in late_ids]
-        started = dict(
-            zip(
-                (claim.task_id for claim in going),
-                super().start_many(going, lease_seconds) if going else [],
-                strict=True,
-            )
+        late, started = self._retrying(
+            functools.partial(self._start_with_stale, claims, stale, now, lease_seconds)
         )
         if late:
             # Waited in its worker longer than the window: claimed again later, within the
@@ -149,10 +141,23 @@ class RateLimiting(DatabaseAccess):
             self.release(late)
         return [started.get(claim.task_id) for claim in claims]
 
+    def _start_with_stale(
+        self, claims: Sequence[Claim], stale: list[Claim], now: dt.datetime, lease_seconds: float
+    ) -> tuple[list[Claim], dict[str, Claim | None]]:
+        """The stale claims' entries moved and every claim still in its window started, in
+        one transaction (one commit): the late claims, and the start of the others by id."""
+        with transaction.atomic(using=self.alias):
+            alive = self._restamp(stale, now)
+            late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
+            late_ids = {claim.task_id for claim in late}
+            going = [claim for claim in claims if claim.task_id not in late_ids]
+            results = super().start_many(going, lease_seconds) if going else []
+        return late, dict(zip((claim.task_id for claim in going), results, strict=True))
+
     def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
         """Move the logged claims of ``claims`` still in their window to ``now``; return the
-        (task id, token) of those moved. One UPDATE per window, autocommitted: its row locks
-        order it with a claim's trim (a DELETE of the rows out of the window, before the
+        (task id, token) of those moved. One UPDATE per window: its row locks order it with a
+        claim's trim (a DELETE of the rows out of the window, before the
         count) — a row moved first is not trimmed and is counted, a row trimmed first is not
         moved. No name lock is needed."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
