@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 # How many due tasks of a rate-limited name one claim looks at per task it may take: with rate
 # keys, tasks of keys out of room are passed over in the same read.
 CANDIDATES_PER_CLAIM = 4
+# Most keys a claim leaves out as known full (beyond, it reads the log under the lock).
+MAX_KNOWN_FULL = 100
 
 
 def _stale(claim: Claim, now: dt.datetime) -> bool:
@@ -89,10 +91,20 @@ class RateLimiting(DatabaseAccess):
         name, now = pick.name, pick.now
         connection = connections[self.alias]
         due_sql, due_params = self._due_of_name(pick)
+        # Keys this process saw full, until their window frees: no room can appear there
+        # sooner (entries leave only once out of the window, and a start only moves one
+        # later), so their waiting tasks need no lock and no log read until then.
+        known = {k: t for k, t in self._full_keys(name).items() if t > now.timestamp()}
+        if known and len(known) <= MAX_KNOWN_FULL:
+            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(known))})"
+            due_params += list(known)
         with connection.cursor() as cursor:
             # Nothing of the name due here: no lock taken (the common case of an idle name).
             cursor.execute(f"SELECT 1 {due_sql} LIMIT 1", due_params)
             if cursor.fetchone() is None:
+                if known:
+                    first = min(known.values())
+                    self.rate_free_at = min(first, self.rate_free_at or first)
                 return []
         cutoff = now - dt.timedelta(seconds=rate.log_window_seconds)
         with transaction.atomic(using=self.alias):
@@ -106,7 +118,7 @@ class RateLimiting(DatabaseAccess):
                     limit = min(limit, cap - self._held(cursor, name, now))
                 full = [key for key, (n, _) in used.items() if n >= rate.count]
                 chosen = self._choose(cursor, pick, rate, used, full, limit)
-            self._note_free_at(used, rate, chosen, now)
+            self._note_free_at(name, used, rate, chosen, now)
             if not chosen:
                 return []
             claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
@@ -242,8 +254,15 @@ class RateLimiting(DatabaseAccess):
                 chosen[task_id] = key
         return chosen
 
+    def _full_keys(self, name: str) -> dict[str, float]:
+        """``{rate key: time.time() its window frees}`` of the keys of ``name`` the last
+        claim of it here found full."""
+        cache: dict[str, dict[str, float]] = self.__dict__.setdefault("_rate_full", {})
+        return cache.get(name, {})
+
     def _note_free_at(
         self,
+        name: str,
         used: dict[str, tuple[int, dt.datetime]],
         rate: RateLimit,
         chosen: dict[str, str],
@@ -256,13 +275,14 @@ class RateLimiting(DatabaseAccess):
         for key in chosen.values():
             taken[key] = taken.get(key, 0) + 1
         window = dt.timedelta(seconds=rate.log_window_seconds)
-        frees = []
+        full: dict[str, float] = {}
         for key in set(used) | set(taken):
             n, oldest = used.get(key, (0, now))
             if n + taken.get(key, 0) >= rate.count:
-                frees.append((oldest + window).timestamp())
-        if frees:
-            first = min(frees)
+                full[key] = (oldest + window).timestamp()
+        self.__dict__.setdefault("_rate_full", {})[name] = full
+        if full:
+            first = min(full.values())
             self.rate_free_at = min(first, self.rate_free_at or first)
 
     def _rate_timeout(self, timeout: float, now: float) -> float:
