@@ -61,6 +61,9 @@ class Fetcher:
         self.burst = burst
         # max_concurrency of the registered handlers: enforced by the storage at each claim.
         self.name_limits = registry.name_limits()
+        # rate_limit of the registered handlers: enforced by the storage at each claim (and
+        # at each start, see rate_limits.py).
+        self.rate_limits = registry.rate_limits()
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT
         self._error_wait = MIN_ERROR_WAIT
@@ -133,6 +136,7 @@ class Fetcher:
                         self.lease_timeout,
                         name_limits=self.name_limits or None,
                         start=start,
+                        rate_limits=self.rate_limits or None,
                     )
                     start -= self.runner.claimed(taken)
                     claims += taken

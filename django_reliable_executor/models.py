@@ -41,6 +41,8 @@ class ReliableTask(models.Model):
     # Fencing token: bumped by every claim; every write by the claimer must match it.
     lease_token = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # rate_limit: tasks of one name sharing this key share one limit (None: the name's own).
+    rate_key = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "reliable_executor_task"
@@ -112,6 +114,31 @@ class ReliablePausedQueue(models.Model):
 
     def __str__(self) -> str:
         return self.queue
+
+
+class ReliableRateLog(models.Model):
+    """rate_limit's sliding log: one row per claim of a rate-limited task name, at the claim's
+    time and moved to its start's, kept for the limit's window (plus its margin, see
+    rate_limits.py), then trimmed by the next claim of the name. Claims and starts of the
+    name read and write it under the name's ReliableNameLock row."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=191)
+    rate_key = models.CharField(max_length=191, default="")  # "": the name's own limit
+    task_id = models.CharField(max_length=191)
+    token = models.BigIntegerField()  # the claim's fencing token
+    claimed_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "reliable_executor_rate_log"
+        default_permissions = ()
+        indexes = [
+            models.Index(fields=["name", "claimed_at"], name="rexec_rate_log_idx"),
+            models.Index(fields=["task_id"], name="rexec_rate_log_task_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.rate_key}] at {self.claimed_at}"
 
 
 class ReliableWorker(models.Model):

@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from .rate_limits import RateLimit
 from .states import TaskStatus
 
 R = TypeVar("R")
@@ -31,6 +32,7 @@ class TaskSubmitRequest:
     # is not terminal, a submit returns that task and stores nothing.
     unique_for: float | None = None
     unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
+    rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +84,7 @@ class NewTask:
     # stops holding; None for an ordinary task.
     unique_key: str | None = None
     unique_until: dt.datetime | None = None
+    rate_key: str | None = None
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -117,6 +120,10 @@ class Claim:
     token: int
     budget_attempts: int
     deadline_at: dt.datetime | None
+    # A claim of a rate-limited name on the database storage: its limit and the time it was
+    # logged at, which its start checks (see storage/database/rate_limits.py).
+    rate_limit: RateLimit | None = None
+    rate_logged_at: dt.datetime | None = None
 
     @property
     def task_id(self) -> str:
@@ -157,7 +164,8 @@ class ClaimRequest:
     """What a worker's claim asks of the storage (see ``TaskStorage.claim``): up to ``limit``
     due tasks of ``queues`` under a lease of ``lease_seconds``, never more held at once of a
     name in ``name_limits`` (``{task_name: cap}``) than its cap; up to ``start`` of them
-    started at once where the storage can."""
+    started at once where the storage can. Of a name in ``rate_limits``, no more claimed
+    than its limit allows (see ``TaskStorage.claim``)."""
 
     worker_id: str
     queues: tuple[str, ...]
@@ -165,6 +173,19 @@ class ClaimRequest:
     lease_seconds: float
     name_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     start: int = 0
+    rate_limits: Mapping[str, RateLimit] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RateUse:
+    """How much of one task name's rate limit is in use now (``TaskStorage.rate_use``)."""
+
+    task_name: str
+    limit: RateLimit
+    started: int  # claims (starts) in the last window, every rate key together
+    busiest: int  # the most of them of one rate key: the key nearest its limit
+    keys: int  # rate keys with a claim in the last window
+    held_back: int  # waiting tasks held back because their key's window is full
 
 
 @dataclasses.dataclass(frozen=True)

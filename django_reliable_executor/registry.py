@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
 from .options import NAMES as OPTION_NAMES
 from .options import TaskOptions
+from .rate_limits import RateLimit, parse_rate_limit
 from .schedules.ids import validate_schedule_id
 from .schedules.records import OVERLAP_POLICIES, Schedule
 from .schedules.timing import make_timing
@@ -45,6 +46,7 @@ class TaskHandler(Generic[R]):
         takes_context: bool = False,
         max_concurrency: int | None = None,
         unique_for: float | None = None,
+        rate_limit: str | None = None,
     ) -> None:
         self.func = func
         # Asked for every claim the worker takes (which pool runs it): looked up once here.
@@ -64,6 +66,10 @@ class TaskHandler(Generic[R]):
         # Seconds a submit of the same name and parameter returns the live task already
         # submitted instead of storing another (a submit's own unique_for comes first).
         self.unique_for = unique_for
+        # Most tasks of this name (per rate_key) started in any window, across all workers.
+        self.rate_limit: RateLimit | None = (
+            parse_rate_limit(rate_limit) if rate_limit is not None else None
+        )
         # Schedules declared with the decorator's ``schedule=`` (saved by runexecutor).
         self.schedules: tuple[Schedule, ...] = ()
         self.accepts_parameter = param_type is not None or _takes_positional(func)
@@ -139,6 +145,12 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
             check_unique_for(options["unique_for"])
         except InvalidTaskOptionError as exc:
             raise bad(str(exc)) from exc
+    rate = options.get("rate_limit")
+    if rate is not None:
+        try:
+            parse_rate_limit(rate)
+        except ValueError as exc:
+            raise bad(str(exc)) from exc
 
 
 def reliable_task_handler(
@@ -155,6 +167,7 @@ def reliable_task_handler(
     takes_context: bool = False,
     max_concurrency: int | None = None,
     unique_for: float | None = None,
+    rate_limit: str | None = None,
     schedule: ScheduleSpec | Sequence[ScheduleSpec] | None = None,
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
     """Register a function as the handler of ``name`` (default ``module.qualname``).
@@ -164,6 +177,9 @@ def reliable_task_handler(
     at once across every worker; the storage enforces it when workers claim.
     ``unique_for`` (seconds) makes every submit of this name unique: one with the same
     parameter (or ``unique_key``) within that window returns the task still live.
+    ``rate_limit`` ("N/s", "N/m", "N/h") lets at most N tasks of this name start in any
+    window of that length across every worker, one limit per ``rate_key`` given at submit
+    (docs/flow-control.md).
     ``schedule`` fires the task periodically: a cron string ("0 3 * * *"), an interval in
     seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
     updates these schedules when it starts.
@@ -186,6 +202,7 @@ def reliable_task_handler(
             takes_context=takes_context,
             max_concurrency=max_concurrency,
             unique_for=unique_for,
+            rate_limit=rate_limit,
         )
         _validate_options(task_name, options)
         handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
@@ -249,6 +266,15 @@ def name_limits() -> dict[str, int]:
         name: handler.max_concurrency
         for name, handler in list(_handlers.items())
         if handler.max_concurrency is not None
+    }
+
+
+def rate_limits() -> dict[str, RateLimit]:
+    """``{task_name: RateLimit}`` of the registered handlers that have a rate limit."""
+    return {
+        name: handler.rate_limit
+        for name, handler in list(_handlers.items())
+        if handler.rate_limit is not None
     }
 
 

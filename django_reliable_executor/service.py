@@ -17,8 +17,16 @@ from .conf import ExecutorSettings, get_settings
 from .exceptions import AttemptStillRunningError, InvalidTaskOptionError
 from .options import is_int
 from .queue_pausing import check_known_queue
-from .records import NewTask, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo, new_info
-from .registry import declared_schedules
+from .records import (
+    NewTask,
+    RateUse,
+    TaskInfo,
+    TaskSubmitRequest,
+    Transition,
+    WorkerInfo,
+    new_info,
+)
+from .registry import declared_schedules, rate_limits
 from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
@@ -253,6 +261,12 @@ class ReliableExecutor:
     def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]:
         """Counts by status for every queue that holds tasks (every status present)."""
         return self.storage.count_by_queue()
+
+    def rate_limit_use(self) -> list[RateUse]:
+        """For each registered handler with a ``rate_limit``: its starts in the last window
+        (every rate key, and the busiest key) and the waiting tasks it holds back now."""
+        limits = rate_limits()
+        return self.storage.rate_use(limits) if limits else []
 
     def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None:
         """When the longest-waiting task that is due and not claimed became due, or None:

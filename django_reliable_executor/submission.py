@@ -19,6 +19,7 @@ from .exceptions import (
 )
 from .options import MAX_MILLIS, TaskOptions, is_int
 from .options import NAMES as OPTION_NAMES
+from .rate_limits import rate_key_problem
 from .records import NewTask, TaskSubmitRequest
 from .registry import TaskHandler, get_handler
 from .schedules.ids import is_fire_task_id
@@ -63,6 +64,10 @@ def prepare(
     unique, unique_key, unique_until = unique_window(
         request.unique_for, request.unique_key, getattr(handler, "unique_for", None), now
     )
+    rate_key = request.rate_key
+    problem = rate_key_problem(rate_key)
+    if problem is not None:
+        raise InvalidTaskOptionError(problem, field="rate_key")
     return NewTask(
         task_id=task_id,
         task_name=name,
@@ -79,6 +84,7 @@ def prepare(
         deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
         unique_key=unique_digest(name, unique_key, parameter) if unique else None,
         unique_until=unique_until,
+        rate_key=rate_key,
     )
 
 

@@ -1,5 +1,6 @@
 """The task gauges: stored tasks by status and queue, dead letters, the oldest due task's age and
-the paused queues, read through the service when Prometheus scrapes."""
+the paused queues and the use of each rate limit, read through the service when Prometheus
+scrapes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from .clock import Clock
+    from .records import RateUse
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -36,15 +38,19 @@ class TaskCounts(Protocol):
     def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None: ...
 
     def paused_queues(self) -> set[str]: ...
+    def rate_limit_use(self) -> list[RateUse]: ...
 
 
 class TaskCountCollector:
     """``reliable_executor_tasks{status, queue}``,
     ``reliable_executor_dead_letters{queue}`` (the FAILED + TIMEOUT + ERROR of the same counts),
-    ``reliable_executor_oldest_due_task_age_seconds{queue}`` and
-    ``reliable_executor_queue_paused{queue}`` (1 paused, 0 for a queue holding tasks), read
-    through the service when scraped, at most once per ``cache_seconds``. A storage error skips
-    these samples (logged at debug): the scrape itself never fails.
+    ``reliable_executor_oldest_due_task_age_seconds{queue}``,
+    ``reliable_executor_queue_paused{queue}`` (1 paused, 0 for a queue holding tasks),
+    ``reliable_executor_rate_limited_tasks{task_name}`` (waiting tasks a rate limit holds back)
+    and ``reliable_executor_rate_limit_started{task_name}`` (starts in the limit's last
+    window, every rate key together), read through the service when scraped, at most once per
+    ``cache_seconds``. A storage error skips these samples (logged at debug): the scrape itself
+    never fails.
 
     Every process exporting it reports the same stored totals: aggregate with ``max``, not
     ``sum``, across instances."""
@@ -88,10 +94,11 @@ class TaskCountCollector:
                 oldest = executor.oldest_due_at(queue) if waiting else None
                 ages[queue] = _age_seconds(oldest, executor.clock.now())
             paused = executor.paused_queues()
+            rates = executor.rate_limit_use()
         except Exception:
             logger.debug("metrics: task counts not read, storage unavailable", exc_info=True)
             return None
-        return _Snapshot(counts, ages, paused)
+        return _Snapshot(counts, ages, paused, rates)
 
     @staticmethod
     def _families(snapshot: _Snapshot | None) -> Iterator[Metric]:
@@ -116,9 +123,22 @@ class TaskCountCollector:
             "holding tasks.",
             labels=["queue"],
         )
+        held = GaugeMetricFamily(
+            f"{PREFIX}_rate_limited_tasks",
+            "Waiting tasks held back by their task name's rate_limit (their window is full).",
+            labels=["task_name"],
+        )
+        started = GaugeMetricFamily(
+            f"{PREFIX}_rate_limit_started",
+            "Tasks of a rate-limited name started in its limit's last window (all rate keys).",
+            labels=["task_name"],
+        )
         if snapshot is not None:
             for queue in sorted(set(snapshot.counts) | snapshot.paused):
                 paused.add_metric([queue], 1 if queue in snapshot.paused else 0)
+            for use in snapshot.rates:
+                held.add_metric([use.task_name], use.held_back)
+                started.add_metric([use.task_name], use.started)
             for queue, by_status in snapshot.counts.items():
                 for status in TaskStatus:
                     tasks.add_metric([status.value, queue], by_status.get(status, 0))
@@ -130,6 +150,8 @@ class TaskCountCollector:
         yield dead
         yield age
         yield paused
+        yield held
+        yield started
 
 
 class _Snapshot:
@@ -138,10 +160,12 @@ class _Snapshot:
         counts: dict[str, dict[TaskStatus, int]],
         ages: dict[str, float],
         paused: set[str],
+        rates: list[RateUse],
     ) -> None:
         self.counts = counts
         self.ages = ages
         self.paused = paused
+        self.rates = rates
 
 
 def _age_seconds(oldest: dt.datetime | None, now: dt.datetime) -> float:

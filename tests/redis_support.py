@@ -126,6 +126,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             schedule_hashes[rest] = value
         elif key in SCHEDULE_INDEXES and kind == "zset":
             schedule_indexes[key] = dict(value)
+        elif (family, kind) in RATE_KEYS:
+            pass  # rate_limit's logs: no task is in them
         elif family == "wake" and kind == "list":
             if value != ["1"]:
                 problems.append(f"{key} holds {value}, not one token")
@@ -242,6 +244,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
     return problems
 
 
+# rate_limit's logs and notes: no task's place is in them.
+RATE_KEYS = {("rate", "zset"), ("ratenext", "string"), ("ratekeys", "zset"), ("ratewait", "zset")}
 SCHEDULE_INDEXES = ("schedules", "schedules:due", "schedules:paused")
 
 

@@ -15,6 +15,7 @@ from django.urls import NoReverseMatch, reverse
 
 from django_reliable_executor import signals
 from django_reliable_executor.admin import pages
+from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import (
     NEWEST_FIRST,
@@ -506,3 +507,16 @@ def test_retry_of_a_timed_out_task_whose_handler_still_runs_says_where_it_runs(s
     assert text.startswith("0 tasks retried; 1 skipped: 1 its previous attempt is still running")
     assert "on worker w-late" in text
     assert status_of(service, "late") is TaskStatus.TIMEOUT
+
+
+def test_summary_shows_the_use_of_each_rate_limit(service, viewer):
+    """demo.rated has rate_limit="5/s": two claimed starts and its limit in the summary."""
+    for key in ("a", "b"):
+        service.submit("demo.rated", {}, rate_key=key)
+    claims = service.storage.claim("w-1", ["default"], 10, 60, rate_limits=rate_limits(), start=10)
+    assert sum(c.task.task_name == "demo.rated" for c in claims) == 2
+    response = viewer.get(LIST_URL)
+    [use] = [u for u in response.context["summary"]["rate_limits"] if u.task_name == "demo.rated"]
+    assert (str(use.limit), use.started, use.busiest, use.keys) == ("5/s", 2, 1, 2)
+    html = response.content.decode()
+    assert 'id="re-rate-limits"' in html and 'data-task-name="demo.rated"' in html

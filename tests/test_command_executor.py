@@ -23,6 +23,7 @@ from django_reliable_executor.clock import FakeClock, system_clock
 from django_reliable_executor.management.output import format_age, parse_duration
 from django_reliable_executor.master_lock import MASTER_LOCK_NAME
 from django_reliable_executor.records import TaskInfo
+from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.service import executor as module_executor
 from tests.conftest import REDIS_URL
@@ -157,6 +158,7 @@ def test_status_json_counts_master_workers_and_oldest_due(scenario, live, alias,
         "oldest_due_at",
         "oldest_due_age_seconds",
         "schedules",
+        "rate_limits",
         "master",
         "workers",
     ]
@@ -205,6 +207,28 @@ def test_status_text_table(scenario, live):
     worker = lines[lines.index("Workers (1):") + 2]
     assert worker.startswith("w-1 web1 4242 default,mail ")
     assert worker.endswith(" ago")
+
+
+def test_status_shows_the_use_of_each_rate_limit(live):
+    """demo.rated has rate_limit="5/s": three claimed starts show in its row."""
+    for key in ("a", "a", "b"):
+        live.submit("demo.rated", {}, rate_key=key)
+    claims = live.storage.claim("w-1", ["default"], 10, 60, rate_limits=rate_limits(), start=10)
+    assert sum(c.task.task_name == "demo.rated" for c in claims) == 3
+    report = json.loads(run("status", "--json").out)
+    assert report["rate_limits"] == [
+        {
+            "task_name": "demo.rated",
+            "limit": "5/s",
+            "started": 3,
+            "busiest_key": 2,
+            "keys": 2,
+            "held_back": 0,
+        }
+    ]
+    lines = [words(line) for line in run("status").lines]
+    start = lines.index("Rate limits (1):")
+    assert lines[start + 2] == "demo.rated 5/s 3 2/5 2 0"
 
 
 def test_status_of_an_empty_store(live):

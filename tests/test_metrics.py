@@ -49,6 +49,8 @@ EXPORTED_SAMPLES = {
     "reliable_executor_dead_letters",
     "reliable_executor_oldest_due_task_age_seconds",
     "reliable_executor_queue_paused",
+    "reliable_executor_rate_limited_tasks",
+    "reliable_executor_rate_limit_started",
     "reliable_executor_schedule_runs_fired_total",
     "reliable_executor_schedule_runs_skipped_total",
     "reliable_executor_schedule_overlap_skipped_total",
@@ -351,6 +353,8 @@ def test_unreachable_storage_skips_the_task_gauges_without_failing_the_scrape(ca
         "reliable_executor_dead_letters": {},
         "reliable_executor_oldest_due_task_age_seconds": {},
         "reliable_executor_queue_paused": {},
+        "reliable_executor_rate_limited_tasks": {},
+        "reliable_executor_rate_limit_started": {},
     }
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
     assert "storage unavailable" in caplog.records[0].getMessage()

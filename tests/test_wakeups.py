@@ -242,8 +242,8 @@ def test_an_idle_worker_queries_once_per_poll_interval(alias):
     require(alias)
     poll = 0.5
     # A claim with nothing due is one statement, and one more per task name with a
-    # max_concurrency (a check that the name has anything due, see Claiming).
-    per_claim = 1 + len(registry.name_limits())
+    # max_concurrency or a rate_limit (a check that the name has anything due, see Claiming).
+    per_claim = 1 + len(set(registry.name_limits()) | set(registry.rate_limits()))
     service = ReliableExecutor(DatabaseStorage(alias))
     worker = Worker(WorkerOptions(poll_interval=poll, worker_id=f"idle-{alias}"), service)
     log = QueryLog(alias, "claim-loop-under-test")

@@ -249,7 +249,7 @@ def summary(
     counts_age: float = 0.0,
 ) -> dict[str, Any]:
     """Counts by status and queue (paused queues marked, listed even when empty), the oldest
-    due task's age, the master and the live workers."""
+    due task's age, the master, the live workers and the use of each rate limit."""
     statuses = list(TaskStatus)
     base = Filters()
     paused = executor.paused_queues()
@@ -271,6 +271,7 @@ def summary(
     oldest_due = executor.oldest_due_at()
     workers: list[WorkerInfo] = executor.workers()
     return {
+        "rate_limits": executor.rate_limit_use(),
         "statuses": statuses,
         "queues": queues,
         "paused_queues": sorted(paused),

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..conf import ExecutorSettings
-from ..records import TaskInfo, WorkerInfo
+from ..records import RateUse, TaskInfo, WorkerInfo
 from ..states import TaskStatus
 
 # Units of --older-than, in seconds.
@@ -96,6 +96,7 @@ class StatusReport:
     )
     next_schedule_at: dt.datetime | None = None
     paused_queues: frozenset[str] = frozenset()
+    rate_limits: Sequence[RateUse] = ()
 
     @property
     def counts(self) -> dict[TaskStatus, int]:
@@ -124,6 +125,17 @@ class StatusReport:
                 "paused": self.schedules["paused"],
                 "next_run_at": iso(self.next_schedule_at),
             },
+            "rate_limits": [
+                {
+                    "task_name": use.task_name,
+                    "limit": str(use.limit),
+                    "started": use.started,
+                    "busiest_key": use.busiest,
+                    "keys": use.keys,
+                    "held_back": use.held_back,
+                }
+                for use in self.rate_limits
+            ],
             "master": self.master,
             "workers": [
                 {
@@ -149,6 +161,26 @@ class StatusReport:
             when = f"in {format_age(wait)}" if wait >= 0 else f"{format_age(-wait)} late"
             line += f"; next run {when} ({iso(self.next_schedule_at)})"
         return line
+
+    def _rate_lines(self) -> list[str]:
+        """The use of each rate limit: starts in its last window, all keys and the busiest."""
+        if not self.rate_limits:
+            return []
+        rows = [
+            [
+                u.task_name,
+                str(u.limit),
+                u.started,
+                f"{u.busiest}/{u.limit.count}",
+                u.keys,
+                u.held_back,
+            ]
+            for u in self.rate_limits
+        ]
+        headers = ["task name", "limit", "started", "busiest key", "keys", "held back"]
+        lines = [f"Rate limits ({len(rows)}):"]
+        lines.extend("  " + line for line in table(headers, rows, numeric={2, 4, 5}).splitlines())
+        return lines
 
     def as_text(self) -> str:
         if self.storage["backend"] == "redis":
@@ -177,6 +209,7 @@ class StatusReport:
             age = format_age((self.checked_at - self.oldest_due_at).total_seconds())
             lines.append(f"Oldest due task: waiting {age} (due since {iso(self.oldest_due_at)})")
         lines.append(self._schedules_line())
+        lines.extend(self._rate_lines())
         lines.append(f"Master: {self.master or 'none'}")
         if not self.workers:
             lines.append("Workers: none")

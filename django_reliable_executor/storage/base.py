@@ -8,11 +8,13 @@ import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 
 from ..clock import Clock, system_clock
+from ..rate_limits import RateLimit
 from ..records import (
     CancelResult,
     Claim,
     ClaimRequest,
     NewTask,
+    RateUse,
     TaskInfo,
     TaskQuery,
     Transition,
@@ -62,6 +64,7 @@ class TaskStorage(ScheduleStorage):
         *,
         name_limits: Mapping[str, int] | None = None,
         start: int = 0,
+        rate_limits: Mapping[str, RateLimit] | None = None,
     ) -> list[Claim]:
         """Take up to ``limit`` due tasks, highest priority first then oldest, under a lease.
         A claimed task keeps its CREATED/PENDING status until ``start``. Never blocks on rows
@@ -77,7 +80,14 @@ class TaskStorage(ScheduleStorage):
         are held at once (claimed under a lease, started or not) across every worker: the
         claim takes a task of a capped name only while fewer than its cap are held, checked
         and taken atomically, so concurrent claims never exceed it. Tasks it cannot take stay
-        waiting in the storage and do not hold up other names. Names absent are uncapped."""
+        waiting in the storage and do not hold up other names. Names absent are uncapped.
+
+        ``rate_limits`` (``{task_name: RateLimit}``): a task of such a name is claimed only
+        while fewer than its count were claimed in the last ``log_window_seconds`` for its
+        (name, ``rate_key``), checked and logged atomically with the claim; at most ``start``
+        of them per call (the claims go to idle threads, so they start at once). Tasks over
+        their limit stay waiting, unclaimed, and do not hold up other names; the storage
+        makes an idle worker's ``wait_for_work`` end when their window frees."""
         if limit <= 0 or not queues:
             return []
         return self._claim(
@@ -88,8 +98,15 @@ class TaskStorage(ScheduleStorage):
                 lease_seconds,
                 dict(name_limits or {}),
                 max(start, 0),
+                dict(rate_limits or {}),
             )
         )
+
+    @abc.abstractmethod
+    def rate_use(self, limits: Mapping[str, RateLimit]) -> builtins.list[RateUse]:
+        """For each rate-limited name of ``limits``: its claims in the last window (all rate
+        keys, and the busiest key's) and how many waiting tasks its limit holds back now.
+        A read for the admin, the command and the metrics; not atomic across names."""
 
     @abc.abstractmethod
     def _claim(self, request: ClaimRequest) -> list[Claim]:

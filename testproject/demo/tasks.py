@@ -34,6 +34,16 @@ def noop() -> None:
     """Does nothing (benchmarks)."""
 
 
+@reliable_task_handler(name="demo.noop_rated", rate_limit="100000/s")
+def noop_rated() -> None:
+    """Does nothing, under a rate limit far above any drain rate (bench/rate_limits.py)."""
+
+
+@reliable_task_handler(name="demo.noop_hourly", rate_limit="1/h")
+def noop_hourly() -> None:
+    """Does nothing, once an hour: a backlog of it stays held at its limit (bench)."""
+
+
 @reliable_task_handler(name="demo.cpu")
 def cpu(param: dict | None = None) -> int:
     """Pure-Python work holding the GIL throughout: ``iterations`` rounds of arithmetic
@@ -107,6 +117,15 @@ def capped(param: dict | None = None) -> dict:
     started = time.time()
     time.sleep(float((param or {}).get("sleep", 0.1)))
     return {"pid": os.getpid(), "started": started, "ended": time.time()}
+
+
+@reliable_task_handler(name="demo.rated", takes_context=True, rate_limit="5/s")
+def rated(param: dict | None, context: TaskContext) -> float:
+    """At most five start in any second across every worker, per rate_key (rate_limit): writes
+    a "start" record to the journal (RE_JOURNAL) as its first step and returns its start."""
+    started = time.time()
+    _journal("start", context, at=started)
+    return started
 
 
 def _journal(event: str, context: TaskContext, **extra: object) -> None:

@@ -80,12 +80,12 @@ def _positive_int(value: str) -> int:
 
 
 def _add_status(actions: Any) -> None:
-    """``status``: counts, master, workers, oldest due task."""
+    """``status``: counts, master, workers, oldest due task, rate limits in use."""
     status = actions.add_parser(
         "status",
-        help="counts by status and queue, master, live workers, oldest due task",
-        description="Counts by status and queue, the master, the live workers and the "
-        "age of the oldest task waiting to run.",
+        help="counts by status and queue, master, live workers, oldest due task, rate limits",
+        description="Counts by status and queue, the master, the live workers, the "
+        "age of the oldest task waiting to run and the use of each rate limit.",
     )
     status.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -286,6 +286,7 @@ class Command(BaseCommand):
             schedules=schedules,
             next_schedule_at=next_schedule_at,
             paused_queues=frozenset(executor.paused_queues()),
+            rate_limits=executor.rate_limit_use(),
         )
         if options["json"]:
             self.stdout.write(json.dumps(report.as_json(), indent=2, ensure_ascii=False))

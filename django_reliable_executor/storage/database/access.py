@@ -145,7 +145,12 @@ class DatabaseAccess(TaskStorage):
         """Block until a commit of new work in ``queues`` may have happened (a NOTIFY on
         PostgreSQL, the marker file on SQLite; after a short wait that grows with idleness on
         MariaDB), ``wake`` is called, or ``timeout`` passes. True when woken early."""
-        return self._wakeups.wait(queues, timeout)
+        return self._wakeups.wait(queues, self._rate_timeout(timeout, self.clock.now().timestamp()))
+
+    def _rate_timeout(self, timeout: float, now: float) -> float:
+        """rate_limit (rate_limits.py): the wait ends when a window that held a task back
+        frees, at the latest."""
+        return timeout
 
     def wake(self, queues: Sequence[str]) -> None:
         # Local: every waiting thread of this process looks again (stop, a freed slot).

@@ -14,7 +14,7 @@ from django.db.models import F
 from ...models import ReliableNameLock, ReliablePausedQueue
 from ...records import Claim, ClaimRequest, copy_with
 from ...states import TaskStatus
-from .access import DatabaseAccess
+from .rate_limits import RateLimiting
 from .rows import (
     CLAIM_COLUMNS_SQL,
     LIVE,
@@ -42,7 +42,7 @@ ASYNC_COMMIT_FROM = "FROM relaxed "
 class Pick:
     """One claiming statement's choice: up to ``limit`` due tasks of ``queues`` for
     ``worker_id`` under a lease until ``lease_until``, leaving out the ``excluded`` task
-    names, or only those of ``name``."""
+    names, or only those of ``name`` (and of ``ids``, where given)."""
 
     worker_id: str
     queues: tuple[str, ...]
@@ -51,9 +51,10 @@ class Pick:
     lease_until: dt.datetime
     excluded: tuple[str, ...] = ()
     name: str | None = None
+    ids: tuple[str, ...] = ()  # only these tasks (rate_limit's choice)
 
 
-class Claiming(DatabaseAccess):
+class Claiming(RateLimiting):
     """claim: SKIP LOCKED batches, or one UPDATE ... RETURNING on SQLite.
 
     With ``name_limits``, the tasks of each capped name are claimed first, each name in its
@@ -73,16 +74,19 @@ class Claiming(DatabaseAccess):
             now,
             now + dt.timedelta(seconds=request.lease_seconds),
         )
-        claims: list[Claim] = []
+        claims = self._claim_rate_limited(request, whole)
         for name, cap in request.name_limits.items():
             room = request.limit - len(claims)
             if room <= 0:
                 break
+            if name in request.rate_limits:
+                continue  # claimed by _claim_rate_limited, its cap included
             pick = dataclasses.replace(whole, limit=room, name=name)
             claims += self._retrying(functools.partial(self._claim_capped, pick, cap))
         left = request.limit - len(claims)
         if left > 0:
-            pick = dataclasses.replace(whole, limit=left, excluded=tuple(request.name_limits))
+            excluded = tuple(dict.fromkeys([*request.name_limits, *request.rate_limits]))
+            pick = dataclasses.replace(whole, limit=left, excluded=excluded)
             claims += self._retrying(functools.partial(self._take, pick))
         if claims:
             claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
@@ -105,6 +109,9 @@ class Claiming(DatabaseAccess):
         elif pick.excluded:
             names_sql = f"AND task_name NOT IN ({', '.join(['%s'] * len(pick.excluded))}) "
             names = list(pick.excluded)
+        if pick.ids:
+            names_sql += f"AND task_id IN ({', '.join(['%s'] * len(pick.ids))}) "
+            names += list(pick.ids)
         sql = (
             f"FROM {self._table} WHERE available = %s AND queue IN ({marks}) AND run_at <= %s "
             f"{names_sql}{self._not_paused_sql}ORDER BY priority DESC, run_at ASC LIMIT %s"
@@ -141,19 +148,24 @@ class Claiming(DatabaseAccess):
         with transaction.atomic(using=self.alias):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, table, name)
-                # Held: claimed or running, and timed out with the handler still running
-                # (its holder keeps the lease while it runs, see expire_overdue).
-                cursor.execute(
-                    f"SELECT (SELECT COUNT(*) FROM {self._table} WHERE task_name = %s "
-                    f"AND {HELD_SQL}) + (SELECT COUNT(*) FROM {self._table} WHERE "
-                    "task_name = %s AND status = %s AND available = %s AND lease_expires_at > %s)",
-                    [name, name, TaskStatus.TIMEOUT.value, False, self._dt(now)],
-                )
-                (held,) = cursor.fetchone()
-            free = min(cap - int(held), pick.limit)
+                held = self._held(cursor, name, now)
+            free = min(cap - held, pick.limit)
             if free <= 0:
                 return []
             return self._take(dataclasses.replace(pick, limit=free))
+
+    def _held(self, cursor: Any, name: str, now: dt.datetime) -> int:
+        """How many tasks of ``name`` are held: claimed or running, and timed out with the
+        handler still running (its holder keeps the lease while it runs, see expire_overdue).
+        Called under the name's lock."""
+        cursor.execute(
+            f"SELECT (SELECT COUNT(*) FROM {self._table} WHERE task_name = %s "
+            f"AND {HELD_SQL}) + (SELECT COUNT(*) FROM {self._table} WHERE "
+            "task_name = %s AND status = %s AND available = %s AND lease_expires_at > %s)",
+            [name, name, TaskStatus.TIMEOUT.value, False, self._dt(now)],
+        )
+        (held,) = cursor.fetchone()
+        return int(held)
 
     def _lock_name(self, cursor: Any, table: str, name: str) -> None:
         """Hold the name's lock row until the transaction ends, creating it on first use."""

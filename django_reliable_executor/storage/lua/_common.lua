@@ -129,6 +129,118 @@ local function wake_parked(name)
   end
 end
 
+-- rate_limit (rate_limits.py): the sliding log of the claims of one task name and rate key, a
+-- sorted set `rate:<bucket>` of claim times (microseconds) kept for the limit's log window
+-- (window + margin, microseconds) and expiring with it once idle. The bucket is
+-- `<length of name>:<name>:<rate key>`: the length keeps names holding ':' apart.
+local function rate_bucket(name, rate_key)
+  return #name .. ':' .. name .. ':' .. (rate_key or '')
+end
+
+-- How many more claims the bucket's limit allows now (claims older than the window trimmed).
+local function rate_room(bucket, count, window)
+  local log = P .. 'rate:' .. bucket
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', string.format('%.0f', NOWN - window))
+  return count - redis.call('ZCARD', log)
+end
+
+-- A claim call's buckets: each trimmed and counted once (`room`), its writes that need doing
+-- once (the log's expiry, `ratekeys:<len>:<name>` listing the name's rate keys by latest
+-- claim, for rate_use) done by rate_flush at the end of the call.
+local rate_seen = {}
+
+-- Room for one more claim in `bucket` now: taken (true), or none (false).
+local function rate_take(bucket, count, window, name, rate_key)
+  local b = rate_seen[bucket]
+  if not b then
+    b = {room = rate_room(bucket, count, window), window = window, name = name,
+      key = rate_key or '', logged = false,
+      waits = redis.call('EXISTS', P .. 'ratewait:' .. #name .. ':' .. name) == 1}
+    rate_seen[bucket] = b
+  end
+  if b.room <= 0 then
+    return false
+  end
+  b.room = b.room - 1
+  return true
+end
+
+-- Log a claim (`member`: "<task id>:<token>") of task `id` in `bucket` (after rate_take) at
+-- now; a task held back before leaves `ratewait:` (see rate_wait).
+local function rate_log(bucket, member, id)
+  local b = rate_seen[bucket]
+  redis.call('ZADD', P .. 'rate:' .. bucket, NOW, member)
+  b.logged = true
+  if b.waits then
+    redis.call('ZREM', P .. 'ratewait:' .. #b.name .. ':' .. b.name, id)
+  end
+end
+
+local function rate_flush()
+  for bucket, b in pairs(rate_seen) do
+    if b.logged then
+      local ttl = math.ceil(b.window / 1000) + 1
+      redis.call('PEXPIRE', P .. 'rate:' .. bucket, ttl)
+      local keys = P .. 'ratekeys:' .. #b.name .. ':' .. b.name
+      redis.call('ZREMRANGEBYSCORE', keys, '-inf', string.format('%.0f', NOWN - b.window))
+      redis.call('ZADD', keys, NOW, b.key)
+      redis.call('PEXPIRE', keys, ttl)
+    end
+  end
+end
+
+-- Note task `id` of `name` as held back by its rate limit until `at` (for rate_use).
+local function rate_wait(name, id, at)
+  local key = P .. 'ratewait:' .. #name .. ':' .. name
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', NOW)
+  redis.call('ZADD', key, at, id)
+  redis.call('PEXPIRE', key, math.ceil((tonumber(at) - NOWN) / 1000) + 1000)
+end
+
+-- When a task held back at its bucket's limit tries again: once the earliest claim leaves the
+-- window; past the first `count` tasks held back for that moment, a window later per `count`
+-- (`ratenext:<bucket>` = "<slot>:<tasks given it>"), so that a backlog comes back about once
+-- per task rather than all of it at every window.
+local function rate_slot(bucket, count, window)
+  local first = redis.call('ZRANGE', P .. 'rate:' .. bucket, 0, 0, 'WITHSCORES')
+  local slot, given = first[2] and (tonumber(first[2]) + window) or NOWN, 0
+  local key = P .. 'ratenext:' .. bucket
+  local saved = redis.call('GET', key)
+  if saved then
+    local at, n = string.match(saved, '^(%d+):(%d+)$')
+    if tonumber(at) >= slot then
+      slot, given = tonumber(at), tonumber(n)
+    end
+  end
+  if given >= count then
+    slot, given = slot + window, 0
+  end
+  local text = string.format('%.0f', slot)
+  redis.call('SET', key, text .. ':' .. (given + 1), 'PX',
+    math.ceil((slot + window - NOWN) / 1000))
+  return text
+end
+
+-- start.lua: a claimed task's logged claim (`member` in its bucket) moves to now if it is
+-- still in the window (`window`, µs): false when it left it (the claim waited too long).
+local function rate_restamp(bucket, member, window)
+  local log = P .. 'rate:' .. bucket
+  local at = redis.call('ZSCORE', log, member)
+  if not at or tonumber(at) <= NOWN - window then
+    return false
+  end
+  redis.call('ZADD', log, NOW, member)
+  redis.call('PEXPIRE', log, math.ceil(window / 1000) + 1)
+  return true
+end
+
+-- A waiting task a claim popped but may not take yet: scheduled again at `at` (its run at
+-- too: the next time it may start), where promote brings it back and idle workers wait for.
+local function hold_back(id, key, queue, at)
+  redis.call('HSET', key, 'r', at)
+  redis.call('ZADD', P .. 'sched:' .. queue, at, id)
+end
+
 -- The only ways into and out of the leases: `held` counts the leased tasks of each name
 -- (max_concurrency); a slot freed wakes the workers of a parked task of the name.
 local function lease(id, name, lease_until)
@@ -217,7 +329,10 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
 end
 
 
--- Store a new task from the 12 values submit.lua takes per task, starting at ARGV[i] (its id
+-- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
+local TASK_ARGS = 13
+
+-- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
 -- once per call, and to be woken once at its end. With `batch` (a table the caller passes to
 -- flush_stored at its end), a task due now joins its ready list and the CREATED count in one
@@ -235,6 +350,9 @@ local function store_task(i, promoted, woken, batch)
   if deadline ~= '' then
     redis.call('HSET', key, 'd', deadline)
     redis.call('ZADD', DEADLINES, deadline, id)
+  end
+  if ARGV[i + 12] ~= '' then
+    redis.call('HSET', key, 'rk', ARGV[i + 12]) -- rate_key
   end
   if not promoted[queue] then
     promoted[queue] = true

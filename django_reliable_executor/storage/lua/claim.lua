@@ -4,7 +4,8 @@
 -- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6] a random token increment,
 -- ARGV[7] how many of the claimed tasks to start at once (the worker has that many idle threads
 -- to run them right now), ARGV[8..] queues, then optionally '' and pairs of task name, cap
--- (max_concurrency). The random step (not +1) keeps a claim that a Redis failover lost from
+-- (max_concurrency), then optionally '' and triples of task name, count and log window in
+-- microseconds (rate_limit). The random step (not +1) keeps a claim that a Redis failover lost from
 -- sharing its token with the next claim of the same task.
 -- Starting: the first tasks claimed (up to ARGV[7]) become RUNNING with one more attempt and
 -- started at now, as start.lua does it, in this same call; a task past its deadline is left
@@ -13,6 +14,12 @@
 -- parked (see park in _common.lua) instead of taken, out of everyone's way; the parked tasks
 -- of a name with free slots compete here with the ready lists, in the same order. At most
 -- PARK_MAX tasks are parked per call, so one call stays short.
+-- rate_limit: a task of a rate-limited name is taken only while its bucket's log has room
+-- (see rate_room in _common.lua), and logged there under "<id>:<new token>" at now; one not
+-- started by this call keeps the log window in its hash (`rw`) for start.lua, which moves
+-- the logged time to its start. A task over the limit is held back in the schedule until its
+-- window frees (or its turn after the tasks held back before it); held-back tasks count in
+-- PARK_MAX.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
@@ -24,6 +31,7 @@ local queues = {}
 local claimed_queue = {}
 local caps = {}
 local capped = false
+local rates = {}
 local arg = 8
 while arg <= #ARGV and ARGV[arg] ~= '' do
   -- A paused queue is left out of the whole call: nothing taken, promoted or waited for.
@@ -34,9 +42,14 @@ while arg <= #ARGV and ARGV[arg] ~= '' do
   end
   arg = arg + 1
 end
-for i = arg + 1, #ARGV - 1, 2 do
-  caps[ARGV[i]] = tonumber(ARGV[i + 1])
+arg = arg + 1
+while arg < #ARGV and ARGV[arg] ~= '' do
+  caps[ARGV[arg]] = tonumber(ARGV[arg + 1])
   capped = true
+  arg = arg + 2
+end
+for i = arg + 1, #ARGV - 2, 3 do
+  rates[ARGV[i]] = {count = tonumber(ARGV[i + 1]), window = tonumber(ARGV[i + 2])}
 end
 
 local function held(name)
@@ -100,7 +113,7 @@ local parked = 0
 -- Take one popped (or unparked) task: lease it, or park it when its name is at its cap.
 local function take(id)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c')
+  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk')
   -- The double check: still waiting and nobody's claim (a stray entry is dropped).
   if not waiting(task[1]) or redis.call('ZSCORE', LEASES, id) then
     return
@@ -111,10 +124,29 @@ local function take(id)
     parked = parked + 1
     return
   end
-  redis.call('HINCRBY', key, 'k', step)
+  local rate = rates[task[2]]
+  local bucket
+  if rate then
+    bucket = rate_bucket(task[2], task[8])
+    if not rate_take(bucket, rate.count, rate.window, task[2], task[8]) then
+      local at = rate_slot(bucket, rate.count, rate.window)
+      rate_wait(task[2], id, at)
+      hold_back(id, key, task[5], at)
+      parked = parked + 1
+      return
+    end
+  end
+  local token = redis.call('HINCRBY', key, 'k', step)
   redis.call('HSET', key, 'w', worker)
   lease(id, task[2], lease_until)
-  if to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN) then
+  local starts = to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN)
+  if bucket then
+    rate_log(bucket, id .. ':' .. string.format('%.0f', token), id) -- as start.lua's ARGV
+    if not starts then
+      redis.call('HSET', key, 'rw', rate.window)
+    end
+  end
+  if starts then
     to_start = to_start - 1
     -- now was read before this call was sent: a task submitted meanwhile is not started
     -- before it was created.
@@ -145,6 +177,8 @@ while taken < limit and parked < PARK_MAX do
     break
   end
 end
+
+rate_flush()
 
 local next_due
 for _, q in ipairs(queues) do

@@ -8,7 +8,7 @@
 -- ARGV[3..]: per schedule, 7 values: id, the next run the fire planned from, the new next run,
 -- the planned time of the latest run fired ('' = none), its task id ('' = none), its overlap
 -- policy ('skip', or '' to fire whatever runs), the number n of its tasks; then its n tasks,
--- 12 values each as submit.lua takes them.
+-- TASK_ARGS values each as submit.lua takes them (without the unique key's two).
 -- Returns per schedule 0 (it no longer expects this fire: nothing stored), a list with 1 and
 -- then, per task, 1 (created) or 0 (its id existed), or {2, task id, n} when overlap is 'skip'
 -- and the schedule's previous run (its `lt`) is not terminal: then no task is stored, the
@@ -25,7 +25,7 @@ while i <= #ARGV do
   local overlap = ARGV[i + 5]
   local count = tonumber(ARGV[i + 6])
   local first = i + 7
-  i = first + 12 * count
+  i = first + TASK_ARGS * count
   local key = P .. 's:' .. id
   local state = redis.call('HMGET', key, 'nr', 'pa', 'lt')
   local running = nil
@@ -43,7 +43,7 @@ while i <= #ARGV do
     out[#out + 1] = {2, running, count}
   elseif state[1] == expected and not state[2] then
     local fired = {1}
-    for t = first, i - 1, 12 do
+    for t = first, i - 1, TASK_ARGS do
       if redis.call('EXISTS', tkey(ARGV[t])) == 1 then
         fired[#fired + 1] = 0
       else

@@ -1,8 +1,9 @@
 -- submit: store new tasks; an existing task id is left as it is. A unique task whose key is
 -- held, within its window, by a task that is not terminal is not stored either.
--- ARGV[3..]: 14 values per task: id, name, queue, priority, parameter JSON, retry limit,
--- retry interval, backoff, max duration ('' = none), created, run at, deadline ('' = none),
--- unique key digest ('' = not unique), end of the key's window.
+-- ARGV[3..]: TASK_ARGS + 2 values per task: the TASK_ARGS (13) of store_task (id, name, queue,
+-- priority, parameter JSON, retry limit, retry interval, backoff, max duration ('' = none),
+-- created, run at, deadline ('' = none), rate key ('' = none)), then the unique key digest
+-- ('' = not unique) and the end of the key's window.
 -- Returns per task 1 (created), the stored task's fields (its id existed), or {holder id,
 -- holder's fields} (its unique key was held).
 --
@@ -30,9 +31,9 @@ local function holder_of(ukey)
   return nil
 end
 
-for i = 3, #ARGV, 14 do
+for i = 3, #ARGV, TASK_ARGS + 2 do
   local key = tkey(ARGV[i])
-  local ukey = ARGV[i + 12] ~= '' and (P .. 'u:' .. ARGV[i + 12]) or nil
+  local ukey = ARGV[i + TASK_ARGS] ~= '' and (P .. 'u:' .. ARGV[i + TASK_ARGS]) or nil
   local holder = ukey and holder_of(ukey)
   if redis.call('EXISTS', key) == 1 then
     out[#out + 1] = redis.call('HGETALL', key)
@@ -40,7 +41,7 @@ for i = 3, #ARGV, 14 do
     out[#out + 1] = {holder, redis.call('HGETALL', tkey(holder))}
   else
     if ukey then
-      local until_ = ARGV[i + 13]
+      local until_ = ARGV[i + TASK_ARGS + 1]
       local ttl = math.max(1, math.ceil((tonumber(until_) - NOWN) / 1000))
       redis.call('SET', ukey, until_ .. ' ' .. ARGV[i], 'PX', string.format('%d', ttl))
     end

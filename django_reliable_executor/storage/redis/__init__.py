@@ -51,6 +51,11 @@ epoch, written as decimal strings.
                            overlap, ol when last, c created, u updated.
 ``P u:<digest>``           STRING "<window end> <task id>": the task holding a unique task's key
                            (``uniqueness.unique_digest``), expiring (PX) with its window.
+``P rate:<len>:<name>:<key>``  ZSET of the claim times of a rate-limited name and rate key
+                           (rate_limit), kept for its window + margin; ``P ratenext:...``
+                           STRING the slot held-back tasks of it get next; ``P ratekeys:<len>:
+                           <name>`` ZSET its rate keys by latest claim; ``P ratewait:<len>:
+                           <name>`` ZSET its held-back tasks by when they try again. All expire.
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.
@@ -71,6 +76,7 @@ from .claiming import Claiming
 from .listing import Listing
 from .locks import Locks
 from .pausing import Pausing
+from .rate_limits import RateReading
 from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
@@ -89,6 +95,7 @@ class RedisStorage(
     Reading,
     Listing,
     Pausing,
+    RateReading,
 ):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout): one
     part per role, each built on RedisAccess alone, never on another part.

@@ -25,10 +25,14 @@ class Claiming(RedisAccess):
         lease_until = micros(now + dt.timedelta(seconds=request.lease_seconds))
         step = random.randint(1, TOKEN_STEP_MAX)
         caps: list[object] = []
-        if request.name_limits:
+        if request.name_limits or request.rate_limits:
             caps = [""]  # after the queues (never empty): the name, cap pairs
             for name, cap in request.name_limits.items():
                 caps += [name, int(cap)]
+        if request.rate_limits:
+            caps.append("")  # then the name, count, log window (µs) triples
+            for name, rate in request.rate_limits.items():
+                caps += [name, rate.count, round(rate.log_window_seconds * 1e6)]
         reply = self._run(
             "claim",
             request.worker_id,

@@ -138,7 +138,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
 
 
 def submit_args(task: NewTask) -> list[str]:
-    """The 12 values submit.lua takes per task."""
+    """The 13 values (TASK_ARGS) submit.lua takes per task."""
     return [
         task.task_id,
         task.task_name,
@@ -152,4 +152,5 @@ def submit_args(task: NewTask) -> list[str]:
         micros(task.created_at),
         micros(task.run_at),
         "" if task.deadline_at is None else micros(task.deadline_at),
+        task.rate_key or "",
     ]

@@ -1,0 +1,334 @@
+"""rate_limit on the database storage: a sliding log of claims per name and rate key.
+
+Each rate-limited name is claimed in its own short transaction serialised on the name's row of
+``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
+lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of entries
+older than the limit's log window (window + margin, see ``rate_limits.py``), counts the rest
+per rate key, claims at most the room of each key and logs one row per claim at the claim's
+``now``, before committing. Two workers never count the same free room.
+
+A claim waits in its worker's pool before it starts. A claim started within its limit's
+``fresh_seconds`` (half the margin) starts as any other: its handler begins within the margin
+of its logged time. The start of one that waited longer (``start_many``) first moves its row
+to the start's time, so the limit counts the start; a claim whose row has left the window
+meanwhile (it waited longer than the window) is not started but handed back, to be claimed
+again within the limit. Moving a row that every claim since has counted, to a later time,
+keeps it counted: at no time was there room that a start later took twice.
+
+Tasks over their limit are not touched: they stay waiting, and the claim notes when the
+earliest full window frees, so that an idle worker's ``wait_for_work`` ends then rather than
+at POLL_INTERVAL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+from django.utils.dateparse import parse_datetime
+
+from ...models import ReliableNameLock, ReliableRateLog
+from ...rate_limits import RateLimit
+from ...records import Claim, ClaimRequest, RateUse, copy_with
+from .access import DatabaseAccess
+
+if TYPE_CHECKING:
+    from .claiming import Pick
+
+# How many due tasks of a rate-limited name one claim looks at per task it may take: with rate
+# keys, tasks of keys out of room are passed over in the same read.
+CANDIDATES_PER_CLAIM = 4
+# Most keys a claim leaves out as known full (beyond, it reads the log under the lock).
+MAX_KNOWN_FULL = 100
+
+
+def _stale(claim: Claim, now: dt.datetime) -> bool:
+    """A claim of a rate-limited name logged longer ago than its limit's fresh_seconds."""
+    rate, logged_at = claim.rate_limit, claim.rate_logged_at
+    if rate is None or logged_at is None:
+        return False
+    return (now - logged_at).total_seconds() > rate.fresh_seconds
+
+
+def _aware(value: Any) -> dt.datetime:
+    """A raw datetime column value (text on SQLite, naive UTC on MySQL) as an aware one."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value  # type: ignore[no-any-return]
+
+
+class RateLimiting(DatabaseAccess):
+    """The claim's rate_limit part (see the module docstring)."""
+
+    #: time.time() at which the earliest window that held back a due task frees (set by each
+    #: claim; ``wait_for_work`` ends then at the latest).
+    rate_free_at: float | None = None
+
+    def _claim_rate_limited(self, request: ClaimRequest, whole: Pick) -> list[Claim]:
+        """Claims of the rate-limited names of ``request``, each name within its limit (and
+        its cap)."""
+        self.rate_free_at = None
+        claims: list[Claim] = []
+        for name, rate in request.rate_limits.items():
+            budget = request.limit - len(claims)
+            if budget <= 0:
+                break
+            pick = dataclasses.replace(whole, limit=budget, name=name)
+            cap = request.name_limits.get(name)
+            claims += self._retrying(functools.partial(self._claim_rated, pick, rate, cap))
+        return claims
+
+    def _claim_rated(self, pick: Pick, rate: RateLimit, cap: int | None) -> list[Claim]:
+        """Up to ``pick.limit`` due tasks of ``pick.name`` within its rate limit (and ``cap``),
+        in one transaction serialised on the name's lock row."""
+        assert pick.name is not None
+        name, now = pick.name, pick.now
+        connection = connections[self.alias]
+        due_sql, due_params = self._due_of_name(pick)
+        # Keys this process saw full, until their window frees: no room can appear there
+        # sooner (entries leave only once out of the window, and a start only moves one
+        # later), so their waiting tasks need no lock and no log read until then.
+        known = {k: t for k, t in self._full_keys(name).items() if t > now.timestamp()}
+        if known and len(known) <= MAX_KNOWN_FULL:
+            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(known))})"
+            due_params += list(known)
+        with connection.cursor() as cursor:
+            # Nothing of the name due here: no lock taken (the common case of an idle name).
+            cursor.execute(f"SELECT 1 {due_sql} LIMIT 1", due_params)
+            if cursor.fetchone() is None:
+                if known:
+                    first = min(known.values())
+                    self.rate_free_at = min(first, self.rate_free_at or first)
+                return []
+        cutoff = now - dt.timedelta(seconds=rate.log_window_seconds)
+        with transaction.atomic(using=self.alias):
+            with connection.cursor() as cursor:
+                self._lock_name(
+                    cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
+                )
+                used = self._window_use(cursor, name, cutoff)
+                limit = pick.limit
+                if cap is not None:
+                    limit = min(limit, cap - self._held(cursor, name, now))
+                full = [key for key, (n, _) in used.items() if n >= rate.count]
+                chosen = self._choose(cursor, pick, rate, used, full, limit)
+            self._note_free_at(name, used, rate, chosen, now)
+            if not chosen:
+                return []
+            claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
+            ReliableRateLog.objects.using(self.alias).bulk_create(
+                [
+                    ReliableRateLog(
+                        name=name,
+                        rate_key=chosen[c.task_id],
+                        task_id=c.task_id,
+                        token=c.token,
+                        claimed_at=now,
+                    )
+                    for c in claims
+                ]
+            )
+        return [copy_with(c, rate_limit=rate, rate_logged_at=now) for c in claims]
+
+    def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
+        """Claims of rate-limited names that waited here longer than their limit's
+        ``fresh_seconds`` start only while their logged claim is in the window, moved to now
+        first; the others are handed back. The rest as before, in the same start write."""
+        now = self.clock.now()
+        stale = [claim for claim in claims if _stale(claim, now)]
+        if not stale:
+            return super().start_many(claims, lease_seconds)
+        late, started = self._retrying(
+            functools.partial(self._start_with_stale, claims, stale, now, lease_seconds)
+        )
+        if late:
+            # Waited in its worker longer than the window: claimed again later, within the
+            # limit (as handed back, no attempt counted).
+            self.release(late)
+        return [started.get(claim.task_id) for claim in claims]
+
+    def _start_with_stale(
+        self, claims: Sequence[Claim], stale: list[Claim], now: dt.datetime, lease_seconds: float
+    ) -> tuple[list[Claim], dict[str, Claim | None]]:
+        """The stale claims' entries moved and every claim still in its window started, in
+        one transaction (one commit): the late claims, and the start of the others by id."""
+        with transaction.atomic(using=self.alias):
+            alive = self._restamp(stale, now)
+            late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
+            late_ids = {claim.task_id for claim in late}
+            going = [claim for claim in claims if claim.task_id not in late_ids]
+            results = super().start_many(going, lease_seconds) if going else []
+        return late, dict(zip((claim.task_id for claim in going), results, strict=True))
+
+    def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
+        """Move the logged claims of ``claims`` still in their window to ``now``; return the
+        (task id, token) of those moved. One UPDATE per window: its row locks order it with a
+        claim's trim (a DELETE of the rows out of the window, before the
+        count) — a row moved first is not trimmed and is counted, a row trimmed first is not
+        moved. No name lock is needed."""
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        windows: dict[float, list[Claim]] = {}
+        for claim in claims:
+            assert claim.rate_limit is not None
+            windows.setdefault(claim.rate_limit.log_window_seconds, []).append(claim)
+        moved: set[tuple[str, int]] = set()
+        with connections[self.alias].cursor() as cursor:
+            for window, group in windows.items():
+                cutoff = self._dt(now - dt.timedelta(seconds=window))
+                ids = [claim.task_id for claim in group]
+                where = f"WHERE task_id IN ({', '.join(['%s'] * len(ids))}) AND claimed_at > %s"
+                update = f"UPDATE {table} SET claimed_at = %s {where}"
+                params = [self._dt(now), *ids, cutoff]
+                if self.vendor == "mysql":
+                    cursor.execute(update, params)
+                    cursor.execute(
+                        f"SELECT task_id, token FROM {table} WHERE task_id IN "
+                        f"({', '.join(['%s'] * len(ids))}) AND claimed_at = %s",
+                        [*ids, self._dt(now)],
+                    )
+                else:
+                    cursor.execute(f"{update} RETURNING task_id, token", params)
+                moved |= {(task_id, int(token)) for task_id, token in cursor.fetchall()}
+        return moved
+
+    def _due_of_name(self, pick: Pick) -> tuple[str, list[Any]]:
+        marks = ", ".join(["%s"] * len(pick.queues))
+        return (
+            f"FROM {self._table} WHERE available = %s AND task_name = %s "
+            f"AND queue IN ({marks}) AND run_at <= %s",
+            [True, pick.name, *pick.queues, self._dt(pick.now)],
+        )
+
+    def _window_use(
+        self, cursor: Any, name: str, cutoff: dt.datetime
+    ) -> dict[str, tuple[int, dt.datetime]]:
+        """Trim the name's log to its window and return, per rate key, the claims in it and
+        the earliest of them."""
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        cursor.execute(
+            f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s", [name, self._dt(cutoff)]
+        )
+        cursor.execute(
+            f"SELECT rate_key, COUNT(*), MIN(claimed_at) FROM {table} WHERE name = %s "
+            "GROUP BY rate_key",
+            [name],
+        )
+        return {key: (int(n), _aware(oldest)) for key, n, oldest in cursor.fetchall()}
+
+    def _choose(
+        self,
+        cursor: Any,
+        pick: Pick,
+        rate: RateLimit,
+        used: dict[str, tuple[int, dt.datetime]],
+        full: list[str],
+        limit: int,
+    ) -> dict[str, str]:
+        """``{task_id: rate key}`` of the due tasks to claim, in pickup order, within each
+        key's room; tasks of full keys are left out in the query itself."""
+        if limit <= 0:
+            return {}
+        due_sql, params = self._due_of_name(pick)
+        if full:
+            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(full))})"
+            params += full
+        lock = " FOR UPDATE SKIP LOCKED" if self.vendor != "sqlite" else ""
+        cursor.execute(
+            f"SELECT task_id, COALESCE(rate_key, '') {due_sql} "
+            f"ORDER BY priority DESC, run_at ASC LIMIT %s{lock}",
+            [*params, limit * CANDIDATES_PER_CLAIM],
+        )
+        chosen: dict[str, str] = {}
+        room = {key: rate.count - n for key, (n, _) in used.items()}
+        for task_id, key in cursor.fetchall():
+            if len(chosen) >= limit:
+                break
+            if room.setdefault(key, rate.count) > 0:
+                room[key] -= 1
+                chosen[task_id] = key
+        return chosen
+
+    def _full_keys(self, name: str) -> dict[str, float]:
+        """``{rate key: time.time() its window frees}`` of the keys of ``name`` the last
+        claim of it here found full."""
+        cache: dict[str, dict[str, float]] = self.__dict__.setdefault("_rate_full", {})
+        return cache.get(name, {})
+
+    def _note_free_at(
+        self,
+        name: str,
+        used: dict[str, tuple[int, dt.datetime]],
+        rate: RateLimit,
+        chosen: dict[str, str],
+        now: dt.datetime,
+    ) -> None:
+        """Remember when the earliest full window of the name frees (a key full before this
+        claim or filled by it), for ``wait_for_work``. A wake-up for a key with nothing left
+        waiting costs one claim that finds nothing."""
+        taken: dict[str, int] = {}
+        for key in chosen.values():
+            taken[key] = taken.get(key, 0) + 1
+        window = dt.timedelta(seconds=rate.log_window_seconds)
+        full: dict[str, float] = {}
+        for key in set(used) | set(taken):
+            n, oldest = used.get(key, (0, now))
+            if n + taken.get(key, 0) >= rate.count:
+                full[key] = (oldest + window).timestamp()
+        self.__dict__.setdefault("_rate_full", {})[name] = full
+        if full:
+            first = min(full.values())
+            self.rate_free_at = min(first, self.rate_free_at or first)
+
+    def _rate_timeout(self, timeout: float, now: float) -> float:
+        """``timeout`` shortened to end when a window noted by the last claim frees."""
+        free_at = self.rate_free_at
+        if free_at is None:
+            return timeout
+        return max(0.001, min(timeout, free_at - now))
+
+    def rate_use(self, limits: Mapping[str, RateLimit]) -> list[RateUse]:
+        now = self.clock.now()
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        uses = []
+        with connections[self.alias].cursor() as cursor:
+            for name, rate in limits.items():
+                window_start = now - dt.timedelta(seconds=rate.window_seconds)
+                log_start = now - dt.timedelta(seconds=rate.log_window_seconds)
+                cursor.execute(
+                    "SELECT rate_key, SUM(CASE WHEN claimed_at > %s THEN 1 ELSE 0 END), "
+                    f"COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s "
+                    "GROUP BY rate_key",
+                    [self._dt(window_start), name, self._dt(log_start)],
+                )
+                rows = [(key, int(recent or 0), int(n)) for key, recent, n in cursor.fetchall()]
+                full = [key for key, _, n in rows if n >= rate.count]
+                held = 0
+                if full:
+                    cursor.execute(
+                        f"SELECT COUNT(*) FROM {self._table} WHERE available = %s "
+                        "AND task_name = %s AND run_at <= %s AND COALESCE(rate_key, '') "
+                        f"IN ({', '.join(['%s'] * len(full))})",
+                        [True, name, self._dt(now), *full],
+                    )
+                    (held,) = cursor.fetchone()
+                recent = [r for _, r, _ in rows]
+                busiest = max(recent, default=0)
+                keys = sum(1 for r in recent if r)
+                uses.append(RateUse(name, rate, sum(recent), busiest, keys, int(held)))
+        return uses
+
+    # Provided by Claiming (which builds on this class).
+    def _lock_name(self, cursor: Any, table: str, name: str) -> None:
+        raise NotImplementedError
+
+    def _held(self, cursor: Any, name: str, now: dt.datetime) -> int:
+        raise NotImplementedError
+
+    def _take(self, pick: Pick) -> list[Claim]:
+        raise NotImplementedError

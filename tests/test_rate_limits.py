@@ -1,0 +1,324 @@
+"""``rate_limit``: at most N tasks of a name (per ``rate_key``) claimed in any window, across
+every worker, enforced by the storage at claim time on all four backends (real servers, no
+mocks); and the same from the handlers' own records with real worker processes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from django_reliable_executor import TaskStatus, reliable_task_handler
+from django_reliable_executor.exceptions import HandlerRegistrationError, InvalidTaskOptionError
+from django_reliable_executor.rate_limits import RateLimit, parse_rate_limit
+from django_reliable_executor.records import Claim
+from django_reliable_executor.registry import get_handler, rate_limits, unregister
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage.base import TaskStorage
+from tests.conftest import db_params, require
+from tests.contract_support import LEASE
+from tests.processes import Backend, service_for, wait_until
+
+RATED = "demo.echo"
+OTHER = "demo.noop"
+FIVE_PER_SECOND = RateLimit(5, 1.0)  # log window 1.1 s
+
+
+def consistent(storage: TaskStorage) -> None:
+    """On Redis, every index agrees with the tasks."""
+    from django_reliable_executor.storage.redis import RedisStorage
+
+    if isinstance(storage, RedisStorage):
+        from tests.redis_support import assert_consistent
+
+        assert_consistent(storage)
+
+
+def claim(
+    storage: TaskStorage,
+    rate: RateLimit = FIVE_PER_SECOND,
+    worker: str = "w1",
+    limit: int = 20,
+    start: int = 20,
+) -> list[Claim]:
+    claims = storage.claim(
+        worker, ["default"], limit, LEASE, rate_limits={RATED: rate}, start=start
+    )
+    consistent(storage)
+    return claims
+
+
+def names(claims: list[Claim]) -> list[str]:
+    return sorted(c.task.task_name for c in claims)
+
+
+# -- the decorator and the submit option -----------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["10/x", "0/s", "-1/m", "abc", "", 5, 1.5, None.__class__])
+def test_a_bad_rate_limit_is_refused_at_decoration(value):
+    with pytest.raises(HandlerRegistrationError) as excinfo:
+
+        @reliable_task_handler(name="tests.bad_rate", rate_limit=value)
+        def bad() -> None: ...
+
+    assert "rate_limit must be" in str(excinfo.value)
+    assert "tests.bad_rate" in str(excinfo.value)
+    assert get_handler("tests.bad_rate") is None
+
+
+def test_rate_limits_parse_and_are_listed():
+    assert parse_rate_limit("10/s") == RateLimit(10, 1.0)
+    assert parse_rate_limit("3/m") == RateLimit(3, 60.0)
+    assert parse_rate_limit("100/h") == RateLimit(100, 3600.0)
+    assert RateLimit(10, 1.0).log_window_seconds == pytest.approx(1.1)
+    assert RateLimit(3, 60.0).log_window_seconds == pytest.approx(61.0)
+
+    @reliable_task_handler(name="tests.rated_three", rate_limit="3/m")
+    def rated_three() -> None: ...
+
+    try:
+        assert rated_three.rate_limit == RateLimit(3, 60.0)
+        assert rate_limits()["tests.rated_three"] == RateLimit(3, 60.0)
+        assert rate_limits()["demo.rated"] == RateLimit(5, 1.0)
+        assert "demo.echo" not in rate_limits()
+    finally:
+        unregister("tests.rated_three")
+
+
+@pytest.mark.parametrize("value", [5, "", "x" * 192, b"key"])
+def test_a_bad_rate_key_is_refused_and_nothing_stored(executor, value):
+    with pytest.raises(InvalidTaskOptionError) as excinfo:
+        executor.submit(RATED, 1, task_id="bad-key", rate_key=value)
+    assert excinfo.value.field == "rate_key"
+    assert "rate_key" in str(excinfo.value)
+    assert executor.get_task("bad-key") is None
+
+
+# -- the storage contract ---------------------------------------------------------------------
+
+
+def test_the_limit_holds_until_the_window_frees(executor, storage, clock):
+    ids = []
+    for i in range(12):
+        ids.append(executor.submit(RATED, i, task_id=f"t{i:02d}").task_id)
+        clock.advance(0.001)  # distinct run_at: the claim order is exact
+    first = claim(storage)
+    assert [c.task_id for c in first] == ids[:5]  # the claim order is kept
+    assert claim(storage, worker="w2") == []
+    # Finishing a claim frees nothing: the window counts starts, not running tasks.
+    for one in first[:2]:
+        started = one if one.is_started else storage.start(one, LEASE)
+        assert started is not None and storage.complete(started, None) is not None
+    assert claim(storage, worker="w2") == []
+    clock.advance(0.5)
+    assert claim(storage) == []
+    # The window (1 s, plus its margin of 0.1 s) has passed since the first claims.
+    clock.advance(0.61)
+    assert [c.task_id for c in claim(storage, worker="w2")] == ids[5:10]
+    assert claim(storage) == []
+    clock.advance(1.2)
+    assert [c.task_id for c in claim(storage)] == ids[10:12]
+    consistent(storage)
+
+
+def test_rate_keys_have_their_own_limits(executor, storage, clock):
+    for i in range(4):
+        for key in ("customer:1", "customer:2", None):
+            executor.submit(RATED, i, rate_key=key)
+            clock.advance(0.001)
+    claims = claim(storage, RateLimit(2, 60.0))
+    assert len(claims) == 6  # two of each key, the name's own limit being one of them
+    assert claim(storage, RateLimit(2, 60.0)) == []
+    stored = {c.task_id: executor.get_task(c.task_id) for c in claims}
+    assert len(stored) == 6
+    clock.advance(62)
+    assert len(claim(storage, RateLimit(2, 60.0))) == 6
+
+
+def test_other_names_flow_past_a_held_name(executor, storage, clock):
+    for i in range(30):
+        executor.submit(RATED, i, priority=5)
+    clock.advance(0.01)
+    others = [executor.submit(OTHER, None).task_id for _ in range(5)]
+    claims = claim(storage, RateLimit(3, 1.0))
+    assert names(claims) == [RATED] * 3 + [OTHER] * 5
+    assert {c.task_id for c in claims if c.task.task_name == OTHER} == set(others)
+    late = executor.submit(OTHER, None).task_id
+    assert [c.task_id for c in claim(storage, RateLimit(3, 1.0), worker="w2")] == [late]
+    listed = executor.list_tasks(status=TaskStatus.CREATED, task_name=RATED, limit=100)
+    assert len([t for t in listed if t.worker_id is None]) == 27  # waiting, nobody's
+
+
+def test_a_start_moves_the_logged_claim_to_the_start(executor, storage, clock):
+    """A claim started later than claimed counts from its start: the window frees a window
+    after the start, not after the claim."""
+    for i in range(10):
+        executor.submit(RATED, i)
+    first = claim(storage, start=0)  # none started by the claim itself
+    assert len(first) == 5
+    clock.advance(1.0)
+    assert all(storage.start(c, LEASE) is not None for c in first)
+    clock.advance(0.2)  # 1.2 s after the claims, 0.2 s after the starts
+    assert claim(storage, start=0) == []
+    clock.advance(0.91)  # 1.11 s after the starts
+    assert len(claim(storage, start=0)) == 5
+    consistent(storage)
+
+
+def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(executor, storage, clock):
+    for i in range(2):
+        executor.submit(RATED, i)
+    [late, _] = claim(storage, start=0)
+    clock.advance(1.2)  # longer than the window (1 s) and its margin
+    assert storage.start(late, LEASE) is None
+    task = executor.get_task(late.task_id)
+    assert (task.status, task.attempts, task.worker_id) == (TaskStatus.CREATED, 0, None)
+    consistent(storage)
+    again = claim(storage, start=0)
+    assert [c.task_id for c in again] == [late.task_id]  # waiting again, claimed again
+    assert all(storage.start(c, LEASE) is not None for c in again)
+    consistent(storage)
+
+
+def test_concurrent_claims_never_exceed_the_limit(executor, make_storage, clock):
+    """Workers with their own connections claim at once: the limit holds, per window."""
+    total, threads_n = 30, 5
+    for i in range(total):
+        executor.submit(RATED, i)
+    taken: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads_n)
+    storages = [make_storage(clock) for _ in range(threads_n)]
+
+    def work(storage: TaskStorage, worker: str) -> None:
+        try:
+            barrier.wait(10)
+            for _ in range(20):
+                claims = storage.claim(
+                    worker, ["default"], 4, LEASE, rate_limits={RATED: FIVE_PER_SECOND}, start=4
+                )
+                with lock:
+                    taken.extend(c.task_id for c in claims)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=work, args=(storages[i], f"w{i}")) for i in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert len(taken) == 5 and len(set(taken)) == 5
+    consistent(storages[0])
+
+
+def test_an_idle_worker_waits_until_the_window_frees(executor, storage, clock):
+    """Held back at its limit, the next task of the name ends an idle worker's wait when its
+    window frees (not after POLL_INTERVAL), and never at once (no busy loop)."""
+    for i in range(6):
+        executor.submit(RATED, i)
+    assert len(claim(storage)) == 5
+    assert claim(storage) == []
+    # The fake clock stands still: the window frees 1.1 s from now as the storage sees it.
+    # Far below POLL_INTERVAL (30 s here); a wait ended by an earlier submit's wake-up is
+    # simply waited again, as a worker would.
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:
+        storage.wait_for_work(["default"], 30.0)
+    assert time.monotonic() - began < 10
+    clock.advance(1.11)
+    assert len(claim(storage)) == 1
+
+
+def test_the_use_of_each_limit_can_be_read(executor, storage, clock):
+    rate = RateLimit(2, 60.0)
+    for i in range(3):
+        for key in ("a", "b", None):
+            executor.submit(RATED, i, rate_key=key)
+    claim(storage, rate, limit=3)  # a, b and the name's own: one each
+    claim(storage, rate)  # one more each: all three at their limit
+    [use] = storage.rate_use({RATED: rate, OTHER: rate})[:1]
+    assert (use.task_name, use.limit, use.started, use.busiest, use.keys) == (
+        RATED,
+        rate,
+        6,
+        2,
+        3,
+    )
+    assert use.held_back == 3  # the third of each key
+    [other] = storage.rate_use({OTHER: rate})
+    assert (other.started, other.busiest, other.keys, other.held_back) == (0, 0, 0, 0)
+    clock.advance(61.5)
+    [later] = storage.rate_use({RATED: rate})
+    assert (later.started, later.held_back) == (0, 0)
+
+
+def test_the_metrics_report_held_back_tasks_and_starts(executor, storage):
+    from django_reliable_executor.task_gauges import TaskCountCollector
+
+    for _ in range(7):
+        executor.submit("demo.rated", {})
+    claims = storage.claim("w1", ["default"], 10, LEASE, rate_limits=rate_limits(), start=10)
+    assert len(claims) == 5  # demo.rated: rate_limit="5/s"
+    read = {
+        family.name: {tuple(s.labels.values()): s.value for s in family.samples}
+        for family in TaskCountCollector(executor, cache_seconds=0).collect()
+    }
+    assert read["reliable_executor_rate_limited_tasks"][("demo.rated",)] == 2
+    assert read["reliable_executor_rate_limit_started"][("demo.rated",)] == 5
+
+
+# -- real processes ---------------------------------------------------------------------------
+
+
+def _most_in_a_window(times: list[float], window: float) -> int:
+    times = sorted(times)
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+@pytest.mark.parametrize("alias", db_params(["default", "mariadb", "postgres", "redis"]))
+def test_two_worker_processes_keep_the_rate_in_the_handlers_records(
+    alias, key_prefix, workers, tmp_path: Path
+):
+    """demo.rated has rate_limit="5/s": two runexecutor processes of four threads each never
+    let more than five handlers start in any second, by the handlers' own time.time(), while
+    other work keeps flowing; every task completes."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service: ReliableExecutor = service_for(backend)
+    journal = tmp_path / "journal.jsonl"
+    rated = [service.submit("demo.rated", {}).task_id for _ in range(20)]
+    others = [service.submit("demo.echo", i).task_id for i in range(20)]
+    env = {"RE_JOURNAL": str(journal)}
+    started = [
+        workers.start(backend, "--burst", "--core-pool-size", "4", "--max-pool-size", "4", env=env)
+        for _ in range(2)
+    ]
+
+    def finished() -> bool:
+        return all(p.returncode is not None for p in started)
+
+    wait_until(finished, 90, "the burst workers did not finish", logs=workers.logs)
+    assert [p.returncode for p in started] == [0, 0], workers.logs()
+    infos = [service.get_task(i) for i in rated + others]
+    assert {i.status for i in infos} == {TaskStatus.COMPLETED}, workers.logs()
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    starts = [r["at"] for r in records if r["event"] == "start"]
+    assert len(starts) == 20
+    assert _most_in_a_window(starts, 1.0) <= 5, sorted(starts)
+    # It ran at its rate, not slower: 20 starts at 5 per 1.1 s take at least three windows.
+    assert max(starts) - min(starts) >= 3.0
+    service.storage.close()
