@@ -10,7 +10,7 @@ from django_reliable_executor import TaskStatus
 from django_reliable_executor.states import TERMINAL_STATUSES as TERMINAL
 
 from .conftest import require
-from .faults.journal import Faults, Journal, freeze_mid_run
+from .faults.journal import Faults, Journal, check_runs, freeze_mid_run
 from .processes import FAST, Backend, service_for, wait_until
 
 
@@ -114,6 +114,15 @@ def test_a_master_failover_loses_and_repeats_no_run(alias, key_prefix, workers, 
         "the fired runs did not finish",
         logs=workers.logs,
     )
+    _check_the_fired_runs(service, start, cut_short)
+    # None ran twice but for the kill, nor two at once (the handlers' own records).
+    fired_ids = [t.task_id for t in _fired(service, "fo")]
+    problems = check_runs(journal, faults, service, fired_ids)
+    assert not problems, "\n".join(problems)
+
+
+def _check_the_fired_runs(service, start: dt.datetime, cut_short: dict[str, int]) -> None:
+    """All on the grid from ``start`` and completed; each run cut short retried once."""
     fired = sorted(_fired(service, "fo"), key=_planned)
     report = [(t.task_id, t.run_at.isoformat(), t.status, t.attempts) for t in fired]
     planned = [_planned(t) for t in fired]
