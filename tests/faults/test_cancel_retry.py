@@ -43,22 +43,7 @@ def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers
     service = service_for(backend)
     rng = random.Random(5)
     ids = [f"race-{i:03d}" for i in range(TASKS)]
-    service.submit_many(
-        [
-            TaskSubmitRequest(
-                ASYNC, {"sleep": HELD_SLEEP, "sleep_attempts": 1}, task_id=HELD, retry_limit=5
-            ),
-            *(
-                TaskSubmitRequest(
-                    ASYNC if n % 3 == 0 else "demo.journal",
-                    {"sleep": 0.3},
-                    task_id=i,
-                    retry_limit=5,
-                )
-                for n, i in enumerate(ids)
-            ),
-        ]
-    )
+    _submit(service, ids)
     started = [
         workers.start(backend, *POOL, wait_ready=False, env=journal.env(), **FAST) for _ in range(3)
     ]
@@ -70,32 +55,8 @@ def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers
     stop = threading.Event()
 
     def chaos() -> None:
-        """Cancel, and mostly retry at once, tasks that are waiting, claimed or running."""
         try:
-            deadline = time.monotonic() + CHAOS_SECONDS
-            while time.monotonic() < deadline and not stop.is_set():
-                tasks = service.list_tasks(limit=TASKS + 1)
-                # The held task is the test thread's to cancel, once it runs.
-                live = [t for t in tasks if not t.status.is_terminal and t.task_id != HELD]
-                if not live:
-                    break
-                # Mostly a claimed task not started yet: the window the stale start races in.
-                claimed = [t for t in live if t.worker_id and t.status is not TaskStatus.RUNNING]
-                # Now and then an async one under way: a cancel then cancels its coroutine.
-                awaiting = [
-                    t for t in live if t.status is TaskStatus.RUNNING and t.task_name == ASYNC
-                ]
-                draw = rng.random()
-                if awaiting and draw < 0.15:
-                    task_id = rng.choice(awaiting).task_id
-                else:
-                    task_id = rng.choice(claimed if claimed and draw < 0.7 else live).task_id
-                if service.cancel_task(task_id):
-                    acted["cancelled"] += 1
-                time.sleep(rng.choice((0, 0, 0, 0.002, 0.02)))
-                if rng.random() < 0.8 and service.retry_task(task_id):
-                    acted["retried"] += 1
-                time.sleep(rng.uniform(0, 0.01))
+            _cancel_and_retry_at_random(service, rng, acted, stop)
         except BaseException as exc:  # reported by the test thread
             errors.append(exc)
 
@@ -131,13 +92,63 @@ def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers
     assert (HELD, 1, held_pid) in stopped, "the held async handler's coroutine was not cancelled"
     assert not problems, "\n".join(problems[:20])
     lost = [
-        t.task_id for t in service.list_tasks(limit=TASKS) if "worker lost" in (t.last_error or "")
+        t.task_id
+        for t in service.list_tasks(limit=TASKS + 1)
+        if "worker lost" in (t.last_error or "")
     ]
     assert not lost, f"worker lost reported for living workers: {lost}\n{workers.logs()}"
     for process in started:
         process.terminate()
     for process in started:
         assert process.wait(20) == 0, process.log()
+
+
+def _submit(service, ids: list[str]) -> None:
+    """The held task first (so it is claimed early), then the racing ones."""
+    service.submit_many(
+        [
+            TaskSubmitRequest(
+                ASYNC, {"sleep": HELD_SLEEP, "sleep_attempts": 1}, task_id=HELD, retry_limit=5
+            ),
+            *(
+                TaskSubmitRequest(
+                    ASYNC if n % 3 == 0 else "demo.journal",
+                    {"sleep": 0.3},
+                    task_id=i,
+                    retry_limit=5,
+                )
+                for n, i in enumerate(ids)
+            ),
+        ]
+    )
+
+
+def _cancel_and_retry_at_random(
+    service, rng: random.Random, acted: dict[str, int], stop: threading.Event
+) -> None:
+    """Cancel, and mostly retry at once, tasks that are waiting, claimed or running."""
+    deadline = time.monotonic() + CHAOS_SECONDS
+    while time.monotonic() < deadline and not stop.is_set():
+        tasks = service.list_tasks(limit=TASKS + 1)
+        # The held task is the test thread's to cancel, once it runs.
+        live = [t for t in tasks if not t.status.is_terminal and t.task_id != HELD]
+        if not live:
+            break
+        # Mostly a claimed task not started yet: the window the stale start races in.
+        claimed = [t for t in live if t.worker_id and t.status is not TaskStatus.RUNNING]
+        # Now and then an async one under way: a cancel then cancels its coroutine.
+        awaiting = [t for t in live if t.status is TaskStatus.RUNNING and t.task_name == ASYNC]
+        draw = rng.random()
+        if awaiting and draw < 0.15:
+            task_id = rng.choice(awaiting).task_id
+        else:
+            task_id = rng.choice(claimed if claimed and draw < 0.7 else live).task_id
+        if service.cancel_task(task_id):
+            acted["cancelled"] += 1
+        time.sleep(rng.choice((0, 0, 0, 0.002, 0.02)))
+        if rng.random() < 0.8 and service.retry_task(task_id):
+            acted["retried"] += 1
+        time.sleep(rng.uniform(0, 0.01))
 
 
 def _cancel_the_held_task_once_running(service, journal, logs) -> int:
