@@ -2,7 +2,8 @@
 the task, and a task that timed out while its handler still runs is not retried until the
 handler has ended. Checked against the handlers' own records on all four storages. A third of
 the racing tasks have async handlers, started by the event loop's feeder thread; a cancel of a
-running one cancels its coroutine."""
+running one cancels its coroutine: shown by one held async task, cancelled once its handler has
+said it started, whatever the random cancels happened to hit."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ from .journal import Run, check_runs
 TASKS = 120
 ASYNC = "demo.async_journal"
 CHAOS_SECONDS = 8.0
+# An async task whose first attempt awaits far longer than any heartbeat takes to pass on a
+# cancel, even on a loaded machine: cancelled once its handler has started, it must say
+# "cancelled" (its coroutine stopped), never "end". The random cancels alone cannot promise
+# that: the other handlers await 0.3 s, less than the heartbeat's interval (LEASE / 4).
+HELD = "race-held"
+HELD_SLEEP = 120.0
 # A small pool and a deep local queue: claims wait here unstarted long enough for a cancel and
 # a retry to slip in between the claim and the start.
 POOL = (
@@ -36,17 +43,7 @@ def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers
     service = service_for(backend)
     rng = random.Random(5)
     ids = [f"race-{i:03d}" for i in range(TASKS)]
-    service.submit_many(
-        [
-            TaskSubmitRequest(
-                ASYNC if n % 3 == 0 else "demo.journal",
-                {"sleep": 0.3},
-                task_id=i,
-                retry_limit=5,
-            )
-            for n, i in enumerate(ids)
-        ]
-    )
+    _submit(service, ids)
     started = [
         workers.start(backend, *POOL, wait_ready=False, env=journal.env(), **FAST) for _ in range(3)
     ]
@@ -58,36 +55,14 @@ def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers
     stop = threading.Event()
 
     def chaos() -> None:
-        """Cancel, and mostly retry at once, tasks that are waiting, claimed or running."""
         try:
-            deadline = time.monotonic() + CHAOS_SECONDS
-            while time.monotonic() < deadline and not stop.is_set():
-                tasks = service.list_tasks(limit=TASKS)
-                live = [t for t in tasks if not t.status.is_terminal]
-                if not live:
-                    break
-                # Mostly a claimed task not started yet: the window the stale start races in.
-                claimed = [t for t in live if t.worker_id and t.status is not TaskStatus.RUNNING]
-                # Now and then an async one under way: a cancel then cancels its coroutine.
-                awaiting = [
-                    t for t in live if t.status is TaskStatus.RUNNING and t.task_name == ASYNC
-                ]
-                draw = rng.random()
-                if awaiting and draw < 0.15:
-                    task_id = rng.choice(awaiting).task_id
-                else:
-                    task_id = rng.choice(claimed if claimed and draw < 0.7 else live).task_id
-                if service.cancel_task(task_id):
-                    acted["cancelled"] += 1
-                time.sleep(rng.choice((0, 0, 0, 0.002, 0.02)))
-                if rng.random() < 0.8 and service.retry_task(task_id):
-                    acted["retried"] += 1
-                time.sleep(rng.uniform(0, 0.01))
+            _cancel_and_retry_at_random(service, rng, acted, stop)
         except BaseException as exc:  # reported by the test thread
             errors.append(exc)
 
     thread = threading.Thread(target=chaos, name="cancel-retry-chaos")
     thread.start()
+    held_pid = _cancel_the_held_task_once_running(service, journal, workers.logs)
     thread.join(CHAOS_SECONDS + 60)
     stop.set()
     assert not errors, errors
@@ -95,9 +70,9 @@ def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers
 
     # Re-drive what stayed cancelled until every task has completed.
     def all_completed() -> bool:
-        for task in service.list_tasks(status=TaskStatus.CANCELLED, limit=TASKS):
+        for task in service.list_tasks(status=TaskStatus.CANCELLED, limit=TASKS + 1):
             service.retry_task(task.task_id)
-        return service.count_by_status()[TaskStatus.COMPLETED] == TASKS
+        return service.count_by_status()[TaskStatus.COMPLETED] == TASKS + 1
 
     wait_until(all_completed, LEASE * 3 + 90, "the drain did not finish", logs=workers.logs)
     # Nothing was killed or frozen: no task may have run twice (a cancelled task never ran, a
@@ -111,17 +86,88 @@ def test_cancels_and_retries_at_random_during_a_drain(alias, key_prefix, workers
     def stopped_by_its_cancel(earlier: Run, later: Run) -> bool:
         return (earlier.task, earlier.attempt, earlier.pid) in stopped
 
-    problems = check_runs(journal, faults, service, ids, repeat_allowed=stopped_by_its_cancel)
-    assert stopped, "no running async handler was cancelled"
+    problems = check_runs(
+        journal, faults, service, [HELD, *ids], repeat_allowed=stopped_by_its_cancel
+    )
+    assert (HELD, 1, held_pid) in stopped, "the held async handler's coroutine was not cancelled"
     assert not problems, "\n".join(problems[:20])
     lost = [
-        t.task_id for t in service.list_tasks(limit=TASKS) if "worker lost" in (t.last_error or "")
+        t.task_id
+        for t in service.list_tasks(limit=TASKS + 1)
+        if "worker lost" in (t.last_error or "")
     ]
     assert not lost, f"worker lost reported for living workers: {lost}\n{workers.logs()}"
     for process in started:
         process.terminate()
     for process in started:
         assert process.wait(20) == 0, process.log()
+
+
+def _submit(service, ids: list[str]) -> None:
+    """The held task first (so it is claimed early), then the racing ones."""
+    service.submit_many(
+        [
+            TaskSubmitRequest(
+                ASYNC, {"sleep": HELD_SLEEP, "sleep_attempts": 1}, task_id=HELD, retry_limit=5
+            ),
+            *(
+                TaskSubmitRequest(
+                    ASYNC if n % 3 == 0 else "demo.journal",
+                    {"sleep": 0.3},
+                    task_id=i,
+                    retry_limit=5,
+                )
+                for n, i in enumerate(ids)
+            ),
+        ]
+    )
+
+
+def _cancel_and_retry_at_random(
+    service, rng: random.Random, acted: dict[str, int], stop: threading.Event
+) -> None:
+    """Cancel, and mostly retry at once, tasks that are waiting, claimed or running."""
+    deadline = time.monotonic() + CHAOS_SECONDS
+    while time.monotonic() < deadline and not stop.is_set():
+        tasks = service.list_tasks(limit=TASKS + 1)
+        # The held task is the test thread's to cancel, once it runs.
+        live = [t for t in tasks if not t.status.is_terminal and t.task_id != HELD]
+        if not live:
+            break
+        # Mostly a claimed task not started yet: the window the stale start races in.
+        claimed = [t for t in live if t.worker_id and t.status is not TaskStatus.RUNNING]
+        # Now and then an async one under way: a cancel then cancels its coroutine.
+        awaiting = [t for t in live if t.status is TaskStatus.RUNNING and t.task_name == ASYNC]
+        draw = rng.random()
+        if awaiting and draw < 0.15:
+            task_id = rng.choice(awaiting).task_id
+        else:
+            task_id = rng.choice(claimed if claimed and draw < 0.7 else live).task_id
+        if service.cancel_task(task_id):
+            acted["cancelled"] += 1
+        time.sleep(rng.choice((0, 0, 0, 0.002, 0.02)))
+        if rng.random() < 0.8 and service.retry_task(task_id):
+            acted["retried"] += 1
+        time.sleep(rng.uniform(0, 0.01))
+
+
+def _cancel_the_held_task_once_running(service, journal, logs) -> int:
+    """Cancel the held task once its handler has written "start" (so it surely runs, and awaits
+    for HELD_SLEEP seconds), wait for its handler to stop either way; returns its pid."""
+    [start] = wait_until(
+        lambda: journal.events(HELD, "start"), 120, "the held task never started", logs=logs
+    )
+    assert start["attempt"] == 1, start
+    assert service.cancel_task(HELD), "the cancel of the running held task changed nothing"
+    # Its handler ends with "cancelled" when the cancel reaches its coroutine, or with "end"
+    # HELD_SLEEP seconds later when it does not; the check of which is the caller's.
+    wait_until(
+        lambda: journal.events(HELD, "finally"),
+        HELD_SLEEP + 60,
+        "the held handler never returned",
+        logs=logs,
+    )
+    return start["pid"]
 
 
 @pytest.mark.parametrize("alias", db_params(BACKENDS))
