@@ -13,6 +13,7 @@ from .chores import Chores
 from .claiming import Claiming
 from .locks import Locks
 from .pausing import Pausing
+from .progress import ProgressReports
 from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
@@ -21,7 +22,16 @@ from .workers import Workers
 
 
 class DatabaseStorage(
-    Submitting, Claiming, Transitions, Schedules, Chores, Locks, Workers, Reading, Pausing
+    Submitting,
+    Claiming,
+    Transitions,
+    ProgressReports,
+    Schedules,
+    Chores,
+    Locks,
+    Workers,
+    Reading,
+    Pausing,
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part
     per role, each built on DatabaseAccess alone, never on another part.

@@ -1,0 +1,116 @@
+"""Coalesces handlers' progress reports: at most one write per task a second, off their thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from .progress import WRITE_INTERVAL_SECONDS
+
+logger = logging.getLogger("django_reliable_executor")
+
+T = TypeVar("T")
+
+
+class ProgressWriter(Generic[T]):
+    """Keeps the latest report of each task (``put``: no I/O, so a handler may call it in a
+    tight loop) and hands them to ``write`` in batches on a thread of its own, each task's at
+    most once per ``interval`` seconds: a report within the interval waits for its end, and a
+    later one replaces it. ``finish(task_id)`` writes a task's waiting report at once, on the
+    caller's thread, and forgets the task: called before its outcome is recorded, so the
+    last report is never lost to a write refused after the task ended.
+
+    The worker writes to the storage through it; a process pool's child sends over its pipe."""
+
+    def __init__(
+        self,
+        write: Callable[[list[T]], object],
+        *,
+        interval: float = WRITE_INTERVAL_SECONDS,
+        name: str = "reliable-executor-progress",
+    ) -> None:
+        self._write = write
+        self.interval = interval
+        self._name = name
+        self._changed = threading.Condition()
+        # Held through a write: finish() waits for a batch in flight that may hold its task's
+        # report, so reports reach the storage in order, and none after the outcome.
+        self._writing = threading.Lock()
+        self._waiting: dict[str, T] = {}
+        self._written_at: dict[str, float] = {}  # monotonic time of each task's last write
+        self._in_flight: set[str] = set()  # tasks whose report the thread is writing now
+        self._thread: threading.Thread | None = None
+
+    def put(self, task_id: str, report: T) -> None:
+        with self._changed:
+            self._waiting[task_id] = report
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def pending(self, task_id: str) -> bool:
+        """A report of the task waits to be written, or is being written now: ``finish``
+        has to write or wait. Otherwise ``forget`` will do, which never waits."""
+        with self._changed:
+            return task_id in self._waiting or task_id in self._in_flight
+
+    def forget(self, task_id: str) -> None:
+        """Forget a task that has nothing pending (see ``pending``)."""
+        with self._changed:
+            self._written_at.pop(task_id, None)
+
+    def finish(self, task_id: str) -> None:
+        """Write the task's waiting report now (never raises: a failure is logged) and forget
+        the task. Waits only when a report of the task is pending (see ``pending``)."""
+        if not self.pending(task_id):
+            self.forget(task_id)
+            return
+        with self._writing:
+            with self._changed:
+                report = self._waiting.pop(task_id, None)
+                self._written_at.pop(task_id, None)
+            if report is not None:
+                self._write_logged([report])
+
+    def _due(self, now: float) -> tuple[list[str], float | None]:
+        """The tasks whose report may be written now, and how long until the next one may."""
+        due: list[str] = []
+        wait: float | None = None
+        for task_id in self._waiting:
+            left = self._written_at.get(task_id, -self.interval) + self.interval - now
+            if left <= 0:
+                due.append(task_id)
+            elif wait is None or left < wait:
+                wait = left
+        return due, wait
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                due, wait = self._due(time.monotonic())
+                if not due:
+                    self._changed.wait(wait)
+                    continue
+            with self._writing:
+                with self._changed:
+                    now = time.monotonic()
+                    due, _ = self._due(now)
+                    batch = [self._waiting.pop(task_id) for task_id in due]
+                    for task_id in due:
+                        self._written_at[task_id] = now
+                    self._in_flight.update(due)
+                if batch:
+                    self._write_logged(batch)
+                with self._changed:
+                    self._in_flight.clear()
+
+    def _write_logged(self, batch: list[T]) -> None:
+        # Progress is advisory: a write that fails is logged, never the task's failure.
+        try:
+            self._write(batch)
+        except Exception:
+            logger.warning("could not write the progress of %d tasks", len(batch), exc_info=True)
