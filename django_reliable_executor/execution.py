@@ -14,7 +14,7 @@ from typing import Any
 
 from .batching import GroupCommitter
 from .completions import CompletionWriter
-from .connections import with_reconnect
+from .connections import close_connections, with_reconnect
 from .exceptions import StorageUnavailableError, storage_unavailable
 from .progress import Progress, make_progress
 from .progress_writer import ProgressWriter
@@ -150,7 +150,8 @@ class TaskRunner:
         self.writer: CompletionWriter | None = None
         # Handlers' progress reports, coalesced per task and written by a thread of its own.
         self.progress: ProgressWriter[tuple[Claim, Progress]] = ProgressWriter(
-            lambda reports: with_reconnect(lambda: self.storage.record_progress(reports))
+            lambda reports: with_reconnect(lambda: self.storage.record_progress(reports)),
+            on_exit=close_connections,
         )
 
     def start_writer(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import inspect
 import json
 import os
@@ -57,9 +58,7 @@ def main(conn: Any, settings_module: str, parent_pid: int) -> None:
             break  # the worker closed the pipe: retired, or stopping
         task_id = message["task"]["task_id"]
         try:
-            reply = run_task(
-                message, lambda report, key=task_id: progress.put(key, _message(report))
-            )
+            reply = run_task(message, functools.partial(_report, progress, task_id))
         finally:
             progress.finish(task_id)  # the last report goes before the outcome
             tidy_connections()
@@ -83,8 +82,8 @@ def _sender(conn: Any) -> Callable[[dict[str, Any]], None]:
     return send
 
 
-def _message(progress: Progress) -> dict[str, Any]:
-    return {"status": "progress", "progress": progress_to_json(progress)}
+def _report(writer: ProgressWriter[dict[str, Any]], task_id: str, progress: Progress) -> None:
+    writer.put(task_id, {"status": "progress", "progress": progress_to_json(progress)})
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -13,6 +13,8 @@ from .progress import WRITE_INTERVAL_SECONDS
 logger = logging.getLogger("django_reliable_executor")
 
 T = TypeVar("T")
+# The thread exits after this long with no task to watch (started again by the next report).
+IDLE_SECONDS = 30.0
 
 
 class ProgressWriter(Generic[T]):
@@ -31,8 +33,11 @@ class ProgressWriter(Generic[T]):
         *,
         interval: float = WRITE_INTERVAL_SECONDS,
         name: str = "reliable-executor-progress",
+        on_exit: Callable[[], object] | None = None,
     ) -> None:
         self._write = write
+        self._on_exit = on_exit  # run on the thread as it ends (closes its connections)
+        self._closed = False
         self.interval = interval
         self._name = name
         self._changed = threading.Condition()
@@ -62,6 +67,7 @@ class ProgressWriter(Generic[T]):
         """Forget a task that has nothing pending (see ``pending``)."""
         with self._changed:
             self._written_at.pop(task_id, None)
+            self._changed.notify()  # the thread may have nothing left to watch
 
     def finish(self, task_id: str) -> None:
         """Write the task's waiting report now (never raises: a failure is logged) and forget
@@ -88,25 +94,50 @@ class ProgressWriter(Generic[T]):
                 wait = left
         return due, wait
 
+    def close(self) -> None:
+        """Stop the thread (reports still waiting are dropped: ``finish`` each task first)."""
+        with self._changed:
+            self._closed = True
+            thread, self._thread = self._thread, None
+            self._changed.notify()
+        if thread is not None:
+            thread.join()
+
     def _run(self) -> None:
-        while True:
+        try:
+            while self._next():
+                pass
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
+
+    def _next(self) -> bool:
+        """Wait for due reports and write them; False once the thread should end."""
+        with self._changed:
+            if self._closed:
+                return False
+            due, wait = self._due(time.monotonic())
+            if not due:
+                if wait is None and not self._written_at:  # no task to watch
+                    if not self._changed.wait(IDLE_SECONDS) and not self._waiting:
+                        self._thread = None  # a later put() starts another
+                        return False
+                    return True
+                self._changed.wait(wait)
+                return True
+        with self._writing:
             with self._changed:
-                due, wait = self._due(time.monotonic())
-                if not due:
-                    self._changed.wait(wait)
-                    continue
-            with self._writing:
-                with self._changed:
-                    now = time.monotonic()
-                    due, _ = self._due(now)
-                    batch = [self._waiting.pop(task_id) for task_id in due]
-                    for task_id in due:
-                        self._written_at[task_id] = now
-                    self._in_flight.update(due)
-                if batch:
-                    self._write_logged(batch)
-                with self._changed:
-                    self._in_flight.clear()
+                now = time.monotonic()
+                due, _ = self._due(now)
+                batch = [self._waiting.pop(task_id) for task_id in due]
+                for task_id in due:
+                    self._written_at[task_id] = now
+                self._in_flight.update(due)
+            if batch:
+                self._write_logged(batch)
+            with self._changed:
+                self._in_flight.clear()
+        return True
 
     def _write_logged(self, batch: list[T]) -> None:
         # Progress is advisory: a write that fails is logged, never the task's failure.
