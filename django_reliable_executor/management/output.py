@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..conf import ExecutorSettings
+from ..progress import Progress, percent
 from ..records import TaskInfo, WorkerInfo
 from ..states import TaskStatus
 
@@ -207,6 +208,23 @@ def _when(moment: dt.datetime | None, now: dt.datetime) -> str:
     return f"{moment.isoformat()} ({relative})"
 
 
+def _amount(value: float) -> str:
+    """A count as written (``3``), a fraction to two decimals at most (``2.5``)."""
+    return str(value) if isinstance(value, int) else f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def progress_text(progress: Progress | None, now: dt.datetime) -> str:
+    """``3 of 10 (30%): copying, at 2026-… (2s ago)``; ``-`` before any report."""
+    if progress is None:
+        return "-"
+    text = _amount(progress["current"])
+    if progress["total"] is not None:
+        text += f" of {_amount(progress['total'])} ({percent(progress)}%)"
+    if progress["message"]:
+        text += f": {progress['message']}"
+    return f"{text}, at {_when(progress['updated_at'], now)}"
+
+
 def task_text(info: TaskInfo, now: dt.datetime) -> str:
     """Every field of the task, one a line, then the parameter, result and last error in full."""
     duration = "-"
@@ -233,6 +251,7 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("last run took", duration),
         ("worker_id", info.worker_id or "-"),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
+        ("progress", progress_text(info.progress, now)),
     ]
     width = max(len(name) for name, _ in fields)
     lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
