@@ -84,3 +84,18 @@ def percent(progress: Progress | None) -> int | None:
         return None
     total = progress["total"]
     return 100 if total == 0 else min(100, int(100 * progress["current"] / total))
+
+
+def _amount(value: float) -> str:
+    """A count as written (``3``), a fraction to two decimals at most (``2.5``)."""
+    return str(value) if isinstance(value, int) else f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def progress_summary(progress: Progress) -> str:
+    """``3 of 10 (30%): copying`` (``3: copying`` without a total), for people to read."""
+    text = _amount(progress["current"])
+    if progress["total"] is not None:
+        text += f" of {_amount(progress['total'])} ({percent(progress)}%)"
+    if progress["message"]:
+        text += f": {progress['message']}"
+    return text

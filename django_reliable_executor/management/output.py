@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..conf import ExecutorSettings
-from ..progress import Progress, percent
+from ..progress import Progress, progress_summary
 from ..records import TaskInfo, WorkerInfo
 from ..states import TaskStatus
 
@@ -208,21 +208,11 @@ def _when(moment: dt.datetime | None, now: dt.datetime) -> str:
     return f"{moment.isoformat()} ({relative})"
 
 
-def _amount(value: float) -> str:
-    """A count as written (``3``), a fraction to two decimals at most (``2.5``)."""
-    return str(value) if isinstance(value, int) else f"{value:.2f}".rstrip("0").rstrip(".")
-
-
 def progress_text(progress: Progress | None, now: dt.datetime) -> str:
     """``3 of 10 (30%): copying, at 2026-… (2s ago)``; ``-`` before any report."""
     if progress is None:
         return "-"
-    text = _amount(progress["current"])
-    if progress["total"] is not None:
-        text += f" of {_amount(progress['total'])} ({percent(progress)}%)"
-    if progress["message"]:
-        text += f": {progress['message']}"
-    return f"{text}, at {_when(progress['updated_at'], now)}"
+    return f"{progress_summary(progress)}, at {_when(progress['updated_at'], now)}"
 
 
 def task_text(info: TaskInfo, now: dt.datetime) -> str:
