@@ -51,11 +51,13 @@ class ProgressWriter(Generic[T]):
 
     def put(self, task_id: str, report: T) -> None:
         with self._changed:
+            replaced = task_id in self._waiting
             self._waiting[task_id] = report
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            self._changed.notify()
+            elif not replaced:  # a report replaced is due when it was: the thread knows when
+                self._changed.notify()
 
     def pending(self, task_id: str) -> bool:
         """A report of the task waits to be written, or is being written now: ``finish``
