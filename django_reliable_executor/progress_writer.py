@@ -74,6 +74,10 @@ class ProgressWriter(Generic[T]):
     def finish(self, task_id: str) -> None:
         """Write the task's waiting report now (never raises: a failure is logged) and forget
         the task. Waits only when a report of the task is pending (see ``pending``)."""
+        # Without the lock, for the tasks that never reported (most): the thread marks a task
+        # written before it takes its report from _waiting, so one of the two always shows it.
+        if task_id not in self._waiting and task_id not in self._written_at:
+            return
         if not self.pending(task_id):
             self.forget(task_id)
             return
@@ -131,10 +135,10 @@ class ProgressWriter(Generic[T]):
             with self._changed:
                 now = time.monotonic()
                 due, _ = self._due(now)
-                batch = [self._waiting.pop(task_id) for task_id in due]
-                for task_id in due:
+                for task_id in due:  # before the reports leave _waiting: see finish()
                     self._written_at[task_id] = now
                 self._in_flight.update(due)
+                batch = [self._waiting.pop(task_id) for task_id in due]
             if batch:
                 self._write_logged(batch)
             with self._changed:
