@@ -47,6 +47,11 @@ def tidy_connections() -> None:
     _threads.open = found
 
 
+def close_connections() -> None:
+    """Close this thread's database connections (a worker thread that ends)."""
+    connections.close_all()
+
+
 def drop_unusable_connections() -> int:
     """After a storage error in a long-lived thread: close this thread's database connections
     the error left unusable (killed by the server, a restart, a failover, a proxy or an idle

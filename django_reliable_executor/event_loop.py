@@ -166,6 +166,12 @@ class EventLoop:
             if timer is not None:
                 timer.cancel()
             runner.contexts.pop(claim.task_id, None)
+            # The last progress report before the outcome (written after, it is refused); off
+            # the loop, and only when one is pending: most tasks pay nothing here.
+            if runner.progress.pending(claim.task_id):
+                await loop.run_in_executor(self._blocking, runner.finish_progress, claim)
+            else:
+                runner.progress.forget(claim.task_id)
         writer = runner.writer
         assert writer is not None  # begin_many() refuses to start without it
         refusal = runner.hand_over(claim, value, writer)

@@ -14,8 +14,10 @@ from typing import Any
 
 from .batching import GroupCommitter
 from .completions import CompletionWriter
-from .connections import with_reconnect
+from .connections import close_connections, with_reconnect
 from .exceptions import StorageUnavailableError, storage_unavailable
+from .progress import Progress, make_progress
+from .progress_writer import ProgressWriter
 from .records import Claim, TaskInfo, Transition, build
 from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
@@ -41,6 +43,7 @@ class TaskContext:
         task: TaskInfo,
         deadline_at: dt.datetime | None,
         executor: ReliableExecutor,
+        report: Callable[[Progress], object] | None = None,
     ) -> None:
         self.task = task  # as it started: RUNNING, this attempt counted
         self.task_id = task.task_id
@@ -52,6 +55,21 @@ class TaskContext:
         self._cancelled = False
         self._checked_at = 0.0
         self._on_cancel: Callable[[], object] | None = None
+        self._report = report
+
+    def set_progress(
+        self, current: int | float, total: int | float | None = None, message: str = ""
+    ) -> None:
+        """Report how far the handler got (``TaskInfo.progress``): ``current`` of ``total``
+        (None: unknown), with a short ``message``. Cheap: the worker writes the latest report
+        at most once a second, off this thread, and the last one before the outcome. Stored
+        only while this attempt still holds its lease. TypeError/ValueError naming the
+        argument when one does not fit (numbers, not bool, 0 or more, current <= total; a
+        message of at most 1000 characters)."""
+        progress = make_progress(current, total, message, self._executor.clock.now())
+        if self._report is None:
+            raise RuntimeError("set_progress: this context belongs to no running task")
+        self._report(progress)
 
     def is_cancelled(self) -> bool:
         """True once a cancel was requested, or the task stopped being this attempt's (it timed
@@ -127,6 +145,11 @@ class TaskRunner:
         # Started by the worker (start_writer): it writes every completion in the background,
         # in batches, and fails alone a result the storage refuses (see completions.py).
         self.writer: CompletionWriter | None = None
+        # Handlers' progress reports, coalesced per task and written by a thread of its own.
+        self.progress: ProgressWriter[tuple[Claim, Progress]] = ProgressWriter(
+            lambda reports: with_reconnect(lambda: self.storage.record_progress(reports)),
+            on_exit=close_connections,
+        )
 
     def start_writer(
         self, written: Callable[[list[Claim]], None] | None = None
@@ -291,9 +314,23 @@ class TaskRunner:
         claim = begun.claim
         if not (begun.handler.takes_context or always):
             return None
-        context = TaskContext(claim.task, claim.deadline_at, self.executor)
+        context = TaskContext(
+            claim.task,
+            claim.deadline_at,
+            self.executor,
+            lambda progress: self.report_progress(claim, progress),
+        )
         self.contexts[claim.task_id] = context
         return context
+
+    def report_progress(self, claim: Claim, progress: Progress) -> None:
+        """Keep a handler's progress report for the progress writer (no I/O here)."""
+        self.progress.put(claim.task_id, (claim, progress))
+
+    def finish_progress(self, claim: Claim) -> None:
+        """Write the claim's last progress report now, before its outcome is recorded (a
+        report written after it would be refused, the task no longer RUNNING)."""
+        self.progress.finish(claim.task_id)
 
     @staticmethod
     def arguments(
@@ -321,11 +358,15 @@ class TaskRunner:
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
             if isinstance(exc, KeyboardInterrupt):
                 raise
+            if context is not None:  # only a handler with a context reports progress
+                self.finish_progress(claim)  # before the outcome: written after, it is refused
             retryable = isinstance(exc, handler.retry_on)
             return self.record_failure(claim, traceback.format_exc(), retryable)
         finally:
             if context is not None:
                 self.contexts.pop(claim.task_id, None)
+        if context is not None:
+            self.finish_progress(claim)
         refusal = self.hand_over(claim, value, writer)
         if refusal is not None:
             return self.record_failure(claim, refusal, False)

@@ -36,6 +36,8 @@ class ReliableTask(models.Model):
     last_error = models.TextField(null=True, blank=True)  # noqa: DJ001 - None: no error yet
     worker_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
     cancel_requested = models.BooleanField(default=False)
+    # The handler's last set_progress() (progress.Progress as JSON); None before any.
+    progress = models.JSONField(null=True, blank=True)
     # True while the task waits for a worker (CREATED/PENDING and not claimed): the claim index.
     available = models.BooleanField(default=True)
     # Fencing token: bumped by every claim; every write by the claimer must match it.

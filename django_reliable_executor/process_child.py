@@ -4,13 +4,15 @@ The child only runs handlers. It never claims, starts, heartbeats or records a t
 process does all of that, so whatever a handler does here (hold the GIL, crash, hang) cannot
 cost the worker its leases. Everything crossing the pipe is JSON text, both ways (never pickle):
 the task (a TaskInfo, its parameter as stored), then the outcome (the result as JSON, or the
-error with its traceback).
+error with its traceback). Before the outcome, the handler's progress reports: coalesced here
+as the worker does (at most one a second, the last one always sent before the outcome).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import inspect
 import json
 import os
@@ -18,10 +20,13 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from .connections import tidy_connections
 from .execution import RESULT_REFUSED, TaskContext
+from .progress import Progress, progress_to_json
+from .progress_writer import ProgressWriter
 from .records import task_from_json
 from .registry import resolve_handler
 from .serialization import ConversionError, dumps, encode, from_json_value
@@ -40,23 +45,45 @@ def main(conn: Any, settings_module: str, parent_pid: int) -> None:
 
     django.setup()
     _exit_with_parent(parent_pid)
-    conn.send_bytes(dumps({"status": "ready"}).encode())
+    send = _sender(conn)
+    send({"status": "ready"})
+    progress: ProgressWriter[dict[str, Any]] = ProgressWriter(
+        lambda messages: [send(message) for message in messages],
+        name="reliable-executor-child-progress",
+    )
     while True:
         try:
             message = json.loads(conn.recv_bytes())
         except (EOFError, OSError):
             break  # the worker closed the pipe: retired, or stopping
+        task_id = message["task"]["task_id"]
         try:
-            reply = run_task(message)
+            reply = run_task(message, functools.partial(_report, progress, task_id))
         finally:
+            progress.finish(task_id)  # the last report goes before the outcome
             tidy_connections()
         try:
-            conn.send_bytes(dumps(reply).encode())
+            send(reply)
         except OSError:
             break
     from django.db import connections
 
     connections.close_all()
+
+
+def _sender(conn: Any) -> Callable[[dict[str, Any]], None]:
+    """Sends a message to the worker: from this thread (outcomes) or the progress writer's."""
+    lock = threading.Lock()
+
+    def send(message: dict[str, Any]) -> None:
+        with lock:
+            conn.send_bytes(dumps(message).encode())
+
+    return send
+
+
+def _report(writer: ProgressWriter[dict[str, Any]], task_id: str, progress: Progress) -> None:
+    writer.put(task_id, {"status": "progress", "progress": progress_to_json(progress)})
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -72,9 +99,11 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="reliable-executor-parent-watch", daemon=True).start()
 
 
-def run_task(message: dict[str, Any]) -> dict[str, Any]:
+def run_task(
+    message: dict[str, Any], report: Callable[[Progress], object] | None = None
+) -> dict[str, Any]:
     """Run one task's handler: {"status": "ok", "result": ...}, or "error" with the error
-    text and whether it is retryable."""
+    text and whether it is retryable. ``report`` takes the handler's progress reports."""
     task = task_from_json(message["task"])
     handler = resolve_handler(task.task_name)
     if handler is None:
@@ -88,7 +117,7 @@ def run_task(message: dict[str, Any]) -> dict[str, Any]:
     if handler.takes_context:
         deadline = message.get("deadline_at")
         deadline_at = dt.datetime.fromisoformat(deadline) if deadline else None
-        kwargs["context"] = TaskContext(task, deadline_at, executor)
+        kwargs["context"] = TaskContext(task, deadline_at, executor, report)
     try:
         value = handler.func(*args, **kwargs)
         if inspect.isawaitable(value):  # an async handler sent here runs on a loop of its own

@@ -32,6 +32,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from . import process_child
 from .execution import Begun, TaskContext, TaskRunner
+from .progress import progress_from_json
 from .records import Claim, task_to_json
 from .retries import timeout_message
 from .serialization import Encoded, dumps
@@ -241,6 +242,7 @@ class ProcessPool:
             runner.contexts.pop(claim.task_id, None)
             # Back before the outcome is written: the thread waiting for it sends its task now.
             self._put(child, reusable)
+        runner.finish_progress(claim)  # the last report before the outcome (refused after)
         return self._record(begun, reply)
 
     def _call(
@@ -265,7 +267,11 @@ class ProcessPool:
         while True:
             step = WAIT_STEP if ends is None else max(0.0, min(WAIT_STEP, ends - time.monotonic()))
             reply = child.receive(step)
-            if reply is not None:
+            if reply is not None and reply["status"] == "progress":  # coalesced in the child
+                progress = progress_from_json(reply["progress"])
+                if progress is not None:
+                    self.runner.report_progress(claim, progress)
+            elif reply is not None:
                 return reply
             now = time.monotonic()
             why = None

@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from .progress import Progress, progress_from_json, progress_to_json
 from .rate_limits import RateLimit
 from .states import TaskStatus
 
@@ -58,6 +59,8 @@ class TaskInfo:
     result: Any
     worker_id: str | None
     cancel_requested: bool
+    # The handler's last set_progress() (progress.Progress), None before any.
+    progress: Progress | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -275,6 +278,7 @@ def created_info(
             "result": None,
             "worker_id": None,
             "cancel_requested": False,
+            "progress": None,
         },
     )
 
@@ -306,6 +310,8 @@ def task_to_json(task: TaskInfo) -> dict[str, Any]:
             value = value.isoformat()
         elif isinstance(value, TaskStatus):
             value = value.value
+        elif field.name == "progress":
+            value = progress_to_json(value)
         plain[field.name] = value
     return plain
 
@@ -318,4 +324,5 @@ def task_from_json(plain: dict[str, Any]) -> TaskInfo:
         if isinstance(value, str) and "datetime" in str(field.type):
             values[field.name] = dt.datetime.fromisoformat(value)
     values["status"] = TaskStatus(values["status"])
+    values["progress"] = progress_from_json(values.get("progress"))
     return TaskInfo(**values)

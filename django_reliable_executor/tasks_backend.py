@@ -30,6 +30,7 @@ from .announcing import on_finished
 from .exceptions import InvalidTaskOptionError, TaskSubmitError
 from .execution import TaskContext as ExecutorContext
 from .options import RETRY_NAMES, TaskOptions, check_option
+from .progress import Progress
 from .records import TaskInfo, TaskSubmitRequest, Transition
 from .registry import TaskHandler, get_handler, register, register_resolver
 from .service import executor
@@ -292,9 +293,44 @@ def _imported(path: str) -> Any:
     return getattr(module, attribute, None) if module is not None else None
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReliableTaskResult(TaskResult):  # type: ignore[type-arg,misc]
+    """Django's TaskResult, with the task's ``progress`` (``TaskInfo.progress``: None before
+    the handler's first ``set_progress``), which Django's has no field for; ``refresh()``
+    reads it again too."""
+
+    progress: Progress | None = None
+
+    # TaskResult's own methods by name: super() without arguments fails in a slots dataclass.
+    def refresh(self) -> None:
+        TaskResult.refresh(self)
+        self._refresh_progress(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        await TaskResult.arefresh(self)
+        self._refresh_progress(await self.task.get_backend().aget_result(self.id))
+
+    def _refresh_progress(self, refreshed: TaskResult) -> None:
+        object.__setattr__(self, "progress", getattr(refreshed, "progress", None))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReliableTaskContext(TaskContext):  # type: ignore[misc]
+    """Django's TaskContext, with ``set_progress`` (see this app's TaskContext)."""
+
+    executor_context: ExecutorContext | None = None
+
+    def set_progress(
+        self, current: int | float, total: int | float | None = None, message: str = ""
+    ) -> None:
+        if self.executor_context is None:
+            raise RuntimeError("set_progress: this context belongs to no running task")
+        self.executor_context.set_progress(current, total, message)
+
+
 def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:
     parameter = info.parameter if isinstance(info.parameter, dict) else {}
-    result: TaskResult = TaskResult(
+    result: TaskResult = ReliableTaskResult(
         task=task,
         id=info.task_id,
         status=STATUS_MAP[info.status],
@@ -308,6 +344,7 @@ def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:
         errors=_errors(info),
         # One entry per attempt (Django counts attempts so); only the last worker is stored.
         worker_ids=[info.worker_id or ""] * info.attempts,
+        progress=info.progress,
     )
     if info.status is TaskStatus.COMPLETED:
         object.__setattr__(result, "_return_value", info.result)
@@ -330,9 +367,10 @@ def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[An
             task_started.send(type(backend), task_result=to_result(info, task, backend.alias))
         if not task.takes_context:
             return task.call(*args, **kwargs)
-        return task.call(
-            TaskContext(task_result=to_result(info, task, backend.alias)), *args, **kwargs
+        django_context = ReliableTaskContext(
+            task_result=to_result(info, task, backend.alias), executor_context=context
         )
+        return task.call(django_context, *args, **kwargs)
 
     run.__module__ = func.__module__
     run.__qualname__ = func.__qualname__

@@ -231,6 +231,7 @@ class Worker:
             if self.processes is not None:
                 self.processes.close()
             writer.close()  # record the completions still pending before leases are dropped
+            self.runner.progress.close()  # every task's last report was written at its end
             self._threads_done.set()
             for thread in background:
                 thread.join(timeout=5)

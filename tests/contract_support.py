@@ -115,6 +115,7 @@ def task_runner(executor: ReliableExecutor) -> Iterator[TaskRunner]:
         yield runner
     finally:
         writer.close()
+        runner.progress.close()  # its thread's database connection with it
 
 
 def run_claims(executor: ReliableExecutor, claims: list[Claim]) -> list[TaskStatus | None]:

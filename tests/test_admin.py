@@ -15,6 +15,7 @@ from django.urls import NoReverseMatch, reverse
 
 from django_reliable_executor import signals
 from django_reliable_executor.admin import pages
+from django_reliable_executor.progress import make_progress
 from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import (
@@ -520,3 +521,28 @@ def test_summary_shows_the_use_of_each_rate_limit(service, viewer):
     assert (str(use.limit), use.started, use.busiest, use.keys) == ("5/s", 2, 1, 2)
     html = response.content.decode()
     assert 'id="re-rate-limits"' in html and 'data-task-name="demo.rated"' in html
+
+
+# -- progress -------------------------------------------------------------------------------
+def test_list_and_detail_show_the_progress_bar(service, viewer):
+    service.submit("demo.echo", None, task_id="p-bar", queue="progress")
+    claim = claim_and_start(service.storage, queue="progress")
+    reported = make_progress(3, 10, "copying <files>", service.clock.now())
+    assert service.storage.record_progress([(claim, reported)]) == 1
+
+    response = viewer.get(LIST_URL)
+    rows = {row.task.task_id: row for row in response.context["rows"]}
+    assert (rows["p-bar"].percent, rows["p-bar"].progress) == (30, "3 of 10 (30%): copying <files>")
+    assert (rows["t-created"].percent, rows["t-created"].progress) == (None, "")
+    html = response.content.decode()
+    row = re.search(r'<tr data-task-id="p-bar".*?</tr>', html, re.S).group(0)
+    assert '<progress max="100" value="30" aria-label="30% done">' in row
+    assert "copying &lt;files&gt;" in row  # escaped
+
+    detail = viewer.get(detail_url("p-bar")).content.decode()
+    assert '<progress max="100" value="30"' in detail
+    assert "3 of 10 (30%): copying &lt;files&gt;" in detail
+    before = viewer.get(detail_url("t-created")).content.decode()
+    assert re.search(
+        r'<tr id="re-progress"><th scope="row">Progress</th><td>\s*<span class="re-muted">', before
+    )

@@ -21,6 +21,7 @@ from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client, override_settings
 
 from django_reliable_executor.api import nonces
+from django_reliable_executor.progress import make_progress
 from django_reliable_executor.service import ReliableExecutor, executor
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import ADMIN_APPS, admin_params, make_user, run_one
@@ -179,6 +180,20 @@ def test_a_unique_submit_returns_the_live_task_of_its_key(service, operator):
     bad = post_json(operator, API, {**body, "unique_for": 0})
     assert bad.status_code == 400 and bad.json()["field"] == "unique_for"
     assert len(service.list_tasks()) == 1
+
+
+def test_the_task_json_carries_the_progress(service, operator):
+    service.submit(HOOK, None, task_id="api-p")
+    assert operator.get(f"{API}api-p/").json()["progress"] is None
+    claim = claim_and_start(service.storage)
+    reported = make_progress(2.5, 4, "half way", service.clock.now())
+    assert service.storage.record_progress([(claim, reported)]) == 1
+    assert operator.get(f"{API}api-p/").json()["progress"] == {
+        "current": 2.5,
+        "total": 4,
+        "message": "half way",
+        "updated_at": reported["updated_at"].isoformat(),
+    }
 
 
 def test_retry_of_a_failed_task_and_run_at(service, operator):

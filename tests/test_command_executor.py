@@ -22,6 +22,7 @@ from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.clock import FakeClock, system_clock
 from django_reliable_executor.management.output import format_age, parse_duration
 from django_reliable_executor.master_lock import MASTER_LOCK_NAME
+from django_reliable_executor.progress import make_progress
 from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.service import ReliableExecutor
@@ -307,6 +308,29 @@ def test_show_json_is_every_taskinfo_field(scenario, live):
     assert data["created_at"] == info.created_at.isoformat()
     assert (data["started_at"], data["finished_at"], data["result"]) == (None, None, None)
     assert data["cancel_requested"] is False
+
+
+def test_show_prints_the_progress_as_text_and_json(live, now_ex):
+    now_ex.submit("demo.echo", None, task_id="p1")
+    claim = claim_and_start(now_ex.storage)
+    reported = make_progress(3, 10, "copying", now_ex.clock.now())
+    assert now_ex.storage.record_progress([(claim, reported)]) == 1
+    line = next(line for line in run("show", "p1").lines if line.startswith("progress"))
+    assert words(line).startswith(
+        f"progress 3 of 10 (30%): copying, at {reported['updated_at'].isoformat()} ("
+    )
+    data = json.loads(run("show", "p1", "--json").out)
+    assert data["progress"] == {
+        "current": 3,
+        "total": 10,
+        "message": "copying",
+        "updated_at": reported["updated_at"].isoformat(),
+    }
+    now_ex.submit("demo.echo", None, task_id="p2")
+    assert words(next(x for x in run("show", "p2").lines if x.startswith("progress"))) == (
+        "progress -"
+    )
+    assert json.loads(run("show", "p2", "--json").out)["progress"] is None
 
 
 @pytest.mark.parametrize("json_flag", [(), ("--json",)], ids=["text", "json"])

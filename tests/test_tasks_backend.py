@@ -712,3 +712,21 @@ def test_exception_path_imports_no_module_outside_installed_apps():
     text += "testproject.outside_apps.Boom: x\n"
     assert exception_path(text) == "builtins.RuntimeError"
     assert "testproject.outside_apps" not in sys.modules
+
+
+def test_a_django_task_reports_progress_read_back_on_its_result(backend, storage, clock):
+    """This backend's TaskContext has set_progress; its TaskResult a ``progress`` attribute
+    (Django's has no field for it), read again by refresh()."""
+    from django_reliable_executor.service import executor as module_executor
+
+    result = djtasks.report_progress.enqueue(2, 4)
+    assert result.progress is None
+    assert run_next(module_executor) is TaskStatus.COMPLETED
+    result.refresh()
+    assert result.progress == {
+        "current": 2,
+        "total": 4,
+        "message": "from a Django task",
+        "updated_at": clock.now(),
+    }
+    assert backend.get_result(result.id).progress == result.progress

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 from django.contrib.admin.utils import quote
 from django.urls import reverse
 
+from ..progress import percent, progress_summary
 from ..records import TaskInfo, WorkerInfo
 from ..registry import all_handlers
 from ..service import ReliableExecutor
@@ -148,6 +149,8 @@ class Row:
     duration: str
     can_retry: bool
     can_cancel: bool
+    progress: str  # "3 of 10 (30%): copying"; "" before any report
+    percent: int | None  # of the progress bar; None without a report or its total
 
 
 def task_duration(task: TaskInfo, now: dt.datetime) -> str:
@@ -169,6 +172,8 @@ def row(task: TaskInfo, now: dt.datetime, site_name: str) -> Row:
         duration=task_duration(task, now),
         can_retry=can_retry(task.status),
         can_cancel=can_cancel(task.status, task.cancel_requested),
+        progress=progress_summary(task.progress) if task.progress is not None else "",
+        percent=percent(task.progress),
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..conf import ExecutorSettings
+from ..progress import Progress, progress_summary
 from ..records import RateUse, TaskInfo, WorkerInfo
 from ..states import TaskStatus
 
@@ -240,6 +241,13 @@ def _when(moment: dt.datetime | None, now: dt.datetime) -> str:
     return f"{moment.isoformat()} ({relative})"
 
 
+def progress_text(progress: Progress | None, now: dt.datetime) -> str:
+    """``3 of 10 (30%): copying, at 2026-… (2s ago)``; ``-`` before any report."""
+    if progress is None:
+        return "-"
+    return f"{progress_summary(progress)}, at {_when(progress['updated_at'], now)}"
+
+
 def task_text(info: TaskInfo, now: dt.datetime) -> str:
     """Every field of the task, one a line, then the parameter, result and last error in full."""
     duration = "-"
@@ -266,6 +274,7 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("last run took", duration),
         ("worker_id", info.worker_id or "-"),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
+        ("progress", progress_text(info.progress, now)),
     ]
     width = max(len(name) for name, _ in fields)
     lines = [f"{name.ljust(width)}  {value}" for name, value in fields]

@@ -8,6 +8,7 @@ import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 
 from ..clock import Clock, system_clock
+from ..progress import Progress
 from ..rate_limits import RateLimit
 from ..records import (
     CancelResult,
@@ -148,6 +149,12 @@ class TaskStorage(ScheduleStorage):
     ) -> Transition | None:
         """Record a failed attempt: -> PENDING (retry with backoff), FAILED, TIMEOUT (past the
         deadline), CANCELLED (cancel was requested) or, with ``is_error``, ERROR."""
+
+    @abc.abstractmethod
+    def record_progress(self, reports: Sequence[tuple[Claim, Progress]]) -> int:
+        """Store each claim's handler's progress (``TaskInfo.progress``), fenced like the other
+        writes of a claim: only where the task is RUNNING, held by the claim's worker under
+        its token. Returns how many were stored (the others' claims were no longer held)."""
 
     @abc.abstractmethod
     def expire_claim(self, claim: Claim) -> Transition | None:

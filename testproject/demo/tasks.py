@@ -243,3 +243,30 @@ async def async_journal(param: dict | None, context: TaskContext) -> object:
         raise
     finally:
         _journal("finally", context)
+
+
+def _released(param: dict) -> bool:
+    """The file named by ``go`` exists: the test lets the handler finish."""
+    return os.path.exists(param["go"])
+
+
+@reliable_task_handler(name="demo.progress", takes_context=True)
+def progress(param: dict, context: TaskContext) -> str:
+    """Reports 1 of 3, waits (at most 30 s) for the file named by ``go``, reports 3 of 3."""
+    context.set_progress(1, 3, "waiting")
+    deadline = time.monotonic() + 30
+    while not _released(param) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    context.set_progress(3, 3, "done")
+    return "done"
+
+
+@reliable_task_handler(name="demo.async_progress", takes_context=True)
+async def async_progress(param: dict, context: TaskContext) -> str:
+    """The ``async def`` twin of demo.progress."""
+    context.set_progress(1, 3, "waiting")
+    deadline = time.monotonic() + 30
+    while not _released(param) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    context.set_progress(3, 3, "done")
+    return "done"

@@ -87,3 +87,9 @@ if DECORATOR_OPTIONS:  # Django 6.1+ and the backport: this app's options on @ta
     )
     def with_options() -> str:
         return "ok"
+
+
+@task(takes_context=True)
+def report_progress(context: TaskContext, current: int, total: int) -> None:
+    """Reports its progress through the context's set_progress (this backend's TaskContext)."""
+    context.set_progress(current, total, "from a Django task")  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 
 from django_reliable_executor.process_pool import describe_exit
+from django_reliable_executor.progress import make_progress
 from django_reliable_executor.records import TaskInfo, task_from_json, task_to_json
 from django_reliable_executor.serialization import dumps
 from django_reliable_executor.states import TaskStatus
@@ -23,6 +24,24 @@ def test_a_task_survives_json_both_ways():
     )  # fmt: skip
     text = dumps(task_to_json(task))  # as the worker sends it: JSON text, never pickle
     assert task_from_json(json.loads(text)) == task
+
+
+def test_a_task_with_progress_survives_json_both_ways():
+    task = TaskInfo(
+        task_id="t1", task_name="demo.echo", status=TaskStatus.RUNNING, queue="default",
+        priority=0, parameter=None, attempts=1, retry_limit=3, retry_interval=1000,
+        retry_backoff="fixed", max_duration_millis=None, created_at=NOW, run_at=NOW,
+        started_at=NOW, finished_at=None, last_error=None, result=None, worker_id="w1",
+        cancel_requested=False, progress=make_progress(2.5, 4, "half", NOW),
+    )  # fmt: skip
+    plain = json.loads(dumps(task_to_json(task)))
+    assert plain["progress"] == {
+        "current": 2.5,
+        "total": 4,
+        "message": "half",
+        "updated_at": NOW.isoformat(),
+    }
+    assert task_from_json(plain) == task
 
 
 def test_how_a_child_ended_is_said_plainly():

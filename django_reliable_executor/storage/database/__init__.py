@@ -13,6 +13,7 @@ from .chores import Chores
 from .claiming import Claiming
 from .locks import Locks
 from .pausing import Pausing
+from .progress import ProgressReports
 from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
@@ -26,6 +27,7 @@ class DatabaseStorage(
     UniqueKeys,
     Claiming,
     Transitions,
+    ProgressReports,
     Schedules,
     Chores,
     Locks,

@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
 from ...models import ReliableTask
+from ...progress import progress_from_json
 from ...records import Claim, TaskInfo
 from ...states import LIVE_STATUSES, TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 
@@ -47,6 +48,7 @@ def to_info(row: ReliableTask) -> TaskInfo:
         result=row.result,
         worker_id=row.worker_id,
         cancel_requested=row.cancel_requested,
+        progress=progress_from_json(row.progress),
     )
 
 
@@ -115,7 +117,8 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
     return sql, [*params, *LIVE, TaskStatus.TIMEOUT.value]
 
 
-INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo)]
+# A claim does not read the task's progress: a worker has no use for it (None in its TaskInfo).
+INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name != "progress"]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
 DATETIME_FIELDS = ["created_at", "run_at", "started_at", "finished_at", "deadline_at"]

@@ -283,6 +283,7 @@ class Transitions(DatabaseAccess):
                 cancel_requested=False,
                 finished_at=None,
                 result=None,
+                progress=None,  # a fresh run reports afresh
                 lease_expires_at=None,
                 lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
             )
@@ -300,5 +301,5 @@ class Transitions(DatabaseAccess):
         self._work_committed([row.queue])
         previous = TaskStatus(row.status)
         row.status, row.run_at, row.finished_at = TaskStatus.PENDING.value, now, None
-        row.cancel_requested, row.result = False, None
+        row.cancel_requested, row.result, row.progress = False, None, None
         return Transition(task=to_info(row), previous=previous)

@@ -9,8 +9,9 @@ epoch, written as decimal strings.
                            k fencing token, rl/ri/rb retry limit/interval/backoff, md max
                            duration (ms), c created, r run at, st started, f finished,
                            d deadline, e last error, o result (JSON), w worker, x cancel
-                           requested ("1"), rq nonce of the last worker write (so a write
-                           redis-py resends after a lost reply is recognised as done).
+                           requested ("1"), pg progress (JSON), rq nonce of the last worker
+                           write (so a write redis-py resends after a lost reply is
+                           recognised as done).
                            Fields without a value are absent.
 ``P ready:<queue>:<prio>`` LIST of task ids ready to run, oldest first (FIFO within a priority).
 ``P prio:<queue>``         ZSET of the priorities that have a non-empty ready list (claims take
@@ -76,6 +77,7 @@ from .claiming import Claiming
 from .listing import Listing
 from .locks import Locks
 from .pausing import Pausing
+from .progress import ProgressReports
 from .rate_limits import RateReading
 from .reading import Reading
 from .schedules import Schedules
@@ -88,6 +90,7 @@ class RedisStorage(
     Submitting,
     Claiming,
     Transitions,
+    ProgressReports,
     Schedules,
     Chores,
     Locks,

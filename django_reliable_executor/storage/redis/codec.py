@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ...progress import progress_from_json
 from ...records import Claim, NewTask, TaskInfo
 from ...serialization import dumps, loads
 from ...states import TaskStatus
@@ -72,6 +73,7 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         result=json.loads(result) if result is not None else None,
         worker_id=values.get("w"),
         cancel_requested=values.get("x") == "1",
+        progress=progress_from_json(loads(values["pg"])) if "pg" in values else None,
     )
 
 
@@ -125,6 +127,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
             "result": None,
             "worker_id": w,
             "cancel_requested": False,
+            "progress": None,  # not read by the claim: a worker has no use for it
         }
     )
     claim = object.__new__(Claim)

@@ -20,6 +20,7 @@ NAMES = (
     "claim",
     "start",
     "heartbeat",
+    "progress",
     "complete",
     "fail",
     "expire_claim",

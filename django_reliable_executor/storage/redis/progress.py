@@ -1,0 +1,29 @@
+"""Handlers' progress reports on the Redis storage: one script call for a batch (progress.lua)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...progress import Progress, progress_to_json
+from ...records import Claim
+from ...serialization import dumps
+from .access import RedisAccess, guarded
+
+
+class ProgressReports(RedisAccess):
+    """record_progress: the ``pg`` field of each task hash, fenced by the claim's token."""
+
+    @guarded
+    def record_progress(self, reports: Sequence[tuple[Claim, Progress]]) -> int:
+        if not reports:
+            return 0
+        # One script call per worker id (a worker reports only its own claims: one call).
+        stored = 0
+        by_worker: dict[str, list[object]] = {}
+        for claim, progress in reports:
+            by_worker.setdefault(claim.task.worker_id or "", []).extend(
+                (claim.task_id, claim.token, dumps(progress_to_json(progress)))
+            )
+        for worker_id, args in by_worker.items():
+            stored += int(self._run("progress", worker_id, *args))
+        return stored
