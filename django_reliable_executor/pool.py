@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import operator
 import threading
 import time
 from collections import Counter
@@ -30,6 +31,7 @@ from .records import Claim
 logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
+_TASK_NAME = operator.attrgetter("task.task_name")
 STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
 # run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
@@ -201,11 +203,7 @@ class BoundedPool:
     def submit_many(self, claims: list[Claim]) -> None:
         """Queue claims (the fetcher's batch) under one lock, waking as many idle threads (and
         the event loop's feeder) as they need at once rather than one notify per claim."""
-        to_loop = (
-            [self._to_event_loop(claim) for claim in claims]
-            if self.async_capacity
-            else [False] * len(claims)
-        )
+        to_loop = self._to_event_loop_many(claims)
         with self._cond:
             threads = 0
             held, order = self._held_by_queue, self._order
@@ -226,6 +224,16 @@ class BoundedPool:
                 for _ in range(extra):
                     self._spawn(core=False)
             self._work.notify(threads)
+
+    def _to_event_loop_many(self, claims: list[Claim]) -> list[bool]:
+        """``_to_event_loop`` of each claim, asked once per task name of the batch (the answer
+        depends on the name's handler only; a batch mostly holds few names)."""
+        if not self.async_capacity or self._is_async is None:
+            return [False] * len(claims)
+        names = list(map(_TASK_NAME, claims))
+        one_of_each = dict(zip(names, claims, strict=True))
+        verdicts = {name: self._to_event_loop(claim) for name, claim in one_of_each.items()}
+        return list(map(verdicts.__getitem__, names))
 
     def _to_event_loop(self, claim: Claim) -> bool:
         if not self.async_capacity or self._is_async is None:
