@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import inspect
 import logging
+import operator
 import threading
 import time
 import traceback
@@ -21,6 +22,8 @@ from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
+
+_TASK = operator.attrgetter("task")
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -143,7 +146,8 @@ class TaskRunner:
     def _start_many(self, claims: list[Claim]) -> list[Claim | None]:
         """One start write for ``claims``; the metrics of those it started counted at once."""
         started = with_reconnect(lambda: self.storage.start_many(claims, self.lease_seconds))
-        self.executor.announcer.starts_recorded([c.task for c in started if c is not None])
+        # Claims are truthy: filter(None) drops the starts refused, in C like the map.
+        self.executor.announcer.starts_recorded(list(map(_TASK, filter(None, started))))
         return started
 
     def claimed(self, claims: list[Claim]) -> int:
@@ -307,7 +311,7 @@ class TaskRunner:
 
     def _call(self, begun: Begun, writer: CompletionWriter) -> TaskStatus | None:
         claim, handler = begun.claim, begun.handler
-        context = self.open_context(begun)  # None unless the handler takes one
+        context = self.open_context(begun) if handler.takes_context else None
         args = (begun.parameter,) if handler.accepts_parameter else ()
         try:
             value = handler.func(*args) if context is None else handler.func(*args, context=context)
