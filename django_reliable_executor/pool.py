@@ -27,11 +27,13 @@ from django.db import connections
 from .connections import tidy_connections
 from .exceptions import StorageUnavailableError
 from .records import Claim
+from .states import TaskStatus
 
 logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
 _TASK_NAME = operator.attrgetter("task.task_name")
+_QUEUE = operator.attrgetter("task.queue")
 STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
 # run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
@@ -205,16 +207,14 @@ class BoundedPool:
         the event loop's feeder) as they need at once rather than one notify per claim."""
         to_loop = self._to_event_loop_many(claims)
         with self._cond:
-            threads = 0
-            held, order = self._held_by_queue, self._order
+            threads = len(claims) - sum(to_loop)
+            heaps, order, running = (self._heap, self._async_heap), self._order, TaskStatus.RUNNING
             for claim, is_async in zip(claims, to_loop, strict=True):
-                heap = self._async_heap if is_async else self._heap
                 task = claim.task
                 # A started claim first: it was started for a thread that is idle now.
-                first = STARTED_FIRST if claim.is_started else -task.priority
-                heapq.heappush(heap, (first, next(order), claim))
-                held[task.queue] += 1
-                threads += not is_async
+                first = STARTED_FIRST if task.status is running else -task.priority
+                heapq.heappush(heaps[is_async], (first, next(order), claim))
+            self._held_by_queue.update(map(_QUEUE, claims))  # counted in C
             if threads < len(claims):
                 self._async_work.notify()
             if not threads:
