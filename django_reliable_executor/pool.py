@@ -401,7 +401,18 @@ class BoundedPool:
             self.version += 1
             self._changed.notify_all()
             return True
-        if self._watching and (not self._running or self._may_have_room() and self._room()):
+        if not self._watching:
+            return False
+        # _may_have_room() inline (once per task, usually false while busy), then _room().
+        if (
+            not self._running
+            or (
+                len(self._heap) <= self.queue_capacity // 2
+                or self._async_heap
+                or self._async_running
+            )
+            and self._room()
+        ):
             self._changed.notify_all()
         return False
 
