@@ -4,6 +4,7 @@ can take its next task as soon as its handler returns."""
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,8 @@ from .exceptions import storage_unavailable
 from .records import Claim, Transition
 
 logger = logging.getLogger("django_reliable_executor")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 
 MAX_BATCH = 200
 # While busy (completions came in as the last batch was written), the writer waits up to
@@ -103,10 +106,12 @@ class CompletionWriter:
                     del self._pending[:MAX_BATCH]
                     batch = self._writing
                 recorded, kept = self._record(batch)
-                for claim, transition in recorded:
-                    if transition is None:
-                        self._discarded(claim)
-                announced = [transition for _, transition in recorded if transition is not None]
+                # Transitions are truthy: filter(None) keeps those recorded, in C.
+                announced = list(filter(None, map(_SECOND, recorded)))
+                if len(announced) < len(recorded):
+                    for claim, transition in recorded:
+                        if transition is None:
+                            self._discarded(claim)
                 if announced:
                     self._announce(announced)
                 if kept:
@@ -136,7 +141,7 @@ class CompletionWriter:
         refuse = self._refuse
         try:
             transitions = self._write(batch)
-            return list(zip([claim for claim, _ in batch], transitions, strict=True)), []
+            return list(zip(map(_FIRST, batch), transitions, strict=True)), []
         except Exception as exc:
             connections.close_all()
             if storage_unavailable(exc) or refuse is None:

@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import inspect
 import logging
+import operator
 import threading
 import time
 import traceback
@@ -18,11 +19,13 @@ from .connections import close_connections, with_reconnect
 from .exceptions import StorageUnavailableError, storage_unavailable
 from .progress import Progress, make_progress
 from .progress_writer import ProgressWriter
-from .records import Claim, TaskInfo, Transition, build
+from .records import Claim, TaskInfo, Transition
 from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
+
+_TASK = operator.attrgetter("task")
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -166,7 +169,8 @@ class TaskRunner:
     def _start_many(self, claims: list[Claim]) -> list[Claim | None]:
         """One start write for ``claims``; the metrics of those it started counted at once."""
         started = with_reconnect(lambda: self.storage.start_many(claims, self.lease_seconds))
-        self.executor.announcer.starts_recorded([c.task for c in started if c is not None])
+        # Claims are truthy: filter(None) drops the starts refused, in C like the map.
+        self.executor.announcer.starts_recorded(list(map(_TASK, filter(None, started))))
         return started
 
     def claimed(self, claims: list[Claim]) -> int:
@@ -192,7 +196,7 @@ class TaskRunner:
         """Run one claim to its outcome; returns the recorded status, or None when the claim was
         no longer ours (cancelled, expired, or reclaimed after a lost lease). COMPLETED means
         handed to the writer, which records it shortly (or discards it, if no longer ours)."""
-        writer = self._writer()
+        writer = self.writer or self._writer()
         begun = self.begin(claim)
         if not isinstance(begun, Begun):
             return begun
@@ -202,9 +206,9 @@ class TaskRunner:
         """Start one claim (the start write, shared with claims starting at the same moment):
         what to call, or the status recorded instead (None: the claim was no longer ours).
         The process pool calls it (after start_writer()), then runs the handler in a child."""
-        if claim.is_started:  # by the claim itself (Redis), for an idle thread
+        if claim.task.status is TaskStatus.RUNNING:  # started by the claim itself (Redis)
             return self._begin(claim, claim)
-        if self._past_deadline(claim):
+        if claim.deadline_at is not None and self._past_deadline(claim):
             return self._expire(claim)
         try:
             started = self._starts.submit(claim)
@@ -282,18 +286,23 @@ class TaskRunner:
             return None
         # Found first: a resolver may import the task's module, and receivers of the started
         # signal (the Django Tasks backend's) look the handler up.
-        handler = resolve_handler(started.task.task_name)
-        self.executor.announcer.starting(started.task)  # its metrics: at its start write
+        task = started.task
+        handler = resolve_handler(task.task_name)
+        self.executor.announcer.starting(task)  # its metrics: at its start write
         if handler is None:
             return self._record_error(
                 started,
-                f"no handler is registered for task name {started.task.task_name!r} in this worker",
+                f"no handler is registered for task name {task.task_name!r} in this worker",
             )
-        try:
-            parameter = from_json_value(started.task.parameter, handler.param_type)
-        except ConversionError as exc:
-            return self._record_error(started, f"parameter does not fit param_type: {exc}")
-        return build(Begun, {"claim": started, "handler": handler, "parameter": parameter})
+        parameter, param_type = task.parameter, handler.param_type
+        if param_type is not None:  # (None: the parameter as stored, without a call)
+            try:
+                parameter = from_json_value(parameter, param_type)
+            except ConversionError as exc:
+                return self._record_error(started, f"parameter does not fit param_type: {exc}")
+        begun = object.__new__(Begun)  # build(), without its call: once per task
+        begun.__dict__.update(claim=started, handler=handler, parameter=parameter)
+        return begun
 
     def _hand_back(self, claims: list[Claim]) -> None:
         """Starts that failed even on a new connection: give the claims back at once rather
@@ -344,7 +353,7 @@ class TaskRunner:
 
     def _call(self, begun: Begun, writer: CompletionWriter) -> TaskStatus | None:
         claim, handler = begun.claim, begun.handler
-        context = self.open_context(begun)  # None unless the handler takes one
+        context = self.open_context(begun) if handler.takes_context else None
         args = (begun.parameter,) if handler.accepts_parameter else ()
         try:
             value = handler.func(*args) if context is None else handler.func(*args, context=context)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import operator
 import threading
 import time
 from collections import Counter
@@ -26,10 +27,13 @@ from django.db import connections
 from .connections import tidy_connections
 from .exceptions import StorageUnavailableError
 from .records import Claim
+from .states import TaskStatus
 
 logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
+_TASK_NAME = operator.attrgetter("task.task_name")
+_QUEUE = operator.attrgetter("task.queue")
 STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
 # run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
@@ -201,22 +205,16 @@ class BoundedPool:
     def submit_many(self, claims: list[Claim]) -> None:
         """Queue claims (the fetcher's batch) under one lock, waking as many idle threads (and
         the event loop's feeder) as they need at once rather than one notify per claim."""
-        to_loop = (
-            [self._to_event_loop(claim) for claim in claims]
-            if self.async_capacity
-            else [False] * len(claims)
-        )
+        to_loop = self._to_event_loop_many(claims)
         with self._cond:
-            threads = 0
-            held, order = self._held_by_queue, self._order
+            threads = len(claims) - sum(to_loop)
+            heaps, order, running = (self._heap, self._async_heap), self._order, TaskStatus.RUNNING
             for claim, is_async in zip(claims, to_loop, strict=True):
-                heap = self._async_heap if is_async else self._heap
                 task = claim.task
                 # A started claim first: it was started for a thread that is idle now.
-                first = STARTED_FIRST if claim.is_started else -task.priority
-                heapq.heappush(heap, (first, next(order), claim))
-                held[task.queue] += 1
-                threads += not is_async
+                first = STARTED_FIRST if task.status is running else -task.priority
+                heapq.heappush(heaps[is_async], (first, next(order), claim))
+            self._held_by_queue.update(map(_QUEUE, claims))  # counted in C
             if threads < len(claims):
                 self._async_work.notify()
             if not threads:
@@ -226,6 +224,16 @@ class BoundedPool:
                 for _ in range(extra):
                     self._spawn(core=False)
             self._work.notify(threads)
+
+    def _to_event_loop_many(self, claims: list[Claim]) -> list[bool]:
+        """``_to_event_loop`` of each claim, asked once per task name of the batch (the answer
+        depends on the name's handler only; a batch mostly holds few names)."""
+        if not self.async_capacity or self._is_async is None:
+            return [False] * len(claims)
+        names = list(map(_TASK_NAME, claims))
+        one_of_each = dict(zip(names, claims, strict=True))
+        verdicts = {name: self._to_event_loop(claim) for name, claim in one_of_each.items()}
+        return list(map(verdicts.__getitem__, names))
 
     def _to_event_loop(self, claim: Claim) -> bool:
         if not self.async_capacity or self._is_async is None:
@@ -393,7 +401,18 @@ class BoundedPool:
             self.version += 1
             self._changed.notify_all()
             return True
-        if self._watching and (not self._running or self._may_have_room() and self._room()):
+        if not self._watching:
+            return False
+        # _may_have_room() inline (once per task, usually false while busy), then _room().
+        if (
+            not self._running
+            or (
+                len(self._heap) <= self.queue_capacity // 2
+                or self._async_heap
+                or self._async_running
+            )
+            and self._room()
+        ):
             self._changed.notify_all()
         return False
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import operator
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -52,6 +53,7 @@ from .tasks_compat import (
 )
 
 logger = logging.getLogger("django_reliable_executor")
+_TASK_NAME = operator.attrgetter("task.task_name")
 
 OPTION_KEYS = (*RETRY_NAMES, "retry_on")
 STATUS_MAP = {
@@ -431,7 +433,7 @@ def _is_django_task(task_name: str) -> bool:
 def _on_finished(transitions: list[Transition]) -> None:
     """Django's task_finished for each Django task among ``transitions`` (tasks that reached a
     final status); a failure is logged and costs only its own task's signal."""
-    names = {transition.task.task_name for transition in transitions}
+    names = set(map(_TASK_NAME, transitions))
     django_names = {name for name in names if _is_django_task(name)}
     if not django_names:
         return

@@ -106,6 +106,36 @@ def test_redis_options_override_the_defaults(redis_server: RedisServer, connecte
     assert kwargs["socket_connect_timeout"] == SOCKET_CONNECT_TIMEOUT  # the rest stay
 
 
+def test_connections_share_driver_info_read_once(redis_server: RedisServer, connected):
+    """redis-py 7.1+ reads its package metadata for each new connection unless given a
+    driver_info: the client's connections share one, with redis-py's own name and version."""
+    from redis import driver_info
+    from redis.utils import get_lib_version
+
+    client = client_for(connected, REDIS_URL=redis_server.url)
+    pool = client.connection_pool
+    first, second = pool.get_connection(), pool.get_connection()
+    try:
+        assert first is not second
+        assert isinstance(first.driver_info, driver_info.DriverInfo)
+        assert first.driver_info is second.driver_info
+        assert first.driver_info.lib_version == get_lib_version()
+        assert first.driver_info.formatted_name == driver_info.DriverInfo().formatted_name
+    finally:
+        pool.release(first)
+        pool.release(second)
+
+
+def test_lib_name_option_is_not_overridden(redis_server: RedisServer, connected):
+    client = client_for(connected, REDIS_URL=redis_server.url, REDIS_OPTIONS={"lib_name": "x"})
+    assert "driver_info" not in client.connection_pool.connection_kwargs
+    connection = client.connection_pool.get_connection()
+    try:
+        assert connection.driver_info.name == "x"
+    finally:
+        client.connection_pool.release(connection)
+
+
 def test_unix_socket_url(redis_server: RedisServer, connected):
     client = client_for(connected, REDIS_URL=redis_server.unix_url)
     round_trip(client)

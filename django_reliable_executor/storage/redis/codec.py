@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import operator
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -91,6 +92,10 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k".split()  # noqa: SIM905
 
 
+# Which of CLAIMED_FIELDS are read as text, which as integers.
+_TEXTS = operator.itemgetter(0, 1, 3, 4, 9, 10, 11, 12, 13, 14, 15)  # n q s j rb md c r d e w
+_INTEGERS = operator.itemgetter(2, 5, 6, 7, 8, 16)  # p a b rl ri k
+_DELTA = dt.timedelta  # (days, seconds, microseconds)
 _STATUSES = {status.value: status for status in TaskStatus}  # TaskStatus(s), without enum's call
 
 
@@ -100,8 +105,9 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
     started it, at ``now``."""
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
-    n, q, p, s, j, a, b, rl, ri, rb, md, c, r, d, e, w, k = values
-    created_at = EPOCH + dt.timedelta(microseconds=int(c))
+    n, q, s, j, rb, md, c, r, d, e, w = _TEXTS(values)
+    p, a, b, rl, ri, k = map(int, _INTEGERS(values))  # in C, not a call per field
+    created_at = EPOCH + _DELTA(0, 0, int(c))
     status = _STATUSES.get(s) or TaskStatus(s)
     info = object.__new__(TaskInfo)
     info.__dict__.update(
@@ -110,15 +116,15 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
             "task_name": n,
             "status": status,
             "queue": q,
-            "priority": int(p),
+            "priority": p,
             "parameter": loads(j),
-            "attempts": int(a),
-            "retry_limit": int(rl),
-            "retry_interval": int(ri),
+            "attempts": a,
+            "retry_limit": rl,
+            "retry_interval": ri,
             "retry_backoff": rb,
             "max_duration_millis": int(md) if md else None,
             "created_at": created_at,
-            "run_at": EPOCH + dt.timedelta(microseconds=int(r)) if r else created_at,
+            "run_at": EPOCH + _DELTA(0, 0, int(r)) if r and r != c else created_at,
             # Started by the claim: at now, or at its creation if it was submitted after now
             # was read (as claim.lua records it).
             "started_at": max(now, created_at) if status is TaskStatus.RUNNING else None,
@@ -133,9 +139,9 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
     claim = object.__new__(Claim)
     claim.__dict__.update(
         task=info,
-        token=int(k),
-        budget_attempts=int(b),
-        deadline_at=EPOCH + dt.timedelta(microseconds=int(d)) if d else None,
+        token=k,
+        budget_attempts=b,
+        deadline_at=EPOCH + _DELTA(0, 0, int(d)) if d else None,
     )
     return claim
 

@@ -59,7 +59,20 @@ def default_options() -> dict[str, Any]:
             RETRIES,
             supported_errors=(ConnectionError, TimeoutError),
         ),
+        **_driver_info(),
     }
+
+
+def _driver_info() -> dict[str, Any]:
+    """redis-py's CLIENT SETINFO name and version, read once: redis-py 7.1+ otherwise reads its
+    own package metadata (importlib.metadata, ~1 ms of Python) for every new connection, and a
+    worker opens one per thread. Earlier versions read it once at import and take no such
+    option. The same values are sent as without it."""
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:
+        return {}
+    return {"driver_info": DriverInfo()}
 
 
 def connect(settings: ExecutorSettings) -> redis.Redis | redis.cluster.RedisCluster:
@@ -76,6 +89,8 @@ def connect(settings: ExecutorSettings) -> redis.Redis | redis.cluster.RedisClus
     if settings.REDIS_CACHE_ALIAS:
         return _cache_client(settings.REDIS_CACHE_ALIAS)
     options = {**default_options(), **settings.REDIS_OPTIONS}
+    if {"lib_name", "lib_version"} & settings.REDIS_OPTIONS.keys():
+        options.pop("driver_info", None)  # redis-py would ignore them beside a driver_info
     if settings.REDIS_SENTINEL:
         return _sentinel_client(settings.REDIS_SENTINEL, options)
     if settings.REDIS_CLUSTER:

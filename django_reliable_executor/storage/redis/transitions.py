@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 import operator
 from collections.abc import Mapping, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 from ...exceptions import AttemptStillRunningError
 from ...records import CancelResult, Claim, Transition
@@ -22,6 +22,8 @@ TASK_ID = operator.attrgetter("task.task_id")
 TOKEN = operator.attrgetter("token")
 TEXT = operator.attrgetter("text")
 FIRST = operator.itemgetter(0)
+SECOND = operator.itemgetter(1)
+VALUE = operator.attrgetter("value")
 
 
 class Transitions(RedisAccess):
@@ -38,6 +40,8 @@ class Transitions(RedisAccess):
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
         args = chain.from_iterable(map(ID_AND_TOKEN, claims))  # read in C: no bytecode a claim
         replies = self._run("start", lease_until, nonce(), *args, now=now)
+        if len(replies) == len(claims) and replies.count(1) == len(replies):  # all started
+            return list(map(Claim.started, claims, repeat(now)))  # no bytecode of a loop
         return [
             claim.started(now) if started == 1 else None
             for claim, started in zip(claims, replies, strict=True)
@@ -66,13 +70,17 @@ class Transitions(RedisAccess):
             return []
         now = self.clock.now()
         # A worker's are encoded already (encoded() for the others, without a call per task).
-        results = [r if type(r) is Encoded else encoded(r) for _, r in outcomes]
+        results = list(map(SECOND, outcomes))
+        if set(map(type, results)) != {Encoded}:
+            results = [r if type(r) is Encoded else encoded(r) for r in results]
         claims = list(map(FIRST, outcomes))
         # task id, token and result text of each, read in C: no bytecode a task.
         args = chain.from_iterable(
             zip(map(TASK_ID, claims), map(TOKEN, claims), map(TEXT, results), strict=True)
         )
         replies = self._run("complete", nonce(), *args, now=now)
+        if len(replies) == len(claims) and replies.count(1) == len(replies):  # all recorded
+            return list(map(Claim.completed, claims, map(VALUE, results), repeat(now)))
         return [
             claim.completed(result.value, now) if done == 1 else None
             for (claim, _), result, done in zip(outcomes, results, replies, strict=True)
