@@ -22,7 +22,6 @@ from django_reliable_executor.exceptions import (
     StorageUnavailableError,
     UnknownQueueError,
 )
-from django_reliable_executor.management.commands.runexecutor import check_worker_id
 from django_reliable_executor.management.health import check_health, default_max_age
 from django_reliable_executor.management.output import (
     DURATION_EXAMPLES,
@@ -32,6 +31,7 @@ from django_reliable_executor.management.output import (
     storage_label,
     task_text,
 )
+from django_reliable_executor.management.worker_id import check_worker_id
 from django_reliable_executor.records import task_to_json
 from django_reliable_executor.service import executor
 from django_reliable_executor.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus

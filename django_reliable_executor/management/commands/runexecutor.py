@@ -10,8 +10,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_reliable_executor import metrics
+from django_reliable_executor.management.worker_id import check_worker_id
 from django_reliable_executor.service import executor
-from django_reliable_executor.submission import MAX_ID_LENGTH
 from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
 
@@ -27,19 +27,6 @@ def _non_negative_int(value: str) -> int:
     if number < 0:
         raise ValueError(value)
     return number
-
-
-def check_worker_id(worker_id: str | None) -> None:
-    """A worker id is stored with each claim and in the worker registry: refuse at start one
-    those columns cannot hold, rather than fail every claim and heartbeat later."""
-    if worker_id is None:
-        return
-    if not 1 <= len(worker_id) <= MAX_ID_LENGTH:
-        raise CommandError(
-            f"--worker-id must be 1..{MAX_ID_LENGTH} characters, got {len(worker_id)}"
-        )
-    if any(char.isspace() or not char.isprintable() for char in worker_id):
-        raise CommandError(f"--worker-id {worker_id!r} contains whitespace or a control character")
 
 
 def parse_queues(value: str) -> tuple[tuple[str, ...], dict[str, int]]:
