@@ -38,6 +38,7 @@ sys.path.insert(0, str(BENCH))
 import throughput  # noqa: E402 - the stores and worker process of the throughput benchmark
 
 TARGET_RATIO = 1.10
+SCENARIOS = ("unlimited", "limited", "others_behind_held")
 
 
 def log(message: str) -> None:
@@ -83,7 +84,8 @@ def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> f
     # others_behind_held: the first held task runs (its limit's one of the hour).
     target = args.n + (1 if held else 0)
     worker = throughput.WorkerProcess(
-        argparse.Namespace(threads=args.threads, count_queries=None), dict(os.environ)
+        argparse.Namespace(threads=args.threads, count_queries=count_file(args, scenario)),
+        dict(os.environ),
     )
     try:
         ready = worker.start()
@@ -95,6 +97,13 @@ def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> f
     seconds = done_at - ready
     log(f"{scenario}: {args.n} tasks in {seconds:.2f}s ({args.n / seconds:.0f}/s)")
     return seconds
+
+
+def count_file(args: argparse.Namespace, scenario: str) -> str | None:
+    """--count-queries: the profile file of this scenario's worker (the last round's)."""
+    if args.count_queries is None:
+        return None
+    return f"{args.count_queries}.{scenario}.json"
 
 
 def wait_for(done: Callable[[], bool], worker: throughput.WorkerProcess, stall: float) -> float:
@@ -117,16 +126,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per scenario (default 3)")
     parser.add_argument("--stall-timeout", type=float, default=300.0)
     parser.add_argument("--poll-interval", type=float, default=None)
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated, of {', '.join(SCENARIOS)} (default all; ratios need unlimited)",
+    )
+    parser.add_argument(
+        "--count-queries",
+        metavar="PREFIX",
+        default=None,
+        help="profile: run each worker under bench/count_queries.py, writing PREFIX.SCENARIO.json "
+        "(adds overhead; do not quote its times)",
+    )
     args = parser.parse_args(argv)
     args.conn_max_age = None
     if min(args.n, args.held, args.threads, args.rounds) < 1:
         parser.error("--n, --held, --threads and --rounds must be >= 1")
+    args.scenarios = tuple(name.strip() for name in args.scenarios.split(",") if name.strip())
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown or not args.scenarios:
+        parser.error(f"--scenarios: unknown or none: {unknown}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    scenarios = ("unlimited", "limited", "others_behind_held")
+    scenarios = args.scenarios
     seconds: dict[str, list[float]] = {name: [] for name in scenarios}
     try:
         with throughput.terminate_on_sigterm():
@@ -150,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("interrupted")
         return 130
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    base = medians["unlimited"]
+    base = medians.get("unlimited")
     result: dict[str, Any] = {
         "storage": store.name,
         "n": args.n,
@@ -158,8 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threads": args.threads,
         **{f"{name}_s": round(value, 2) for name, value in medians.items()},
         **{f"{name}_per_s": round(args.n / value) for name, value in medians.items()},
-        "limited_ratio": round(medians["limited"] / base, 3),
-        "others_behind_held_ratio": round(medians["others_behind_held"] / base, 3),
+        **{
+            f"{name}_ratio": round(medians[name] / base, 3)
+            for name in ("limited", "others_behind_held")
+            if base and name in medians
+        },
         "target_ratio": TARGET_RATIO,
         "rounds": {name: [round(v, 2) for v in values] for name, values in seconds.items()},
         "load": [load_before, load_after],

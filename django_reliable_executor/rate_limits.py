@@ -52,6 +52,18 @@ class RateLimit:
         return self.margin_seconds / 2
 
     @property
+    def lead_seconds(self) -> float:
+        """How far ahead of its claim a claim made while its window is at most half full logs
+        its entry (the margin): about when it starts after waiting in its worker's local queue,
+        so that its start need not move the entry. Logging later only counts it longer."""
+        return self.margin_seconds
+
+    def has_room_to_lead(self, used: int) -> bool:
+        """Whether ``used`` entries (this claim's included) leave the window at most half
+        full: the claim may then log its entries ``lead_seconds`` ahead."""
+        return used * 2 <= self.count
+
+    @property
     def log_window_seconds(self) -> float:
         """How long the storage counts a claim against the limit (window + margin)."""
         return self.window_seconds + self.margin_seconds

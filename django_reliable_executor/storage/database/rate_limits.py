@@ -54,6 +54,24 @@ def _stale(claim: Claim, now: dt.datetime) -> bool:
     return (now - logged_at).total_seconds() > rate.fresh_seconds
 
 
+def _stamps(
+    rate: RateLimit, used: Mapping[str, tuple[int, dt.datetime]], keys: list[str], now: dt.datetime
+) -> dict[str, dt.datetime]:
+    """The time each rate key's new entries are logged at: ``lead_seconds`` ahead of ``now``
+    while the key's window stays at most half full with them (their tasks wait in the
+    worker's local queue for about that long, so their starts need not move them), else
+    ``now``. An entry later than its start only counts longer, never shorter: the limit holds;
+    a window half empty has the room to spare."""
+    taken: dict[str, int] = {}
+    for key in keys:
+        taken[key] = taken.get(key, 0) + 1
+    lead = now + dt.timedelta(seconds=rate.lead_seconds)
+    return {
+        key: lead if rate.has_room_to_lead(used.get(key, (0, now))[0] + n) else now
+        for key, n in taken.items()
+    }
+
+
 def _aware(value: Any) -> dt.datetime:
     """A raw datetime column value (text on SQLite, naive UTC on MySQL) as an aware one."""
     if isinstance(value, str):
@@ -122,6 +140,7 @@ class RateLimiting(DatabaseAccess):
             if not chosen:
                 return []
             claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
+            stamps = _stamps(rate, used, [chosen[c.task_id] for c in claims], now)
             ReliableRateLog.objects.using(self.alias).bulk_create(
                 [
                     ReliableRateLog(
@@ -129,12 +148,15 @@ class RateLimiting(DatabaseAccess):
                         rate_key=chosen[c.task_id],
                         task_id=c.task_id,
                         token=c.token,
-                        claimed_at=now,
+                        claimed_at=stamps[chosen[c.task_id]],
                     )
                     for c in claims
                 ]
             )
-        return [copy_with(c, rate_limit=rate, rate_logged_at=now) for c in claims]
+        return [
+            copy_with(c, rate_limit=rate, rate_logged_at=stamps[chosen[c.task_id]])
+            for c in claims
+        ]
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         """Claims of rate-limited names that waited here longer than their limit's
