@@ -72,6 +72,10 @@ def _stamps(
     }
 
 
+def _marks(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
 def _aware(value: Any) -> dt.datetime:
     """A raw datetime column value (text on SQLite, naive UTC on MySQL) as an aware one."""
     if isinstance(value, str):
@@ -108,13 +112,13 @@ class RateLimiting(DatabaseAccess):
         assert pick.name is not None
         name, now = pick.name, pick.now
         connection = connections[self.alias]
-        due_sql, due_params = self._due_of_name(pick)
         # Keys this process saw full, until their window frees: no room can appear there
         # sooner (entries leave only once out of the window, and a start only moves one
         # later), so their waiting tasks need no lock and no log read until then.
         known = {k: t for k, t in self._full_keys(name).items() if t > now.timestamp()}
+        due_sql, due_params = self._due_of_name(pick)
         if known and len(known) <= MAX_KNOWN_FULL:
-            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(known))})"
+            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({_marks(len(known))})"
             due_params += list(known)
         with connection.cursor() as cursor:
             # Nothing of the name due here: no lock taken (the common case of an idle name).
@@ -134,29 +138,47 @@ class RateLimiting(DatabaseAccess):
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
-                full = [key for key, (n, _) in used.items() if n >= rate.count]
-                chosen = self._choose(cursor, pick, rate, used, full, limit)
-            self._note_free_at(name, used, rate, chosen, now)
-            if not chosen:
+                if limit <= 0:
+                    claims, keys = [], []
+                elif max((n for n, _ in used.values()), default=0) + limit <= rate.count:
+                    # Every key has room for the whole batch (the limit far above its use):
+                    # claimed as a capped name is, no key looked at first.
+                    claims, keys = self._take_keyed(dataclasses.replace(pick, limit=limit))
+                else:
+                    full = [key for key, (n, _) in used.items() if n >= rate.count]
+                    chosen = self._choose(cursor, pick, rate, used, full, limit)
+                    claims = []
+                    if chosen:
+                        claims = self._take(
+                            dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen))
+                        )
+                    keys = [chosen[claim.task_id] for claim in claims]
+            self._note_free_at(name, used, rate, keys, now)
+            if not claims:
                 return []
-            claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
-            stamps = _stamps(rate, used, [chosen[c.task_id] for c in claims], now)
-            ReliableRateLog.objects.using(self.alias).bulk_create(
-                [
-                    ReliableRateLog(
-                        name=name,
-                        rate_key=chosen[c.task_id],
-                        task_id=c.task_id,
-                        token=c.token,
-                        claimed_at=stamps[chosen[c.task_id]],
-                    )
-                    for c in claims
-                ]
-            )
+            stamps = _stamps(rate, used, keys, now)
+            self._log(name, claims, keys, stamps)
         return [
-            copy_with(c, rate_limit=rate, rate_logged_at=stamps[chosen[c.task_id]])
-            for c in claims
+            copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
+            for claim, key in zip(claims, keys, strict=True)
         ]
+
+    def _log(
+        self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
+    ) -> None:
+        """One log row per claim, in one INSERT."""
+        ReliableRateLog.objects.using(self.alias).bulk_create(
+            [
+                ReliableRateLog(
+                    name=name,
+                    rate_key=key,
+                    task_id=claim.task_id,
+                    token=claim.token,
+                    claimed_at=stamps[key],
+                )
+                for claim, key in zip(claims, keys, strict=True)
+            ]
+        )
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         """Claims of rate-limited names that waited here longer than their limit's
@@ -287,14 +309,14 @@ class RateLimiting(DatabaseAccess):
         name: str,
         used: dict[str, tuple[int, dt.datetime]],
         rate: RateLimit,
-        chosen: dict[str, str],
+        keys: list[str],
         now: dt.datetime,
     ) -> None:
         """Remember when the earliest full window of the name frees (a key full before this
         claim or filled by it), for ``wait_for_work``. A wake-up for a key with nothing left
         waiting costs one claim that finds nothing."""
         taken: dict[str, int] = {}
-        for key in chosen.values():
+        for key in keys:
             taken[key] = taken.get(key, 0) + 1
         window = dt.timedelta(seconds=rate.log_window_seconds)
         full: dict[str, float] = {}
@@ -353,4 +375,7 @@ class RateLimiting(DatabaseAccess):
         raise NotImplementedError
 
     def _take(self, pick: Pick) -> list[Claim]:
+        raise NotImplementedError
+
+    def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]:
         raise NotImplementedError
