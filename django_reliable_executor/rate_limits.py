@@ -11,7 +11,9 @@ their handler called within any W seconds, as the handlers themselves would see 
   entry to the start's time, and refuses to start, handing the task back, when the entry has
   already left the window (the claim waited longer than that). Moving an entry that every
   claim since has counted keeps it counted, so room is never taken twice. A claim started
-  sooner keeps its entry: its handler still begins within the margin of it;
+  sooner keeps its entry: its handler still begins within the margin of it. A claim that
+  leaves its window at most half full may log its entry ahead (``lead_seconds``), about when
+  it will start: an entry later than its start only counts longer;
 - the handler is called shortly after its start write, but not at the same instant (the
   ``task_started`` signal, the parameter's conversion and the thread's scheduling come
   between), and two starts W apart could have handlers a little closer than W. So the log

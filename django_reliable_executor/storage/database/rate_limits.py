@@ -4,12 +4,16 @@ Each rate-limited name is claimed in its own short transaction serialised on the
 ``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
 lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of entries
 older than the limit's log window (window + margin, see ``rate_limits.py``), counts the rest
-per rate key, claims at most the room of each key and logs one row per claim at the claim's
-``now``, before committing. Two workers never count the same free room.
+per rate key, claims at most the room of each key and logs one row per claim, before
+committing. Two workers never count the same free room. When every key has room for the whole
+batch, the tasks are claimed in one statement that reads their keys too (no candidates read
+first). A claim that leaves its key's window at most half full logs its rows ``lead_seconds``
+(a margin) ahead of its ``now`` — about when they start after waiting in the worker's local
+queue — else at its ``now``: a row later than its start only counts longer.
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
-``fresh_seconds`` (half the margin) starts as any other: its handler begins within the margin
-of its logged time. The start of one that waited longer (``start_many``) first moves its row
+``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
+within the margin of it. The start of one that waited longer (``start_many``) first moves its row
 to the start's time, so the limit counts the start; a claim whose row has left the window
 meanwhile (it waited longer than the window) is not started but handed back, to be claimed
 again within the limit. Moving a row that every claim since has counted, to a later time,
@@ -47,7 +51,8 @@ MAX_KNOWN_FULL = 100
 
 
 def _stale(claim: Claim, now: dt.datetime) -> bool:
-    """A claim of a rate-limited name logged longer ago than its limit's fresh_seconds."""
+    """A claim of a rate-limited name logged longer ago than its limit's fresh_seconds (never
+    one whose entry is still ahead of ``now``)."""
     rate, logged_at = claim.rate_limit, claim.rate_logged_at
     if rate is None or logged_at is None:
         return False
@@ -138,21 +143,7 @@ class RateLimiting(DatabaseAccess):
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
-                if limit <= 0:
-                    claims, keys = [], []
-                elif max((n for n, _ in used.values()), default=0) + limit <= rate.count:
-                    # Every key has room for the whole batch (the limit far above its use):
-                    # claimed as a capped name is, no key looked at first.
-                    claims, keys = self._take_keyed(dataclasses.replace(pick, limit=limit))
-                else:
-                    full = [key for key, (n, _) in used.items() if n >= rate.count]
-                    chosen = self._choose(cursor, pick, rate, used, full, limit)
-                    claims = []
-                    if chosen:
-                        claims = self._take(
-                            dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen))
-                        )
-                    keys = [chosen[claim.task_id] for claim in claims]
+                claims, keys = self._take_within(cursor, pick, rate, used, limit)
             self._note_free_at(name, used, rate, keys, now)
             if not claims:
                 return []
@@ -162,6 +153,28 @@ class RateLimiting(DatabaseAccess):
             copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
             for claim, key in zip(claims, keys, strict=True)
         ]
+
+    def _take_within(
+        self,
+        cursor: Any,
+        pick: Pick,
+        rate: RateLimit,
+        used: dict[str, tuple[int, dt.datetime]],
+        limit: int,
+    ) -> tuple[list[Claim], list[str]]:
+        """Up to ``limit`` claims of ``pick.name`` within each key's room, and their keys."""
+        if limit <= 0:
+            return [], []
+        if max((n for n, _ in used.values()), default=0) + limit <= rate.count:
+            # Every key has room for the whole batch (the limit far above its use): claimed
+            # in one statement, as a capped name is, reading the keys with the claims.
+            return self._take_keyed(dataclasses.replace(pick, limit=limit))
+        full = [key for key, (n, _) in used.items() if n >= rate.count]
+        chosen = self._choose(cursor, pick, rate, used, full, limit)
+        if not chosen:
+            return [], []
+        claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
+        return claims, [chosen[claim.task_id] for claim in claims]
 
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
