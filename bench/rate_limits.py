@@ -15,9 +15,10 @@ one ``runexecutor`` process with ``--threads`` pool threads drains, rounds alter
    ``unlimited``'s.
 
 Each figure is the median over ``--rounds`` of the seconds from the worker's ready line until
-the tasks are done (polled every 20 ms). Targets: ``limited`` and ``others_behind_held``
-within 10 % of ``unlimited``. Prints one JSON line; progress and the machine's load go to
-stderr.
+the tasks are done (polled every 20 ms), and of the worker process's CPU time per task over it
+(``*_cpu_us``, from /proc: steadier than the times on a busy machine). Targets: ``limited``
+and ``others_behind_held`` within 10 % of ``unlimited``. Prints one JSON line; progress and the
+machine's load go to stderr.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def clear_rate_logs() -> None:
         ReliableRateLog.objects.using(alias).all().delete()
 
 
-def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> float:
-    """Seconds from the worker's ready line until the scenario's N tasks are done."""
+def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> tuple[float, float]:
+    """Seconds from the worker's ready line until the scenario's N tasks are done, and the
+    worker process's CPU microseconds per task meanwhile (steadier on a busy machine)."""
     store.clear()
     clear_rate_logs()
     held = 0
@@ -89,14 +91,19 @@ def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> f
     )
     try:
         ready = worker.start()
+        cpu_at_ready = worker.cpu_seconds()
         done_at = wait_for(lambda: completed() >= target, worker, args.stall_timeout)
+        cpu_us = 1e6 * (worker.cpu_seconds() - cpu_at_ready) / args.n
     finally:
         worker.stop()
     if completed() != target:
         raise throughput.BenchError(f"{scenario}: expected {target} completed, not {completed()}")
     seconds = done_at - ready
-    log(f"{scenario}: {args.n} tasks in {seconds:.2f}s ({args.n / seconds:.0f}/s)")
-    return seconds
+    log(
+        f"{scenario}: {args.n} tasks in {seconds:.2f}s ({args.n / seconds:.0f}/s), "
+        f"worker CPU {cpu_us:.0f} us/task"
+    )
+    return seconds, cpu_us
 
 
 def count_file(args: argparse.Namespace, scenario: str) -> str | None:
@@ -153,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     scenarios = args.scenarios
     seconds: dict[str, list[float]] = {name: [] for name in scenarios}
+    cpu: dict[str, list[float]] = {name: [] for name in scenarios}
     try:
         with throughput.terminate_on_sigterm():
             store = throughput.open_store(args)
@@ -162,7 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 for _ in range(args.rounds):
                     for name in scenarios:
-                        seconds[name].append(drain(store, args, name))
+                        took, cpu_us = drain(store, args, name)
+                        seconds[name].append(took)
+                        cpu[name].append(cpu_us)
                 store.clear()
             finally:
                 store.close()
@@ -189,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if base and name in medians
         },
         "target_ratio": TARGET_RATIO,
+        **{f"{name}_cpu_us": round(statistics.median(cpu[name])) for name in scenarios},
         "rounds": {name: [round(v, 2) for v in values] for name, values in seconds.items()},
         "load": [load_before, load_after],
     }

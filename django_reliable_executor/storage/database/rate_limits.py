@@ -77,8 +77,14 @@ def _stamps(
     }
 
 
-def _marks(n: int) -> str:
-    return ", ".join(["%s"] * n)
+def _other_keys(keys: list[str]) -> tuple[str, list[Any]]:
+    """SQL leaving out the tasks of rate keys ``keys`` ("" the tasks without a key), written
+    so that the index on (task_name, rate_key) skips them (no COALESCE)."""
+    named = [key for key in keys if key]
+    not_named = f"rate_key NOT IN ({', '.join(['%s'] * len(named))})" if named else ""
+    if "" in keys:
+        return f" AND rate_key IS NOT NULL{' AND ' + not_named if named else ''}", named
+    return f" AND (rate_key IS NULL OR {not_named})", named
 
 
 def _aware(value: Any) -> dt.datetime:
@@ -123,8 +129,9 @@ class RateLimiting(DatabaseAccess):
         known = {k: t for k, t in self._full_keys(name).items() if t > now.timestamp()}
         due_sql, due_params = self._due_of_name(pick)
         if known and len(known) <= MAX_KNOWN_FULL:
-            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({_marks(len(known))})"
-            due_params += list(known)
+            keys_sql, keys_params = _other_keys(list(known))
+            due_sql += keys_sql
+            due_params += keys_params
         with connection.cursor() as cursor:
             # Nothing of the name due here: no lock taken (the common case of an idle name).
             cursor.execute(f"SELECT 1 {due_sql} LIMIT 1", due_params)
@@ -293,8 +300,9 @@ class RateLimiting(DatabaseAccess):
             return {}
         due_sql, params = self._due_of_name(pick)
         if full:
-            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(full))})"
-            params += full
+            keys_sql, keys_params = _other_keys(full)
+            due_sql += keys_sql
+            params += keys_params
         lock = " FOR UPDATE SKIP LOCKED" if self.vendor != "sqlite" else ""
         cursor.execute(
             f"SELECT task_id, COALESCE(rate_key, '') {due_sql} "
