@@ -186,19 +186,19 @@ class RateLimiting(DatabaseAccess):
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
     ) -> None:
-        """One log row per claim, in one INSERT."""
-        ReliableRateLog.objects.using(self.alias).bulk_create(
-            [
-                ReliableRateLog(
-                    name=name,
-                    rate_key=key,
-                    task_id=claim.task_id,
-                    token=claim.token,
-                    claimed_at=stamps[key],
-                )
-                for claim, key in zip(claims, keys, strict=True)
-            ]
-        )
+        """One log row per claim, in one multi-row INSERT (hand-written: building it through
+        the ORM cost more CPU than the rest of the claim)."""
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        at = {key: self._dt(stamp) for key, stamp in stamps.items()}
+        params: list[Any] = []
+        for claim, key in zip(claims, keys, strict=True):
+            params += [name, key, claim.task_id, claim.token, at[key]]
+        rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(claims))
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) VALUES {rows}",
+                params,
+            )
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         """Claims of rate-limited names that waited here longer than their limit's
