@@ -15,9 +15,10 @@ one ``runexecutor`` process with ``--threads`` pool threads drains, rounds alter
    ``unlimited``'s.
 
 Each figure is the median over ``--rounds`` of the seconds from the worker's ready line until
-the tasks are done (polled every 20 ms). Targets: ``limited`` and ``others_behind_held``
-within 10 % of ``unlimited``. Prints one JSON line; progress and the machine's load go to
-stderr.
+the tasks are done (polled every 20 ms), and of the worker process's CPU time per task over it
+(``*_cpu_us``, from /proc: steadier than the times on a busy machine). Targets: ``limited``
+and ``others_behind_held`` within 10 % of ``unlimited``. Prints one JSON line; progress and the
+machine's load go to stderr.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ sys.path.insert(0, str(BENCH))
 import throughput  # noqa: E402 - the stores and worker process of the throughput benchmark
 
 TARGET_RATIO = 1.10
+SCENARIOS = ("unlimited", "limited", "others_behind_held")
 
 
 def log(message: str) -> None:
@@ -70,8 +72,9 @@ def clear_rate_logs() -> None:
         ReliableRateLog.objects.using(alias).all().delete()
 
 
-def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> float:
-    """Seconds from the worker's ready line until the scenario's N tasks are done."""
+def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> tuple[float, float]:
+    """Seconds from the worker's ready line until the scenario's N tasks are done, and the
+    worker process's CPU microseconds per task meanwhile (steadier on a busy machine)."""
     store.clear()
     clear_rate_logs()
     held = 0
@@ -83,18 +86,31 @@ def drain(store: throughput.Store, args: argparse.Namespace, scenario: str) -> f
     # others_behind_held: the first held task runs (its limit's one of the hour).
     target = args.n + (1 if held else 0)
     worker = throughput.WorkerProcess(
-        argparse.Namespace(threads=args.threads, count_queries=None), dict(os.environ)
+        argparse.Namespace(threads=args.threads, count_queries=count_file(args, scenario)),
+        dict(os.environ),
     )
     try:
         ready = worker.start()
+        cpu_at_ready = worker.cpu_seconds()
         done_at = wait_for(lambda: completed() >= target, worker, args.stall_timeout)
+        cpu_us = 1e6 * (worker.cpu_seconds() - cpu_at_ready) / args.n
     finally:
         worker.stop()
     if completed() != target:
         raise throughput.BenchError(f"{scenario}: expected {target} completed, not {completed()}")
     seconds = done_at - ready
-    log(f"{scenario}: {args.n} tasks in {seconds:.2f}s ({args.n / seconds:.0f}/s)")
-    return seconds
+    log(
+        f"{scenario}: {args.n} tasks in {seconds:.2f}s ({args.n / seconds:.0f}/s), "
+        f"worker CPU {cpu_us:.0f} us/task"
+    )
+    return seconds, cpu_us
+
+
+def count_file(args: argparse.Namespace, scenario: str) -> str | None:
+    """--count-queries: the profile file of this scenario's worker (the last round's)."""
+    if args.count_queries is None:
+        return None
+    return f"{args.count_queries}.{scenario}.json"
 
 
 def wait_for(done: Callable[[], bool], worker: throughput.WorkerProcess, stall: float) -> float:
@@ -117,17 +133,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per scenario (default 3)")
     parser.add_argument("--stall-timeout", type=float, default=300.0)
     parser.add_argument("--poll-interval", type=float, default=None)
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated, of {', '.join(SCENARIOS)} (default all; ratios need unlimited)",
+    )
+    parser.add_argument(
+        "--count-queries",
+        metavar="PREFIX",
+        default=None,
+        help="profile: run each worker under bench/count_queries.py, writing PREFIX.SCENARIO.json "
+        "(adds overhead; do not quote its times)",
+    )
     args = parser.parse_args(argv)
     args.conn_max_age = None
     if min(args.n, args.held, args.threads, args.rounds) < 1:
         parser.error("--n, --held, --threads and --rounds must be >= 1")
+    args.scenarios = tuple(name.strip() for name in args.scenarios.split(",") if name.strip())
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown or not args.scenarios:
+        parser.error(f"--scenarios: unknown or none: {unknown}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    scenarios = ("unlimited", "limited", "others_behind_held")
+    scenarios = args.scenarios
     seconds: dict[str, list[float]] = {name: [] for name in scenarios}
+    cpu: dict[str, list[float]] = {name: [] for name in scenarios}
     try:
         with throughput.terminate_on_sigterm():
             store = throughput.open_store(args)
@@ -137,7 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 for _ in range(args.rounds):
                     for name in scenarios:
-                        seconds[name].append(drain(store, args, name))
+                        took, cpu_us = drain(store, args, name)
+                        seconds[name].append(took)
+                        cpu[name].append(cpu_us)
                 store.clear()
             finally:
                 store.close()
@@ -150,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("interrupted")
         return 130
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    base = medians["unlimited"]
+    base = medians.get("unlimited")
     result: dict[str, Any] = {
         "storage": store.name,
         "n": args.n,
@@ -158,9 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threads": args.threads,
         **{f"{name}_s": round(value, 2) for name, value in medians.items()},
         **{f"{name}_per_s": round(args.n / value) for name, value in medians.items()},
-        "limited_ratio": round(medians["limited"] / base, 3),
-        "others_behind_held_ratio": round(medians["others_behind_held"] / base, 3),
+        **{
+            f"{name}_ratio": round(medians[name] / base, 3)
+            for name in ("limited", "others_behind_held")
+            if base and name in medians
+        },
         "target_ratio": TARGET_RATIO,
+        **{f"{name}_cpu_us": round(statistics.median(cpu[name])) for name in scenarios},
         "rounds": {name: [round(v, 2) for v in values] for name, values in seconds.items()},
         "load": [load_before, load_after],
     }

@@ -68,6 +68,9 @@ class ReliableTask(models.Model):
             # max_concurrency: count the held (claimed, not finished) tasks of one name.
             # Partial on PostgreSQL (migration 0006): only held rows are in it there.
             models.Index(fields=["task_name", "available", "status"], name="rexec_held_idx"),
+            # rate_limit: a name's waiting tasks of keys other than those held at their limit,
+            # found without reading the held backlog (written once, at the insert).
+            models.Index(fields=["task_name", "rate_key"], name="rexec_rate_key_idx"),
         ]
 
     def __str__(self) -> str:

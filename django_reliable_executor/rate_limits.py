@@ -11,7 +11,9 @@ their handler called within any W seconds, as the handlers themselves would see 
   entry to the start's time, and refuses to start, handing the task back, when the entry has
   already left the window (the claim waited longer than that). Moving an entry that every
   claim since has counted keeps it counted, so room is never taken twice. A claim started
-  sooner keeps its entry: its handler still begins within the margin of it;
+  sooner keeps its entry: its handler still begins within the margin of it. A claim that
+  leaves its window at most half full may log its entry ahead (``lead_seconds``), about when
+  it will start: an entry later than its start only counts longer;
 - the handler is called shortly after its start write, but not at the same instant (the
   ``task_started`` signal, the parameter's conversion and the thread's scheduling come
   between), and two starts W apart could have handlers a little closer than W. So the log
@@ -50,6 +52,18 @@ class RateLimit:
         """A claim started within this time of its logging starts without moving its entry:
         half the margin, leaving the other half for the way from the start to the handler."""
         return self.margin_seconds / 2
+
+    @property
+    def lead_seconds(self) -> float:
+        """How far ahead of its claim a claim made while its window is at most half full logs
+        its entry (the margin): about when it starts after waiting in its worker's local queue,
+        so that its start need not move the entry. Logging later only counts it longer."""
+        return self.margin_seconds
+
+    def has_room_to_lead(self, used: int) -> bool:
+        """Whether ``used`` entries (this claim's included) leave the window at most half
+        full: the claim may then log its entries ``lead_seconds`` ahead."""
+        return used * 2 <= self.count
 
     @property
     def log_window_seconds(self) -> float:

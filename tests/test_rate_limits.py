@@ -174,7 +174,9 @@ def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(executo
     for i in range(2):
         executor.submit(RATED, i)
     [late, _] = claim(storage, start=0)
-    clock.advance(1.2)  # longer than the window (1 s) and its margin
+    # Longer than the window (1 s), its margin and the lead a database logs it with (0.1 s
+    # each, see test_rate_limits_log.py).
+    clock.advance(1.3)
     assert storage.start(late, LEASE) is None
     task = executor.get_task(late.task_id)
     assert (task.status, task.attempts, task.worker_id) == (TaskStatus.CREATED, 0, None)
@@ -182,6 +184,45 @@ def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(executo
     again = claim(storage, start=0)
     assert [c.task_id for c in again] == [late.task_id]  # waiting again, claimed again
     assert all(storage.start(c, LEASE) is not None for c in again)
+    consistent(storage)
+
+
+def test_entries_logged_ahead_never_free_room_early(executor, storage, clock):
+    """Claims started a little late (past half the margin, within the lead a database logs
+    them with) and claims started at once: no room frees before a window (and margin) has
+    passed since each start."""
+    for i in range(12):
+        executor.submit(RATED, i)
+    rate = RateLimit(4, 1.0)
+    early = claim(storage, rate, limit=2, start=0)  # the window half full with them
+    clock.advance(0.12)
+    assert all(storage.start(c, LEASE) is not None for c in early)
+    assert len(claim(storage, rate, limit=2)) == 2  # started by the claim itself
+    assert claim(storage, rate) == []
+    clock.advance(1.07)  # 1.19 s after the claims, 1.07 s after every start
+    assert claim(storage, rate) == []
+    clock.advance(0.06)  # 1.13 s after every start: the window and margin passed
+    assert len(claim(storage, rate)) == 4
+    consistent(storage)
+
+
+def test_a_limit_far_above_its_use_counts_each_key_apart(executor, storage, clock):
+    """A claim with room for its whole batch in every key still logs each task under its own
+    key: the next claim finds the busy key's room smaller."""
+    rate = RateLimit(12, 60.0)
+    for key in ["a"] * 8 + ["b"] * 2:
+        executor.submit(RATED, None, rate_key=key)
+        clock.advance(0.001)
+    assert len(claim(storage, rate, limit=10)) == 10
+    key_of = {}
+    for key in ["a"] * 8 + ["b"] * 2:
+        key_of[executor.submit(RATED, None, rate_key=key).task_id] = key
+        clock.advance(0.001)
+    taken = claim(storage, rate, limit=10)
+    keys = sorted(key_of[c.task_id] for c in taken)
+    assert keys == ["a"] * 4 + ["b"] * 2  # a: 12 - 8 left; b: room for both
+    [use] = storage.rate_use({RATED: rate})
+    assert (use.started, use.busiest, use.keys) == (16, 12, 2)
     consistent(storage)
 
 

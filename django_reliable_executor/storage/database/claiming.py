@@ -17,6 +17,7 @@ from ...states import TaskStatus
 from .rate_limits import RateLimiting
 from .rows import (
     CLAIM_COLUMNS_SQL,
+    CLAIM_FIELDS,
     LIVE,
     claim_from_row,
 )
@@ -95,9 +96,24 @@ class Claiming(RateLimiting):
 
     def _take(self, pick: Pick) -> list[Claim]:
         """Claim what ``pick`` chooses, the way this database does it best."""
+        return self._take_rows(pick)[0]
+
+    def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]:
+        """``_take``, with the rate key of each claim ("" for none) read in the same statement."""
+        claims, keys = self._take_rows(pick, ", COALESCE(rate_key, '')")
+        return claims, [str(key) for (key,) in keys]
+
+    def _take_rows(
+        self, pick: Pick, extra_columns: str = ""
+    ) -> tuple[list[Claim], list[tuple[Any, ...]]]:
+        """The claims, and per claim the values of ``extra_columns`` (SQL after the claim's
+        columns, starting with a comma)."""
         if self.vendor in ("sqlite", "postgresql"):
-            return self._claim_returning(pick)
-        return self._claim_skip_locked(pick)
+            rows = self._claim_returning(pick, extra_columns)
+        else:
+            rows = self._claim_skip_locked(pick, extra_columns)
+        width = len(CLAIM_FIELDS)
+        return [claim for claim, _ in rows], [tuple(extra[width:]) for _, extra in rows]
 
     def _pick_sql(self, pick: Pick) -> tuple[str, list[Any]]:
         """The due, unclaimed rows the pick chooses, in pickup order (served by the claim
@@ -192,7 +208,7 @@ class Claiming(RateLimiting):
                 return  # the INSERT (or the conflict it ignored) took the write lock
         raise AssertionError(f"the lock row of task name {name!r} cannot be created")
 
-    def _claim_returning(self, pick: Pick) -> list[Claim]:
+    def _claim_returning(self, pick: Pick, extra_columns: str) -> list[tuple[Claim, Any]]:
         """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
         postgresql = self.vendor == "postgresql"
         skip_locked = " FOR UPDATE SKIP LOCKED" if postgresql else ""
@@ -203,23 +219,27 @@ class Claiming(RateLimiting):
             f"{ASYNC_COMMIT_FROM if postgresql else ''}"
             # available is re-checked outside too: a row may change between pick and lock.
             f"WHERE available = %s AND task_id IN (SELECT task_id {chosen}{skip_locked}) "
-            f"RETURNING {CLAIM_COLUMNS_SQL}"
+            f"RETURNING {CLAIM_COLUMNS_SQL}{extra_columns}"
         )
         if postgresql:
             sql = ASYNC_COMMIT_WITH + sql
         params = [False, pick.worker_id, self._dt(pick.lease_until), True, *chosen_params]
         with connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)
-            return [claim_from_row(row) for row in cursor.fetchall()]
+            width = len(CLAIM_FIELDS)
+            return [(claim_from_row(row[:width]), row) for row in cursor.fetchall()]
 
-    def _claim_skip_locked(self, pick: Pick) -> list[Claim]:
+    def _claim_skip_locked(self, pick: Pick, extra_columns: str) -> list[tuple[Claim, Any]]:
         """MariaDB/MySQL have no UPDATE ... RETURNING: lock a batch (reading it whole), then
         mark it by primary key, in one short transaction."""
         chosen, chosen_params = self._pick_sql(pick)
-        with transaction.atomic(using=self.alias):
+        # Inside a rate-limited claim's transaction: joined, no savepoint (two round trips
+        # less per claim; a failure rolls the whole claim back anyway).
+        with transaction.atomic(using=self.alias, savepoint=False):
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(
-                    f"SELECT {CLAIM_COLUMNS_SQL} {chosen} FOR UPDATE SKIP LOCKED", chosen_params
+                    f"SELECT {CLAIM_COLUMNS_SQL}{extra_columns} {chosen} FOR UPDATE SKIP LOCKED",
+                    chosen_params,
                 )
                 rows = cursor.fetchall()
             if not rows:
@@ -231,13 +251,17 @@ class Claiming(RateLimiting):
                 lease_token=F("lease_token") + 1,
                 lease_expires_at=pick.lease_until,
             )
-        claims = [claim_from_row(row) for row in rows]
+        width = len(CLAIM_FIELDS)
+        claims = [claim_from_row(row[:width]) for row in rows]
         # The rows were read before the UPDATE: give them the values it wrote.
         return [
-            copy_with(
-                claim,
-                token=claim.token + 1,
-                task=copy_with(claim.task, worker_id=pick.worker_id),
+            (
+                copy_with(
+                    claim,
+                    token=claim.token + 1,
+                    task=copy_with(claim.task, worker_id=pick.worker_id),
+                ),
+                row,
             )
-            for claim in claims
+            for claim, row in zip(claims, rows, strict=True)
         ]

@@ -4,12 +4,16 @@ Each rate-limited name is claimed in its own short transaction serialised on the
 ``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
 lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of entries
 older than the limit's log window (window + margin, see ``rate_limits.py``), counts the rest
-per rate key, claims at most the room of each key and logs one row per claim at the claim's
-``now``, before committing. Two workers never count the same free room.
+per rate key, claims at most the room of each key and logs one row per claim, before
+committing. Two workers never count the same free room. When every key has room for the whole
+batch, the tasks are claimed in one statement that reads their keys too (no candidates read
+first). A claim that leaves its key's window at most half full logs its rows ``lead_seconds``
+(a margin) ahead of its ``now`` — about when they start after waiting in the worker's local
+queue — else at its ``now``: a row later than its start only counts longer.
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
-``fresh_seconds`` (half the margin) starts as any other: its handler begins within the margin
-of its logged time. The start of one that waited longer (``start_many``) first moves its row
+``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
+within the margin of it. The start of one that waited longer (``start_many``) first moves its row
 to the start's time, so the limit counts the start; a claim whose row has left the window
 meanwhile (it waited longer than the window) is not started but handed back, to be claimed
 again within the limit. Moving a row that every claim since has counted, to a later time,
@@ -47,11 +51,40 @@ MAX_KNOWN_FULL = 100
 
 
 def _stale(claim: Claim, now: dt.datetime) -> bool:
-    """A claim of a rate-limited name logged longer ago than its limit's fresh_seconds."""
+    """A claim of a rate-limited name logged longer ago than its limit's fresh_seconds (never
+    one whose entry is still ahead of ``now``)."""
     rate, logged_at = claim.rate_limit, claim.rate_logged_at
     if rate is None or logged_at is None:
         return False
     return (now - logged_at).total_seconds() > rate.fresh_seconds
+
+
+def _stamps(
+    rate: RateLimit, used: Mapping[str, tuple[int, dt.datetime]], keys: list[str], now: dt.datetime
+) -> dict[str, dt.datetime]:
+    """The time each rate key's new entries are logged at: ``lead_seconds`` ahead of ``now``
+    while the key's window stays at most half full with them (their tasks wait in the
+    worker's local queue for about that long, so their starts need not move them), else
+    ``now``. An entry later than its start only counts longer, never shorter: the limit holds;
+    a window half empty has the room to spare."""
+    taken: dict[str, int] = {}
+    for key in keys:
+        taken[key] = taken.get(key, 0) + 1
+    lead = now + dt.timedelta(seconds=rate.lead_seconds)
+    return {
+        key: lead if rate.has_room_to_lead(used.get(key, (0, now))[0] + n) else now
+        for key, n in taken.items()
+    }
+
+
+def _other_keys(keys: list[str]) -> tuple[str, list[Any]]:
+    """SQL leaving out the tasks of rate keys ``keys`` ("" the tasks without a key), written
+    so that the index on (task_name, rate_key) skips them (no COALESCE)."""
+    named = [key for key in keys if key]
+    not_named = f"rate_key NOT IN ({', '.join(['%s'] * len(named))})" if named else ""
+    if "" in keys:
+        return f" AND rate_key IS NOT NULL{' AND ' + not_named if named else ''}", named
+    return f" AND (rate_key IS NULL OR {not_named})", named
 
 
 def _aware(value: Any) -> dt.datetime:
@@ -90,14 +123,15 @@ class RateLimiting(DatabaseAccess):
         assert pick.name is not None
         name, now = pick.name, pick.now
         connection = connections[self.alias]
-        due_sql, due_params = self._due_of_name(pick)
         # Keys this process saw full, until their window frees: no room can appear there
         # sooner (entries leave only once out of the window, and a start only moves one
         # later), so their waiting tasks need no lock and no log read until then.
         known = {k: t for k, t in self._full_keys(name).items() if t > now.timestamp()}
+        due_sql, due_params = self._due_of_name(pick)
         if known and len(known) <= MAX_KNOWN_FULL:
-            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(known))})"
-            due_params += list(known)
+            keys_sql, keys_params = _other_keys(list(known))
+            due_sql += keys_sql
+            due_params += keys_params
         with connection.cursor() as cursor:
             # Nothing of the name due here: no lock taken (the common case of an idle name).
             cursor.execute(f"SELECT 1 {due_sql} LIMIT 1", due_params)
@@ -116,25 +150,55 @@ class RateLimiting(DatabaseAccess):
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
-                full = [key for key, (n, _) in used.items() if n >= rate.count]
-                chosen = self._choose(cursor, pick, rate, used, full, limit)
-            self._note_free_at(name, used, rate, chosen, now)
-            if not chosen:
+                claims, keys = self._take_within(cursor, pick, rate, used, limit)
+            self._note_free_at(name, used, rate, keys, now)
+            if not claims:
                 return []
-            claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
-            ReliableRateLog.objects.using(self.alias).bulk_create(
-                [
-                    ReliableRateLog(
-                        name=name,
-                        rate_key=chosen[c.task_id],
-                        task_id=c.task_id,
-                        token=c.token,
-                        claimed_at=now,
-                    )
-                    for c in claims
-                ]
+            stamps = _stamps(rate, used, keys, now)
+            self._log(name, claims, keys, stamps)
+        return [
+            copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
+            for claim, key in zip(claims, keys, strict=True)
+        ]
+
+    def _take_within(
+        self,
+        cursor: Any,
+        pick: Pick,
+        rate: RateLimit,
+        used: dict[str, tuple[int, dt.datetime]],
+        limit: int,
+    ) -> tuple[list[Claim], list[str]]:
+        """Up to ``limit`` claims of ``pick.name`` within each key's room, and their keys."""
+        if limit <= 0:
+            return [], []
+        if max((n for n, _ in used.values()), default=0) + limit <= rate.count:
+            # Every key has room for the whole batch (the limit far above its use): claimed
+            # in one statement, as a capped name is, reading the keys with the claims.
+            return self._take_keyed(dataclasses.replace(pick, limit=limit))
+        full = [key for key, (n, _) in used.items() if n >= rate.count]
+        chosen = self._choose(cursor, pick, rate, used, full, limit)
+        if not chosen:
+            return [], []
+        claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
+        return claims, [chosen[claim.task_id] for claim in claims]
+
+    def _log(
+        self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
+    ) -> None:
+        """One log row per claim, in one multi-row INSERT (hand-written: building it through
+        the ORM cost more CPU than the rest of the claim)."""
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        at = {key: self._dt(stamp) for key, stamp in stamps.items()}
+        params: list[Any] = []
+        for claim, key in zip(claims, keys, strict=True):
+            params += [name, key, claim.task_id, claim.token, at[key]]
+        rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(claims))
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) VALUES {rows}",
+                params,
             )
-        return [copy_with(c, rate_limit=rate, rate_logged_at=now) for c in claims]
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         """Claims of rate-limited names that waited here longer than their limit's
@@ -236,8 +300,9 @@ class RateLimiting(DatabaseAccess):
             return {}
         due_sql, params = self._due_of_name(pick)
         if full:
-            due_sql += f" AND COALESCE(rate_key, '') NOT IN ({', '.join(['%s'] * len(full))})"
-            params += full
+            keys_sql, keys_params = _other_keys(full)
+            due_sql += keys_sql
+            params += keys_params
         lock = " FOR UPDATE SKIP LOCKED" if self.vendor != "sqlite" else ""
         cursor.execute(
             f"SELECT task_id, COALESCE(rate_key, '') {due_sql} "
@@ -265,14 +330,14 @@ class RateLimiting(DatabaseAccess):
         name: str,
         used: dict[str, tuple[int, dt.datetime]],
         rate: RateLimit,
-        chosen: dict[str, str],
+        keys: list[str],
         now: dt.datetime,
     ) -> None:
         """Remember when the earliest full window of the name frees (a key full before this
         claim or filled by it), for ``wait_for_work``. A wake-up for a key with nothing left
         waiting costs one claim that finds nothing."""
         taken: dict[str, int] = {}
-        for key in chosen.values():
+        for key in keys:
             taken[key] = taken.get(key, 0) + 1
         window = dt.timedelta(seconds=rate.log_window_seconds)
         full: dict[str, float] = {}
@@ -331,4 +396,7 @@ class RateLimiting(DatabaseAccess):
         raise NotImplementedError
 
     def _take(self, pick: Pick) -> list[Claim]:
+        raise NotImplementedError
+
+    def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]:
         raise NotImplementedError

@@ -1,0 +1,75 @@
+"""``rate_limit`` on the database storage: when its log entries are stamped, read from the log
+table itself (``reliable_executor_rate_log``) on SQLite, MariaDB and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from django_reliable_executor.models import ReliableRateLog
+from django_reliable_executor.rate_limits import RateLimit
+from tests.conftest import db_params, require
+from tests.contract_support import LEASE
+
+RATED = "demo.echo"
+TEN_PER_SECOND = RateLimit(10, 1.0)  # margin and lead 0.1 s, fresh 0.05 s, log window 1.1 s
+DATABASES = db_params(["default", "mariadb", "postgres"])
+
+
+def logged(alias: str) -> dict[str, dt.datetime]:
+    """{task id: its entry's time} of the log."""
+    rows = ReliableRateLog.objects.using(alias).values_list("task_id", "claimed_at")
+    return {task_id: at for task_id, at in rows}
+
+
+def claim(storage, limit: int, start: int = 0):
+    return storage.claim(
+        "w1", ["default"], limit, LEASE, rate_limits={RATED: TEN_PER_SECOND}, start=start
+    )
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_a_claim_in_a_half_empty_window_logs_its_entries_ahead(alias, executor, storage, clock):
+    """While its key's window stays at most half full, a claim logs its entries a margin
+    ahead (about when they will start after waiting in the worker's local queue); past half,
+    at the claim's time."""
+    require(alias)
+    for i in range(12):
+        executor.submit(RATED, i)
+    first_at = clock.now()
+    first = claim(storage, 3)
+    assert len(first) == 3
+    ahead = first_at + dt.timedelta(seconds=0.1)
+    assert {c.rate_logged_at for c in first} == {ahead}
+    assert set(logged(alias).values()) == {ahead}
+    clock.advance(0.01)
+    second_at = clock.now()
+    second = claim(storage, 5)  # 3 + 5 entries: more than half of 10
+    assert {c.rate_logged_at for c in second} == {second_at}
+    entries = logged(alias)
+    assert {entries[c.task_id] for c in second} == {second_at}
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_a_start_moves_only_an_entry_it_started_too_late_for(alias, executor, storage, clock):
+    """A claim logged ahead and started within half a margin of its entry keeps it; one
+    started later moves it to its start; one started after the entry left the window is
+    handed back."""
+    require(alias)
+    for i in range(3):
+        executor.submit(RATED, i)
+    claimed_at = clock.now()
+    on_time, late, too_late = claim(storage, 3)
+    entry = claimed_at + dt.timedelta(seconds=0.1)
+    clock.advance(0.14)  # 0.04 s after its entry: no move
+    assert storage.start(on_time, LEASE) is not None
+    assert logged(alias)[on_time.task_id] == entry
+    clock.advance(0.06)  # 0.1 s after its entry: moved to the start
+    started_at = clock.now()
+    assert storage.start(late, LEASE) is not None
+    assert logged(alias)[late.task_id] == started_at
+    clock.advance(1.05)  # 1.15 s after its entry: out of the window (1.1 s)
+    assert storage.start(too_late, LEASE) is None
+    task = executor.get_task(too_late.task_id)
+    assert (task.worker_id, task.attempts) == (None, 0)
