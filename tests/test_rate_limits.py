@@ -357,9 +357,21 @@ def test_two_worker_processes_keep_the_rate_in_the_handlers_records(
     infos = [service.get_task(i) for i in rated + others]
     assert {i.status for i in infos} == {TaskStatus.COMPLETED}, workers.logs()
     records = [json.loads(line) for line in journal.read_text().splitlines()]
-    starts = [r["at"] for r in records if r["event"] == "start"]
-    assert len(starts) == 20
-    assert _most_in_a_window(starts, 1.0) <= 5, sorted(starts)
+    handler_at = {r["task"]: r["at"] for r in records if r["event"] == "start"}
+    assert sorted(handler_at) == sorted(rated)
+    starts = list(handler_at.values())
+    # The start writes (their started_at): the log keeps an entry W + margin (1.1 s) and a start
+    # comes at most half a margin after its entry (else it moves it), so any six starts span
+    # more than W + margin / 2 = 1.05 s (less 2 ms for the stored time's rounding).
+    written = {i.task_id: i.started_at.timestamp() for i in infos if i.task_id in handler_at}
+    assert _most_in_a_window(list(written.values()), 1.05 - 0.002) <= 5, sorted(written.values())
+    # The handlers' own clocks: six first lines span at least 1.05 s less the longest delay
+    # between a start write and its handler's first line. The docs promise "at most 5 in any
+    # second" while that delay stays within half the margin (50 ms); a loaded machine can delay
+    # a handler longer, and then the window this checks shrinks by exactly that much.
+    delay = max(0.0, max(handler_at[t] - written[t] for t in handler_at))
+    window = min(1.0, 1.05 - delay - 0.002)
+    assert _most_in_a_window(starts, window) <= 5, (delay, sorted(starts))
     # It ran at its rate, not slower: 20 starts at 5 per 1.1 s take at least three windows.
     assert max(starts) - min(starts) >= 3.0
     service.storage.close()
