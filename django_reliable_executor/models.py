@@ -1,5 +1,5 @@
 """Tables of the database storage: tasks, unique keys, the master lock, the worker registry,
-paused queues."""
+paused queues, retries per minute."""
 
 from __future__ import annotations
 
@@ -141,6 +141,23 @@ class ReliableRateLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.rate_key}] at {self.claimed_at}"
+
+
+class ReliableRetryCount(models.Model):
+    """Automatic retries scheduled in one UTC minute (failed attempts sent back to PENDING), for
+    the admin's throughput chart: one upsert per failure that retries, rows older than two
+    hours deleted by the master's purge. Completed and failed tasks need no counter: they are
+    counted from the task table's finished index."""
+
+    minute = models.BigIntegerField(primary_key=True)  # throughput.epoch_minute
+    retried = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "reliable_executor_retry_count"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"minute {self.minute}: {self.retried} retried"
 
 
 class ReliableWorker(models.Model):

@@ -27,6 +27,7 @@ from .rows import (
     holding_sql,
     to_info,
 )
+from .retry_counts import add_retries
 
 
 class Transitions(DatabaseAccess):
@@ -165,6 +166,8 @@ class Transitions(DatabaseAccess):
             )
             transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)
             if transition is not None:
+                if transition.status is TaskStatus.PENDING:
+                    add_retries(self.alias, now, 1)
                 if run_at is not None and run_at <= now:  # a retry due at once
                     self._work_committed([claim.task.queue])
                 return transition
