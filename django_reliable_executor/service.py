@@ -30,9 +30,9 @@ from .registry import declared_schedules, rate_limits
 from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
-from .throughput import CHART_MINUTES, MinuteCounts
 from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .submission import prepare
+from .throughput import CHART_MINUTES, MinuteCounts
 
 
 def _status(value: TaskStatus | str) -> TaskStatus:

@@ -1,4 +1,4 @@
-"""Tasks ended per minute (completed, failed, retried): the minutes, and how the storages count them.
+"""Tasks ended per minute (completed, failed, retried): the minutes, and how storages count them.
 
 The admin's chart reads ``TaskStorage.throughput``. A minute is a whole UTC minute, numbered
 from the epoch (``epoch_minute``), so every storage and every process buckets alike.

@@ -31,11 +31,14 @@ def _run(executor, storage, task_id: str, outcome: str) -> None:
             claim, "boom", retryable=outcome == "retry", is_error=outcome == "error"
         )
         assert transition is not None
-        assert transition.status is {
-            "retry": TaskStatus.PENDING,
-            "fail": TaskStatus.FAILED,
-            "error": TaskStatus.ERROR,
-        }[outcome]
+        assert (
+            transition.status
+            is {
+                "retry": TaskStatus.PENDING,
+                "fail": TaskStatus.FAILED,
+                "error": TaskStatus.ERROR,
+            }[outcome]
+        )
 
 
 def test_endings_are_counted_per_minute_over_the_last_hour(executor, storage, clock):

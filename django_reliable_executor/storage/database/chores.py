@@ -10,6 +10,7 @@ from ...records import Transition
 from ...retries import failure_outcome, timeout_message
 from ...states import TaskStatus
 from .access import DatabaseAccess
+from .retry_counts import add_retries, purge_retry_counts
 from .rows import (
     LIVE,
     chunks,
@@ -17,7 +18,6 @@ from .rows import (
     failure_changes,
     to_info,
 )
-from .retry_counts import add_retries, purge_retry_counts
 
 
 class Chores(DatabaseAccess):

@@ -16,6 +16,7 @@ from ...retries import failure_outcome, timeout_message
 from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import DatabaseAccess
+from .retry_counts import add_retries
 from .rows import (
     NOT_WAITING,
     WAITING,
@@ -27,7 +28,6 @@ from .rows import (
     holding_sql,
     to_info,
 )
-from .retry_counts import add_retries
 
 
 class Transitions(DatabaseAccess):

@@ -1,4 +1,4 @@
-"""Reading tasks from the Redis storage: get, counts, oldest due tasks, endings per minute, has_work."""
+"""Reading tasks from Redis storage: get, counts, oldest due tasks, endings per minute, has_work."""
 
 from __future__ import annotations
 
@@ -81,10 +81,14 @@ class Reading(RedisAccess):
         for name, priorities in zip(queues, replies[::2], strict=True):
             for priority in priorities:
                 pipe.lindex(f"{self.p}ready:{name}:{text(priority)}", 0)
-        lists = [name for name, priorities in zip(queues, replies[::2], strict=True)
-                 for _ in priorities]
-        heads = [(name, text(head)) for name, head in zip(lists, pipe.execute(), strict=True)
-                 if head is not None]
+        lists = [
+            name for name, priorities in zip(queues, replies[::2], strict=True) for _ in priorities
+        ]
+        heads = [
+            (name, text(head))
+            for name, head in zip(lists, pipe.execute(), strict=True)
+            if head is not None
+        ]
         pipe = self.client.pipeline(transaction=False)
         for _, head in heads:
             pipe.hget(self._tkey(head), "r")
@@ -103,8 +107,9 @@ class Reading(RedisAccess):
             pipe.hmget(f"{self.p}tput:{minute}", ENDING_FIELDS)
         counted: dict[int, MinuteCounts] = {}
         for minute, values in zip(minutes, pipe.execute(), strict=True):
-            n = dict(zip(ENDING_FIELDS, (int(v) if v is not None else 0 for v in values),
-                         strict=True))
+            n = dict(
+                zip(ENDING_FIELDS, (int(v) if v is not None else 0 for v in values), strict=True)
+            )
             if any(n.values()):
                 counted[minute] = MinuteCounts(
                     minute=minute_start(minute),
