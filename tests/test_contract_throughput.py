@@ -9,7 +9,7 @@ import pytest
 
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.throughput import epoch_minute
-from tests.conftest import new_storage, own_key_prefix, redis_client
+from tests.conftest import DB_ALIASES, db_params, new_storage, own_key_prefix, redis_client
 from tests.contract_support import claim_and_start, claim_one
 
 
@@ -159,3 +159,19 @@ def test_redis_minute_counters_expire_after_two_hours(alias, clock):
             client.close()
         finally:
             storage.close()
+
+
+@pytest.mark.parametrize("alias", db_params(DB_ALIASES))
+def test_database_retry_counts_are_purged_after_two_hours(alias, executor, storage, clock):
+    """The per-minute retry rows go with the master's purge once two hours old."""
+    from django_reliable_executor.models import ReliableRetryCount
+
+    rows = ReliableRetryCount.objects.using(alias)
+    _run(executor, storage, "flaky", "retry")
+    assert list(rows.values_list("minute", "retried")) == [(epoch_minute(clock.now()), 1)]
+    clock.advance(3600)
+    storage.purge_finished(clock.now(), 100)
+    assert rows.count() == 1  # an hour old: still in reach of the chart's hour
+    clock.advance(3660)  # past two hours after its minute ended
+    storage.purge_finished(clock.now(), 100)
+    assert rows.count() == 0
