@@ -20,7 +20,8 @@ class ThroughputReading(DatabaseAccess):
 
     def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
         """Two queries: the finished tasks of the window grouped by minute and status (a range
-        of the finished index), and the retry counts of its minutes (primary key range)."""
+        of the finished index, which holds both: no row is read), and the retry counts of its
+        minutes (a primary key range)."""
         counts: dict[int, dict[str, int]] = {}
         rows = (
             self._tasks()
@@ -32,7 +33,7 @@ class ThroughputReading(DatabaseAccess):
             .annotate(at=TruncMinute("finished_at", tzinfo=UTC))
             .order_by()
             .values("at", "status")
-            .annotate(n=Count("pk"))
+            .annotate(n=Count("*"))  # not COUNT(task_id): the index alone answers COUNT(*)
         )
         for row in rows:
             at = row["at"]
