@@ -175,3 +175,17 @@ def test_database_retry_counts_are_purged_after_two_hours(alias, executor, stora
     clock.advance(3660)  # past two hours after its minute ended
     storage.purge_finished(clock.now(), 100)
     assert rows.count() == 0
+
+
+@pytest.mark.parametrize("alias", db_params(DB_ALIASES))
+def test_the_finished_index_holds_the_status_partial_on_postgres(alias):
+    """The chart's count of the last hour by status reads the finished index alone."""
+    from django.db import connections
+
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, "reliable_executor_task")
+        assert found["rexec_finished_idx"]["columns"] == ["finished_at", "status"]
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'rexec_finished_idx'")
+            assert cursor.fetchone()[0].endswith("WHERE (finished_at IS NOT NULL)")
