@@ -62,7 +62,10 @@ class ThroughputReading(DatabaseAccess):
         """One GROUP BY over the waiting, unclaimed tasks that are due (the claim index)."""
         rows = (
             self._tasks()
-            .filter(available=True, run_at__lte=self.clock.now())
+            # "IN (true)", not "= true": Django writes the latter as a bare "available" on
+            # SQLite, which then scans the (queue, status) index instead of the claim index
+            # (1M tasks: 5 s instead of 50 ms).
+            .filter(available__in=[True], run_at__lte=self.clock.now())
             .order_by()
             .values("queue")
             .annotate(oldest=Min("run_at"))
