@@ -10,10 +10,12 @@ ask the service for, and the whole pages rendered through the admin views:
 
 * the service calls: first page, a page filtered by status / queue / task name, page 50 (offset
   4 900), the summary's ``count_by_queue``, ``oldest_due_at``, ``master``, ``workers``, and one
-  ``get_task``;
-* the pages: the list unfiltered, filtered by status, page 50, and one task's detail page (the
-  list reuses its summary counts when counting was slow, as it does for users: see
-  docs/admin.md), and the unfiltered list with the counts recomputed every time.
+  ``get_task``; the summary's health parts: ``oldest_due_by_queue`` and ``throughput`` (the
+  chart's tasks completed, failed and retried per minute over the last hour);
+* the pages (their summary draws the chart and the ages): the list unfiltered, filtered by
+  status, page 50, and one task's detail page (the list reuses its summary counts when
+  counting was slow, as it does for users: see docs/admin.md), and the unfiltered list with
+  the counts recomputed every time.
 
 Each figure is the median of ``--rounds`` runs after one warm-up run, in milliseconds, with the
 first (cold) run beside it. Prints one JSON line on stdout; progress goes to stderr.
@@ -21,7 +23,9 @@ first (cold) run beside it. Prints one JSON line on stdout; progress goes to std
 Filling: on a database one ``INSERT ... SELECT`` over a generated series per 100 000 rows
 (MariaDB's ``seq_1_to_N`` tables, PostgreSQL's ``generate_series``, a recursive CTE on SQLite):
 85 % COMPLETED, 5 % FAILED, 4 % CREATED, 2 % PENDING, the rest CANCELLED/TIMEOUT/ERROR, over
-three queues and seven task names, created 0.6 s apart. On Redis the tasks are submitted with
+three queues and seven task names, created 0.6 s apart (a week's retention of 1,000,000: the
+last hour holds 6,000 endings, which the chart reads), and the retry counts of the last two
+hours (one row a minute). On Redis the tasks are submitted with
 ``submit_many`` and then taken through the storage's own claim/start/complete/fail transitions
 in batches (the oldest ones finish, the newest stay CREATED), so every index is what real work
 leaves behind.
@@ -199,6 +203,19 @@ def fill_database(alias: str, n: int) -> None:
             cursor.execute("ANALYZE")
 
 
+def fill_retry_counts(alias: str) -> None:
+    """Automatic retries in each minute of the last two hours (the chart's retried series)."""
+    from django_reliable_executor.models import ReliableRetryCount
+    from django_reliable_executor.throughput import epoch_minute
+
+    now = epoch_minute(dt.datetime.now(dt.timezone.utc))
+    counts = ReliableRetryCount.objects.using(alias)
+    counts.all().delete()
+    counts.bulk_create(
+        ReliableRetryCount(minute=minute, retried=minute % 7) for minute in range(now - 120, now)
+    )
+
+
 # -- filling Redis -----------------------------------------------------------------------------
 def fill_redis(n: int, batch: int = 5000) -> None:
     from django_reliable_executor import executor
@@ -336,6 +353,8 @@ def measure(rounds: int) -> dict[str, Any]:
         "list_page_50": lambda: executor.list_tasks(limit=101, offset=4900),
         "count_by_queue": executor.count_by_queue,
         "oldest_due_at": executor.oldest_due_at,
+        "oldest_due_by_queue": executor.oldest_due_by_queue,
+        "throughput": executor.throughput,
         "master": executor.master,
         "workers": executor.workers,
         "get_task": lambda: executor.get_task(some_id),
@@ -398,6 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             fill_redis(args.n)
         log(f"filled in {time.perf_counter() - started:.0f} s")
+    if isinstance(store, throughput.DatabaseStore):
+        fill_retry_counts(store.alias)  # for the chart's hour, whenever the store was filled
     rtt = store.rtt_ms(args.rtt_rounds)
     counts = {str(k): v for k, v in executor.count_by_status().items() if v}
     log(f"round trip {rtt:.3f} ms; tasks by status: {counts}")

@@ -32,6 +32,7 @@ from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .submission import prepare
+from .throughput import CHART_MINUTES, MinuteCounts
 
 
 def _status(value: TaskStatus | str) -> TaskStatus:
@@ -272,6 +273,16 @@ class ReliableExecutor:
         """When the longest-waiting task that is due and not claimed became due, or None:
         its age is how far the workers are behind."""
         return self.storage.oldest_due(queue)
+
+    def oldest_due_by_queue(self) -> dict[str, dt.datetime]:
+        """``oldest_due_at`` of every queue with a task due and not claimed, read at once."""
+        return self.storage.oldest_due_by_queue()
+
+    def throughput(self, minutes: int = CHART_MINUTES) -> list[MinuteCounts]:
+        """Tasks completed, failed (FAILED, TIMEOUT, ERROR) and retried (automatic retries
+        scheduled) in each of the last ``minutes`` UTC minutes, oldest first, the current
+        minute last (see ``django_reliable_executor.throughput``)."""
+        return self.storage.throughput(minutes)
 
     def master(self) -> str | None:
         """The worker id holding the master lock now, or None."""

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from django_reliable_executor import Schedule
+from django_reliable_executor.progress import make_progress
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import admin_params, executor_on, fire_schedule, make_user, run_one
@@ -79,7 +80,9 @@ def showcase(service: ReliableExecutor) -> None:
     )
     assert run_one(service, worker="web-1:4242") is TaskStatus.PENDING
     service.submit("demo.slow", {"seconds": 30}, task_id="export-customers", priority=5)
-    claim_and_start(service.storage, worker="web-1:4242")
+    exporting = claim_and_start(service.storage, worker="web-1:4242")
+    report = make_progress(1840, 5000, "customers exported", service.clock.now())
+    assert service.storage.record_progress([(exporting, report)]) == 1
     service.submit(
         "demo.echo", {"order_id": 1040}, task_id="order-1040-refund", delay_millis=60_000
     )
@@ -111,7 +114,8 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Any:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 900})
+            # Wide enough for every column of the list beside the filters.
+            page = browser.new_page(viewport={"width": 1760, "height": 900})
             # The admin's app sidebar, folded (as its « button would): room for the columns.
             page.add_init_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
             page.set_default_timeout(15_000)
@@ -142,6 +146,9 @@ def test_operate_tasks_in_a_real_browser(backend, live_server, browser_page, tmp
         assert "Live workers: 2" in page.locator("#re-workers").inner_text()
         failed_count = page.locator('#re-counts tr[data-queue="reports"] td[data-status="FAILED"]')
         assert failed_count.inner_text() == "1"
+        exporting = page.locator('#result_list tr[data-task-id="export-customers"]')
+        assert "1840 of 5000 (36%): customers exported" in exporting.inner_text()
+        assert page.locator("#re-throughput svg polyline").count() == 3
         if backend == "default":
             page.screenshot(path=str(shots / "admin-list.png"), full_page=True)
 

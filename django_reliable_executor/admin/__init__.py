@@ -28,6 +28,7 @@ from ..models import ReliableTask
 from . import operations, pages
 from .base import MAX_SELECTION as MAX_SELECTION
 from .base import ServiceModelAdmin
+from .health import DueThresholds
 
 OPERATE_PERMISSION = "django_reliable_executor.operate_reliabletask"
 TEMPLATES = "admin/django_reliable_executor/reliabletask/"
@@ -41,6 +42,9 @@ class ReliableTaskAdmin(ServiceModelAdmin):
     #: The summary's counts by queue and status, reused for a few seconds where counting is
     #: slow (a big task table); see pages.SlowCounts.
     counts_cache = pages.SlowCounts()
+    #: When the summary's oldest due task ages turn amber and red (seconds waited); see
+    #: docs/admin.md. Subclass and set another ``health.DueThresholds`` to change them.
+    due_thresholds = DueThresholds()
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """May retry and cancel tasks, pause and resume queues (``operate_reliabletask``)."""
@@ -94,7 +98,7 @@ class ReliableTaskAdmin(ServiceModelAdmin):
             task_names=sorted(pages.all_handlers()),
             filter_choices=pages.filter_choices(filters, by_queue),
             total=pages.matching_total(filters, by_queue),
-            summary=pages.summary(self.executor, by_queue, counts_age),
+            summary=pages.summary(self.executor, by_queue, counts_age, self.due_thresholds),
             **pages.task_list(self.executor, filters, self.admin_site.name),
             **(extra_context or {}),
         )

@@ -22,6 +22,7 @@ from ..records import (
     WorkerInfo,
 )
 from ..states import TERMINAL_STATUSES, TaskStatus
+from ..throughput import CHART_MINUTES, MinuteCounts, epoch_minute, minute_start
 from .schedule_base import ScheduleStorage
 
 #: The lock whose holder is the master (runs the chores); the service reports who holds it.
@@ -272,6 +273,31 @@ class TaskStorage(ScheduleStorage):
     @abc.abstractmethod
     def oldest_due(self, queue: str | None = None) -> dt.datetime | None:
         """The run_at of the earliest task that is due now and not claimed, or None."""
+
+    @abc.abstractmethod
+    def oldest_due_by_queue(self) -> dict[str, dt.datetime]:
+        """``oldest_due`` of every queue that has a task due now and not claimed (paused
+        queues included: their tasks wait too), read at once (one query, or one Redis round
+        trip per index level), by queue name."""
+
+    def throughput(self, minutes: int = CHART_MINUTES) -> builtins.list[MinuteCounts]:
+        """Tasks that ended in each of the last ``minutes`` UTC minutes, oldest first, the
+        current (partial) minute last: completed, failed (FAILED, TIMEOUT, ERROR) and retried
+        (automatic retries scheduled). See ``django_reliable_executor.throughput``."""
+        if minutes <= 0:
+            raise ValueError("minutes must be positive")
+        last = epoch_minute(self.clock.now())
+        first = last - minutes + 1
+        counted = self._minute_counts(first, last)
+        return [
+            counted.get(minute) or MinuteCounts(minute=minute_start(minute))
+            for minute in range(first, last + 1)
+        ]
+
+    @abc.abstractmethod
+    def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
+        """``throughput`` of epoch minutes ``first..last`` (both included); minutes with no
+        ending may be left out."""
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block up to ``timeout`` seconds until work may have arrived (only where

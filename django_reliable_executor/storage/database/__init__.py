@@ -17,6 +17,7 @@ from .progress import ProgressReports
 from .reading import Reading
 from .schedules import Schedules
 from .submitting import Submitting
+from .throughput import ThroughputReading
 from .transitions import Transitions
 from .unique_keys import UniqueKeys
 from .workers import Workers
@@ -33,6 +34,7 @@ class DatabaseStorage(
     Locks,
     Workers,
     Reading,
+    ThroughputReading,
     Pausing,
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part

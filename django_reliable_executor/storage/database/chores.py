@@ -10,6 +10,7 @@ from ...records import Transition
 from ...retries import failure_outcome, timeout_message
 from ...states import TaskStatus
 from .access import DatabaseAccess
+from .retry_counts import add_retries, purge_retry_counts
 from .rows import (
     LIVE,
     chunks,
@@ -65,6 +66,7 @@ class Chores(DatabaseAccess):
                 transitions.append(Transition(task=to_info(row), previous=TaskStatus.RUNNING))
                 if run_at is not None and run_at <= now:
                     requeued.append(row.queue)
+        add_retries(self.alias, now, sum(t.status is TaskStatus.PENDING for t in transitions))
         self._work_committed(requeued)
         return transitions
 
@@ -111,6 +113,7 @@ class Chores(DatabaseAccess):
         )
         # Unique keys past their window go with the finished tasks (not counted: not tasks).
         self._purge_unique_keys(self.clock.now())
+        purge_retry_counts(self.alias, self.clock.now())  # the chart's counters, 2 h old
         deleted = 0
         for chunk in chunks(ids):
             deleted += self._tasks().filter(unheld, pk__in=chunk, status__in=chosen).delete()[0]

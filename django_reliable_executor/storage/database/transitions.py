@@ -16,6 +16,7 @@ from ...retries import failure_outcome, timeout_message
 from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import DatabaseAccess
+from .retry_counts import add_retries
 from .rows import (
     NOT_WAITING,
     WAITING,
@@ -165,6 +166,8 @@ class Transitions(DatabaseAccess):
             )
             transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)
             if transition is not None:
+                if transition.status is TaskStatus.PENDING:
+                    add_retries(self.alias, now, 1)
                 if run_at is not None and run_at <= now:  # a retry due at once
                     self._work_committed([claim.task.queue])
                 return transition

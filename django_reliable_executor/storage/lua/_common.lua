@@ -303,9 +303,22 @@ local function hand_back(id, key, queue, priority)
   wake(queue)
 end
 
+-- The admin's throughput chart (throughput.py): one HASH per UTC minute, "<status>" (and
+-- "RETRIED") -> tasks that ended so in the minute. Its expiry is set by the first count of a
+-- field (HINCRBY answers 1), so each ending costs one command, rarely two. Seconds, as
+-- throughput.COUNTER_RETENTION_SECONDS.
+local ENDINGS_TTL = 7200
+local function count_ending(field)
+  local minute = P .. 'tput:' .. string.format('%d', math.floor(NOWN / 60000000))
+  if redis.call('HINCRBY', minute, field, 1) == 1 then
+    redis.call('EXPIRE', minute, ENDINGS_TTL)
+  end
+end
+
 -- A terminal status: out of the lease and deadline indexes, into the finished index (by
 -- finish time, for purging) and its status's done index (by creation time, for listing).
 local function finish(id, key, queue, from, status)
+  count_ending(status)
   redis.call('HSET', key, 's', status, 'f', NOW)
   redis.call('HDEL', key, 'd')
   unlease(id, key)
@@ -322,6 +335,7 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
     redis.call('HSET', key, 's', 'PENDING', 'r', run_at)
     unlease(id, key)
     recount(queue, 'RUNNING', 'PENDING')
+    count_ending('RETRIED')
     to_waiting(id, queue, priority, run_at)
   else
     finish(id, key, queue, 'RUNNING', status)

@@ -24,6 +24,10 @@ epoch, written as decimal strings.
 ``P deadlines``            ZSET of unfinished tasks with a max duration, scored by deadline.
 ``P finished``             ZSET of terminal tasks, scored by finish time (purge).
 ``P done:<STATUS>``        ZSET per terminal status, scored by creation time (listing).
+``P tput:<minute>``        HASH "<terminal status>" and "RETRIED" -> tasks that ended so in that
+                           UTC minute (throughput.epoch_minute; RETRIED: failed attempts sent
+                           back to PENDING), counted by finish and record_failure in
+                           _common.lua; expires after 2 hours (the admin's chart).
 ``P counts``               HASH "<STATUS>:<queue>" -> number of tasks, kept exact by every script.
 ``P queues``               SET of every queue that holds a task in any status: purge forgets a
                            queue with its last task (its count fields and wake token too), a

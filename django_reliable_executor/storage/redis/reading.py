@@ -1,4 +1,4 @@
-"""Reading tasks from the Redis storage: get, counts, the oldest due task, has_work."""
+"""Reading tasks from Redis storage: get, counts, oldest due tasks, endings per minute, has_work."""
 
 from __future__ import annotations
 
@@ -6,9 +6,18 @@ import datetime as dt
 from collections.abc import Sequence
 
 from ...records import TaskInfo
-from ...states import TaskStatus
+from ...states import DEAD_LETTER_STATUSES, TaskStatus
+from ...throughput import MinuteCounts, minute_start
 from .access import LIVE, RedisAccess, guarded
 from .codec import from_micros, micros, text, to_info
+
+# The fields of a ``tput:<minute>`` hash the chart reads: the statuses it shows, and retries.
+RETRIED = "RETRIED"
+ENDING_FIELDS = [
+    TaskStatus.COMPLETED.value,
+    *sorted(s.value for s in DEAD_LETTER_STATUSES),
+    RETRIED,
+]
 
 
 class Reading(RedisAccess):
@@ -40,10 +49,19 @@ class Reading(RedisAccess):
 
     @guarded
     def oldest_due(self, queue: str | None = None) -> dt.datetime | None:
-        """The earliest run_at among the heads of the ready lists (each list is in the order
-        tasks became ready) and the scheduled tasks already due but not promoted yet."""
+        due = self._oldest_due_micros([queue] if queue is not None else self._queues())
+        return from_micros(min(due.values())) if due else None
+
+    @guarded
+    def oldest_due_by_queue(self) -> dict[str, dt.datetime]:
+        due = self._oldest_due_micros(self._queues())
+        return {queue: from_micros(run_at) for queue, run_at in sorted(due.items())}
+
+    def _oldest_due_micros(self, queues: Sequence[str]) -> dict[str, int]:
+        """Per queue, the earliest run_at among the heads of its ready lists (each list is in
+        the order tasks became ready) and its scheduled tasks already due but not promoted
+        yet: three pipelined round trips whatever the number of tasks."""
         now = micros(self.clock.now())
-        queues = [queue] if queue is not None else self._queues()
         pipe = self.client.pipeline(transaction=False)
         for name in queues:
             pipe.zrange(self.p + "prio:" + name, 0, -1)
@@ -51,17 +69,55 @@ class Reading(RedisAccess):
                 self.p + "sched:" + name, "-inf", now, start=0, num=1, withscores=True
             )
         replies = pipe.execute()
-        candidates = [int(score) for due in replies[1::2] for _, score in due]
+        due: dict[str, int] = {}
+
+        def seen(queue: str, run_at: int) -> None:
+            due[queue] = min(due.get(queue, run_at), run_at)
+
+        for name, scheduled in zip(queues, replies[1::2], strict=True):
+            for _, score in scheduled:
+                seen(name, int(score))
         pipe = self.client.pipeline(transaction=False)
         for name, priorities in zip(queues, replies[::2], strict=True):
             for priority in priorities:
                 pipe.lindex(f"{self.p}ready:{name}:{text(priority)}", 0)
-        heads = [text(head) for head in pipe.execute() if head is not None]
+        lists = [
+            name for name, priorities in zip(queues, replies[::2], strict=True) for _ in priorities
+        ]
+        heads = [
+            (name, text(head))
+            for name, head in zip(lists, pipe.execute(), strict=True)
+            if head is not None
+        ]
         pipe = self.client.pipeline(transaction=False)
-        for head in heads:
+        for _, head in heads:
             pipe.hget(self._tkey(head), "r")
-        candidates += [int(run_at) for run_at in pipe.execute() if run_at is not None]
-        return from_micros(min(candidates)) if candidates else None
+        for (name, _), run_at in zip(heads, pipe.execute(), strict=True):
+            if run_at is not None:
+                seen(name, int(run_at))
+        return due
+
+    @guarded
+    def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
+        """One pipelined HMGET per minute of the ``tput:<minute>`` hashes the scripts count
+        endings in (see _common.lua's count_ending)."""
+        minutes = range(first, last + 1)
+        pipe = self.client.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hmget(f"{self.p}tput:{minute}", ENDING_FIELDS)
+        counted: dict[int, MinuteCounts] = {}
+        for minute, values in zip(minutes, pipe.execute(), strict=True):
+            n = dict(
+                zip(ENDING_FIELDS, (int(v) if v is not None else 0 for v in values), strict=True)
+            )
+            if any(n.values()):
+                counted[minute] = MinuteCounts(
+                    minute=minute_start(minute),
+                    completed=n[TaskStatus.COMPLETED.value],
+                    failed=sum(n[s.value] for s in DEAD_LETTER_STATUSES),
+                    retried=n[RETRIED],
+                )
+        return counted
 
     @guarded
     def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
