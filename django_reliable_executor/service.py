@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -14,7 +15,8 @@ from django.db import connections, transaction
 from .announcing import Announcer
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
-from .exceptions import AttemptStillRunningError, InvalidTaskOptionError
+from .dependencies import check_dependencies_exist
+from .exceptions import AttemptStillRunningError, InvalidTaskOptionError, TaskSubmitError
 from .options import is_int
 from .queue_pausing import check_known_queue
 from .records import (
@@ -128,6 +130,29 @@ class ReliableExecutor:
             self._after_commit(lambda: self.announcer.submitted(created))
         return [info for info, _ in results]
 
+    def chain(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
+        """Submit ``requests`` as a chain in one call: each depends on the one before it (as
+        well as on its own ``depends_on``), so they run one after another, and a step that
+        fails cancels the rest (unless a step says ``on_dependency_failure="run"``). Steps
+        without a task_id get one. All or nothing, like submit_many."""
+        steps: list[TaskSubmitRequest] = []
+        previous: str | None = None
+        for index, request in enumerate(requests):
+            if not isinstance(request, TaskSubmitRequest):
+                raise TaskSubmitError(
+                    f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
+                )
+            task_id = request.task_id if request.task_id is not None else uuid.uuid4().hex
+            own = request.depends_on
+            if own is not None and (isinstance(own, str) or not isinstance(own, Iterable)):
+                own = [own]  # check_dependencies names the bad value
+            depends_on = [*(own or ()), *([previous] if previous is not None else [])]
+            steps.append(
+                dataclasses.replace(request, task_id=task_id, depends_on=depends_on or None)
+            )
+            previous = task_id
+        return self.submit_many(steps)
+
     def _after_commit(self, callback: Any) -> None:
         """Run now, or when the caller's transaction on the task database commits."""
         alias = getattr(self.storage, "alias", None)
@@ -152,6 +177,8 @@ class ReliableExecutor:
         so a rolled-back transaction leaves no task behind. Ids already stored are returned as
         stored; the others as they will be."""
         existing = self.storage.get_many([task.task_id for task in new_tasks])
+        # Refused now rather than at commit (submit.lua checks again when it writes).
+        check_dependencies_exist(self.storage, new_tasks)
 
         def write() -> None:
             results = self.storage.enqueue(new_tasks)

@@ -8,6 +8,7 @@ import uuid
 from typing import Any, cast
 
 from .conf import ExecutorSettings
+from .dependencies import check_dependencies
 from .exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
@@ -68,6 +69,12 @@ def prepare(
     problem = rate_key_problem(rate_key)
     if problem is not None:
         raise InvalidTaskOptionError(problem, field="rate_key")
+    depends_on = check_dependencies(
+        request.depends_on,
+        request.on_dependency_failure,
+        task_id,
+        delayed=bool(request.delay_millis) or request.run_at is not None,
+    )
     return NewTask(
         task_id=task_id,
         task_name=name,
@@ -85,6 +92,8 @@ def prepare(
         unique_key=unique_digest(name, unique_key, parameter) if unique else None,
         unique_until=unique_until,
         rate_key=rate_key,
+        depends_on=depends_on,
+        on_dependency_failure=request.on_dependency_failure,
     )
 
 
