@@ -168,6 +168,7 @@ class Dependencies(DatabaseAccess):
         self._work_committed(released_queues)
 
     def dependents_of(self, task_id: str) -> list[str]:
+        """The tasks that were submitted to wait for ``task_id``, by id."""
         return sorted(
             self._edges().filter(dependency_id=task_id).values_list("dependent_id", flat=True)
         )
