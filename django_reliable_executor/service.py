@@ -212,6 +212,10 @@ class ReliableExecutor:
             return None
         return self.storage.get(task_id)
 
+    def dependents_of(self, task_id: str) -> list[str]:
+        """The ids of the tasks submitted to wait for ``task_id`` (``depends_on``), sorted."""
+        return self.storage.dependents_of(task_id)
+
     def cancel_task(self, task_id: str) -> bool:
         """CREATED/PENDING -> CANCELLED (True); RUNNING -> cancel requested (True); else False."""
         result = self.storage.cancel(task_id)
