@@ -11,15 +11,11 @@ otherwise is CANCELLED (``last_error`` names it) unless it asked for ``on_depend
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 from .exceptions import InvalidDependencyError
 from .states import TaskStatus
-
-if TYPE_CHECKING:
-    from .records import NewTask
-    from .storage.base import TaskStorage
 
 #: At most this many dependencies per task.
 MAX_DEPENDENCIES = 100
@@ -80,22 +76,6 @@ def missing_error(task_id: str, missing: Iterable[str]) -> InvalidDependencyErro
         "(submit dependencies first)",
         field="depends_on",
     )
-
-
-def check_dependencies_exist(storage: TaskStorage, tasks: Sequence[NewTask]) -> None:
-    """Raise InvalidDependencyError unless every dependency of ``tasks`` is stored or is a
-    task of ``tasks`` before it. For storages that cannot check it while they write (the
-    write may wait for a commit); the write checks again."""
-    wanted = {dependency for task in tasks for dependency in task.depends_on}
-    if not wanted:
-        return
-    stored = set(storage.get_many(sorted(wanted)))
-    earlier: set[str] = set()
-    for task in tasks:
-        missing = [d for d in task.depends_on if d not in stored and d not in earlier]
-        if missing and task.task_id not in stored:
-            raise missing_error(task.task_id, missing)
-        earlier.add(task.task_id)
 
 
 def failure_message(dependency_id: str, status: TaskStatus | str) -> str:

@@ -69,9 +69,7 @@ class TaskContext:
             task = self._executor.get_task(self.task_id)
             ids = list(task.depends_on) if task is not None else []
             found = self._executor.storage.get_many(ids) if ids else {}
-            self._dependency_results = {
-                d: found[d].result if d in found else None for d in ids
-            }
+            self._dependency_results = {d: found[d].result if d in found else None for d in ids}
         return self._dependency_results
 
     def set_progress(

@@ -15,7 +15,6 @@ from django.db import connections, transaction
 from .announcing import Announcer
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
-from .dependencies import check_dependencies_exist
 from .exceptions import AttemptStillRunningError, InvalidTaskOptionError, TaskSubmitError
 from .options import is_int
 from .queue_pausing import check_known_queue
@@ -33,7 +32,7 @@ from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
-from .submission import prepare
+from .submission import check_dependencies_exist, prepare
 
 
 def _status(value: TaskStatus | str) -> TaskStatus:
@@ -177,12 +176,15 @@ class ReliableExecutor:
         so a rolled-back transaction leaves no task behind. Ids already stored are returned as
         stored; the others as they will be."""
         existing = self.storage.get_many([task.task_id for task in new_tasks])
-        # Refused now rather than at commit (submit.lua checks again when it writes).
-        check_dependencies_exist(self.storage, new_tasks)
+        # Refused now rather than at commit (submit.lua checks again when it writes); the
+        # tasks this transaction will write before these count as stored.
+        check_dependencies_exist(self.storage, new_tasks, _deferred_ids(alias))
 
         def write() -> None:
             results = self.storage.enqueue(new_tasks)
             self.announcer.submitted([info for info, was_created in results if was_created])
+
+        write.task_ids = [task.task_id for task in new_tasks]  # type: ignore[attr-defined]
 
         transaction.on_commit(write, using=alias)
         infos: dict[str, TaskInfo] = dict(existing)
@@ -443,6 +445,13 @@ class ReliableExecutor:
     def announce_started(self, task: TaskInfo) -> None:
         """The same for an attempt that has just started."""
         self.announcer.started(task)
+
+
+def _deferred_ids(alias: str) -> set[str]:
+    """The ids of the tasks submitted inside the open transaction on ``alias`` whose write
+    waits for its commit (callbacks of rolled-back savepoints are gone from the list)."""
+    callbacks = getattr(transaction.get_connection(alias), "run_on_commit", ())
+    return {i for _, func, *_ in callbacks for i in getattr(func, "task_ids", ())}
 
 
 #: The module-level executor: builds its storage from settings on first use.

@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import unicodedata
 import uuid
-from typing import Any, cast
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from .conf import ExecutorSettings
-from .dependencies import check_dependencies
+from .dependencies import check_dependencies, missing_error
 from .exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
@@ -26,6 +27,9 @@ from .registry import TaskHandler, get_handler
 from .schedules.ids import is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .uniqueness import unique_digest, unique_window
+
+if TYPE_CHECKING:
+    from .storage.base import TaskStorage
 
 MAX_ID_LENGTH = 191
 
@@ -180,3 +184,22 @@ def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
         raise InvalidTaskOptionError(
             f"run_at is out of the datetime range in UTC, got {run_at!r}", field="run_at"
         ) from None
+
+
+def check_dependencies_exist(
+    storage: TaskStorage, tasks: Sequence[NewTask], coming: Collection[str] = ()
+) -> None:
+    """Raise InvalidDependencyError unless every dependency of ``tasks`` is stored or is a
+    task of ``tasks`` before it, or of ``coming`` (tasks to be written before these). For
+    storages that cannot check it while they write (the write waits for a commit); the
+    write checks again."""
+    wanted = {d for task in tasks for d in task.depends_on if d not in coming}
+    if not wanted:
+        return
+    stored = set(storage.get_many(sorted(wanted))) | set(coming)
+    earlier: set[str] = set()
+    for task in tasks:
+        missing = [d for d in task.depends_on if d not in stored and d not in earlier]
+        if missing and task.task_id not in stored:
+            raise missing_error(task.task_id, missing)
+        earlier.add(task.task_id)

@@ -36,7 +36,7 @@ def test_detail_links_dependencies_and_dependents(service, viewer):
     charge = viewer.get(detail_url("d-charge")).content.decode()
     assert f'href="{detail_url("d-order")}" class="re-dependency"' in charge
     assert f'href="{detail_url("t-completed")}" class="re-dependency"' in charge
-    assert "<code>d-order</code></a> CREATED <span class=\"re-muted\">(awaited)</span>" in charge
+    assert '<code>d-order</code></a> CREATED <span class="re-muted">(awaited)</span>' in charge
     assert "<code>t-completed</code></a> COMPLETED</td>" in charge
     assert f'href="{detail_url("d-email")}" class="re-dependent"' in charge
     assert "when its dependencies end" in charge

@@ -9,7 +9,15 @@ import pytest
 from django_reliable_executor import InvalidDependencyError, TaskStatus, TaskSubmitRequest
 from django_reliable_executor.dependencies import WAITING_RUN_AT
 
-from .contract_support import HOOKS, LEASE, claim_and_start, claim_one, raising, run_claim, run_claims
+from .contract_support import (
+    HOOKS,
+    LEASE,
+    claim_and_start,
+    claim_one,
+    raising,
+    run_claim,
+    run_claims,
+)
 
 
 def claimable(storage) -> list[str]:
@@ -74,7 +82,9 @@ def test_a_dependency_ending_badly_cancels_the_dependent_and_its_own_dependents(
     executor.submit("contract.hook", None, task_id="a", retry_limit=0, max_duration_millis=1000)
     executor.submit("contract.hook", None, task_id="b", depends_on=["a"])
     executor.submit("contract.hook", None, task_id="c", depends_on=["b"])
-    executor.submit("contract.hook", None, task_id="d", depends_on=["a"], on_dependency_failure="run")
+    executor.submit(
+        "contract.hook", None, task_id="d", depends_on=["a"], on_dependency_failure="run"
+    )
     if ending == "cancel":
         assert executor.cancel_task("a")
         expected = TaskStatus.CANCELLED
@@ -242,3 +252,15 @@ def test_purge_forgets_finished_dependents_and_their_edges(executor, storage, cl
     clock.advance(10)
     assert executor.purge_finished(clock.now()) == 2
     assert storage.dependents_of("a") == []
+
+
+def test_inside_a_transaction_a_missing_dependency_is_refused_at_submit(executor, db_alias):
+    from django.db import transaction
+
+    with transaction.atomic(using=db_alias):
+        executor.submit("contract.hook", None, task_id="a")
+        with pytest.raises(InvalidDependencyError):
+            executor.submit("contract.hook", None, task_id="b", depends_on=["nope"])
+        executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
+    assert executor.get_task("b") is None
+    assert executor.get_task("c").waiting_for == ("a",)

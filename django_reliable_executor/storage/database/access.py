@@ -190,6 +190,10 @@ class DatabaseAccess(TaskStorage):
         it (UniqueKeys)."""
 
     @abc.abstractmethod
+    def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:
+        """Store one task in the open transaction, or return the stored one (Submitting)."""
+
+    @abc.abstractmethod
     def _enqueue_waiting(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         """Store a batch holding dependents, in order, all or nothing (Dependencies)."""
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-
 from typing import Any
 
 from django.db.models import F, Q, QuerySet
 
 from ...models import ReliableTask
-
 from ...records import Transition
 from ...retries import failure_outcome, timeout_message
 from ...states import TaskStatus
@@ -100,7 +98,11 @@ class Chores(DatabaseAccess):
         return transitions
 
     def _update_settled(
-        self, rows: QuerySet[ReliableTask], changes: dict[str, Any], task_id: str, status: TaskStatus
+        self,
+        rows: QuerySet[ReliableTask],
+        changes: dict[str, Any],
+        task_id: str,
+        status: TaskStatus,
     ) -> int:
         """UPDATE ``rows`` (one task) with ``changes``; when they end it (``status`` terminal),
         its dependents are settled in the same transaction."""

@@ -97,7 +97,7 @@ class Dependencies(DatabaseAccess):
         task_id: str,
         waiting: list[str],
         ended: Sequence[tuple[str, str]],
-        on_failure: str,
+        on_failure: str | None,
         max_duration_millis: int | None,
         now: dt.datetime,
     ) -> str | None:
@@ -123,7 +123,9 @@ class Dependencies(DatabaseAccess):
             row.update(waiting_for=remaining)
             return None
         # Released: due now, its max duration counted from now.
-        deadline = now + dt.timedelta(milliseconds=max_duration_millis) if max_duration_millis else None
+        deadline = (
+            now + dt.timedelta(milliseconds=max_duration_millis) if max_duration_millis else None
+        )
         row.update(run_at=now, deadline_at=deadline, waiting_for=None)
         return "released"
 
@@ -138,9 +140,11 @@ class Dependencies(DatabaseAccess):
         while todo:
             edges: dict[str, list[str]] = {}
             for chunk in chunks(list(todo)):
-                for dependency, dependent in self._edges().filter(
-                    dependency_id__in=chunk
-                ).values_list("dependency_id", "dependent_id"):
+                for dependency, dependent in (
+                    self._edges()
+                    .filter(dependency_id__in=chunk)
+                    .values_list("dependency_id", "dependent_id")
+                ):
                     edges.setdefault(dependent, []).append(dependency)
             if not edges:
                 break
@@ -151,7 +155,9 @@ class Dependencies(DatabaseAccess):
                 .filter(pk__in=sorted(edges), status=TaskStatus.CREATED.value)
                 .exclude(waiting_for=None)
                 .order_by("pk")
-                .values_list("pk", "waiting_for", "on_dependency_failure", "max_duration_millis", "queue")
+                .values_list(
+                    "pk", "waiting_for", "on_dependency_failure", "max_duration_millis", "queue"
+                )
             )
             cascaded: dict[str, str] = {}
             for task_id, waiting_json, on_failure, max_duration, queue in rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Mapping, Sequence
 
 from django.db import connections
@@ -110,9 +111,7 @@ class Transitions(DatabaseAccess):
         transitions: list[Transition | None] = []
         for span in self._spans(texts, refuse):
             claims = [claim for claim, _ in outcomes[span]]
-            done = self._ending(
-                lambda claims=claims, span=span: self._complete_settled(claims, texts[span], now)
-            )
+            done = self._ending(functools.partial(self._complete_settled, claims, texts[span], now))
             transitions += [
                 claim.completed(result.value, now) if claim.task_id in done else None
                 for claim, result in zip(claims, results[span], strict=True)
@@ -223,9 +222,7 @@ class Transitions(DatabaseAccess):
     def expire_claim(self, claim: Claim) -> Transition | None:
         now = self.clock.now()
         error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
-        match = Q(
-            pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING
-        )
+        match = Q(pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING)
         changes = failure_changes(TaskStatus.TIMEOUT, None, error, now)
         changed = self._ending(lambda: self._end(match, changes, claim.task_id, TaskStatus.TIMEOUT))
         if not changed:

@@ -28,7 +28,11 @@ class Submitting(RedisAccess):
             chunk = tasks[start : start + size]
             args = [value for task in chunk for value in _args(task)]
             replies = self._run("submit", *args)
-            if replies and not isinstance(replies[0], (int, list)) and text(replies[0]) == "missing":
+            if (
+                replies
+                and not isinstance(replies[0], (int, list))
+                and text(replies[0]) == "missing"
+            ):
                 raise missing_error(text(replies[1]), [text(replies[2])])
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
