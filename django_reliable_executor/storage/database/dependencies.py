@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F
 
 from ...dependencies import WAITING_RUN_AT, failure_message, missing_error
@@ -133,45 +133,84 @@ class Dependencies(DatabaseAccess):
         """Settle the dependents of the tasks in ``ended`` (id -> terminal status), which the
         caller's open transaction just ended: release those with nothing left to wait for,
         cancel those a failed dependency cancels, and theirs in turn (no signal is sent for
-        such cascaded cancels). The cost is the edges of these tasks, not the waiting tasks."""
+        such cascaded cancels). The cost is the edges of these tasks, not the waiting tasks:
+        one indexed SELECT when they have no dependents (every completion pays it)."""
         now: dt.datetime | None = None
         released_queues: list[str] = []
         todo = dict(ended)
         while todo:
-            edges: dict[str, list[str]] = {}
-            for chunk in chunks(list(todo)):
-                for dependency, dependent in (
-                    self._edges()
-                    .filter(dependency_id__in=chunk)
-                    .values_list("dependency_id", "dependent_id")
-                ):
-                    edges.setdefault(dependent, []).append(dependency)
-            if not edges:
+            waiting = self._waiting_dependents(list(todo))
+            if not waiting:
                 break
             now = now or self.clock.now()
-            rows = (
-                self._tasks()
-                .select_for_update()
-                .filter(pk__in=sorted(edges), status=TaskStatus.CREATED.value)
-                .exclude(waiting_for=None)
-                .order_by("pk")
-                .values_list(
-                    "pk", "waiting_for", "on_dependency_failure", "max_duration_millis", "queue"
-                )
-            )
+            releases: dict[int | None, list[str]] = {}  # by max duration
             cascaded: dict[str, str] = {}
-            for task_id, waiting_json, on_failure, max_duration, queue in rows:
-                waiting = _ids(waiting_json)
-                here = [(d, todo[d]) for d in edges[task_id] if d in waiting]
+            for task_id, (awaited, on_failure, max_duration, queue, causes) in waiting.items():
+                here = [(d, todo[d]) for d in causes if d in awaited]
                 if not here:
                     continue  # settled before (its dependency was retried and ended again)
-                outcome = self._settle_one(task_id, waiting, here, on_failure, max_duration, now)
+                failed = any(status != TaskStatus.COMPLETED.value for _, status in here)
+                if len(here) == len(awaited) and not (failed and on_failure != "run"):
+                    releases.setdefault(max_duration, []).append(task_id)
+                    released_queues.append(queue)
+                    continue
+                outcome = self._settle_one(task_id, awaited, here, on_failure, max_duration, now)
                 if outcome == "cancelled":
                     cascaded[task_id] = TaskStatus.CANCELLED.value
                 elif outcome == "released":
                     released_queues.append(queue)
+            for max_duration, ids in releases.items():
+                self._release_all(ids, max_duration, now)
             todo = cascaded
         self._work_committed(released_queues)
+
+    def _waiting_dependents(
+        self, task_ids: Sequence[str]
+    ) -> dict[str, tuple[list[str], str | None, int | None, str, list[str]]]:
+        """The dependents of these tasks still waiting, read with a locking read in one
+        statement: dependent id -> (ids it awaits, on-failure policy, max duration, queue,
+        which of ``task_ids`` it depends on)."""
+        lock = {"postgresql": " FOR UPDATE OF t", "mysql": " FOR UPDATE"}.get(self.vendor, "")
+        edges = connections[self.alias].ops.quote_name(ReliableDependency._meta.db_table)
+        found: dict[str, tuple[list[str], str | None, int | None, str, list[str]]] = {}
+        for chunk in chunks(list(task_ids)):
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(
+                    "SELECT d.dependent_id, d.dependency_id, t.waiting_for, "
+                    "t.on_dependency_failure, t.max_duration_millis, t.queue "
+                    f"FROM {edges} d JOIN {self._table} t ON t.task_id = d.dependent_id "
+                    f"WHERE d.dependency_id IN ({', '.join(['%s'] * len(chunk))}) "
+                    "AND t.status = %s AND t.waiting_for IS NOT NULL "
+                    f"ORDER BY d.dependent_id{lock}",
+                    [*chunk, TaskStatus.CREATED.value],
+                )
+                for dependent, dependency, awaited, on_failure, max_duration, queue in cursor:
+                    entry = found.get(dependent)
+                    if entry is None:
+                        entry = found[dependent] = (
+                            _ids(awaited),
+                            on_failure,
+                            max_duration,
+                            queue,
+                            [],
+                        )
+                    entry[4].append(dependency)
+        return found
+
+    def _release_all(self, task_ids: list[str], max_duration: int | None, now: dt.datetime) -> None:
+        """Make these waiting dependents (of one max duration) due now, in one UPDATE."""
+        deadline = now + dt.timedelta(milliseconds=max_duration) if max_duration else None
+        for chunk in chunks(task_ids):
+            self._execute(
+                f"UPDATE {self._table} SET run_at = %s, deadline_at = %s, waiting_for = NULL "
+                f"WHERE task_id IN ({', '.join(['%s'] * len(chunk))}) AND status = %s",
+                [
+                    self._dt(now),
+                    None if deadline is None else self._dt(deadline),
+                    *chunk,
+                    TaskStatus.CREATED.value,
+                ],
+            )
 
     def dependents_of(self, task_id: str) -> list[str]:
         """The tasks that were submitted to wait for ``task_id``, by id."""
