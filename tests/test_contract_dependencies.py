@@ -264,3 +264,26 @@ def test_inside_a_transaction_a_missing_dependency_is_refused_at_submit(executor
         executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
     assert executor.get_task("b") is None
     assert executor.get_task("c").waiting_for == ("a",)
+
+
+def test_both_dependencies_completed_in_one_batch_release_the_dependent_once(executor, storage):
+    executor.submit("contract.hook", None, task_id="a")
+    executor.submit("contract.hook", None, task_id="b")
+    executor.submit("contract.hook", None, task_id="c", depends_on=["a", "b"])
+    executor.submit("contract.hook", None, task_id="d", depends_on=["a"])
+    claims = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
+    assert sorted(c.task_id for c in claims) == ["a", "b"]
+    assert all(storage.complete_many([(claim, 1) for claim in claims]))
+    assert executor.get_task("c").waiting_for == ()
+    assert executor.get_task("d").waiting_for == ()
+    assert claimable(storage) == ["c", "d"]
+    assert executor.dependents_of("a") == ["c", "d"]
+
+
+def test_waiting_dependents_hold_no_max_concurrency_slot(executor, storage):
+    executor.submit("contract.hook", None, task_id="later", delay_millis=3_600_000)
+    for i in range(3):
+        executor.submit("contract.hook", None, task_id=f"w{i}", depends_on=["later"])
+    executor.submit("contract.hook", None, task_id="x")
+    claims = storage.claim("w1", ["default"], 10, LEASE, name_limits={"contract.hook": 1})
+    assert [c.task_id for c in claims] == ["x"]

@@ -168,7 +168,8 @@ def row(task: TaskInfo, now: dt.datetime, site_name: str) -> Row:
     return Row(
         task=task,
         url=change_url(task.task_id, site_name),
-        next_run=task.run_at if task.status in WAITING_STATUSES else None,
+        # A dependent waiting for its dependencies has no next run time of its own yet.
+        next_run=task.run_at if task.status in WAITING_STATUSES and not task.waiting_for else None,
         duration=task_duration(task, now),
         can_retry=can_retry(task.status),
         can_cancel=can_cancel(task.status, task.cancel_requested),

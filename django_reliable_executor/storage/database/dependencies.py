@@ -29,8 +29,8 @@ def _ids(value: Any) -> list[str]:
 
 
 class Dependencies(DatabaseAccess):
-    """Dependents stored CREATED at WAITING_RUN_AT (no claim takes them), their edges in
-    reliable_executor_dependency, and the settling that releases or cancels them."""
+    """Dependents stored CREATED, unavailable, at WAITING_RUN_AT (no claim sees them), their
+    edges in reliable_executor_dependency, and the settling that releases or cancels them."""
 
     def _edges(self) -> Any:
         return ReliableDependency.objects.using(self.alias)
@@ -64,8 +64,13 @@ class Dependencies(DatabaseAccess):
         locking read (one ending now waits for this transaction, then finds the edge) and
         settle it against those already ended."""
         ids = list(task.depends_on)
+        # Unavailable while it waits: out of the claim index's way (a claim never walks the
+        # waiting dependents), and waiting_for set tells it from a claimed task.
         self._tasks().filter(pk=task.task_id).update(
-            depends_on=ids, waiting_for=ids, on_dependency_failure=task.on_dependency_failure
+            depends_on=ids,
+            waiting_for=ids,
+            on_dependency_failure=task.on_dependency_failure,
+            available=False,
         )
         self._edges().bulk_create(
             [ReliableDependency(dependency_id=d, dependent_id=task.task_id) for d in ids]
@@ -126,7 +131,7 @@ class Dependencies(DatabaseAccess):
         deadline = (
             now + dt.timedelta(milliseconds=max_duration_millis) if max_duration_millis else None
         )
-        row.update(run_at=now, deadline_at=deadline, waiting_for=None)
+        row.update(run_at=now, deadline_at=deadline, waiting_for=None, available=True)
         return "released"
 
     def _settle_dependents(self, ended: Mapping[str, str]) -> None:
@@ -202,7 +207,8 @@ class Dependencies(DatabaseAccess):
         deadline = now + dt.timedelta(milliseconds=max_duration) if max_duration else None
         for chunk in chunks(task_ids):
             self._execute(
-                f"UPDATE {self._table} SET run_at = %s, deadline_at = %s, waiting_for = NULL "
+                f"UPDATE {self._table} SET run_at = %s, deadline_at = %s, waiting_for = NULL, "
+                "available = TRUE "
                 f"WHERE task_id IN ({', '.join(['%s'] * len(chunk))}) AND status = %s",
                 [
                     self._dt(now),
