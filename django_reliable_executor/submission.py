@@ -73,12 +73,14 @@ def prepare(
     problem = rate_key_problem(rate_key)
     if problem is not None:
         raise InvalidTaskOptionError(problem, field="rate_key")
-    depends_on = check_dependencies(
-        request.depends_on,
-        request.on_dependency_failure,
-        task_id,
-        delayed=bool(request.delay_millis) or request.run_at is not None,
-    )
+    depends_on: tuple[str, ...] = ()
+    if request.depends_on is not None or request.on_dependency_failure != "cancel":
+        depends_on = check_dependencies(
+            request.depends_on,
+            request.on_dependency_failure,
+            task_id,
+            delayed=bool(request.delay_millis) or request.run_at is not None,
+        )
     return NewTask(
         task_id=task_id,
         task_name=name,
