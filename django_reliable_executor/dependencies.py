@@ -1,7 +1,8 @@
 """Task dependencies: the submit options' rules, and the facts every storage shares about them.
 
-A task submitted with ``depends_on=[ids]`` is stored CREATED with ``run_at`` at WAITING_RUN_AT,
-so no claim takes it and it counts against no ``max_concurrency``. Every write that ends a task
+A task submitted with ``depends_on=[ids]`` is stored CREATED with ``run_at`` at WAITING_RUN_AT
+(on the databases also unavailable, out of the claim index), so no claim takes it and it counts
+against no ``max_concurrency``. Every write that ends a task
 (complete, fail, expire, cancel, recover) settles its dependents in the same atomic step: a
 dependent whose last awaited dependency COMPLETED becomes due at once; one whose dependency ended
 otherwise is CANCELLED (``last_error`` names it) unless it asked for ``on_dependency_failure=
