@@ -210,13 +210,14 @@ class DatabaseStore(Store):
 
     def _tables(self) -> list[str]:
         from django_reliable_executor.models import (
+            ReliableDependency,
             ReliableLock,
             ReliableSchedule,
             ReliableTask,
             ReliableWorker,
         )
 
-        models = (ReliableTask, ReliableWorker, ReliableLock, ReliableSchedule)
+        models = (ReliableTask, ReliableWorker, ReliableLock, ReliableSchedule, ReliableDependency)
         return [m._meta.db_table for m in models]
 
     def clear(self) -> None:

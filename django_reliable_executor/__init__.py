@@ -1,6 +1,7 @@
 """django-reliable-executor: reliable background tasks on the database or Redis you already run."""
 
 from .exceptions import (
+    InvalidDependencyError,
     InvalidQueueError,
     InvalidScheduleError,
     TaskSubmitConflictError,
@@ -16,6 +17,7 @@ from .states import TaskStatus
 __version__ = "0.1.0"
 
 __all__ = [
+    "InvalidDependencyError",
     "InvalidQueueError",
     "InvalidScheduleError",
     "ReliableExecutor",

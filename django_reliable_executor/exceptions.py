@@ -42,6 +42,11 @@ class InvalidTaskOptionError(TaskSubmitError):
     """A submit option (retry_limit, queue, priority, run_at, ...) has a bad value."""
 
 
+class InvalidDependencyError(TaskSubmitError):
+    """``depends_on`` names a task that does not exist, the task itself, too many ids, or is
+    combined with a delay; ``field`` is "depends_on" (or "on_dependency_failure")."""
+
+
 class TaskSubmitConflictError(TaskSubmitError):
     """Another transaction stored the same task_id after the caller's transaction took its
     snapshot (PostgreSQL REPEATABLE READ or SERIALIZABLE), so the stored task cannot be read in

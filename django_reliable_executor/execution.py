@@ -59,6 +59,18 @@ class TaskContext:
         self._checked_at = 0.0
         self._on_cancel: Callable[[], object] | None = None
         self._report = report
+        self._dependency_results: dict[str, Any] | None = None
+
+    @property
+    def dependency_results(self) -> dict[str, Any]:
+        """Each task id of this task's ``depends_on`` -> the result it returned (None for one
+        that ended without a result, or was purged). Read from the storage on first access."""
+        if self._dependency_results is None:
+            task = self._executor.get_task(self.task_id)
+            ids = list(task.depends_on) if task is not None else []
+            found = self._executor.storage.get_many(ids) if ids else {}
+            self._dependency_results = {d: found[d].result if d in found else None for d in ids}
+        return self._dependency_results
 
     def set_progress(
         self, current: int | float, total: int | float | None = None, message: str = ""

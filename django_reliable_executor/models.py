@@ -45,6 +45,12 @@ class ReliableTask(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # rate_limit: tasks of one name sharing this key share one limit (None: the name's own).
     rate_key = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
+    # Dependencies (dependencies.py): the ids it was submitted to wait for, those still awaited
+    # (None once none is: released, or never had any), and what a failed one does to it.
+    depends_on = models.JSONField(null=True, blank=True)
+    waiting_for = models.JSONField(null=True, blank=True)
+    # None: "cancel" (hand-written INSERTs of tasks without dependencies leave it out).
+    on_dependency_failure = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "reliable_executor_task"
@@ -78,6 +84,27 @@ class ReliableTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name} [{self.task_id}] {self.status}"
+
+
+class ReliableDependency(models.Model):
+    """One edge "``dependent_id`` waits for ``dependency_id``": what the write ending a task
+    reads to settle its dependents (dependencies.py), in the same transaction. Deleted with
+    the tasks when they are purged."""
+
+    id = models.BigAutoField(primary_key=True)
+    dependency_id = models.CharField(max_length=191)
+    dependent_id = models.CharField(max_length=191)
+
+    class Meta:
+        db_table = "reliable_executor_dependency"
+        default_permissions = ()
+        indexes = [
+            models.Index(fields=["dependency_id"], name="rexec_dependency_idx"),
+            models.Index(fields=["dependent_id"], name="rexec_dependent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dependent_id} waits for {self.dependency_id}"
 
 
 class ReliableLock(models.Model):

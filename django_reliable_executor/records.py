@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from .progress import Progress, progress_from_json, progress_to_json
@@ -34,6 +34,10 @@ class TaskSubmitRequest:
     unique_for: float | None = None
     unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
     rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
+    # Dependencies (dependencies.py): the task waits, CREATED and unclaimable, until every one
+    # of these task ids is terminal; a failed one cancels it unless on_dependency_failure="run".
+    depends_on: Sequence[str] | None = None
+    on_dependency_failure: str = "cancel"  # "cancel" | "run"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,9 @@ class TaskInfo:
     cancel_requested: bool
     # The handler's last set_progress() (progress.Progress), None before any.
     progress: Progress | None = None
+    # The tasks it was submitted to wait for, and those of them still awaited (not terminal).
+    depends_on: tuple[str, ...] = ()
+    waiting_for: tuple[str, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -88,6 +95,8 @@ class NewTask:
     unique_key: str | None = None
     unique_until: dt.datetime | None = None
     rate_key: str | None = None
+    depends_on: tuple[str, ...] = ()  # checked: existing ids, folded, not its own
+    on_dependency_failure: str = "cancel"
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -279,6 +288,8 @@ def created_info(
             "worker_id": None,
             "cancel_requested": False,
             "progress": None,
+            "depends_on": (),
+            "waiting_for": (),
         },
     )
 
@@ -312,6 +323,8 @@ def task_to_json(task: TaskInfo) -> dict[str, Any]:
             value = value.value
         elif field.name == "progress":
             value = progress_to_json(value)
+        elif isinstance(value, tuple):
+            value = list(value)
         plain[field.name] = value
     return plain
 
@@ -325,4 +338,6 @@ def task_from_json(plain: dict[str, Any]) -> TaskInfo:
             values[field.name] = dt.datetime.fromisoformat(value)
     values["status"] = TaskStatus(values["status"])
     values["progress"] = progress_from_json(values.get("progress"))
+    for name in ("depends_on", "waiting_for"):
+        values[name] = tuple(values.get(name) or ())
     return TaskInfo(**values)

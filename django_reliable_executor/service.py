@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ from django.db import connections, transaction
 from .announcing import Announcer
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
-from .exceptions import AttemptStillRunningError, InvalidTaskOptionError
+from .exceptions import AttemptStillRunningError, InvalidTaskOptionError, TaskSubmitError
 from .options import is_int
 from .queue_pausing import check_known_queue
 from .records import (
@@ -31,7 +32,7 @@ from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
-from .submission import prepare
+from .submission import check_dependencies_exist, prepare
 from .throughput import CHART_MINUTES, MinuteCounts
 
 
@@ -129,6 +130,29 @@ class ReliableExecutor:
             self._after_commit(lambda: self.announcer.submitted(created))
         return [info for info, _ in results]
 
+    def chain(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
+        """Submit ``requests`` as a chain in one call: each depends on the one before it (as
+        well as on its own ``depends_on``), so they run one after another, and a step that
+        fails cancels the rest (unless a step says ``on_dependency_failure="run"``). Steps
+        without a task_id get one. All or nothing, like submit_many."""
+        steps: list[TaskSubmitRequest] = []
+        previous: str | None = None
+        for index, request in enumerate(requests):
+            if not isinstance(request, TaskSubmitRequest):
+                raise TaskSubmitError(
+                    f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
+                )
+            task_id = request.task_id if request.task_id is not None else uuid.uuid4().hex
+            own = request.depends_on
+            if own is not None and (isinstance(own, str) or not isinstance(own, Iterable)):
+                own = [own]  # check_dependencies names the bad value
+            depends_on = [*(own or ()), *([previous] if previous is not None else [])]
+            steps.append(
+                dataclasses.replace(request, task_id=task_id, depends_on=depends_on or None)
+            )
+            previous = task_id
+        return self.submit_many(steps)
+
     def _after_commit(self, callback: Any) -> None:
         """Run now, or when the caller's transaction on the task database commits."""
         alias = getattr(self.storage, "alias", None)
@@ -153,10 +177,15 @@ class ReliableExecutor:
         so a rolled-back transaction leaves no task behind. Ids already stored are returned as
         stored; the others as they will be."""
         existing = self.storage.get_many([task.task_id for task in new_tasks])
+        # Refused now rather than at commit (submit.lua checks again when it writes); the
+        # tasks this transaction will write before these count as stored.
+        check_dependencies_exist(self.storage, new_tasks, _deferred_ids(alias))
 
         def write() -> None:
             results = self.storage.enqueue(new_tasks)
             self.announcer.submitted([info for info, was_created in results if was_created])
+
+        write.task_ids = [task.task_id for task in new_tasks]  # type: ignore[attr-defined]
 
         transaction.on_commit(write, using=alias)
         infos: dict[str, TaskInfo] = dict(existing)
@@ -185,6 +214,10 @@ class ReliableExecutor:
         if not isinstance(task_id, str) or not task_id:
             return None
         return self.storage.get(task_id)
+
+    def dependents_of(self, task_id: str) -> list[str]:
+        """The ids of the tasks submitted to wait for ``task_id`` (``depends_on``), sorted."""
+        return self.storage.dependents_of(task_id)
 
     def cancel_task(self, task_id: str) -> bool:
         """CREATED/PENDING -> CANCELLED (True); RUNNING -> cancel requested (True); else False."""
@@ -423,6 +456,13 @@ class ReliableExecutor:
     def announce_started(self, task: TaskInfo) -> None:
         """The same for an attempt that has just started."""
         self.announcer.started(task)
+
+
+def _deferred_ids(alias: str) -> set[str]:
+    """The ids of the tasks submitted inside the open transaction on ``alias`` whose write
+    waits for its commit (callbacks of rolled-back savepoints are gone from the list)."""
+    callbacks = getattr(transaction.get_connection(alias), "run_on_commit", ())
+    return {i for _, func, *_ in callbacks for i in getattr(func, "task_ids", ())}
 
 
 #: The module-level executor: builds its storage from settings on first use.

@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import unicodedata
 import uuid
-from typing import Any, cast
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from .conf import ExecutorSettings
+from .dependencies import check_dependencies, missing_error
 from .exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
@@ -25,6 +27,9 @@ from .registry import TaskHandler, get_handler
 from .schedules.ids import is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
 from .uniqueness import unique_digest, unique_window
+
+if TYPE_CHECKING:
+    from .storage.base import TaskStorage
 
 MAX_ID_LENGTH = 191
 
@@ -68,6 +73,14 @@ def prepare(
     problem = rate_key_problem(rate_key)
     if problem is not None:
         raise InvalidTaskOptionError(problem, field="rate_key")
+    depends_on: tuple[str, ...] = ()
+    if request.depends_on is not None or request.on_dependency_failure != "cancel":
+        depends_on = check_dependencies(
+            request.depends_on,
+            request.on_dependency_failure,
+            task_id,
+            delayed=bool(request.delay_millis) or request.run_at is not None,
+        )
     return NewTask(
         task_id=task_id,
         task_name=name,
@@ -85,6 +98,8 @@ def prepare(
         unique_key=unique_digest(name, unique_key, parameter) if unique else None,
         unique_until=unique_until,
         rate_key=rate_key,
+        depends_on=depends_on,
+        on_dependency_failure=request.on_dependency_failure,
     )
 
 
@@ -171,3 +186,22 @@ def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
         raise InvalidTaskOptionError(
             f"run_at is out of the datetime range in UTC, got {run_at!r}", field="run_at"
         ) from None
+
+
+def check_dependencies_exist(
+    storage: TaskStorage, tasks: Sequence[NewTask], coming: Collection[str] = ()
+) -> None:
+    """Raise InvalidDependencyError unless every dependency of ``tasks`` is stored or is a
+    task of ``tasks`` before it, or of ``coming`` (tasks to be written before these). For
+    storages that cannot check it while they write (the write waits for a commit); the
+    write checks again."""
+    wanted = {d for task in tasks for d in task.depends_on if d not in coming}
+    if not wanted:
+        return
+    stored = set(storage.get_many(sorted(wanted))) | set(coming)
+    earlier: set[str] = set()
+    for task in tasks:
+        missing = [d for d in task.depends_on if d not in stored and d not in earlier]
+        if missing and task.task_id not in stored:
+            raise missing_error(task.task_id, missing)
+        earlier.add(task.task_id)

@@ -182,6 +182,18 @@ def test_a_unique_submit_returns_the_live_task_of_its_key(service, operator):
     assert len(service.list_tasks()) == 1
 
 
+def test_a_submit_with_depends_on_waits_and_shows_what_it_awaits(service, operator):
+    assert post_json(operator, API, {"task_name": HOOK, "task_id": "api-a"}).status_code == 201
+    body = {"task_name": HOOK, "task_id": "api-b", "depends_on": ["api-a"]}
+    created = post_json(operator, API, body)
+    assert created.status_code == 201, created.content
+    assert created.json()["depends_on"] == ["api-a"]
+    assert created.json()["waiting_for"] == ["api-a"]
+    missing = post_json(operator, API, {**body, "task_id": "api-c", "depends_on": ["nope"]})
+    assert missing.status_code == 400 and missing.json()["field"] == "depends_on"
+    assert service.get_task("api-c") is None
+
+
 def test_the_task_json_carries_the_progress(service, operator):
     service.submit(HOOK, None, task_id="api-p")
     assert operator.get(f"{API}api-p/").json()["progress"] is None

@@ -169,7 +169,8 @@ def row(task: TaskInfo, now: dt.datetime, site_name: str) -> Row:
     return Row(
         task=task,
         url=change_url(task.task_id, site_name),
-        next_run=task.run_at if task.status in WAITING_STATUSES else None,
+        # A dependent waiting for its dependencies has no next run time of its own yet.
+        next_run=task.run_at if task.status in WAITING_STATUSES and not task.waiting_for else None,
         duration=task_duration(task, now),
         can_retry=can_retry(task.status),
         can_cancel=can_cancel(task.status, task.cancel_requested),
@@ -379,6 +380,33 @@ def filter_choices(
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Related:
+    """A dependency or dependent of the task shown: a link, its status (None: purged), and
+    whether the task still waits for it."""
+
+    task_id: str
+    url: str
+    status: TaskStatus | None
+    awaited: bool = False
+
+
+def related_tasks(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> dict[str, Any]:
+    """The task's dependencies and dependents, each linked to its own detail page."""
+    dependent_ids = executor.dependents_of(task.task_id)
+    found = executor.storage.get_many([*task.depends_on, *dependent_ids])
+
+    def related(task_id: str, awaited: bool = False) -> Related:
+        other = found.get(task_id)
+        status = other.status if other is not None else None
+        return Related(task_id, change_url(task_id, site_name), status, awaited)
+
+    return {
+        "dependencies": [related(d, d in task.waiting_for) for d in task.depends_on],
+        "dependents": [related(d) for d in dependent_ids],
+    }
+
+
 def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> dict[str, Any]:
     now = executor.clock.now()
     waited = None
@@ -387,6 +415,7 @@ def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> d
     return {
         "task": task,
         "row": row(task, now, site_name),
+        **related_tasks(executor, task, site_name),
         "parameter_json": pretty_json(task.parameter),
         "result_json": pretty_json(task.result) if task.result is not None else None,
         "due_for": waited,

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_reliable_executor", "0014_task_progress"),
+        ("django_reliable_executor", "0015_dependencies"),
     ]
 
     operations = [

@@ -32,7 +32,7 @@ def plain_on_postgres(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_reliable_executor", "0014_task_progress"),
+        ("django_reliable_executor", "0016_rate_key_index"),
     ]
 
     operations = [

@@ -242,6 +242,11 @@ class TaskStorage(ScheduleStorage):
                 found[task_id] = info
         return found
 
+    @abc.abstractmethod
+    def dependents_of(self, task_id: str) -> builtins.list[str]:
+        """The ids of the tasks submitted with ``depends_on`` naming ``task_id`` (while both
+        are stored), sorted."""
+
     def list(
         self,
         *,

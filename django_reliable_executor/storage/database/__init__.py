@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .chores import Chores
 from .claiming import Claiming
+from .dependencies import Dependencies
 from .locks import Locks
 from .pausing import Pausing
 from .progress import ProgressReports
@@ -26,6 +27,7 @@ from .workers import Workers
 class DatabaseStorage(
     Submitting,
     UniqueKeys,
+    Dependencies,
     Claiming,
     Transitions,
     ProgressReports,

@@ -7,7 +7,7 @@ import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
@@ -188,6 +188,35 @@ class DatabaseAccess(TaskStorage):
     def _take_unique_key(self, task: NewTask) -> TaskInfo | None:
         """Take a unique task's key in the open transaction, or return the live task holding
         it (UniqueKeys)."""
+
+    @abc.abstractmethod
+    def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:
+        """Store one task in the open transaction, or return the stored one (Submitting)."""
+
+    @abc.abstractmethod
+    def _enqueue_waiting(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        """Store a batch holding dependents, in order, all or nothing (Dependencies)."""
+
+    @abc.abstractmethod
+    def _settle_dependents(self, ended: Mapping[str, str]) -> None:
+        """Release or cancel the dependents of tasks the open transaction just ended (id ->
+        terminal status), in that transaction (Dependencies). Every ending write calls it."""
+
+    def _ending(self, write: Callable[[], T]) -> T:
+        """Run a write that ends tasks (and settles their dependents) as one transaction,
+        again after a MySQL deadlock when it is not inside the caller's transaction."""
+
+        def atomically() -> T:
+            with transaction.atomic(using=self.alias):
+                return write()
+
+        if transaction.get_connection(self.alias).in_atomic_block:
+            return atomically()
+        return self._retrying(atomically)
+
+    @abc.abstractmethod
+    def _purge_dependencies(self, task_ids: Sequence[str]) -> None:
+        """Delete the dependency edges of purged tasks (Dependencies)."""
 
     @abc.abstractmethod
     def _purge_unique_keys(self, now: dt.datetime) -> int:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 
+from ...models import ReliableTask
 from ...records import Transition
 from ...retries import failure_outcome, timeout_message
 from ...states import TaskStatus
@@ -60,7 +62,7 @@ class Chores(DatabaseAccess):
                 cancel_requested=row.cancel_requested,
             )
             changes = failure_changes(status, run_at, error, now)
-            if held.update(**changes):
+            if self._update_settled(held, changes, row.pk, status):
                 for key, value in changes.items():
                     setattr(row, key, value)
                 transitions.append(Transition(task=to_info(row), previous=TaskStatus.RUNNING))
@@ -86,19 +88,36 @@ class Chores(DatabaseAccess):
                 # lease, renewed by its heartbeat, so that a retry waits for it to end and
                 # max_concurrency still counts it.
                 del changes["lease_expires_at"]
-            changed = (
-                self._tasks()
-                .filter(
-                    pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
-                )
-                .update(**changes)
+            match = self._tasks().filter(
+                pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
             )
+            changed = self._update_settled(match, changes, row.pk, TaskStatus.TIMEOUT)
             if changed:
                 previous = TaskStatus(row.status)
                 for key, value in changes.items():
                     setattr(row, key, value)
                 transitions.append(Transition(task=to_info(row), previous=previous))
         return transitions
+
+    def _update_settled(
+        self,
+        rows: QuerySet[ReliableTask],
+        changes: dict[str, Any],
+        task_id: str,
+        status: TaskStatus,
+    ) -> int:
+        """UPDATE ``rows`` (one task) with ``changes``; when they end it (``status`` terminal),
+        its dependents are settled in the same transaction."""
+        if not status.is_terminal:
+            return rows.update(**changes)
+
+        def end() -> int:
+            changed = rows.update(**changes)
+            if changed:
+                self._settle_dependents({task_id: status.value})
+            return changed
+
+        return self._ending(end)
 
     def _purge_finished(
         self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]
@@ -117,4 +136,5 @@ class Chores(DatabaseAccess):
         deleted = 0
         for chunk in chunks(ids):
             deleted += self._tasks().filter(unheld, pk__in=chunk, status__in=chosen).delete()[0]
+            self._purge_dependencies(chunk)
         return deleted

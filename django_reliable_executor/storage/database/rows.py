@@ -49,6 +49,8 @@ def to_info(row: ReliableTask) -> TaskInfo:
         worker_id=row.worker_id,
         cancel_requested=row.cancel_requested,
         progress=progress_from_json(row.progress),
+        depends_on=tuple(row.depends_on or ()),
+        waiting_for=tuple(row.waiting_for or ()),
     )
 
 
@@ -118,7 +120,9 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 
 
 # A claim does not read the task's progress: a worker has no use for it (None in its TaskInfo).
-INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name != "progress"]
+# Nor its dependencies (a claimed task waits for none; context.dependency_results reads them).
+NOT_CLAIMED = ("progress", "depends_on", "waiting_for")
+INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
 DATETIME_FIELDS = ["created_at", "run_at", "started_at", "finished_at", "deadline_at"]

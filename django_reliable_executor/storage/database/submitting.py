@@ -44,6 +44,8 @@ class Submitting(DatabaseAccess):
         return self._retrying(lambda: self._enqueue(tasks))
 
     def _enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        if any(task.depends_on for task in tasks):
+            return self._enqueue_waiting(tasks)
         if any(task.unique_key is not None for task in tasks):
             return self._enqueue_keyed(tasks)
         if len(tasks) == 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Mapping, Sequence
 
 from django.db import connections
@@ -111,12 +112,22 @@ class Transitions(DatabaseAccess):
         transitions: list[Transition | None] = []
         for span in self._spans(texts, refuse):
             claims = [claim for claim, _ in outcomes[span]]
-            done = self._complete_rows(claims, texts[span], now)
+            done = self._ending(functools.partial(self._complete_settled, claims, texts[span], now))
             transitions += [
                 claim.completed(result.value, now) if claim.task_id in done else None
                 for claim, result in zip(claims, results[span], strict=True)
             ]
         return transitions
+
+    def _complete_settled(
+        self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
+    ) -> set[str]:
+        """``_complete_rows``, then the dependents of the tasks it completed are settled (in
+        the caller's transaction)."""
+        done = self._complete_rows(claims, texts, now)
+        if done:
+            self._settle_dependents(dict.fromkeys(done, TaskStatus.COMPLETED.value))
+        return done
 
     def _complete_rows(
         self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
@@ -187,7 +198,11 @@ class Transitions(DatabaseAccess):
         match = Q(pk=claim.task_id, lease_token=claim.token, status=TaskStatus.RUNNING.value)
         if cancel_requested is not None:
             match &= Q(cancel_requested=cancel_requested)
-        if not self._tasks().filter(match).update(**changes):
+        if not status.is_terminal:
+            changed = self._tasks().filter(match).update(**changes)
+        else:
+            changed = self._ending(lambda: self._end(match, changes, claim.task_id, status))
+        if not changed:
             return None
         task = dataclasses.replace(
             claim.task,
@@ -199,14 +214,20 @@ class Transitions(DatabaseAccess):
         )
         return Transition(task=task, previous=TaskStatus.RUNNING)
 
+    def _end(self, match: Q, changes: dict[str, object], task_id: str, status: TaskStatus) -> int:
+        """UPDATE the row ``match`` finds with ``changes`` (which end it in ``status``) and
+        settle its dependents, in the caller's transaction (see ``_ending``)."""
+        changed = self._tasks().filter(match).update(**changes)
+        if changed:
+            self._settle_dependents({task_id: status.value})
+        return changed
+
     def expire_claim(self, claim: Claim) -> Transition | None:
         now = self.clock.now()
         error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
-        changed = (
-            self._tasks()
-            .filter(pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING)
-            .update(**failure_changes(TaskStatus.TIMEOUT, None, error, now))
-        )
+        match = Q(pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING)
+        changes = failure_changes(TaskStatus.TIMEOUT, None, error, now)
+        changed = self._ending(lambda: self._end(match, changes, claim.task_id, TaskStatus.TIMEOUT))
         if not changed:
             return None
         task = dataclasses.replace(
@@ -237,19 +258,18 @@ class Transitions(DatabaseAccess):
 
     def cancel(self, task_id: str) -> CancelResult:
         now = self.clock.now()
-        changed = (
-            self._tasks()
-            .filter(pk=task_id, status__in=WAITING)
-            .update(
-                status=TaskStatus.CANCELLED.value,
-                available=False,
-                finished_at=now,
-                lease_expires_at=None,
-                # A claim taken before can no longer start it (worker_id stays: who held it).
-                lease_token=F("lease_token") + 1,
-                deadline_at=None,
-            )
-        )
+        changes = {
+            "status": TaskStatus.CANCELLED.value,
+            "available": False,
+            "finished_at": now,
+            "lease_expires_at": None,
+            # A claim taken before can no longer start it (worker_id stays: who held it).
+            "lease_token": F("lease_token") + 1,
+            "deadline_at": None,
+            "waiting_for": None,
+        }
+        match = Q(pk=task_id, status__in=WAITING)
+        changed = self._ending(lambda: self._end(match, changes, task_id, TaskStatus.CANCELLED))
         if changed:
             return CancelResult(changed=True, task=self.get(task_id))
         requested = (
@@ -287,6 +307,7 @@ class Transitions(DatabaseAccess):
                 finished_at=None,
                 result=None,
                 progress=None,  # a fresh run reports afresh
+                waiting_for=None,  # a retried dependent runs at once
                 lease_expires_at=None,
                 lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
             )

@@ -317,15 +317,85 @@ end
 
 -- A terminal status: out of the lease and deadline indexes, into the finished index (by
 -- finish time, for purging) and its status's done index (by creation time, for listing).
-local function finish(id, key, queue, from, status)
+-- Only finish (below) and the settling of dependents call it: every other ending goes
+-- through finish, so that its dependents are settled.
+local function end_task(id, key, queue, from, status)
   count_ending(status)
   redis.call('HSET', key, 's', status, 'f', NOW)
-  redis.call('HDEL', key, 'd')
+  redis.call('HDEL', key, 'd', 'wf')
   unlease(id, key)
   redis.call('ZREM', DEADLINES, id)
   redis.call('ZADD', FINISHED, NOW, id)
   redis.call('ZADD', P .. 'done:' .. status, redis.call('HGET', key, 'c'), id)
   recount(queue, from, status)
+end
+
+-- Dependencies (dependencies.py). A waiting dependent is CREATED, in its queue's schedule at
+-- the far-future WAITING_RUN_AT (so no claim or promote takes it), with `wf` the JSON list of
+-- the dependencies it still awaits; `deps:<id>` is the SET of the dependents of task <id>.
+
+-- A waiting dependent with nothing left to await becomes due now; its max duration counts
+-- from now.
+local function release_dependent(id, key, queue, priority, max_duration)
+  redis.call('HDEL', key, 'wf')
+  redis.call('ZREM', P .. 'sched:' .. queue, id)
+  redis.call('HSET', key, 'r', NOW)
+  if max_duration then
+    local deadline = string.format('%.0f', NOWN + tonumber(max_duration) * 1000)
+    redis.call('HSET', key, 'd', deadline)
+    redis.call('ZADD', DEADLINES, deadline, id)
+  end
+  to_waiting(id, queue, priority, NOW)
+end
+
+-- A waiting dependent cancelled because dependency `cause` ended `status` (not COMPLETED).
+local function cancel_dependent(id, key, queue, cause, status)
+  redis.call('ZREM', P .. 'sched:' .. queue, id)
+  redis.call('HSET', key, 'e', 'dependency ' .. cause .. ' ended ' .. status .. ': cancelled')
+  redis.call('HINCRBY', key, 'k', 1)
+  end_task(id, key, queue, 'CREATED', 'CANCELLED')
+end
+
+-- Task `id` just ended `status`: each dependent still awaiting it is released (the last one
+-- awaited), cancelled (it failed, unless the dependent said "run"; the cancel cascades to
+-- the dependents' dependents) or left waiting for the rest. A dependent that no longer
+-- awaits it (settled before, cancelled, retried) is left alone: settled exactly once.
+local function settle_dependents(id, status)
+  local todo, n = {{id, status}}, 1
+  while todo[n] do
+    local cause, ended = todo[n][1], todo[n][2]
+    n = n + 1
+    for _, dep in ipairs(redis.call('SMEMBERS', P .. 'deps:' .. cause)) do
+      local key = tkey(dep)
+      local t = redis.call('HMGET', key, 's', 'wf', 'of', 'q', 'p', 'md')
+      if t[1] == 'CREATED' and t[2] then
+        local remaining, awaited = {}, false
+        for _, w in ipairs(cjson.decode(t[2])) do
+          if w == cause then
+            awaited = true
+          else
+            remaining[#remaining + 1] = w
+          end
+        end
+        if awaited then
+          if ended ~= 'COMPLETED' and t[3] ~= 'run' then
+            cancel_dependent(dep, key, t[4], cause, ended)
+            todo[#todo + 1] = {dep, 'CANCELLED'}
+          elseif #remaining == 0 then
+            release_dependent(dep, key, t[4], t[5], t[6])
+          else
+            redis.call('HSET', key, 'wf', cjson.encode(remaining))
+          end
+        end
+      end
+    end
+  end
+end
+
+-- A task ends: end_task, and its dependents are settled in the same script.
+local function finish(id, key, queue, from, status)
+  end_task(id, key, queue, from, status)
+  settle_dependents(id, status)
 end
 
 -- A failed attempt of a RUNNING task: back to waiting at `run_at`, or a terminal status.

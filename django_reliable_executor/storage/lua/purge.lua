@@ -12,7 +12,7 @@ for i = 4, #ARGV do
   if not task[1] or live(task[1]) then
     redis.call('ZREM', FINISHED, id) -- a stray entry: no such task, or not finished
   elseif not live(task[1]) and task[3] and tonumber(task[3]) < cutoff then
-    redis.call('DEL', key)
+    redis.call('DEL', key, P .. 'deps:' .. id)
     redis.call('ZREM', FINISHED, id)
     redis.call('ZREM', P .. 'done:' .. task[1], id)
     recount(task[2], task[1], nil)

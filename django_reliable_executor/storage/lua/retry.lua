@@ -17,7 +17,8 @@ if held and tonumber(held) > NOWN then
 end
 unlease(id, key) -- a lease that lapsed and was not recovered yet
 redis.call('HSET', key, 's', 'PENDING', 'r', NOW, 'b', 0)
-redis.call('HDEL', key, 'x', 'f', 'o', 'pg') -- a fresh run reports its progress afresh
+redis.call('HDEL', key, 'x', 'f', 'o', 'pg', 'wf') -- a fresh run reports its progress afresh;
+-- a retried dependent runs at once, awaiting nothing
 if deadline ~= '' then
   redis.call('HSET', key, 'd', deadline)
   redis.call('ZADD', DEADLINES, deadline, id)

@@ -1,11 +1,15 @@
 -- submit: store new tasks; an existing task id is left as it is. A unique task whose key is
 -- held, within its window, by a task that is not terminal is not stored either.
--- ARGV[3..]: TASK_ARGS + 2 values per task: the TASK_ARGS (13) of store_task (id, name, queue,
+-- ARGV[3..]: TASK_ARGS + 4 values per task: the TASK_ARGS (13) of store_task (id, name, queue,
 -- priority, parameter JSON, retry limit, retry interval, backoff, max duration ('' = none),
 -- created, run at, deadline ('' = none), rate key ('' = none)), then the unique key digest
 -- ('' = not unique) and the end of the key's window.
--- Returns per task 1 (created), the stored task's fields (its id existed), or {holder id,
--- holder's fields} (its unique key was held).
+-- Then its dependencies: a JSON list of task ids ('' = none; the task then comes with run at
+-- WAITING_RUN_AT and no deadline) and the on-failure policy ('run', or '' = cancel).
+-- Returns per task 1 (created), {fields, 1} (created with dependencies: as it now stands),
+-- the stored task's fields (its id existed), or {holder id, holder's fields} (its unique key
+-- was held). Returns {'missing', task id, dependency id}, storing nothing, when a
+-- dependency of a task to store neither exists nor comes before it in this call.
 --
 -- P u:<digest>: STRING "<window end> <task id>" of the task holding a unique key, expiring
 -- with the window (PX), so no key outlives it.
@@ -31,7 +35,49 @@ local function holder_of(ukey)
   return nil
 end
 
-for i = 3, #ARGV, TASK_ARGS + 2 do
+local STRIDE = TASK_ARGS + 4
+
+-- Every dependency is checked before anything is written: all or nothing.
+local coming = {}
+for i = 3, #ARGV, STRIDE do
+  local deps = ARGV[i + TASK_ARGS + 2]
+  if deps ~= '' and redis.call('EXISTS', tkey(ARGV[i])) == 0 then
+    for _, d in ipairs(cjson.decode(deps)) do
+      if not coming[d] and redis.call('EXISTS', tkey(d)) == 0 then
+        return {'missing', ARGV[i], d}
+      end
+    end
+  end
+  coming[ARGV[i]] = true
+end
+
+-- The new task `id` (stored waiting) records its dependencies and is settled against those
+-- already ended, as settle_dependents would have.
+local function wait_for(id, key, queue, deps_json, on_failure)
+  redis.call('HSET', key, 'dp', deps_json, 'wf', deps_json)
+  if on_failure == 'run' then
+    redis.call('HSET', key, 'of', 'run')
+  end
+  local remaining, failed = {}, nil
+  for _, d in ipairs(cjson.decode(deps_json)) do
+    redis.call('SADD', P .. 'deps:' .. d, id)
+    local status = redis.call('HGET', tkey(d), 's')
+    if live(status) then
+      remaining[#remaining + 1] = d
+    elseif status ~= 'COMPLETED' and not failed then
+      failed = {d, status}
+    end
+  end
+  if failed and on_failure ~= 'run' then
+    cancel_dependent(id, key, queue, failed[1], failed[2])
+  elseif #remaining == 0 then
+    release_dependent(id, key, queue, redis.call('HGET', key, 'p'), redis.call('HGET', key, 'md'))
+  else
+    redis.call('HSET', key, 'wf', cjson.encode(remaining))
+  end
+end
+
+for i = 3, #ARGV, STRIDE do
   local key = tkey(ARGV[i])
   local ukey = ARGV[i + TASK_ARGS] ~= '' and (P .. 'u:' .. ARGV[i + TASK_ARGS]) or nil
   local holder = ukey and holder_of(ukey)
@@ -46,7 +92,13 @@ for i = 3, #ARGV, TASK_ARGS + 2 do
       redis.call('SET', ukey, until_ .. ' ' .. ARGV[i], 'PX', string.format('%d', ttl))
     end
     store_task(i, promoted, woken)
-    out[#out + 1] = 1
+    local deps = ARGV[i + TASK_ARGS + 2]
+    if deps == '' then
+      out[#out + 1] = 1
+    else
+      wait_for(ARGV[i], key, ARGV[i + 2], deps, ARGV[i + TASK_ARGS + 3])
+      out[#out + 1] = {redis.call('HGETALL', key), 1}
+    end
   end
 end
 for queue in pairs(woken) do

@@ -11,8 +11,14 @@ epoch, written as decimal strings.
                            d deadline, e last error, o result (JSON), w worker, x cancel
                            requested ("1"), pg progress (JSON), rq nonce of the last worker
                            write (so a write redis-py resends after a lost reply is
-                           recognised as done).
+                           recognised as done), dp its depends_on (JSON list), wf the ones it
+                           still awaits (JSON list; absent once none is), of "run" for
+                           on_dependency_failure="run".
                            Fields without a value are absent.
+``P deps:<id>``             SET of the dependents of task <id> (depends_on naming it): every
+                           script that ends <id> settles them (settle_dependents in
+                           _common.lua). A waiting dependent sits in its queue's schedule at
+                           9999-12-31. Deleted when <id> is purged.
 ``P ready:<queue>:<prio>`` LIST of task ids ready to run, oldest first (FIFO within a priority).
 ``P prio:<queue>``         ZSET of the priorities that have a non-empty ready list (claims take
                            the highest first).

@@ -45,7 +45,8 @@ class Claiming(RedisAccess):
             now=now,
         )
         next_due = text(reply[0])
-        due = int(next_due) if next_due else None
+        # Redis prints a score past 2**53 (a dependent's far-future run at) in exponent form.
+        due = (int(next_due) if next_due.isdigit() else int(float(next_due))) if next_due else None
         for queue in request.queues:  # the earliest of the call's queues: at worst too early
             self._next_due[queue] = due
         return [claimed(text(reply[i]), reply[i + 1], now) for i in range(1, len(reply), 2)]

@@ -75,6 +75,8 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         worker_id=values.get("w"),
         cancel_requested=values.get("x") == "1",
         progress=progress_from_json(loads(values["pg"])) if "pg" in values else None,
+        depends_on=tuple(json.loads(values["dp"])) if "dp" in values else (),
+        waiting_for=tuple(json.loads(values["wf"])) if "wf" in values else (),
     )
 
 

@@ -30,6 +30,10 @@ class Reading(RedisAccess):
         return {task_id: to_info(task_id, values) for task_id, values in found.items()}
 
     @guarded
+    def dependents_of(self, task_id: str) -> list[str]:
+        return sorted(text(member) for member in self.client.smembers(self.p + "deps:" + task_id))
+
+    @guarded
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
         counts = {status: 0 for status in TaskStatus}
         for key, value in self.client.hgetall(self.p + "counts").items():

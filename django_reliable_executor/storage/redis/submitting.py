@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...records import NewTask, TaskInfo, new_info
+from ...dependencies import WAITING_RUN_AT, missing_error
+from ...records import NewTask, TaskInfo, copy_with, new_info
+from ...serialization import dumps
 from ...states import LIVE_STATUSES
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
@@ -20,13 +22,23 @@ class Submitting(RedisAccess):
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         results: list[tuple[TaskInfo, bool]] = []
-        for start in range(0, len(tasks), SUBMIT_CHUNK):
-            chunk = tasks[start : start + SUBMIT_CHUNK]
-            args = [value for task in chunk for value in (*submit_args(task), *_unique(task))]
+        # A batch with dependents is one call: all or nothing (a missing dependency).
+        size = len(tasks) if any(task.depends_on for task in tasks) else SUBMIT_CHUNK
+        for start in range(0, len(tasks), size):
+            chunk = tasks[start : start + size]
+            args = [value for task in chunk for value in _args(task)]
             replies = self._run("submit", *args)
+            if (
+                replies
+                and not isinstance(replies[0], (int, list))
+                and text(replies[0]) == "missing"
+            ):
+                raise missing_error(text(replies[1]), [text(replies[2])])
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
                     results.append((new_info(task), True))
+                elif len(reply) == 2 and isinstance(reply[0], list):  # a new dependent
+                    results.append((to_info(task.task_id, fields(reply[0])), True))
                 elif len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
                     results.append((to_info(text(reply[0]), fields(reply[1])), False))
                 else:
@@ -43,6 +55,17 @@ class Submitting(RedisAccess):
             return None
         holder = self.get(task_id)
         return holder if holder is not None and holder.status in LIVE_STATUSES else None
+
+
+def _args(task: NewTask) -> list[str]:
+    """Every value submit.lua takes for ``task``: submit_args, the unique key's 2, then its
+    dependencies (JSON) and on-failure policy (a dependent is stored waiting: no run at, no
+    deadline yet)."""
+    if not task.depends_on:
+        return [*submit_args(task), *_unique(task), "", ""]
+    waiting = copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
+    policy = "run" if task.on_dependency_failure == "run" else ""
+    return [*submit_args(waiting), *_unique(task), dumps(list(task.depends_on)), policy]
 
 
 def _unique(task: NewTask) -> tuple[str, str]:

@@ -1,0 +1,231 @@
+"""Dependencies on the database storage: storing a dependent, and settling the dependents of
+tasks that just ended, in the transaction of the write that ended them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import F
+
+from ...dependencies import WAITING_RUN_AT, failure_message, missing_error
+from ...models import ReliableDependency
+from ...records import NewTask, TaskInfo, copy_with
+from ...states import TERMINAL_STATUSES, TaskStatus
+from .access import DatabaseAccess
+from .rows import chunks
+
+TERMINAL_VALUES = frozenset(s.value for s in TERMINAL_STATUSES)
+
+
+def _ids(value: Any) -> list[str]:
+    """A JSON list column's value (text on some drivers, a list on others; None: empty)."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return list(value or ())
+
+
+class Dependencies(DatabaseAccess):
+    """Dependents stored CREATED, unavailable, at WAITING_RUN_AT (no claim sees them), their
+    edges in reliable_executor_dependency, and the settling that releases or cancels them."""
+
+    def _edges(self) -> Any:
+        return ReliableDependency.objects.using(self.alias)
+
+    def _enqueue_waiting(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        """A batch holding dependents: one transaction (a savepoint in the caller's), tasks
+        stored in the order given, so a task may depend on one before it (a chain). A
+        dependency that does not exist rolls the whole batch back (InvalidDependencyError)."""
+        results: list[tuple[TaskInfo, bool]] = []
+        with transaction.atomic(using=self.alias):
+            for task in tasks:
+                if task.unique_key is not None:
+                    holder = self._take_unique_key(task)
+                    if holder is not None:
+                        results.append((holder, False))
+                        continue
+                if not task.depends_on:
+                    results.append(self._enqueue_one(task))
+                    continue
+                # Stored waiting first: on SQLite this write takes the database's write lock
+                # before the dependencies are read, so none can end unseen in between.
+                waiting = copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
+                info, created = self._enqueue_one(waiting)
+                if created:
+                    info = self._wait_for(task)
+                results.append((info, created))
+        return results
+
+    def _wait_for(self, task: NewTask) -> TaskInfo:
+        """Record the edges of the new dependent ``task``, read its dependencies with a
+        locking read (one ending now waits for this transaction, then finds the edge) and
+        settle it against those already ended."""
+        ids = list(task.depends_on)
+        # Unavailable while it waits: out of the claim index's way (a claim never walks the
+        # waiting dependents), and waiting_for set tells it from a claimed task.
+        self._tasks().filter(pk=task.task_id).update(
+            depends_on=ids,
+            waiting_for=ids,
+            on_dependency_failure=task.on_dependency_failure,
+            available=False,
+        )
+        self._edges().bulk_create(
+            [ReliableDependency(dependency_id=d, dependent_id=task.task_id) for d in ids]
+        )
+        found = dict(
+            self._tasks()
+            .select_for_update()
+            .filter(pk__in=ids)
+            .order_by("pk")
+            .values_list("pk", "status")
+        )
+        missing = [d for d in ids if d not in found]
+        if missing:
+            raise missing_error(task.task_id, missing)
+        ended = [(d, found[d]) for d in ids if found[d] in TERMINAL_VALUES]
+        now = self.clock.now()
+        if ended:
+            outcome = self._settle_one(
+                task.task_id, ids, ended, task.on_dependency_failure, task.max_duration_millis, now
+            )
+            if outcome == "released":
+                self._work_committed([task.queue])
+        info = self.get(task.task_id)
+        assert info is not None
+        return info
+
+    def _settle_one(
+        self,
+        task_id: str,
+        waiting: list[str],
+        ended: Sequence[tuple[str, str]],
+        on_failure: str | None,
+        max_duration_millis: int | None,
+        now: dt.datetime,
+    ) -> str | None:
+        """Apply ``ended`` (dependencies that just ended, with their status) to the waiting
+        dependent ``task_id``: cancel it, make it due now, or keep it waiting for the rest.
+        Returns "cancelled", "released" or None (still waiting)."""
+        failed = next(((d, s) for d, s in ended if s != TaskStatus.COMPLETED.value), None)
+        row = self._tasks().filter(pk=task_id, status=TaskStatus.CREATED.value)
+        if failed is not None and on_failure == "cancel":
+            row.update(
+                status=TaskStatus.CANCELLED.value,
+                available=False,
+                finished_at=now,
+                last_error=failure_message(*failed),
+                waiting_for=None,
+                deadline_at=None,
+                lease_token=F("lease_token") + 1,
+            )
+            return "cancelled"
+        gone = {d for d, _ in ended}
+        remaining = [d for d in waiting if d not in gone]
+        if remaining:
+            row.update(waiting_for=remaining)
+            return None
+        # Released: due now, its max duration counted from now.
+        deadline = (
+            now + dt.timedelta(milliseconds=max_duration_millis) if max_duration_millis else None
+        )
+        row.update(run_at=now, deadline_at=deadline, waiting_for=None, available=True)
+        return "released"
+
+    def _settle_dependents(self, ended: Mapping[str, str]) -> None:
+        """Settle the dependents of the tasks in ``ended`` (id -> terminal status), which the
+        caller's open transaction just ended: release those with nothing left to wait for,
+        cancel those a failed dependency cancels, and theirs in turn (no signal is sent for
+        such cascaded cancels). The cost is the edges of these tasks, not the waiting tasks:
+        one indexed SELECT when they have no dependents (every completion pays it)."""
+        now: dt.datetime | None = None
+        released_queues: list[str] = []
+        todo = dict(ended)
+        while todo:
+            waiting = self._waiting_dependents(list(todo))
+            if not waiting:
+                break
+            now = now or self.clock.now()
+            releases: dict[int | None, list[str]] = {}  # by max duration
+            cascaded: dict[str, str] = {}
+            for task_id, (awaited, on_failure, max_duration, queue, causes) in waiting.items():
+                here = [(d, todo[d]) for d in causes if d in awaited]
+                if not here:
+                    continue  # settled before (its dependency was retried and ended again)
+                failed = any(status != TaskStatus.COMPLETED.value for _, status in here)
+                if len(here) == len(awaited) and not (failed and on_failure != "run"):
+                    releases.setdefault(max_duration, []).append(task_id)
+                    released_queues.append(queue)
+                    continue
+                outcome = self._settle_one(task_id, awaited, here, on_failure, max_duration, now)
+                if outcome == "cancelled":
+                    cascaded[task_id] = TaskStatus.CANCELLED.value
+                elif outcome == "released":
+                    released_queues.append(queue)
+            for max_duration, ids in releases.items():
+                self._release_all(ids, max_duration, now)
+            todo = cascaded
+        self._work_committed(released_queues)
+
+    def _waiting_dependents(
+        self, task_ids: Sequence[str]
+    ) -> dict[str, tuple[list[str], str | None, int | None, str, list[str]]]:
+        """The dependents of these tasks still waiting, read with a locking read in one
+        statement: dependent id -> (ids it awaits, on-failure policy, max duration, queue,
+        which of ``task_ids`` it depends on)."""
+        lock = {"postgresql": " FOR UPDATE OF t", "mysql": " FOR UPDATE"}.get(self.vendor, "")
+        edges = connections[self.alias].ops.quote_name(ReliableDependency._meta.db_table)
+        found: dict[str, tuple[list[str], str | None, int | None, str, list[str]]] = {}
+        for chunk in chunks(list(task_ids)):
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(
+                    "SELECT d.dependent_id, d.dependency_id, t.waiting_for, "
+                    "t.on_dependency_failure, t.max_duration_millis, t.queue "
+                    f"FROM {edges} d JOIN {self._table} t ON t.task_id = d.dependent_id "
+                    f"WHERE d.dependency_id IN ({', '.join(['%s'] * len(chunk))}) "
+                    "AND t.status = %s AND t.waiting_for IS NOT NULL "
+                    f"ORDER BY d.dependent_id{lock}",
+                    [*chunk, TaskStatus.CREATED.value],
+                )
+                for dependent, dependency, awaited, on_failure, max_duration, queue in cursor:
+                    entry = found.get(dependent)
+                    if entry is None:
+                        entry = found[dependent] = (
+                            _ids(awaited),
+                            on_failure,
+                            max_duration,
+                            queue,
+                            [],
+                        )
+                    entry[4].append(dependency)
+        return found
+
+    def _release_all(self, task_ids: list[str], max_duration: int | None, now: dt.datetime) -> None:
+        """Make these waiting dependents (of one max duration) due now, in one UPDATE."""
+        deadline = now + dt.timedelta(milliseconds=max_duration) if max_duration else None
+        for chunk in chunks(task_ids):
+            self._execute(
+                f"UPDATE {self._table} SET run_at = %s, deadline_at = %s, waiting_for = NULL, "
+                "available = TRUE "
+                f"WHERE task_id IN ({', '.join(['%s'] * len(chunk))}) AND status = %s",
+                [
+                    self._dt(now),
+                    None if deadline is None else self._dt(deadline),
+                    *chunk,
+                    TaskStatus.CREATED.value,
+                ],
+            )
+
+    def dependents_of(self, task_id: str) -> list[str]:
+        """The tasks that were submitted to wait for ``task_id``, by id."""
+        return sorted(
+            self._edges().filter(dependency_id=task_id).values_list("dependent_id", flat=True)
+        )
+
+    def _purge_dependencies(self, task_ids: Sequence[str]) -> None:
+        """Forget the edges of purged tasks (either end)."""
+        for chunk in chunks(list(task_ids)):
+            self._edges().filter(dependent_id__in=chunk).delete()
+            self._edges().filter(dependency_id__in=chunk).delete()
