@@ -61,6 +61,9 @@ class TaskInfo:
     cancel_requested: bool
     # The handler's last set_progress() (progress.Progress), None before any.
     progress: Progress | None = None
+    # The W3C trace context of the span that submitted it ({"traceparent": ..., and
+    # "tracestate" when there is one}); None when submitted outside a trace (see tracing.py).
+    trace_context: dict[str, str] | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -88,6 +91,7 @@ class NewTask:
     unique_key: str | None = None
     unique_until: dt.datetime | None = None
     rate_key: str | None = None
+    trace_context: dict[str, str] | None = None  # the submitter's span (TaskInfo's field)
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -254,6 +258,7 @@ def created_info(
     max_duration_millis: int | None,
     created_at: dt.datetime,
     run_at: dt.datetime,
+    trace_context: dict[str, str] | None = None,
 ) -> TaskInfo:
     """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
@@ -279,6 +284,7 @@ def created_info(
             "worker_id": None,
             "cancel_requested": False,
             "progress": None,
+            "trace_context": trace_context,
         },
     )
 
@@ -297,6 +303,7 @@ def new_info(task: NewTask) -> TaskInfo:
         task.max_duration_millis,
         task.created_at,
         task.run_at,
+        task.trace_context,
     )
 
 

@@ -30,10 +30,15 @@ MAX_ID_LENGTH = 191
 
 
 def prepare(
-    request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
+    request: TaskSubmitRequest,
+    now: dt.datetime,
+    settings: ExecutorSettings,
+    index: int,
+    trace_context: dict[str, str] | None = None,
 ) -> NewTask:
     """The task ``request`` stores, its options completed from its handler and the settings;
-    raises a TaskSubmitError subclass naming the bad field (``index``: its place in a batch)."""
+    raises a TaskSubmitError subclass naming the bad field (``index``: its place in a batch).
+    ``trace_context``: the submitter's span (tracing.current_trace_context), stored with it."""
     if not isinstance(request, TaskSubmitRequest):
         raise TaskSubmitError(
             f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
@@ -85,6 +90,7 @@ def prepare(
         unique_key=unique_digest(name, unique_key, parameter) if unique else None,
         unique_until=unique_until,
         rate_key=rate_key,
+        trace_context=trace_context,
     )
 
 

@@ -49,6 +49,7 @@ def to_info(row: ReliableTask) -> TaskInfo:
         worker_id=row.worker_id,
         cancel_requested=row.cancel_requested,
         progress=progress_from_json(row.progress),
+        trace_context=row.trace_context,
     )
 
 
@@ -149,7 +150,7 @@ def spans(sizes: Sequence[int], max_bytes: int, max_rows: int = CHUNK) -> Iterat
 def claim_from_row(row: Sequence[Any]) -> Claim:
     """A claim from raw column values, converted the way each driver needs."""
     values = dict(zip(CLAIM_FIELDS, row, strict=True))
-    for key in ("parameter", "result"):
+    for key in ("parameter", "result", "trace_context"):
         # Every driver hands JSON back as text here (Django sets psycopg up that way too).
         if isinstance(values[key], str):
             values[key] = json.loads(values[key])
