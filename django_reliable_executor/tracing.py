@@ -52,6 +52,15 @@ def trace_id_of(trace_context: dict[str, str] | None) -> str | None:
     return parts[1]
 
 
+def current_trace_id() -> str | None:
+    """The trace id (32 hex digits) of the current valid span; None outside one."""
+    trace = _trace_api()
+    if trace is None:
+        return None
+    span_context = trace.get_current_span().get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else None
+
+
 def tracer() -> Any:
     """The tracer of the run spans, when this process records spans: OpenTelemetry is in use
     and a real tracer provider is set (not the API's default no-op or proxy one). None
