@@ -8,9 +8,11 @@ import logging
 from typing import Any
 
 # The attributes every LogRecord has: what is left of a record's __dict__ came in extra=.
-_STANDARD = frozenset(
-    vars(logging.LogRecord("", logging.INFO, "", 0, "", None, None))
-) | {"message", "asctime", "taskName"}
+_STANDARD = frozenset(vars(logging.LogRecord("", logging.INFO, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 # The fields of the worker's transition lines (announcing.transition_fields), first in order.
 TRANSITION_FIELDS = (
     "task_id",

@@ -60,8 +60,10 @@ def run_traced(backend: Backend, workers, tmp_path, task_name: str, *args: str):
     )
     info = service.get_task("traced")
     runs = wait_until(
-        lambda: len([s for s in read_spans(spans_file) if s["name"].startswith("run ")]) >= 2
-        and read_spans(spans_file),
+        lambda: (
+            len([s for s in read_spans(spans_file) if s["name"].startswith("run ")]) >= 2
+            and read_spans(spans_file)
+        ),
         30,
         "the worker wrote no run spans",
         logs=workers.logs,
@@ -111,9 +113,7 @@ def test_each_attempt_is_a_span_of_the_submitters_trace(alias, key_prefix, worke
 def test_an_async_handlers_attempts_are_spans_too(alias, key_prefix, workers, tmp_path):
     require(alias)
     backend = Backend(alias, key_prefix)
-    submitter, info, spans, worker_id = run_traced(
-        backend, workers, tmp_path, "demo.async_traced"
-    )
+    submitter, info, spans, worker_id = run_traced(backend, workers, tmp_path, "demo.async_traced")
     check_attempts(submitter, info, spans, worker_id, "demo.async_traced")
 
 

@@ -111,6 +111,18 @@ async def async_traced(param: dict | None, context: TaskContext) -> int:
     return context.attempt
 
 
+@reliable_task_handler(name="demo.reports")
+def reports(param: dict | None = None) -> None:
+    """Sends an event to Sentry of its own (when Sentry is set up), then fails if asked to."""
+    import sys
+
+    sentry = sys.modules.get("sentry_sdk")
+    if sentry is not None:
+        sentry.capture_message("reported by the handler")
+    if (param or {}).get("fail"):
+        raise ValueError("the handler failed")
+
+
 @reliable_task_handler(name="demo.always_fails", retry_interval=100)
 def always_fails(param=None) -> None:
     raise RuntimeError("this task always fails")
