@@ -176,7 +176,7 @@ for _key in ("LEASE_TIMEOUT", "MASTER_LOCK_TTL", "POLL_INTERVAL"):
     if _value:
         RELIABLE_EXECUTOR[_key] = float(_value)
 
-LOGGING = {
+LOGGING: dict = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
