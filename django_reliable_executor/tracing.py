@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 TRACER_NAME = "django_reliable_executor"
+_tracer_of: tuple[Any, Any] = (None, None)  # (provider, its tracer): one tracer per provider
 # The span's attributes, as DESIGN.md names them.
 ATTRIBUTES = ("task_id", "attempt", "queue", "worker_id")
 
@@ -68,10 +69,17 @@ def tracer() -> Any:
     trace = _trace_api()
     if trace is None:
         return None
+    global _tracer_of
     provider = trace.get_tracer_provider()
+    known, run_tracer = _tracer_of
+    if provider is known:
+        return run_tracer
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
-        return None
-    return provider.get_tracer(TRACER_NAME)
+        run_tracer = None
+    else:
+        run_tracer = provider.get_tracer(TRACER_NAME)
+    _tracer_of = (provider, run_tracer)
+    return run_tracer
 
 
 def parent_context(trace_context: dict[str, str] | None) -> Any:

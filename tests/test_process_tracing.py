@@ -168,7 +168,7 @@ def test_a_schedules_run_is_a_root_span(alias, key_prefix, workers, tmp_path):
     assert fired.trace_context is None
 
 
-def blocked_environment(backend: Backend, attempts) -> dict[str, str]:
+def blocked_environment(attempts) -> dict[str, str]:
     return {
         "RE_BLOCK_IMPORTS": "opentelemetry,sentry_sdk",
         "RE_IMPORT_ATTEMPTS": str(attempts),
@@ -191,7 +191,7 @@ def test_without_opentelemetry_nothing_changes(alias, key_prefix, workers, tmp_p
     env.update(
         backend.environment(),
         DJANGO_SETTINGS_MODULE="testproject.settings",
-        **blocked_environment(backend, attempts),
+        **blocked_environment(attempts),
     )
     submit = (
         "from django_reliable_executor import executor; "
@@ -211,7 +211,7 @@ def test_without_opentelemetry_nothing_changes(alias, key_prefix, workers, tmp_p
     # A task that does carry a trace context (submitted here, traced) runs there all the same.
     with tracer.start_as_current_span("submitter"):
         service.submit("demo.traced", {"fail_times": 1}, task_id="traced")
-    workers.start(backend, env=blocked_environment(backend, attempts))
+    workers.start(backend, env=blocked_environment(attempts))
     for task_id in ("plain", "traced"):
         wait_until(
             lambda task_id=task_id: service.get_task(task_id).status is TaskStatus.COMPLETED,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import sys
 
 from django_reliable_executor.announcing import transition_fields
 from django_reliable_executor.logging import JsonFormatter
@@ -42,8 +43,6 @@ def test_the_exception_is_kept_as_text():
         raise ValueError("boom")
     except ValueError:
         logger = logging.getLogger("unit.json")
-        import sys
-
         rec = logger.makeRecord(
             logger.name, logging.ERROR, __file__, 1, "failed", (), sys.exc_info()
         )
