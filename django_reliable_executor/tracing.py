@@ -14,10 +14,16 @@ of it: the same trace), or a root span when the task has none (a schedule's run)
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 TRACER_NAME = "django_reliable_executor"
-_tracer_of: tuple[Any, Any] = (None, None)  # (provider, its tracer): one tracer per provider
+# How long the answer of tracer() holds: asking OpenTelemetry for its provider reads the
+# environment each time (~80 bytecode steps), too much for every task; a provider set
+# meanwhile is used within this many seconds.
+RECHECK_SECONDS = 1.0
+# (checked at, the provider then, its tracer or None)
+_verdict: tuple[float, Any, Any] = (float("-inf"), None, None)
 # The span's attributes, as DESIGN.md names them.
 ATTRIBUTES = ("task_id", "attempt", "queue", "worker_id")
 
@@ -29,10 +35,10 @@ def _trace_api() -> Any:
 
 def current_trace_context() -> dict[str, str] | None:
     """The current span's W3C trace context to store with a submitted task; None outside a
-    valid span, or where OpenTelemetry is not in use."""
-    trace = _trace_api()
-    if trace is None:
+    valid span, or where no tracer provider is set (see ``tracer``)."""
+    if tracer() is None:
         return None
+    trace = _trace_api()
     if not trace.get_current_span().get_span_context().is_valid:
         return None
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -65,20 +71,22 @@ def current_trace_id() -> str | None:
 def tracer() -> Any:
     """The tracer of the run spans, when this process records spans: OpenTelemetry is in use
     and a real tracer provider is set (not the API's default no-op or proxy one). None
-    otherwise: the worker then opens no span at all."""
+    otherwise: the worker then opens no span at all, and a submit stores no context."""
+    global _verdict
+    checked_at, known, run_tracer = _verdict
+    now = time.monotonic()
+    if now - checked_at < RECHECK_SECONDS:
+        return run_tracer
     trace = _trace_api()
     if trace is None:
+        _verdict = (now, None, None)
         return None
-    global _tracer_of
     provider = trace.get_tracer_provider()
-    known, run_tracer = _tracer_of
-    if provider is known:
-        return run_tracer
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         run_tracer = None
-    else:
+    elif provider is not known or run_tracer is None:
         run_tracer = provider.get_tracer(TRACER_NAME)
-    _tracer_of = (provider, run_tracer)
+    _verdict = (now, provider, run_tracer)
     return run_tracer
 
 
