@@ -35,10 +35,10 @@ def _trace_api() -> Any:
 
 def current_trace_context() -> dict[str, str] | None:
     """The current span's W3C trace context to store with a submitted task; None outside a
-    valid span, or where no tracer provider is set (see ``tracer``)."""
-    if tracer() is None:
-        return None
+    valid span, or where OpenTelemetry is not in use."""
     trace = _trace_api()
+    if trace is None:
+        return None
     if not trace.get_current_span().get_span_context().is_valid:
         return None
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -71,7 +71,7 @@ def current_trace_id() -> str | None:
 def tracer() -> Any:
     """The tracer of the run spans, when this process records spans: OpenTelemetry is in use
     and a real tracer provider is set (not the API's default no-op or proxy one). None
-    otherwise: the worker then opens no span at all, and a submit stores no context."""
+    otherwise: the worker then opens no span at all."""
     global _verdict
     checked_at, known, run_tracer = _verdict
     now = time.monotonic()
