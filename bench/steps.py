@@ -41,16 +41,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--storage", required=True, choices=storages)
     parser.add_argument("--n", type=int, default=1000, help="tasks per phase (default 1000)")
     parser.add_argument("--code", type=Path, default=ROOT, help="checkout whose code is measured")
+    parser.add_argument(
+        "--key-prefix",
+        default=KEY_PREFIX,
+        help=f"Redis key prefix of the tasks (default {KEY_PREFIX}; another one per "
+        "concurrent run: each deletes every task under its own)",
+    )
     return parser.parse_args()
 
 
-def configure(storage: str, code: Path) -> str:
+def configure(storage: str, code: Path, key_prefix: str) -> str:
     """Point Django at the benchmark's store; return the database alias holding the tasks."""
     sys.path[:0] = [str(code), str(code / "testproject")]
     os.environ.update(
         DJANGO_SETTINGS_MODULE="testproject.settings",
         RE_DEBUG="0",
-        RE_KEY_PREFIX=KEY_PREFIX,
+        RE_KEY_PREFIX=key_prefix,
         RE_MARIADB_NAME="reliable_executor_bench",
         RE_POSTGRES_NAME="reliable_executor_bench",
         RE_SQLITE_PATH=str(Path(tempfile.gettempdir()) / "reliable_executor_steps.sqlite3"),
@@ -88,7 +94,7 @@ def counted(action: Callable[[], Any]) -> int:
 
 def main() -> int:
     args = parse_args()
-    alias = configure(args.storage, args.code.resolve())
+    alias = configure(args.storage, args.code.resolve(), args.key_prefix)
     import django
 
     django.setup()
@@ -103,7 +109,7 @@ def main() -> int:
     def clear() -> None:
         if args.storage == "redis":
             client = executor.storage.client  # type: ignore[attr-defined]
-            for key in client.scan_iter("{" + KEY_PREFIX + "}:*"):
+            for key in client.scan_iter("{" + args.key_prefix + "}:*"):
                 client.delete(key)
         else:
             with connections[alias].cursor() as cursor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import operator
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from django.dispatch import Signal
 from . import metrics, signals
 from .records import TaskInfo, Transition
 from .states import FAILURE_STATUSES, TaskStatus
+from .tracing import current_trace_id, trace_id_of
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -180,20 +182,49 @@ def log_transition(
     level: int, task: TaskInfo, previous: TaskStatus | str | None, detail: str = ""
 ) -> None:
     """One line per state change, in a shape a task's history can be grepped by:
-    ``task <id> (<name>) <FROM> -> <TO> attempt=<n> worker=<id>[: detail]``."""
+    ``task <id> (<name>) <FROM> -> <TO> attempt=<n> worker=<id>[: detail]``, its fields also
+    given as ``extra=`` (see transition_fields) for a structured formatter such as
+    ``django_reliable_executor.logging.JsonFormatter``."""
     if not logger.isEnabledFor(level):
         return
+    source = previous if previous is not None else "claimed"
     logger.log(
         level,
         "task %s (%s) %s -> %s attempt=%s worker=%s%s",
         task.task_id,
         task.task_name,
-        previous if previous is not None else "claimed",
+        source,
         task.status,
         task.attempts,
         task.worker_id or "-",
         f": {detail}" if detail else "",
+        extra=transition_fields(task, source),
     )
+
+
+def transition_fields(task: TaskInfo, source: TaskStatus | str) -> dict[str, Any]:
+    """The fields of a transition's log record: task_id, task_name, from, to, attempt,
+    worker_id, queue, duration_ms (the attempt's, once it ended: None otherwise) and, when
+    the task is traced, trace_id (of the stored trace context, else of the current span)."""
+    duration_ms = None
+    started_at = task.started_at
+    if source == TaskStatus.RUNNING and task.status != source and started_at is not None:
+        ended = task.finished_at or dt.datetime.now(dt.timezone.utc)
+        duration_ms = max(0, round((ended - started_at).total_seconds() * 1000))
+    fields: dict[str, Any] = {
+        "task_id": task.task_id,
+        "task_name": task.task_name,
+        "from": str(getattr(source, "value", source)),
+        "to": task.status.value,
+        "attempt": task.attempts,
+        "worker_id": task.worker_id,
+        "queue": task.queue,
+        "duration_ms": duration_ms,
+    }
+    trace_id = trace_id_of(task.trace_context) or current_trace_id()
+    if trace_id is not None:
+        fields["trace_id"] = trace_id
+    return fields
 
 
 def _first_line(text: str | None) -> str:

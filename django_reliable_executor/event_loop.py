@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import traceback
@@ -16,6 +17,7 @@ from asgiref.sync import sync_to_async
 from .connections import tidy_connections
 from .exceptions import StorageUnavailableError
 from .execution import Begun, TaskRunner
+from .observing import Attempt, observe
 from .records import Claim
 from .retries import timeout_message
 
@@ -109,23 +111,36 @@ class EventLoop:
 
     async def _execute(self, claim: Claim, begun: Begun, done: Done) -> None:
         try:
-            failure = await self._call(begun)
-            if failure is not None:
-                # Handlers reach the ORM through sync_to_async, in asgiref's one thread for
-                # thread-sensitive calls, which no pool thread tidies: a connection the server
-                # killed stays there, and fails every later ORM call of every async handler,
-                # until closed. A failure may come from one: tidy that thread, as a pool thread
-                # tidies its own after each task, before the retry can run into it.
-                await sync_to_async(tidy_connections)()
-                await asyncio.get_running_loop().run_in_executor(
-                    self._blocking, self._record_failure, begun, *failure
-                )
+            attempt = observe(begun.claim.task)
+            if attempt is None:  # no span recorded, no Sentry: nothing to open
+                await self._attempt(begun, None)
+            else:
+                with attempt:  # this asyncio task's context: the handler's task inherits it
+                    await self._attempt(begun, attempt)
         except Exception as exc:
             _log_error([claim], exc)
         finally:
             done(claim)
 
-    async def _call(self, begun: Begun) -> tuple[str, bool] | None:
+    async def _attempt(self, begun: Begun, attempt: Attempt | None) -> None:
+        """Run the handler, then record its failure if it failed."""
+        failure = await self._call(begun, attempt)
+        if failure is None:
+            return
+        # Handlers reach the ORM through sync_to_async, in asgiref's one thread for
+        # thread-sensitive calls, which no pool thread tidies: a connection the server
+        # killed stays there, and fails every later ORM call of every async handler,
+        # until closed. A failure may come from one: tidy that thread, as a pool thread
+        # tidies its own after each task, before the retry can run into it.
+        await sync_to_async(tidy_connections)()
+        # Recorded in this context (the span and Sentry scope of the attempt, if any): the
+        # log line of the outcome belongs to the attempt.
+        record = contextvars.copy_context().run
+        await asyncio.get_running_loop().run_in_executor(
+            self._blocking, record, self._record_failure, begun, *failure
+        )
+
+    async def _call(self, begun: Begun, attempt: Attempt | None) -> tuple[str, bool] | None:
         """Await the handler: None once its result is with the completion writer, else the
         failure to record (error, retryable)."""
         runner, claim, handler = self.runner, begun.claim, begun.handler
@@ -158,10 +173,14 @@ class EventLoop:
                 raise
             if stopped == [TIMED_OUT]:
                 await self._past(claim)
-                return timeout_message(claim.task.max_duration_millis, None), False
-            if stopped:
-                return CANCELLED, False
-            return traceback.format_exc(), isinstance(exc, handler.retry_on)
+                failure = timeout_message(claim.task.max_duration_millis, None), False
+            elif stopped:
+                failure = CANCELLED, False
+            else:
+                failure = traceback.format_exc(), isinstance(exc, handler.retry_on)
+            if attempt is not None:
+                attempt.failed(None if stopped else exc, error=failure[0])
+            return failure
         finally:
             if timer is not None:
                 timer.cancel()
@@ -175,7 +194,11 @@ class EventLoop:
         writer = runner.writer
         assert writer is not None  # begin_many() refuses to start without it
         refusal = runner.hand_over(claim, value, writer)
-        return None if refusal is None else (refusal, False)
+        if refusal is None:
+            return None
+        if attempt is not None:
+            attempt.failed(error=refusal)
+        return refusal, False
 
     async def _past(self, claim: Claim) -> None:
         """Wait until the storage's clock, too, has passed the claim's deadline."""

@@ -17,6 +17,7 @@ from .batching import GroupCommitter
 from .completions import CompletionWriter
 from .connections import close_connections, with_reconnect
 from .exceptions import StorageUnavailableError, storage_unavailable
+from .observing import Attempt, observe
 from .progress import Progress, make_progress
 from .progress_writer import ProgressWriter
 from .records import Claim, TaskInfo, Transition
@@ -212,7 +213,11 @@ class TaskRunner:
         begun = self.begin(claim)
         if not isinstance(begun, Begun):
             return begun
-        return self._call(begun, writer)
+        attempt = observe(begun.claim.task)
+        if attempt is None:  # no span recorded, no Sentry: nothing to open
+            return self._call(begun, writer)
+        with attempt:
+            return self._call(begun, writer, attempt)
 
     def begin(self, claim: Claim) -> Begun | TaskStatus | None:
         """Start one claim (the start write, shared with claims starting at the same moment):
@@ -363,7 +368,9 @@ class TaskRunner:
         kwargs: dict[str, Any] = {"context": context} if handler.takes_context else {}
         return args, kwargs
 
-    def _call(self, begun: Begun, writer: CompletionWriter) -> TaskStatus | None:
+    def _call(
+        self, begun: Begun, writer: CompletionWriter, attempt: Attempt | None = None
+    ) -> TaskStatus | None:
         claim, handler = begun.claim, begun.handler
         context = self.open_context(begun) if handler.takes_context else None
         args = (begun.parameter,) if handler.accepts_parameter else ()
@@ -381,6 +388,8 @@ class TaskRunner:
                 raise
             if context is not None:  # only a handler with a context reports progress
                 self.finish_progress(claim)  # before the outcome: written after, it is refused
+            if attempt is not None:
+                attempt.failed(exc)
             retryable = isinstance(exc, handler.retry_on)
             return self.record_failure(claim, traceback.format_exc(), retryable)
         finally:
@@ -390,6 +399,8 @@ class TaskRunner:
             self.finish_progress(claim)
         refusal = self.hand_over(claim, value, writer)
         if refusal is not None:
+            if attempt is not None:
+                attempt.failed(error=refusal)
             return self.record_failure(claim, refusal, False)
         return TaskStatus.COMPLETED  # recorded shortly, by the writer
 
@@ -429,8 +440,14 @@ class TaskRunner:
         return transition.status
 
     def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:
-        """ERROR: the task cannot run here at all (no handler, unconvertible parameter)."""
-        return self.record_failure(claim, error, False, is_error=True)
+        """ERROR: the task cannot run here at all (no handler, unconvertible parameter). Its
+        span (when spans are recorded) is a short one, marked ERROR."""
+        attempt = observe(claim.task)
+        if attempt is None:
+            return self.record_failure(claim, error, False, is_error=True)
+        with attempt:
+            attempt.failed(error=error)
+            return self.record_failure(claim, error, False, is_error=True)
 
     @staticmethod
     def _discarded(claim: Claim) -> None:

@@ -38,6 +38,9 @@ class ReliableTask(models.Model):
     cancel_requested = models.BooleanField(default=False)
     # The handler's last set_progress() (progress.Progress as JSON); None before any.
     progress = models.JSONField(null=True, blank=True)
+    # The submitter's W3C trace context ({"traceparent": ..., "tracestate": ...}); None when
+    # it was not traced (see tracing.py).
+    trace_context = models.JSONField(null=True, blank=True)
     # True while the task waits for a worker (CREATED/PENDING and not claimed): the claim index.
     available = models.BooleanField(default=True)
     # Fencing token: bumped by every claim; every write by the claimer must match it.

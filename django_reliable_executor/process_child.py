@@ -25,6 +25,7 @@ from typing import Any
 
 from .connections import tidy_connections
 from .execution import RESULT_REFUSED, TaskContext
+from .observing import in_child
 from .progress import Progress, progress_to_json
 from .progress_writer import ProgressWriter
 from .records import task_from_json
@@ -119,13 +120,14 @@ def run_task(
         deadline_at = dt.datetime.fromisoformat(deadline) if deadline else None
         kwargs["context"] = TaskContext(task, deadline_at, executor, report)
     try:
-        value = handler.func(*args, **kwargs)
-        if inspect.isawaitable(value):  # an async handler sent here runs on a loop of its own
+        with in_child(task, message.get("run_span")):
+            value = handler.func(*args, **kwargs)
+            if inspect.isawaitable(value):  # an async handler here runs on a loop of its own
 
-            async def wait(awaitable: Any = value) -> Any:
-                return await awaitable
+                async def wait(awaitable: Any = value) -> Any:
+                    return await awaitable
 
-            value = asyncio.run(wait())
+                value = asyncio.run(wait())
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
         return _error(traceback.format_exc(), retryable=isinstance(exc, handler.retry_on))
     try:

@@ -32,6 +32,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from . import process_child
 from .execution import Begun, TaskContext, TaskRunner
+from .observing import Attempt, observe
 from .progress import progress_from_json
 from .records import Claim, task_to_json
 from .retries import timeout_message
@@ -214,18 +215,24 @@ class ProcessPool:
         with self._lock:
             self._in_flight += 1
         try:
-            return self._run_begun(begun)
+            # The run span and Sentry scope live here, in the worker, around the child's run
+            # (the child continues the span for the handler's own spans).
+            attempt = observe(begun.claim.task)
+            if attempt is None:
+                return self._run_begun(begun, None)
+            with attempt:
+                return self._run_begun(begun, attempt)
         finally:
             with self._lock:
                 self._in_flight -= 1
                 self._freed.notify_all()  # close() may be waiting for the last outcomes
 
-    def _run_begun(self, begun: Begun) -> TaskStatus | None:
+    def _run_begun(self, begun: Begun, attempt: Attempt | None) -> TaskStatus | None:
         runner, claim = self.runner, begun.claim
         try:
             child = self._take()
         except ChildDied as exc:  # stopping: the task was started, and is not run now
-            return self._record(begun, {"status": "died", "error": f"{exc}: not run"})
+            return self._record(begun, {"status": "died", "error": f"{exc}: not run"}, attempt)
         # Always made: the heartbeat marks it on a cancel request or a lost lease.
         context = runner.open_context(begun, always=True)
         assert context is not None
@@ -233,7 +240,7 @@ class ProcessPool:
         context.on_cancel(stop.set)
         reusable = False
         try:
-            reply = self._call(child, begun, context, stop)
+            reply = self._call(child, begun, context, stop, attempt)
             reusable = child.alive()  # not one the worker had to stop
         except ChildDied as exc:
             why = f"{TERMINATED}: the worker stopped" if self._closed else str(exc)
@@ -243,10 +250,15 @@ class ProcessPool:
             # Back before the outcome is written: the thread waiting for it sends its task now.
             self._put(child, reusable)
         runner.finish_progress(claim)  # the last report before the outcome (refused after)
-        return self._record(begun, reply)
+        return self._record(begun, reply, attempt)
 
     def _call(
-        self, child: Child, begun: Begun, context: TaskContext, stop: threading.Event
+        self,
+        child: Child,
+        begun: Begun,
+        context: TaskContext,
+        stop: threading.Event,
+        attempt: Attempt | None,
     ) -> dict[str, Any]:
         """Send the task, wait for the reply; {"status": "timeout" | "cancelled"} once the
         child had to be stopped, or when the task was over before it got a child."""
@@ -256,12 +268,13 @@ class ProcessPool:
             return {"status": "timeout"}
         if stop.is_set():
             return {"status": "cancelled"}
-        child.send(
-            {
-                "task": task_to_json(claim.task),
-                "deadline_at": deadline.isoformat() if deadline is not None else None,
-            }
-        )
+        message = {
+            "task": task_to_json(claim.task),
+            "deadline_at": deadline.isoformat() if deadline is not None else None,
+        }
+        if attempt is not None:
+            message["run_span"] = attempt.child_trace_context()
+        child.send(message)
         started = time.monotonic()
         ends = None if deadline is None else started + self._seconds_to(deadline)
         while True:
@@ -292,10 +305,14 @@ class ProcessPool:
     def _seconds_to(self, moment: dt.datetime) -> float:
         return (moment - self.runner.executor.clock.now()).total_seconds()
 
-    def _record(self, begun: Begun, reply: dict[str, Any]) -> TaskStatus | None:
+    def _record(
+        self, begun: Begun, reply: dict[str, Any], attempt: Attempt | None
+    ) -> TaskStatus | None:
         """Record what the child answered, or why it has none."""
         runner, claim = self.runner, begun.claim
         status = reply["status"]
+        if attempt is not None and status != "ok":
+            attempt.failed(error=reply.get("error") or status)
         if status == "ok":
             writer = runner.writer
             assert writer is not None  # the worker started it before any claim

@@ -68,6 +68,9 @@ class TaskInfo:
     # The tasks it was submitted to wait for, and those of them still awaited (not terminal).
     depends_on: tuple[str, ...] = ()
     waiting_for: tuple[str, ...] = ()
+    # The W3C trace context of the span that submitted it ({"traceparent": ..., and
+    # "tracestate" when there is one}); None when submitted outside a trace (see tracing.py).
+    trace_context: dict[str, str] | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -97,6 +100,7 @@ class NewTask:
     rate_key: str | None = None
     depends_on: tuple[str, ...] = ()  # checked: existing ids, folded, not its own
     on_dependency_failure: str = "cancel"
+    trace_context: dict[str, str] | None = None  # the submitter's span (TaskInfo's field)
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -263,6 +267,7 @@ def created_info(
     max_duration_millis: int | None,
     created_at: dt.datetime,
     run_at: dt.datetime,
+    trace_context: dict[str, str] | None = None,
 ) -> TaskInfo:
     """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
@@ -290,6 +295,7 @@ def created_info(
             "progress": None,
             "depends_on": (),
             "waiting_for": (),
+            "trace_context": trace_context,
         },
     )
 
@@ -308,6 +314,7 @@ def new_info(task: NewTask) -> TaskInfo:
         task.max_duration_millis,
         task.created_at,
         task.run_at,
+        task.trace_context,
     )
 
 

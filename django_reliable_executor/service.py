@@ -34,6 +34,7 @@ from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .submission import check_dependencies_exist, prepare
 from .throughput import CHART_MINUTES, MinuteCounts
+from .tracing import current_trace_context
 
 
 def _status(value: TaskStatus | str) -> TaskStatus:
@@ -116,7 +117,10 @@ class ReliableExecutor:
         in one batch. Returns the tasks in request order."""
         now = self.clock.now()
         settings = self.settings
-        new_tasks = [prepare(request, now, settings, i) for i, request in enumerate(requests)]
+        trace = current_trace_context()  # the caller's span, if it is traced: once per call
+        new_tasks = [
+            prepare(request, now, settings, i, trace) for i, request in enumerate(requests)
+        ]
         if not new_tasks:
             return []
         storage = self.storage

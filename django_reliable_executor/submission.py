@@ -35,10 +35,15 @@ MAX_ID_LENGTH = 191
 
 
 def prepare(
-    request: TaskSubmitRequest, now: dt.datetime, settings: ExecutorSettings, index: int
+    request: TaskSubmitRequest,
+    now: dt.datetime,
+    settings: ExecutorSettings,
+    index: int,
+    trace_context: dict[str, str] | None = None,
 ) -> NewTask:
     """The task ``request`` stores, its options completed from its handler and the settings;
-    raises a TaskSubmitError subclass naming the bad field (``index``: its place in a batch)."""
+    raises a TaskSubmitError subclass naming the bad field (``index``: its place in a batch).
+    ``trace_context``: the submitter's span (tracing.current_trace_context), stored with it."""
     if not isinstance(request, TaskSubmitRequest):
         raise TaskSubmitError(
             f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
@@ -100,6 +105,7 @@ def prepare(
         rate_key=rate_key,
         depends_on=depends_on,
         on_dependency_failure=request.on_dependency_failure,
+        trace_context=trace_context,
     )
 
 

@@ -46,6 +46,10 @@ _OVERRIDDEN = (
     "RE_STORAGE",
     "RE_REDIS_URL",
     "RE_KEY_PREFIX",
+    "RE_OTEL_SPANS",
+    "RE_LOG_JSON",
+    "RE_BLOCK_IMPORTS",
+    "RE_IMPORT_ATTEMPTS",
 )
 # Where testproject/settings.py reads each alias's database name from.
 _NAME_VARIABLES = {

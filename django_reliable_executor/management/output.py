@@ -275,6 +275,8 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("worker_id", info.worker_id or "-"),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
         ("progress", progress_text(info.progress, now)),
+        # The submitter's trace: its traceparent holds the trace id to look the spans up by.
+        ("trace_context", _trace_text(info.trace_context)),
     ]
     width = max(len(name) for name, _ in fields)
     lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
@@ -286,3 +288,10 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         lines.extend(["", f"{name}:"])
         lines.extend("  " + line for line in block.rstrip("\n").splitlines())
     return "\n".join(lines)
+
+
+def _trace_text(trace_context: dict[str, str] | None) -> str:
+    """``traceparent 00-<trace id>-<span id>-<flags>`` (and its tracestate), or ``none``."""
+    if not trace_context:
+        return "none"
+    return " ".join(f"{key} {value}" for key, value in sorted(trace_context.items()))

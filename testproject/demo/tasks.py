@@ -80,6 +80,49 @@ def flaky(param: dict, context: TaskContext) -> str:
     return f"succeeded on attempt {context.attempt}"
 
 
+def _inner_span(name: str) -> object:
+    """A span of the handler's own (a child of the worker's run span), when tracing is on."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return trace.get_tracer("demo").start_as_current_span(name)
+
+
+@reliable_task_handler(name="demo.traced", takes_context=True, retry_interval=50)
+def traced(param: dict | None, context: TaskContext) -> int:
+    """Opens a span of its own; fails (ConnectionError, retried) the first ``fail_times``
+    attempts."""
+    with _inner_span("demo inner"):
+        if context.attempt <= (param or {}).get("fail_times", 0):
+            raise ConnectionError(f"attempt {context.attempt}: upstream not reachable")
+    return context.attempt
+
+
+@reliable_task_handler(name="demo.async_traced", takes_context=True, retry_interval=50)
+async def async_traced(param: dict | None, context: TaskContext) -> int:
+    """demo.traced, async."""
+    with _inner_span("demo inner"):
+        await asyncio.sleep(0)
+        if context.attempt <= (param or {}).get("fail_times", 0):
+            raise ConnectionError(f"attempt {context.attempt}: upstream not reachable")
+    return context.attempt
+
+
+@reliable_task_handler(name="demo.reports")
+def reports(param: dict | None = None) -> None:
+    """Sends an event to Sentry of its own (when Sentry is set up), then fails if asked to."""
+    import sys
+
+    sentry = sys.modules.get("sentry_sdk")
+    if sentry is not None:
+        sentry.capture_message("reported by the handler")
+    if (param or {}).get("fail"):
+        raise ValueError("the handler failed")
+
+
 @reliable_task_handler(name="demo.always_fails", retry_interval=100)
 def always_fails(param=None) -> None:
     raise RuntimeError("this task always fails")

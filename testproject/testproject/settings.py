@@ -176,10 +176,13 @@ for _key in ("LEASE_TIMEOUT", "MASTER_LOCK_TTL", "POLL_INTERVAL"):
     if _value:
         RELIABLE_EXECUTOR[_key] = float(_value)
 
-LOGGING = {
+LOGGING: dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "django_reliable_executor.logging.JsonFormatter"},
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "django_reliable_executor": {
@@ -188,3 +191,17 @@ LOGGING = {
         }
     },
 }
+# RE_LOG_JSON=<file>: the app's log lines also go to that file, one JSON object a line.
+if env("RE_LOG_JSON"):
+    LOGGING["handlers"]["json_file"] = {
+        "class": "logging.FileHandler",
+        "filename": env("RE_LOG_JSON"),
+        "formatter": "json",
+    }
+    LOGGING["loggers"]["django_reliable_executor"]["handlers"].append("json_file")
+
+# Tracing and blocked imports for the tests (testproject/observability.py): RE_OTEL_SPANS,
+# RE_BLOCK_IMPORTS, RE_IMPORT_ATTEMPTS.
+from testproject import observability  # noqa: E402
+
+observability.configure()

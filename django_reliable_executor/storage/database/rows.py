@@ -51,6 +51,7 @@ def to_info(row: ReliableTask) -> TaskInfo:
         progress=progress_from_json(row.progress),
         depends_on=tuple(row.depends_on or ()),
         waiting_for=tuple(row.waiting_for or ()),
+        trace_context=row.trace_context,
     )
 
 
@@ -153,7 +154,7 @@ def spans(sizes: Sequence[int], max_bytes: int, max_rows: int = CHUNK) -> Iterat
 def claim_from_row(row: Sequence[Any]) -> Claim:
     """A claim from raw column values, converted the way each driver needs."""
     values = dict(zip(CLAIM_FIELDS, row, strict=True))
-    for key in ("parameter", "result"):
+    for key in ("parameter", "result", "trace_context"):
         # Every driver hands JSON back as text here (Django sets psycopg up that way too).
         if isinstance(values[key], str):
             values[key] = json.loads(values[key])

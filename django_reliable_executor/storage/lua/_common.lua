@@ -414,7 +414,7 @@ end
 
 
 -- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
-local TASK_ARGS = 13
+local TASK_ARGS = 14
 
 -- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
@@ -437,6 +437,9 @@ local function store_task(i, promoted, woken, batch)
   end
   if ARGV[i + 12] ~= '' then
     redis.call('HSET', key, 'rk', ARGV[i + 12]) -- rate_key
+  end
+  if ARGV[i + 13] ~= '' then
+    redis.call('HSET', key, 'tc', ARGV[i + 13]) -- the submitter's trace context
   end
   if not promoted[queue] then
     promoted[queue] = true

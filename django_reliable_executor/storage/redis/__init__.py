@@ -9,7 +9,8 @@ epoch, written as decimal strings.
                            k fencing token, rl/ri/rb retry limit/interval/backoff, md max
                            duration (ms), c created, r run at, st started, f finished,
                            d deadline, e last error, o result (JSON), w worker, x cancel
-                           requested ("1"), pg progress (JSON), rq nonce of the last worker
+                           requested ("1"), pg progress (JSON), tc the submitter's trace
+                           context (JSON: traceparent, tracestate), rq nonce of the last worker
                            write (so a write redis-py resends after a lost reply is
                            recognised as done), dp its depends_on (JSON list), wf the ones it
                            still awaits (JSON list; absent once none is), of "run" for

@@ -77,6 +77,7 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         progress=progress_from_json(loads(values["pg"])) if "pg" in values else None,
         depends_on=tuple(json.loads(values["dp"])) if "dp" in values else (),
         waiting_for=tuple(json.loads(values["wf"])) if "wf" in values else (),
+        trace_context=loads(values["tc"]) if "tc" in values else None,
     )
 
 
@@ -91,11 +92,12 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 
 # What claim.lua returns for each claimed task, in this order (a waiting task has no start,
 # finish, result or cancel request yet).
-CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k".split()  # noqa: SIM905
+CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc".split()  # noqa: SIM905
 
 
 # Which of CLAIMED_FIELDS are read as text, which as integers.
-_TEXTS = operator.itemgetter(0, 1, 3, 4, 9, 10, 11, 12, 13, 14, 15)  # n q s j rb md c r d e w
+# n q s j rb md c r d e w tc
+_TEXTS = operator.itemgetter(0, 1, 3, 4, 9, 10, 11, 12, 13, 14, 15, 17)
 _INTEGERS = operator.itemgetter(2, 5, 6, 7, 8, 16)  # p a b rl ri k
 _DELTA = dt.timedelta  # (days, seconds, microseconds)
 _STATUSES = {status.value: status for status in TaskStatus}  # TaskStatus(s), without enum's call
@@ -107,7 +109,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
     started it, at ``now``."""
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
-    n, q, s, j, rb, md, c, r, d, e, w = _TEXTS(values)
+    n, q, s, j, rb, md, c, r, d, e, w, tc = _TEXTS(values)
     p, a, b, rl, ri, k = map(int, _INTEGERS(values))  # in C, not a call per field
     created_at = EPOCH + _DELTA(0, 0, int(c))
     status = _STATUSES.get(s) or TaskStatus(s)
@@ -136,6 +138,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
             "worker_id": w,
             "cancel_requested": False,
             "progress": None,  # not read by the claim: a worker has no use for it
+            "trace_context": loads(tc) if tc else None,
         }
     )
     claim = object.__new__(Claim)
@@ -149,7 +152,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
 
 
 def submit_args(task: NewTask) -> list[str]:
-    """The 13 values (TASK_ARGS) submit.lua takes per task."""
+    """The 14 values (TASK_ARGS) submit.lua takes per task."""
     return [
         task.task_id,
         task.task_name,
@@ -164,4 +167,5 @@ def submit_args(task: NewTask) -> list[str]:
         micros(task.run_at),
         "" if task.deadline_at is None else micros(task.deadline_at),
         task.rate_key or "",
+        "" if task.trace_context is None else dumps(task.trace_context),
     ]
