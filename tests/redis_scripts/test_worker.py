@@ -243,7 +243,10 @@ def test_complete_batch_changes_only_the_valid_task(storage, executor):
         "finished",
         "done:COMPLETED",
         "counts",
+        # the admin chart's count of the minute: one completion
+        f"tput:{int(storage.clock.now().timestamp()) // 60}",
     }
+    assert after[f"tput:{int(storage.clock.now().timestamp()) // 60}"][1] == {"COMPLETED": "1"}
     assert after["leases"][1] == [(i, s) for i, s in before["leases"][1] if i != "a"]
     assert_consistent(storage)
 
