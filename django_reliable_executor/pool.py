@@ -12,10 +12,8 @@ next only as it takes one, so a batch costs one wake-up rather than one per task
 back from a short task runs the next started claim without sleeping at all. Claims are started
 only for threads that wait for work now, so each runs at once (its ``started_at`` is true).
 
-Claims of ``async def`` handlers take no thread: with an ``async_capacity``, they go to their own
-local queue, from which a feeder thread hands up to that many at a time to the worker's event
-loop (``run_async``). While it holds any, the pool has room for ``async_capacity`` more claims
-besides the threads' share, so claiming is not bounded by ``max_size`` for them.
+Claims of ``async def`` handlers take no thread: they go to the event loop (see
+pool_async.py).
 """
 
 from __future__ import annotations
@@ -33,24 +31,22 @@ from django.db import connections
 
 from .connections import tidy_connections
 from .exceptions import StorageUnavailableError
+from .pool_async import EventLoopSide, RunAsync
 from .records import Claim
 from .states import TaskStatus
 
 logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
-_TASK_NAME = operator.attrgetter("task.task_name")
 _QUEUE = operator.attrgetter("task.queue")
 STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
-# run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
-RunAsync = Callable[[list[Claim], Callable[[Claim], None]], None]
 # start(claims): start these claims in one write, for threads about to run them: each as
 # started, as it was (to run as is: past its deadline, say), or None (not ours any more).
 StartMany = Callable[[list[Claim]], list[Claim | None]]
 
 
-class BoundedPool:
+class BoundedPool(EventLoopSide):
     def __init__(
         self,
         run: Callable[[Claim], object],
@@ -71,10 +67,9 @@ class BoundedPool:
         self._run_async = run_async
         self._is_async = is_async
         self.async_capacity = async_capacity if run_async is not None and is_async else 0
-        # Per-queue limits (absent: unlimited). The pool only counts claims per queue; the
-        # fetcher claims no more of a queue than its limit minus what is held of it here.
+        # Per-queue limits (absent: unlimited). The fetcher claims no more of a queue than its
+        # limit minus what is held of it here (counted when it asks, not at every task).
         self.queue_limits = dict(queue_limits or {})
-        self._held_by_queue: Counter[str] = Counter()
         # Bumped whenever a claim of a limited queue leaves the pool; on_freed then runs
         # (outside the lock) so a fetcher blocked elsewhere can be woken.
         self.version = 0
@@ -141,7 +136,9 @@ class BoundedPool:
     def held_by_queue(self) -> dict[str, int]:
         """Claims queued or running here, per queue."""
         with self._cond:
-            return {queue: count for queue, count in self._held_by_queue.items() if count}
+            held = [item[2] for heap in (self._heap, self._async_heap) for item in heap]
+            held += [*self._running.values(), *self._async_running.values()]
+            return dict(Counter(map(_QUEUE, held)))
 
     def wait_for_change(self, version: int, timeout: float) -> None:
         """Block until a claim of a limited queue left the pool since ``version``, or
@@ -161,19 +158,10 @@ class BoundedPool:
         self._notify_freed(True)
 
     def _release(self, claims: list[Claim]) -> bool:
-        """Count claims leaving the pool (lock held); True when a limited queue got room (the
-        fetcher's waits on ``_changed`` are then woken)."""
-        freed = False
-        held = self._held_by_queue
-        for claim in claims:
-            queue = claim.task.queue
-            left = held[queue] - 1
-            if left > 0:
-                held[queue] = left
-            else:
-                del held[queue]
-            if queue in self.queue_limits:
-                freed = True
+        """Claims left the pool (lock held); True when one of a limited queue did, which gave
+        it room (the fetcher's waits on ``_changed`` are then woken)."""
+        limits = self.queue_limits
+        freed = bool(limits) and any(queue in limits for queue in map(_QUEUE, claims))
         if freed:
             self.version += 1
             self._changed.notify_all()
@@ -189,14 +177,6 @@ class BoundedPool:
     def _thread_free(self) -> int:
         """Below zero when claims taken for async slots turned out to be for threads."""
         return self.max_size + self.queue_capacity - len(self._heap) - len(self._running)
-
-    def _async_free(self) -> int:
-        """Free async slots, counted only while async claims are held: a worker whose tasks
-        are all synchronous claims exactly as without an event loop. Below zero when claims
-        taken for threads turned out to be async."""
-        if not (self._async_heap or self._async_running):
-            return 0
-        return self.async_capacity - len(self._async_heap) - len(self._async_running)
 
     def _free(self) -> int:
         return max(0, self._thread_free() + self._async_free())
@@ -232,7 +212,6 @@ class BoundedPool:
                 # A started claim first: it was started for a thread that is idle now.
                 first = STARTED_FIRST if task.status is running else -task.priority
                 heapq.heappush(heaps[is_async], (first, next(order), claim))
-            self._held_by_queue.update(map(_QUEUE, claims))  # counted in C
             if threads < len(claims):
                 self._async_work.notify()
             if not threads:
@@ -242,25 +221,6 @@ class BoundedPool:
                 for _ in range(extra):
                     self._spawn(core=False)
             self._wake_next()  # one thread: it wakes the next as it takes its claim
-
-    def _to_event_loop_many(self, claims: list[Claim]) -> list[bool]:
-        """``_to_event_loop`` of each claim, asked once per task name of the batch (the answer
-        depends on the name's handler only; a batch mostly holds few names)."""
-        if not self.async_capacity or self._is_async is None:
-            return [False] * len(claims)
-        names = list(map(_TASK_NAME, claims))
-        one_of_each = dict(zip(names, claims, strict=True))
-        verdicts = {name: self._to_event_loop(claim) for name, claim in one_of_each.items()}
-        return list(map(verdicts.__getitem__, names))
-
-    def _to_event_loop(self, claim: Claim) -> bool:
-        if not self.async_capacity or self._is_async is None:
-            return False
-        try:
-            return self._is_async(claim)
-        except Exception:  # a thread then runs it, and records what fails
-            logger.exception("task %s: could not look its handler up", claim.task_id)
-            return False
 
     def take_queued(self) -> list[Claim]:
         """Remove and return every claim not yet started (shutdown: hand them back). Claims
@@ -300,11 +260,6 @@ class BoundedPool:
     def running_ids(self) -> set[str]:
         with self._cond:
             return set(self._running) | set(self._async_running)
-
-    def async_running_ids(self) -> set[str]:
-        """The running tasks that are on the event loop (not in a pool thread)."""
-        with self._cond:
-            return set(self._async_running)
 
     @property
     def queued(self) -> int:
@@ -413,7 +368,11 @@ class BoundedPool:
                 break
             if not idle_since:
                 idle_since = time.monotonic()
-            elif not core and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS:
+            elif (
+                not core
+                and not self._starting  # a claim being started may be meant for this thread
+                and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS
+            ):
                 break
             self._idle += 1
             try:
@@ -449,7 +408,10 @@ class BoundedPool:
         dropped here: their leases lapse and they are recovered."""
         assert self._start is not None
         try:
-            return self._start(batch)
+            started = self._start(batch)
+            if len(started) != len(batch):
+                raise RuntimeError(f"{len(started)} claims started for {len(batch)}")
+            return started
         except Exception:
             logger.exception("could not start %d tasks; their claims are recovered", len(batch))
             return [None] * len(batch)
@@ -494,13 +456,7 @@ class BoundedPool:
         for room or idleness. True when a limited queue got room (see ``_release``)."""
         task = claim.task
         self._running.pop(task.task_id, None)
-        held = self._held_by_queue  # _release([claim]), without its list and loop
-        left = held[task.queue] - 1
-        if left > 0:
-            held[task.queue] = left
-        else:
-            del held[task.queue]
-        if task.queue in self.queue_limits:
+        if self.queue_limits and task.queue in self.queue_limits:  # _release([claim]) inline
             self.version += 1
             self._changed.notify_all()
             return True
@@ -520,48 +476,6 @@ class BoundedPool:
         ):
             self._changed.notify_all()
         return False
-
-    # -- the event loop's side ------------------------------------------------------------
-    def _feed(self) -> None:
-        """The feeder thread: hands waiting async claims to the event loop, by priority, as
-        long as it has free slots; the loop's run_async starts them in one batched write."""
-        while True:
-            batch = self._next_async_batch()
-            if not batch:  # closed
-                connections.close_all()  # this thread's connections die with it
-                return
-            assert self._run_async is not None
-            try:
-                self._run_async(batch, self._async_done)
-            except Exception:  # run_async does not raise; should it, the leases lapse
-                logger.exception("could not hand %d claims to the event loop", len(batch))
-                for claim in batch:
-                    self._async_done(claim)
-
-    def _next_async_batch(self) -> list[Claim]:
-        """Wait for waiting async claims and free slots; take as many as fit, counted as
-        running. Empty once the pool is closed and none wait."""
-        with self._cond:
-            while not self._async_heap or len(self._async_running) >= self.async_capacity:
-                if self._closed and not self._async_heap:
-                    return []
-                self._async_work.wait(1.0)
-            take = min(self.async_capacity - len(self._async_running), len(self._async_heap))
-            batch = [heapq.heappop(self._async_heap)[2] for _ in range(take)]
-            for claim in batch:
-                self._async_running[claim.task_id] = claim
-            return batch
-
-    def _async_done(self, claim: Claim) -> None:
-        """An async claim left the event loop (its outcome recorded or handed over)."""
-        with self._cond:
-            if self._async_running.pop(claim.task_id, None) is None:
-                return
-            freed = self._release([claim])
-            self._async_work.notify()
-            if self._watching and (self._room() or self._idle_now()):
-                self._changed.notify_all()
-        self._notify_freed(freed)
 
     def join(self, timeout: float) -> bool:
         """After ``close()``: wait for idle threads to exit; False if some are still busy."""
