@@ -230,10 +230,8 @@ class TaskRunner:
             if claim.task.status is not TaskStatus.RUNNING
             and (claim.deadline_at is None or now() < claim.deadline_at)
         ]
-        if len(due) == len(claims):  # the usual case: every one of them
-            to_start = claims
-        else:
-            to_start = [claims[index] for index in due]
+        # Usually every one of them.
+        to_start = claims if len(due) == len(claims) else [claims[index] for index in due]
         if not to_start:
             return outcomes
         try:
@@ -243,7 +241,8 @@ class TaskRunner:
                 started = [self._start_alone(claim) for claim in to_start]
             else:
                 started = [exc] * len(to_start)
-        failed = [claim for claim, item in zip(to_start, started) if isinstance(item, Exception)]
+        pairs = list(zip(to_start, started, strict=True))
+        failed = [claim for claim, item in pairs if isinstance(item, Exception)]
         if failed:
             logger.warning(
                 "could not start %d tasks (%s); handing their claims back",
