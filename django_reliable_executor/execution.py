@@ -234,6 +234,49 @@ class TaskRunner:
             raise
         return self._begin(claim, started)
 
+    def start_many(self, claims: list[Claim]) -> list[Claim | None]:
+        """Start claims that pool threads run at once (the thread pool's ``start``), in one
+        write: each as started; as it was when past its deadline (``begin`` times it out) or
+        started by the claim already; None when it is no longer ours, or when its start failed
+        even on a new connection (the claim is then handed back)."""
+        outcomes: list[Claim | None] = list(claims)
+        now = self.executor.clock.now
+        due = [
+            index
+            for index, claim in enumerate(claims)
+            if claim.task.status is not TaskStatus.RUNNING
+            and (claim.deadline_at is None or now() < claim.deadline_at)
+        ]
+        # Usually every one of them.
+        to_start = claims if len(due) == len(claims) else [claims[index] for index in due]
+        if not to_start:
+            return outcomes
+        try:
+            started: list[Claim | BaseException | None] = list(self._start_many(to_start))
+        except Exception as exc:
+            if len(to_start) > 1 and _refused(exc):  # the others' starts are still written
+                started = [self._start_alone(claim) for claim in to_start]
+            else:
+                started = [exc] * len(to_start)
+        pairs = list(zip(to_start, started, strict=True))
+        failed = [claim for claim, item in pairs if isinstance(item, Exception)]
+        if failed:
+            logger.warning(
+                "could not start %d tasks (%s); handing their claims back",
+                len(failed),
+                next(item for item in started if isinstance(item, Exception)),
+            )
+            self._hand_back(failed)
+        for index, item in zip(due, started, strict=True):
+            outcomes[index] = None if isinstance(item, BaseException) else item
+        return outcomes
+
+    def _start_alone(self, claim: Claim) -> Claim | BaseException | None:
+        try:
+            return self._start_many([claim])[0]
+        except Exception as exc:
+            return exc
+
     def begin_many(self, claims: list[Claim]) -> list[Begun | TaskStatus | None]:
         """Start ``claims`` in as few storage writes as they fit (the event loop's way in):
         for each, what to call, or the status recorded instead (None: not ours any more, or

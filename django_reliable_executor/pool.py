@@ -5,10 +5,15 @@ in the local queue; only when more than ``queue_capacity`` wait does the pool gr
 ``max_size`` threads, and extra threads retire after a minute idle. The fetcher asks
 ``free_slots()`` before claiming, so nothing is ever rejected and nothing waits unseen.
 
-Claims of ``async def`` handlers take no thread: with an ``async_capacity``, they go to their own
-local queue, from which a feeder thread hands up to that many at a time to the worker's event
-loop (``run_async``). While it holds any, the pool has room for ``async_capacity`` more claims
-besides the threads' share, so claiming is not bounded by ``max_size`` for them.
+With a ``start`` function (the thread pool's), a thread about to run a claim not yet started
+writes the start of the next claims for itself and for every thread waiting for work, in one
+call, and those threads take them from a ready queue one after the other: a thread wakes the
+next only as it takes one, so a batch costs one wake-up rather than one per task, and a thread
+back from a short task runs the next started claim without sleeping at all. Claims are started
+only for threads that wait for work now, so each runs at once (its ``started_at`` is true).
+
+Claims of ``async def`` handlers take no thread: they go to the event loop (see
+pool_async.py).
 """
 
 from __future__ import annotations
@@ -19,28 +24,29 @@ import logging
 import operator
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 from django.db import connections
 
 from .connections import tidy_connections
 from .exceptions import StorageUnavailableError
+from .pool_async import EventLoopSide, RunAsync
 from .records import Claim
 from .states import TaskStatus
 
 logger = logging.getLogger("django_reliable_executor")
 
 KEEP_ALIVE_SECONDS = 60.0
-_TASK_NAME = operator.attrgetter("task.task_name")
 _QUEUE = operator.attrgetter("task.queue")
 STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
-# run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
-RunAsync = Callable[[list[Claim], Callable[[Claim], None]], None]
+# start(claims): start these claims in one write, for threads about to run them: each as
+# started, as it was (to run as is: past its deadline, say), or None (not ours any more).
+StartMany = Callable[[list[Claim]], list[Claim | None]]
 
 
-class BoundedPool:
+class BoundedPool(EventLoopSide):
     def __init__(
         self,
         run: Callable[[Claim], object],
@@ -54,15 +60,16 @@ class BoundedPool:
         async_capacity: int = 0,
         run_async: RunAsync | None = None,
         is_async: Callable[[Claim], bool] | None = None,
+        start: StartMany | None = None,
     ) -> None:
         self._run = run
+        self._start = start
         self._run_async = run_async
         self._is_async = is_async
         self.async_capacity = async_capacity if run_async is not None and is_async else 0
-        # Per-queue limits (absent: unlimited). The pool only counts claims per queue; the
-        # fetcher claims no more of a queue than its limit minus what is held of it here.
+        # Per-queue limits (absent: unlimited). The fetcher claims no more of a queue than its
+        # limit minus what is held of it here (counted when it asks, not at every task).
         self.queue_limits = dict(queue_limits or {})
-        self._held_by_queue: Counter[str] = Counter()
         # Bumped whenever a claim of a limited queue leaves the pool; on_freed then runs
         # (outside the lock) so a fetcher blocked elsewhere can be woken.
         self.version = 0
@@ -81,8 +88,14 @@ class BoundedPool:
         self._changed = threading.Condition(self._cond)
         self._watching = 0  # threads waiting on _changed: a finished task notifies only them
         self._threads = 0
-        self._idle = 0
-        self._running: dict[str, Claim] = {}
+        self._idle = 0  # threads waiting on _work
+        self._wake_sent = False  # one of them was woken and has not looked for work yet
+        self._running: dict[str, Claim] = {}  # taken by a thread: starting, ready or running
+        # Claims a thread started for the threads waiting here, in priority order; and while a
+        # start is written, how many of its claims are meant for other threads than its writer.
+        self._ready: deque[Claim] = deque()
+        self._starting = False
+        self._promised = 0
         self._closed = False
         self._thread_ids = itertools.count(1)
         # Async claims: waiting for a slot on the event loop, and handed to it (running).
@@ -118,12 +131,14 @@ class BoundedPool:
         """Threads waiting for a claim that none queued here is meant for yet: claims handed to
         the pool now would run at once (the fetcher has those started as it claims them)."""
         with self._cond:
-            return max(0, self._idle - len(self._heap))
+            return max(0, self._idle - len(self._heap) - len(self._ready) - self._promised)
 
     def held_by_queue(self) -> dict[str, int]:
         """Claims queued or running here, per queue."""
         with self._cond:
-            return {queue: count for queue, count in self._held_by_queue.items() if count}
+            held = [item[2] for heap in (self._heap, self._async_heap) for item in heap]
+            held += [*self._running.values(), *self._async_running.values()]
+            return dict(Counter(map(_QUEUE, held)))
 
     def wait_for_change(self, version: int, timeout: float) -> None:
         """Block until a claim of a limited queue left the pool since ``version``, or
@@ -143,19 +158,10 @@ class BoundedPool:
         self._notify_freed(True)
 
     def _release(self, claims: list[Claim]) -> bool:
-        """Count claims leaving the pool (lock held); True when a limited queue got room (the
-        fetcher's waits on ``_changed`` are then woken)."""
-        freed = False
-        held = self._held_by_queue
-        for claim in claims:
-            queue = claim.task.queue
-            left = held[queue] - 1
-            if left > 0:
-                held[queue] = left
-            else:
-                del held[queue]
-            if queue in self.queue_limits:
-                freed = True
+        """Claims left the pool (lock held); True when one of a limited queue did, which gave
+        it room (the fetcher's waits on ``_changed`` are then woken)."""
+        limits = self.queue_limits
+        freed = bool(limits) and any(queue in limits for queue in map(_QUEUE, claims))
         if freed:
             self.version += 1
             self._changed.notify_all()
@@ -171,14 +177,6 @@ class BoundedPool:
     def _thread_free(self) -> int:
         """Below zero when claims taken for async slots turned out to be for threads."""
         return self.max_size + self.queue_capacity - len(self._heap) - len(self._running)
-
-    def _async_free(self) -> int:
-        """Free async slots, counted only while async claims are held: a worker whose tasks
-        are all synchronous claims exactly as without an event loop. Below zero when claims
-        taken for threads turned out to be async."""
-        if not (self._async_heap or self._async_running):
-            return 0
-        return self.async_capacity - len(self._async_heap) - len(self._async_running)
 
     def _free(self) -> int:
         return max(0, self._thread_free() + self._async_free())
@@ -203,8 +201,8 @@ class BoundedPool:
         self.submit_many([claim])
 
     def submit_many(self, claims: list[Claim]) -> None:
-        """Queue claims (the fetcher's batch) under one lock, waking as many idle threads (and
-        the event loop's feeder) as they need at once rather than one notify per claim."""
+        """Queue claims (the fetcher's batch) under one lock, waking one idle thread (it wakes
+        the next as it takes a claim) and the event loop's feeder if it has claims."""
         to_loop = self._to_event_loop_many(claims)
         with self._cond:
             threads = len(claims) - sum(to_loop)
@@ -214,7 +212,6 @@ class BoundedPool:
                 # A started claim first: it was started for a thread that is idle now.
                 first = STARTED_FIRST if task.status is running else -task.priority
                 heapq.heappush(heaps[is_async], (first, next(order), claim))
-            self._held_by_queue.update(map(_QUEUE, claims))  # counted in C
             if threads < len(claims):
                 self._async_work.notify()
             if not threads:
@@ -223,26 +220,7 @@ class BoundedPool:
                 extra = min(len(self._heap) - self.queue_capacity, self.max_size - self._threads)
                 for _ in range(extra):
                     self._spawn(core=False)
-            self._work.notify(threads)
-
-    def _to_event_loop_many(self, claims: list[Claim]) -> list[bool]:
-        """``_to_event_loop`` of each claim, asked once per task name of the batch (the answer
-        depends on the name's handler only; a batch mostly holds few names)."""
-        if not self.async_capacity or self._is_async is None:
-            return [False] * len(claims)
-        names = list(map(_TASK_NAME, claims))
-        one_of_each = dict(zip(names, claims, strict=True))
-        verdicts = {name: self._to_event_loop(claim) for name, claim in one_of_each.items()}
-        return list(map(verdicts.__getitem__, names))
-
-    def _to_event_loop(self, claim: Claim) -> bool:
-        if not self.async_capacity or self._is_async is None:
-            return False
-        try:
-            return self._is_async(claim)
-        except Exception:  # a thread then runs it, and records what fails
-            logger.exception("task %s: could not look its handler up", claim.task_id)
-            return False
+            self._wake_next()  # one thread: it wakes the next as it takes its claim
 
     def take_queued(self) -> list[Claim]:
         """Remove and return every claim not yet started (shutdown: hand them back). Claims
@@ -282,11 +260,6 @@ class BoundedPool:
     def running_ids(self) -> set[str]:
         with self._cond:
             return set(self._running) | set(self._async_running)
-
-    def async_running_ids(self) -> set[str]:
-        """The running tasks that are on the event loop (not in a pool thread)."""
-        with self._cond:
-            return set(self._async_running)
 
     @property
     def queued(self) -> int:
@@ -340,17 +313,24 @@ class BoundedPool:
 
     def _loop(self, core: bool) -> None:
         done: Claim | None = None  # the claim this thread just ran
+        starts: tuple[list[Claim], list[Claim | None]] | None = None  # the start it just wrote
         while True:
-            # One turn of the lock both gives back the claim just run and takes the next.
+            # One turn of the lock both gives back what was done and takes the next claim.
             with self._cond:
                 freed = done is not None and self._done(done)
-                claim = None if freed else self._take(core)
-            done = None
+                if starts is not None:
+                    freed = self._started(*starts) or freed
+                item = None if freed else self._take(core)
+            done = starts = None
             if freed:
                 self._notify_freed(True)  # outside the lock; the next claim on the next turn
                 continue
-            if claim is None:
+            if item is None:
                 break
+            if type(item) is list:  # claims to start: this thread's, then the waiting threads'
+                starts = (item, self._start_batch(item))
+                continue
+            claim: Claim = item  # type: ignore[assignment]
             try:
                 self._run(claim)
             except StorageUnavailableError as exc:
@@ -364,48 +344,129 @@ class BoundedPool:
                 done = claim
         connections.close_all()  # this thread's connections die with it
 
-    def _take(self, core: bool) -> Claim | None:
-        """The next claim to run (lock held), waiting for one; None when this thread is to
-        exit (closed with nothing queued, or an extra thread idle for KEEP_ALIVE_SECONDS)."""
-        heap = self._heap
-        if not heap:
+    def _take(self, core: bool) -> Claim | list[Claim] | None:
+        """What this thread does next (lock held), waiting until there is something: a claim
+        to run, claims to start (a list: its own first), or None when this thread is to exit
+        (closed with nothing left, or an extra thread idle for KEEP_ALIVE_SECONDS)."""
+        idle_since = 0.0
+        heap, ready = self._heap, self._ready
+        while True:
+            if ready:
+                claim = ready.popleft()
+                self._wake_next()
+                return claim
+            if heap and (self._start is None or heap[0][0] == STARTED_FIRST):
+                claim = heapq.heappop(heap)[2]  # started by the claim, or started by its thread
+                self._running[claim.task.task_id] = claim
+                if len(heap) == self.queue_capacity // 2:
+                    self._changed.notify_all()  # room for a refill
+                self._wake_next()
+                return claim
+            if heap and not self._starting:
+                return self._take_starts()
+            if self._closed and not heap and not self._starting:
+                break
+            if not idle_since:
+                idle_since = time.monotonic()
+            elif (
+                not core
+                and not self._starting  # a claim being started may be meant for this thread
+                and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS
+            ):
+                break
             self._idle += 1
-            idle_since = time.monotonic()
-            while not heap and not self._closed:
-                if not core and time.monotonic() - idle_since > KEEP_ALIVE_SECONDS:
-                    break
+            try:
                 self._work.wait(1.0 if core else KEEP_ALIVE_SECONDS)
-            self._idle -= 1
-            if not heap:
-                self._threads -= 1
-                self._changed.notify_all()
-                return None
-        claim = heapq.heappop(heap)[2]
-        self._running[claim.task.task_id] = claim
-        if len(heap) == self.queue_capacity // 2:
+            finally:
+                self._idle -= 1
+                # Woken or timed out, this thread looks now: the next wake may be sent. (Which
+                # waiter was woken cannot be told apart from one timing out at that moment; at
+                # worst one thread more wakes for nothing.)
+                self._wake_sent = False
+        self._threads -= 1
+        self._changed.notify_all()
+        return None
+
+    def _take_starts(self) -> list[Claim]:
+        """The claims to start now (lock held; the heap's first is not started): one for this
+        thread and one for each thread waiting for work, which nothing else is meant for."""
+        heap = self._heap
+        wanted = min(1 + self._idle, len(heap))
+        batch = [heapq.heappop(heap)[2] for _ in range(wanted)]
+        running = self._running
+        for claim in batch:
+            running[claim.task.task_id] = claim
+        half = self.queue_capacity // 2
+        if len(heap) <= half < len(heap) + wanted:
             self._changed.notify_all()  # room for a refill
-        return claim
+        self._starting = True
+        self._promised = wanted - 1
+        return batch
+
+    def _start_batch(self, batch: list[Claim]) -> list[Claim | None]:
+        """Write the batch's start (no lock held). Should ``start`` raise, the claims are
+        dropped here: their leases lapse and they are recovered."""
+        assert self._start is not None
+        try:
+            started = self._start(batch)
+            if len(started) != len(batch):
+                raise RuntimeError(f"{len(started)} claims started for {len(batch)}")
+            return started
+        except Exception:
+            logger.exception("could not start %d tasks; their claims are recovered", len(batch))
+            return [None] * len(batch)
+
+    def _started(self, batch: list[Claim], started: list[Claim | None]) -> bool:
+        """A start was written (lock held): its claims go to the ready queue, in order, but
+        those no longer ours, which leave the pool. True when a limited queue got room."""
+        self._starting = False
+        self._promised = 0
+        running, ready, gone = self._running, self._ready, []
+        for claim, now in zip(batch, started, strict=True):
+            if now is None:
+                running.pop(claim.task.task_id, None)
+                gone.append(claim)
+            else:
+                running[claim.task.task_id] = now
+                ready.append(now)
+        if not gone:
+            return False
+        freed = self._release(gone)
+        if self._watching:
+            self._changed.notify_all()  # room, or idle
+        return freed
+
+    def _wake_next(self) -> None:
+        """Wake one waiting thread (lock held) when there is work it could take now and no
+        thread woken before has looked yet: threads wake one after the other as they take
+        claims, not all at once for a batch (a wake-up is a thread switch, and the GIL's)."""
+        if self._wake_sent or not self._idle:
+            return
+        heap = self._heap
+        if (
+            self._ready
+            or heap
+            and (not self._starting or self._start is None or heap[0][0] == STARTED_FIRST)
+        ):
+            self._wake_sent = True
+            self._work.notify()
 
     def _done(self, claim: Claim) -> bool:
         """A thread ran ``claim`` (lock held): count it gone and wake the fetcher if it waits
         for room or idleness. True when a limited queue got room (see ``_release``)."""
         task = claim.task
         self._running.pop(task.task_id, None)
-        held = self._held_by_queue  # _release([claim]), without its list and loop
-        left = held[task.queue] - 1
-        if left > 0:
-            held[task.queue] = left
-        else:
-            del held[task.queue]
-        if task.queue in self.queue_limits:
+        if self.queue_limits and task.queue in self.queue_limits:  # _release([claim]) inline
             self.version += 1
             self._changed.notify_all()
             return True
         if not self._watching:
             return False
-        # _may_have_room() inline (once per task, usually false while busy), then _room().
+        # Idle (wait_idle), or _may_have_room() inline (once per task, usually false while
+        # busy) then _room(). Not merely no thread running: one thread running the claims it
+        # started for the others finds none besides its own, while the heap is full.
         if (
-            not self._running
+            not (self._running or self._heap)
             or (
                 len(self._heap) <= self.queue_capacity // 2
                 or self._async_heap
@@ -415,48 +476,6 @@ class BoundedPool:
         ):
             self._changed.notify_all()
         return False
-
-    # -- the event loop's side ------------------------------------------------------------
-    def _feed(self) -> None:
-        """The feeder thread: hands waiting async claims to the event loop, by priority, as
-        long as it has free slots; the loop's run_async starts them in one batched write."""
-        while True:
-            batch = self._next_async_batch()
-            if not batch:  # closed
-                connections.close_all()  # this thread's connections die with it
-                return
-            assert self._run_async is not None
-            try:
-                self._run_async(batch, self._async_done)
-            except Exception:  # run_async does not raise; should it, the leases lapse
-                logger.exception("could not hand %d claims to the event loop", len(batch))
-                for claim in batch:
-                    self._async_done(claim)
-
-    def _next_async_batch(self) -> list[Claim]:
-        """Wait for waiting async claims and free slots; take as many as fit, counted as
-        running. Empty once the pool is closed and none wait."""
-        with self._cond:
-            while not self._async_heap or len(self._async_running) >= self.async_capacity:
-                if self._closed and not self._async_heap:
-                    return []
-                self._async_work.wait(1.0)
-            take = min(self.async_capacity - len(self._async_running), len(self._async_heap))
-            batch = [heapq.heappop(self._async_heap)[2] for _ in range(take)]
-            for claim in batch:
-                self._async_running[claim.task_id] = claim
-            return batch
-
-    def _async_done(self, claim: Claim) -> None:
-        """An async claim left the event loop (its outcome recorded or handed over)."""
-        with self._cond:
-            if self._async_running.pop(claim.task_id, None) is None:
-                return
-            freed = self._release([claim])
-            self._async_work.notify()
-            if self._watching and (self._room() or self._idle_now()):
-                self._changed.notify_all()
-        self._notify_freed(freed)
 
     def join(self, timeout: float) -> bool:
         """After ``close()``: wait for idle threads to exit; False if some are still busy."""

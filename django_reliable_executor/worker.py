@@ -121,6 +121,9 @@ class Worker:
             async_capacity=options.async_concurrency,
             run_async=self.event_loop.run if self.event_loop is not None else None,
             is_async=self.runner.is_async,
+            # Threads start claims for each other (see pool.py); under --pool process each
+            # starts its own, as it may then wait for a child.
+            start=self.runner.start_many if self.processes is None else None,
         )
         metrics.track_pool(lambda: self.pool.queued)
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
