@@ -38,6 +38,9 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and not storage_unavailable(exc)
 
 
+_UNREAD = object()  # context.batch_id not read yet
+
+
 class TaskContext:
     """Given to handlers declared with ``takes_context=True`` as ``context=``."""
 
@@ -59,6 +62,7 @@ class TaskContext:
         self._checked_at = 0.0
         self._on_cancel: Callable[[], object] | None = None
         self._report = report
+        self._batch_id: object = task.batch_id or _UNREAD
 
     def set_progress(
         self, current: int | float, total: int | float | None = None, message: str = ""
@@ -111,6 +115,15 @@ class TaskContext:
             cancelled = self._cancelled
         if cancelled:
             callback()
+
+    @property
+    def batch_id(self) -> str | None:
+        """The batch (executor.submit_batch) this task is a member or a callback of, or None.
+        Read from the storage on first use (a claim does not carry it), then kept."""
+        if self._batch_id is _UNREAD:
+            task = self._executor.get_task(self.task_id)
+            self._batch_id = task.batch_id if task is not None else None
+        return self._batch_id  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"<TaskContext {self.task_id} attempt={self.attempt}>"

@@ -61,6 +61,8 @@ class TaskInfo:
     cancel_requested: bool
     # The handler's last set_progress() (progress.Progress), None before any.
     progress: Progress | None = None
+    # The batch (executor.submit_batch) this task is a member or a callback of; None if none.
+    batch_id: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -88,6 +90,8 @@ class NewTask:
     unique_key: str | None = None
     unique_until: dt.datetime | None = None
     rate_key: str | None = None
+    # A member of this batch (counted in its totals); None for an ordinary task.
+    batch_id: str | None = None
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -254,6 +258,7 @@ def created_info(
     max_duration_millis: int | None,
     created_at: dt.datetime,
     run_at: dt.datetime,
+    batch_id: str | None = None,
 ) -> TaskInfo:
     """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
@@ -279,6 +284,7 @@ def created_info(
             "worker_id": None,
             "cancel_requested": False,
             "progress": None,
+            "batch_id": batch_id,
         },
     )
 
@@ -297,6 +303,7 @@ def new_info(task: NewTask) -> TaskInfo:
         task.max_duration_millis,
         task.created_at,
         task.run_at,
+        task.batch_id,
     )
 
 

@@ -9,6 +9,7 @@ whose lease expired cannot overwrite what the next holder recorded.
 
 from __future__ import annotations
 
+from .batches import Batches
 from .chores import Chores
 from .claiming import Claiming
 from .locks import Locks
@@ -34,6 +35,7 @@ class DatabaseStorage(
     Workers,
     Reading,
     Pausing,
+    Batches,
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part
     per role, each built on DatabaseAccess alone, never on another part.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
@@ -192,6 +194,24 @@ class DatabaseAccess(TaskStorage):
     @abc.abstractmethod
     def _purge_unique_keys(self, now: dt.datetime) -> int:
         """Delete key rows whose window has passed, a batch at a time (UniqueKeys)."""
+
+    def _counted(self, batch_ids: Iterable[str | None]) -> AbstractContextManager[Any]:
+        """The transaction an ending write runs in: its own where it ends a batch member (the
+        batch's counters change with it, see Batches), none for other tasks (the hot path)."""
+        if any(batch_ids):
+            return transaction.atomic(using=self.alias)
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def _settle_batches(self, ended: Sequence[tuple[str | None, str, str]]) -> None:
+        """Count tasks that just ended, ``(batch_id, task_id, status)`` each (batch_id None:
+        no batch), in their batches, in the open transaction; submit the callbacks of a batch
+        that this finishes (Batches)."""
+
+    @abc.abstractmethod
+    def _reopen_batch_member(self, batch_id: str, task_id: str, status: str) -> None:
+        """Take a member retried by hand out of its batch's ``status`` counter, in the open
+        transaction (Batches)."""
 
     def close(self) -> None:
         self.stop_waiting()

@@ -59,7 +59,10 @@ class Chores(DatabaseAccess):
                 cancel_requested=row.cancel_requested,
             )
             changes = failure_changes(status, run_at, error, now)
-            if held.update(**changes):
+            with self._counted([row.batch_id]):
+                recovered = held.update(**changes)
+                self._settle_batches([(row.batch_id, row.task_id, status.value)] * recovered)
+            if recovered:
                 for key, value in changes.items():
                     setattr(row, key, value)
                 transitions.append(Transition(task=to_info(row), previous=TaskStatus.RUNNING))
@@ -84,13 +87,18 @@ class Chores(DatabaseAccess):
                 # lease, renewed by its heartbeat, so that a retry waits for it to end and
                 # max_concurrency still counts it.
                 del changes["lease_expires_at"]
-            changed = (
-                self._tasks()
-                .filter(
-                    pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
+            with self._counted([row.batch_id]):
+                changed = (
+                    self._tasks()
+                    .filter(
+                        pk=row.pk,
+                        status=row.status,
+                        lease_token=row.lease_token,
+                        deadline_at__lte=now,
+                    )
+                    .update(**changes)
                 )
-                .update(**changes)
-            )
+                self._settle_batches([(row.batch_id, row.task_id, "TIMEOUT")] * changed)
             if changed:
                 previous = TaskStatus(row.status)
                 for key, value in changes.items():

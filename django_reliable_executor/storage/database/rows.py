@@ -49,6 +49,7 @@ def to_info(row: ReliableTask) -> TaskInfo:
         worker_id=row.worker_id,
         cancel_requested=row.cancel_requested,
         progress=progress_from_json(row.progress),
+        batch_id=row.batch_id,
     )
 
 
@@ -118,6 +119,7 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 
 
 # A claim does not read the task's progress: a worker has no use for it (None in its TaskInfo).
+# It reads the batch_id: a member's ending write counts it in its batch (batches.py).
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name != "progress"]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names

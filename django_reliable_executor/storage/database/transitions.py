@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Mapping, Sequence
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import F, Q
 
 from ...exceptions import AttemptStillRunningError
@@ -110,7 +110,11 @@ class Transitions(DatabaseAccess):
         transitions: list[Transition | None] = []
         for span in self._spans(texts, refuse):
             claims = [claim for claim, _ in outcomes[span]]
-            done = self._complete_rows(claims, texts[span], now)
+            with self._counted(claim.task.batch_id for claim in claims):
+                done = self._complete_rows(claims, texts[span], now)
+                self._settle_batches(
+                    [(c.task.batch_id, c.task_id, "COMPLETED") for c in claims if c.task_id in done]
+                )
             transitions += [
                 claim.completed(result.value, now) if claim.task_id in done else None
                 for claim, result in zip(claims, results[span], strict=True)
@@ -184,8 +188,10 @@ class Transitions(DatabaseAccess):
         match = Q(pk=claim.task_id, lease_token=claim.token, status=TaskStatus.RUNNING.value)
         if cancel_requested is not None:
             match &= Q(cancel_requested=cancel_requested)
-        if not self._tasks().filter(match).update(**changes):
-            return None
+        with self._counted([claim.task.batch_id]):
+            if not self._tasks().filter(match).update(**changes):
+                return None
+            self._settle_batches([(claim.task.batch_id, claim.task_id, status.value)])
         task = dataclasses.replace(
             claim.task,
             status=status,
@@ -199,13 +205,17 @@ class Transitions(DatabaseAccess):
     def expire_claim(self, claim: Claim) -> Transition | None:
         now = self.clock.now()
         error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
-        changed = (
-            self._tasks()
-            .filter(pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING)
-            .update(**failure_changes(TaskStatus.TIMEOUT, None, error, now))
-        )
-        if not changed:
-            return None
+        with self._counted([claim.task.batch_id]):
+            changed = (
+                self._tasks()
+                .filter(
+                    pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING
+                )
+                .update(**failure_changes(TaskStatus.TIMEOUT, None, error, now))
+            )
+            if not changed:
+                return None
+            self._settle_batches([(claim.task.batch_id, claim.task_id, "TIMEOUT")])
         task = dataclasses.replace(
             claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
         )
@@ -234,21 +244,25 @@ class Transitions(DatabaseAccess):
 
     def cancel(self, task_id: str) -> CancelResult:
         now = self.clock.now()
-        changed = (
-            self._tasks()
-            .filter(pk=task_id, status__in=WAITING)
-            .update(
-                status=TaskStatus.CANCELLED.value,
-                available=False,
-                finished_at=now,
-                lease_expires_at=None,
-                # A claim taken before can no longer start it (worker_id stays: who held it).
-                lease_token=F("lease_token") + 1,
-                deadline_at=None,
+        with transaction.atomic(using=self.alias):  # a member's batch counts it with it
+            changed = (
+                self._tasks()
+                .filter(pk=task_id, status__in=WAITING)
+                .update(
+                    status=TaskStatus.CANCELLED.value,
+                    available=False,
+                    finished_at=now,
+                    lease_expires_at=None,
+                    # A claim taken before can no longer start it (worker_id stays: who held it).
+                    lease_token=F("lease_token") + 1,
+                    deadline_at=None,
+                )
             )
-        )
+            task = self.get(task_id) if changed else None
+            if task is not None:
+                self._settle_batches([(task.batch_id, task_id, "CANCELLED")])
         if changed:
-            return CancelResult(changed=True, task=self.get(task_id))
+            return CancelResult(changed=True, task=task)
         requested = (
             self._tasks()
             .filter(pk=task_id, status=TaskStatus.RUNNING.value)
@@ -271,23 +285,26 @@ class Transitions(DatabaseAccess):
         # Refused while the previous attempt's holder still holds its lease (a timed-out
         # handler still running, see expire_overdue): both would run at once.
         lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
-        changed = (
-            self._tasks()
-            .filter(lease_gone, pk=task_id, status=row.status)
-            .update(
-                status=TaskStatus.PENDING.value,
-                available=True,
-                run_at=now,
-                deadline_at=deadline,
-                budget_attempts=0,
-                cancel_requested=False,
-                finished_at=None,
-                result=None,
-                progress=None,  # a fresh run reports afresh
-                lease_expires_at=None,
-                lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
+        with self._counted([row.batch_id]):
+            changed = (
+                self._tasks()
+                .filter(lease_gone, pk=task_id, status=row.status)
+                .update(
+                    status=TaskStatus.PENDING.value,
+                    available=True,
+                    run_at=now,
+                    deadline_at=deadline,
+                    budget_attempts=0,
+                    cancel_requested=False,
+                    finished_at=None,
+                    result=None,
+                    progress=None,  # a fresh run reports afresh
+                    lease_expires_at=None,
+                    lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
+                )
             )
-        )
+            if changed and row.batch_id is not None:
+                self._reopen_batch_member(row.batch_id, task_id, row.status)
         if not changed:
             holder = (
                 self._tasks()

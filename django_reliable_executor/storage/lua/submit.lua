@@ -1,8 +1,9 @@
 -- submit: store new tasks; an existing task id is left as it is. A unique task whose key is
 -- held, within its window, by a task that is not terminal is not stored either.
--- ARGV[3..]: TASK_ARGS + 2 values per task: the TASK_ARGS (13) of store_task (id, name, queue,
+-- ARGV[3..]: TASK_ARGS + 2 values per task: the TASK_ARGS (14) of store_task (id, name, queue,
 -- priority, parameter JSON, retry limit, retry interval, backoff, max duration ('' = none),
--- created, run at, deadline ('' = none), rate key ('' = none)), then the unique key digest
+-- created, run at, deadline ('' = none), rate key ('' = none), batch id ('' = none: counted
+-- in the batch's total when stored)), then the unique key digest
 -- ('' = not unique) and the end of the key's window.
 -- Returns per task 1 (created), the stored task's fields (its id existed), or {holder id,
 -- holder's fields} (its unique key was held).

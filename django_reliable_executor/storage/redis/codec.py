@@ -75,6 +75,8 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         worker_id=values.get("w"),
         cancel_requested=values.get("x") == "1",
         progress=progress_from_json(loads(values["pg"])) if "pg" in values else None,
+        # bt: a member's batch, bc: a callback's (counted in no batch).
+        batch_id=values.get("bt") or values.get("bc"),
     )
 
 
@@ -134,6 +136,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
             "worker_id": w,
             "cancel_requested": False,
             "progress": None,  # not read by the claim: a worker has no use for it
+            "batch_id": None,  # neither is this (context.batch_id reads the task)
         }
     )
     claim = object.__new__(Claim)
@@ -147,7 +150,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
 
 
 def submit_args(task: NewTask) -> list[str]:
-    """The 13 values (TASK_ARGS) submit.lua takes per task."""
+    """The 14 values (TASK_ARGS) submit.lua takes per task."""
     return [
         task.task_id,
         task.task_name,
@@ -162,4 +165,5 @@ def submit_args(task: NewTask) -> list[str]:
         micros(task.run_at),
         "" if task.deadline_at is None else micros(task.deadline_at),
         task.rate_key or "",
+        task.batch_id or "",
     ]
