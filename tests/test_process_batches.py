@@ -57,7 +57,7 @@ def test_batch_callbacks_run_exactly_once_through_concurrency_and_a_kill(
         assert (info.total, info.sealed) == (MEMBERS, True)
         if killing:
             victim = wait_until(
-                lambda: next(
+                lambda rep=rep: next(
                     (p for p in workers.started if p.alive() and _runs_member(journal, p.pid, rep)),
                     None,
                 ),
