@@ -72,11 +72,10 @@ def submit_batch(
         if len(set(ids)) < len(ids):
             repeated = next(task_id for task_id in ids if ids.count(task_id) > 1)
             raise TaskSubmitError(f"task_id {repeated!r} is repeated in the batch", field="task_id")
-        existing = storage.get_many(ids)
+        existing = storage.existing_ids(ids)
         if existing:
             raise TaskSubmitError(
-                f"task_id {next(iter(existing))!r} already exists: a batch member must be a new "
-                "task",
+                f"task_id {existing[0]!r} already exists: a batch member must be a new task",
                 field="task_id",
             )
     if storage.get_batch(batch.batch_id) is not None:

@@ -73,6 +73,10 @@ class TaskStorage(ScheduleStorage):
         this call does. Atomic, and a no-op on a sealed batch."""
         raise NotImplementedError
 
+    def existing_ids(self, task_ids: Sequence[str]) -> builtins.list[str]:
+        """Which of these task ids are stored (a batch's members must be new)."""
+        return builtins.list(self.get_many(task_ids))
+
     def get_batch(self, batch_id: str) -> BatchInfo | None:
         """The batch's counters, or None for an unknown id."""
         raise NotImplementedError

@@ -14,6 +14,7 @@ from ...models import ReliableBatch
 from ...records import NewTask, TaskInfo, copy_with
 from ...states import TaskStatus
 from .access import DatabaseAccess
+from .rows import chunks
 
 COUNTERS = ("completed", "failed", "cancelled")
 
@@ -53,6 +54,12 @@ class Batches(DatabaseAccess):
                 self._finish_if_done(row)  # every member may have ended already
                 row.save(update_fields=["sealed", "finished_at"])
             return _info(row)
+
+    def existing_ids(self, task_ids: Sequence[str]) -> list[str]:
+        found: list[str] = []
+        for chunk in chunks(list(task_ids)):
+            found += self._tasks().filter(pk__in=chunk).values_list("pk", flat=True)
+        return found
 
     def get_batch(self, batch_id: str) -> BatchInfo | None:
         row = self._batches().filter(pk=batch_id).first()

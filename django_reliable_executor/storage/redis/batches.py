@@ -31,6 +31,13 @@ class Batches(RedisAccess):
         return self.enqueue(tasks)
 
     @guarded
+    def existing_ids(self, task_ids: Sequence[str]) -> list[str]:
+        # One EXISTS for the lot: a batch's members are new, so the count is nearly always 0.
+        if not task_ids or not self.client.exists(*[self._tkey(i) for i in task_ids]):
+            return []
+        return list(self.get_many(task_ids))
+
+    @guarded
     def seal_batch(self, batch_id: str) -> BatchInfo:
         values = fields(self._run("batch_seal", batch_id))
         if not values:

@@ -452,7 +452,7 @@ def _fire_arguments(fires: Sequence[_Fire], created_at: str) -> tuple[list[str],
         for run, task_id in zip(runs, run_ids, strict=True):
             args.append(task_id)
             args += task
-            args += (created_at, str(run), deadline, "")  # "": no rate key
+            args += (created_at, str(run), deadline, "", "")  # no rate key, no batch
     return args, ids
 
 
