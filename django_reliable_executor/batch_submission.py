@@ -95,7 +95,9 @@ def submit_batch(
         alias = executor._open_transaction(settings)
         if alias is not None:
             transaction.on_commit(write, using=alias)
-            return BatchInfo(batch.batch_id, len(requests), 0, 0, 0, len(requests), False, now)
+            # As it will be once written (ids refused by then are not counted in its total).
+            total = len(requests)
+            return BatchInfo(batch.batch_id, total, 0, 0, 0, total, False, now, sealed=False)
     return write()
 
 

@@ -207,3 +207,14 @@ def test_a_default_batch_id_is_made_up(executor):
     info = executor.submit_batch(members(2))
     assert len(info.batch_id) == 32
     assert executor.get_task("m1").batch_id == info.batch_id
+
+
+def test_a_batch_submitted_in_a_rolled_back_transaction_leaves_nothing(executor, alias):
+    from django.db import transaction
+
+    database = "default" if alias == "redis" else alias
+    with pytest.raises(RuntimeError), transaction.atomic(using=database):
+        info = executor.submit_batch(members(3), batch_id="rb", on_complete=on_done())
+        assert (info.total, info.finished) == (3, False)
+        raise RuntimeError("roll back")
+    _nothing_stored(executor, "rb")
