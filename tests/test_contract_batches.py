@@ -14,6 +14,17 @@ def members(n: int, name: str = "contract.hook", prefix: str = "m") -> list[Task
     return [TaskSubmitRequest(name, {"i": i}, task_id=f"{prefix}{i}") for i in range(n)]
 
 
+@pytest.fixture(autouse=True)
+def _redis_indexes_stay_exact(alias, storage):
+    """On Redis, after each test: the batch hashes' counters equal their members' statuses,
+    and every index invariant of the storage holds."""
+    yield
+    if alias == "redis":
+        from .redis_support import index_problems
+
+        assert index_problems(storage) == []
+
+
 def callbacks(executor) -> dict[str, TaskStatus]:
     """The callback tasks stored so far, by id."""
     found = executor.storage.get_many(["done", "ok"])
