@@ -275,6 +275,7 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("worker_id", info.worker_id or "-"),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
         ("progress", progress_text(info.progress, now)),
+        ("batch_id", info.batch_id or "-"),
     ]
     width = max(len(name) for name, _ in fields)
     lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
