@@ -1,5 +1,6 @@
 """django-reliable-executor: reliable background tasks on the database or Redis you already run."""
 
+from .batches import BatchInfo
 from .exceptions import (
     InvalidDependencyError,
     InvalidQueueError,
@@ -17,6 +18,7 @@ from .states import TaskStatus
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchInfo",
     "InvalidDependencyError",
     "InvalidQueueError",
     "InvalidScheduleError",

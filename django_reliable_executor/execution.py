@@ -39,6 +39,9 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and not storage_unavailable(exc)
 
 
+_UNREAD = object()  # context.batch_id not read yet
+
+
 class TaskContext:
     """Given to handlers declared with ``takes_context=True`` as ``context=``."""
 
@@ -61,6 +64,7 @@ class TaskContext:
         self._on_cancel: Callable[[], object] | None = None
         self._report = report
         self._dependency_results: dict[str, Any] | None = None
+        self._batch_id: object = task.batch_id or _UNREAD
 
     @property
     def dependency_results(self) -> dict[str, Any]:
@@ -124,6 +128,15 @@ class TaskContext:
             cancelled = self._cancelled
         if cancelled:
             callback()
+
+    @property
+    def batch_id(self) -> str | None:
+        """The batch (executor.submit_batch) this task is a member or a callback of, or None.
+        Read from the storage on first use (a claim does not carry it), then kept."""
+        if self._batch_id is _UNREAD:
+            task = self._executor.get_task(self.task_id)
+            self._batch_id = task.batch_id if task is not None else None
+        return self._batch_id  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"<TaskContext {self.task_id} attempt={self.attempt}>"

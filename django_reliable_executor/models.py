@@ -54,6 +54,8 @@ class ReliableTask(models.Model):
     waiting_for = models.JSONField(null=True, blank=True)
     # None: "cancel" (hand-written INSERTs of tasks without dependencies leave it out).
     on_dependency_failure = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
+    # The batch this task is a member or a callback of (ReliableBatch); None for most tasks.
+    batch_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "reliable_executor_task"
@@ -77,6 +79,7 @@ class ReliableTask(models.Model):
             # PostgreSQL (0003, 0017): only finished rows are in it there.
             models.Index(fields=["finished_at", "status"], name="rexec_finished_idx"),
             models.Index(fields=["created_at"], name="rexec_created_idx"),
+            models.Index(fields=["batch_id", "status"], name="rexec_batch_idx"),
             # max_concurrency: count the held (claimed, not finished) tasks of one name.
             # Partial on PostgreSQL (migration 0006): only held rows are in it there.
             models.Index(fields=["task_name", "available", "status"], name="rexec_held_idx"),
@@ -287,3 +290,29 @@ class ReliableSchedule(models.Model):
 
     def __str__(self) -> str:
         return self.schedule_id
+
+
+class ReliableBatch(models.Model):
+    """One batch (executor.submit_batch): counters of its members' endings, kept by each
+    member's ending write, and its callbacks until it finishes (see batches.py)."""
+
+    batch_id = models.CharField(max_length=191, primary_key=True)
+    total = models.PositiveIntegerField(default=0, help_text="Members stored.")
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0, help_text="FAILED, TIMEOUT and ERROR.")
+    cancelled = models.PositiveIntegerField(default=0)
+    # False while the submit stores members; the fan-in happens only once sealed.
+    sealed = models.BooleanField(default=False)
+    # {"on_complete": {...}, "on_success": {...}} as batches.callback_to_json writes them.
+    callbacks = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "reliable_executor_batch"
+        verbose_name = "reliable batch"
+        verbose_name_plural = "reliable batches"
+        indexes = [models.Index(fields=["created_at"], name="rexec_batch_created_idx")]
+
+    def __str__(self) -> str:
+        return self.batch_id

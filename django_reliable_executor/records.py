@@ -71,6 +71,8 @@ class TaskInfo:
     # The W3C trace context of the span that submitted it ({"traceparent": ..., and
     # "tracestate" when there is one}); None when submitted outside a trace (see tracing.py).
     trace_context: dict[str, str] | None = None
+    # The batch (executor.submit_batch) this task is a member or a callback of; None if none.
+    batch_id: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -101,6 +103,8 @@ class NewTask:
     depends_on: tuple[str, ...] = ()  # checked: existing ids, folded, not its own
     on_dependency_failure: str = "cancel"
     trace_context: dict[str, str] | None = None  # the submitter's span (TaskInfo's field)
+    # A member of this batch (counted in its totals); None for an ordinary task.
+    batch_id: str | None = None
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -268,6 +272,7 @@ def created_info(
     created_at: dt.datetime,
     run_at: dt.datetime,
     trace_context: dict[str, str] | None = None,
+    batch_id: str | None = None,
 ) -> TaskInfo:
     """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
@@ -296,6 +301,7 @@ def created_info(
             "depends_on": (),
             "waiting_for": (),
             "trace_context": trace_context,
+            "batch_id": batch_id,
         },
     )
 
@@ -315,6 +321,7 @@ def new_info(task: NewTask) -> TaskInfo:
         task.created_at,
         task.run_at,
         task.trace_context,
+        task.batch_id,
     )
 
 

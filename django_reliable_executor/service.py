@@ -13,6 +13,8 @@ from typing import Any
 from django.db import connections, transaction
 
 from .announcing import Announcer
+from .batch_submission import submit_batch
+from .batches import BatchInfo
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
 from .exceptions import AttemptStillRunningError, InvalidTaskOptionError, TaskSubmitError
@@ -207,6 +209,25 @@ class ReliableExecutor:
                 holders[key] = new_info(task)  # a later task of the batch meets this one
             infos.setdefault(task.task_id, new_info(task))
         return [infos[task.task_id] for task in new_tasks]
+
+    def submit_batch(
+        self,
+        requests: Sequence[TaskSubmitRequest],
+        batch_id: str | None = None,
+        on_complete: TaskSubmitRequest | None = None,
+        on_success: TaskSubmitRequest | None = None,
+    ) -> BatchInfo:
+        """Submit ``requests`` as one batch (default id: a uuid4 hex). ``on_complete`` is
+        submitted exactly once when every member has ended, ``on_success`` only if every one
+        COMPLETED (see batches.py and docs/workflows.md). Raises a TaskSubmitError naming the
+        field, storing nothing, on a bad member or callback, an empty batch or a used id."""
+        return submit_batch(self, requests, batch_id, on_complete, on_success)
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        """The batch's counts, or None for an unknown id."""
+        if not isinstance(batch_id, str) or not batch_id:
+            return None
+        return self.storage.get_batch(batch_id)
 
     def announce_submitted(self, created: list[TaskInfo]) -> None:
         """Metrics, log line and ``task_submitted`` signal of tasks just stored."""

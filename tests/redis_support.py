@@ -130,6 +130,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             pass  # rate_limit's logs: no task is in them
         elif family == "tput" and kind == "hash":
             pass  # the admin chart's endings per minute (throughput.py): counts, no task
+        elif (family, kind) == ("b", "hash") or (key, kind) == ("batches", "zset"):
+            pass  # batches: checked by batch_problems
         elif family == "wake" and kind == "list":
             if value != ["1"]:
                 problems.append(f"{key} holds {value}, not one token")
@@ -243,6 +245,31 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
         for queue in [_queue_of(key)]
         if queue is not None and queue not in queues
     ]
+    problems += batch_problems(snap, tasks)
+    return problems
+
+
+BATCH_COUNTERS = {"COMPLETED": "ok", "CANCELLED": "cx", "FAILED": "ko", "TIMEOUT": "ko"}
+BATCH_COUNTERS["ERROR"] = "ko"
+
+
+def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str]:
+    """Each batch hash's counters equal its members as stored (every member kept: nothing
+    purged): n the members (tasks whose bt names it), ok/ko/cx the ended ones by outcome."""
+    problems: list[str] = []
+    for key, (kind, value) in snap.items():
+        family, _, batch_id = key.partition(":")
+        if family != "b" or kind != "hash":
+            continue
+        members = [t for t in tasks.values() if t.get("bt") == batch_id]
+        expected = {"n": len(members), "ok": 0, "ko": 0, "cx": 0}
+        for member in members:
+            counter = BATCH_COUNTERS.get(member["s"])
+            if counter is not None:
+                expected[counter] += 1
+        stored = {field: int(value.get(field, 0)) for field in expected}
+        if stored != expected:
+            problems.append(f"batch {batch_id} counts {stored}, its members {expected}")
     return problems
 
 

@@ -7,6 +7,7 @@ import builtins
 import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 
+from ..batches import BatchInfo, NewBatch
 from ..clock import Clock, system_clock
 from ..progress import Progress
 from ..rate_limits import RateLimit
@@ -55,6 +56,31 @@ class TaskStorage(ScheduleStorage):
     def unique_holder(self, unique_key: str) -> TaskInfo | None:
         """The task holding a unique task's key (``NewTask.unique_key``), while its window
         lasts and it is not terminal; else None (a submit of the key would store a task)."""
+
+    # -- batches (batches.py holds the rule) ---------------------------------------------
+    def open_batch(self, batch: NewBatch) -> bool:
+        """Store a new, open batch (no member yet, not sealed); False when its id is taken."""
+        raise NotImplementedError
+
+    def add_to_batch(self, batch_id: str, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        """``enqueue`` of members of an open batch (their ``batch_id`` set), adding the ones
+        created to its total in the same transaction (script). Existing ids are left as they
+        are and are not members."""
+        raise NotImplementedError
+
+    def seal_batch(self, batch_id: str) -> BatchInfo:
+        """Mark the batch complete (every member stored): from now on the ending write that
+        brings its ended members to its total submits its callbacks; if they all ended already,
+        this call does. Atomic, and a no-op on a sealed batch."""
+        raise NotImplementedError
+
+    def existing_ids(self, task_ids: Sequence[str]) -> builtins.list[str]:
+        """Which of these task ids are stored (a batch's members must be new)."""
+        return builtins.list(self.get_many(task_ids))
+
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        """The batch's counters, or None for an unknown id."""
+        raise NotImplementedError
 
     # -- the worker's path ----------------------------------------------------------------
     def claim(

@@ -313,3 +313,11 @@ async def async_progress(param: dict, context: TaskContext) -> str:
         await asyncio.sleep(0.02)
     context.set_progress(3, 3, "done")
     return "done"
+
+
+@reliable_task_handler(name="demo.batch_report", takes_context=True)
+def batch_report(param: dict | None, context: TaskContext) -> str | None:
+    """A batch's callback: writes a "report" record naming its batch (context.batch_id) to the
+    journal (RE_JOURNAL), from which the batch tests count how often callbacks ran."""
+    _journal("report", context, batch=context.batch_id, kind=(param or {}).get("kind"))
+    return context.batch_id

@@ -9,6 +9,7 @@ whose lease expired cannot overwrite what the next holder recorded.
 
 from __future__ import annotations
 
+from .batches import Batches
 from .chores import Chores
 from .claiming import Claiming
 from .dependencies import Dependencies
@@ -38,6 +39,7 @@ class DatabaseStorage(
     Reading,
     ThroughputReading,
     Pausing,
+    Batches,
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part
     per role, each built on DatabaseAccess alone, never on another part.

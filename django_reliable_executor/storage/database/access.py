@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
@@ -198,13 +200,22 @@ class DatabaseAccess(TaskStorage):
         """Store a batch holding dependents, in order, all or nothing (Dependencies)."""
 
     @abc.abstractmethod
-    def _settle_dependents(self, ended: Mapping[str, str]) -> None:
+    def _settle_dependents(self, ended: Mapping[str, str]) -> list[tuple[str | None, str, str]]:
         """Release or cancel the dependents of tasks the open transaction just ended (id ->
-        terminal status), in that transaction (Dependencies). Every ending write calls it."""
+        terminal status), in that transaction (Dependencies). Returns the dependents it
+        cancelled, ``(batch_id, task_id, "CANCELLED")`` each: endings too."""
+
+    def _settle_endings(self, ended: Sequence[tuple[str | None, str, str]]) -> None:
+        """What every ending write does in its transaction after it ended tasks,
+        ``(batch_id, task_id, terminal status)`` each: settle their dependents, then count
+        them and the dependents this cancelled in their batches (one locking pass, batches
+        in id order)."""
+        cascaded = self._settle_dependents({task_id: status for _, task_id, status in ended})
+        self._settle_batches([*ended, *cascaded])
 
     def _ending(self, write: Callable[[], T]) -> T:
-        """Run a write that ends tasks (and settles their dependents) as one transaction,
-        again after a MySQL deadlock when it is not inside the caller's transaction."""
+        """Run a write that ends tasks (and settles their dependents and batches) as one
+        transaction, again after a MySQL deadlock when it is not inside the caller's transaction."""
 
         def atomically() -> T:
             with transaction.atomic(using=self.alias):
@@ -221,6 +232,24 @@ class DatabaseAccess(TaskStorage):
     @abc.abstractmethod
     def _purge_unique_keys(self, now: dt.datetime) -> int:
         """Delete key rows whose window has passed, a batch at a time (UniqueKeys)."""
+
+    def _counted(self, batch_ids: Iterable[str | None]) -> AbstractContextManager[Any]:
+        """The transaction an ending write runs in: its own where it ends a batch member (the
+        batch's counters change with it, see Batches), none for other tasks (the hot path)."""
+        if any(batch_ids):
+            return transaction.atomic(using=self.alias)
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def _settle_batches(self, ended: Sequence[tuple[str | None, str, str]]) -> None:
+        """Count tasks that just ended, ``(batch_id, task_id, status)`` each (batch_id None:
+        no batch), in their batches, in the open transaction; submit the callbacks of a batch
+        that this finishes (Batches)."""
+
+    @abc.abstractmethod
+    def _reopen_batch_member(self, batch_id: str, task_id: str, status: str) -> None:
+        """Take a member retried by hand out of its batch's ``status`` counter, in the open
+        transaction (Batches)."""
 
     def close(self) -> None:
         self.stop_waiting()

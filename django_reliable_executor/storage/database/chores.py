@@ -62,7 +62,7 @@ class Chores(DatabaseAccess):
                 cancel_requested=row.cancel_requested,
             )
             changes = failure_changes(status, run_at, error, now)
-            if self._update_settled(held, changes, row.pk, status):
+            if self._update_settled(held, changes, row, status):
                 for key, value in changes.items():
                     setattr(row, key, value)
                 transitions.append(Transition(task=to_info(row), previous=TaskStatus.RUNNING))
@@ -91,7 +91,7 @@ class Chores(DatabaseAccess):
             match = self._tasks().filter(
                 pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
             )
-            changed = self._update_settled(match, changes, row.pk, TaskStatus.TIMEOUT)
+            changed = self._update_settled(match, changes, row, TaskStatus.TIMEOUT)
             if changed:
                 previous = TaskStatus(row.status)
                 for key, value in changes.items():
@@ -103,18 +103,18 @@ class Chores(DatabaseAccess):
         self,
         rows: QuerySet[ReliableTask],
         changes: dict[str, Any],
-        task_id: str,
+        row: ReliableTask,
         status: TaskStatus,
     ) -> int:
-        """UPDATE ``rows`` (one task) with ``changes``; when they end it (``status`` terminal),
-        its dependents are settled in the same transaction."""
+        """UPDATE ``rows`` (the task ``row``) with ``changes``; when they end it (``status``
+        terminal), its dependents and its batch are settled in the same transaction."""
         if not status.is_terminal:
             return rows.update(**changes)
 
         def end() -> int:
             changed = rows.update(**changes)
             if changed:
-                self._settle_dependents({task_id: status.value})
+                self._settle_endings([(row.batch_id, row.task_id, status.value)])
             return changed
 
         return self._ending(end)

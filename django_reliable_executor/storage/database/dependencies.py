@@ -93,6 +93,8 @@ class Dependencies(DatabaseAccess):
             )
             if outcome == "released":
                 self._work_committed([task.queue])
+            elif outcome == "cancelled":  # a batch member counts as ended at once
+                self._settle_batches([(task.batch_id, task.task_id, TaskStatus.CANCELLED.value)])
         info = self.get(task.task_id)
         assert info is not None
         return info
@@ -112,7 +114,7 @@ class Dependencies(DatabaseAccess):
         failed = next(((d, s) for d, s in ended if s != TaskStatus.COMPLETED.value), None)
         row = self._tasks().filter(pk=task_id, status=TaskStatus.CREATED.value)
         if failed is not None and on_failure == "cancel":
-            row.update(
+            cancelled = row.update(
                 status=TaskStatus.CANCELLED.value,
                 available=False,
                 finished_at=now,
@@ -121,7 +123,7 @@ class Dependencies(DatabaseAccess):
                 deadline_at=None,
                 lease_token=F("lease_token") + 1,
             )
-            return "cancelled"
+            return "cancelled" if cancelled else None
         gone = {d for d, _ in ended}
         remaining = [d for d in waiting if d not in gone]
         if remaining:
@@ -134,14 +136,16 @@ class Dependencies(DatabaseAccess):
         row.update(run_at=now, deadline_at=deadline, waiting_for=None, available=True)
         return "released"
 
-    def _settle_dependents(self, ended: Mapping[str, str]) -> None:
+    def _settle_dependents(self, ended: Mapping[str, str]) -> list[tuple[str | None, str, str]]:
         """Settle the dependents of the tasks in ``ended`` (id -> terminal status), which the
         caller's open transaction just ended: release those with nothing left to wait for,
         cancel those a failed dependency cancels, and theirs in turn (no signal is sent for
         such cascaded cancels). The cost is the edges of these tasks, not the waiting tasks:
-        one indexed SELECT when they have no dependents (every completion pays it)."""
+        one indexed SELECT when they have no dependents (every completion pays it). Returns
+        the cancelled ones, ``(batch_id, task_id, "CANCELLED")`` each, for their batches."""
         now: dt.datetime | None = None
         released_queues: list[str] = []
+        cancelled: list[tuple[str | None, str, str]] = []
         todo = dict(ended)
         while todo:
             waiting = self._waiting_dependents(list(todo))
@@ -150,7 +154,14 @@ class Dependencies(DatabaseAccess):
             now = now or self.clock.now()
             releases: dict[int | None, list[str]] = {}  # by max duration
             cascaded: dict[str, str] = {}
-            for task_id, (awaited, on_failure, max_duration, queue, causes) in waiting.items():
+            for task_id, (
+                awaited,
+                on_failure,
+                max_duration,
+                queue,
+                batch_id,
+                causes,
+            ) in waiting.items():
                 here = [(d, todo[d]) for d in causes if d in awaited]
                 if not here:
                     continue  # settled before (its dependency was retried and ended again)
@@ -162,34 +173,44 @@ class Dependencies(DatabaseAccess):
                 outcome = self._settle_one(task_id, awaited, here, on_failure, max_duration, now)
                 if outcome == "cancelled":
                     cascaded[task_id] = TaskStatus.CANCELLED.value
+                    cancelled.append((batch_id, task_id, TaskStatus.CANCELLED.value))
                 elif outcome == "released":
                     released_queues.append(queue)
             for max_duration, ids in releases.items():
                 self._release_all(ids, max_duration, now)
             todo = cascaded
         self._work_committed(released_queues)
+        return cancelled
 
     def _waiting_dependents(
         self, task_ids: Sequence[str]
-    ) -> dict[str, tuple[list[str], str | None, int | None, str, list[str]]]:
+    ) -> dict[str, tuple[list[str], str | None, int | None, str, str | None, list[str]]]:
         """The dependents of these tasks still waiting, read with a locking read in one
         statement: dependent id -> (ids it awaits, on-failure policy, max duration, queue,
-        which of ``task_ids`` it depends on)."""
+        batch id, which of ``task_ids`` it depends on)."""
         lock = {"postgresql": " FOR UPDATE OF t", "mysql": " FOR UPDATE"}.get(self.vendor, "")
         edges = connections[self.alias].ops.quote_name(ReliableDependency._meta.db_table)
-        found: dict[str, tuple[list[str], str | None, int | None, str, list[str]]] = {}
+        found: dict[str, tuple[list[str], str | None, int | None, str, str | None, list[str]]] = {}
         for chunk in chunks(list(task_ids)):
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(
                     "SELECT d.dependent_id, d.dependency_id, t.waiting_for, "
-                    "t.on_dependency_failure, t.max_duration_millis, t.queue "
+                    "t.on_dependency_failure, t.max_duration_millis, t.queue, t.batch_id "
                     f"FROM {edges} d JOIN {self._table} t ON t.task_id = d.dependent_id "
                     f"WHERE d.dependency_id IN ({', '.join(['%s'] * len(chunk))}) "
                     "AND t.status = %s AND t.waiting_for IS NOT NULL "
                     f"ORDER BY d.dependent_id{lock}",
                     [*chunk, TaskStatus.CREATED.value],
                 )
-                for dependent, dependency, awaited, on_failure, max_duration, queue in cursor:
+                for (
+                    dependent,
+                    dependency,
+                    awaited,
+                    on_failure,
+                    max_duration,
+                    queue,
+                    batch,
+                ) in cursor:
                     entry = found.get(dependent)
                     if entry is None:
                         entry = found[dependent] = (
@@ -197,9 +218,10 @@ class Dependencies(DatabaseAccess):
                             on_failure,
                             max_duration,
                             queue,
+                            batch,
                             [],
                         )
-                    entry[4].append(dependency)
+                    entry[5].append(dependency)
         return found
 
     def _release_all(self, task_ids: list[str], max_duration: int | None, now: dt.datetime) -> None:

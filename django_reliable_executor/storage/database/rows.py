@@ -52,6 +52,7 @@ def to_info(row: ReliableTask) -> TaskInfo:
         depends_on=tuple(row.depends_on or ()),
         waiting_for=tuple(row.waiting_for or ()),
         trace_context=row.trace_context,
+        batch_id=row.batch_id,
     )
 
 
@@ -122,6 +123,7 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 
 # A claim does not read the task's progress: a worker has no use for it (None in its TaskInfo).
 # Nor its dependencies (a claimed task waits for none; context.dependency_results reads them).
+# It reads the batch_id: a member's ending write counts it in its batch (batches.py).
 NOT_CLAIMED = ("progress", "depends_on", "waiting_for")
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]

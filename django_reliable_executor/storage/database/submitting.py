@@ -147,6 +147,7 @@ class Submitting(DatabaseAccess):
                 when[task.deadline_at],
                 task.rate_key,
                 None if task.trace_context is None else dumps(task.trace_context),
+                task.batch_id,
             )
             for task, text in zip(tasks, texts, strict=True)
         ]
@@ -158,7 +159,7 @@ class Submitting(DatabaseAccess):
         parameter_sql = "CAST(%s AS jsonb)" if postgresql else "%s"
         values = (
             f"(%s, %s, 'CREATED', %s, %s, {parameter_sql}, 0, 0, %s, %s, %s, %s, %s, %s, %s, "
-            f"FALSE, TRUE, 0, %s, {parameter_sql})"
+            f"FALSE, TRUE, 0, %s, {parameter_sql}, %s)"
         )
         params = list(itertools.chain.from_iterable(rows))
         sql = self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}"
@@ -182,13 +183,14 @@ class Submitting(DatabaseAccess):
         insert = (
             self._insert_sql() + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, "
             "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
-            "t.created, t.run_at, t.deadline, FALSE, TRUE, 0, t.rate_key, t.trace_context "
+            "t.created, t.run_at, t.deadline, FALSE, TRUE, 0, t.rate_key, t.trace_context, "
+            "t.batch_id "
             "FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], "
             "%s::int[], %s::bigint[], "
             "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
-            "%s::timestamptz[], %s::varchar[], %s::jsonb[]) AS t(id, name, queue, priority, "
-            "parameter, retry_limit, retry_interval, backoff, max_duration, created, run_at, "
-            "deadline, rate_key, trace_context)"
+            "%s::timestamptz[], %s::varchar[], %s::jsonb[], %s::varchar[]) AS t(id, name, "
+            "queue, priority, parameter, retry_limit, retry_interval, backoff, max_duration, "
+            "created, run_at, deadline, rate_key, trace_context, batch_id)"
         )
         self._execute(f"WITH inserted AS ({insert}) {notify}" if notify else insert, columns)
 
@@ -197,7 +199,7 @@ class Submitting(DatabaseAccess):
             f"INSERT INTO {self._table} (task_id, task_name, status, queue, priority, "
             "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
             "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
-            "lease_token, rate_key, trace_context) "
+            "lease_token, rate_key, trace_context, batch_id) "
         )
 
     def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:

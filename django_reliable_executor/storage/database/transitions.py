@@ -12,7 +12,7 @@ from django.db import connections
 from django.db.models import F, Q
 
 from ...exceptions import AttemptStillRunningError
-from ...records import CancelResult, Claim, Transition
+from ...records import CancelResult, Claim, TaskInfo, Transition
 from ...retries import failure_outcome, timeout_message
 from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
@@ -122,11 +122,14 @@ class Transitions(DatabaseAccess):
     def _complete_settled(
         self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
     ) -> set[str]:
-        """``_complete_rows``, then the dependents of the tasks it completed are settled (in
-        the caller's transaction)."""
+        """``_complete_rows``, then the dependents and batches of the tasks it completed are
+        settled (in the caller's transaction)."""
         done = self._complete_rows(claims, texts, now)
         if done:
-            self._settle_dependents(dict.fromkeys(done, TaskStatus.COMPLETED.value))
+            status = TaskStatus.COMPLETED.value
+            self._settle_endings(
+                [(c.task.batch_id, c.task_id, status) for c in claims if c.task_id in done]
+            )
         return done
 
     def _complete_rows(
@@ -201,7 +204,10 @@ class Transitions(DatabaseAccess):
         if not status.is_terminal:
             changed = self._tasks().filter(match).update(**changes)
         else:
-            changed = self._ending(lambda: self._end(match, changes, claim.task_id, status))
+            batch_id = claim.task.batch_id
+            changed = self._ending(
+                lambda: self._end(match, changes, claim.task_id, status, batch_id)
+            )
         if not changed:
             return None
         task = dataclasses.replace(
@@ -214,12 +220,20 @@ class Transitions(DatabaseAccess):
         )
         return Transition(task=task, previous=TaskStatus.RUNNING)
 
-    def _end(self, match: Q, changes: dict[str, object], task_id: str, status: TaskStatus) -> int:
+    def _end(
+        self,
+        match: Q,
+        changes: dict[str, object],
+        task_id: str,
+        status: TaskStatus,
+        batch_id: str | None,
+    ) -> int:
         """UPDATE the row ``match`` finds with ``changes`` (which end it in ``status``) and
-        settle its dependents, in the caller's transaction (see ``_ending``)."""
+        settle its dependents and its batch (``batch_id``), in the caller's transaction (see
+        ``_ending``)."""
         changed = self._tasks().filter(match).update(**changes)
         if changed:
-            self._settle_dependents({task_id: status.value})
+            self._settle_endings([(batch_id, task_id, status.value)])
         return changed
 
     def expire_claim(self, claim: Claim) -> Transition | None:
@@ -227,7 +241,10 @@ class Transitions(DatabaseAccess):
         error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
         match = Q(pk=claim.task_id, lease_token=claim.token, available=False, status__in=WAITING)
         changes = failure_changes(TaskStatus.TIMEOUT, None, error, now)
-        changed = self._ending(lambda: self._end(match, changes, claim.task_id, TaskStatus.TIMEOUT))
+        batch_id = claim.task.batch_id
+        changed = self._ending(
+            lambda: self._end(match, changes, claim.task_id, TaskStatus.TIMEOUT, batch_id)
+        )
         if not changed:
             return None
         task = dataclasses.replace(
@@ -258,7 +275,7 @@ class Transitions(DatabaseAccess):
 
     def cancel(self, task_id: str) -> CancelResult:
         now = self.clock.now()
-        changes = {
+        changes: dict[str, object] = {
             "status": TaskStatus.CANCELLED.value,
             "available": False,
             "finished_at": now,
@@ -269,9 +286,18 @@ class Transitions(DatabaseAccess):
             "waiting_for": None,
         }
         match = Q(pk=task_id, status__in=WAITING)
-        changed = self._ending(lambda: self._end(match, changes, task_id, TaskStatus.CANCELLED))
-        if changed:
-            return CancelResult(changed=True, task=self.get(task_id))
+
+        def end() -> TaskInfo | None:
+            if not self._tasks().filter(match).update(**changes):
+                return None
+            task = self.get(task_id)  # its batch counts it (a member) in this transaction
+            assert task is not None
+            self._settle_endings([(task.batch_id, task_id, TaskStatus.CANCELLED.value)])
+            return task
+
+        task = self._ending(end)
+        if task is not None:
+            return CancelResult(changed=True, task=task)
         requested = (
             self._tasks()
             .filter(pk=task_id, status=TaskStatus.RUNNING.value)
@@ -294,24 +320,27 @@ class Transitions(DatabaseAccess):
         # Refused while the previous attempt's holder still holds its lease (a timed-out
         # handler still running, see expire_overdue): both would run at once.
         lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
-        changed = (
-            self._tasks()
-            .filter(lease_gone, pk=task_id, status=row.status)
-            .update(
-                status=TaskStatus.PENDING.value,
-                available=True,
-                run_at=now,
-                deadline_at=deadline,
-                budget_attempts=0,
-                cancel_requested=False,
-                finished_at=None,
-                result=None,
-                progress=None,  # a fresh run reports afresh
-                waiting_for=None,  # a retried dependent runs at once
-                lease_expires_at=None,
-                lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
+        with self._counted([row.batch_id]):
+            changed = (
+                self._tasks()
+                .filter(lease_gone, pk=task_id, status=row.status)
+                .update(
+                    status=TaskStatus.PENDING.value,
+                    available=True,
+                    run_at=now,
+                    deadline_at=deadline,
+                    budget_attempts=0,
+                    cancel_requested=False,
+                    finished_at=None,
+                    result=None,
+                    progress=None,  # a fresh run reports afresh
+                    waiting_for=None,  # a retried dependent runs at once
+                    lease_expires_at=None,
+                    lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
+                )
             )
-        )
+            if changed and row.batch_id is not None:
+                self._reopen_batch_member(row.batch_id, task_id, row.status)
         if not changed:
             holder = (
                 self._tasks()

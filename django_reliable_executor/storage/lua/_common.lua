@@ -315,6 +315,10 @@ local function count_ending(field)
   end
 end
 
+-- Batches (_batches.lua, defined there: it stores callbacks with store_task): count a member's
+-- end in its batch, and finish the batch when that was the last.
+local settle_batch
+
 -- A terminal status: out of the lease and deadline indexes, into the finished index (by
 -- finish time, for purging) and its status's done index (by creation time, for listing).
 -- Only finish (below) and the settling of dependents call it: every other ending goes
@@ -328,6 +332,7 @@ local function end_task(id, key, queue, from, status)
   redis.call('ZADD', FINISHED, NOW, id)
   redis.call('ZADD', P .. 'done:' .. status, redis.call('HGET', key, 'c'), id)
   recount(queue, from, status)
+  settle_batch(key, status)
 end
 
 -- Dependencies (dependencies.py). A waiting dependent is CREATED, in its queue's schedule at
@@ -414,32 +419,38 @@ end
 
 
 -- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
-local TASK_ARGS = 14
+local TASK_ARGS = 15
 
 -- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
 -- once per call, and to be woken once at its end. With `batch` (a table the caller passes to
 -- flush_stored at its end), a task due now joins its ready list and the CREATED count in one
--- command per list and queue for the whole call, in the order stored.
-local function store_task(i, promoted, woken, batch)
-  local id, queue, priority = ARGV[i], ARGV[i + 2], ARGV[i + 3]
+-- command per list and queue for the whole call, in the order stored. `values`: read the
+-- values from this table instead of ARGV (a batch's callback, see _batches.lua).
+local function store_task(i, promoted, woken, batch, values)
+  local A = values or ARGV
+  local id, queue, priority = A[i], A[i + 2], A[i + 3]
   local key = tkey(id)
-  local run_at, deadline = ARGV[i + 10], ARGV[i + 11]
-  redis.call('HSET', key, 'n', ARGV[i + 1], 'q', queue, 'p', priority, 's', 'CREATED',
-    'j', ARGV[i + 4], 'rl', ARGV[i + 5], 'ri', ARGV[i + 6], 'rb', ARGV[i + 7],
-    'c', ARGV[i + 9], 'r', run_at, 'a', 0, 'b', 0, 'k', 0)
-  if ARGV[i + 8] ~= '' then
-    redis.call('HSET', key, 'md', ARGV[i + 8])
+  local run_at, deadline = A[i + 10], A[i + 11]
+  redis.call('HSET', key, 'n', A[i + 1], 'q', queue, 'p', priority, 's', 'CREATED',
+    'j', A[i + 4], 'rl', A[i + 5], 'ri', A[i + 6], 'rb', A[i + 7],
+    'c', A[i + 9], 'r', run_at, 'a', 0, 'b', 0, 'k', 0)
+  if A[i + 8] ~= '' then
+    redis.call('HSET', key, 'md', A[i + 8])
   end
   if deadline ~= '' then
     redis.call('HSET', key, 'd', deadline)
     redis.call('ZADD', DEADLINES, deadline, id)
   end
-  if ARGV[i + 12] ~= '' then
-    redis.call('HSET', key, 'rk', ARGV[i + 12]) -- rate_key
+  if A[i + 12] ~= '' then
+    redis.call('HSET', key, 'rk', A[i + 12]) -- rate_key
   end
-  if ARGV[i + 13] ~= '' then
-    redis.call('HSET', key, 'tc', ARGV[i + 13]) -- the submitter's trace context
+  if A[i + 13] ~= '' then
+    redis.call('HSET', key, 'tc', A[i + 13]) -- the submitter's trace context
+  end
+  if A[i + 14] ~= '' then -- a batch member: counted in its batch's total as it is stored
+    redis.call('HSET', key, 'bt', A[i + 14])
+    redis.call('HINCRBY', P .. 'b:' .. A[i + 14], 'n', 1)
   end
   if not promoted[queue] then
     promoted[queue] = true

@@ -10,7 +10,8 @@ epoch, written as decimal strings.
                            duration (ms), c created, r run at, st started, f finished,
                            d deadline, e last error, o result (JSON), w worker, x cancel
                            requested ("1"), pg progress (JSON), tc the submitter's trace
-                           context (JSON: traceparent, tracestate), rq nonce of the last worker
+                           context (JSON: traceparent, tracestate), bt/bc batch id of a
+                           member/callback, rq nonce of the last worker
                            write (so a write redis-py resends after a lost reply is
                            recognised as done), dp its depends_on (JSON list), wf the ones it
                            still awaits (JSON list; absent once none is), of "run" for
@@ -68,6 +69,11 @@ epoch, written as decimal strings.
                            STRING the slot held-back tasks of it get next; ``P ratekeys:<len>:
                            <name>`` ZSET its rate keys by latest claim; ``P ratewait:<len>:
                            <name>`` ZSET its held-back tasks by when they try again. All expire.
+``P b:<id>``               HASH, one per batch (executor.submit_batch): n total, ok/ko/cx
+                           completed/failed/cancelled members, sl "1" once sealed, c created,
+                           f finished, cb callbacks (JSON), oc/os the callbacks' submit values
+                           (see lua/_batches.lua). A member's task hash holds bt = its batch
+                           id, a callback's bc. ``P batches``: ZSET of batch ids by creation.
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.
@@ -83,6 +89,7 @@ results are JSON.
 
 from __future__ import annotations
 
+from .batches import Batches
 from .chores import Chores
 from .claiming import Claiming
 from .listing import Listing
@@ -110,6 +117,7 @@ class RedisStorage(
     Listing,
     Pausing,
     RateReading,
+    Batches,
 ):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout): one
     part per role, each built on RedisAccess alone, never on another part.

@@ -78,6 +78,8 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         depends_on=tuple(json.loads(values["dp"])) if "dp" in values else (),
         waiting_for=tuple(json.loads(values["wf"])) if "wf" in values else (),
         trace_context=loads(values["tc"]) if "tc" in values else None,
+        # bt: a member's batch, bc: a callback's (counted in no batch).
+        batch_id=values.get("bt") or values.get("bc"),
     )
 
 
@@ -139,6 +141,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
             "cancel_requested": False,
             "progress": None,  # not read by the claim: a worker has no use for it
             "trace_context": loads(tc) if tc else None,
+            "batch_id": None,  # neither is this (context.batch_id reads the task)
         }
     )
     claim = object.__new__(Claim)
@@ -152,7 +155,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
 
 
 def submit_args(task: NewTask) -> list[str]:
-    """The 14 values (TASK_ARGS) submit.lua takes per task."""
+    """The 15 values (TASK_ARGS) submit.lua takes per task."""
     return [
         task.task_id,
         task.task_name,
@@ -168,4 +171,5 @@ def submit_args(task: NewTask) -> list[str]:
         "" if task.deadline_at is None else micros(task.deadline_at),
         task.rate_key or "",
         "" if task.trace_context is None else dumps(task.trace_context),
+        task.batch_id or "",
     ]

@@ -452,8 +452,8 @@ def _fire_arguments(fires: Sequence[_Fire], created_at: str) -> tuple[list[str],
         for run, task_id in zip(runs, run_ids, strict=True):
             args.append(task_id)
             args += task
-            # "", "": no rate key, no trace context (a schedule's run starts a trace of its own)
-            args += (created_at, str(run), deadline, "", "")
+            # No rate key, no trace context (a schedule's run starts a trace of its own), no batch.
+            args += (created_at, str(run), deadline, "", "", "")
     return args, ids
 
 

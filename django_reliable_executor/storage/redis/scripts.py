@@ -39,14 +39,18 @@ NAMES = (
     "schedule_delete",
     "schedule_fire",
     "schedule_due",
+    "batch_open",
+    "batch_seal",
 )
 
 
 @functools.cache
 def source(name: str) -> str:
-    """The full text of one script: the shared prelude, then the script itself."""
+    """The full text of one script: the shared preludes (_common.lua, _batches.lua), then the
+    script itself."""
     folder = resources.files(LUA_PACKAGE).joinpath("lua")
     prelude = folder.joinpath("_common.lua").read_text(encoding="utf-8")
+    prelude += folder.joinpath("_batches.lua").read_text(encoding="utf-8")
     return prelude + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 

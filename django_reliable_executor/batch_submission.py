@@ -1,0 +1,142 @@
+"""executor.submit_batch: check everything, open the batch, store its members a chunk at a time,
+seal it (see batches.py for the rule the storages keep)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import unicodedata
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+
+from .batches import (
+    BatchInfo,
+    NewBatch,
+    check_callback,
+    check_requests,
+    member_chunks,
+)
+from .exceptions import TaskSubmitError
+from .records import NewTask, TaskInfo, TaskSubmitRequest, copy_with
+from .submission import MAX_ID_LENGTH, prepare
+from .tracing import current_trace_context
+
+if TYPE_CHECKING:
+    from .service import ReliableExecutor
+
+
+def submit_batch(
+    executor: ReliableExecutor,
+    requests: Sequence[TaskSubmitRequest],
+    batch_id: str | None,
+    on_complete: TaskSubmitRequest | None,
+    on_success: TaskSubmitRequest | None,
+) -> BatchInfo:
+    """Validate every member and callback first (a bad one stores nothing, the error naming
+    the field), then open the batch, store the members in chunks of ``BATCH_CHUNK`` (bounded
+    memory whatever the batch's size) and seal it. Inside an ``atomic()`` block the database
+    storage writes it all in the caller's transaction; Redis storage writes it on commit."""
+    settings = executor.settings
+    storage = executor.storage
+    now = executor.clock.now()
+    requests = check_requests(requests)
+    batch = NewBatch(
+        batch_id=_batch_id(batch_id),
+        created_at=now,
+        on_complete=_callback(on_complete, "on_complete", now, executor),
+        on_success=_callback(on_success, "on_success", now, executor),
+    )
+    callback_ids = {t.task_id for t in (batch.on_complete, batch.on_success) if t is not None}
+    if batch.on_complete and batch.on_success and len(callback_ids) < 2:
+        raise TaskSubmitError(
+            "on_complete and on_success must have different task_ids", field="on_success"
+        )
+
+    trace = current_trace_context()  # the members carry the caller's span, as submit_many's do
+
+    def prepared(span: slice) -> list[NewTask]:
+        return [
+            copy_with(prepare(request, now, settings, index, trace), batch_id=batch.batch_id)
+            for index, request in enumerate(requests[span], span.start)
+        ]
+
+    spans = member_chunks(requests)
+    # First pass: every member valid, new, and no callback's id (nothing is kept: bounded).
+    for span in spans:
+        tasks = prepared(span)
+        ids = [task.task_id for task in tasks]
+        clash = next((task_id for task_id in ids if task_id in callback_ids), None)
+        if clash is not None:
+            raise TaskSubmitError(
+                f"task_id {clash!r} is both a member and a callback of the batch", field="task_id"
+            )
+        if len(set(ids)) < len(ids):
+            repeated = next(task_id for task_id in ids if ids.count(task_id) > 1)
+            raise TaskSubmitError(f"task_id {repeated!r} is repeated in the batch", field="task_id")
+        existing = storage.existing_ids(ids)
+        if existing:
+            raise TaskSubmitError(
+                f"task_id {existing[0]!r} already exists: a batch member must be a new task",
+                field="task_id",
+            )
+    if storage.get_batch(batch.batch_id) is not None:
+        raise _used(batch.batch_id)
+
+    def write() -> BatchInfo:
+        if not storage.open_batch(batch):
+            raise _used(batch.batch_id)
+        for span in spans:
+            results = storage.add_to_batch(batch.batch_id, prepared(span))
+            created = [info for info, was_created in results if was_created]
+            if created:
+                _after_commit(executor, created)
+        return storage.seal_batch(batch.batch_id)
+
+    if not storage.supports_transactional_enqueue:
+        alias = executor._open_transaction(settings)
+        if alias is not None:
+            transaction.on_commit(write, using=alias)
+            # As it will be once written (ids refused by then are not counted in its total).
+            total = len(requests)
+            return BatchInfo(batch.batch_id, total, 0, 0, 0, total, False, now, sealed=False)
+    return write()
+
+
+def _after_commit(executor: ReliableExecutor, created: list[TaskInfo]) -> None:
+    announce: Callable[[], None] = lambda: executor.announce_submitted(created)  # noqa: E731
+    executor._after_commit(announce)
+
+
+def _used(batch_id: str) -> TaskSubmitError:
+    return TaskSubmitError(f"batch_id {batch_id!r} is already used", field="batch_id")
+
+
+def _batch_id(batch_id: Any) -> str:
+    """The batch's id: as given (the rules of a task_id), or a new uuid4 hex."""
+    if batch_id is None:
+        return uuid.uuid4().hex
+    if (
+        not isinstance(batch_id, str)
+        or not 1 <= len(batch_id) <= MAX_ID_LENGTH
+        or any(char.isspace() or unicodedata.category(char)[0] == "C" for char in batch_id)
+    ):
+        raise TaskSubmitError(
+            f"batch_id must be a string of 1..{MAX_ID_LENGTH} characters without whitespace or "
+            f"control characters, got {batch_id!r}",
+            field="batch_id",
+        )
+    return batch_id
+
+
+def _callback(
+    request: Any, field: str, now: dt.datetime, executor: ReliableExecutor
+) -> NewTask | None:
+    checked = check_callback(request, field)
+    if checked is None:
+        return None
+    try:
+        return prepare(checked, now, executor.settings, 0)
+    except TaskSubmitError as exc:
+        raise TaskSubmitError(f"{field}: {exc}", field=f"{field}.{exc.field}") from exc

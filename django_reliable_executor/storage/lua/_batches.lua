@@ -1,0 +1,84 @@
+
+-- Batches (batches.py holds the rule), prepended after _common.lua. A batch is a hash
+-- P b:<id>: n members stored (total), ok completed, ko failed (FAILED/TIMEOUT/ERROR), cx
+-- cancelled, sl "1" once sealed, c created, f finished, cb the callbacks as JSON (for reading),
+-- oc/os the on_complete/on_success task as a JSON array of store_task's TASK_ARGS values.
+-- A member's hash holds bt = its batch id; a callback's holds bc (counted in no batch).
+local BATCH_COUNTERS = {COMPLETED = 'ok', CANCELLED = 'cx', FAILED = 'ko', TIMEOUT = 'ko',
+  ERROR = 'ko'}
+
+local function batch_key(batch_id)
+  return P .. 'b:' .. batch_id
+end
+
+-- Store a batch's callback (`field` oc/os) now: its delay and deadline count from now.
+local function fire_callback(bkey, field, batch_id)
+  local packed = redis.call('HGET', bkey, field)
+  if not packed then
+    return
+  end
+  local values = cjson.decode(packed)
+  if redis.call('EXISTS', tkey(values[1])) == 1 then
+    return -- its id was taken meanwhile: never store twice
+  end
+  local created = tonumber(values[10])
+  values[11] = string.format('%.0f', NOWN + tonumber(values[11]) - created)
+  if values[12] ~= '' then
+    values[12] = string.format('%.0f', NOWN + tonumber(values[12]) - created)
+  end
+  values[10] = NOW
+  values[15] = '' -- not a member (values[14]: the trace context of submit_batch's caller)
+  local woken = {}
+  store_task(1, {}, woken, nil, values)
+  redis.call('HSET', tkey(values[1]), 'bc', batch_id)
+  for queue in pairs(woken) do
+    wake(queue)
+  end
+end
+
+-- A sealed batch whose members have all ended, not finished before: finished now, and its
+-- callbacks stored (on_success only when every member completed). Exactly once: this runs
+-- inside the script that made the count, and 'f' stays set for good.
+local function finish_batch_if_done(bkey, batch_id)
+  local b = redis.call('HMGET', bkey, 'n', 'ok', 'ko', 'cx', 'sl', 'f')
+  if b[5] ~= '1' or b[6] then
+    return
+  end
+  local total, ok = tonumber(b[1] or 0), tonumber(b[2] or 0)
+  if ok + tonumber(b[3] or 0) + tonumber(b[4] or 0) < total then
+    return
+  end
+  redis.call('HSET', bkey, 'f', NOW)
+  fire_callback(bkey, 'oc', batch_id)
+  if ok == total then
+    fire_callback(bkey, 'os', batch_id)
+  end
+end
+
+-- Called by finish() for every task reaching a terminal `status`: a member counts in its batch.
+settle_batch = function(key, status)
+  local batch_id = redis.call('HGET', key, 'bt')
+  if not batch_id then
+    return
+  end
+  local bkey = batch_key(batch_id)
+  if redis.call('EXISTS', bkey) == 0 then
+    return -- the batch was purged before its member
+  end
+  redis.call('HINCRBY', bkey, BATCH_COUNTERS[status], 1)
+  finish_batch_if_done(bkey, batch_id)
+end
+
+-- A member retried by hand (retry.lua) leaves the counter of the `status` it had: pending
+-- again, counted anew when it ends. A finished batch stays finished: no callback twice.
+local function reopen_batch_member(key, status)
+  local batch_id = redis.call('HGET', key, 'bt')
+  if not batch_id then
+    return
+  end
+  local bkey = batch_key(batch_id)
+  local counter = BATCH_COUNTERS[status]
+  if tonumber(redis.call('HGET', bkey, counter) or 0) > 0 then
+    redis.call('HINCRBY', bkey, counter, -1)
+  end
+end

@@ -1,0 +1,19 @@
+-- batch_open: store a new, open batch (no member yet, not sealed); see _batches.lua.
+-- ARGV[3] batch id, ARGV[4] its callbacks as JSON (for reading), ARGV[5] on_complete's
+-- TASK_ARGS values as a JSON array ('' = none), ARGV[6] on_success's likewise.
+-- Returns 1 (opened) or 0 (the id is taken).
+--
+-- P batches: ZSET of every batch id, scored by creation (listing).
+local bkey = batch_key(ARGV[3])
+if redis.call('EXISTS', bkey) == 1 then
+  return 0
+end
+redis.call('HSET', bkey, 'c', NOW, 'n', 0, 'ok', 0, 'ko', 0, 'cx', 0, 'sl', '0', 'cb', ARGV[4])
+if ARGV[5] ~= '' then
+  redis.call('HSET', bkey, 'oc', ARGV[5])
+end
+if ARGV[6] ~= '' then
+  redis.call('HSET', bkey, 'os', ARGV[6])
+end
+redis.call('ZADD', P .. 'batches', NOW, ARGV[3])
+return 1

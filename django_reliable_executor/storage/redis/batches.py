@@ -1,0 +1,69 @@
+"""Batches on the Redis storage: a hash per batch whose counters each member's ending script
+keeps (settle_batch in lua/_batches.lua); see batches.py for the rule."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from ...batches import BatchInfo, NewBatch, batch_info
+from ...records import NewTask, TaskInfo
+from .access import RedisAccess, guarded
+from .codec import fields, from_micros, submit_args, text
+
+
+class Batches(RedisAccess):
+    """open_batch and seal_batch (one script each), add_to_batch (submit.lua, whose store
+    counts each member stored in its batch's total), get_batch."""
+
+    @guarded
+    def open_batch(self, batch: NewBatch) -> bool:
+        packed = [
+            "" if task is None else json.dumps(submit_args(task))
+            for task in (batch.on_complete, batch.on_success)
+        ]
+        callbacks = json.dumps(batch.callbacks_json())
+        opened = self._run("batch_open", batch.batch_id, callbacks, *packed, now=batch.created_at)
+        return bool(int(opened))
+
+    def add_to_batch(self, batch_id: str, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        assert all(task.batch_id == batch_id for task in tasks)
+        return self.enqueue(tasks)
+
+    @guarded
+    def existing_ids(self, task_ids: Sequence[str]) -> list[str]:
+        # One EXISTS for the lot: a batch's members are new, so the count is nearly always 0.
+        if not task_ids or not self.client.exists(*[self._tkey(i) for i in task_ids]):
+            return []
+        return list(self.get_many(task_ids))
+
+    @guarded
+    def seal_batch(self, batch_id: str) -> BatchInfo:
+        values = fields(self._run("batch_seal", batch_id))
+        if not values:
+            raise LookupError(f"no batch {batch_id!r}")
+        return _info(batch_id, values)
+
+    @guarded
+    def get_batch(self, batch_id: str) -> BatchInfo | None:
+        raw = self.client.hgetall(self.p + "b:" + batch_id)
+        values = {text(k): text(v) for k, v in raw.items()}
+        return _info(batch_id, values) if values else None
+
+
+def _info(batch_id: str, values: dict[str, str]) -> BatchInfo:
+    counts = {
+        "total": int(values.get("n", 0)),
+        "completed": int(values.get("ok", 0)),
+        "failed": int(values.get("ko", 0)),
+        "cancelled": int(values.get("cx", 0)),
+    }
+    finished = values.get("f")
+    return batch_info(
+        batch_id,
+        counts,
+        from_micros(values["c"]),
+        from_micros(finished) if finished else None,
+        values.get("sl") == "1",
+        json.loads(values.get("cb") or "{}"),
+    )

@@ -1,0 +1,231 @@
+"""Contract: batches on every storage — counts, callbacks submitted exactly once (on_success only
+when every member completed), a retried member never refiring them, bad input storing nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_reliable_executor import TaskStatus, TaskSubmitError, TaskSubmitRequest
+
+from .contract_support import HOOKS, LEASE, raising, run_claims
+
+
+def members(n: int, name: str = "contract.hook", prefix: str = "m") -> list[TaskSubmitRequest]:
+    return [TaskSubmitRequest(name, {"i": i}, task_id=f"{prefix}{i}") for i in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def _redis_indexes_stay_exact(alias, storage):
+    """On Redis, after each test: the batch hashes' counters equal their members' statuses,
+    and every index invariant of the storage holds."""
+    yield
+    if alias == "redis":
+        from .redis_support import index_problems
+
+        assert index_problems(storage) == []
+
+
+def callbacks(executor) -> dict[str, TaskStatus]:
+    """The callback tasks stored so far, by id."""
+    found = executor.storage.get_many(["done", "ok"])
+    return {task_id: info.status for task_id, info in found.items()}
+
+
+def run_all(executor, limit: int = 50):
+    claims = executor.storage.claim("w1", ["default"], limit, LEASE)
+    return run_claims(executor, claims)
+
+
+def on_done() -> TaskSubmitRequest:
+    return TaskSubmitRequest("contract.hook", {"report": True}, task_id="done")
+
+
+def on_ok() -> TaskSubmitRequest:
+    return TaskSubmitRequest("contract.hook", None, task_id="ok")
+
+
+def test_counts_and_callbacks_of_a_batch_that_succeeds(executor):
+    info = executor.submit_batch(
+        members(3), batch_id="b1", on_complete=on_done(), on_success=on_ok()
+    )
+    assert (info.batch_id, info.total, info.pending, info.finished) == ("b1", 3, 3, False)
+    assert (info.completed, info.failed, info.cancelled) == (0, 0, 0)
+    assert info.created_at == executor.clock.now()
+    assert executor.get_task("m0").batch_id == "b1"
+    assert callbacks(executor) == {}
+
+    seen: dict[str, str | None] = {}
+    HOOKS["m0"] = lambda context: seen.setdefault("member", context.batch_id)
+    claims = executor.storage.claim("w1", ["default"], 2, LEASE)
+    run_claims(executor, claims)
+    partial = executor.get_batch("b1")
+    assert (partial.completed, partial.pending, partial.finished) == (2, 1, False)
+    assert callbacks(executor) == {}
+
+    run_all(executor)  # the last member
+    done = executor.get_batch("b1")
+    assert (done.total, done.completed, done.pending, done.finished) == (3, 3, 0, True)
+    assert callbacks(executor) == {"done": TaskStatus.CREATED, "ok": TaskStatus.CREATED}
+    assert executor.get_task("done").batch_id == "b1"
+    assert executor.get_task("done").parameter == {"report": True}
+
+    HOOKS["done"] = lambda context: seen.setdefault("callback", context.batch_id)
+    run_all(executor)  # the two callbacks: they count in no batch
+    assert seen == {"member": "b1", "callback": "b1"}
+    after = executor.get_batch("b1")
+    assert (after.total, after.completed, after.pending) == (3, 3, 0)
+
+
+def test_a_member_that_fails_fires_on_complete_not_on_success(executor):
+    executor.submit_batch(members(3), batch_id="b2", on_complete=on_done(), on_success=on_ok())
+    HOOKS["m1"] = raising(ValueError("bad row"))
+    executor.cancel_task("m2")
+    for _ in range(4):  # m1 retries (retry_limit 3) until it fails for good
+        run_all(executor)
+        executor.clock.advance(2)
+    info = executor.get_batch("b2")
+    assert (info.completed, info.failed, info.cancelled, info.pending) == (1, 1, 1, 0)
+    assert info.finished is True
+    assert callbacks(executor) == {"done": TaskStatus.CREATED}
+
+
+def test_a_retried_member_of_a_finished_batch_is_counted_again_but_never_refires(executor):
+    executor.submit_batch(members(2), batch_id="b3", on_complete=on_done(), on_success=on_ok())
+    executor.cancel_task("m1")
+    run_all(executor)
+    info = executor.get_batch("b3")
+    assert (info.completed, info.cancelled, info.finished) == (1, 1, True)
+    assert callbacks(executor) == {"done": TaskStatus.CREATED}
+    run_all(executor)  # the on_complete callback runs
+
+    assert executor.retry_task("m1") is True
+    reopened = executor.get_batch("b3")
+    assert (reopened.cancelled, reopened.pending, reopened.finished) == (0, 1, True)
+    run_all(executor)
+    again = executor.get_batch("b3")
+    assert (again.completed, again.cancelled, again.pending) == (2, 0, 0)
+    # Every member completed now, but the batch had finished: on_success is never submitted,
+    # and on_complete is not submitted again (it ran once, COMPLETED).
+    assert callbacks(executor) == {"done": TaskStatus.COMPLETED}
+
+
+def test_timeouts_and_lost_workers_count_as_failed(executor, storage, clock):
+    requests = [
+        TaskSubmitRequest("contract.hook", None, task_id="t0", max_duration_millis=1000),
+        TaskSubmitRequest("contract.hook", None, task_id="t1", retry_limit=0),
+    ]
+    executor.submit_batch(requests, batch_id="b4", on_complete=on_done())
+    started = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
+    assert sorted(c.task_id for c in started if c is not None) == ["t0", "t1"]
+    clock.advance(2)
+    assert [t.task.task_id for t in storage.expire_overdue(10)] == ["t0"]
+    clock.advance(LEASE + 1)
+    assert [t.status for t in storage.recover_expired(10)] == [TaskStatus.FAILED]
+    info = executor.get_batch("b4")
+    assert (info.failed, info.pending, info.finished) == (2, 0, True)
+    assert callbacks(executor) == {"done": TaskStatus.CREATED}
+
+
+def test_a_batch_whose_members_all_ended_before_the_seal_fires_on_seal(executor, storage):
+    """Members stored, ended, then the seal: the seal itself finds them all ended."""
+    from django_reliable_executor.batches import NewBatch
+    from django_reliable_executor.records import copy_with
+    from django_reliable_executor.submission import prepare
+
+    now = executor.clock.now()
+    callback = prepare(on_done(), now, executor.settings, 0)
+    assert storage.open_batch(NewBatch("b5", now, callback, None)) is True
+    assert storage.open_batch(NewBatch("b5", now, None, None)) is False
+    task = copy_with(prepare(members(1)[0], now, executor.settings, 0), batch_id="b5")
+    storage.add_to_batch("b5", [task])
+    open_info = executor.get_batch("b5")
+    assert (open_info.total, open_info.sealed, open_info.finished) == (1, False, False)
+    run_all(executor)
+    assert executor.get_batch("b5").finished is False  # not sealed: no fan-in yet
+    assert callbacks(executor) == {}
+    sealed = storage.seal_batch("b5")
+    assert (sealed.sealed, sealed.finished, sealed.completed) == (True, True, 1)
+    assert callbacks(executor) == {"done": TaskStatus.CREATED}
+    storage.seal_batch("b5")  # sealing again changes nothing
+    assert callbacks(executor) == {"done": TaskStatus.CREATED}
+
+
+def test_get_batch_of_an_unknown_id_is_none(executor):
+    assert executor.get_batch("nope") is None
+    assert executor.get_batch("") is None
+
+
+def _nothing_stored(executor, batch_id: str = "bad") -> None:
+    assert executor.get_batch(batch_id) is None
+    assert executor.list_tasks() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"requests": []}, "requests"),
+        ({"requests": "m0"}, "requests"),
+        ({"on_complete": "contract.hook"}, "on_complete"),
+        ({"on_success": TaskSubmitRequest("no.such.task")}, "on_success.task_name"),
+        ({"on_complete": TaskSubmitRequest("contract.hook", unique_for=10)}, "on_complete"),
+        ({"batch_id": "has space"}, "batch_id"),
+        ({"batch_id": 7}, "batch_id"),
+    ],
+)
+def test_bad_batch_input_names_the_field_and_stores_nothing(executor, kwargs, field):
+    arguments = {"requests": members(3), "batch_id": "bad", **kwargs}
+    with pytest.raises(TaskSubmitError) as raised:
+        executor.submit_batch(**arguments)
+    assert raised.value.field == field
+    _nothing_stored(executor)
+
+
+def test_a_bad_member_late_in_a_large_batch_stores_nothing(executor):
+    requests = members(2500)
+    requests[2400] = TaskSubmitRequest("contract.hook", {1, 2}, task_id="x")  # not JSON
+    with pytest.raises(TaskSubmitError) as raised:
+        executor.submit_batch(requests, batch_id="bad")
+    assert raised.value.field == "task_parameter"
+    _nothing_stored(executor)
+
+
+def test_members_must_be_new_distinct_tasks_and_the_id_unused(executor):
+    executor.submit("contract.hook", None, task_id="m1")
+    with pytest.raises(TaskSubmitError, match="m1") as raised:
+        executor.submit_batch(members(3), batch_id="bad")
+    assert raised.value.field == "task_id"
+    repeated = [*members(2, prefix="r"), TaskSubmitRequest("contract.hook", task_id="r0")]
+    with pytest.raises(TaskSubmitError, match="repeated"):
+        executor.submit_batch(repeated, batch_id="bad")
+    with pytest.raises(TaskSubmitError, match="callback") as clash:
+        executor.submit_batch(
+            members(2, prefix="c"),
+            batch_id="bad",
+            on_complete=TaskSubmitRequest("contract.hook", task_id="c1"),
+        )
+    assert clash.value.field == "task_id"
+    assert executor.get_batch("bad") is None
+    assert [t.task_id for t in executor.list_tasks()] == ["m1"]
+
+    executor.submit_batch(members(1, prefix="u"), batch_id="used")
+    with pytest.raises(TaskSubmitError, match="already used") as used:
+        executor.submit_batch(members(1, prefix="v"), batch_id="used")
+    assert used.value.field == "batch_id"
+    assert executor.get_task("v0") is None
+
+
+def test_a_default_batch_id_is_made_up(executor):
+    info = executor.submit_batch(members(2))
+    assert len(info.batch_id) == 32
+    assert executor.get_task("m1").batch_id == info.batch_id
+
+
+def test_a_batch_submitted_in_a_rolled_back_transaction_leaves_nothing(executor, alias):
+    from django.db import transaction
+
+    database = "default" if alias == "redis" else alias
+    with pytest.raises(RuntimeError), transaction.atomic(using=database):
+        info = executor.submit_batch(members(3), batch_id="rb", on_complete=on_done())
+        assert (info.total, info.finished) == (3, False)
+        raise RuntimeError("roll back")
+    _nothing_stored(executor, "rb")
