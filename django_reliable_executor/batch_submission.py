@@ -20,7 +20,7 @@ from .batches import (
 )
 from .exceptions import TaskSubmitError
 from .records import NewTask, TaskInfo, TaskSubmitRequest, copy_with
-from .submission import MAX_ID_LENGTH, prepare
+from .submission import MAX_ID_LENGTH, check_dependencies_exist, prepare
 from .tracing import current_trace_context
 
 if TYPE_CHECKING:
@@ -63,10 +63,16 @@ def submit_batch(
         ]
 
     spans = member_chunks(requests)
+    # Members may depend on stored tasks and on members before them: the ids of earlier chunks
+    # are kept for that check, only when some member has dependencies.
+    earlier: set[str] | None = set() if any(r.depends_on for r in requests) else None
     # First pass: every member valid, new, and no callback's id (nothing is kept: bounded).
     for span in spans:
         tasks = prepared(span)
         ids = [task.task_id for task in tasks]
+        if earlier is not None:
+            check_dependencies_exist(storage, tasks, earlier)  # InvalidDependencyError
+            earlier.update(ids)
         clash = next((task_id for task_id in ids if task_id in callback_ids), None)
         if clash is not None:
             raise TaskSubmitError(

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from django_reliable_executor import TaskStatus, TaskSubmitError, TaskSubmitRequest
+from django_reliable_executor import (
+    InvalidDependencyError,
+    TaskStatus,
+    TaskSubmitError,
+    TaskSubmitRequest,
+)
 
 from .contract_support import HOOKS, LEASE, raising, run_claims
 
@@ -229,3 +234,62 @@ def test_a_batch_submitted_in_a_rolled_back_transaction_leaves_nothing(executor,
         assert (info.total, info.finished) == (3, False)
         raise RuntimeError("roll back")
     _nothing_stored(executor, "rb")
+
+
+def test_members_cancelled_by_a_failed_dependency_count_as_cancelled(executor):
+    """A member whose dependency failed is cancelled by that failure's write, and so are its
+    own dependents (cascaded): each counts in the batch, which then finishes."""
+    executor.submit("contract.hook", None, task_id="root", retry_limit=0)
+    executor.submit("contract.hook", None, task_id="gone", retry_limit=0)
+    executor.cancel_task("gone")  # ended badly before the batch: its dependent is cancelled at once
+    requests = [
+        TaskSubmitRequest("contract.hook", None, task_id="m0", depends_on=["root"]),
+        TaskSubmitRequest("contract.hook", None, task_id="m1", depends_on=["m0"]),
+        TaskSubmitRequest("contract.hook", None, task_id="m2"),
+        TaskSubmitRequest("contract.hook", None, task_id="m3", depends_on=["gone"]),
+    ]
+    executor.submit_batch(requests, batch_id="b9", on_complete=on_done(), on_success=on_ok())
+    assert executor.get_task("m3").status is TaskStatus.CANCELLED
+    HOOKS["root"] = raising(ValueError("no root"))
+    run_all(executor)  # root fails for good, m2 completes
+    statuses = {t: executor.get_task(t).status for t in ("root", "m0", "m1", "m2")}
+    assert statuses == {
+        "root": TaskStatus.FAILED,
+        "m0": TaskStatus.CANCELLED,
+        "m1": TaskStatus.CANCELLED,  # cascaded from m0
+        "m2": TaskStatus.COMPLETED,
+    }
+    info = executor.get_batch("b9")
+    assert (info.completed, info.failed, info.cancelled, info.pending) == (1, 0, 3, 0)
+    assert info.finished is True
+    assert callbacks(executor) == {"done": TaskStatus.CREATED}
+
+
+def test_a_member_depending_on_an_unknown_task_stores_nothing(executor):
+    requests = [
+        TaskSubmitRequest("contract.hook", None, task_id="m0"),
+        TaskSubmitRequest("contract.hook", None, task_id="m1", depends_on=["m0", "nowhere"]),
+    ]
+    with pytest.raises(InvalidDependencyError) as caught:
+        executor.submit_batch(requests, batch_id="b10", on_complete=on_done())
+    assert caught.value.field == "depends_on"
+    assert executor.get_batch("b10") is None
+    assert executor.storage.get_many(["m0", "m1", "done"]) == {}
+
+
+def test_members_carry_the_submitters_trace_context_and_their_batch(executor):
+    """Submitted inside a span: each member stores that span's trace context beside its batch
+    id (on Redis two distinct values of store_task), the callback its batch id."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("contract")
+    with tracer.start_as_current_span("submitter") as span:
+        executor.submit_batch(members(2), batch_id="b11", on_complete=on_done())
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    for task_id in ("m0", "m1"):
+        info = executor.get_task(task_id)
+        assert info.batch_id == "b11"
+        assert info.trace_context["traceparent"].split("-")[1] == trace_id
+    run_all(executor)
+    assert executor.get_task("done").batch_id == "b11"
+    assert executor.get_batch("b11").completed == 2

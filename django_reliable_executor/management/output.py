@@ -275,6 +275,8 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("worker_id", info.worker_id or "-"),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
         ("progress", progress_text(info.progress, now)),
+        ("depends_on", ", ".join(info.depends_on) or "-"),
+        ("waiting_for", ", ".join(info.waiting_for) or "-"),
         # The submitter's trace: its traceparent holds the trace id to look the spans up by.
         ("trace_context", _trace_text(info.trace_context)),
         ("batch_id", info.batch_id or "-"),
