@@ -55,7 +55,8 @@ local function finish_batch_if_done(bkey, batch_id)
   end
 end
 
--- Called by finish() for every task reaching a terminal `status`: a member counts in its batch.
+-- Called by end_task for every task reaching a terminal `status` (a dependent cancelled by the
+-- cascade too): a member counts in its batch.
 settle_batch = function(key, status)
   local batch_id = redis.call('HGET', key, 'bt')
   if not batch_id then
