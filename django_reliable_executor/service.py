@@ -249,8 +249,10 @@ class ReliableExecutor:
         offset: int = 0,
         *,
         statuses: Iterable[TaskStatus | str] | None = None,
+        batch_id: str | None = None,
     ) -> list[TaskInfo]:
-        """Tasks newest first, filtered by any of status, task_name and queue.
+        """Tasks newest first, filtered by any of status, task_name, queue and batch_id (a
+        batch's members and its callbacks, which carry its id too).
 
         ``statuses`` lists the tasks of any of several statuses together, e.g. the dead letters
         (``statuses=FAILURE_STATUSES``: FAILED, TIMEOUT and ERROR); give it or ``status``, not
@@ -273,6 +275,7 @@ class ReliableExecutor:
             queue=queue,
             limit=limit,
             offset=offset,
+            batch_id=batch_id,
         )
 
     def count_by_status(self, queue: str | None = None) -> dict[TaskStatus, int]:

@@ -21,11 +21,11 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
 from ..exceptions import StorageUnavailableError
 from ..models import ReliableTask
-from . import operations, pages
+from . import batch_pages, operations, pages
 from .base import MAX_SELECTION as MAX_SELECTION
 from .base import ServiceModelAdmin
 
@@ -48,7 +48,13 @@ class ReliableTaskAdmin(ServiceModelAdmin):
         return bool(user.has_perm(OPERATE_PERMISSION))
 
     def get_urls(self) -> list[URLPattern]:
-        return self._service_urls()
+        # First: "batch/<id>/" must not be read as the bare URL of a task whose id is "batch/...".
+        batch = path(
+            "batch/<path:batch_id>/",
+            self.admin_site.admin_view(self.batch_view),
+            name="{}_{}_batch".format(self.opts.app_label, self.opts.model_name),
+        )
+        return [batch, *self._service_urls()]
 
     # -- pages ----------------------------------------------------------------------------
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
@@ -127,6 +133,45 @@ class ReliableTaskAdmin(ServiceModelAdmin):
         except StorageUnavailableError as exc:
             return self._unavailable(request, exc, f"Task {task_id}")
         return TemplateResponse(request, TEMPLATES + "task_detail.html", context)
+
+    def batch_view(self, request: HttpRequest, batch_id: str) -> HttpResponse:
+        """A batch's page (view permission); POST retries its failed members (operate)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        batch_id = unquote(batch_id)
+        site = self.admin_site.name
+        try:
+            batch = self.executor.get_batch(batch_id)
+            if batch is None:
+                messages.warning(request, f"No batch has the id {batch_id!r}.")
+                return HttpResponseRedirect(pages.changelist_url(site))
+            if request.method == "POST":
+                return self._retry_batch(request, batch)
+            context = self._context(
+                request,
+                f"Batch {batch_id}",
+                **batch_pages.batch_detail(self.executor, batch, site),
+            )
+        except StorageUnavailableError as exc:
+            return self._unavailable(request, exc, f"Batch {batch_id}")
+        return TemplateResponse(request, TEMPLATES + "batch_detail.html", context)
+
+    def _retry_batch(self, request: HttpRequest, batch: Any) -> HttpResponse:
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        back = pages.batch_url(batch.batch_id, self.admin_site.name)
+        if request.POST.get("action") != "retry_failed":
+            messages.error(request, "Choose an action: retry_failed.")
+            return HttpResponseRedirect(back)
+        outcome = batch_pages.retry_failed_members(self.executor, batch)
+        self._acted()
+        text = outcome.message()
+        if not outcome.changed and not outcome.skipped:
+            text = "No failed member to retry."
+        elif batch.finished:
+            text += " The batch stays finished: its callbacks do not run again."
+        messages.add_message(request, outcome.level, text)
+        return HttpResponseRedirect(back)
 
     # -- actions --------------------------------------------------------------------------
     def _act(self, request: HttpRequest, task_ids: list[str], back: str) -> HttpResponse:
