@@ -8,8 +8,9 @@ the same pages work on the database and on Redis storage.
 Permissions: viewing needs ``view_reliabletask``; retry, cancel, pause and resume need
 ``operate_reliabletask``. Nothing can be added, edited or deleted by hand.
 
-The schedule pages (``ReliableScheduleAdmin``, for ``ReliableSchedule``) live in ``schedules``
-and ``schedule_pages``, built the same way.
+A batch's page and the bulk retry of its failed members live in ``batch_views`` and
+``batch_pages``. The schedule pages (``ReliableScheduleAdmin``, for ``ReliableSchedule``) live
+in ``schedules`` and ``schedule_pages``, built the same way.
 """
 
 from __future__ import annotations
@@ -21,20 +22,21 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern
 
 from ..exceptions import StorageUnavailableError
 from ..models import ReliableTask
-from . import batch_pages, operations, pages
+from . import operations, pages
 from .base import MAX_SELECTION as MAX_SELECTION
 from .base import ServiceModelAdmin
+from .batch_views import BatchViews
 
 OPERATE_PERMISSION = "django_reliable_executor.operate_reliabletask"
 TEMPLATES = "admin/django_reliable_executor/reliabletask/"
 
 
 @admin.register(ReliableTask)
-class ReliableTaskAdmin(ServiceModelAdmin):
+class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
     """Read-only task pages backed by the service, with retry and cancel for operators."""
 
     noun = "task"
@@ -49,12 +51,7 @@ class ReliableTaskAdmin(ServiceModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         # First: "batch/<id>/" must not be read as the bare URL of a task whose id is "batch/...".
-        batch = path(
-            "batch/<path:batch_id>/",
-            self.admin_site.admin_view(self.batch_view),
-            name="{}_{}_batch".format(self.opts.app_label, self.opts.model_name),
-        )
-        return [batch, *self._service_urls()]
+        return [self._batch_url(), *self._service_urls()]
 
     # -- pages ----------------------------------------------------------------------------
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
@@ -133,45 +130,6 @@ class ReliableTaskAdmin(ServiceModelAdmin):
         except StorageUnavailableError as exc:
             return self._unavailable(request, exc, f"Task {task_id}")
         return TemplateResponse(request, TEMPLATES + "task_detail.html", context)
-
-    def batch_view(self, request: HttpRequest, batch_id: str) -> HttpResponse:
-        """A batch's page (view permission); POST retries its failed members (operate)."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        batch_id = unquote(batch_id)
-        site = self.admin_site.name
-        try:
-            batch = self.executor.get_batch(batch_id)
-            if batch is None:
-                messages.warning(request, f"No batch has the id {batch_id!r}.")
-                return HttpResponseRedirect(pages.changelist_url(site))
-            if request.method == "POST":
-                return self._retry_batch(request, batch)
-            context = self._context(
-                request,
-                f"Batch {batch_id}",
-                **batch_pages.batch_detail(self.executor, batch, site),
-            )
-        except StorageUnavailableError as exc:
-            return self._unavailable(request, exc, f"Batch {batch_id}")
-        return TemplateResponse(request, TEMPLATES + "batch_detail.html", context)
-
-    def _retry_batch(self, request: HttpRequest, batch: Any) -> HttpResponse:
-        if not self.has_operate_permission(request):
-            raise PermissionDenied
-        back = pages.batch_url(batch.batch_id, self.admin_site.name)
-        if request.POST.get("action") != "retry_failed":
-            messages.error(request, "Choose an action: retry_failed.")
-            return HttpResponseRedirect(back)
-        outcome = batch_pages.retry_failed_members(self.executor, batch)
-        self._acted()
-        text = outcome.message()
-        if not outcome.changed and not outcome.skipped:
-            text = "No failed member to retry."
-        elif batch.finished:
-            text += " The batch stays finished: its callbacks do not run again."
-        messages.add_message(request, outcome.level, text)
-        return HttpResponseRedirect(back)
 
     # -- actions --------------------------------------------------------------------------
     def _act(self, request: HttpRequest, task_ids: list[str], back: str) -> HttpResponse:

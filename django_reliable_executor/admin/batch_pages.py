@@ -56,7 +56,10 @@ def batch_detail(executor: ReliableExecutor, batch: BatchInfo, site_name: str) -
 
 def callbacks(executor: ReliableExecutor, batch: BatchInfo, site_name: str) -> list[Callback]:
     found = []
-    for role, task_id in (("on_complete", batch.on_complete_id), ("on_success", batch.on_success_id)):
+    for role, task_id in (
+        ("on_complete", batch.on_complete_id),
+        ("on_success", batch.on_success_id),
+    ):
         if task_id is None:
             continue
         task = executor.get_task(task_id)
