@@ -268,6 +268,8 @@ class ReliableExecutor:
             chosen = frozenset(_status(s) for s in statuses)
         if not is_int(limit) or limit < 0 or not is_int(offset) or offset < 0:
             raise ValueError("limit and offset must be integers >= 0")
+        if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
+            raise ValueError("batch_id must be a non-empty string")
         return self.storage.list(
             status=status,
             statuses=chosen,

@@ -171,6 +171,9 @@ def test_list_tasks_by_batch_id_lists_its_members_and_callbacks(executor):
     assert listed(status=TaskStatus.CANCELLED) == ["m2"]
     assert [t.task_id for t in executor.list_tasks(batch_id="b6")] == ["x0"]
     assert executor.list_tasks(batch_id="nope") == []
+    for bad in ("", 5):
+        with pytest.raises(ValueError, match="batch_id"):
+            executor.list_tasks(batch_id=bad)
 
 
 def test_get_batch_of_an_unknown_id_is_none(executor):
