@@ -211,14 +211,16 @@ class RateUse:
 @dataclasses.dataclass(frozen=True)
 class TaskQuery:
     """One page of a task listing (see ``TaskStorage.list``), newest first: the tasks of any
-    of ``statuses`` (None: any status; never empty), of ``task_name`` and ``queue`` where
-    given, ``limit`` of them after the first ``offset``."""
+    of ``statuses`` (None: any status; never empty), of ``task_name``, ``queue`` and
+    ``batch_id`` (a batch's members and callbacks) where given, ``limit`` of them after the
+    first ``offset``."""
 
     statuses: frozenset[TaskStatus] | None
     task_name: str | None
     queue: str | None
     limit: int
     offset: int
+    batch_id: str | None = None
 
     @property
     def end(self) -> int:

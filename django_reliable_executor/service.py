@@ -287,8 +287,10 @@ class ReliableExecutor:
         offset: int = 0,
         *,
         statuses: Iterable[TaskStatus | str] | None = None,
+        batch_id: str | None = None,
     ) -> list[TaskInfo]:
-        """Tasks newest first, filtered by any of status, task_name and queue.
+        """Tasks newest first, filtered by any of status, task_name, queue and batch_id (a
+        batch's members and its callbacks, which carry its id too).
 
         ``statuses`` lists the tasks of any of several statuses together, e.g. the dead letters
         (``statuses=FAILURE_STATUSES``: FAILED, TIMEOUT and ERROR); give it or ``status``, not
@@ -304,6 +306,8 @@ class ReliableExecutor:
             chosen = frozenset(_status(s) for s in statuses)
         if not is_int(limit) or limit < 0 or not is_int(offset) or offset < 0:
             raise ValueError("limit and offset must be integers >= 0")
+        if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
+            raise ValueError("batch_id must be a non-empty string")
         return self.storage.list(
             status=status,
             statuses=chosen,
@@ -311,6 +315,7 @@ class ReliableExecutor:
             queue=queue,
             limit=limit,
             offset=offset,
+            batch_id=batch_id,
         )
 
     def count_by_status(self, queue: str | None = None) -> dict[TaskStatus, int]:

@@ -155,6 +155,32 @@ def test_a_batch_whose_members_all_ended_before_the_seal_fires_on_seal(executor,
     assert callbacks(executor) == {"done": TaskStatus.CREATED}
 
 
+def test_list_tasks_by_batch_id_lists_its_members_and_callbacks(executor):
+    executor.submit("contract.hook", None, task_id="outsider")
+    requests = [
+        TaskSubmitRequest("contract.hook", None, task_id=f"m{i}", retry_limit=0) for i in range(3)
+    ]
+    executor.submit_batch(requests, batch_id="b5", on_complete=on_done())
+    executor.submit_batch(members(1, prefix="x"), batch_id="b6")
+    HOOKS["m1"] = raising(ValueError("no"))
+    executor.cancel_task("m2")
+
+    def listed(**filters) -> list[str]:
+        return sorted(t.task_id for t in executor.list_tasks(batch_id="b5", **filters))
+
+    assert listed() == ["m0", "m1", "m2"]
+    run_all(executor)  # m0 completes, m1 fails: the batch finishes and stores "done"
+    assert listed() == ["done", "m0", "m1", "m2"]  # the callback carries the batch's id
+    assert listed(status=TaskStatus.COMPLETED) == ["m0"]
+    assert listed(statuses=[TaskStatus.FAILED, TaskStatus.ERROR]) == ["m1"]
+    assert listed(status=TaskStatus.CANCELLED) == ["m2"]
+    assert [t.task_id for t in executor.list_tasks(batch_id="b6")] == ["x0"]
+    assert executor.list_tasks(batch_id="nope") == []
+    for bad in ("", 5):
+        with pytest.raises(ValueError, match="batch_id"):
+            executor.list_tasks(batch_id=bad)
+
+
 def test_get_batch_of_an_unknown_id_is_none(executor):
     assert executor.get_batch("nope") is None
     assert executor.get_batch("") is None

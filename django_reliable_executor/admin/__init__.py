@@ -8,8 +8,9 @@ the same pages work on the database and on Redis storage.
 Permissions: viewing needs ``view_reliabletask``; retry, cancel, pause and resume need
 ``operate_reliabletask``. Nothing can be added, edited or deleted by hand.
 
-The schedule pages (``ReliableScheduleAdmin``, for ``ReliableSchedule``) live in ``schedules``
-and ``schedule_pages``, built the same way.
+A batch's page and the bulk retry of its failed members live in ``batch_views`` and
+``batch_pages``. The schedule pages (``ReliableScheduleAdmin``, for ``ReliableSchedule``) live
+in ``schedules`` and ``schedule_pages``, built the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..models import ReliableTask
 from . import operations, pages
 from .base import MAX_SELECTION as MAX_SELECTION
 from .base import ServiceModelAdmin
+from .batch_views import BatchViews
 from .health import DueThresholds
 
 OPERATE_PERMISSION = "django_reliable_executor.operate_reliabletask"
@@ -35,7 +37,7 @@ TEMPLATES = "admin/django_reliable_executor/reliabletask/"
 
 
 @admin.register(ReliableTask)
-class ReliableTaskAdmin(ServiceModelAdmin):
+class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
     """Read-only task pages backed by the service, with retry and cancel for operators."""
 
     noun = "task"
@@ -52,7 +54,8 @@ class ReliableTaskAdmin(ServiceModelAdmin):
         return bool(user.has_perm(OPERATE_PERMISSION))
 
     def get_urls(self) -> list[URLPattern]:
-        return self._service_urls()
+        # First: "batch/<id>/" must not be read as the bare URL of a task whose id is "batch/...".
+        return [self._batch_url(), *self._service_urls()]
 
     # -- pages ----------------------------------------------------------------------------
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:

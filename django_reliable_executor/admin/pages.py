@@ -28,7 +28,7 @@ from .operations import can_cancel, can_retry
 
 PAGE_SIZE = 100
 # The filters a list URL may carry, in the order they appear in it.
-FILTERS = ("status", "queue", "task_name")
+FILTERS = ("status", "queue", "task_name", "batch_id")
 # ``?status=dead``: the dead letters, tasks that ended FAILED, TIMEOUT or ERROR, listed together.
 DEAD_LETTERS = "dead"
 DEAD_LETTERS_LABEL = "Dead letters"
@@ -38,6 +38,13 @@ def change_url(task_id: str, site_name: str = "admin") -> str:
     """The task's page in the admin site named ``site_name``."""
     return reverse(
         f"{site_name}:django_reliable_executor_reliabletask_change", args=[quote(task_id)]
+    )
+
+
+def batch_url(batch_id: str, site_name: str = "admin") -> str:
+    """The batch's page (batch_pages) in the admin site named ``site_name``."""
+    return reverse(
+        f"{site_name}:django_reliable_executor_reliabletask_batch", args=[quote(batch_id)]
     )
 
 
@@ -82,6 +89,7 @@ class Filters:
     task_name: str | None = None
     page: int = 1
     dead_letters: bool = False
+    batch_id: str | None = None  # a batch's members and callbacks (its page links here)
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> Filters:
@@ -101,11 +109,13 @@ class Filters:
             task_name=query.get("task_name", "").strip() or None,
             page=page,
             dead_letters=dead_letters,
+            batch_id=query.get("batch_id", "").strip() or None,
         )
 
     @property
     def active(self) -> bool:
-        return any(v is not None for v in (self.status_param, self.queue, self.task_name))
+        values = (self.status_param, self.queue, self.task_name, self.batch_id)
+        return any(v is not None for v in values)
 
     @property
     def status_param(self) -> str | None:
@@ -188,6 +198,7 @@ def task_list(executor: ReliableExecutor, filters: Filters, site_name: str) -> d
         statuses=DEAD_LETTER_STATUSES if filters.dead_letters else None,
         task_name=filters.task_name,
         queue=filters.queue,
+        batch_id=filters.batch_id,
         limit=PAGE_SIZE + 1,
         offset=offset,
     )
@@ -331,8 +342,9 @@ def summary(
 
 def matching_total(filters: Filters, by_queue: dict[str, dict[TaskStatus, int]]) -> int | None:
     """How many tasks the filters match, when the counters tell (not for a task name filter:
-    no storage keeps counts by name, and counting them would read every matching task)."""
-    if filters.task_name is not None:
+    no storage keeps counts by name, and counting them would read every matching task; nor
+    for a batch filter: the batch's page shows its counts)."""
+    if filters.task_name is not None or filters.batch_id is not None:
         return None
     if filters.queue is not None:
         counts = by_queue.get(filters.queue, {})
@@ -377,6 +389,8 @@ def filter_choices(
         ),
         choices("queue", sorted(by_queue)),
         choices("task_name", names),
+        # No list of batches: only the one chosen (from its page), with "All" to leave it.
+        *([choices("batch_id", [])] if filters.batch_id is not None else []),
     ]
 
 
@@ -423,4 +437,5 @@ def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> d
         if task.max_duration_millis
         else None,
         "retry_interval": format_duration(dt.timedelta(milliseconds=task.retry_interval)),
+        "batch_url": batch_url(task.batch_id, site_name) if task.batch_id else None,
     }

@@ -282,13 +282,15 @@ class TaskStorage(ScheduleStorage):
         limit: int = 100,
         offset: int = 0,
         statuses: Collection[TaskStatus] | None = None,
+        batch_id: str | None = None,
     ) -> list[TaskInfo]:
         """Newest first (by creation, then task id). ``statuses`` lists the tasks of any of
-        these statuses (an empty one: none); it cannot be combined with ``status``."""
+        these statuses (an empty one: none); it cannot be combined with ``status``.
+        ``batch_id``: the tasks whose ``TaskInfo.batch_id`` it is (members and callbacks)."""
         wanted = wanted_statuses(status, statuses)
         if limit <= 0 or wanted == frozenset():
             return []
-        return self._list(TaskQuery(wanted, task_name, queue, limit, offset))
+        return self._list(TaskQuery(wanted, task_name, queue, limit, offset, batch_id))
 
     @abc.abstractmethod
     def _list(self, query: TaskQuery) -> builtins.list[TaskInfo]:

@@ -108,8 +108,11 @@ class Listing(RedisAccess):
             chunk = ids[start : start + READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
             for task_id in chunk:
-                pipe.hmget(self._tkey(task_id), "c", "s", "n", "q")
-            for task_id, (created, state, name, queue) in zip(chunk, pipe.execute(), strict=True):
+                pipe.hmget(self._tkey(task_id), "c", "s", "n", "q", "bt", "bc")
+            replies = pipe.execute()
+            for task_id, (created, state, name, queue, member_of, callback_of) in zip(
+                chunk, replies, strict=True
+            ):
                 if created is None:
                     continue  # purged meanwhile
                 if text(state) not in accept:
@@ -118,13 +121,19 @@ class Listing(RedisAccess):
                     continue
                 if query.queue is not None and text(queue) != query.queue:
                     continue
+                # bt: a member's batch, bc: a callback's (TaskInfo.batch_id is either).
+                if query.batch_id is not None and query.batch_id not in (
+                    text(member_of) if member_of else None,
+                    text(callback_of) if callback_of else None,
+                ):
+                    continue
                 rows.append((int(created), task_id))
         return rows
 
     def _newest_done(self, status: TaskStatus, query: TaskQuery) -> builtins.list[Row]:
         """The ``query.end`` newest tasks of one finished status that match the query."""
         key = self.p + "done:" + status.value
-        if query.task_name is None and query.queue is None:
+        if query.task_name is None and query.queue is None and query.batch_id is None:
             found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
             return [(int(score), text(task_id)) for task_id, score in found]
         rows: builtins.list[Row] = []
