@@ -190,20 +190,28 @@ def existed(store: throughput.Store) -> bool:
         conn.close()
 
 
-def drop(store: throughput.Store, created: bool) -> None:
+def remove_sqlite(path: Path) -> None:
+    """The SQLite file and what SQLite and the idle-worker wake-ups keep beside it."""
+    for suffix in ("", "-wal", "-shm", "-journal", "-executor-wake"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+
+
+def drop(store: throughput.Store, created: bool, sqlite_created: bool) -> None:
     """Remove what the run created: its database, file or keys (else empty the tables)."""
     from django.db import connections
 
     if isinstance(store, throughput.RedisStore) or not created:
         store.clear()
         store.close()
+        connections.close_all()
+        if isinstance(store, throughput.RedisStore) and sqlite_created:
+            remove_sqlite(store.sqlite_path)  # the demo app's tables, beside the Redis keys
         log(f"cleaned up: emptied {store.describe()}")
         return
     connections.close_all()
     env = os.environ.get
     if isinstance(store, throughput.SQLiteStore):
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(store.path) + suffix).unlink(missing_ok=True)
+        remove_sqlite(store.path)
     elif isinstance(store, throughput.PostgresStore):
         import psycopg
 
@@ -319,7 +327,6 @@ class Soak:
         from django_reliable_executor.chores import PURGE_EVERY_SECONDS
 
         args = self.args
-        duration = self.samples[-1]["t_s"]
         claims = [s["claim_ms"] for s in self.samples]
         return {
             "summary": True,
@@ -331,9 +338,7 @@ class Soak:
             "samples": len(self.samples),
             "submitted": self.submitted,
             "started_first_attempts": sum(len(values) for values in self.latencies),
-            **soak_report.latency_windows(
-                self.samples, self.latencies, duration, args.window_minutes * 60
-            ),
+            **soak_report.latency_windows(self.samples, self.latencies, args.window_minutes * 60),
             "claim_ms_first": claims[0] if claims else None,
             "claim_ms_last": claims[-1] if claims else None,
             # From then on the purge keeps pace: every task finished (a delayed one at most
@@ -377,11 +382,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="reliable_executor_soak_"))
     journal = Journal(workdir / "journal.jsonl")
     store: throughput.Store | None = None
-    created = False
+    created = sqlite_created = False
     try:
+        if args.plot:
+            soak_report.require_matplotlib()
         with throughput.terminate_on_sigterm():
             probe_store = throughput.STORES[args.storage](args)
             created = not existed(probe_store)
+            sqlite_created = not Path(args.sqlite_path).exists()
             os.environ["RE_BENCH_FINISHED_RETENTION"] = str(args.retention_seconds)
             os.environ["RE_JOURNAL"] = str(journal.path)
             # A retry or a failure logs a line each (15 % of the mix): thousands a minute.
@@ -415,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal.path.unlink(missing_ok=True)
         workdir.rmdir()
         if store is not None and not args.keep:
-            drop(store, created)
+            drop(store, created, sqlite_created)
     return 0
 
 

@@ -43,21 +43,21 @@ def rounded(value: float | None, digits: int = 2) -> float | None:
 
 
 def latency_windows(
-    samples: Sequence[dict[str, Any]],
-    latencies: Sequence[array],
-    duration: float,
-    window: float,
+    samples: Sequence[dict[str, Any]], latencies: Sequence[array], window: float
 ) -> dict[str, Any]:
     """p99 of the tasks started in the first and in the last ``window`` seconds (at most a
-    third of the run, so the two never overlap), and their ratio against the target."""
+    third of the run, so the two never overlap; at least one sample each), and their ratio
+    against the target."""
+    duration = samples[-1]["t_s"]
     window = min(window, duration / 3)
+    first_end = max(window, samples[0]["t_s"])
+    last_start = min(duration - window, samples[-1]["t_s"] - samples[-1]["interval_s"])
     first: list[float] = []
     last: list[float] = []
     for sample, values in zip(samples, latencies, strict=True):
-        end, start = sample["t_s"], sample["t_s"] - sample["interval_s"]
-        if end <= window + 1e-6:
+        if sample["t_s"] <= first_end + 1e-6:
             first.extend(values)
-        if start >= duration - window - 1e-6:
+        if sample["t_s"] - sample["interval_s"] >= last_start - 1e-6:
             last.extend(values)
     p99_first, p99_last = percentile(first, 99), percentile(last, 99)
     ratio = p99_last / p99_first if p99_first and p99_last is not None else None
@@ -103,18 +103,24 @@ def write_csv(path: Path, samples: Sequence[dict[str, Any]]) -> None:
         writer.writerows(samples)
 
 
-def plot(path: Path, samples: Sequence[dict[str, Any]], title: str) -> None:
-    """Latency, claim time, size and dead tuples against the run's minutes, as a PNG."""
+def require_matplotlib() -> None:
+    """Fail before the run, not after an hour of it, when --plot cannot be drawn."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(
             "--plot needs matplotlib, which is not a dependency of the package: "
             "pip install matplotlib"
         ) from exc
+
+
+def plot(path: Path, samples: Sequence[dict[str, Any]], title: str) -> None:
+    """Latency, claim time, size and dead tuples against the run's minutes, as a PNG."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     minutes = [s["t_s"] / 60 for s in samples]
 
