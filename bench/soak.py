@@ -154,6 +154,34 @@ class Probe:
         return int(pages * page_size), None
 
 
+def postgres_server() -> Any:
+    """A connection to the PostgreSQL server's maintenance database (autocommit)."""
+    import psycopg
+
+    env = os.environ.get
+    return psycopg.connect(
+        host=env("RE_POSTGRES_HOST", "127.0.0.1"),
+        port=int(env("RE_POSTGRES_PORT", "5432")),
+        user=env("RE_POSTGRES_USER", "postgres"),
+        password=env("RE_POSTGRES_PASSWORD", ""),
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+def mariadb_server() -> Any:
+    """A connection to the MariaDB/MySQL server, no database selected."""
+    import MySQLdb
+
+    env = os.environ.get
+    return MySQLdb.connect(
+        host=env("RE_MARIADB_HOST", "127.0.0.1"),
+        port=int(env("RE_MARIADB_PORT", "3306")),
+        user=env("RE_MARIADB_USER", "root"),
+        password=env("RE_MARIADB_PASSWORD", ""),
+    )
+
+
 def existed(store: throughput.Store) -> bool:
     """Whether the store's database (file, keys) is there before the run: only what the run
     created is dropped at the end; a database that was there is emptied instead."""
@@ -161,27 +189,12 @@ def existed(store: throughput.Store) -> bool:
         return bool(next(iter(store.client().scan_iter(match="{" + store.prefix + "}:*")), None))
     if isinstance(store, throughput.SQLiteStore):
         return store.path.exists()
-    env = os.environ.get
+    assert isinstance(store, throughput.DatabaseStore)
     if isinstance(store, throughput.PostgresStore):
-        import psycopg
-
-        with psycopg.connect(
-            host=env("RE_POSTGRES_HOST", "127.0.0.1"),
-            port=int(env("RE_POSTGRES_PORT", "5432")),
-            user=env("RE_POSTGRES_USER", "postgres"),
-            password=env("RE_POSTGRES_PASSWORD", ""),
-            dbname="postgres",
-        ) as conn:
+        with postgres_server() as conn:
             query = "SELECT 1 FROM pg_database WHERE datname = %s"
             return conn.execute(query, (store.db_name,)).fetchone() is not None
-    import MySQLdb
-
-    conn = MySQLdb.connect(
-        host=env("RE_MARIADB_HOST", "127.0.0.1"),
-        port=int(env("RE_MARIADB_PORT", "3306")),
-        user=env("RE_MARIADB_USER", "root"),
-        password=env("RE_MARIADB_PASSWORD", ""),
-    )
+    conn = mariadb_server()
     try:
         cursor = conn.cursor()
         cursor.execute("SHOW DATABASES LIKE %s", (store.db_name,))
@@ -209,35 +222,19 @@ def drop(store: throughput.Store, created: bool, sqlite_created: bool) -> None:
         log(f"cleaned up: emptied {store.describe()}")
         return
     connections.close_all()
-    env = os.environ.get
+    assert isinstance(store, throughput.DatabaseStore)
     if isinstance(store, throughput.SQLiteStore):
         remove_sqlite(store.path)
     elif isinstance(store, throughput.PostgresStore):
-        import psycopg
-
-        with psycopg.connect(
-            host=env("RE_POSTGRES_HOST", "127.0.0.1"),
-            port=int(env("RE_POSTGRES_PORT", "5432")),
-            user=env("RE_POSTGRES_USER", "postgres"),
-            password=env("RE_POSTGRES_PASSWORD", ""),
-            dbname="postgres",
-            autocommit=True,
-        ) as conn:
+        with postgres_server() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{store.db_name}" WITH (FORCE)')
     else:
-        import MySQLdb
-
-        conn = MySQLdb.connect(
-            host=env("RE_MARIADB_HOST", "127.0.0.1"),
-            port=int(env("RE_MARIADB_PORT", "3306")),
-            user=env("RE_MARIADB_USER", "root"),
-            password=env("RE_MARIADB_PASSWORD", ""),
-        )
+        conn = mariadb_server()
         try:
             conn.cursor().execute(f"DROP DATABASE IF EXISTS `{store.db_name}`")
         finally:
             conn.close()
-    log(f"cleaned up: dropped the database {getattr(store, 'db_name', '')} it created")
+    log(f"cleaned up: dropped {store.describe()}, which the run created")
 
 
 class Soak:
