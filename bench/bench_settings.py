@@ -10,6 +10,8 @@ starts) after setting the ``RE_*`` variables that choose the database. Differenc
   storage at that URL under that key prefix.
 * ``RE_BENCH_CONN_MAX_AGE`` (optional, seconds; ``none`` = unlimited) sets ``CONN_MAX_AGE`` of
   every database alias; unset keeps Django's default (0: a connection per request/task).
+* ``RE_BENCH_FINISHED_RETENTION`` (optional, seconds) sets ``FINISHED_RETENTION``: the soak
+  benchmark keeps it short so the master purges finished tasks many times over a run.
 """
 
 import os
@@ -30,4 +32,10 @@ if os.environ.get("RE_BENCH_REDIS_URL"):
         "STORAGE": "redis",
         "REDIS_URL": os.environ["RE_BENCH_REDIS_URL"],
         "KEY_PREFIX": os.environ.get("RE_BENCH_KEY_PREFIX", "reliable_executor_bench"),
+    }
+
+if os.environ.get("RE_BENCH_FINISHED_RETENTION"):
+    RELIABLE_EXECUTOR = {
+        **RELIABLE_EXECUTOR,
+        "FINISHED_RETENTION": float(os.environ["RE_BENCH_FINISHED_RETENTION"]),
     }

@@ -235,6 +235,23 @@ def journal(param: dict | None, context: TaskContext) -> object:
 
 
 @reliable_task_handler(
+    name="demo.soak", takes_context=True, retry_on=(ConnectionError,), retry_interval=200
+)
+def soak(param: dict | None, context: TaskContext) -> int:
+    """The soak benchmark's mix (bench/soak.py): writes a "start" record to the journal
+    (RE_JOURNAL), then with ``retry_once`` fails its first attempt with ConnectionError
+    (retried 200 ms later), with ``fail`` fails with RuntimeError (not retried), else
+    completes."""
+    param = param or {}
+    _journal("start", context)
+    if param.get("retry_once") and context.attempt == 1:
+        raise ConnectionError("attempt 1: upstream not reachable")
+    if param.get("fail"):
+        raise RuntimeError("this soak task fails")
+    return context.attempt
+
+
+@reliable_task_handler(
     name="demo.async_sleep", takes_context=True, retry_on=(ConnectionError,), retry_interval=50
 )
 async def async_sleep(param: dict | None, context: TaskContext) -> object:
