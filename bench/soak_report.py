@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import throughput  # the bench directory is on sys.path: soak.py runs from it
+
 # The samples' columns, in CSV order (the JSON lines carry the same keys).
 COLUMNS = (
     "t_s",
@@ -28,14 +30,9 @@ PLATEAU_TOLERANCE = 0.10  # the last third may grow by at most this share of its
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    """throughput.percentile (linear interpolation, numpy's default) of unsorted ``values``;
+    None when empty."""
+    return throughput.percentile(sorted(values), q) if values else None
 
 
 def rounded(value: float | None, digits: int = 2) -> float | None:

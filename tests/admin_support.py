@@ -9,12 +9,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.test import override_settings
+from django.urls import reverse
 
 from django_reliable_executor.service import ReliableExecutor, executor
 from django_reliable_executor.states import TaskStatus
 from tests.conftest import BACKENDS, REDIS_URL, TASK_APPS, own_key_prefix, require
 from tests.contract_support import HOOKS, claim_and_start, claim_one, run_claim
+
+# The task pages of the admin, shared by the admin test modules.
+LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
+
+
+def detail_url(task_id: str) -> str:
+    return reverse("admin:django_reliable_executor_reliabletask_change", args=[quote(task_id)])
+
 
 # The admin needs the auth, session and admin apps (and their templates) beside the task apps.
 ADMIN_APPS = [

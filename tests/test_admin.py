@@ -19,20 +19,16 @@ from django_reliable_executor.progress import make_progress
 from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import (
+    LIST_URL,
     NEWEST_FIRST,
     POPULATED,
     admin_params,
+    detail_url,
     executor_on,
     make_user,
     populate,
 )
 from tests.contract_support import claim_and_start, recording
-
-LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
-
-
-def detail_url(task_id: str) -> str:
-    return reverse("admin:django_reliable_executor_reliabletask_change", args=[quote(task_id)])
 
 
 @pytest.fixture(params=admin_params())

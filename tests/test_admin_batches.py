@@ -13,20 +13,23 @@ from django.urls import reverse
 
 from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.states import TaskStatus
-from tests.admin_support import admin_params, boom, executor_on, make_user, populate
+from tests.admin_support import (
+    LIST_URL,
+    admin_params,
+    boom,
+    detail_url,
+    executor_on,
+    make_user,
+    populate,
+)
 from tests.contract_support import HOOKS, LEASE, run_claims
 
-LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
 MEMBERS = ["m-ok", "m-fail", "m-timeout-like", "m-cancel"]
 FAILED = ["m-fail", "m-timeout-like"]
 
 
 def batch_url(batch_id: str) -> str:
     return reverse("admin:django_reliable_executor_reliabletask_batch", args=[quote(batch_id)])
-
-
-def detail_url(task_id: str) -> str:
-    return reverse("admin:django_reliable_executor_reliabletask_change", args=[quote(task_id)])
 
 
 def run_all(service: Any) -> None:

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.admin.utils import quote
-from django.urls import reverse
 
-from tests.admin_support import admin_params, executor_on, make_user, populate
+from tests.admin_support import admin_params, detail_url, executor_on, make_user, populate
 
 HOOK = "contract.hook"
-
-
-def detail_url(task_id: str) -> str:
-    return reverse("admin:django_reliable_executor_reliabletask_change", args=[quote(task_id)])
 
 
 @pytest.fixture(params=admin_params())

@@ -8,14 +8,11 @@ import datetime as dt
 import re
 
 import pytest
-from django.urls import reverse
 
 from django_reliable_executor.admin import ReliableTaskAdmin
 from django_reliable_executor.admin.health import DueThresholds, chart, nice_ceiling
 from django_reliable_executor.throughput import MinuteCounts
-from tests.admin_support import admin_params, executor_on, make_user, populate
-
-LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
+from tests.admin_support import LIST_URL, admin_params, executor_on, make_user, populate
 
 
 @pytest.fixture(params=admin_params())
