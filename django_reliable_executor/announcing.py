@@ -105,8 +105,12 @@ class Announcer:
                     result=task.result,
                 )
 
-    def transition(self, transition: Transition) -> None:
-        """An outcome: completed, retrying, failed (FAILED/TIMEOUT/ERROR) or cancelled."""
+    def transition(self, transition: Transition, *, exc: BaseException | None = None) -> None:
+        """An outcome: completed, retrying, failed (FAILED/TIMEOUT/ERROR) or cancelled.
+        ``exc``, the handler's exception when it raised in this process, goes with a final
+        failure's ERROR line (its traceback in the log, and Sentry's logging integration
+        reports it as an exception, grouped by its stack, not as one message for all
+        tasks)."""
         metrics.observe_transition(transition)
         task = transition.task
         status = task.status
@@ -136,7 +140,13 @@ class Announcer:
                 next_run_at=task.run_at,
             )
         elif status in FAILURE_STATUSES:
-            log_transition(logging.ERROR, task, transition.previous, _first_line(task.last_error))
+            log_transition(
+                logging.ERROR,
+                task,
+                transition.previous,
+                _first_line(task.last_error),
+                exc_info=exc,
+            )
             self._finished([transition])
             self._send(
                 signals.task_failed,
@@ -179,7 +189,12 @@ class Announcer:
 
 
 def log_transition(
-    level: int, task: TaskInfo, previous: TaskStatus | str | None, detail: str = ""
+    level: int,
+    task: TaskInfo,
+    previous: TaskStatus | str | None,
+    detail: str = "",
+    *,
+    exc_info: BaseException | None = None,
 ) -> None:
     """One line per state change, in a shape a task's history can be grepped by:
     ``task <id> (<name>) <FROM> -> <TO> attempt=<n> worker=<id>[: detail]``, its fields also
@@ -198,6 +213,7 @@ def log_transition(
         task.attempts,
         task.worker_id or "-",
         f": {detail}" if detail else "",
+        exc_info=exc_info,
         extra=transition_fields(task, source),
     )
 

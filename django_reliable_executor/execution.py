@@ -447,7 +447,7 @@ class TaskRunner:
             if attempt is not None:
                 attempt.failed(exc)
             retryable = isinstance(exc, handler.retry_on)
-            return self.record_failure(claim, traceback.format_exc(), retryable)
+            return self.record_failure(claim, traceback.format_exc(), retryable, exc=exc)
         finally:
             if context is not None:
                 self.contexts.pop(claim.task_id, None)
@@ -484,15 +484,22 @@ class TaskRunner:
         return self.storage.fail(claim, error, retryable=False)
 
     def record_failure(
-        self, claim: Claim, error: str, retryable: bool, *, is_error: bool = False
+        self,
+        claim: Claim,
+        error: str,
+        retryable: bool,
+        *,
+        is_error: bool = False,
+        exc: BaseException | None = None,
     ) -> TaskStatus | None:
         """Record a failed attempt (retry, final failure, TIMEOUT or CANCELLED: the storage
-        decides) and announce it; None when the claim was no longer ours."""
+        decides) and announce it; None when the claim was no longer ours. ``exc``: the
+        handler's exception, logged with the final failure's line."""
         transition = self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
         if transition is None:
             self._discarded(claim)
             return None
-        self.executor.announcer.transition(transition)
+        self.executor.announcer.transition(transition, exc=exc)
         return transition.status
 
     def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:

@@ -68,3 +68,9 @@ def test_events_of_an_attempt_carry_the_task_id(alias, key_prefix):
     ]
     assert [event["tags"]["task_id"] for event in failed] == ["reports-fails"]
     assert "ValueError: the handler failed" in failed[0]["logentry"]["formatted"]
+    # ... with the handler's exception and its stack (Sentry groups it by that, not as one
+    # message for every failed task).
+    (exception,) = failed[0]["exception"]["values"]
+    assert exception["type"] == "ValueError"
+    frames = [frame["function"] for frame in exception["stacktrace"]["frames"]]
+    assert frames[-1] == "reports", frames
