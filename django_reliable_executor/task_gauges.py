@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_reliable_executor")
 
-# The task gauges query the storage (a GROUP BY, one indexed lookup per queue): at most once
+# The task gauges query the storage (a GROUP BY, the oldest due task of every queue): at most once
 # per this many seconds per process, whatever the number of scrapers.
 COUNT_CACHE_SECONDS = 5.0
 
@@ -35,7 +35,7 @@ class TaskCounts(Protocol):
 
     def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]: ...
 
-    def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None: ...
+    def oldest_due_by_queue(self) -> dict[str, dt.datetime]: ...
 
     def paused_queues(self) -> set[str]: ...
     def rate_limit_use(self) -> list[RateUse]: ...
@@ -86,13 +86,11 @@ class TaskCountCollector:
         executor = self._executor
         try:
             counts = executor.count_by_queue()
-            ages: dict[str, float] = {}
-            for queue, by_status in counts.items():
-                waiting = by_status.get(TaskStatus.CREATED, 0) + by_status.get(
-                    TaskStatus.PENDING, 0
-                )
-                oldest = executor.oldest_due_at(queue) if waiting else None
-                ages[queue] = _age_seconds(oldest, executor.clock.now())
+            # Every queue's oldest due task in one read (as the admin's summary reads them),
+            # not one read per queue.
+            oldest_due = executor.oldest_due_by_queue()
+            now = executor.clock.now()
+            ages = {queue: _age_seconds(oldest_due.get(queue), now) for queue in counts}
             paused = executor.paused_queues()
             rates = executor.rate_limit_use()
         except Exception:
