@@ -24,11 +24,13 @@ entries each transition writes, which is what bloat and vacuum work grow with.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,21 @@ def wal_written(store: throughput.Store, start: Any, end: Any) -> dict[str, int]
             [start, end, f"%rel %/{database_oid(cursor)}/%"],
         )
         return {name: int(size) for name, size in cursor.fetchall()}
+
+
+def updates(store: throughput.Store) -> dict[str, int] | None:
+    """PostgreSQL's count of the task table's row updates so far, and how many of them were HOT
+    (heap-only: no index entry written, which a fillfactor below 100 can help with)."""
+    if not isinstance(store, throughput.PostgresStore):
+        return None
+    with store._connection().cursor() as cursor:  # type: ignore[attr-defined]
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s",
+            [TABLE],
+        )
+        total, hot = cursor.fetchone()
+    return {"rows_updated": int(total), "hot": int(hot)}
 
 
 def database_oid(cursor: Any) -> int:
@@ -111,10 +128,41 @@ def sizes(store: throughput.Store) -> dict[str, int]:
         return {name: int(size) for name, size in cursor.fetchall()}
 
 
+@contextlib.contextmanager
+def wal_kept(store: throughput.Store) -> Iterator[None]:
+    """On PostgreSQL, keep the server's write-ahead log from now on until the block ends (a
+    temporary physical replication slot on a connection of its own: gone when it closes, even
+    if this process dies), so that a checkpoint meanwhile cannot recycle what is read after."""
+    if not isinstance(store, throughput.PostgresStore):
+        yield
+        return
+    import psycopg
+
+    settings = store._connection().settings_dict
+    with psycopg.connect(
+        host=settings["HOST"],
+        port=int(settings["PORT"]),
+        user=settings["USER"],
+        password=settings["PASSWORD"],
+        dbname=settings["NAME"],
+        autocommit=True,
+    ) as connection:
+        connection.execute(
+            "SELECT pg_create_physical_replication_slot(%s, true, true)",
+            [f"rexec_churn_{os.getpid()}"],
+        )
+        yield
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     store = throughput.open_store(args)
     if not isinstance(store, (throughput.PostgresStore, throughput.MariaDBStore)):
         raise throughput.BenchError("--storage: postgres or mariadb (the WAL/redo log is read)")
+    with wal_kept(store):
+        return measure(args, store)
+
+
+def measure(args: argparse.Namespace, store: throughput.Store) -> dict[str, Any]:
     from django_reliable_executor import TaskSubmitRequest, executor
 
     log(f"store: {store.describe()}; code: {throughput.code_version()}")
@@ -150,6 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["wal_drain_per_task_by_index"] = {
             name: round(written.get(name, 0) / args.n) for name in sorted(indexes)
         }
+    result["updates"] = updates(store)
     relation_sizes = sizes(store)
     table_bytes = relation_sizes.pop(TABLE, relation_sizes.pop("PRIMARY", 0))
     result["table_bytes_per_task"] = round(table_bytes / args.n)
