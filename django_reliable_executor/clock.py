@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 
 UTC = dt.timezone.utc
 
@@ -13,6 +14,10 @@ class Clock:
 
     def now(self) -> dt.datetime:
         return dt.datetime.now(UTC)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (a pause between rounds of work, such as a paced purge's)."""
+        time.sleep(seconds)
 
 
 class FakeClock(Clock):
@@ -30,6 +35,10 @@ class FakeClock(Clock):
         with self._lock:
             self._now += dt.timedelta(seconds=seconds)
             return self._now
+
+    def sleep(self, seconds: float) -> None:
+        """Moves the time on instead of waiting."""
+        self.advance(seconds)
 
 
 system_clock = Clock()

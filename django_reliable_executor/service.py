@@ -380,16 +380,27 @@ class ReliableExecutor:
         statuses: Iterable[TaskStatus | str] | None = None,
         batch: int = 500,
         progress: Callable[[int], None] | None = None,
+        pause_seconds: float = 0.0,
     ) -> int:
         """Delete terminal tasks (of ``statuses``, default every terminal one) that finished
         before ``finished_before``, ``batch`` at a time; ``progress(deleted_so_far)`` after each
-        batch. Returns how many were deleted."""
+        batch, and a pause of ``pause_seconds`` before the next (pacing: a large purge then
+        leaves the database's vacuum, its replicas and the workers room to keep up). Returns
+        how many were deleted."""
         chosen = frozenset(TaskStatus(s) for s in statuses) if statuses is not None else None
         if chosen is not None and not chosen <= TERMINAL_STATUSES:
             live = ", ".join(sorted(s.value for s in chosen - TERMINAL_STATUSES))
             raise ValueError(f"only finished tasks can be purged, not {live}")
         if not is_int(batch) or batch < 1:
             raise ValueError("batch must be an integer >= 1")
+        if (
+            isinstance(pause_seconds, bool)
+            or not isinstance(pause_seconds, (int, float))
+            or not 0 <= pause_seconds <= 3600
+        ):
+            raise ValueError(
+                f"pause_seconds must be a number of seconds from 0 to 3600, not {pause_seconds!r}"
+            )
         deleted = 0
         while True:
             done = self.storage.purge_finished(finished_before, batch, chosen)
@@ -398,6 +409,8 @@ class ReliableExecutor:
                 progress(deleted)
             if done < batch:
                 return deleted
+            if pause_seconds:
+                self.clock.sleep(pause_seconds)
 
     # -- schedules (see schedules/operations.py) ------------------------------------------
     def schedule(

@@ -469,7 +469,17 @@ def test_purge_by_status_and_age_never_touches_live_tasks(aged, live):
     purged_before(result, 0, 11 * 86400)
 
     terminal = Terminal()
-    result = run("purge", "--older-than", "1w", "--yes", "--batch-size", "1", stderr=terminal)
+    result = run(
+        "purge",
+        "--older-than",
+        "1w",
+        "--yes",
+        "--batch-size",
+        "1",
+        "--pause",
+        "0.01",
+        stderr=terminal,
+    )
     assert result.code == 0
     purged_before(result, 2, 7 * 86400)
     # one progress report per batch of 1, then the empty last batch, then a newline
@@ -522,6 +532,9 @@ def test_purge_unknown_status_and_bad_batch_size():
         call_command("executor", "purge", "--older-than", "7d", "--status", "DONE", "--yes")
     with pytest.raises(CommandError, match="invalid batch size '0'"):
         call_command("executor", "purge", "--older-than", "7d", "--batch-size", "0", "--yes")
+    for pause in ("-1", "x", "nan", "3601"):
+        with pytest.raises(CommandError, match=f"invalid --pause '{pause}'"):
+            call_command("executor", "purge", "--older-than", "7d", "--pause", pause, "--yes")
 
 
 def test_missing_or_unknown_action_and_missing_ids():

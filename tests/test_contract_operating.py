@@ -92,6 +92,31 @@ def test_purge_by_age_and_status_never_touches_live_tasks(executor, storage, clo
         executor.purge_finished(clock.now(), statuses=[TaskStatus.CREATED])
 
 
+def test_a_paced_purge_pauses_between_its_rounds(executor, storage, clock):
+    """``pause_seconds`` waits between two rounds (on the service's clock), never after the
+    last: three full rounds of one task, then the round that finds none."""
+    for task_id in ("a", "b", "c"):
+        _finish(executor, storage, task_id, TaskStatus.COMPLETED)
+    cutoff = clock.now() + dt.timedelta(seconds=1)
+    began = clock.now()
+    progress: list[tuple[int, float]] = []
+
+    def seen(deleted: int) -> None:
+        progress.append((deleted, (clock.now() - began).total_seconds()))
+
+    assert executor.purge_finished(cutoff, batch=1, progress=seen, pause_seconds=5) == 3
+    assert progress == [(1, 0.0), (2, 5.0), (3, 10.0), (3, 15.0)]
+    assert (clock.now() - began).total_seconds() == 15.0
+
+
+@pytest.mark.parametrize("pause", [-1, 3601, float("nan"), "1", True, None])
+def test_a_bad_purge_pause_is_refused_before_anything_is_deleted(executor, storage, clock, pause):
+    _finish(executor, storage, "done", TaskStatus.COMPLETED)
+    with pytest.raises(ValueError, match="pause_seconds must be a number of seconds"):
+        executor.purge_finished(clock.now() + dt.timedelta(seconds=1), pause_seconds=pause)
+    assert executor.get_task("done") is not None
+
+
 def test_listing_pages_through_many_finished_tasks_newest_first(executor, storage, clock):
     ids = []
     for i in range(30):

@@ -163,6 +163,25 @@ def _add_purge(actions: Any) -> None:
         metavar="N",
         help="tasks deleted per round (default 500)",
     )
+    purge.add_argument(
+        "--pause",
+        type=_pause,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long between rounds, to pace a large purge (default 0)",
+    )
+
+
+def _pause(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= 3600):
+        raise argparse.ArgumentTypeError(
+            f"invalid --pause {value!r}: expected a number of seconds from 0 to 3600"
+        )
+    return seconds
 
 
 def _max_age(value: str) -> float:
@@ -426,7 +445,11 @@ class Command(BaseCommand):
 
         try:
             deleted = executor.purge_finished(
-                cutoff, statuses=statuses, batch=options["batch_size"], progress=progress
+                cutoff,
+                statuses=statuses,
+                batch=options["batch_size"],
+                progress=progress,
+                pause_seconds=options["pause"],
             )
         except KeyboardInterrupt:
             # Every finished batch is deleted for good; say how many, not a traceback.
