@@ -16,13 +16,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import random
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -37,6 +40,9 @@ T = TypeVar("T")
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0  # seconds for one server to answer PING
 CLUSTER_TIMEOUT = 30.0  # seconds for a new Cluster to report cluster_state:ok on every node
+# How long a Cluster node may not answer before the others mark it failing (ms). A manual
+# failover (CLUSTER FAILOVER) does not wait for it; only the detection of a dead node does.
+CLUSTER_NODE_TIMEOUT_MS = 5000
 SHARED_PORT = 6379  # the developer's / CI's shared server: never a port of ours
 
 _running: set[subprocess.Popen[bytes]] = set()
@@ -98,6 +104,19 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@functools.cache
+def debug_command_args() -> list[str]:
+    """The option that lets a local client send DEBUG: Redis 7 refuses DEBUG by default, and
+    Redis 6 does not know the option (and allows DEBUG)."""
+    version = subprocess.run(
+        [require_tool("redis-server"), "--version"], capture_output=True, text=True, timeout=10
+    ).stdout
+    found = re.search(r"v=(\d+)\.", version)
+    if found is None or int(found.group(1)) < 7:
+        return []
+    return ["--enable-debug-command", "local"]
 
 
 def _die_with_parent() -> None:
@@ -355,6 +374,185 @@ class SentinelSetup:
         return [[self.sentinel.host, self.sentinel.port]]
 
 
+@dataclasses.dataclass(frozen=True)
+class Failover:
+    """What :meth:`Cluster.fail_over` did: which node took over from which, and the sync point.
+
+    ``offset_before`` is the old master's replication offset read just before the failover
+    began: every write it acknowledged before then is at or below that offset. ``sync_offset``
+    is where the new master's copy of the old history ends (its ``second_repl_offset`` - 1):
+    what the new master holds of the old one. A manual failover makes the replica catch up
+    with the paused master first, so ``offset_before <= sync_offset``."""
+
+    old: RedisServer
+    new: RedisServer
+    slots: tuple[int, ...] = dataclasses.field(repr=False)
+    offset_before: int
+    sync_offset: int
+    started_at: float  # time.time() when CLUSTER FAILOVER was sent
+    switched_at: float  # time.time() when every live node served the slots from the new master
+    down_at: float  # time.time() when the old master was killed or put to sleep
+
+
+class Cluster:
+    """A Cluster the tests started (``nodes``: masters and replicas), and how to find the master
+    of a key, its replica, and fail it over. Topology is asked of the live nodes each time, so
+    it stays right after a failover."""
+
+    def __init__(self, nodes: list[RedisServer]) -> None:
+        self.nodes = nodes
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    @property
+    def live(self) -> list[RedisServer]:
+        return [node for node in self.nodes if node.running]
+
+    def by_port(self, port: int) -> RedisServer:
+        return next(node for node in self.nodes if node.port == port)
+
+    def node_id(self, node: RedisServer) -> str:
+        with node.client() as admin:
+            return str(admin.execute_command("CLUSTER", "MYID"))
+
+    def slot_of(self, key: str) -> int:
+        """CLUSTER KEYSLOT of ``key`` (a hash tag is honoured)."""
+        with self.live[0].client() as admin:
+            return int(admin.execute_command("CLUSTER", "KEYSLOT", key))
+
+    def slot_owners(self, node: RedisServer | None = None) -> dict[int, int]:
+        """Slot -> port of its master, as ``node`` (default: the first live one) sees it."""
+        with (node or self.live[0]).client() as admin:
+            ranges = admin.execute_command("CLUSTER", "SLOTS")
+        owners = {}
+        for start, end, master, *_replicas in ranges:
+            for slot in range(int(start), int(end) + 1):
+                owners[slot] = int(master[1])
+        return owners
+
+    def masters(self) -> list[RedisServer]:
+        """The live nodes that serve slots, as the first live node sees it."""
+        ports = sorted(set(self.slot_owners().values()))
+        return [self.by_port(port) for port in ports]
+
+    def master_of(self, key: str) -> RedisServer:
+        """The master serving ``key``'s slot."""
+        return self.by_port(self.slot_owners()[self.slot_of(key)])
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        """A live, in-sync replica of ``master`` (CLUSTER REPLICAS, asked of the master)."""
+        with master.client() as admin:
+            lines = admin.execute_command("CLUSTER", "REPLICAS", self.node_id(master))
+        for line in lines:
+            fields = line.split()
+            port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+            flags = fields[2].split(",")
+            replica = self.by_port(port)
+            if "fail" not in flags and "fail?" not in flags and replica.running:
+                return replica
+        raise LookupError(f"{master} has no live replica")
+
+    @staticmethod
+    def replication(node: RedisServer) -> dict[str, Any]:
+        with node.client() as admin:
+            return dict(admin.info("replication"))
+
+    def replicated_offset(self, master: RedisServer) -> int:
+        """Wait until every replica of ``master`` has its whole stream as of now, and return that
+        offset: every write the master acknowledged before this call is on its replicas."""
+        offset = int(self.replication(master)["master_repl_offset"])
+
+        def caught_up() -> bool:
+            info = self.replication(master)
+            replicas = [value for key, value in info.items() if key.startswith("slave")]
+            replicas = [value for value in replicas if isinstance(value, dict)]
+            return bool(replicas) and all(int(r["offset"]) >= offset for r in replicas)
+
+        wait_until(caught_up, CLUSTER_TIMEOUT, f"replicas of {master} reaching offset {offset}")
+        return offset
+
+    def settled(self) -> bool:
+        """Every live node reports cluster_state:ok, knows every node, agrees on who serves
+        each slot, and every live replica's link to its master is up."""
+        views = []
+        for node in self.live:
+            with node.client() as admin:
+                info = admin.cluster("INFO")
+                role = admin.execute_command("ROLE")[0]
+                replication = admin.info("replication")
+            if info.get("cluster_state") != "ok":
+                return False
+            if int(info.get("cluster_known_nodes", 0)) != len(self.nodes):
+                return False
+            if role == "slave" and replication.get("master_link_status") != "up":
+                return False
+            views.append(self.slot_owners(node))
+        return bool(views) and all(view == views[0] for view in views) and len(views[0]) == 16384
+
+    def fail_over(
+        self, master: RedisServer, *, then: str = "kill", sleep_seconds: float = 10.0
+    ) -> Failover:
+        """Fail ``master`` over to its replica the way an operator does, then take the old
+        master away: ``CLUSTER FAILOVER`` on the replica (a manual failover: the master pauses
+        its clients, the replica catches up with it, then takes its slots), wait until every
+        live node serves those slots from the replica, then ``then="kill"`` (SIGKILL) or
+        ``then="sleep"`` (``DEBUG SLEEP sleep_seconds``: it holds every connection unanswered
+        meanwhile, as a hung machine does)."""
+        if then not in ("kill", "sleep"):
+            raise ValueError(f"then={then!r}: 'kill' or 'sleep'")
+        replica = self.replica_of(master)
+        slots = tuple(slot for slot, port in self.slot_owners().items() if port == master.port)
+        offset_before = int(self.replication(master)["master_repl_offset"])
+        started_at = time.time()
+        with replica.client() as admin:
+            admin.execute_command("CLUSTER", "FAILOVER")
+
+        def switched() -> bool:
+            return all(
+                {self.slot_owners(node)[slot] for slot in slots[:1]} == {replica.port}
+                for node in self.live
+            )
+
+        wait_until(switched, CLUSTER_TIMEOUT, f"{replica} taking over from {master}")
+        switched_at = time.time()
+        info = self.replication(replica)
+        sync_offset = int(info["second_repl_offset"]) - 1
+        if then == "kill":
+            master.kill()
+        else:
+            sleeper = threading.Thread(
+                target=_debug_sleep, args=(master, sleep_seconds), daemon=True
+            )
+            sleeper.start()
+            # DEBUG SLEEP blocks the server as soon as it reads the command: wait for that
+            wait_until(lambda: not _answers_quickly(master), 5, f"{master} to fall asleep")
+        return Failover(
+            old=master,
+            new=replica,
+            slots=slots,
+            offset_before=offset_before,
+            sync_offset=sync_offset,
+            started_at=started_at,
+            switched_at=switched_at,
+            down_at=time.time(),
+        )
+
+
+def _debug_sleep(node: RedisServer, seconds: float) -> None:
+    with contextlib.suppress(redis.RedisError), node.client(socket_timeout=seconds + 10) as admin:
+        admin.execute_command("DEBUG", "SLEEP", seconds)
+
+
+def _answers_quickly(node: RedisServer) -> bool:
+    try:
+        with node.client(socket_timeout=0.2, socket_connect_timeout=0.2, retry=None) as admin:
+            return bool(admin.ping())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return False
+
+
 class SpareServers:
     """Starts servers under one directory and stops all of them in ``stop_all()``.
 
@@ -439,33 +637,32 @@ class SpareServers:
     def cluster(self, masters: int = 3) -> list[RedisServer]:
         """A Cluster of ``masters`` nodes without replicas, every slot assigned, ready once
         every node reports cluster_state:ok and knows every other node."""
+        return self.replicated_cluster(masters, replicas=0).nodes
+
+    def replicated_cluster(self, masters: int = 3, replicas: int = 1) -> Cluster:
+        """A Cluster of ``masters`` masters with ``replicas`` replicas each (every slot
+        assigned), ready once every node reports cluster_state:ok, knows every other node,
+        and every replica has finished its first sync. ``.nodes`` lists every node."""
         require_tool("redis-server")
         cli = require_tool("redis-cli")
         nodes = []
-        for _ in range(masters):
+        for _ in range(masters * (1 + replicas)):
             directory = self._directory("cluster")
             args = ["--cluster-enabled", "yes"]
             args += ["--cluster-config-file", str(directory / "nodes.conf")]
-            args += ["--cluster-node-timeout", "5000"]
+            args += ["--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)]
+            args += debug_command_args()  # fail_over(then="sleep") sends DEBUG SLEEP
             nodes.append(self._start(RedisServer(directory, args, with_bus=True)))
+        # redis-cli makes the first ``masters`` nodes masters and gives each the next ones as
+        # replicas (on one host it cannot spread them over machines, and says so).
         create = [cli, "--cluster", "create", *(f"{n.host}:{n.port}" for n in nodes)]
-        create += ["--cluster-replicas", "0", "--cluster-yes"]
+        create += ["--cluster-replicas", str(replicas), "--cluster-yes"]
         done = subprocess.run(create, capture_output=True, text=True, timeout=CLUSTER_TIMEOUT)
         if done.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed:\n{done.stdout}{done.stderr}")
-
-        def ready() -> bool:
-            for node in nodes:
-                with node.client() as client:
-                    info = client.cluster("INFO")
-                if info.get("cluster_state") != "ok" or int(
-                    info.get("cluster_known_nodes", 0)
-                ) != len(nodes):
-                    return False
-            return True
-
-        wait_until(ready, CLUSTER_TIMEOUT, "cluster_state:ok on every node")
-        return nodes
+        cluster = Cluster(nodes)
+        wait_until(cluster.settled, CLUSTER_TIMEOUT, "cluster_state:ok on every node")
+        return cluster
 
     def stop_all(self) -> None:
         for server in self.servers:
@@ -529,3 +726,10 @@ def redis_cluster_nodes(spare_redis_session: SpareServers) -> list[RedisServer]:
 def redis_cluster(redis_cluster_nodes: list[RedisServer]) -> list[str]:
     """The ``redis://127.0.0.1:<port>/0`` URLs of the spare Cluster's three masters."""
     return [node.url for node in redis_cluster_nodes]
+
+
+@pytest.fixture
+def redis_replicated_cluster(spare_redis: SpareServers) -> Cluster:
+    """Per test: a spare Cluster of 3 masters with 1 replica each (6 servers), killed after the
+    test; for tests that fail a master over or kill nodes."""
+    return spare_redis.replicated_cluster(3, replicas=1)
