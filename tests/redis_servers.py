@@ -378,20 +378,22 @@ class SentinelSetup:
 class Failover:
     """What :meth:`Cluster.fail_over` did: which node took over from which, and the sync point.
 
-    ``offset_before`` is the old master's replication offset read just before the failover
-    began: every write it acknowledged before then is at or below that offset. ``sync_offset``
-    is where the new master's copy of the old history ends (its ``second_repl_offset`` - 1):
-    what the new master holds of the old one. A manual failover makes the replica catch up
-    with the paused master first, so ``offset_before <= sync_offset``."""
+    ``offset_before`` is the old master's replication offset read at ``offset_at``, as the
+    failover began: every write it acknowledged before ``offset_at`` is at or below it.
+    ``sync_offset`` is where the new master's copy of the old history ends (its
+    ``second_repl_offset`` - 1): what the new master holds of the old one. A manual failover
+    makes the replica catch up with the paused master first, and a forced one here starts once
+    the replica has caught up with ``offset_before``, so ``offset_before <= sync_offset``
+    either way: the sync point."""
 
     old: RedisServer
     new: RedisServer
     slots: tuple[int, ...] = dataclasses.field(repr=False)
     offset_before: int
     sync_offset: int
-    started_at: float  # time.time() when CLUSTER FAILOVER was sent
+    offset_at: float  # time.time() just before offset_before was read: the failover's start
     switched_at: float  # time.time() when every live node served the slots from the new master
-    down_at: float  # time.time() when the old master was killed or put to sleep
+    down_at: float  # time.time() when the old master no longer answered
 
 
 class Cluster:
@@ -492,52 +494,78 @@ class Cluster:
         return bool(views) and all(view == views[0] for view in views) and len(views[0]) == 16384
 
     def fail_over(
-        self, master: RedisServer, *, then: str = "kill", sleep_seconds: float = 10.0
+        self,
+        master: RedisServer,
+        *,
+        then: str = "kill",
+        force: bool = False,
+        sleep_seconds: float = 10.0,
     ) -> Failover:
-        """Fail ``master`` over to its replica the way an operator does, then take the old
-        master away: ``CLUSTER FAILOVER`` on the replica (a manual failover: the master pauses
-        its clients, the replica catches up with it, then takes its slots), wait until every
-        live node serves those slots from the replica, then ``then="kill"`` (SIGKILL) or
-        ``then="sleep"`` (``DEBUG SLEEP sleep_seconds``: it holds every connection unanswered
-        meanwhile, as a hung machine does)."""
+        """Fail ``master`` over to its replica the way an operator does, and take the old master
+        away: SIGKILL (``then="kill"``) or ``DEBUG SLEEP sleep_seconds`` (``then="sleep"``: it
+        holds every connection unanswered meanwhile, as a hung machine does).
+
+        Without ``force``: ``CLUSTER FAILOVER`` on the replica (a manual failover: the master
+        pauses its writers, the replica catches up with it, then takes its slots), then, once
+        every live node serves those slots from the replica, the old master is taken away.
+        With ``force``: the master is taken away first (a crash), once its replicas have the
+        whole stream as of ``offset_before``; then ``CLUSTER FAILOVER FORCE`` on the replica,
+        which takes over without the master (what a Cluster does by itself after
+        ``cluster-node-timeout``, sooner). Returns when every other live node serves the slots
+        from the replica."""
         if then not in ("kill", "sleep"):
             raise ValueError(f"then={then!r}: 'kill' or 'sleep'")
         replica = self.replica_of(master)
         slots = tuple(slot for slot, port in self.slot_owners().items() if port == master.port)
-        offset_before = int(self.replication(master)["master_repl_offset"])
-        started_at = time.time()
+        offset_at = time.time()
+        if force:
+            offset_before = self.replicated_offset(master)
+            down_at = self._take_down(master, then, sleep_seconds)
+        else:
+            offset_before = int(self.replication(master)["master_repl_offset"])
         with replica.client() as admin:
-            admin.execute_command("CLUSTER", "FAILOVER")
+            admin.execute_command("CLUSTER", "FAILOVER", *(["FORCE"] if force else []))
+        others = [node for node in self.live if node is not master]
 
         def switched() -> bool:
-            return all(
-                {self.slot_owners(node)[slot] for slot in slots[:1]} == {replica.port}
-                for node in self.live
-            )
+            return all(self.slot_owners(node)[slots[0]] == replica.port for node in others)
 
         wait_until(switched, CLUSTER_TIMEOUT, f"{replica} taking over from {master}")
         switched_at = time.time()
-        info = self.replication(replica)
-        sync_offset = int(info["second_repl_offset"]) - 1
-        if then == "kill":
-            master.kill()
-        else:
-            sleeper = threading.Thread(
-                target=_debug_sleep, args=(master, sleep_seconds), daemon=True
-            )
-            sleeper.start()
-            # DEBUG SLEEP blocks the server as soon as it reads the command: wait for that
-            wait_until(lambda: not _answers_quickly(master), 5, f"{master} to fall asleep")
+        sync_offset = int(self.replication(replica)["second_repl_offset"]) - 1
+        if not force:
+            down_at = self._take_down(master, then, sleep_seconds)
         return Failover(
             old=master,
             new=replica,
             slots=slots,
             offset_before=offset_before,
             sync_offset=sync_offset,
-            started_at=started_at,
+            offset_at=offset_at,
             switched_at=switched_at,
-            down_at=time.time(),
+            down_at=down_at,
         )
+
+    def heal(self) -> None:
+        """Start every node that is not running again (same port and directory: a killed
+        master rejoins as a replica of the node that replaced it), and wait until the Cluster
+        has settled, every master again with a replica in sync."""
+        for node in self.nodes:
+            if not node.running:
+                node.start()
+        wait_until(self.settled, CLUSTER_TIMEOUT, "the healed Cluster to settle")
+
+    @staticmethod
+    def _take_down(node: RedisServer, then: str, sleep_seconds: float) -> float:
+        """Kill ``node`` or put it to sleep; time.time() once it no longer answers."""
+        if then == "kill":
+            node.kill()
+        else:
+            sleeper = threading.Thread(target=_debug_sleep, args=(node, sleep_seconds), daemon=True)
+            sleeper.start()
+            # DEBUG SLEEP blocks the server as soon as it reads the command: wait for that
+            wait_until(lambda: not _answers_quickly(node), 5, f"{node} to fall asleep")
+        return time.time()
 
 
 def _debug_sleep(node: RedisServer, seconds: float) -> None:
@@ -728,8 +756,15 @@ def redis_cluster(redis_cluster_nodes: list[RedisServer]) -> list[str]:
     return [node.url for node in redis_cluster_nodes]
 
 
+@pytest.fixture(scope="session")
+def _replicated_cluster(spare_redis_session: SpareServers) -> Cluster:
+    return spare_redis_session.replicated_cluster(3, replicas=1)
+
+
 @pytest.fixture
-def redis_replicated_cluster(spare_redis: SpareServers) -> Cluster:
-    """Per test: a spare Cluster of 3 masters with 1 replica each (6 servers), killed after the
-    test; for tests that fail a master over or kill nodes."""
-    return spare_redis.replicated_cluster(3, replicas=1)
+def redis_replicated_cluster(_replicated_cluster: Cluster) -> Iterator[Cluster]:
+    """A spare Cluster of 3 masters with 1 replica each (6 servers, shared by the session),
+    healed after each test (nodes it killed restarted, rejoining as replicas): for tests that
+    fail a master over or kill nodes. Use key prefixes of your own on it."""
+    yield _replicated_cluster
+    _replicated_cluster.heal()
