@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from tests.conftest import IN_CI
+from tests.ci import IN_CI
 
 T = TypeVar("T")
 HOST = "127.0.0.1"
