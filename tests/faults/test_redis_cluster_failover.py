@@ -24,7 +24,7 @@ from ..redis_support import index_problems
 from .journal import Faults, Journal, Run, check_runs
 
 if TYPE_CHECKING:
-    from tests.redis_servers import Cluster
+    from tests.redis_clusters import Cluster
 
 pytest_plugins = ["tests.redis_servers"]  # redis_replicated_cluster
 
