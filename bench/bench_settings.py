@@ -8,6 +8,8 @@ starts) after setting the ``RE_*`` variables that choose the database. Differenc
   which is not what a deployed worker pays.
 * ``RE_BENCH_REDIS_URL`` and ``RE_BENCH_KEY_PREFIX`` (``--storage redis``) select the Redis
   storage at that URL under that key prefix.
+* ``RE_BENCH_REDIS_CLUSTER=1`` (``cluster.py``): ``RE_BENCH_REDIS_URL`` is one node of a
+  Redis Cluster (``REDIS_CLUSTER``); ``RE_BENCH_REDIS_SHARDS`` sets ``REDIS_SHARDS`` when given.
 * ``RE_BENCH_CONN_MAX_AGE`` (optional, seconds; ``none`` = unlimited) sets ``CONN_MAX_AGE`` of
   every database alias; unset keeps Django's default (0: a connection per request/task).
 * ``RE_BENCH_FINISHED_RETENTION`` (optional, seconds) sets ``FINISHED_RETENTION``: the soak
@@ -32,6 +34,14 @@ if os.environ.get("RE_BENCH_REDIS_URL"):
         "STORAGE": "redis",
         "REDIS_URL": os.environ["RE_BENCH_REDIS_URL"],
         "KEY_PREFIX": os.environ.get("RE_BENCH_KEY_PREFIX", "reliable_executor_bench"),
+    }
+
+if os.environ.get("RE_BENCH_REDIS_CLUSTER") == "1":
+    RELIABLE_EXECUTOR = {**RELIABLE_EXECUTOR, "REDIS_CLUSTER": True}
+if os.environ.get("RE_BENCH_REDIS_SHARDS"):
+    RELIABLE_EXECUTOR = {
+        **RELIABLE_EXECUTOR,
+        "REDIS_SHARDS": int(os.environ["RE_BENCH_REDIS_SHARDS"]),
     }
 
 if os.environ.get("RE_BENCH_FINISHED_RETENTION"):

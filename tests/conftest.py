@@ -19,7 +19,7 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from .ci import IN_CI
 
 SERVERS = {
     "mariadb": (

@@ -45,6 +45,7 @@ _OVERRIDDEN = (
     "RE_LOG_LEVEL",
     "RE_STORAGE",
     "RE_REDIS_URL",
+    "RE_REDIS_CLUSTER",
     "RE_KEY_PREFIX",
     "RE_OTEL_SPANS",
     "RE_LOG_JSON",
@@ -67,6 +68,7 @@ class Backend:
     name: str  # "default" (SQLite), "mariadb", "postgres" or "redis": the alias parameter
     key_prefix: str  # the key_prefix fixture's; only Redis uses it
     redis_url: str = REDIS_URL  # another server's (a throw-away one the test restarts)
+    redis_cluster: bool = False  # redis_url is one node of a Redis Cluster (REDIS_CLUSTER)
 
     @property
     def db_alias(self) -> str:
@@ -75,6 +77,17 @@ class Backend:
 
     def storage(self) -> TaskStorage:
         """A storage over the same tasks the subprocesses see (real clock)."""
+        if self.redis_cluster:
+            from django_reliable_executor.conf import ExecutorSettings
+            from django_reliable_executor.storage import build_storage
+
+            settings = ExecutorSettings(
+                STORAGE="redis",
+                REDIS_URL=self.redis_url,
+                REDIS_CLUSTER=True,
+                KEY_PREFIX=self.key_prefix,
+            )
+            return build_storage(settings)
         return new_storage(self.name, self.key_prefix, redis_url=self.redis_url)
 
     def environment(self) -> dict[str, str]:
@@ -91,6 +104,8 @@ class Backend:
             env.update(
                 RE_STORAGE="redis", RE_REDIS_URL=self.redis_url, RE_KEY_PREFIX=self.key_prefix
             )
+            if self.redis_cluster:
+                env["RE_REDIS_CLUSTER"] = "1"
         return env
 
 

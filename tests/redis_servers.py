@@ -1,4 +1,5 @@
-"""Throw-away redis-server processes (plain, TLS, ACL, Sentinel, Cluster) and their fixtures.
+"""Throw-away redis-server processes (plain, TLS, ACL, Sentinel, Cluster, a Cluster with
+replicas to fail over) and their fixtures.
 
 Every server runs in a directory of its own under pytest's tmp dir, binds 127.0.0.1 on a port
 picked here, and is killed at teardown (and, on Linux, when the test run itself dies). The shared
@@ -16,7 +17,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import random
+import re
 import shutil
 import signal
 import socket
@@ -26,17 +29,23 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import redis
 
-from tests.conftest import IN_CI
+from tests.ci import IN_CI
+
+if TYPE_CHECKING:
+    from tests.redis_clusters import Cluster
 
 T = TypeVar("T")
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0  # seconds for one server to answer PING
 CLUSTER_TIMEOUT = 30.0  # seconds for a new Cluster to report cluster_state:ok on every node
+# How long a Cluster node may not answer before the others mark it failing (ms). A manual
+# failover (CLUSTER FAILOVER) does not wait for it; only the detection of a dead node does.
+CLUSTER_NODE_TIMEOUT_MS = 5000
 SHARED_PORT = 6379  # the developer's / CI's shared server: never a port of ours
 
 _running: set[subprocess.Popen[bytes]] = set()
@@ -98,6 +107,19 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@functools.cache
+def debug_command_args() -> list[str]:
+    """The option that lets a local client send DEBUG: Redis 7 refuses DEBUG by default, and
+    Redis 6 does not know the option (and allows DEBUG)."""
+    version = subprocess.run(
+        [require_tool("redis-server"), "--version"], capture_output=True, text=True, timeout=10
+    ).stdout
+    found = re.search(r"v=(\d+)\.", version)
+    if found is None or int(found.group(1)) < 7:
+        return []
+    return ["--enable-debug-command", "local"]
 
 
 def _die_with_parent() -> None:
@@ -439,33 +461,34 @@ class SpareServers:
     def cluster(self, masters: int = 3) -> list[RedisServer]:
         """A Cluster of ``masters`` nodes without replicas, every slot assigned, ready once
         every node reports cluster_state:ok and knows every other node."""
+        return self.replicated_cluster(masters, replicas=0).nodes
+
+    def replicated_cluster(self, masters: int = 3, replicas: int = 1) -> Cluster:
+        """A Cluster of ``masters`` masters with ``replicas`` replicas each (every slot
+        assigned), ready once every node reports cluster_state:ok, knows every other node,
+        and every replica has finished its first sync. ``.nodes`` lists every node."""
         require_tool("redis-server")
         cli = require_tool("redis-cli")
         nodes = []
-        for _ in range(masters):
+        for _ in range(masters * (1 + replicas)):
             directory = self._directory("cluster")
             args = ["--cluster-enabled", "yes"]
             args += ["--cluster-config-file", str(directory / "nodes.conf")]
-            args += ["--cluster-node-timeout", "5000"]
+            args += ["--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)]
+            args += debug_command_args()  # fail_over(then="sleep") sends DEBUG SLEEP
             nodes.append(self._start(RedisServer(directory, args, with_bus=True)))
+        # redis-cli makes the first ``masters`` nodes masters and gives each the next ones as
+        # replicas (on one host it cannot spread them over machines, and says so).
         create = [cli, "--cluster", "create", *(f"{n.host}:{n.port}" for n in nodes)]
-        create += ["--cluster-replicas", "0", "--cluster-yes"]
+        create += ["--cluster-replicas", str(replicas), "--cluster-yes"]
         done = subprocess.run(create, capture_output=True, text=True, timeout=CLUSTER_TIMEOUT)
         if done.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed:\n{done.stdout}{done.stderr}")
+        from tests.redis_clusters import Cluster  # it builds on this module
 
-        def ready() -> bool:
-            for node in nodes:
-                with node.client() as client:
-                    info = client.cluster("INFO")
-                if info.get("cluster_state") != "ok" or int(
-                    info.get("cluster_known_nodes", 0)
-                ) != len(nodes):
-                    return False
-            return True
-
-        wait_until(ready, CLUSTER_TIMEOUT, "cluster_state:ok on every node")
-        return nodes
+        cluster = Cluster(nodes)
+        wait_until(cluster.settled, CLUSTER_TIMEOUT, "cluster_state:ok on every node")
+        return cluster
 
     def stop_all(self) -> None:
         for server in self.servers:
@@ -529,3 +552,17 @@ def redis_cluster_nodes(spare_redis_session: SpareServers) -> list[RedisServer]:
 def redis_cluster(redis_cluster_nodes: list[RedisServer]) -> list[str]:
     """The ``redis://127.0.0.1:<port>/0`` URLs of the spare Cluster's three masters."""
     return [node.url for node in redis_cluster_nodes]
+
+
+@pytest.fixture(scope="session")
+def _replicated_cluster(spare_redis_session: SpareServers) -> Cluster:
+    return spare_redis_session.replicated_cluster(3, replicas=1)
+
+
+@pytest.fixture
+def redis_replicated_cluster(_replicated_cluster: Cluster) -> Iterator[Cluster]:
+    """A spare Cluster of 3 masters with 1 replica each (6 servers, shared by the session),
+    healed after each test (nodes it killed restarted, rejoining as replicas): for tests that
+    fail a master over or kill nodes. Use key prefixes of your own on it."""
+    yield _replicated_cluster
+    _replicated_cluster.heal()

@@ -16,6 +16,7 @@ the tests must see the tables pytest created).
 live in Redis at ``RE_REDIS_URL`` (default redis://127.0.0.1:6379/0) under ``RE_KEY_PREFIX``
 (default reliable_executor), and ``RE_DATABASE`` only names the database of the demo app's tables.
 Each of the three sets its RELIABLE_EXECUTOR key only when given, so the app's defaults apply.
+``RE_REDIS_CLUSTER=1`` sets ``REDIS_CLUSTER``: ``RE_REDIS_URL`` is then one node of a Cluster.
 
 Under pytest every run gets databases of its own: ``RE_DB_SUFFIX`` (default: the pytest process
 id) is appended to every database name and exported, so subprocesses inherit it and parallel runs
@@ -171,6 +172,8 @@ for _key in ("STORAGE", "REDIS_URL", "KEY_PREFIX"):
     _text = env(f"RE_{_key}")
     if _text:
         RELIABLE_EXECUTOR[_key] = _text
+if env("RE_REDIS_CLUSTER") == "1":  # RE_REDIS_URL then names one node of a Redis Cluster
+    RELIABLE_EXECUTOR["REDIS_CLUSTER"] = True
 for _key in ("LEASE_TIMEOUT", "MASTER_LOCK_TTL", "POLL_INTERVAL"):
     _value = env(f"RE_{_key}")
     if _value:
