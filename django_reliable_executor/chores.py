@@ -1,6 +1,6 @@
 """The master's chores, each idempotent and bounded per round: fire due schedules, promote due
-tasks, recover expired leases, time out tasks past their max duration, purge finished tasks past
-retention."""
+tasks, recover expired leases, time out tasks past their max duration, purge finished tasks and
+batches past retention."""
 
 from __future__ import annotations
 
@@ -91,9 +91,14 @@ class MasterChores:
             purged = storage.purge_finished(cutoff, BATCH)
             if purged:
                 logger.info("purged %d finished tasks older than %s", purged, cutoff.isoformat())
+            # Batches once the tasks are caught up: their members, finished before them, are
+            # gone first, so a batch's member index is empty (or nearly) when it is dropped.
+            batches = storage.purge_batches(cutoff, BATCH) if purged < BATCH else 0
+            if batches:
+                logger.info("purged %d finished batches older than %s", batches, cutoff.isoformat())
             silent_since = self.executor.clock.now() - dt.timedelta(seconds=self.worker_ttl_seconds)
             storage.forget_workers(silent_since)
-            if purged >= BATCH:
+            if purged >= BATCH or batches >= BATCH:
                 busy = True
             else:
                 self._next_purge = time.monotonic() + PURGE_EVERY_SECONDS

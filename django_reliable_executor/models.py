@@ -312,7 +312,11 @@ class ReliableBatch(models.Model):
         db_table = "reliable_executor_batch"
         verbose_name = "reliable batch"
         verbose_name_plural = "reliable batches"
-        indexes = [models.Index(fields=["created_at"], name="rexec_batch_created_idx")]
+        indexes = [
+            models.Index(fields=["created_at"], name="rexec_batch_created_idx"),
+            # The purge's: finished batches past retention, oldest first.
+            models.Index(fields=["finished_at"], name="rexec_batch_finished_idx"),
+        ]
 
     def __str__(self) -> str:
         return self.batch_id

@@ -412,6 +412,19 @@ class ReliableExecutor:
             if pause_seconds:
                 self.clock.sleep(pause_seconds)
 
+    def purge_batches(self, finished_before: dt.datetime, *, batch: int = 500) -> int:
+        """Delete the batches that finished before ``finished_before`` (``get_batch`` then
+        answers None; members still stored keep their ``batch_id``), ``batch`` at a time.
+        Batches not finished are kept. Returns how many were deleted."""
+        if not is_int(batch) or batch < 1:
+            raise ValueError("batch must be an integer >= 1")
+        deleted = 0
+        while True:
+            done = self.storage.purge_batches(finished_before, batch)
+            deleted += done
+            if done < batch:
+                return deleted
+
     # -- schedules (see schedules/operations.py) ------------------------------------------
     def schedule(
         self,

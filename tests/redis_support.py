@@ -132,7 +132,7 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             pass  # the admin chart's endings per minute (throughput.py): counts, no task
         elif family == "deps" and kind == "set":
             pass  # dependencies: the dependents of task <id> (settled by its ending script)
-        elif (family, kind) == ("b", "hash") or (key, kind) == ("batches", "zset"):
+        elif (family, kind) in (("b", "hash"), ("bm", "zset")) or (key, kind) in BATCH_INDEXES:
             pass  # batches: checked by batch_problems
         elif family == "wake" and kind == "list":
             if value != ["1"]:
@@ -255,14 +255,26 @@ BATCH_COUNTERS = {"COMPLETED": "ok", "CANCELLED": "cx", "FAILED": "ko", "TIMEOUT
 BATCH_COUNTERS["ERROR"] = "ko"
 
 
+BATCH_INDEXES = {("batches", "zset"), ("batches:finished", "zset")}
+
+
 def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str]:
-    """Each batch hash's counters equal its members as stored (every member kept: nothing
-    purged): n the members (tasks whose bt names it), ok/ko/cx the ended ones by outcome."""
+    """Each batch hash's counters equal its members as stored: n the members (tasks whose bt
+    names it), ok/ko/cx the ended ones by outcome (ended members purged: at least those left,
+    and the others all live); its
+    member index holds each member once, in its status's group (LIVE until it ends), scored
+    by creation; the finished index holds exactly the finished batches, by finish time."""
     problems: list[str] = []
+    batches = {}
+    indexed: dict[str, list[tuple[str, str]]] = defaultdict(list)  # member -> (key, score)
     for key, (kind, value) in snap.items():
-        family, _, batch_id = key.partition(":")
-        if family != "b" or kind != "hash":
-            continue
+        family, _, rest = key.partition(":")
+        if family == "b" and kind == "hash":
+            batches[rest] = value
+        elif family == "bm" and kind == "zset":
+            for task_id, score in value:
+                indexed[task_id].append((key, score))
+    for batch_id, value in batches.items():
         members = [t for t in tasks.values() if t.get("bt") == batch_id]
         expected = {"n": len(members), "ok": 0, "ko": 0, "cx": 0}
         for member in members:
@@ -270,8 +282,28 @@ def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str
             if counter is not None:
                 expected[counter] += 1
         stored = {field: int(value.get(field, 0)) for field in expected}
-        if stored != expected:
+        if stored["n"] > expected["n"]:
+            # Members purged (ended ones only): the ended counters may exceed what is left,
+            # the members not ended are exactly the ones stored live.
+            live = sum(1 for member in members if member["s"] not in BATCH_COUNTERS)
+            pending = stored["n"] - stored["ok"] - stored["ko"] - stored["cx"]
+            if pending != live or any(stored[c] < expected[c] for c in ("ok", "ko", "cx")):
+                problems.append(f"batch {batch_id} counts {stored}, its members left {expected}")
+        elif stored != expected:
             problems.append(f"batch {batch_id} counts {stored}, its members {expected}")
+    for task_id, task in tasks.items():
+        batch_id = task.get("bt")
+        group = task["s"] if task["s"] in BATCH_COUNTERS else "LIVE"
+        want = [(f"bm:{batch_id}:{group}", task["c"])] if batch_id in batches else []
+        if indexed.pop(task_id, []) != want:
+            problems.append(f"task {task_id} of batch {batch_id} not indexed as {want}")
+    problems += [
+        f"{key} holds {task_id}, no such task" for task_id in indexed for key, _ in indexed[task_id]
+    ]
+    finished = {b: v["f"] for b, v in batches.items() if v.get("f")}
+    listed = dict(snap.get("batches:finished", ("zset", []))[1])
+    if listed != finished:
+        problems.append(f"batches:finished holds {listed}, the finished batches {finished}")
     return problems
 
 

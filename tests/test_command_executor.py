@@ -18,7 +18,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_reliable_executor import TaskStatus, signals
+from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.clock import FakeClock, system_clock
 from django_reliable_executor.management.output import format_age, parse_duration
 from django_reliable_executor.master_lock import MASTER_LOCK_NAME
@@ -492,6 +492,20 @@ def test_purge_by_status_and_age_never_touches_live_tasks(aged, live):
     purged_before(result, 1, 0)
     # live tasks stay, however old
     assert remaining(live) == {"old-running", "old-waiting"}
+
+
+def test_purge_of_every_status_drops_the_batches_finished_as_long_ago(now_ex, past_ex, live):
+    for ex, batch_id in ((past_ex, "old-batch"), (now_ex, "new-batch")):
+        ex.submit_batch([TaskSubmitRequest("demo.echo", task_id=batch_id + "-0")], batch_id)
+        ex.cancel_task(batch_id + "-0")  # its only member ended: the batch is finished
+    result = run("purge", "--older-than", "7d", "--status", "CANCELLED", "--yes")
+    assert len(result.lines) == 1  # no batch line: batches are purged with every status only
+    purged_before(result, 1, 7 * 86400)
+    assert live.get_batch("old-batch") is not None  # kept with --status
+    result = run("purge", "--older-than", "7d", "--yes")
+    assert result.lines[0].startswith("purged 1 batches finished before ")
+    purged_before(result, 0, 7 * 86400)
+    assert (live.get_batch("old-batch"), live.get_batch("new-batch").finished) == (None, True)
 
 
 def test_purge_asks_on_a_terminal(aged, live):

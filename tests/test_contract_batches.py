@@ -3,6 +3,8 @@ when every member completed), a retried member never refiring them, bad input st
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from django_reliable_executor import (
@@ -11,6 +13,7 @@ from django_reliable_executor import (
     TaskSubmitError,
     TaskSubmitRequest,
 )
+from django_reliable_executor.chores import MasterChores
 
 from .contract_support import HOOKS, LEASE, raising, run_claims
 
@@ -319,3 +322,75 @@ def test_members_carry_the_submitters_trace_context_and_their_batch(executor):
     run_all(executor)
     assert executor.get_task("done").batch_id == "b11"
     assert executor.get_batch("b11").completed == 2
+
+
+# -- purge ------------------------------------------------------------------------------------
+def _finished_batch(executor, batch_id: str) -> None:
+    """A batch of one member, cancelled: finished now, its callback run now too."""
+    executor.submit_batch(
+        members(1, prefix=f"{batch_id}-"),
+        batch_id=batch_id,
+        on_complete=TaskSubmitRequest("contract.hook", None, task_id=f"{batch_id}-done"),
+    )
+    executor.cancel_task(f"{batch_id}-0")
+    run_all(executor)
+    assert executor.get_batch(batch_id).finished
+
+
+def _open_batch(executor, n: int) -> None:
+    """A batch of ``n`` members in a queue no test claims: it never finishes here."""
+    requests = [
+        TaskSubmitRequest("contract.hook", task_id=f"open-{i}", queue="q2") for i in range(n)
+    ]
+    executor.submit_batch(requests, batch_id="open")
+
+
+def test_batches_finished_before_the_cutoff_are_purged_others_kept(executor, storage, clock):
+    _finished_batch(executor, "old")
+    _open_batch(executor, 2)
+    executor.cancel_task("open-0")
+    clock.advance(10)
+    cutoff = clock.now()
+    _finished_batch(executor, "old2")  # finished at the cutoff: not before it
+    clock.advance(10)
+    assert storage.purge_batches(cutoff, 100) == 1
+    assert executor.get_batch("old") is None
+    assert executor.get_batch("old2").finished
+    assert executor.get_batch("open").cancelled == 1
+    # Its member and callback are tasks, purged on their own: still listed by the batch's id,
+    # still counting nowhere when retried and run again.
+    assert sorted(t.task_id for t in executor.list_tasks(batch_id="old")) == ["old-0", "old-done"]
+    assert executor.retry_task("old-0")
+    run_all(executor)
+    assert executor.get_task("old-0").status is TaskStatus.COMPLETED
+    assert executor.get_batch("old") is None
+    assert storage.purge_batches(clock.now(), 100) == 1  # "old2"; "open" is not finished
+    assert executor.get_batch("open") is not None
+    executor.purge_finished(clock.now() + dt.timedelta(seconds=1))
+    assert executor.list_tasks(batch_id="old") == []
+    assert [t.task_id for t in executor.list_tasks(batch_id="open")] == ["open-1"]
+
+
+def test_batch_purge_goes_oldest_first_limit_at_a_time(executor, storage, clock):
+    for batch_id in ("b1", "b2", "b3"):
+        _finished_batch(executor, batch_id)
+        clock.advance(1)
+    assert storage.purge_batches(clock.now(), 2) == 2
+    assert [executor.get_batch(b) is None for b in ("b1", "b2", "b3")] == [True, True, False]
+    assert executor.purge_batches(clock.now(), batch=1) == 1
+    assert executor.get_batch("b3") is None
+    with pytest.raises(ValueError, match="batch"):
+        executor.purge_batches(clock.now(), batch=0)
+
+
+def test_the_masters_purge_drops_batches_past_retention(executor, clock):
+    _finished_batch(executor, "old")
+    clock.advance(100)
+    _finished_batch(executor, "young")
+    _open_batch(executor, 1)
+    clock.advance(60)
+    MasterChores(executor, retention_seconds=120).run_once()
+    assert executor.get_batch("old") is None
+    assert executor.list_tasks(batch_id="old") == []  # its member and callback went first
+    assert executor.get_batch("young").finished
+    assert executor.get_batch("open").pending == 1

@@ -74,6 +74,12 @@ class TaskStorage(ScheduleStorage):
         this call does. Atomic, and a no-op on a sealed batch."""
         raise NotImplementedError
 
+    def purge_batches(self, finished_before: dt.datetime, limit: int) -> int:
+        """Delete up to ``limit`` batches that finished before the given time, oldest first
+        (the batch's record and indexes; its members are tasks, purged on their own).
+        A batch not finished is kept, however old. Each batch is deleted atomically."""
+        raise NotImplementedError
+
     def existing_ids(self, task_ids: Sequence[str]) -> builtins.list[str]:
         """Which of these task ids are stored (a batch's members must be new)."""
         return builtins.list(self.get_many(task_ids))

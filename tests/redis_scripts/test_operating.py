@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.exceptions import AttemptStillRunningError
 from django_reliable_executor.records import Claim
@@ -415,10 +416,14 @@ def test_submit_leaves_an_existing_id_byte_for_byte(storage, executor, clock, st
 
 # -- the indexes stay consistent through any mix of transitions -----------------------------
 QUEUES = ("default", "other")
+# Walks that submit batches too (their members indexed and counted, finished ones purged).
+BATCH_WALKS = [(seed, True) for seed in (11, 12, 13)]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
-def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed):
+@pytest.mark.parametrize(
+    ("seed", "batches"), [(1, False), (2, False), (3, False), (4, False), (5, False)] + BATCH_WALKS
+)
+def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed, batches):
     """Submit, claim, start, complete, fail, cancel, retry, release, recover... at random, with
     clock jumps; every claim ever handed out stays in play, so most late calls are stale.
     After every step the indexes must be consistent, and a refused call must change nothing."""
@@ -428,6 +433,8 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
     started: list[Claim] = []  # every claim start accepted
     seen: set[str] = set()
     refusals = Counter[str]()
+    batches_finished: set[str] = set()
+    batches_purged: list[int] = []
 
     def pick(items: list[Any]) -> Any:
         return rng.choice(items) if items else None
@@ -451,6 +458,17 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
             retry_interval=rng.choice((0, 10_000)),
             max_duration_millis=rng.choice((None, None, 120_000)),
         )
+        return False
+
+    def do_submit_batch() -> bool:
+        # A few new members (the batch's index and counters follow them through every step).
+        first = len(ids)
+        ids.extend(f"w{first + n}" for n in range(rng.randint(1, 2)))
+        requests = [
+            TaskSubmitRequest("demo.echo", None, task_id=task_id, queue=rng.choice(QUEUES))
+            for task_id in ids[first:]
+        ]
+        executor.submit_batch(requests, batch_id=f"b{first}")
         return False
 
     def do_claim() -> bool:
@@ -512,6 +530,7 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
         storage.expire_overdue(50)
         storage.promote_due(50)
         storage.purge_finished(clock.now() - dt.timedelta(seconds=120), 50)
+        batches_purged.append(storage.purge_batches(clock.now() - dt.timedelta(seconds=100), 50))
         return False
 
     def do_advance() -> bool:
@@ -519,7 +538,7 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
         return False
 
     steps: dict[Callable[[], bool], int] = {
-        do_submit: 14,
+        do_submit: 11 if batches else 14,
         do_claim: 12,
         do_start: 12,
         do_complete: 7,
@@ -531,6 +550,7 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
         do_retry: 5,
         do_chores: 6,
         do_advance: 10,
+        do_submit_batch: 3 if batches else 0,  # last: without it, the walks of old stay the same
     }
     before = snapshot(storage)
     for step in range(300):
@@ -543,8 +563,10 @@ def test_random_walk_keeps_the_indexes_consistent(storage, executor, clock, seed
             assert after == before, f"{where}: refused, yet Redis changed"
         assert index_problems(storage, after) == [], where
         seen.update(v["s"] for key, (_, v) in after.items() if key.startswith("t:"))
+        batches_finished |= {b for b, _ in after.get("batches:finished", ("zset", []))[1]}
         before = after
     # The walk went through the states and the lost races it is meant to cover.
+    assert (bool(batches_finished), sum(batches_purged) > 0) == (batches, batches)
     assert {"CREATED", "PENDING", "RUNNING", "COMPLETED"} <= seen
     assert len(seen & {"FAILED", "TIMEOUT", "CANCELLED", "ERROR"}) >= 2
     assert refusals["do_start"] and refusals["do_complete"] + refusals["do_fail"]

@@ -451,6 +451,10 @@ class Command(BaseCommand):
                 progress=progress,
                 pause_seconds=options["pause"],
             )
+            # Every finished task is gone: the batches that finished as long ago go too (with
+            # --status, some of their members are kept: so are they).
+            every = set(statuses) == set(FINISHED)
+            batches = executor.purge_batches(cutoff, batch=options["batch_size"]) if every else 0
         except KeyboardInterrupt:
             # Every finished batch is deleted for good; say how many, not a traceback.
             if draw is not None:
@@ -461,6 +465,8 @@ class Command(BaseCommand):
             ) from None
         if draw is not None:
             self.stderr.write("", style_func=_plain)  # end the progress line
+        if every:
+            self.stdout.write(f"purged {batches} batches finished before {cutoff.isoformat()}")
         self.stdout.write(f"purged {deleted} tasks finished before {cutoff.isoformat()}")
 
     def _confirmed(self, question: str, stdin: Any) -> bool:

@@ -3,6 +3,7 @@ kept by each member's ending write in that write's transaction (see batches.py f
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -20,8 +21,9 @@ COUNTERS = ("completed", "failed", "cancelled")
 
 
 class Batches(DatabaseAccess):
-    """open_batch, add_to_batch, seal_batch, get_batch; and the counting the transitions and
-    chores call in their own transactions (_settle_batches, _reopen_batch_member)."""
+    """open_batch, add_to_batch, seal_batch, get_batch, purge_batches; and the counting the
+    transitions and chores call in their own transactions (_settle_batches,
+    _reopen_batch_member)."""
 
     def _batches(self) -> QuerySet[ReliableBatch]:
         return ReliableBatch.objects.using(self.alias)
@@ -64,6 +66,16 @@ class Batches(DatabaseAccess):
     def get_batch(self, batch_id: str) -> BatchInfo | None:
         row = self._batches().filter(pk=batch_id).first()
         return _info(row) if row is not None else None
+
+    def purge_batches(self, finished_before: dt.datetime, limit: int) -> int:
+        # Ids first (the finished_at index), then a DELETE by primary key: short, and it locks
+        # only these rows (a member's ending write may lock one meanwhile: it then counts in a
+        # batch about to go, or finds none, as a member ending after its batch was purged).
+        finished = self._batches().filter(finished_at__lt=finished_before)
+        ids = list(finished.order_by("finished_at").values_list("pk", flat=True)[:limit])
+        if not ids:
+            return 0
+        return finished.filter(pk__in=ids).delete()[0]
 
     def _settle_batches(self, ended: Sequence[tuple[str | None, str, str]]) -> None:
         by_batch: dict[str, list[tuple[str, str]]] = defaultdict(list)

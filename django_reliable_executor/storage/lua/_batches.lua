@@ -4,11 +4,24 @@
 -- cancelled, sl "1" once sealed, c created, f finished, cb the callbacks as JSON (for reading),
 -- oc/os the on_complete/on_success task as a JSON array of store_task's TASK_ARGS values.
 -- A member's hash holds bt = its batch id; a callback's holds bc (counted in no batch).
+-- P bm:<id>:<group>: ZSET of the batch's members scored by creation, so a page of them costs
+-- a range read: group LIVE while a member has not ended, else its terminal status (moved by
+-- the writes that count it: store_task, settle_batch, reopen_batch_member; a purged member
+-- leaves it in purge.lua). P batches:finished: ZSET of finished batch ids by finish time
+-- (what batch_purge.lua deletes past retention, with the batch's member indexes).
 local BATCH_COUNTERS = {COMPLETED = 'ok', CANCELLED = 'cx', FAILED = 'ko', TIMEOUT = 'ko',
   ERROR = 'ko'}
 
 local function batch_key(batch_id)
   return P .. 'b:' .. batch_id
+end
+
+-- The groups of a batch's member index (see above). A status holds no ':', so the group
+-- after the last ':' names the key unambiguously whatever the batch id.
+local MEMBER_GROUPS = {'LIVE', 'COMPLETED', 'FAILED', 'TIMEOUT', 'ERROR', 'CANCELLED'}
+
+local function members_key(batch_id, group)
+  return P .. 'bm:' .. batch_id .. ':' .. group
 end
 
 -- Store a batch's callback (`field` oc/os) now: its delay and deadline count from now.
@@ -49,15 +62,16 @@ local function finish_batch_if_done(bkey, batch_id)
     return
   end
   redis.call('HSET', bkey, 'f', NOW)
+  redis.call('ZADD', P .. 'batches:finished', NOW, batch_id)
   fire_callback(bkey, 'oc', batch_id)
   if ok == total then
     fire_callback(bkey, 'os', batch_id)
   end
 end
 
--- Called by end_task for every task reaching a terminal `status` (a dependent cancelled by the
--- cascade too): a member counts in its batch.
-settle_batch = function(key, status)
+-- Called by end_task for every task `id` reaching a terminal `status` (a dependent cancelled
+-- by the cascade too): a member counts in its batch and moves to its status in the index.
+settle_batch = function(id, key, status)
   local batch_id = redis.call('HGET', key, 'bt')
   if not batch_id then
     return
@@ -67,17 +81,24 @@ settle_batch = function(key, status)
     return -- the batch was purged before its member
   end
   redis.call('HINCRBY', bkey, BATCH_COUNTERS[status], 1)
+  redis.call('ZREM', members_key(batch_id, 'LIVE'), id)
+  redis.call('ZADD', members_key(batch_id, status), redis.call('HGET', key, 'c'), id)
   finish_batch_if_done(bkey, batch_id)
 end
 
 -- A member retried by hand (retry.lua) leaves the counter of the `status` it had: pending
 -- again, counted anew when it ends. A finished batch stays finished: no callback twice.
-local function reopen_batch_member(key, status)
+local function reopen_batch_member(id, key, status)
   local batch_id = redis.call('HGET', key, 'bt')
   if not batch_id then
     return
   end
   local bkey = batch_key(batch_id)
+  if redis.call('EXISTS', bkey) == 0 then
+    return -- the batch was purged before its member
+  end
+  redis.call('ZREM', members_key(batch_id, status), id)
+  redis.call('ZADD', members_key(batch_id, 'LIVE'), redis.call('HGET', key, 'c'), id)
   local counter = BATCH_COUNTERS[status]
   if tonumber(redis.call('HGET', bkey, counter) or 0) > 0 then
     redis.call('HINCRBY', bkey, counter, -1)

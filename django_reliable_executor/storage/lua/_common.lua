@@ -332,7 +332,7 @@ local function end_task(id, key, queue, from, status)
   redis.call('ZADD', FINISHED, NOW, id)
   redis.call('ZADD', P .. 'done:' .. status, redis.call('HGET', key, 'c'), id)
   recount(queue, from, status)
-  settle_batch(key, status)
+  settle_batch(id, key, status)
 end
 
 -- Dependencies (dependencies.py). A waiting dependent is CREATED, in its queue's schedule at
@@ -451,6 +451,7 @@ local function store_task(i, promoted, woken, batch, values)
   if A[i + 14] ~= '' then -- a batch member: counted in its batch's total as it is stored
     redis.call('HSET', key, 'bt', A[i + 14])
     redis.call('HINCRBY', P .. 'b:' .. A[i + 14], 'n', 1)
+    redis.call('ZADD', P .. 'bm:' .. A[i + 14] .. ':LIVE', A[i + 9], id) -- see _batches.lua
   end
   if not promoted[queue] then
     promoted[queue] = true

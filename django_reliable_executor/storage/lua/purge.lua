@@ -1,6 +1,7 @@
 -- purge: delete these terminal tasks if they finished before the cutoff (the caller picked
 -- them from the finished index; each is checked again here).
--- A queue whose last task this deletes is forgotten (see forget_if_empty in _common.lua).
+-- A queue whose last task this deletes is forgotten (see forget_if_empty in _common.lua); a
+-- batch member leaves its batch's member index (the batch itself goes in batch_purge.lua).
 -- ARGV[3] cutoff, ARGV[4..] task ids. Returns how many were deleted.
 local cutoff = tonumber(ARGV[3])
 local deleted = 0
@@ -8,13 +9,16 @@ local emptied = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'q', 'f')
+  local task = redis.call('HMGET', key, 's', 'q', 'f', 'bt')
   if not task[1] or live(task[1]) then
     redis.call('ZREM', FINISHED, id) -- a stray entry: no such task, or not finished
   elseif not live(task[1]) and task[3] and tonumber(task[3]) < cutoff then
     redis.call('DEL', key, P .. 'deps:' .. id)
     redis.call('ZREM', FINISHED, id)
     redis.call('ZREM', P .. 'done:' .. task[1], id)
+    if task[4] then
+      redis.call('ZREM', members_key(task[4], task[1]), id)
+    end
     recount(task[2], task[1], nil)
     emptied[task[2]] = true
     deleted = deleted + 1

@@ -28,6 +28,6 @@ end
 redis.call('ZREM', FINISHED, id)
 redis.call('ZREM', P .. 'done:' .. expected, id)
 recount(task[2], expected, 'PENDING')
-reopen_batch_member(key, expected)
+reopen_batch_member(id, key, expected)
 to_waiting(id, task[2], task[3], NOW)
 return {'retried', redis.call('HGETALL', key)}

@@ -73,7 +73,10 @@ epoch, written as decimal strings.
                            completed/failed/cancelled members, sl "1" once sealed, c created,
                            f finished, cb callbacks (JSON), oc/os the callbacks' submit values
                            (see lua/_batches.lua). A member's task hash holds bt = its batch
-                           id, a callback's bc. ``P batches``: ZSET of batch ids by creation.
+                           id, a callback's bc. ``P batches``: ZSET of batch ids by creation;
+                           ``P batches:finished`` of finished ones by finish time (purge).
+``P bm:<id>:<group>``      ZSET of a batch's members by creation, group LIVE until a member
+                           ends, then its terminal status (listing a batch's members).
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.

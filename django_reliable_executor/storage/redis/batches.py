@@ -3,18 +3,19 @@ keeps (settle_batch in lua/_batches.lua); see batches.py for the rule."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Sequence
 
 from ...batches import BatchInfo, NewBatch, batch_info
 from ...records import NewTask, TaskInfo
 from .access import RedisAccess, guarded
-from .codec import fields, from_micros, submit_args, text
+from .codec import fields, from_micros, micros, submit_args, text
 
 
 class Batches(RedisAccess):
     """open_batch and seal_batch (one script each), add_to_batch (submit.lua, whose store
-    counts each member stored in its batch's total), get_batch."""
+    counts each member stored in its batch's total), get_batch, purge_batches."""
 
     @guarded
     def open_batch(self, batch: NewBatch) -> bool:
@@ -49,6 +50,14 @@ class Batches(RedisAccess):
         raw = self.client.hgetall(self.p + "b:" + batch_id)
         values = {text(k): text(v) for k, v in raw.items()}
         return _info(batch_id, values) if values else None
+
+    @guarded
+    def purge_batches(self, finished_before: dt.datetime, limit: int) -> int:
+        cutoff = micros(finished_before)
+        ids = self.client.zrangebyscore(
+            self.p + "batches:finished", "-inf", "(" + cutoff, start=0, num=limit
+        )
+        return int(self._run("batch_purge", cutoff, *ids)) if ids else 0
 
 
 def _info(batch_id: str, values: dict[str, str]) -> BatchInfo:

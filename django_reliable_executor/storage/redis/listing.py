@@ -7,15 +7,21 @@ up to EXACT_UNFINISHED of them; beyond that, only the newest ``offset + limit`` 
 each ready list and schedule, so a page costs the same with a backlog of a million (in arrival
 order, which is creation order except for retries and delayed tasks). An index of every task by
 creation time would cost more memory per queued task than the task itself.
+
+A batch's members (``batch_id=``) are listed from its member index instead, one group per
+status, LIVE for the unfinished (lua/_batches.lua): a page costs a range read of each group
+wanted, whatever the number of tasks; CREATED, PENDING or RUNNING alone reads the batch's LIVE
+group down to the page's matches.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Collection, Sequence
 
 from ...records import TaskInfo, TaskQuery
-from ...states import TERMINAL_STATUSES, TaskStatus
+from ...states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
 
@@ -23,6 +29,9 @@ from .codec import text, to_info
 # sorted); beyond it, only the newest arrivals of each ready list and schedule are read.
 EXACT_UNFINISHED = 10_000
 Row = tuple[int, str]  # (created in microseconds, task id): sorted descending = newest first
+# The groups of a batch's member index (lua/_batches.lua) and the statuses each holds.
+BATCH_GROUPS: dict[str, set[TaskStatus]] = {"LIVE": set(LIVE_STATUSES)}
+BATCH_GROUPS.update({status.value: {status} for status in TERMINAL_STATUSES})
 
 
 class Listing(RedisAccess):
@@ -30,6 +39,17 @@ class Listing(RedisAccess):
 
     @guarded
     def _list(self, query: TaskQuery) -> list[TaskInfo]:
+        rows = None if query.batch_id is None else self._batch_rows(query.batch_id, query)
+        if rows is None:
+            rows = self._all_rows(query)
+        # A task that changed status between two reads may show up twice: keep it once.
+        rows = sorted(set(rows), reverse=True)
+        page = [task_id for _, task_id in rows[query.offset : query.end]]
+        found = self._read_many(page)
+        return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
+
+    def _all_rows(self, query: TaskQuery) -> builtins.list[Row]:
+        """The rows the page is cut from, read from the indexes of every task."""
         wanted, queue = query.statuses, query.queue
         rows: builtins.list[Row] = []
         live = frozenset(LIVE) if wanted is None else frozenset(LIVE) & {s.value for s in wanted}
@@ -43,11 +63,49 @@ class Listing(RedisAccess):
         finished = TERMINAL_STATUSES if wanted is None else wanted & TERMINAL_STATUSES
         for done in sorted(finished, key=lambda s: s.value):
             rows += self._newest_done(done, query)
-        # A task that changed status between two reads may show up twice: keep it once.
-        rows = sorted(set(rows), reverse=True)
-        page = [task_id for _, task_id in rows[query.offset : query.end]]
-        found = self._read_many(page)
-        return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
+        return rows
+
+    def _batch_rows(self, batch_id: str, query: TaskQuery) -> builtins.list[Row] | None:
+        """The rows of a batch's members from its member index (lua/_batches.lua), down to the
+        ``query.end`` newest matches of each group read, and of its callbacks; None when the
+        batch is not stored (purged: members left over are found through every task)."""
+        callbacks = self.client.hget(self.p + "b:" + batch_id, "cb")
+        if callbacks is None:
+            return None
+        wanted = set(TaskStatus) if query.statuses is None else set(query.statuses)
+        rows: builtins.list[Row] = []
+        for group, statuses in BATCH_GROUPS.items():
+            accept = {status.value for status in statuses & wanted}
+            if accept:
+                key = f"{self.p}bm:{batch_id}:{group}"
+                rows += self._newest_of(key, accept, query, exact=statuses <= wanted)
+        ids = [plain["task_id"] for plain in json.loads(text(callbacks)).values() if plain]
+        return rows + self._matching(ids, {status.value for status in wanted}, query)
+
+    def _newest_done(self, status: TaskStatus, query: TaskQuery) -> builtins.list[Row]:
+        """The ``query.end`` newest tasks of one finished status that match the query."""
+        key = self.p + "done:" + status.value
+        return self._newest_of(key, {status.value}, query, exact=query.batch_id is None)
+
+    def _newest_of(
+        self, key: str, accept: set[str], query: TaskQuery, *, exact: bool
+    ) -> builtins.list[Row]:
+        """The ``query.end`` newest tasks of an index scored by creation whose status is one of
+        ``accept`` and that match the query. ``exact``: every task in the index matches it but
+        for the name and queue (all of a done index without a batch; a batch's group whose
+        statuses are all wanted), so without a name or queue the index alone gives the rows."""
+        if exact and query.task_name is None and query.queue is None:
+            found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
+            return [(int(score), text(task_id)) for task_id, score in found]
+        rows: builtins.list[Row] = []
+        start = 0
+        while len(rows) < query.end:
+            found = self.client.zrevrange(key, start, start + READ_CHUNK - 1, withscores=True)
+            if not found:
+                break
+            start += len(found)
+            rows += self._matching([text(i) for i, _ in found], accept, query)
+        return rows[: query.end]
 
     def _unfinished_count(self, queue: str | None) -> int:
         counts = self.client.hgetall(self.p + "counts")
@@ -129,19 +187,3 @@ class Listing(RedisAccess):
                     continue
                 rows.append((int(created), task_id))
         return rows
-
-    def _newest_done(self, status: TaskStatus, query: TaskQuery) -> builtins.list[Row]:
-        """The ``query.end`` newest tasks of one finished status that match the query."""
-        key = self.p + "done:" + status.value
-        if query.task_name is None and query.queue is None and query.batch_id is None:
-            found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
-            return [(int(score), text(task_id)) for task_id, score in found]
-        rows: builtins.list[Row] = []
-        start = 0
-        while len(rows) < query.end:
-            found = self.client.zrevrange(key, start, start + READ_CHUNK - 1, withscores=True)
-            if not found:
-                break
-            start += len(found)
-            rows += self._matching([text(i) for i, _ in found], {status.value}, query)
-        return rows[: query.end]

@@ -41,6 +41,7 @@ NAMES = (
     "schedule_due",
     "batch_open",
     "batch_seal",
+    "batch_purge",
 )
 
 
