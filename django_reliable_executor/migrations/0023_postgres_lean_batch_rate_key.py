@@ -38,5 +38,5 @@ def plain_on_postgres(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_reliable_executor", "0019_batches")]
+    dependencies = [("django_reliable_executor", "0021_batch_finished_index")]
     operations = [migrations.RunPython(partial_on_postgres, plain_on_postgres, elidable=False)]
