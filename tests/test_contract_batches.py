@@ -231,6 +231,11 @@ def test_members_must_be_new_distinct_tasks_and_the_id_unused(executor):
     repeated = [*members(2, prefix="r"), TaskSubmitRequest("contract.hook", task_id="r0")]
     with pytest.raises(TaskSubmitError, match="repeated"):
         executor.submit_batch(repeated, batch_id="bad")
+    # ... also when the two are in different chunks of the batch (1 000 members a chunk)
+    far_apart = [*members(1500, prefix="f"), TaskSubmitRequest("contract.hook", task_id="f3")]
+    with pytest.raises(TaskSubmitError, match="'f3' is repeated") as apart:
+        executor.submit_batch(far_apart, batch_id="bad")
+    assert apart.value.field == "task_id"
     with pytest.raises(TaskSubmitError, match="callback") as clash:
         executor.submit_batch(
             members(2, prefix="c"),
