@@ -30,27 +30,41 @@ class Listing(RedisAccess):
 
     @guarded
     def _list(self, query: TaskQuery) -> list[TaskInfo]:
+        # Each shard's newest ``query.end`` rows, merged: the page is among them.
+        if query.queue is not None:
+            shards: Sequence[int] = [self.layout.shard_of(query.queue)]
+        else:
+            shards = range(len(self.prefixes))
+        rows = sorted(
+            {(c, i, shard) for shard in shards for c, i in self._rows(query, shard)}, reverse=True
+        )
+        page = rows[query.offset : query.end]
+        found: dict[str, dict[str, str]] = {}
+        for shard in sorted({shard for _, _, shard in page}):
+            found.update(self._read_many([i for _, i, s in page if s == shard], shard=shard))
+        return [to_info(task_id, found[task_id]) for _, task_id, _ in page if task_id in found]
+
+    def _rows(self, query: TaskQuery, shard: int) -> builtins.list[Row]:
+        """The rows of one shard that may be on the query's page, newest first."""
         wanted, queue = query.statuses, query.queue
         rows: builtins.list[Row] = []
         live = frozenset(LIVE) if wanted is None else frozenset(LIVE) & {s.value for s in wanted}
         if live:
-            newest = None if self._unfinished_count(queue) <= EXACT_UNFINISHED else query.end
-            ids = sorted(self._unfinished_ids(live, queue, newest))
-            rows += self._matching(ids, live, query)
+            big = self._unfinished_count(queue, shard) > EXACT_UNFINISHED
+            newest = query.end if big else None
+            ids = sorted(self._unfinished_ids(live, queue, newest, shard))
+            rows += self._matching(ids, live, query, shard)
         # Each finished status's index is read only down to the ``query.end`` newest matches,
         # then merged here: a page of dead letters (FAILED + TIMEOUT + ERROR) reads at most
         # that many entries of each, never a whole index nor a union stored server side.
         finished = TERMINAL_STATUSES if wanted is None else wanted & TERMINAL_STATUSES
         for done in sorted(finished, key=lambda s: s.value):
-            rows += self._newest_done(done, query)
+            rows += self._newest_done(done, query, shard)
         # A task that changed status between two reads may show up twice: keep it once.
-        rows = sorted(set(rows), reverse=True)
-        page = [task_id for _, task_id in rows[query.offset : query.end]]
-        found = self._read_many(page)
-        return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
+        return sorted(set(rows), reverse=True)[: query.end]
 
-    def _unfinished_count(self, queue: str | None) -> int:
-        counts = self.client.hgetall(self.p + "counts")
+    def _unfinished_count(self, queue: str | None, shard: int) -> int:
+        counts = self.client.hgetall(self.prefixes[shard] + "counts")
         return sum(
             int(value)
             for key, value in counts.items()
@@ -59,47 +73,52 @@ class Listing(RedisAccess):
         )
 
     def _unfinished_ids(
-        self, live: frozenset[str], queue: str | None, newest: int | None
+        self, live: frozenset[str], queue: str | None, newest: int | None, shard: int
     ) -> set[str]:
         """Tasks that may be unfinished (in one of the ``live`` statuses): claimed or running,
         ready, or scheduled. With ``newest``, only that many from the end of each ready list
         and schedule (a large backlog: lists are in arrival order, schedules in run-at order)."""
-        ids = {text(i) for i in self.client.zrange(self.p + "leases", 0, -1)}
+        prefix = self.prefixes[shard]
+        ids = {text(i) for i in self.client.zrange(prefix + "leases", 0, -1)}
         if not live & set(WAITING):
             return ids  # RUNNING tasks are all in the leases
         first = 0 if newest is None else -newest
-        queues = [queue] if queue is not None else self._queues()
+        if queue is not None:
+            queues = [queue]
+        else:
+            queues = sorted(text(name) for name in self.client.smembers(prefix + "queues"))
         pipe = self.client.pipeline(transaction=False)
         for name in queues:
-            pipe.zrange(self.p + "prio:" + name, 0, -1)
-            pipe.zrange(self.p + "sched:" + name, first, -1)
+            pipe.zrange(prefix + "prio:" + name, 0, -1)
+            pipe.zrange(prefix + "sched:" + name, first, -1)
         replies = pipe.execute()
         pipe = self.client.pipeline(transaction=False)
         for name, priorities, scheduled in zip(queues, replies[::2], replies[1::2], strict=True):
             ids.update(text(i) for i in scheduled)
             for priority in priorities:
-                pipe.lrange(f"{self.p}ready:{name}:{text(priority)}", first, -1)
+                pipe.lrange(f"{prefix}ready:{name}:{text(priority)}", first, -1)
         for ready in pipe.execute():
             ids.update(text(i) for i in ready)
-        ids.update(self._parked_ids(first))
+        ids.update(self._parked_ids(first, prefix))
         return ids
 
-    def _parked_ids(self, first: int) -> set[str]:
-        """Waiting tasks of capped names parked by claims (max_concurrency), of any queue."""
-        names = [text(name) for name in self.client.smembers(self.p + "parked")]
+    def _parked_ids(self, first: int, prefix: str) -> set[str]:
+        """Waiting tasks of capped names parked by claims (max_concurrency), of any queue of
+        the shard of ``prefix``."""
+        names = [text(name) for name in self.client.smembers(prefix + "parked")]
         if not names:
             return set()
         pipe = self.client.pipeline(transaction=False)
         for name in names:
-            pipe.zrange(f"{self.p}parkprio:{name}", 0, -1)
+            pipe.zrange(f"{prefix}parkprio:{name}", 0, -1)
         pipe2 = self.client.pipeline(transaction=False)
         for name, priorities in zip(names, pipe.execute(), strict=True):
             for priority in priorities:
-                pipe2.zrange(f"{self.p}parked:{name}:{text(priority)}", first, -1)
+                pipe2.zrange(f"{prefix}parked:{name}:{text(priority)}", first, -1)
         return {text(i) for parked in pipe2.execute() for i in parked}
 
     def _matching(
-        self, ids: Sequence[str], accept: Collection[str], query: TaskQuery
+        self, ids: Sequence[str], accept: Collection[str], query: TaskQuery, shard: int
     ) -> builtins.list[Row]:
         """The rows of these tasks that match the query's name and queue, in the order given:
         only tasks whose status is now one of ``accept`` (status values)."""
@@ -108,7 +127,7 @@ class Listing(RedisAccess):
             chunk = ids[start : start + READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
             for task_id in chunk:
-                pipe.hmget(self._tkey(task_id), "c", "s", "n", "q", "bt", "bc")
+                pipe.hmget(self._tkey(task_id, shard), "c", "s", "n", "q", "bt", "bc")
             replies = pipe.execute()
             for task_id, (created, state, name, queue, member_of, callback_of) in zip(
                 chunk, replies, strict=True
@@ -130,9 +149,9 @@ class Listing(RedisAccess):
                 rows.append((int(created), task_id))
         return rows
 
-    def _newest_done(self, status: TaskStatus, query: TaskQuery) -> builtins.list[Row]:
+    def _newest_done(self, status: TaskStatus, query: TaskQuery, shard: int) -> builtins.list[Row]:
         """The ``query.end`` newest tasks of one finished status that match the query."""
-        key = self.p + "done:" + status.value
+        key = self.prefixes[shard] + "done:" + status.value
         if query.task_name is None and query.queue is None and query.batch_id is None:
             found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
             return [(int(score), text(task_id)) for task_id, score in found]
@@ -143,5 +162,5 @@ class Listing(RedisAccess):
             if not found:
                 break
             start += len(found)
-            rows += self._matching([text(i) for i, _ in found], {status.value}, query)
+            rows += self._matching([text(i) for i, _ in found], {status.value}, query, shard)
         return rows[: query.end]

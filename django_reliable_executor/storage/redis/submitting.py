@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from ...dependencies import WAITING_RUN_AT, missing_error
@@ -11,6 +12,7 @@ from ...states import LIVE_STATUSES
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
 
+QUEUE = operator.attrgetter("queue")
 SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, short enough not
 # to hold Redis up (a script blocks every other client while it runs)
 
@@ -21,13 +23,18 @@ class Submitting(RedisAccess):
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        # Each task goes to its queue's shard; dependencies are looked up there only (the
+        # cross-shard links of docs/sharding-design.md are not built yet).
+        return self._each_shard(tasks, QUEUE, self._enqueue_on)
+
+    def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
         results: list[tuple[TaskInfo, bool]] = []
         # A batch with dependents is one call: all or nothing (a missing dependency).
         size = len(tasks) if any(task.depends_on for task in tasks) else SUBMIT_CHUNK
         for start in range(0, len(tasks), size):
             chunk = tasks[start : start + size]
             args = [value for task in chunk for value in _args(task)]
-            replies = self._run("submit", *args)
+            replies = self._run("submit", *args, shard=shard)
             if (
                 replies
                 and not isinstance(replies[0], (int, list))
@@ -47,7 +54,13 @@ class Submitting(RedisAccess):
 
     @guarded
     def unique_holder(self, unique_key: str) -> TaskInfo | None:
-        held = self.client.get(self.p + "u:" + unique_key)
+        if self.sharded:  # the key is kept on the shard of its holder's queue
+            pipe = self.client.pipeline(transaction=False)
+            for prefix in self.prefixes:
+                pipe.get(prefix + "u:" + unique_key)
+            held = next((value for value in pipe.execute() if value is not None), None)
+        else:
+            held = self.client.get(self.p + "u:" + unique_key)
         if held is None:
             return None
         until, task_id = text(held).split(" ", 1)
