@@ -11,14 +11,17 @@ import pytest
 from redis.crc import key_slot
 
 from django_reliable_executor import TaskStatus
+from django_reliable_executor.exceptions import TaskSubmitError
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import (
     CLUSTER_SLOTS,
     ShardLayout,
+    directory_of,
     shard_of,
     shard_prefix,
 )
+from django_reliable_executor.storage.redis.submitting import ID_RESERVATION_GRACE_SECONDS
 from tests.conftest import delete_prefix, redis_client, require
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
@@ -180,3 +183,59 @@ def test_an_idle_wait_wakes_on_any_shard_and_loses_no_token(storage: RedisStorag
     # Queues of one shard, once the waiters exist: through them too (their pop may hold it).
     storage.wake(["alpha"])
     assert storage.wait_for_work(["default", "alpha"], 5.0) is True
+
+
+# -- task ids across shards ----------------------------------------------------------------------
+def test_generated_ids_need_no_directory_entry(executor: ReliableExecutor, storage: RedisStorage):
+    for queue in QUEUES:
+        task = executor.submit("demo.echo", {}, queue=queue)
+        assert directory_of(task.task_id, SHARDS) == shard_of(queue, SHARDS)
+    assert not any(
+        key.split("}:", 1)[1].startswith("i:")
+        for shard in range(SHARDS)
+        for key in keys_of(storage, shard)
+    )
+
+
+def test_a_given_id_is_stored_once_whatever_queue_it_is_submitted_to(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    # Ids of each directory shard, each submitted to a queue of every shard: stored once, on
+    # the first queue's shard; later submits return that task unchanged.
+    for n in range(12):
+        task_id = f"given-{n}"
+        first = QUEUES[n % len(QUEUES)]
+        stored = executor.submit("demo.echo", {"n": n}, task_id=task_id, queue=first)
+        for queue in QUEUES:
+            again = executor.submit("demo.echo", {"other": 1}, task_id=task_id, queue=queue)
+            assert (again.queue, again.parameter) == (first, {"n": n})
+        assert executor.get_task(task_id) == stored
+        homes = [s for s in range(SHARDS) if storage.client.exists(storage._tkey(task_id, s))]
+        assert homes == [shard_of(first, SHARDS)]
+    assert executor.count_by_status()[TaskStatus.CREATED] == 12
+
+
+def test_an_interrupted_reservation_blocks_other_shards_until_its_grace_ends(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    task_id = next(f"id-{n}" for n in range(100) if directory_of(f"id-{n}", SHARDS) == 0)
+    # A submitter reserved the id for shard 2 ("search") and died before storing it there.
+    assert storage._run("id_reserve", 2, task_id, "", shard=0) == [""]
+    with pytest.raises(TaskSubmitError, match="being submitted to a queue of shard 2") as error:
+        executor.submit("demo.echo", {}, task_id=task_id, queue="default")  # shard 1
+    assert error.value.field == "task_id"
+    assert executor.get_task(task_id) is None
+    # Its own shard may still store it (a resumed submit)...
+    resumed = executor.submit("demo.echo", {"resumed": 1}, task_id=task_id, queue="search")
+    assert executor.get_task(task_id) == resumed
+    # ...and once purged, the entry goes with it.
+    assert executor.cancel_task(task_id)
+    clock.advance(30 * 86400)
+    assert storage.purge_finished(clock.now(), 100) == 1
+    assert not storage.client.exists(storage.prefixes[0] + "i:" + task_id)
+    # An entry left by a crash is taken over after the grace.
+    assert storage._run("id_reserve", 2, task_id, "", shard=0) == [""]
+    clock.advance(ID_RESERVATION_GRACE_SECONDS + 1)
+    taken = executor.submit("demo.echo", {}, task_id=task_id, queue="default")
+    assert executor.get_task(task_id) == taken
+    assert storage.client.get(storage.prefixes[0] + "i:" + task_id).startswith("1 ")

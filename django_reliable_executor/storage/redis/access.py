@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import functools
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -15,7 +16,7 @@ from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
 from .codec import micros, text, to_info
 from .scripts import Scripts
-from .sharding import CONTROL_SHARD, ShardLayout
+from .sharding import CONTROL_SHARD, ShardLayout, directory_of
 from .waiting import ShardWaiters
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -97,30 +98,55 @@ class RedisAccess(TaskStorage):
             name, self._routes[shard], (self.prefixes[shard], micros(now), *args)
         )
 
+    def new_task_id(self, queue: str) -> str:
+        # Sharded: an id whose directory shard is its queue's (drawn again until it is, N
+        # draws on average), so that storing it needs no directory entry (id_reserve.lua).
+        task_id = uuid.uuid4().hex
+        if self.sharded:
+            home = self.layout.shard_of(queue)
+            while directory_of(task_id, self.layout.shards) != home:
+                task_id = uuid.uuid4().hex
+        return task_id
+
     @guarded
     def get(self, task_id: str) -> TaskInfo | None:
         # Here rather than in Reading: a retry reads the task first too.
         if not self.sharded:
             values = self.client.hgetall(self._tkey(task_id))
         else:
-            values = next(iter(self._find(task_id).values()), {})
+            values = self._locate(task_id)[1]
         if not values:
             return None
         return to_info(task_id, {text(k): text(v) for k, v in values.items()})
 
-    def _find(self, task_id: str) -> dict[int, dict[Any, Any]]:
-        """The task's hash by shard, where it exists: one pipelined read of every shard (the
-        interim lookup; docs/sharding-design.md plans the id directory instead)."""
+    def _locate(self, task_id: str) -> tuple[int, dict[Any, Any]]:
+        """Sharded: the shard of task ``task_id`` and its hash (empty when there is none; the
+        control shard then). Its directory shard holds it or names its home; a task stored
+        off its directory shard in one script (a schedule's fire, a batch's callback) is
+        found by reading every shard."""
+        directory = directory_of(task_id, self.layout.shards)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.prefixes[directory] + "t:" + task_id)
+        pipe.get(self.prefixes[directory] + "i:" + task_id)
+        values, entry = pipe.execute()
+        if values:
+            return directory, values
+        if entry is not None:
+            home = int(text(entry).split(" ", 1)[0])
+            values = self.client.hgetall(self.prefixes[home] + "t:" + task_id)
+            if values:
+                return home, values
         pipe = self.client.pipeline(transaction=False)
         for prefix in self.prefixes:
             pipe.hgetall(prefix + "t:" + task_id)
-        return {shard: values for shard, values in enumerate(pipe.execute()) if values}
+        found = [(shard, values) for shard, values in enumerate(pipe.execute()) if values]
+        return found[0] if found else (CONTROL_SHARD, {})
 
     def _task_shard(self, task_id: str) -> int:
         """The shard holding task ``task_id`` (the control shard when none does)."""
         if not self.sharded:
             return CONTROL_SHARD
-        return next(iter(self._find(task_id)), CONTROL_SHARD)
+        return self._locate(task_id)[0]
 
     def _each_shard(
         self,

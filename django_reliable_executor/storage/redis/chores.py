@@ -11,6 +11,7 @@ from ...retries import failure_outcome, timeout_message
 from ...states import TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, RedisAccess, guarded
 from .codec import micros, text, to_claim, to_info
+from .sharding import directory_of
 
 # Queue names the purge chore checks per round for holding nothing (then forgets them): purge
 # forgets a queue as it deletes its last task, so this finds only names left behind otherwise
@@ -118,8 +119,30 @@ class Chores(RedisAccess):
             ids = self._finished_of(statuses, cutoff, limit, shard)
         ids = self._unleased(ids, shard)
         purged = int(self._run("purge", cutoff, *ids, shard=shard)) if ids else 0
+        if self.sharded and purged:
+            self._release_ids(ids, shard)
         self._forget_empty_queues(shard)
         return purged
+
+    def _release_ids(self, ids: list[str], shard: int) -> None:
+        """Sharded: the directory entries of the purged tasks of ``shard`` stored off their
+        directory shard (id_release.lua keeps an entry naming another shard). A crash before
+        leaves entries naming a task that is gone: read as not found, taken over by a submit
+        after the grace (see id_reserve.lua)."""
+        foreign = [i for i in ids if directory_of(i, self.layout.shards) != shard]
+        if not foreign:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in foreign:
+            pipe.exists(self._tkey(task_id, shard))
+        by_directory: dict[int, list[str]] = {}
+        for task_id, exists in zip(foreign, pipe.execute(), strict=True):
+            if not exists:
+                by_directory.setdefault(directory_of(task_id, self.layout.shards), []).append(
+                    task_id
+                )
+        for directory, gone in sorted(by_directory.items()):
+            self._run("id_release", shard, *gone, shard=directory)
 
     def _forget_empty_queues(self, shard: int) -> int:
         """One step of the sweep through the shard's queue set: forget those of the next names

@@ -41,6 +41,8 @@ NAMES = (
     "schedule_due",
     "batch_open",
     "batch_seal",
+    "id_reserve",
+    "id_release",
 )
 
 

@@ -19,6 +19,12 @@ def shard_of(queue: str, shards: int) -> int:
     return zlib.crc32(queue.encode("utf-8")) % shards
 
 
+def directory_of(task_id: str, shards: int) -> int:
+    """The directory shard of a task id: the shard that decides every submit of the id (the
+    same hash as shard_of). A task whose queue is on another shard has an entry there."""
+    return shard_of(task_id, shards)
+
+
 @functools.cache
 def shard_prefix(key_prefix: str, index: int, shards: int) -> str:
     """The prefix of every key of shard ``index`` of ``shards``, its hash tag in braces.
