@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from redis.crc import key_slot
 
-from django_reliable_executor import TaskStatus
-from django_reliable_executor.exceptions import TaskSubmitError
+from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import (
@@ -239,3 +239,19 @@ def test_an_interrupted_reservation_blocks_other_shards_until_its_grace_ends(
     taken = executor.submit("demo.echo", {}, task_id=task_id, queue="default")
     assert executor.get_task(task_id) == taken
     assert storage.client.get(storage.prefixes[0] + "i:" + task_id).startswith("1 ")
+
+
+def test_what_is_not_built_across_shards_is_refused_by_name(executor: ReliableExecutor):
+    first = executor.submit("demo.echo", {}, queue="orphan")  # shard 0
+    same = executor.submit("demo.echo", {}, queue="emails", depends_on=[first.task_id])
+    assert same.status is TaskStatus.CREATED
+    with pytest.raises(InvalidDependencyError, match="REDIS_SHARDS > 1") as error:
+        executor.submit("demo.echo", {}, queue="search", depends_on=[first.task_id])
+    assert error.value.field == "depends_on"
+    with pytest.raises(InvalidDependencyError, match="do not exist"):
+        executor.submit("demo.echo", {}, queue="search", depends_on=["nowhere"])
+    with pytest.raises(NotImplementedError, match="REDIS_SHARDS > 1, batches"):
+        executor.submit_batch([TaskSubmitRequest("demo.echo", {}, queue="search")])
+    with pytest.raises(NotImplementedError, match="REDIS_SHARDS > 1, schedules"):
+        executor.schedule("s1", "demo.echo", every=60, queue="search")
+    assert executor.count_by_status()[TaskStatus.CREATED] == 2

@@ -43,7 +43,7 @@ class Batches(RedisAccess):
             if self.layout.shard_of(task.queue) != CONTROL_SHARD:
                 raise NotImplementedError(
                     f"batch task {task.task_id!r}: queue {task.queue!r} is on shard "
-                    f"{self.layout.shard_of(task.queue)}; with shards > 1, batches are "
+                    f"{self.layout.shard_of(task.queue)}; with REDIS_SHARDS > 1, batches are "
                     f"supported only for queues of shard {CONTROL_SHARD} so far"
                 )
 

@@ -498,6 +498,6 @@ def _check_control_shard(storage: RedisAccess, schedules: Sequence[ScheduleInfo]
         if storage.layout.shard_of(info.queue) != CONTROL_SHARD:
             raise NotImplementedError(
                 f"schedule {info.schedule_id!r}: queue {info.queue!r} is on shard "
-                f"{storage.layout.shard_of(info.queue)}; with shards > 1, schedules are "
+                f"{storage.layout.shard_of(info.queue)}; with REDIS_SHARDS > 1, schedules are "
                 f"supported only for queues of shard {CONTROL_SHARD} so far"
             )

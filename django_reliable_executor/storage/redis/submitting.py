@@ -6,7 +6,7 @@ import operator
 from collections.abc import Sequence
 
 from ...dependencies import WAITING_RUN_AT, missing_error
-from ...exceptions import TaskSubmitError
+from ...exceptions import InvalidDependencyError, TaskSubmitError
 from ...records import NewTask, TaskInfo, copy_with, new_info
 from ...serialization import dumps
 from ...states import LIVE_STATUSES
@@ -107,7 +107,7 @@ class Submitting(RedisAccess):
                 and not isinstance(replies[0], (int, list))
                 and text(replies[0]) == "missing"
             ):
-                raise missing_error(text(replies[1]), [text(replies[2])])
+                raise self._missing(text(replies[1]), text(replies[2]), shard)
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
                     results.append((new_info(task), True))
@@ -120,6 +120,20 @@ class Submitting(RedisAccess):
                 else:
                     results.append((to_info(task.task_id, fields(reply)), False))
         return results
+
+    def _missing(self, task_id: str, dependency: str, shard: int) -> TaskSubmitError:
+        """The error of a dependency submit.lua did not find on the dependent's shard."""
+        if self.sharded:
+            other = self.get(dependency)
+            if other is not None:
+                return InvalidDependencyError(
+                    f"depends_on of task {task_id!r} names task {dependency!r} of queue "
+                    f"{other.queue!r} (shard {self.layout.shard_of(other.queue)}), another "
+                    f"shard than the task's (shard {shard}): with REDIS_SHARDS > 1, a task "
+                    "may depend only on tasks of queues of its own shard so far",
+                    field="depends_on",
+                )
+        return missing_error(task_id, [dependency])
 
     def _stored_elsewhere(self, task: NewTask) -> TaskInfo:
         """The task of ``task``'s id that the directory (its queue's shard) says lives on
