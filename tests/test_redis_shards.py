@@ -4,15 +4,19 @@ tests/test_redis_cluster.py runs them on a Cluster's masters."""
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Iterator
 
 import pytest
+from django.core.management import call_command
+from django.test import override_settings
 from redis.crc import key_slot
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
 from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service import executor as module_executor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import (
     CLUSTER_SLOTS,
@@ -22,7 +26,7 @@ from django_reliable_executor.storage.redis.sharding import (
     shard_prefix,
 )
 from django_reliable_executor.storage.redis.submitting import ID_RESERVATION_GRACE_SECONDS
-from tests.conftest import delete_prefix, redis_client, require
+from tests.conftest import REDIS_URL, delete_prefix, redis_client, require
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
@@ -255,3 +259,46 @@ def test_what_is_not_built_across_shards_is_refused_by_name(executor: ReliableEx
     with pytest.raises(NotImplementedError, match="REDIS_SHARDS > 1, schedules"):
         executor.schedule("s1", "demo.echo", every=60, queue="search")
     assert executor.count_by_status()[TaskStatus.CREATED] == 2
+
+
+# -- changing the number of shards -------------------------------------------------------------
+def shards_command(target: str) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        call_command("executor", "shards", target, stdout=out)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, out.getvalue()
+
+
+def test_the_shards_command_allows_a_switch_only_when_drained_and_the_new_layout_is_empty(clock):
+    require("redis")
+    prefix = f"reshard-{zlib.crc32(str(id(clock)).encode()):08x}"
+    setting = {"STORAGE": "redis", "REDIS_URL": REDIS_URL, "KEY_PREFIX": prefix}
+    client = redis_client()
+    try:
+        with override_settings(RELIABLE_EXECUTOR=setting):
+            task = module_executor.submit("demo.echo", {}, queue="default")
+            code, out = shards_command("3")
+            assert code == 1
+            assert "REDIS_SHARDS 1 -> 3" in out and "queue default: shard 1" in out
+            assert "not ready: 1 unfinished tasks in the current layout" in out
+            assert module_executor.cancel_task(task.task_id)
+            code, out = shards_command("3")
+            assert (code, out.splitlines()[-1]) == (
+                0,
+                "ready: set REDIS_SHARDS = 3, then start the workers again",
+            )
+            # Keys of the 3-shard layout already there (an earlier switch, undone): refused.
+            other = RedisStorage(redis_client(), prefix, shards=3)
+            ReliableExecutor(other).submit("demo.echo", {}, queue="search")
+            other.close()
+            code, out = shards_command("3")
+            assert code == 1 and "not ready: shard 2 of the 3-shard layout holds" in out
+            code, out = shards_command("1")
+            assert code == 1 and "not ready: REDIS_SHARDS is 1 already" in out
+            module_executor.storage.close()
+    finally:
+        delete_prefix(client, prefix)
+        client.close()
