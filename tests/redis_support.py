@@ -317,7 +317,7 @@ def assert_consistent(storage: RedisStorage) -> None:
 def call(storage: RedisStorage, name: str, *args: Any) -> Any:
     """One script run directly: ARGV[1] the prefix, ARGV[2] now (the fake clock), then args."""
     script = getattr(storage._scripts, name)
-    return script(keys=storage._keys, args=[storage.p, micros(storage.clock.now()), *args])
+    return script(keys=storage._routes[0], args=[storage.p, micros(storage.clock.now()), *args])
 
 
 def submit(executor: ReliableExecutor, task_id: str, **options: Any) -> TaskInfo:
