@@ -187,6 +187,11 @@ def test_an_idle_wait_wakes_on_any_shard_and_loses_no_token(storage: RedisStorag
     # Queues of one shard, once the waiters exist: through them too (their pop may hold it).
     storage.wake(["alpha"])
     assert storage.wait_for_work(["default", "alpha"], 5.0) is True
+    # Another key beside a pop under way on its shard (the fetcher's own, while its pool is
+    # full): a pop of its own.
+    assert storage.wait_for_work(QUEUES, 0.05) is False
+    storage.wake(["_worker:w1"])
+    assert storage.wait_for_work([*QUEUES, "_worker:w1"], 5.0) is True
 
 
 # -- task ids across shards ----------------------------------------------------------------------
