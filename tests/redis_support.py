@@ -130,6 +130,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             pass  # rate_limit's logs: no task is in them
         elif family == "tput" and kind == "hash":
             pass  # the admin chart's endings per minute (throughput.py): counts, no task
+        elif family == "i" and kind == "string":
+            pass  # REDIS_SHARDS > 1: the task-id directory (id_reserve.lua), no index
         elif family == "deps" and kind == "set":
             pass  # dependencies: the dependents of task <id> (settled by its ending script)
         elif (family, kind) == ("b", "hash") or (key, kind) == ("batches", "zset"):
