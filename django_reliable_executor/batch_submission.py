@@ -55,10 +55,13 @@ def submit_batch(
         )
 
     trace = current_trace_context()  # the members carry the caller's span, as submit_many's do
+    new_id = storage.new_task_id
 
     def prepared(span: slice) -> list[NewTask]:
         return [
-            copy_with(prepare(request, now, settings, index, trace), batch_id=batch.batch_id)
+            copy_with(
+                prepare(request, now, settings, index, trace, new_id), batch_id=batch.batch_id
+            )
             for index, request in enumerate(requests[span], span.start)
         ]
 
@@ -171,6 +174,6 @@ def _callback(
     if checked is None:
         return None
     try:
-        return prepare(checked, now, executor.settings, 0)
+        return prepare(checked, now, executor.settings, 0, None, executor.storage.new_task_id)
     except TaskSubmitError as exc:
         raise TaskSubmitError(f"{field}: {exc}", field=f"{field}.{exc.field}") from exc

@@ -32,6 +32,7 @@ class ExecutorSettings:
     REDIS_SENTINEL: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
     REDIS_OPTIONS: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     KEY_PREFIX: str = "reliable_executor"
+    REDIS_SHARDS: int = 1  # hash tags of KEY_PREFIX the queues are spread over (docs/settings.md)
     CORE_POOL_SIZE: int = 5
     MAX_POOL_SIZE: int = 10
     QUEUE_CAPACITY: int = 100
@@ -189,6 +190,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: _nonempty_str(v) and not any(c in v for c in "{} \t\r\n"),
         "a non-empty string without braces or whitespace",
     ),
+    "REDIS_SHARDS": (lambda v: _pos_int(v) and v <= 16384, "an integer from 1 to 16384"),
     "CORE_POOL_SIZE": (_pos_int, "an integer >= 1"),
     "MAX_POOL_SIZE": (_pos_int, "an integer >= 1"),
     "QUEUE_CAPACITY": (_nonneg_int, "an integer >= 0"),

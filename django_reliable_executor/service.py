@@ -120,8 +120,9 @@ class ReliableExecutor:
         now = self.clock.now()
         settings = self.settings
         trace = current_trace_context()  # the caller's span, if it is traced: once per call
+        new_id = self.storage.new_task_id
         new_tasks = [
-            prepare(request, now, settings, i, trace) for i, request in enumerate(requests)
+            prepare(request, now, settings, i, trace, new_id) for i, request in enumerate(requests)
         ]
         if not new_tasks:
             return []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import unicodedata
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .conf import ExecutorSettings
@@ -40,10 +40,12 @@ def prepare(
     settings: ExecutorSettings,
     index: int,
     trace_context: dict[str, str] | None = None,
+    new_id: Callable[[str], str] | None = None,
 ) -> NewTask:
     """The task ``request`` stores, its options completed from its handler and the settings;
     raises a TaskSubmitError subclass naming the bad field (``index``: its place in a batch).
-    ``trace_context``: the submitter's span (tracing.current_trace_context), stored with it."""
+    ``trace_context``: the submitter's span (tracing.current_trace_context), stored with it.
+    ``new_id``: the storage's new_task_id, for a request without a task_id (else a uuid4)."""
     if not isinstance(request, TaskSubmitRequest):
         raise TaskSubmitError(
             f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
@@ -62,7 +64,7 @@ def prepare(
             "installed app?  Set ALLOW_UNKNOWN_TASKS to submit for another service)",
             field="task_name",
         )
-    task_id = _task_id(request.task_id)
+    given_id = _task_id(request.task_id)
     parameter = _parameter(request.task_parameter, handler, settings)
 
     # The submit's own options, then the handler's, then the settings' defaults.
@@ -74,6 +76,9 @@ def prepare(
     unique, unique_key, unique_until = unique_window(
         request.unique_for, request.unique_key, getattr(handler, "unique_for", None), now
     )
+    # A task naming no id gets one from the storage, which may choose by queue (new_task_id).
+    queue = cast(str, options.queue)
+    task_id = given_id if given_id is not None else (new_id or _new_id)(queue)
     rate_key = request.rate_key
     problem = rate_key_problem(rate_key)
     if problem is not None:
@@ -90,7 +95,7 @@ def prepare(
         task_id=task_id,
         task_name=name,
         # validate(required=...) refused a None in every option but max_duration_millis.
-        queue=cast(str, options.queue),
+        queue=queue,
         priority=cast(int, options.priority),
         parameter=parameter,
         retry_limit=cast(int, options.retry_limit),
@@ -109,9 +114,14 @@ def prepare(
     )
 
 
-def _task_id(task_id: Any) -> str:
+def _new_id(queue: str) -> str:
+    return uuid.uuid4().hex
+
+
+def _task_id(task_id: Any) -> str | None:
+    """The given task id checked (None when none is given)."""
     if task_id is None:
-        return uuid.uuid4().hex
+        return None
     if not isinstance(task_id, str):
         raise InvalidTaskIdError(
             f"task_id must be a string, got {type(task_id).__name__}", field="task_id"

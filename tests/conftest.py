@@ -40,6 +40,9 @@ DB_ALIASES = ["default", "mariadb", "postgres"]  # default is SQLite
 # SQLite default database, for the demo app's tables and the callers' transactions).
 BACKENDS = [*DB_ALIASES, "redis"]
 REDIS_URL = "redis://{}:{}/0".format(*SERVERS["redis"])
+# The shards of every Redis storage the tests build (RedisStorage's shards; 1: the layout of
+# a single hash tag). Set to run the Redis tests over a sharded layout.
+REDIS_SHARDS = int(os.environ.get("TEST_REDIS_SHARDS", "1"))
 # The apps whose tables tests write; only these are flushed between tests (flushing every
 # table of the test project cost about a second per test on PostgreSQL).
 TASK_APPS = ["django_reliable_executor", "demo"]
@@ -99,6 +102,8 @@ def redis_client(url: str = REDIS_URL):
 def delete_prefix(client, key_prefix: str) -> None:
     """Delete every key of one key prefix (never FLUSHALL: the server is shared)."""
     keys = list(client.scan_iter(match="{" + key_prefix + "}:*", count=1000))
+    # and the keys of its shards, when a test stored under REDIS_SHARDS > 1
+    keys += client.scan_iter(match="{" + key_prefix + ":shard-*", count=1000)
     for start in range(0, len(keys), 500):
         client.delete(*keys[start : start + 500])
 
@@ -132,9 +137,15 @@ def new_storage(
         from django_reliable_executor.storage.redis import RedisStorage
 
         if backoff_cap_millis is None:
-            return RedisStorage(redis_client(redis_url), key_prefix, clock=clock)
+            return RedisStorage(
+                redis_client(redis_url), key_prefix, clock=clock, shards=REDIS_SHARDS
+            )
         return RedisStorage(
-            redis_client(redis_url), key_prefix, clock=clock, backoff_cap_millis=backoff_cap_millis
+            redis_client(redis_url),
+            key_prefix,
+            clock=clock,
+            backoff_cap_millis=backoff_cap_millis,
+            shards=REDIS_SHARDS,
         )
     return DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=backoff_cap_millis)
 

@@ -130,6 +130,8 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             pass  # rate_limit's logs: no task is in them
         elif family == "tput" and kind == "hash":
             pass  # the admin chart's endings per minute (throughput.py): counts, no task
+        elif family == "i" and kind == "string":
+            pass  # REDIS_SHARDS > 1: the task-id directory (id_reserve.lua), no index
         elif family == "deps" and kind == "set":
             pass  # dependencies: the dependents of task <id> (settled by its ending script)
         elif (family, kind) in (("b", "hash"), ("bm", "zset")) or (key, kind) in BATCH_INDEXES:
@@ -349,7 +351,7 @@ def assert_consistent(storage: RedisStorage) -> None:
 def call(storage: RedisStorage, name: str, *args: Any) -> Any:
     """One script run directly: ARGV[1] the prefix, ARGV[2] now (the fake clock), then args."""
     script = getattr(storage._scripts, name)
-    return script(keys=storage._keys, args=[storage.p, micros(storage.clock.now()), *args])
+    return script(keys=storage._routes[0], args=[storage.p, micros(storage.clock.now()), *args])
 
 
 def submit(executor: ReliableExecutor, task_id: str, **options: Any) -> TaskInfo:

@@ -33,8 +33,9 @@ LIVE = (TaskStatus.CREATED, TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def cluster_settings(url: str, prefix: str) -> ExecutorSettings:
+def cluster_settings(url: str, prefix: str, shards: int = 1) -> ExecutorSettings:
     return ExecutorSettings(
+        REDIS_SHARDS=shards,
         STORAGE="redis",
         REDIS_URL=url,
         REDIS_CLUSTER=True,
@@ -65,9 +66,11 @@ def live_count(executor: ReliableExecutor) -> int:
 
 
 @contextlib.contextmanager
-def running(executor: ReliableExecutor, worker_id: str) -> Iterator[Worker]:
+def running(
+    executor: ReliableExecutor, worker_id: str, queues: tuple[str, ...] = QUEUES
+) -> Iterator[Worker]:
     """A Worker with the executor's settings, run in a thread; stopped and joined on exit."""
-    options = WorkerOptions.from_settings(executor, queues=QUEUES, worker_id=worker_id)
+    options = WorkerOptions.from_settings(executor, queues=queues, worker_id=worker_id)
     worker = Worker(options, executor)
     thread = threading.Thread(target=worker.run, name=f"worker-{worker_id}", daemon=True)
     thread.start()
@@ -139,6 +142,9 @@ def prefixes(redis_cluster_nodes: list[RedisServer]) -> Iterator[list[str]]:
                 keys = list(admin.scan_iter(match="{" + prefix + "}:*", count=1000))
                 for start in range(0, len(keys), 500):
                     admin.delete(*keys[start : start + 500])  # one slot: a multi-key DEL is fine
+                # REDIS_SHARDS: a node may hold several shards (slots): one key at a time
+                for key in admin.scan_iter(match="{" + prefix + ":shard-*", count=1000):
+                    admin.delete(key)
 
 
 @pytest.fixture
@@ -146,8 +152,8 @@ def make_executor(redis_cluster: list[str]) -> Iterator[Callable[..., ReliableEx
     """Executors on the Cluster through RedisCluster clients built by connect(); closed after."""
     made: list[RedisStorage] = []
 
-    def make(prefix: str, node: int = 0) -> ReliableExecutor:
-        settings = cluster_settings(redis_cluster[node], prefix)
+    def make(prefix: str, node: int = 0, shards: int = 1) -> ReliableExecutor:
+        settings = cluster_settings(redis_cluster[node], prefix, shards)
         storage = build_storage(settings)
         assert isinstance(storage, RedisStorage)
         made.append(storage)
@@ -340,3 +346,60 @@ def test_two_key_prefixes_on_different_masters(
         assert {t.worker_id for t in tasks.values()} == {expected_worker}
         keys = assert_in_one_slot_on_one_node(redis_cluster_nodes, prefix)
         assert keys == keys_on(owners[prefix], prefix)
+
+
+def master_of(nodes: list[RedisServer], key: str) -> RedisServer:
+    """The master serving ``key``'s slot: the one node that does not answer MOVED."""
+    owners = []
+    for node in nodes:
+        with node.client() as admin:
+            try:
+                admin.exists(key)
+            except redis.exceptions.MovedError:
+                continue
+        owners.append(node)
+    assert len(owners) == 1, owners
+    return owners[0]
+
+
+def test_shards_spread_queues_over_the_masters_and_one_worker_drains_them(
+    make_executor, prefixes, redis_cluster_nodes: list[RedisServer]
+):
+    """REDIS_SHARDS = 3 on 3 masters: each shard's hash tag on its own master, six queues over
+    the shards, every key of a queue on its shard's master; one worker serving all six queues
+    drains them."""
+    prefix = f"sharded-{uuid.uuid4().hex[:10]}"
+    prefixes.append(prefix)
+    executor = make_executor(prefix, node=0, shards=3)
+    storage = executor.storage
+    assert isinstance(storage, RedisStorage)
+    owners = [master_of(redis_cluster_nodes, p + "counts").port for p in storage.prefixes]
+    assert len(set(owners)) == 3  # each shard's slot range lies on another master
+    queues = ("orphan", "emails", "default", "alpha", "prio", "search")  # two per shard
+    assert sorted(storage.layout.shard_of(q) for q in queues) == [0, 0, 1, 1, 2, 2]
+    ids = [
+        info.task_id
+        for info in executor.submit_many(
+            [
+                TaskSubmitRequest("demo.echo", {"i": i}, queue=queues[i % 6], priority=i % 3)
+                for i in range(120)
+            ]
+        )
+    ]
+    given = executor.submit("demo.echo", {"given": 1}, task_id="given-id", queue="search")
+    again = executor.submit("demo.echo", {"other": 1}, task_id="given-id", queue="orphan")
+    assert (again.queue, again.parameter) == ("search", {"given": 1})
+    assert executor.count_by_status()[TaskStatus.CREATED] == 121
+    for queue in queues:  # a queue's keys on its shard's master only
+        shard = storage.layout.shard_of(queue)
+        owner = master_of(redis_cluster_nodes, storage.prefixes[shard] + "counts")
+        with owner.client() as admin:
+            assert admin.zcard(f"{storage.prefixes[shard]}prio:{queue}") > 0
+    with running(executor, "sharded-worker", queues):
+        wait_for(lambda: live_count(executor) == 0, 60, "every shard's tasks to finish")
+    counts = executor.count_by_status()
+    assert counts[TaskStatus.COMPLETED] == 121 and sum(counts.values()) == 121
+    assert {t.status for t in storage.get_many([*ids, given.task_id]).values()} == {
+        TaskStatus.COMPLETED
+    }
+    assert len(executor.list_tasks(status=TaskStatus.COMPLETED, limit=500)) == 121

@@ -30,6 +30,7 @@ def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> Tas
             backoff_cap_millis=settings.DEFAULT_RETRY_BACKOFF_MAX,
             where=describe(settings),
             owns_client=settings.REDIS_CACHE_ALIAS is None,
+            shards=settings.REDIS_SHARDS,
         )
     raise ImproperlyConfigured(
         f"RELIABLE_EXECUTOR['STORAGE'] = {settings.STORAGE!r} is not available in this version"

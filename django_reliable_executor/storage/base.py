@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import builtins
 import datetime as dt
+import uuid
 from collections.abc import Collection, Mapping, Sequence
 
 from ..batches import BatchInfo, NewBatch
@@ -47,6 +48,11 @@ class TaskStorage(ScheduleStorage):
         self.clock = clock or system_clock
 
     # -- submitting -----------------------------------------------------------------------
+    def new_task_id(self, queue: str) -> str:
+        """A new task id (32 hex digits) for a task of ``queue`` that names none: a uuid4; a
+        storage may choose among them (sharded Redis: one whose directory is the queue's)."""
+        return uuid.uuid4().hex
+
     @abc.abstractmethod
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         """Store new tasks; an existing task_id is left unchanged. Returns ``(info, created)``

@@ -1,4 +1,5 @@
-"""manage.py executor: status, show, retry, cancel and purge tasks, pause and resume queues; health.
+"""manage.py executor: status, show, retry, cancel and purge tasks, pause and resume queues; health;
+shards (the check before changing REDIS_SHARDS).
 
 Every action goes through the service (so signals fire and both storages behave alike); the
 exit codes and output lines are documented in docs/command.md for scripts to rely on.
@@ -231,6 +232,19 @@ def _add_pause_and_resume(actions: Any) -> None:
         sub.add_argument("queue")
 
 
+def _add_shards(actions: Any) -> None:
+    """``shards N``: may REDIS_SHARDS change to N now?"""
+    shards = actions.add_parser(
+        "shards",
+        help="check that REDIS_SHARDS may change to N now (Redis storage)",
+        description="Check, before changing REDIS_SHARDS (offline: stop submitting, drain, stop "
+        "the workers), that the current layout holds no unfinished task and that the N-shard "
+        "layout holds no key at all; print each queue's shard under N. Exit code 0 when the "
+        "switch may be made, 1 when not.",
+    )
+    shards.add_argument("target", type=_positive_int, metavar="N")
+
+
 class Command(BaseCommand):
     help = (
         "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge, "
@@ -255,6 +269,7 @@ class Command(BaseCommand):
         _add_purge(actions)
         _add_health(actions)
         _add_pause_and_resume(actions)
+        _add_shards(actions)
 
     def handle(self, *args: Any, **options: Any) -> None:
         actions: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -266,6 +281,7 @@ class Command(BaseCommand):
             "health": self.health,
             "pause-queue": self.pause_queue,
             "resume-queue": self.resume_queue,
+            "shards": self.shards,
         }
         try:
             actions[options["action"]](options)
@@ -337,6 +353,34 @@ class Command(BaseCommand):
         if not verdict.healthy:
             # Not a CommandError: the one line above is the whole answer, on stdout.
             raise SystemExit(EXIT_INCOMPLETE)
+
+    def shards(self, options: dict[str, Any]) -> None:
+        from django_reliable_executor.storage.redis import RedisStorage
+        from django_reliable_executor.storage.redis.resharding import check_reshard
+
+        storage = executor.storage
+        if not isinstance(storage, RedisStorage):
+            raise CommandError(
+                "shards: REDIS_SHARDS applies to the Redis storage only", returncode=EXIT_USAGE
+            )
+        try:
+            check = check_reshard(storage, options["target"])
+        except ValueError as exc:
+            raise CommandError(f"shards: {exc}", returncode=EXIT_USAGE) from None
+        self.stdout.write(
+            f"REDIS_SHARDS {check.current} -> {check.target} (key prefix {storage.key_prefix!r})"
+        )
+        for queue, shard in sorted(check.queue_shards.items()):
+            self.stdout.write(f"  queue {queue}: shard {shard}")
+        self.stdout.write(f"unfinished tasks: {check.unfinished}")
+        self.stdout.write(
+            f"schedules: {check.schedules} (not carried over: define them again after)"
+        )
+        for problem in check.problems():
+            self.stdout.write(f"not ready: {problem}")
+        if not check.ready:
+            raise SystemExit(EXIT_INCOMPLETE)
+        self.stdout.write(f"ready: set REDIS_SHARDS = {check.target}, then start the workers again")
 
     # -- retry and cancel -----------------------------------------------------------------
     def retry(self, options: dict[str, Any]) -> None:

@@ -7,6 +7,9 @@
 local P = ARGV[1]
 local NOW = ARGV[2]
 local NOWN = tonumber(NOW)
+-- A shard of a sharded layout ("{KEY_PREFIX:shard-<i>-of-<N>:<salt>}:", sharding.py): ids may
+-- then live off their directory shard (id_reserve.lua).
+local SHARDED = string.find(P, ':shard%-%d+%-of%-%d+:%d+}:$') ~= nil
 local LEASES = P .. 'leases'
 local DEADLINES = P .. 'deadlines'
 local FINISHED = P .. 'finished'

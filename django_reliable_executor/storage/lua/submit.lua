@@ -9,8 +9,9 @@
 -- Then its dependencies: a JSON list of task ids ('' = none; the task then comes with run at
 -- WAITING_RUN_AT and no deadline) and the on-failure policy ('run', or '' = cancel).
 -- Returns per task 1 (created), {fields, 1} (created with dependencies: as it now stands),
--- the stored task's fields (its id existed), or {holder id, holder's fields} (its unique key
--- was held). Returns {'missing', task id, dependency id}, storing nothing, when a
+-- the stored task's fields (its id existed), {holder id, holder's fields} (its unique key
+-- was held), or 'elsewhere' (sharded: this shard's directory holds the id for a task of
+-- another shard, see id_reserve.lua). Returns {'missing', task id, dependency id}, storing nothing, when a
 -- dependency of a task to store neither exists nor comes before it in this call.
 --
 -- P u:<digest>: STRING "<window end> <task id>" of the task holding a unique key, expiring
@@ -85,6 +86,8 @@ for i = 3, #ARGV, STRIDE do
   local holder = ukey and holder_of(ukey)
   if redis.call('EXISTS', key) == 1 then
     out[#out + 1] = redis.call('HGETALL', key)
+  elseif SHARDED and redis.call('EXISTS', P .. 'i:' .. ARGV[i]) == 1 then
+    out[#out + 1] = 'elsewhere' -- this shard is the id's directory: it lives on another
   elseif holder then
     out[#out + 1] = {holder, redis.call('HGETALL', tkey(holder))}
   else

@@ -2,7 +2,11 @@
 
 Key layout. ``P`` is ``{KEY_PREFIX}:``; the braces make it a Cluster hash tag, so every key
 lives in one hash slot and a script may touch any of them. Times are microseconds since the
-epoch, written as decimal strings.
+epoch, written as decimal strings. With REDIS_SHARDS = N > 1 each shard has its own ``P``
+(``{KEY_PREFIX:shard-<i>-of-<N>:<salt>}:``, sharding.py) holding the keys below of the tasks of
+its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home shard>
+<reserved at>" for a task id whose own shard (sharding.directory_of) is not its queue's
+(id_reserve.lua); what belongs to no queue (locks, workers) is on shard 0.
 
 ``P t:<id>``               HASH, one per task. n name, q queue, p priority, s status, j parameter
                            (JSON), a attempts, b attempts against the current retry budget,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import functools
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -15,8 +16,12 @@ from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
 from .codec import micros, text, to_info
 from .scripts import Scripts
+from .sharding import CONTROL_SHARD, ShardLayout, directory_of
+from .waiting import ShardWaiters
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+R = TypeVar("R")
 READ_CHUNK = 1000
 # The status sets of states.py as the stored values.
 WAITING = tuple(sorted(s.value for s in WAITING_STATUSES))
@@ -45,7 +50,12 @@ def guarded(method: F) -> F:
 
 
 class RedisAccess(TaskStorage):
-    """The client and key prefix of one Redis storage, and the helpers its parts share."""
+    """The client and key prefix of one Redis storage, and the helpers its parts share.
+
+    Every key name starts with the prefix of one shard (sharding.py): ``prefixes[i]`` is shard
+    i's, ``p`` the control shard's (what belongs to no queue). With one shard (the default)
+    there is one prefix, ``{KEY_PREFIX}:``. ``shards`` (REDIS_SHARDS) above 1 is the sharded
+    layout of docs/sharding-design.md: each queue's keys on its shard."""
 
     def __init__(
         self,
@@ -56,41 +66,127 @@ class RedisAccess(TaskStorage):
         backoff_cap_millis: int = 300000,
         where: str = "redis",
         owns_client: bool = True,
+        shards: int = 1,
     ) -> None:
         super().__init__(clock)
         self.client = client
         self.key_prefix = key_prefix
-        self.p = "{" + key_prefix + "}:"
+        self.layout = ShardLayout(key_prefix, shards)
+        self.prefixes = self.layout.prefixes
+        self.p = self.prefixes[CONTROL_SHARD]
+        self.sharded = shards > 1
         self.backoff_cap_millis = backoff_cap_millis
         self.where = where
         self._owns_client = owns_client
-        self._keys = [self.p + "counts"]  # routes every script to the prefix's hash slot
+        # One key per shard, passed to its scripts: routes the call to the shard's hash slot.
+        self._routes = [[prefix + "counts"] for prefix in self.prefixes]
         self._scripts = Scripts(client)
         self._unavailable = _unavailable_errors()
         # queue -> when its next scheduled task is due, as the last claim of it saw it
         self._next_due: dict[str, int | None] = {}
+        # where the purge chore's sweep of each shard's queue set goes on (SSCAN cursors)
+        self._queue_cursors = [0] * shards
+        self._claim_turn = 0  # which shard of its queues a sharded claim visits first
+        self._waiters: ShardWaiters | None = None  # a sharded idle wait's threads, once used
 
-    def _run(self, name: str, *args: Any, now: dt.datetime | None = None) -> Any:
+    def _run(
+        self, name: str, *args: Any, now: dt.datetime | None = None, shard: int = CONTROL_SHARD
+    ) -> Any:
+        """Run script ``name`` on ``shard``: its prefix and now come first in ARGV."""
         now = now or self.clock.now()
-        return self._scripts.run(name, self._keys, (self.p, micros(now), *args))
+        return self._scripts.run(
+            name, self._routes[shard], (self.prefixes[shard], micros(now), *args)
+        )
+
+    def new_task_id(self, queue: str) -> str:
+        # Sharded: an id whose directory shard is its queue's (drawn again until it is, N
+        # draws on average), so that storing it needs no directory entry (id_reserve.lua).
+        task_id = uuid.uuid4().hex
+        if self.sharded:
+            home = self.layout.shard_of(queue)
+            while directory_of(task_id, self.layout.shards) != home:
+                task_id = uuid.uuid4().hex
+        return task_id
 
     @guarded
     def get(self, task_id: str) -> TaskInfo | None:
         # Here rather than in Reading: a retry reads the task first too.
-        values = self.client.hgetall(self._tkey(task_id))
+        if not self.sharded:
+            values = self.client.hgetall(self._tkey(task_id))
+        else:
+            values = self._locate(task_id)[1]
         if not values:
             return None
         return to_info(task_id, {text(k): text(v) for k, v in values.items()})
 
-    def _tkey(self, task_id: str) -> str:
-        return self.p + "t:" + task_id
+    def _locate(self, task_id: str) -> tuple[int, dict[Any, Any]]:
+        """Sharded: the shard of task ``task_id`` and its hash (empty when there is none; the
+        control shard then). Its directory shard holds it or names its home; a task stored
+        off its directory shard in one script (a schedule's fire, a batch's callback) is
+        found by reading every shard."""
+        directory = directory_of(task_id, self.layout.shards)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.prefixes[directory] + "t:" + task_id)
+        pipe.get(self.prefixes[directory] + "i:" + task_id)
+        values, entry = pipe.execute()
+        if values:
+            return directory, values
+        if entry is not None:
+            home = int(text(entry).split(" ", 1)[0])
+            values = self.client.hgetall(self.prefixes[home] + "t:" + task_id)
+            if values:
+                return home, values
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.hgetall(prefix + "t:" + task_id)
+        found = [(shard, values) for shard, values in enumerate(pipe.execute()) if values]
+        return found[0] if found else (CONTROL_SHARD, {})
+
+    def _task_shard(self, task_id: str) -> int:
+        """The shard holding task ``task_id`` (the control shard when none does)."""
+        if not self.sharded:
+            return CONTROL_SHARD
+        return self._locate(task_id)[0]
+
+    def _each_shard(
+        self,
+        items: Sequence[T],
+        queue_of: Callable[[T], str],
+        call: Callable[[Sequence[T], int], Sequence[R]],
+    ) -> list[R]:
+        """``call(part, shard)`` for the items of each shard (by the shard of ``queue_of(item)``),
+        its results put back in the order of ``items``: one script call per shard."""
+        if not self.sharded:
+            return list(call(items, CONTROL_SHARD))
+        groups: dict[int, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(self.layout.shard_of(queue_of(item)), []).append(index)
+        out: list[Any] = [None] * len(items)
+        for shard, positions in sorted(groups.items()):
+            results = call([items[p] for p in positions], shard)
+            for position, result in zip(positions, results, strict=True):
+                out[position] = result
+        return out
+
+    def _tkey(self, task_id: str, shard: int = CONTROL_SHARD) -> str:
+        return self.prefixes[shard] + "t:" + task_id
+
+    def _queue_prefix(self, queue: str) -> str:
+        """The key prefix of ``queue``'s shard."""
+        return self.prefixes[self.layout.shard_of(queue)] if self.sharded else self.p
 
     def _read_many(
-        self, ids: Sequence[str], key: Callable[[str], str] | None = None
+        self,
+        ids: Sequence[str],
+        key: Callable[[str], str] | None = None,
+        *,
+        shard: int = CONTROL_SHARD,
     ) -> dict[str, dict[str, str]]:
-        """Full hashes of these ids (missing ones left out), a pipeline per chunk: tasks, or
-        whatever ``key`` names (schedules)."""
-        key = key or self._tkey
+        """Full hashes of these ids (missing ones left out), a pipeline per chunk: tasks of
+        ``shard``, or whatever ``key`` names (schedules)."""
+        if key is None:
+            prefix = self.prefixes[shard] + "t:"
+            key = prefix.__add__
         found: dict[str, dict[str, str]] = {}
         for start in range(0, len(ids), READ_CHUNK):
             chunk = ids[start : start + READ_CHUNK]
@@ -102,9 +198,18 @@ class RedisAccess(TaskStorage):
                     found[one] = {text(k): text(v) for k, v in values.items()}
         return found
 
-    def _due_ids(self, index: str, now: dt.datetime, limit: int, *, inclusive: bool) -> list[str]:
+    def _due_ids(
+        self,
+        index: str,
+        now: dt.datetime,
+        limit: int,
+        *,
+        inclusive: bool,
+        shard: int = CONTROL_SHARD,
+    ) -> list[str]:
         bound = micros(now) if inclusive else "(" + micros(now)
-        ids = self.client.zrangebyscore(self.p + index, "-inf", bound, start=0, num=limit)
+        key = self.prefixes[shard] + index
+        ids = self.client.zrangebyscore(key, "-inf", bound, start=0, num=limit)
         return [text(task_id) for task_id in ids]
 
     @guarded
@@ -127,10 +232,28 @@ class RedisAccess(TaskStorage):
         ]
 
     def _queues(self) -> builtins.list[str]:
-        """Every queue that holds a task (the ``queues`` set)."""
-        return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
+        """Every queue that holds a task (the ``queues`` set of every shard)."""
+        if not self.sharded:
+            return sorted(text(queue) for queue in self.client.smembers(self.p + "queues"))
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.smembers(prefix + "queues")
+        return sorted({text(queue) for members in pipe.execute() for queue in members})
+
+    def _sum_hashes(self, name: str) -> dict[str, int]:
+        """Hash ``name`` of every shard, the values of equal fields added (counts)."""
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.hgetall(prefix + name)
+        total: dict[str, int] = {}
+        for values in pipe.execute():
+            for field, value in values.items():
+                total[text(field)] = total.get(text(field), 0) + int(value)
+        return total
 
     def close(self) -> None:
+        if self._waiters is not None:
+            self._waiters.close()
         self._scripts.close()
         if self._owns_client:
             self.client.close()

@@ -24,6 +24,7 @@ from ...records import TaskInfo, TaskQuery
 from ...states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
+from .sharding import CONTROL_SHARD
 
 # Up to this many unfinished tasks, listings that include them are exact (each is read and
 # sorted); beyond it, only the newest arrivals of each ready list and schedule are read.
@@ -39,30 +40,42 @@ class Listing(RedisAccess):
 
     @guarded
     def _list(self, query: TaskQuery) -> list[TaskInfo]:
-        rows = None if query.batch_id is None else self._batch_rows(query.batch_id, query)
+        rows: set[tuple[int, str, int]] | None = None
+        if query.batch_id is not None:
+            # A batch's members and callbacks live on the control shard (batches.py).
+            found_rows = self._batch_rows(query.batch_id, query)
+            if found_rows is not None:
+                rows = {(c, i, CONTROL_SHARD) for c, i in found_rows}
         if rows is None:
-            rows = self._all_rows(query)
+            # Each shard's newest ``query.end`` rows, merged: the page is among them.
+            if query.queue is not None:
+                shards: Sequence[int] = [self.layout.shard_of(query.queue)]
+            else:
+                shards = range(len(self.prefixes))
+            rows = {(c, i, shard) for shard in shards for c, i in self._all_rows(query, shard)}
         # A task that changed status between two reads may show up twice: keep it once.
-        rows = sorted(set(rows), reverse=True)
-        page = [task_id for _, task_id in rows[query.offset : query.end]]
-        found = self._read_many(page)
-        return [to_info(task_id, found[task_id]) for task_id in page if task_id in found]
+        page = sorted(rows, reverse=True)[query.offset : query.end]
+        found: dict[str, dict[str, str]] = {}
+        for shard in sorted({shard for _, _, shard in page}):
+            found.update(self._read_many([i for _, i, s in page if s == shard], shard=shard))
+        return [to_info(task_id, found[task_id]) for _, task_id, _ in page if task_id in found]
 
-    def _all_rows(self, query: TaskQuery) -> builtins.list[Row]:
-        """The rows the page is cut from, read from the indexes of every task."""
+    def _all_rows(self, query: TaskQuery, shard: int) -> builtins.list[Row]:
+        """The rows of one shard the page is cut from, read from the indexes of every task."""
         wanted, queue = query.statuses, query.queue
         rows: builtins.list[Row] = []
         live = frozenset(LIVE) if wanted is None else frozenset(LIVE) & {s.value for s in wanted}
         if live:
-            newest = None if self._unfinished_count(queue) <= EXACT_UNFINISHED else query.end
-            ids = sorted(self._unfinished_ids(live, queue, newest))
-            rows += self._matching(ids, live, query)
+            big = self._unfinished_count(queue, shard) > EXACT_UNFINISHED
+            newest = query.end if big else None
+            ids = sorted(self._unfinished_ids(live, queue, newest, shard))
+            rows += self._matching(ids, live, query, shard)
         # Each finished status's index is read only down to the ``query.end`` newest matches,
         # then merged here: a page of dead letters (FAILED + TIMEOUT + ERROR) reads at most
         # that many entries of each, never a whole index nor a union stored server side.
         finished = TERMINAL_STATUSES if wanted is None else wanted & TERMINAL_STATUSES
         for done in sorted(finished, key=lambda s: s.value):
-            rows += self._newest_done(done, query)
+            rows += self._newest_done(done, query, shard)
         return rows
 
     def _batch_rows(self, batch_id: str, query: TaskQuery) -> builtins.list[Row] | None:
@@ -78,17 +91,17 @@ class Listing(RedisAccess):
             accept = {status.value for status in statuses & wanted}
             if accept:
                 key = f"{self.p}bm:{batch_id}:{group}"
-                rows += self._newest_of(key, accept, query, exact=statuses <= wanted)
+                rows += self._newest_of(key, accept, query, CONTROL_SHARD, exact=statuses <= wanted)
         ids = [plain["task_id"] for plain in json.loads(text(callbacks)).values() if plain]
-        return rows + self._matching(ids, {status.value for status in wanted}, query)
+        return rows + self._matching(ids, {status.value for status in wanted}, query, CONTROL_SHARD)
 
-    def _newest_done(self, status: TaskStatus, query: TaskQuery) -> builtins.list[Row]:
+    def _newest_done(self, status: TaskStatus, query: TaskQuery, shard: int) -> builtins.list[Row]:
         """The ``query.end`` newest tasks of one finished status that match the query."""
-        key = self.p + "done:" + status.value
-        return self._newest_of(key, {status.value}, query, exact=query.batch_id is None)
+        key = self.prefixes[shard] + "done:" + status.value
+        return self._newest_of(key, {status.value}, query, shard, exact=query.batch_id is None)
 
     def _newest_of(
-        self, key: str, accept: set[str], query: TaskQuery, *, exact: bool
+        self, key: str, accept: set[str], query: TaskQuery, shard: int, *, exact: bool
     ) -> builtins.list[Row]:
         """The ``query.end`` newest tasks of an index scored by creation whose status is one of
         ``accept`` and that match the query. ``exact``: every task in the index matches it but
@@ -104,11 +117,11 @@ class Listing(RedisAccess):
             if not found:
                 break
             start += len(found)
-            rows += self._matching([text(i) for i, _ in found], accept, query)
+            rows += self._matching([text(i) for i, _ in found], accept, query, shard)
         return rows[: query.end]
 
-    def _unfinished_count(self, queue: str | None) -> int:
-        counts = self.client.hgetall(self.p + "counts")
+    def _unfinished_count(self, queue: str | None, shard: int) -> int:
+        counts = self.client.hgetall(self.prefixes[shard] + "counts")
         return sum(
             int(value)
             for key, value in counts.items()
@@ -117,47 +130,52 @@ class Listing(RedisAccess):
         )
 
     def _unfinished_ids(
-        self, live: frozenset[str], queue: str | None, newest: int | None
+        self, live: frozenset[str], queue: str | None, newest: int | None, shard: int
     ) -> set[str]:
         """Tasks that may be unfinished (in one of the ``live`` statuses): claimed or running,
         ready, or scheduled. With ``newest``, only that many from the end of each ready list
         and schedule (a large backlog: lists are in arrival order, schedules in run-at order)."""
-        ids = {text(i) for i in self.client.zrange(self.p + "leases", 0, -1)}
+        prefix = self.prefixes[shard]
+        ids = {text(i) for i in self.client.zrange(prefix + "leases", 0, -1)}
         if not live & set(WAITING):
             return ids  # RUNNING tasks are all in the leases
         first = 0 if newest is None else -newest
-        queues = [queue] if queue is not None else self._queues()
+        if queue is not None:
+            queues = [queue]
+        else:
+            queues = sorted(text(name) for name in self.client.smembers(prefix + "queues"))
         pipe = self.client.pipeline(transaction=False)
         for name in queues:
-            pipe.zrange(self.p + "prio:" + name, 0, -1)
-            pipe.zrange(self.p + "sched:" + name, first, -1)
+            pipe.zrange(prefix + "prio:" + name, 0, -1)
+            pipe.zrange(prefix + "sched:" + name, first, -1)
         replies = pipe.execute()
         pipe = self.client.pipeline(transaction=False)
         for name, priorities, scheduled in zip(queues, replies[::2], replies[1::2], strict=True):
             ids.update(text(i) for i in scheduled)
             for priority in priorities:
-                pipe.lrange(f"{self.p}ready:{name}:{text(priority)}", first, -1)
+                pipe.lrange(f"{prefix}ready:{name}:{text(priority)}", first, -1)
         for ready in pipe.execute():
             ids.update(text(i) for i in ready)
-        ids.update(self._parked_ids(first))
+        ids.update(self._parked_ids(first, prefix))
         return ids
 
-    def _parked_ids(self, first: int) -> set[str]:
-        """Waiting tasks of capped names parked by claims (max_concurrency), of any queue."""
-        names = [text(name) for name in self.client.smembers(self.p + "parked")]
+    def _parked_ids(self, first: int, prefix: str) -> set[str]:
+        """Waiting tasks of capped names parked by claims (max_concurrency), of any queue of
+        the shard of ``prefix``."""
+        names = [text(name) for name in self.client.smembers(prefix + "parked")]
         if not names:
             return set()
         pipe = self.client.pipeline(transaction=False)
         for name in names:
-            pipe.zrange(f"{self.p}parkprio:{name}", 0, -1)
+            pipe.zrange(f"{prefix}parkprio:{name}", 0, -1)
         pipe2 = self.client.pipeline(transaction=False)
         for name, priorities in zip(names, pipe.execute(), strict=True):
             for priority in priorities:
-                pipe2.zrange(f"{self.p}parked:{name}:{text(priority)}", first, -1)
+                pipe2.zrange(f"{prefix}parked:{name}:{text(priority)}", first, -1)
         return {text(i) for parked in pipe2.execute() for i in parked}
 
     def _matching(
-        self, ids: Sequence[str], accept: Collection[str], query: TaskQuery
+        self, ids: Sequence[str], accept: Collection[str], query: TaskQuery, shard: int
     ) -> builtins.list[Row]:
         """The rows of these tasks that match the query's name and queue, in the order given:
         only tasks whose status is now one of ``accept`` (status values)."""
@@ -166,7 +184,7 @@ class Listing(RedisAccess):
             chunk = ids[start : start + READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
             for task_id in chunk:
-                pipe.hmget(self._tkey(task_id), "c", "s", "n", "q", "bt", "bc")
+                pipe.hmget(self._tkey(task_id, shard), "c", "s", "n", "q", "bt", "bc")
             replies = pipe.execute()
             for task_id, (created, state, name, queue, member_of, callback_of) in zip(
                 chunk, replies, strict=True

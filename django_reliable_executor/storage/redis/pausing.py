@@ -12,11 +12,11 @@ class Pausing(RedisAccess):
 
     @guarded
     def pause_queue(self, queue: str) -> bool:
-        return bool(self.client.sadd(self.p + "queues:paused", queue))
+        return bool(self.client.sadd(self._queue_prefix(queue) + "queues:paused", queue))
 
     @guarded
     def resume_queue(self, queue: str) -> bool:
-        if not self.client.srem(self.p + "queues:paused", queue):
+        if not self.client.srem(self._queue_prefix(queue) + "queues:paused", queue):
             return False
         # Idle workers blocked on the queue's wake list claim its waiting tasks now.
         self.wake([queue])
@@ -24,4 +24,7 @@ class Pausing(RedisAccess):
 
     @guarded
     def paused_queues(self) -> set[str]:
-        return {text(queue) for queue in self.client.smembers(self.p + "queues:paused")}
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:  # each queue's flag is on its shard
+            pipe.smembers(prefix + "queues:paused")
+        return {text(queue) for members in pipe.execute() for queue in members}

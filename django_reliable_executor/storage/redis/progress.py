@@ -19,11 +19,12 @@ class ProgressReports(RedisAccess):
             return 0
         # One script call per worker id (a worker reports only its own claims: one call).
         stored = 0
-        by_worker: dict[str, list[object]] = {}
+        by_worker: dict[tuple[int, str], list[object]] = {}
         for claim, progress in reports:
-            by_worker.setdefault(claim.task.worker_id or "", []).extend(
+            shard = self.layout.shard_of(claim.task.queue)
+            by_worker.setdefault((shard, claim.task.worker_id or ""), []).extend(
                 (claim.task_id, claim.token, dumps(progress_to_json(progress)))
             )
-        for worker_id, args in by_worker.items():
-            stored += int(self._run("progress", worker_id, *args))
+        for (shard, worker_id), args in by_worker.items():
+            stored += int(self._run("progress", worker_id, *args, shard=shard))
         return stored

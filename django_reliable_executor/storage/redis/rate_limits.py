@@ -27,14 +27,32 @@ class RateReading(RedisAccess):
 
     @guarded
     def rate_use(self, limits: Mapping[str, RateLimit]) -> builtins.list[RateUse]:
+        # Each shard logs the claims made on it (a name claimed on k shards has k logs): the
+        # shards' figures added, the busiest key the busiest of one shard.
+        parts = [self._rate_use_on(limits, prefix) for prefix in self.prefixes]
+        if len(parts) == 1:
+            return parts[0]
+        return [
+            RateUse(
+                uses[0].task_name,
+                uses[0].limit,
+                sum(use.started for use in uses),
+                max(use.busiest for use in uses),
+                sum(use.keys for use in uses),
+                sum(use.held_back for use in uses),
+            )
+            for uses in zip(*parts, strict=True)
+        ]
+
+    def _rate_use_on(self, limits: Mapping[str, RateLimit], prefix: str) -> builtins.list[RateUse]:
         now = int(micros(self.clock.now()))
         names = list(limits)
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             short = f"{len(name.encode())}:{name}"
             window = round(limits[name].window_seconds * 1e6)
-            pipe.zrangebyscore(self.p + "ratekeys:" + short, now - window, "+inf")
-            pipe.zcount(self.p + "ratewait:" + short, f"({now}", "+inf")
+            pipe.zrangebyscore(prefix + "ratekeys:" + short, now - window, "+inf")
+            pipe.zcount(prefix + "ratewait:" + short, f"({now}", "+inf")
         replies = pipe.execute()
         pipe = self.client.pipeline(transaction=False)
         keys_of = {}
@@ -42,7 +60,7 @@ class RateReading(RedisAccess):
             keys_of[name] = [k.decode() if isinstance(k, bytes) else k for k in replies[2 * i]]
             window = round(limits[name].window_seconds * 1e6)
             for key in keys_of[name]:
-                pipe.zcount(self.p + "rate:" + bucket(name, key), f"({now - window}", "+inf")
+                pipe.zcount(prefix + "rate:" + bucket(name, key), f"({now - window}", "+inf")
         counts = iter(pipe.execute())
         uses = []
         for i, name in enumerate(names):

@@ -26,18 +26,22 @@ class Reading(RedisAccess):
     # -- reading --------------------------------------------------------------------------
     @guarded
     def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
-        found = self._read_many(list(dict.fromkeys(task_ids)))
+        ids = list(dict.fromkeys(task_ids))
+        found: dict[str, dict[str, str]] = {}
+        for shard in range(len(self.prefixes)):  # each shard holds its queues' tasks
+            found.update(self._read_many([i for i in ids if i not in found], shard=shard))
         return {task_id: to_info(task_id, values) for task_id, values in found.items()}
 
     @guarded
     def dependents_of(self, task_id: str) -> list[str]:
-        return sorted(text(member) for member in self.client.smembers(self.p + "deps:" + task_id))
+        key = self.prefixes[self._task_shard(task_id)] + "deps:" + task_id
+        return sorted(text(member) for member in self.client.smembers(key))
 
     @guarded
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
         counts = {status: 0 for status in TaskStatus}
-        for key, value in self.client.hgetall(self.p + "counts").items():
-            state, _, name = text(key).partition(":")
+        for key, value in self._counts().items():
+            state, _, name = key.partition(":")
             if queue is None or name == queue:
                 counts[TaskStatus(state)] += int(value)
         return counts
@@ -45,11 +49,17 @@ class Reading(RedisAccess):
     @guarded
     def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]:
         counts: dict[str, dict[TaskStatus, int]] = {}
-        for key, value in self.client.hgetall(self.p + "counts").items():
-            state, _, queue = text(key).partition(":")
+        for key, value in self._counts().items():
+            state, _, queue = key.partition(":")
             queue_counts = counts.setdefault(queue, {status: 0 for status in TaskStatus})
             queue_counts[TaskStatus(state)] += int(value)
         return {q: c for q, c in sorted(counts.items()) if any(c.values())}
+
+    def _counts(self) -> dict[str, int]:
+        """Every shard's ``counts`` together: "<STATUS>:<queue>" -> tasks."""
+        if not self.sharded:
+            return {text(k): int(v) for k, v in self.client.hgetall(self.p + "counts").items()}
+        return self._sum_hashes("counts")
 
     @guarded
     def oldest_due(self, queue: str | None = None) -> dt.datetime | None:
@@ -68,9 +78,10 @@ class Reading(RedisAccess):
         now = micros(self.clock.now())
         pipe = self.client.pipeline(transaction=False)
         for name in queues:
-            pipe.zrange(self.p + "prio:" + name, 0, -1)
+            prefix = self._queue_prefix(name)
+            pipe.zrange(prefix + "prio:" + name, 0, -1)
             pipe.zrangebyscore(
-                self.p + "sched:" + name, "-inf", now, start=0, num=1, withscores=True
+                prefix + "sched:" + name, "-inf", now, start=0, num=1, withscores=True
             )
         replies = pipe.execute()
         due: dict[str, int] = {}
@@ -84,7 +95,7 @@ class Reading(RedisAccess):
         pipe = self.client.pipeline(transaction=False)
         for name, priorities in zip(queues, replies[::2], strict=True):
             for priority in priorities:
-                pipe.lindex(f"{self.p}ready:{name}:{text(priority)}", 0)
+                pipe.lindex(f"{self._queue_prefix(name)}ready:{name}:{text(priority)}", 0)
         lists = [
             name for name, priorities in zip(queues, replies[::2], strict=True) for _ in priorities
         ]
@@ -94,8 +105,8 @@ class Reading(RedisAccess):
             if head is not None
         ]
         pipe = self.client.pipeline(transaction=False)
-        for _, head in heads:
-            pipe.hget(self._tkey(head), "r")
+        for name, head in heads:
+            pipe.hget(self._queue_prefix(name) + "t:" + head, "r")
         for (name, _), run_at in zip(heads, pipe.execute(), strict=True):
             if run_at is not None:
                 seen(name, int(run_at))
@@ -108,12 +119,16 @@ class Reading(RedisAccess):
         minutes = range(first, last + 1)
         pipe = self.client.pipeline(transaction=False)
         for minute in minutes:
-            pipe.hmget(f"{self.p}tput:{minute}", ENDING_FIELDS)
+            for prefix in self.prefixes:  # each shard counts the endings of its tasks
+                pipe.hmget(f"{prefix}tput:{minute}", ENDING_FIELDS)
+        replies = pipe.execute()
+        shards = len(self.prefixes)
         counted: dict[int, MinuteCounts] = {}
-        for minute, values in zip(minutes, pipe.execute(), strict=True):
-            n = dict(
-                zip(ENDING_FIELDS, (int(v) if v is not None else 0 for v in values), strict=True)
-            )
+        for index, minute in enumerate(minutes):
+            n = dict.fromkeys(ENDING_FIELDS, 0)
+            for values in replies[index * shards : (index + 1) * shards]:
+                for field, value in zip(ENDING_FIELDS, values, strict=True):
+                    n[field] += int(value) if value is not None else 0
             if any(n.values()):
                 counted[minute] = MinuteCounts(
                     minute=minute_start(minute),
@@ -128,8 +143,9 @@ class Reading(RedisAccess):
         horizon = micros(self.clock.now() + dt.timedelta(seconds=horizon_seconds))
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
-            pipe.hmget(self.p + "counts", [f"{state}:{queue}" for state in LIVE])
-            pipe.zcount(self.p + "sched:" + queue, "(" + horizon, "+inf")
+            prefix = self._queue_prefix(queue)
+            pipe.hmget(prefix + "counts", [f"{state}:{queue}" for state in LIVE])
+            pipe.zcount(prefix + "sched:" + queue, "(" + horizon, "+inf")
         replies = pipe.execute()
         unfinished = sum(int(v) for counts in replies[::2] for v in counts if v is not None)
         return unfinished > sum(replies[1::2])

@@ -42,6 +42,8 @@ NAMES = (
     "batch_open",
     "batch_seal",
     "batch_purge",
+    "id_reserve",
+    "id_release",
 )
 
 

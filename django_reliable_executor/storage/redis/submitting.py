@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from ...dependencies import WAITING_RUN_AT, missing_error
+from ...exceptions import InvalidDependencyError, TaskSubmitError
 from ...records import NewTask, TaskInfo, copy_with, new_info
 from ...serialization import dumps
 from ...states import LIVE_STATUSES
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
+from .sharding import directory_of
 
+QUEUE = operator.attrgetter("queue")
+# Sharded: how long a task id reserved for a shard that has not stored it (its submitter is
+# on its way there, or crashed) stays reserved before a submit to another shard may take it.
+ID_RESERVATION_GRACE_SECONDS = 300
 SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, short enough not
 # to hold Redis up (a script blocks every other client while it runs)
 
@@ -21,22 +28,91 @@ class Submitting(RedisAccess):
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        # Each task goes to its queue's shard; dependencies are looked up there only (the
+        # cross-shard links of docs/sharding-design.md are not built yet).
+        return self._each_shard(tasks, QUEUE, self._enqueue_on)
+
+    def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
+        if not self.sharded:
+            return self._store(tasks, shard)
+        # Ids whose directory is another shard are reserved there first: an id held there
+        # for another shard is that shard's task, returned unchanged, never stored twice.
+        held = self._reserve_ids(tasks, shard)
+        stored = iter(self._store([t for i, t in enumerate(tasks) if i not in held], shard))
+        return [held[i] if i in held else next(stored) for i in range(len(tasks))]
+
+    def _reserve_ids(
+        self, tasks: Sequence[NewTask], shard: int
+    ) -> dict[int, tuple[TaskInfo, bool]]:
+        """id_reserve.lua on the directory shard of each id not of this shard (positions by
+        directory); the existing task of each id another shard holds, by position."""
+        foreign: dict[int, list[int]] = {}
+        for index, task in enumerate(tasks):
+            directory = directory_of(task.task_id, self.layout.shards)
+            if directory != shard:
+                foreign.setdefault(directory, []).append(index)
+        held: dict[int, tuple[TaskInfo, bool]] = {}
+        for directory, positions in sorted(foreign.items()):
+            args = [value for p in positions for value in (tasks[p].task_id, "")]
+            replies = self._run("id_reserve", shard, *args, shard=directory)
+            for position, reply in zip(positions, replies, strict=True):
+                if text(reply):
+                    existing = self._held_elsewhere(tasks[position], directory, text(reply), shard)
+                    if existing is not None:
+                        held[position] = (existing, False)
+        return held
+
+    def _held_elsewhere(
+        self, task: NewTask, directory: int, entry: str, shard: int
+    ) -> TaskInfo | None:
+        """The task of ``task``'s id that another shard holds (``entry``: id_reserve's reply),
+        or None once the id is reserved for this shard after all: its reservation named a
+        shard that never stored it, and is older than the grace."""
+        home = directory if entry == "here" else int(entry.split(" ", 1)[0])
+        values = self.client.hgetall(self._tkey(task.task_id, home))
+        if values:
+            return to_info(task.task_id, {text(k): text(v) for k, v in values.items()})
+        if entry != "here":
+            reserved_at = from_micros(entry.split(" ", 1)[1])
+            age = (self.clock.now() - reserved_at).total_seconds()
+            if age < ID_RESERVATION_GRACE_SECONDS:
+                raise TaskSubmitError(
+                    f"task_id {task.task_id!r} is being submitted to a queue of shard {home} "
+                    f"(reserved {age:.0f} s ago); submit it to that shard's queue, or again "
+                    f"after {ID_RESERVATION_GRACE_SECONDS} s",
+                    field="task_id",
+                )
+        # A reservation past its grace (or a task purged meanwhile): take it over, unless it
+        # changed since it was read.
+        expected = "" if entry == "here" else entry
+        reply = self._run("id_reserve", shard, task.task_id, expected, shard=directory)
+        if text(reply[0]):
+            raise TaskSubmitError(
+                f"task_id {task.task_id!r} is being submitted to another shard's queue",
+                field="task_id",
+            )
+        return None
+
+    def _store(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
+        """submit.lua on ``shard`` for these tasks, in chunks."""
         results: list[tuple[TaskInfo, bool]] = []
         # A batch with dependents is one call: all or nothing (a missing dependency).
         size = len(tasks) if any(task.depends_on for task in tasks) else SUBMIT_CHUNK
         for start in range(0, len(tasks), size):
             chunk = tasks[start : start + size]
             args = [value for task in chunk for value in _args(task)]
-            replies = self._run("submit", *args)
+            replies = self._run("submit", *args, shard=shard)
             if (
                 replies
                 and not isinstance(replies[0], (int, list))
                 and text(replies[0]) == "missing"
             ):
-                raise missing_error(text(replies[1]), [text(replies[2])])
+                raise self._missing(text(replies[1]), text(replies[2]), shard)
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
                     results.append((new_info(task), True))
+                elif isinstance(reply, (str, bytes)):  # "elsewhere": another shard's task
+                    results.append((self._stored_elsewhere(task), False))
                 elif len(reply) == 2 and isinstance(reply[0], list):  # a new dependent
                     results.append((to_info(task.task_id, fields(reply[0])), True))
                 elif len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
@@ -45,9 +121,40 @@ class Submitting(RedisAccess):
                     results.append((to_info(task.task_id, fields(reply)), False))
         return results
 
+    def _missing(self, task_id: str, dependency: str, shard: int) -> TaskSubmitError:
+        """The error of a dependency submit.lua did not find on the dependent's shard."""
+        if self.sharded:
+            other = self.get(dependency)
+            if other is not None:
+                return InvalidDependencyError(
+                    f"depends_on of task {task_id!r} names task {dependency!r} of queue "
+                    f"{other.queue!r} (shard {self.layout.shard_of(other.queue)}), another "
+                    f"shard than the task's (shard {shard}): with REDIS_SHARDS > 1, a task "
+                    "may depend only on tasks of queues of its own shard so far",
+                    field="depends_on",
+                )
+        return missing_error(task_id, [dependency])
+
+    def _stored_elsewhere(self, task: NewTask) -> TaskInfo:
+        """The task of ``task``'s id that the directory (its queue's shard) says lives on
+        another shard."""
+        existing = self.get(task.task_id)
+        if existing is None:  # reserved there, not stored (yet): never store it twice
+            raise TaskSubmitError(
+                f"task_id {task.task_id!r} is being submitted to another shard's queue",
+                field="task_id",
+            )
+        return existing
+
     @guarded
     def unique_holder(self, unique_key: str) -> TaskInfo | None:
-        held = self.client.get(self.p + "u:" + unique_key)
+        if self.sharded:  # the key is kept on the shard of its holder's queue
+            pipe = self.client.pipeline(transaction=False)
+            for prefix in self.prefixes:
+                pipe.get(prefix + "u:" + unique_key)
+            held = next((value for value in pipe.execute() if value is not None), None)
+        else:
+            held = self.client.get(self.p + "u:" + unique_key)
         if held is None:
             return None
         until, task_id = text(held).split(" ", 1)

@@ -22,6 +22,13 @@ TASK_ID = operator.attrgetter("task.task_id")
 TOKEN = operator.attrgetter("token")
 TEXT = operator.attrgetter("text")
 FIRST = operator.itemgetter(0)
+QUEUE = operator.attrgetter("task.queue")
+
+
+def _outcome_queue(outcome: tuple[Claim, object]) -> str:
+    return outcome[0].task.queue
+
+
 SECOND = operator.itemgetter(1)
 VALUE = operator.attrgetter("value")
 
@@ -36,10 +43,17 @@ class Transitions(RedisAccess):
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         if not claims:
             return []
+        return self._each_shard(
+            claims, QUEUE, lambda part, shard: self._start_on(part, lease_seconds, shard)
+        )
+
+    def _start_on(
+        self, claims: Sequence[Claim], lease_seconds: float, shard: int
+    ) -> list[Claim | None]:
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
         args = chain.from_iterable(map(ID_AND_TOKEN, claims))  # read in C: no bytecode a claim
-        replies = self._run("start", lease_until, nonce(), *args, now=now)
+        replies = self._run("start", lease_until, nonce(), *args, now=now, shard=shard)
         if len(replies) == len(claims) and replies.count(1) == len(replies):  # all started
             return list(map(Claim.started, claims, repeat(now)))  # no bytecode of a loop
         return [
@@ -56,9 +70,14 @@ class Transitions(RedisAccess):
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
         args = [value for task_id, token in tokens.items() for value in (task_id, token)]
-        replies = self._run("heartbeat", worker_id, lease_until, *args, now=now)
+        # Every shard is asked for every task: a heartbeat does not know the tasks' queues, and
+        # a shard renews only the leases it holds (the others are not its tasks).
         return {
-            text(task_id): (int(token), text(cancel) == "1") for task_id, token, cancel in replies
+            text(task_id): (int(token), text(cancel) == "1")
+            for shard in range(len(self.prefixes))
+            for task_id, token, cancel in self._run(
+                "heartbeat", worker_id, lease_until, *args, now=now, shard=shard
+            )
         }
 
     def complete(self, claim: Claim, result: object) -> Transition | None:
@@ -68,6 +87,11 @@ class Transitions(RedisAccess):
     def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
         if not outcomes:
             return []
+        return self._each_shard(outcomes, _outcome_queue, self._complete_on)
+
+    def _complete_on(
+        self, outcomes: Sequence[tuple[Claim, object]], shard: int
+    ) -> list[Transition | None]:
         now = self.clock.now()
         # A worker's are encoded already (encoded() for the others, without a call per task).
         results = list(map(SECOND, outcomes))
@@ -78,7 +102,7 @@ class Transitions(RedisAccess):
         args = chain.from_iterable(
             zip(map(TASK_ID, claims), map(TOKEN, claims), map(TEXT, results), strict=True)
         )
-        replies = self._run("complete", nonce(), *args, now=now)
+        replies = self._run("complete", nonce(), *args, now=now, shard=shard)
         if len(replies) == len(claims) and replies.count(1) == len(replies):  # all recorded
             return list(map(Claim.completed, claims, map(VALUE, results), repeat(now)))
         return [
@@ -106,6 +130,7 @@ class Transitions(RedisAccess):
             "1" if is_error else "0",
             nonce(),
             now=now,
+            shard=self.layout.shard_of(claim.task.queue),
         )
         if reply is None:
             return None
@@ -125,7 +150,14 @@ class Transitions(RedisAccess):
     def expire_claim(self, claim: Claim) -> Transition | None:
         now = self.clock.now()
         error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
-        previous = self._run("expire_claim", claim.task_id, claim.token, error, now=now)
+        previous = self._run(
+            "expire_claim",
+            claim.task_id,
+            claim.token,
+            error,
+            now=now,
+            shard=self.layout.shard_of(claim.task.queue),
+        )
         if previous is None:
             return None
         task = dataclasses.replace(
@@ -137,12 +169,17 @@ class Transitions(RedisAccess):
     def release(self, claims: Sequence[Claim]) -> int:
         if not claims:
             return 0
+        return sum(self._each_shard(claims, QUEUE, self._release_on))
+
+    def _release_on(self, claims: Sequence[Claim], shard: int) -> list[int]:
+        """How many of these claims were handed back (the count first, zeros for the rest)."""
         args = [value for claim in claims for value in (claim.task_id, claim.token)]
-        return int(self._run("release", *args))
+        released = int(self._run("release", *args, shard=shard))
+        return [released] + [0] * (len(claims) - 1)
 
     @guarded
     def cancel(self, task_id: str) -> CancelResult:
-        reply = self._run("cancel", task_id)
+        reply = self._run("cancel", task_id, shard=self._task_shard(task_id))
         if reply is None:
             return CancelResult(changed=False, task=None)
         outcome = text(reply[0])
@@ -162,7 +199,8 @@ class Transitions(RedisAccess):
             if before.max_duration_millis
             else ""
         )
-        reply = self._run("retry", task_id, before.status.value, deadline, now=now)
+        shard = self.layout.shard_of(before.queue)
+        reply = self._run("retry", task_id, before.status.value, deadline, now=now, shard=shard)
         if reply is None:
             return None
         if text(reply[0]) == "held":

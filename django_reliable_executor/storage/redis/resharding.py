@@ -1,0 +1,82 @@
+"""Changing REDIS_SHARDS: what to check before switching (the change is offline and drained)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import TYPE_CHECKING
+
+from ...states import LIVE_STATUSES
+from .sharding import ShardLayout
+
+if TYPE_CHECKING:
+    from . import RedisStorage
+
+# Keys of a shard of the new layout counted at most (one is enough to refuse the switch).
+KEYS_COUNTED = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardCheck:
+    """Whether the key prefix of a Redis storage may switch from ``current`` to ``target``
+    shards: nothing unfinished in the current layout, nothing at all in the target one."""
+
+    current: int
+    target: int
+    queue_shards: dict[str, int]  # each queue of the current layout -> its shard under target
+    unfinished: int  # tasks CREATED, PENDING or RUNNING in the current layout
+    schedules: int  # schedules of the current layout (not carried over: define them again)
+    target_keys: dict[int, int]  # shard of the target layout -> keys found there (up to 100)
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.current != self.target
+            and self.unfinished == 0
+            and not any(self.target_keys.values())
+        )
+
+    def problems(self) -> list[str]:
+        """What stands in the way of the switch, one sentence each."""
+        found = []
+        if self.current == self.target:
+            found.append(f"REDIS_SHARDS is {self.current} already")
+        if self.unfinished:
+            found.append(
+                f"{self.unfinished} unfinished tasks in the current layout: stop submitting "
+                "and let the workers drain them first"
+            )
+        for shard, keys in sorted(self.target_keys.items()):
+            if keys:
+                more = "+" if keys >= KEYS_COUNTED else ""
+                found.append(
+                    f"shard {shard} of the {self.target}-shard layout holds {keys}{more} keys "
+                    "already (left by an earlier switch?): delete them or keep the current N"
+                )
+        return found
+
+
+def check_reshard(storage: RedisStorage, target: int) -> ReshardCheck:
+    """Read the current layout's unfinished tasks and schedules and SCAN for every shard of
+    the ``target`` layout's keys (every node of a Cluster): an offline check, which reads the
+    whole key space once per target shard. Raises ValueError for a bad ``target``."""
+    layout = ShardLayout(storage.key_prefix, target)
+    counts = storage.count()
+    schedules = storage.count_schedules()
+    target_keys = {}
+    for shard, prefix in enumerate(layout.prefixes):
+        pattern = re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*"
+        found = 0
+        for _ in storage.client.scan_iter(match=pattern, count=1000):
+            found += 1
+            if found >= KEYS_COUNTED:
+                break
+        target_keys[shard] = found
+    return ReshardCheck(
+        current=storage.layout.shards,
+        target=target,
+        queue_shards={queue: layout.shard_of(queue) for queue in storage._queues()},
+        unfinished=sum(counts[status] for status in LIVE_STATUSES),
+        schedules=sum(schedules.values()),
+        target_keys=target_keys,
+    )

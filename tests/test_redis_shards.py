@@ -1,0 +1,309 @@
+"""The Redis storage over several shards (hash tags) of one key prefix, on the shared Redis: a
+plain server serves any number of hash tags, so each shard's keys and scripts are checked here;
+tests/test_redis_cluster.py runs them on a Cluster's masters."""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import Iterator
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+from redis.crc import key_slot
+
+from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service import executor as module_executor
+from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.storage.redis.sharding import (
+    CLUSTER_SLOTS,
+    ShardLayout,
+    directory_of,
+    shard_of,
+    shard_prefix,
+)
+from django_reliable_executor.storage.redis.submitting import ID_RESERVATION_GRACE_SECONDS
+from tests.conftest import REDIS_URL, delete_prefix, redis_client, require
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
+
+SHARDS = 3
+# Six queues over the three shards, two each (pinned below: the hash is part of the layout).
+QUEUES = ("orphan", "emails", "default", "alpha", "prio", "search")
+
+
+@pytest.fixture
+def storage(clock) -> Iterator[RedisStorage]:
+    require("redis")
+    client = redis_client()
+    prefix = f"shards-{zlib.crc32(str(id(client)).encode()):08x}"
+    made = RedisStorage(client, prefix, clock=clock, shards=SHARDS)
+    try:
+        yield made
+    finally:
+        made.close()
+        cleaner = redis_client()
+        delete_prefix(cleaner, prefix)
+        cleaner.close()
+
+
+@pytest.fixture
+def executor(storage: RedisStorage, clock) -> ReliableExecutor:
+    return ReliableExecutor(storage, clock=clock)
+
+
+def keys_of(storage: RedisStorage, shard: int) -> set[str]:
+    pattern = storage.prefixes[shard].replace("{", "\\{").replace("}", "\\}") + "*"
+    return set(storage.client.scan_iter(match=pattern, count=1000))
+
+
+# -- the layout --------------------------------------------------------------------------------
+def test_one_shard_is_the_single_hash_tag_layout():
+    layout = ShardLayout("reliable_executor")
+    assert layout.prefixes == ("{reliable_executor}:",)
+    assert layout.shard_of("anything") == 0
+    storage = RedisStorage(redis_client(), "reliable_executor")
+    try:
+        assert storage.p == "{reliable_executor}:"
+        assert storage._tkey("x") == "{reliable_executor}:t:x"
+    finally:
+        storage.close()
+
+
+def test_queue_shards_are_crc32_of_the_name_and_stable():
+    assert [shard_of(queue, SHARDS) for queue in QUEUES] == [0, 0, 1, 1, 2, 2]
+    for queue in QUEUES:
+        assert shard_of(queue, 7) == zlib.crc32(queue.encode()) % 7
+    assert shard_of("é", 5) == zlib.crc32("é".encode()) % 5
+
+
+@pytest.mark.parametrize("shards", [2, 3, 6, 16])
+def test_each_shard_tag_falls_in_its_part_of_the_slot_space(shards: int):
+    for index in range(shards):
+        prefix = shard_prefix("reliable_executor", index, shards)
+        assert prefix.startswith(f"{{reliable_executor:shard-{index}-of-{shards}:")
+        slot = key_slot((prefix + "t:some-task").encode())  # redis-py's own CRC16
+        assert index * CLUSTER_SLOTS // shards <= slot < (index + 1) * CLUSTER_SLOTS // shards
+
+
+def test_a_bad_number_of_shards_is_refused():
+    for bad in (0, -1, True, 1.5, CLUSTER_SLOTS + 1):
+        with pytest.raises(ValueError, match="shards must be"):
+            ShardLayout("p", bad)
+
+
+# -- tasks on their queue's shard ---------------------------------------------------------------
+def test_each_task_lives_on_its_queues_shard(executor: ReliableExecutor, storage: RedisStorage):
+    ids = {
+        queue: executor.submit("demo.echo", {"q": queue}, queue=queue).task_id for queue in QUEUES
+    }
+    for queue, task_id in ids.items():
+        home = shard_of(queue, SHARDS)
+        for shard in range(SHARDS):
+            found = storage.client.exists(storage.prefixes[shard] + "t:" + task_id)
+            assert found == (shard == home), (queue, shard)
+        assert storage.prefixes[home] + "ready:" + queue + ":0" in keys_of(storage, home)
+        assert executor.get_task(task_id).queue == queue
+    assert all(keys_of(storage, shard) for shard in range(SHARDS))
+    assert sorted(storage._queues()) == sorted(QUEUES)
+
+
+def test_one_claim_takes_from_every_shard_and_the_counts_merge(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    ids = []
+    for i, queue in enumerate(QUEUES):
+        ids.append(executor.submit("demo.echo", {"i": i}, queue=queue).task_id)
+        clock.advance(1)  # listed newest first, by creation
+    assert executor.count_by_status()[TaskStatus.CREATED] == 6
+    claims = storage.claim("w1", QUEUES, 100, 30.0, start=4)
+    assert sorted(c.task_id for c in claims) == sorted(ids)
+    assert sum(c.task.status is TaskStatus.RUNNING for c in claims) == 4
+    started = storage.start_many([c for c in claims if c.task.status is not TaskStatus.RUNNING], 30)
+    assert all(started)
+    running = [c for c in claims if c.task.status is TaskStatus.RUNNING] + started
+    renewed = storage.heartbeat("w1", {c.task_id: c.token for c in running if c}, 30.0)
+    assert set(renewed) == set(ids)
+    done = storage.complete_many([(c, {"ok": c.task_id}) for c in running if c])
+    assert all(done)
+    counts = executor.count_by_status()
+    assert counts[TaskStatus.COMPLETED] == 6
+    assert sum(counts.values()) == 6
+    assert {queue: c[TaskStatus.COMPLETED] for queue, c in storage.count_by_queue().items()} == {
+        queue: 1 for queue in QUEUES
+    }
+    listed = executor.list_tasks(limit=4)
+    assert [info.task_id for info in listed] == [i for i in reversed(ids)][:4]
+    assert [i.task_id for i in executor.list_tasks(offset=4, limit=10)] == ids[1::-1]
+
+
+def test_cancel_retry_and_pause_find_the_tasks_shard(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    on_two = executor.submit("demo.echo", {}, queue="search")
+    assert executor.cancel_task(on_two.task_id)
+    assert executor.get_task(on_two.task_id).status is TaskStatus.CANCELLED
+    assert executor.retry_task(on_two.task_id)
+    assert executor.get_task(on_two.task_id).status is TaskStatus.PENDING
+    assert executor.pause_queue("search")
+    assert storage.client.sismember(storage.prefixes[2] + "queues:paused", "search")
+    assert storage.paused_queues() == {"search"}
+    assert storage.claim("w1", QUEUES, 10, 30.0) == []
+    assert executor.resume_queue("search")
+    assert [c.task_id for c in storage.claim("w1", QUEUES, 10, 30.0)] == [on_two.task_id]
+
+
+def test_recovery_and_timeouts_visit_every_shard(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    for queue in QUEUES:
+        executor.submit("demo.echo", {}, queue=queue, max_duration_millis=60_000)
+    claims = storage.claim("w1", QUEUES, 100, 5.0, start=6)
+    assert len(claims) == 6
+    clock.advance(10)
+    recovered = storage.recover_expired(100)
+    assert len(recovered) == 6
+    assert executor.count_by_status()[TaskStatus.PENDING] == 6
+    clock.advance(120)
+    assert len(storage.expire_overdue(100)) == 6
+    assert executor.count_by_status()[TaskStatus.TIMEOUT] == 6
+    clock.advance(30 * 86400)
+    assert storage.purge_finished(clock.now(), 100) == 6
+    assert sum(executor.count_by_status().values()) == 0
+    assert storage._queues() == []
+
+
+def test_an_idle_wait_wakes_on_any_shard_and_loses_no_token(storage: RedisStorage):
+    assert storage.wait_for_work(QUEUES, 0.05) is False
+    storage.wake(["search"])  # shard 2
+    assert storage.wait_for_work(QUEUES, 5.0) is True
+    # A wake arriving after a wait returned is kept by the shard's pop for the next wait.
+    assert storage.wait_for_work(QUEUES, 0.05) is False
+    storage.wake(["emails"])  # shard 0
+    assert storage.wait_for_work(QUEUES, 5.0) is True
+    # Queues of one shard, once the waiters exist: through them too (their pop may hold it).
+    storage.wake(["alpha"])
+    assert storage.wait_for_work(["default", "alpha"], 5.0) is True
+    # Another key beside a pop under way on its shard (the fetcher's own, while its pool is
+    # full): a pop of its own.
+    assert storage.wait_for_work(QUEUES, 0.05) is False
+    storage.wake(["_worker:w1"])
+    assert storage.wait_for_work([*QUEUES, "_worker:w1"], 5.0) is True
+
+
+# -- task ids across shards ----------------------------------------------------------------------
+def test_generated_ids_need_no_directory_entry(executor: ReliableExecutor, storage: RedisStorage):
+    for queue in QUEUES:
+        task = executor.submit("demo.echo", {}, queue=queue)
+        assert directory_of(task.task_id, SHARDS) == shard_of(queue, SHARDS)
+    assert not any(
+        key.split("}:", 1)[1].startswith("i:")
+        for shard in range(SHARDS)
+        for key in keys_of(storage, shard)
+    )
+
+
+def test_a_given_id_is_stored_once_whatever_queue_it_is_submitted_to(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    # Ids of each directory shard, each submitted to a queue of every shard: stored once, on
+    # the first queue's shard; later submits return that task unchanged.
+    for n in range(12):
+        task_id = f"given-{n}"
+        first = QUEUES[n % len(QUEUES)]
+        stored = executor.submit("demo.echo", {"n": n}, task_id=task_id, queue=first)
+        for queue in QUEUES:
+            again = executor.submit("demo.echo", {"other": 1}, task_id=task_id, queue=queue)
+            assert (again.queue, again.parameter) == (first, {"n": n})
+        assert executor.get_task(task_id) == stored
+        homes = [s for s in range(SHARDS) if storage.client.exists(storage._tkey(task_id, s))]
+        assert homes == [shard_of(first, SHARDS)]
+    assert executor.count_by_status()[TaskStatus.CREATED] == 12
+
+
+def test_an_interrupted_reservation_blocks_other_shards_until_its_grace_ends(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    task_id = next(f"id-{n}" for n in range(100) if directory_of(f"id-{n}", SHARDS) == 0)
+    # A submitter reserved the id for shard 2 ("search") and died before storing it there.
+    assert storage._run("id_reserve", 2, task_id, "", shard=0) == [""]
+    with pytest.raises(TaskSubmitError, match="being submitted to a queue of shard 2") as error:
+        executor.submit("demo.echo", {}, task_id=task_id, queue="default")  # shard 1
+    assert error.value.field == "task_id"
+    assert executor.get_task(task_id) is None
+    # Its own shard may still store it (a resumed submit)...
+    resumed = executor.submit("demo.echo", {"resumed": 1}, task_id=task_id, queue="search")
+    assert executor.get_task(task_id) == resumed
+    # ...and once purged, the entry goes with it.
+    assert executor.cancel_task(task_id)
+    clock.advance(30 * 86400)
+    assert storage.purge_finished(clock.now(), 100) == 1
+    assert not storage.client.exists(storage.prefixes[0] + "i:" + task_id)
+    # An entry left by a crash is taken over after the grace.
+    assert storage._run("id_reserve", 2, task_id, "", shard=0) == [""]
+    clock.advance(ID_RESERVATION_GRACE_SECONDS + 1)
+    taken = executor.submit("demo.echo", {}, task_id=task_id, queue="default")
+    assert executor.get_task(task_id) == taken
+    assert storage.client.get(storage.prefixes[0] + "i:" + task_id).startswith("1 ")
+
+
+def test_what_is_not_built_across_shards_is_refused_by_name(executor: ReliableExecutor):
+    first = executor.submit("demo.echo", {}, queue="orphan")  # shard 0
+    same = executor.submit("demo.echo", {}, queue="emails", depends_on=[first.task_id])
+    assert same.status is TaskStatus.CREATED
+    with pytest.raises(InvalidDependencyError, match="REDIS_SHARDS > 1") as error:
+        executor.submit("demo.echo", {}, queue="search", depends_on=[first.task_id])
+    assert error.value.field == "depends_on"
+    with pytest.raises(InvalidDependencyError, match="do not exist"):
+        executor.submit("demo.echo", {}, queue="search", depends_on=["nowhere"])
+    with pytest.raises(NotImplementedError, match="REDIS_SHARDS > 1, batches"):
+        executor.submit_batch([TaskSubmitRequest("demo.echo", {}, queue="search")])
+    with pytest.raises(NotImplementedError, match="REDIS_SHARDS > 1, schedules"):
+        executor.schedule("s1", "demo.echo", every=60, queue="search")
+    assert executor.count_by_status()[TaskStatus.CREATED] == 2
+
+
+# -- changing the number of shards -------------------------------------------------------------
+def shards_command(target: str) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        call_command("executor", "shards", target, stdout=out)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, out.getvalue()
+
+
+def test_the_shards_command_allows_a_switch_only_when_drained_and_the_new_layout_is_empty(clock):
+    require("redis")
+    prefix = f"reshard-{zlib.crc32(str(id(clock)).encode()):08x}"
+    setting = {"STORAGE": "redis", "REDIS_URL": REDIS_URL, "KEY_PREFIX": prefix}
+    client = redis_client()
+    try:
+        with override_settings(RELIABLE_EXECUTOR=setting):
+            task = module_executor.submit("demo.echo", {}, queue="default")
+            code, out = shards_command("3")
+            assert code == 1
+            assert "REDIS_SHARDS 1 -> 3" in out and "queue default: shard 1" in out
+            assert "not ready: 1 unfinished tasks in the current layout" in out
+            assert module_executor.cancel_task(task.task_id)
+            code, out = shards_command("3")
+            assert (code, out.splitlines()[-1]) == (
+                0,
+                "ready: set REDIS_SHARDS = 3, then start the workers again",
+            )
+            # Keys of the 3-shard layout already there (an earlier switch, undone): refused.
+            other = RedisStorage(redis_client(), prefix, shards=3)
+            ReliableExecutor(other).submit("demo.echo", {}, queue="search")
+            other.close()
+            code, out = shards_command("3")
+            assert code == 1 and "not ready: shard 2 of the 3-shard layout holds" in out
+            code, out = shards_command("1")
+            assert code == 1 and "not ready: REDIS_SHARDS is 1 already" in out
+            module_executor.storage.close()
+    finally:
+        delete_prefix(client, prefix)
+        client.close()
