@@ -61,8 +61,9 @@ class Dependencies(DatabaseAccess):
 
     def _wait_for(self, task: NewTask) -> TaskInfo:
         """Record the edges of the new dependent ``task``, read its dependencies with a
-        locking read (one ending now waits for this transaction, then finds the edge) and
-        settle it against those already ended."""
+        locking read and flag them has_dependents (a write ending one now waits for this
+        transaction, then reads the flag and finds the edge), and settle it against those
+        already ended."""
         ids = list(task.depends_on)
         # Unavailable while it waits: out of the claim index's way (a claim never walks the
         # waiting dependents), and waiting_for set tells it from a claimed task.
@@ -75,16 +76,25 @@ class Dependencies(DatabaseAccess):
         self._edges().bulk_create(
             [ReliableDependency(dependency_id=d, dependent_id=task.task_id) for d in ids]
         )
-        found = dict(
+        found: dict[str, str] = {}
+        unflagged: list[str] = []
+        for pk, status, flagged in (
             self._tasks()
             .select_for_update()
             .filter(pk__in=ids)
             .order_by("pk")
-            .values_list("pk", "status")
-        )
+            .values_list("pk", "status", "has_dependents")
+        ):
+            found[pk] = status
+            if not flagged:
+                unflagged.append(pk)
         missing = [d for d in ids if d not in found]
         if missing:
             raise missing_error(task.task_id, missing)
+        if unflagged:
+            # Under the lock just taken (SQLite: the write lock of the INSERT above), so a
+            # completion of one of them either ended it before (read above) or reads the flag.
+            self._tasks().filter(pk__in=unflagged).update(has_dependents=True)
         ended = [(d, found[d]) for d in ids if found[d] in TERMINAL_VALUES]
         now = self.clock.now()
         if ended:
