@@ -151,7 +151,8 @@ class Dependencies(DatabaseAccess):
         caller's open transaction just ended: release those with nothing left to wait for,
         cancel those a failed dependency cancels, and theirs in turn (no signal is sent for
         such cascaded cancels). The cost is the edges of these tasks, not the waiting tasks:
-        one indexed SELECT when they have no dependents (every completion pays it). Returns
+        one indexed SELECT when they have no dependents (a completion of tasks never flagged
+        has_dependents skips this, see Transitions._complete_span). Returns
         the cancelled ones, ``(batch_id, task_id, "CANCELLED")`` each, for their batches."""
         now: dt.datetime | None = None
         released_queues: list[str] = []
