@@ -163,7 +163,7 @@ class Dependencies(DatabaseAccess):
             if not waiting:
                 break
             now = now or self.clock.now()
-            releases: dict[int | None, list[str]] = {}  # by max duration
+            releases: dict[int | None, list[tuple[str, str]]] = {}  # by max duration
             cascaded: dict[str, str] = {}
             for task_id, (
                 awaited,
@@ -178,8 +178,7 @@ class Dependencies(DatabaseAccess):
                     continue  # settled before (its dependency was retried and ended again)
                 failed = any(status != TaskStatus.COMPLETED.value for _, status in here)
                 if len(here) == len(awaited) and not (failed and on_failure != "run"):
-                    releases.setdefault(max_duration, []).append(task_id)
-                    released_queues.append(queue)
+                    releases.setdefault(max_duration, []).append((task_id, queue))
                     continue
                 outcome = self._settle_one(task_id, awaited, here, on_failure, max_duration, now)
                 if outcome == "cancelled":
@@ -187,8 +186,8 @@ class Dependencies(DatabaseAccess):
                     cancelled.append((batch_id, task_id, TaskStatus.CANCELLED.value))
                 elif outcome == "released":
                     released_queues.append(queue)
-            for max_duration, ids in releases.items():
-                self._release_all(ids, max_duration, now)
+            for max_duration, released in releases.items():
+                released_queues += self._release_all(released, max_duration, now)
             todo = cascaded
         self._work_committed(released_queues)
         return cancelled
@@ -235,21 +234,35 @@ class Dependencies(DatabaseAccess):
                     entry[5].append(dependency)
         return found
 
-    def _release_all(self, task_ids: list[str], max_duration: int | None, now: dt.datetime) -> None:
-        """Make these waiting dependents (of one max duration) due now, in one UPDATE."""
+    def _release_all(
+        self, released: list[tuple[str, str]], max_duration: int | None, now: dt.datetime
+    ) -> list[str]:
+        """Make these waiting dependents (of one max duration), ``(task_id, queue)`` each, due
+        now, in one UPDATE. Returns the queues whose idle workers are still to be woken (see
+        ``_work_committed``): none on PostgreSQL, where the same statement notifies them."""
         deadline = now + dt.timedelta(milliseconds=max_duration) if max_duration else None
-        for chunk in chunks(task_ids):
-            self._execute(
+        postgresql = self.vendor == "postgresql"
+        for chunk in chunks(released):
+            sql = (
                 f"UPDATE {self._table} SET run_at = %s, deadline_at = %s, waiting_for = NULL, "
                 "available = TRUE "
-                f"WHERE task_id IN ({', '.join(['%s'] * len(chunk))}) AND status = %s",
-                [
-                    self._dt(now),
-                    None if deadline is None else self._dt(deadline),
-                    *chunk,
-                    TaskStatus.CREATED.value,
-                ],
+                f"WHERE task_id IN ({', '.join(['%s'] * len(chunk))}) AND status = %s"
             )
+            params = [
+                self._dt(now),
+                None if deadline is None else self._dt(deadline),
+                *(task_id for task_id, _ in chunk),
+                TaskStatus.CREATED.value,
+            ]
+            if postgresql:
+                # One round trip less: the NOTIFY is sent on commit either way.
+                sql = (
+                    f"WITH released AS ({sql}) "
+                    f"SELECT pg_notify({self._wakeups.channel}, q) FROM unnest(%s::text[]) AS q"
+                )
+                params.append(list(dict.fromkeys(queue for _, queue in chunk)))
+            self._execute(sql, params)
+        return [] if postgresql else [queue for _, queue in released]
 
     def dependents_of(self, task_id: str) -> list[str]:
         """The tasks that were submitted to wait for ``task_id``, by id."""
