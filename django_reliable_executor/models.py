@@ -54,6 +54,10 @@ class ReliableTask(models.Model):
     waiting_for = models.JSONField(null=True, blank=True)
     # None: "cancel" (hand-written INSERTs of tasks without dependencies leave it out).
     on_dependency_failure = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
+    # True once a dependent was stored to wait for it (set by that submit, never cleared): only
+    # the ending of such a task reads reliable_executor_dependency (dependencies.py). A default
+    # in the database too: the hand-written INSERTs of the submits leave it out.
+    has_dependents = models.BooleanField(default=False, db_default=False)
     # The batch this task is a member or a callback of (ReliableBatch); None for most tasks.
     batch_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
 

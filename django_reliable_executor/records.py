@@ -144,6 +144,10 @@ class Claim:
     # logged at, which its start checks (see storage/database/rate_limits.py).
     rate_limit: RateLimit | None = None
     rate_logged_at: dt.datetime | None = None
+    # The database storage: the task had dependents when claimed, so its ending must settle
+    # them. False is only a hint (a dependent may be stored after the claim); the ending
+    # write checks it (see storage/database/transitions.py). Unused elsewhere.
+    has_dependents: bool = False
 
     @property
     def task_id(self) -> str:

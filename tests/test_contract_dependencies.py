@@ -4,7 +4,11 @@ bad input stores nothing."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor import InvalidDependencyError, TaskStatus, TaskSubmitRequest
 from django_reliable_executor.dependencies import WAITING_RUN_AT
@@ -287,3 +291,97 @@ def test_waiting_dependents_hold_no_max_concurrency_slot(executor, storage):
     executor.submit("contract.hook", None, task_id="x")
     claims = storage.claim("w1", ["default"], 10, LEASE, name_limits={"contract.hook": 1})
     assert [c.task_id for c in claims] == ["x"]
+
+
+# -- a dependent stored while its dependency runs -----------------------------------------------
+def test_a_dependent_stored_after_its_dependency_was_claimed_is_released_by_its_completion(
+    executor, storage
+):
+    executor.submit("contract.hook", None, task_id="a")
+    executor.submit("contract.hook", None, task_id="b")
+    # Claimed before anything depended on them: the claims know of no dependents.
+    claims = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
+    assert sorted(c.task_id for c in claims) == ["a", "b"]
+    executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
+    # One batch: b completes alone, a must release c.
+    assert all(storage.complete_many([(claim, 1) for claim in claims]))
+    assert executor.get_task("a").status is TaskStatus.COMPLETED
+    assert executor.get_task("b").status is TaskStatus.COMPLETED
+    assert executor.get_task("c").waiting_for == ()
+    assert claimable(storage) == ["c"]
+
+
+def test_a_dependent_stored_while_its_dependency_completes_is_released(executor, storage, db_alias):
+    """The submit of the dependent holds its transaction open while the completion of its
+    dependency (claimed before: its claim knows of no dependent) runs in another thread;
+    whichever goes first, the dependent ends up released."""
+    executor.submit("contract.hook", None, task_id="a")
+    claim = claim_and_start(storage)
+    stored = threading.Event()
+    completed = threading.Event()
+    outcomes: list = []
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            with transaction.atomic(using=db_alias):
+                executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
+                stored.set()
+                # Gives the completion time to reach the locks this transaction holds
+                # (it waits for them on the databases; Redis submits on commit).
+                completed.wait(0.5)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            stored.set()
+            connections.close_all()
+
+    def complete() -> None:
+        try:
+            stored.wait(10)
+            outcomes.append(storage.complete(claim, 1))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            completed.set()
+            connections.close_all()
+
+    threads = [threading.Thread(target=submit), threading.Thread(target=complete)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert outcomes[0] is not None
+    assert executor.get_task("a").status is TaskStatus.COMPLETED
+    assert executor.get_task("c").status is TaskStatus.CREATED
+    assert executor.get_task("c").waiting_for == ()
+    assert claimable(storage) == ["c"]
+
+
+def test_only_the_completion_of_a_task_with_dependents_reads_the_edges(
+    executor, storage, alias, db_alias
+):
+    executor.submit("contract.hook", None, task_id="a")
+    executor.submit("contract.hook", None, task_id="b")
+    executor.submit("contract.hook", None, task_id="c", depends_on=["b"])
+    claims = {
+        c.task_id: c for c in storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
+    }
+    assert sorted(claims) == ["a", "b"]
+    with CaptureQueriesContext(connections[db_alias]) as queries:
+        assert storage.complete(claims["a"], 1) is not None
+    statements = [q["sql"] for q in queries.captured_queries]
+    if alias == "redis":
+        assert statements == []  # one script call
+    else:
+        # One UPDATE in autocommit: no transaction, no read of the dependency edges.
+        assert len(statements) == 1, statements
+        assert statements[0].startswith("UPDATE")
+    with CaptureQueriesContext(connections[db_alias]) as queries:
+        assert storage.complete(claims["b"], 1) is not None
+    edges = [
+        q["sql"] for q in queries.captured_queries if "reliable_executor_dependency" in q["sql"]
+    ]
+    assert len(edges) == (0 if alias == "redis" else 1)
+    assert claimable(storage) == ["c"]

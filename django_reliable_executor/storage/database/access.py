@@ -213,6 +213,13 @@ class DatabaseAccess(TaskStorage):
         cascaded = self._settle_dependents({task_id: status for _, task_id, status in ended})
         self._settle_batches([*ended, *cascaded])
 
+    def _alone(self, write: Callable[[], T]) -> T:
+        """Run a one-statement write in autocommit (or in the caller's transaction), again
+        after a MySQL deadlock when it is not inside the caller's transaction."""
+        if transaction.get_connection(self.alias).in_atomic_block:
+            return write()
+        return self._retrying(write)
+
     def _ending(self, write: Callable[[], T]) -> T:
         """Run a write that ends tasks (and settles their dependents and batches) as one
         transaction, again after a MySQL deadlock when it is not inside the caller's transaction."""

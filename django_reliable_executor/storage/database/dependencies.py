@@ -61,8 +61,9 @@ class Dependencies(DatabaseAccess):
 
     def _wait_for(self, task: NewTask) -> TaskInfo:
         """Record the edges of the new dependent ``task``, read its dependencies with a
-        locking read (one ending now waits for this transaction, then finds the edge) and
-        settle it against those already ended."""
+        locking read and flag them has_dependents (a write ending one now waits for this
+        transaction, then reads the flag and finds the edge), and settle it against those
+        already ended."""
         ids = list(task.depends_on)
         # Unavailable while it waits: out of the claim index's way (a claim never walks the
         # waiting dependents), and waiting_for set tells it from a claimed task.
@@ -75,16 +76,25 @@ class Dependencies(DatabaseAccess):
         self._edges().bulk_create(
             [ReliableDependency(dependency_id=d, dependent_id=task.task_id) for d in ids]
         )
-        found = dict(
+        found: dict[str, str] = {}
+        unflagged: list[str] = []
+        for pk, status, flagged in (
             self._tasks()
             .select_for_update()
             .filter(pk__in=ids)
             .order_by("pk")
-            .values_list("pk", "status")
-        )
+            .values_list("pk", "status", "has_dependents")
+        ):
+            found[pk] = status
+            if not flagged:
+                unflagged.append(pk)
         missing = [d for d in ids if d not in found]
         if missing:
             raise missing_error(task.task_id, missing)
+        if unflagged:
+            # Under the lock just taken (SQLite: the write lock of the INSERT above), so a
+            # completion of one of them either ended it before (read above) or reads the flag.
+            self._tasks().filter(pk__in=unflagged).update(has_dependents=True)
         ended = [(d, found[d]) for d in ids if found[d] in TERMINAL_VALUES]
         now = self.clock.now()
         if ended:
@@ -141,7 +151,8 @@ class Dependencies(DatabaseAccess):
         caller's open transaction just ended: release those with nothing left to wait for,
         cancel those a failed dependency cancels, and theirs in turn (no signal is sent for
         such cascaded cancels). The cost is the edges of these tasks, not the waiting tasks:
-        one indexed SELECT when they have no dependents (every completion pays it). Returns
+        one indexed SELECT when they have no dependents (a completion of tasks never flagged
+        has_dependents skips this, see Transitions._complete_span). Returns
         the cancelled ones, ``(batch_id, task_id, "CANCELLED")`` each, for their batches."""
         now: dt.datetime | None = None
         released_queues: list[str] = []
@@ -152,7 +163,7 @@ class Dependencies(DatabaseAccess):
             if not waiting:
                 break
             now = now or self.clock.now()
-            releases: dict[int | None, list[str]] = {}  # by max duration
+            releases: dict[int | None, list[tuple[str, str]]] = {}  # by max duration
             cascaded: dict[str, str] = {}
             for task_id, (
                 awaited,
@@ -167,8 +178,7 @@ class Dependencies(DatabaseAccess):
                     continue  # settled before (its dependency was retried and ended again)
                 failed = any(status != TaskStatus.COMPLETED.value for _, status in here)
                 if len(here) == len(awaited) and not (failed and on_failure != "run"):
-                    releases.setdefault(max_duration, []).append(task_id)
-                    released_queues.append(queue)
+                    releases.setdefault(max_duration, []).append((task_id, queue))
                     continue
                 outcome = self._settle_one(task_id, awaited, here, on_failure, max_duration, now)
                 if outcome == "cancelled":
@@ -176,8 +186,8 @@ class Dependencies(DatabaseAccess):
                     cancelled.append((batch_id, task_id, TaskStatus.CANCELLED.value))
                 elif outcome == "released":
                     released_queues.append(queue)
-            for max_duration, ids in releases.items():
-                self._release_all(ids, max_duration, now)
+            for max_duration, released in releases.items():
+                released_queues += self._release_all(released, max_duration, now)
             todo = cascaded
         self._work_committed(released_queues)
         return cancelled
@@ -224,21 +234,35 @@ class Dependencies(DatabaseAccess):
                     entry[5].append(dependency)
         return found
 
-    def _release_all(self, task_ids: list[str], max_duration: int | None, now: dt.datetime) -> None:
-        """Make these waiting dependents (of one max duration) due now, in one UPDATE."""
+    def _release_all(
+        self, released: list[tuple[str, str]], max_duration: int | None, now: dt.datetime
+    ) -> list[str]:
+        """Make these waiting dependents (of one max duration), ``(task_id, queue)`` each, due
+        now, in one UPDATE. Returns the queues whose idle workers are still to be woken (see
+        ``_work_committed``): none on PostgreSQL, where the same statement notifies them."""
         deadline = now + dt.timedelta(milliseconds=max_duration) if max_duration else None
-        for chunk in chunks(task_ids):
-            self._execute(
+        postgresql = self.vendor == "postgresql"
+        for chunk in chunks(released):
+            sql = (
                 f"UPDATE {self._table} SET run_at = %s, deadline_at = %s, waiting_for = NULL, "
                 "available = TRUE "
-                f"WHERE task_id IN ({', '.join(['%s'] * len(chunk))}) AND status = %s",
-                [
-                    self._dt(now),
-                    None if deadline is None else self._dt(deadline),
-                    *chunk,
-                    TaskStatus.CREATED.value,
-                ],
+                f"WHERE task_id IN ({', '.join(['%s'] * len(chunk))}) AND status = %s"
             )
+            params = [
+                self._dt(now),
+                None if deadline is None else self._dt(deadline),
+                *(task_id for task_id, _ in chunk),
+                TaskStatus.CREATED.value,
+            ]
+            if postgresql:
+                # One round trip less: the NOTIFY is sent on commit either way.
+                sql = (
+                    f"WITH released AS ({sql}) "
+                    f"SELECT pg_notify({self._wakeups.channel}, q) FROM unnest(%s::text[]) AS q"
+                )
+                params.append(list(dict.fromkeys(queue for _, queue in chunk)))
+            self._execute(sql, params)
+        return [] if postgresql else [queue for _, queue in released]
 
     def dependents_of(self, task_id: str) -> list[str]:
         """The tasks that were submitted to wait for ``task_id``, by id."""

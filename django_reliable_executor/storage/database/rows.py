@@ -63,6 +63,7 @@ def claim_of(row: ReliableTask) -> Claim:
         token=row.lease_token,
         budget_attempts=row.budget_attempts,
         deadline_at=row.deadline_at,
+        has_dependents=row.has_dependents,
     )
 
 
@@ -126,7 +127,7 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 # It reads the batch_id: a member's ending write counts it in its batch (batches.py).
 NOT_CLAIMED = ("progress", "depends_on", "waiting_for")
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
-CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at"]
+CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at", "has_dependents"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
 DATETIME_FIELDS = ["created_at", "run_at", "started_at", "finished_at", "deadline_at"]
 
@@ -171,12 +172,14 @@ def claim_from_row(row: Sequence[Any]) -> Claim:
     token = values.pop("lease_token")
     budget_attempts = values.pop("budget_attempts")
     deadline_at = values.pop("deadline_at")
+    has_dependents = bool(values.pop("has_dependents"))  # 0/1 on MySQL, SQLite
     values["status"] = TaskStatus(values["status"])
     return Claim(
         task=TaskInfo(**values),
         token=token,
         budget_attempts=budget_attempts,
         deadline_at=deadline_at,
+        has_dependents=has_dependents,
     )
 
 

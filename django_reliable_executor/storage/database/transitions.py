@@ -112,12 +112,36 @@ class Transitions(DatabaseAccess):
         transitions: list[Transition | None] = []
         for span in self._spans(texts, refuse):
             claims = [claim for claim, _ in outcomes[span]]
-            done = self._ending(functools.partial(self._complete_settled, claims, texts[span], now))
+            done = self._complete_span(claims, texts[span], now)
             transitions += [
                 claim.completed(result.value, now) if claim.task_id in done else None
                 for claim, result in zip(claims, results[span], strict=True)
             ]
         return transitions
+
+    def _complete_span(
+        self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
+    ) -> set[str]:
+        """Complete these claims; returns the ids completed.
+
+        The hot path: no claim had dependents when claimed and none is a batch member. Then
+        one UPDATE alone, no transaction, which completes only the rows that still have no
+        dependents (has_dependents is set by the submit of a dependent, under a lock of this
+        row: a completion waiting for that lock reads the flag it wrote). The rest, and any
+        span with dependents or batch members, complete with their settling in a transaction.
+        """
+        if any(c.has_dependents or c.task.batch_id is not None for c in claims):
+            return self._ending(functools.partial(self._complete_settled, claims, texts, now))
+        done = self._alone(functools.partial(self._complete_rows, claims, texts, now, True))
+        if len(done) == len(claims):
+            return done
+        # Lost claims, or dependents stored since the claim: the full path sorts them out.
+        rest = [i for i, claim in enumerate(claims) if claim.task_id not in done]
+        return done | self._ending(
+            functools.partial(
+                self._complete_settled, [claims[i] for i in rest], [texts[i] for i in rest], now
+            )
+        )
 
     def _complete_settled(
         self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
@@ -133,9 +157,14 @@ class Transitions(DatabaseAccess):
         return done
 
     def _complete_rows(
-        self, claims: Sequence[Claim], texts: Sequence[str | None], now: dt.datetime
+        self,
+        claims: Sequence[Claim],
+        texts: Sequence[str | None],
+        now: dt.datetime,
+        alone: bool = False,
     ) -> set[str]:
-        """One UPDATE of these claims to COMPLETED; returns the ids it changed."""
+        """One UPDATE of these claims to COMPLETED; returns the ids it changed. ``alone``:
+        only rows without dependents (their ending needs nothing else)."""
         # Written as JSON text (the worker serialised it once); PostgreSQL casts it to jsonb.
         value_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"
         if all(text == texts[0] for text in texts):  # JSON equality: 1 and True differ
@@ -147,15 +176,18 @@ class Transitions(DatabaseAccess):
             for claim, text in zip(claims, texts, strict=True):
                 result_params += [claim.task_id, text]
         held_sql, held_params = held_by_claims(claims)
+        alone_sql = " AND has_dependents = %s" if alone else ""
         changed = self._execute(
             f"UPDATE {self._table} SET status = %s, result = {result_sql}, finished_at = %s, "
-            f"lease_expires_at = NULL, deadline_at = NULL WHERE status = %s AND ({held_sql})",
+            f"lease_expires_at = NULL, deadline_at = NULL WHERE status = %s AND ({held_sql})"
+            f"{alone_sql}",
             [
                 TaskStatus.COMPLETED.value,
                 *result_params,
                 self._dt(now),
                 TaskStatus.RUNNING.value,
                 *held_params,
+                *([False] if alone else []),
             ],
         )
         return self._hits(
