@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_reliable_executor", "0019_batches"),
+        ("django_reliable_executor", "0020_task_has_dependents"),
     ]
 
     operations = [

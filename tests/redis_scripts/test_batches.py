@@ -23,9 +23,9 @@ def reads(storage: RedisStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     read: list[str] = []
     real = storage._matching
 
-    def matching(ids: Any, accept: Any, query: Any) -> Any:
+    def matching(ids: Any, accept: Any, query: Any, shard: int) -> Any:
         read.extend(ids)
-        return real(ids, accept, query)
+        return real(ids, accept, query, shard)
 
     def everything(*args: Any) -> Any:
         raise AssertionError("the listing read the indexes of every task")
