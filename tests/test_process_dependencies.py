@@ -80,15 +80,25 @@ def test_dependents_start_only_after_their_dependencies_end_through_a_worker_kil
     records = _journal(journal)
     starts: dict[str, list[float]] = {}
     ends: dict[str, list[float]] = {}
+    killed: dict[str, int] = {}  # starts in the killed worker (its handler may not have ended)
     for record in records:
         (starts if record["event"] == "start" else ends).setdefault(record["task"], []).append(
             record["t"]
         )
+        if record["event"] == "start" and record["pid"] == victim.pid:
+            killed[record["task"]] = killed.get(record["task"], 0) + 1
     assert len(starts["crash"]) == 2 and len(ends["crash"]) == 1  # killed once, then ran
     for dependent, dependencies in depends.items():
-        assert len(starts[dependent]) == 1, (dependent, starts[dependent])  # ran once
+        # Ran once, or twice when the killed worker was running it (its outcome lost with it):
+        # at most one start in each worker, and one run ended at least.
+        in_victim = killed.get(dependent, 0)
+        assert in_victim <= 1 and len(starts[dependent]) - in_victim <= 1, (
+            dependent,
+            starts[dependent],
+        )
+        assert ends.get(dependent), dependent
         for dependency in dependencies:
-            assert starts[dependent][0] >= max(ends[dependency]), (dependent, dependency)
+            assert min(starts[dependent]) >= max(ends[dependency]), (dependent, dependency)
         info = service.get_task(dependent)
         assert info.depends_on == tuple(dependencies) and info.waiting_for == ()
     survivor.terminate()
