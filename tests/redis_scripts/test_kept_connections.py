@@ -8,6 +8,9 @@ from typing import Any
 
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.scripts import KEPT_CONNECTIONS
+from tests.conftest import new_storage
+
+pytest_plugins = ["tests.redis_servers"]  # spare_redis
 
 THREADS = 3 * KEPT_CONNECTIONS
 
@@ -63,3 +66,42 @@ def test_many_threads_at_once_keep_at_most_the_cap(storage: RedisStorage):
     storage.close()  # the kept ones go back too
     assert scripts._free == [] and not pool._in_use_connections
     assert len(pool._available_connections) == THREADS
+
+
+def test_a_flushed_script_is_loaded_again_on_the_connection_in_hand(spare_redis, clock):
+    """After a restart or SCRIPT FLUSH every thread's first call meets NOSCRIPT at once: each
+    loads the script again on the connection it holds, opening none more."""
+    server = spare_redis()
+    storage = new_storage("redis", "noscript", clock=clock, redis_url=server.url)
+    try:
+        assert storage.acquire_lock("before", "me", 60)
+        server.client().script_flush()
+        scripts, pool = storage._scripts, storage.client.connection_pool
+        scripts.close()  # its kept connection back to the pool: every thread borrows below
+        borrow, together = scripts._get_connection, threading.Barrier(THREADS, timeout=30)
+        before = pool._created_connections
+
+        def held_together() -> Any:
+            conn = borrow()
+            together.wait()  # all of them out at once: the pool has none left to lend
+            return conn
+
+        scripts._get_connection = held_together
+        taken: list[bool] = []
+        threads = [
+            threading.Thread(
+                target=lambda n=n: taken.append(storage.acquire_lock(f"l{n}", "me", 60))
+            )
+            for n in range(THREADS)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert taken == [True] * THREADS
+        # One connection was in the pool already (the first call's); the others are new, one
+        # per thread, and none more for the loads.
+        assert before == 1
+        assert pool._created_connections == THREADS
+    finally:
+        storage.close()

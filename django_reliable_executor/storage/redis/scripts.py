@@ -126,7 +126,10 @@ class Scripts:
         try:
             return conn.read_response()
         except NoScriptError:  # a restarted or flushed server: load it, send again
-            script.sha = self._client.script_load(script.script)
+            # On this same connection: after a restart every thread of a worker meets this at
+            # once, and loading through the client would take one more connection each.
+            conn.send_packed_command(self._pack(conn, ("SCRIPT", "LOAD", script.script)))
+            conn.read_response()  # the script's SHA1, which script.sha already is
             conn.send_packed_command(
                 self._pack(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
             )
