@@ -150,12 +150,13 @@ class RateLimiting(DatabaseAccess):
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
-                claims, keys = self._take_within(cursor, pick, rate, used, limit)
+                claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
             self._note_free_at(name, used, rate, keys, now)
             if not claims:
                 return []
             stamps = _stamps(rate, used, keys, now)
-            self._log(name, claims, keys, stamps)
+            if not logged:
+                self._log(name, claims, keys, stamps)
         return [
             copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
             for claim, key in zip(claims, keys, strict=True)
@@ -168,20 +169,27 @@ class RateLimiting(DatabaseAccess):
         rate: RateLimit,
         used: dict[str, tuple[int, dt.datetime]],
         limit: int,
-    ) -> tuple[list[Claim], list[str]]:
-        """Up to ``limit`` claims of ``pick.name`` within each key's room, and their keys."""
+    ) -> tuple[list[Claim], list[str], bool]:
+        """Up to ``limit`` claims of ``pick.name`` within each key's room, their keys, and
+        whether their log rows are written already (at ``_stamps``' times)."""
         if limit <= 0:
-            return [], []
-        if max((n for n, _ in used.values()), default=0) + limit <= rate.count:
+            return [], [], False
+        busiest = max((n for n, _ in used.values()), default=0)
+        if busiest + limit <= rate.count:
             # Every key has room for the whole batch (the limit far above its use): claimed
             # in one statement, as a capped name is, reading the keys with the claims.
-            return self._take_keyed(dataclasses.replace(pick, limit=limit))
+            whole = dataclasses.replace(pick, limit=limit)
+            if self.vendor == "postgresql" and rate.has_room_to_lead(busiest + limit):
+                # Every key's entries are logged ahead (_stamps): by the same statement.
+                lead = pick.now + dt.timedelta(seconds=rate.lead_seconds)
+                return (*self._take_logged(whole, lead), True)
+            return (*self._take_keyed(whole), False)
         full = [key for key, (n, _) in used.items() if n >= rate.count]
         chosen = self._choose(cursor, pick, rate, used, full, limit)
         if not chosen:
-            return [], []
+            return [], [], False
         claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
-        return claims, [chosen[claim.task_id] for claim in claims]
+        return claims, [chosen[claim.task_id] for claim in claims], False
 
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
@@ -399,4 +407,7 @@ class RateLimiting(DatabaseAccess):
         raise NotImplementedError
 
     def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]:
+        raise NotImplementedError
+
+    def _take_logged(self, pick: Pick, logged_at: dt.datetime) -> tuple[list[Claim], list[str]]:
         raise NotImplementedError
