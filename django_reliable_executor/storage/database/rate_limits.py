@@ -60,17 +60,22 @@ def _stale(claim: Claim, now: dt.datetime) -> bool:
 
 
 def _stamps(
-    rate: RateLimit, used: Mapping[str, tuple[int, dt.datetime]], keys: list[str], now: dt.datetime
+    rate: RateLimit,
+    used: Mapping[str, tuple[int, dt.datetime]] | None,
+    keys: list[str],
+    now: dt.datetime,
 ) -> dict[str, dt.datetime]:
     """The time each rate key's new entries are logged at: ``lead_seconds`` ahead of ``now``
     while the key's window stays at most half full with them (their tasks wait in the
     worker's local queue for about that long, so their starts need not move them), else
     ``now``. An entry later than its start only counts longer, never shorter: the limit holds;
-    a window half empty has the room to spare."""
+    a window half empty has the room to spare. ``used`` None: every key stays half empty."""
+    lead = now + dt.timedelta(seconds=rate.lead_seconds)
+    if used is None:
+        return {key: lead for key in keys}
     taken: dict[str, int] = {}
     for key in keys:
         taken[key] = taken.get(key, 0) + 1
-    lead = now + dt.timedelta(seconds=rate.lead_seconds)
     return {
         key: lead if rate.has_room_to_lead(used.get(key, (0, now))[0] + n) else now
         for key, n in taken.items()
@@ -146,12 +151,12 @@ class RateLimiting(DatabaseAccess):
                 self._lock_name(
                     cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
                 )
-                used = self._window_use(cursor, name, cutoff)
+                used = self._window_use(cursor, name, cutoff, rate, pick.limit)
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
                 claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
-            self._note_free_at(name, used, rate, keys, now)
+            self._note_free_at(name, used or {}, rate, keys, now)
             if not claims:
                 return []
             stamps = _stamps(rate, used, keys, now)
@@ -167,23 +172,26 @@ class RateLimiting(DatabaseAccess):
         cursor: Any,
         pick: Pick,
         rate: RateLimit,
-        used: dict[str, tuple[int, dt.datetime]],
+        used: dict[str, tuple[int, dt.datetime]] | None,
         limit: int,
     ) -> tuple[list[Claim], list[str], bool]:
         """Up to ``limit`` claims of ``pick.name`` within each key's room, their keys, and
-        whether their log rows are written already (at ``_stamps``' times)."""
+        whether their log rows are written already (at ``_stamps``' times). ``used`` None:
+        every key stays at most half full with the whole batch (``_window_use``)."""
         if limit <= 0:
             return [], [], False
-        busiest = max((n for n, _ in used.values()), default=0)
-        if busiest + limit <= rate.count:
+        busiest = max((n for n, _ in (used or {}).values()), default=0)
+        if used is None or busiest + limit <= rate.count:
             # Every key has room for the whole batch (the limit far above its use): claimed
             # in one statement, as a capped name is, reading the keys with the claims.
             whole = dataclasses.replace(pick, limit=limit)
-            if self.vendor == "postgresql" and rate.has_room_to_lead(busiest + limit):
+            leads = used is None or rate.has_room_to_lead(busiest + limit)
+            if self.vendor == "postgresql" and leads:
                 # Every key's entries are logged ahead (_stamps): by the same statement.
                 lead = pick.now + dt.timedelta(seconds=rate.lead_seconds)
                 return (*self._take_logged(whole, lead), True)
             return (*self._take_keyed(whole), False)
+        assert used is not None
         full = [key for key, (n, _) in used.items() if n >= rate.count]
         chosen = self._choose(cursor, pick, rate, used, full, limit)
         if not chosen:
@@ -278,14 +286,29 @@ class RateLimiting(DatabaseAccess):
         )
 
     def _window_use(
-        self, cursor: Any, name: str, cutoff: dt.datetime
-    ) -> dict[str, tuple[int, dt.datetime]]:
+        self, cursor: Any, name: str, cutoff: dt.datetime, rate: RateLimit, limit: int
+    ) -> dict[str, tuple[int, dt.datetime]] | None:
         """Trim the name's log to its window and return, per rate key, the claims in it and
-        the earliest of them."""
+        the earliest of them; None when the window's entries of every key together leave it
+        at most half full with ``limit`` claims more (then so does each key: a claim far
+        below its limit needs no read of its keys, only a count of the index)."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
-        cursor.execute(
-            f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s", [name, self._dt(cutoff)]
-        )
+        trim = f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s"
+        if self.vendor == "postgresql":
+            # One statement. Its count reads the snapshot of its start, the trimmed rows
+            # included, less those the trim deleted: a row a start moved into the window
+            # meanwhile (_restamp) was not deleted, so it is counted, as with two statements.
+            cursor.execute(
+                f"WITH trimmed AS ({trim} RETURNING 1) SELECT (SELECT COUNT(*) FROM {table} "
+                "WHERE name = %s) - (SELECT COUNT(*) FROM trimmed)",
+                [name, self._dt(cutoff), name],
+            )
+        else:
+            cursor.execute(trim, [name, self._dt(cutoff)])
+            cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE name = %s", [name])
+        (total,) = cursor.fetchone()
+        if rate.has_room_to_lead(int(total) + limit):
+            return None
         cursor.execute(
             f"SELECT rate_key, COUNT(*), MIN(claimed_at) FROM {table} WHERE name = %s "
             "GROUP BY rate_key",
