@@ -145,13 +145,12 @@ class RateLimiting(DatabaseAccess):
                     first = min(known.values())
                     self.rate_free_at = min(first, self.rate_free_at or first)
                 return []
-        cutoff = now - dt.timedelta(seconds=rate.log_window_seconds)
         with transaction.atomic(using=self.alias):
             with connection.cursor() as cursor:
                 self._lock_name(
                     cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
                 )
-                used = self._window_use(cursor, name, cutoff, rate, pick.limit)
+                used = self._window_use(cursor, name, now, rate, pick.limit)
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
@@ -248,11 +247,16 @@ class RateLimiting(DatabaseAccess):
 
     def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
         """Move the logged claims of ``claims`` still in their window to ``now``; return the
-        (task id, token) of those moved. One UPDATE per window: its row locks order it with a
-        claim's trim (a DELETE of the rows out of the window, before the
-        count) — a row moved first is not trimmed and is counted, a row trimmed first is not
-        moved. No name lock is needed."""
-        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        (task id, token) of those moved. Under the lock of each of their names (taken in
+        name order, so two starts never wait for each other): a claim of the name counts
+        its window before the move or after it, never during it. One UPDATE per window."""
+        connection = connections[self.alias]
+        table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
+        with connection.cursor() as cursor:
+            for name in sorted({claim.task.task_name for claim in claims}):
+                self._lock_name(
+                    cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
+                )
         windows: dict[float, list[Claim]] = {}
         for claim in claims:
             assert claim.rate_limit is not None
@@ -286,35 +290,46 @@ class RateLimiting(DatabaseAccess):
         )
 
     def _window_use(
-        self, cursor: Any, name: str, cutoff: dt.datetime, rate: RateLimit, limit: int
+        self, cursor: Any, name: str, now: dt.datetime, rate: RateLimit, limit: int
     ) -> dict[str, tuple[int, dt.datetime]] | None:
-        """Trim the name's log to its window and return, per rate key, the claims in it and
-        the earliest of them; None when the window's entries of every key together leave it
-        at most half full with ``limit`` claims more (then so does each key: a claim far
-        below its limit needs no read of its keys, only a count of the index)."""
+        """Per rate key, the claims of the name in its log's window and the earliest of them;
+        None when the window's entries of every key together leave it at most half full with
+        ``limit`` claims more (then so does each key: a claim far below its limit counts the
+        index range, and reads no keys). Read under the name's lock, which every write of
+        the name's log holds (claims, and starts moving entries): the count is exact."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
-        trim = f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s"
-        if self.vendor == "postgresql":
-            # One statement. Its count reads the snapshot of its start, the trimmed rows
-            # included, less those the trim deleted: a row a start moved into the window
-            # meanwhile (_restamp) was not deleted, so it is counted, as with two statements.
-            cursor.execute(
-                f"WITH trimmed AS ({trim} RETURNING 1) SELECT (SELECT COUNT(*) FROM {table} "
-                "WHERE name = %s) - (SELECT COUNT(*) FROM trimmed)",
-                [name, self._dt(cutoff), name],
-            )
-        else:
-            cursor.execute(trim, [name, self._dt(cutoff)])
-            cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE name = %s", [name])
+        cutoff = self._dt(now - dt.timedelta(seconds=rate.log_window_seconds))
+        self._trim(cursor, table, name, now, cutoff, rate)
+        # claimed_at in the condition: the index range of the window only, not the entries
+        # out of it (on PostgreSQL, deleted rows stay in the index until a vacuum).
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s", [name, cutoff]
+        )
         (total,) = cursor.fetchone()
         if rate.has_room_to_lead(int(total) + limit):
             return None
         cursor.execute(
             f"SELECT rate_key, COUNT(*), MIN(claimed_at) FROM {table} WHERE name = %s "
-            "GROUP BY rate_key",
-            [name],
+            "AND claimed_at > %s GROUP BY rate_key",
+            [name, cutoff],
         )
         return {key: (int(n), _aware(oldest)) for key, n, oldest in cursor.fetchall()}
+
+    def _trim(
+        self, cursor: Any, table: str, name: str, now: dt.datetime, cutoff: Any, rate: RateLimit
+    ) -> None:
+        """Delete the name's entries out of the window, at most once per margin in this
+        process: housekeeping only (every count reads the window's range), so a claim does
+        not pay a DELETE, nor on PostgreSQL its scan of the index entries dead since the last
+        vacuum, each time."""
+        trimmed: dict[str, dt.datetime] = self.__dict__.setdefault("_rate_trimmed", {})
+        last = trimmed.get(name)
+        if last is not None and dt.timedelta(0) <= now - last < dt.timedelta(
+            seconds=rate.margin_seconds
+        ):
+            return
+        cursor.execute(f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s", [name, cutoff])
+        trimmed[name] = now
 
     def _choose(
         self,
