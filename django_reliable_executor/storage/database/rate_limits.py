@@ -2,22 +2,25 @@
 
 Each rate-limited name is claimed in its own short transaction serialised on the name's row of
 ``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
-lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of entries
-older than the limit's log window (window + margin, see ``rate_limits.py``), counts the rest
-per rate key, claims at most the room of each key and logs one row per claim, before
-committing. Two workers never count the same free room. When every key has room for the whole
-batch, the tasks are claimed in one statement that reads their keys too (no candidates read
-first). A claim that leaves its key's window at most half full logs its rows ``lead_seconds``
-(a margin) ahead of its ``now`` — about when they start after waiting in the worker's local
-queue — else at its ``now``: a row later than its start only counts longer.
+lock), like max_concurrency: it counts the name's entries of ``reliable_executor_rate_log`` in
+the limit's log window (window + margin, see ``rate_limits.py``) — every key together first,
+an index range count, and per rate key only when a key could pass half full — claims at most
+the room of each key and logs one row per claim, before committing. Two workers never count
+the same free room. When every key has room for the whole batch, the tasks are claimed in one
+statement that reads their keys too (no candidates read first; on PostgreSQL the same
+statement writes their log rows). A claim that leaves its key's window at most half full logs
+its rows ``lead_seconds`` (a margin) ahead of its ``now`` — about when they start after
+waiting in the worker's local queue — else at its ``now``: a row later than its start only
+counts longer. Entries out of the window count for nothing; a claim deletes them at most once
+per margin in each process (housekeeping).
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
 ``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
 within the margin of it. The start of one that waited longer (``start_many``) first moves its row
-to the start's time, so the limit counts the start; a claim whose row has left the window
-meanwhile (it waited longer than the window) is not started but handed back, to be claimed
-again within the limit. Moving a row that every claim since has counted, to a later time,
-keeps it counted: at no time was there room that a start later took twice.
+to the start's time, under the name's lock, so the limit counts the start; a claim whose row has
+left the window meanwhile (it waited longer than the window) is not started but handed back, to
+be claimed again within the limit. Moving a row that every claim since has counted, to a later
+time, keeps it counted: at no time was there room that a start later took twice.
 
 Tasks over their limit are not touched: they stay waiting, and the claim notes when the
 earliest full window frees, so that an idle worker's ``wait_for_work`` ends then rather than
