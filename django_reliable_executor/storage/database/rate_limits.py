@@ -226,27 +226,25 @@ class RateLimiting(DatabaseAccess):
         stale = [claim for claim in claims if _stale(claim, now)]
         if not stale:
             return super().start_many(claims, lease_seconds)
-        late, started = self._retrying(
-            functools.partial(self._start_with_stale, claims, stale, now, lease_seconds)
-        )
+        # The moves commit before the start write, so the name locks they take are not held
+        # through it: a start that then fails leaves its entry moved, counting a little
+        # longer for a start that did not happen (never shorter for one that did).
+        alive = self._retrying(functools.partial(self._restamp_committed, stale, now))
+        late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
         if late:
             # Waited in its worker longer than the window: claimed again later, within the
             # limit (as handed back, no attempt counted).
             self.release(late)
+        late_ids = {claim.task_id for claim in late}
+        going = [claim for claim in claims if claim.task_id not in late_ids]
+        results = super().start_many(going, lease_seconds) if going else []
+        started = dict(zip((claim.task_id for claim in going), results, strict=True))
         return [started.get(claim.task_id) for claim in claims]
 
-    def _start_with_stale(
-        self, claims: Sequence[Claim], stale: list[Claim], now: dt.datetime, lease_seconds: float
-    ) -> tuple[list[Claim], dict[str, Claim | None]]:
-        """The stale claims' entries moved and every claim still in its window started, in
-        one transaction (one commit): the late claims, and the start of the others by id."""
+    def _restamp_committed(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
+        """``_restamp`` in a transaction of its own."""
         with transaction.atomic(using=self.alias):
-            alive = self._restamp(stale, now)
-            late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
-            late_ids = {claim.task_id for claim in late}
-            going = [claim for claim in claims if claim.task_id not in late_ids]
-            results = super().start_many(going, lease_seconds) if going else []
-        return late, dict(zip((claim.task_id for claim in going), results, strict=True))
+            return self._restamp(claims, now)
 
     def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
         """Move the logged claims of ``claims`` still in their window to ``now``; return the
