@@ -226,25 +226,35 @@ class RateLimiting(DatabaseAccess):
         stale = [claim for claim in claims if _stale(claim, now)]
         if not stale:
             return super().start_many(claims, lease_seconds)
-        # The moves commit before the start write, so the name locks they take are not held
-        # through it: a start that then fails leaves its entry moved, counting a little
-        # longer for a start that did not happen (never shorter for one that did).
-        alive = self._retrying(functools.partial(self._restamp_committed, stale, now))
-        late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
+        late, started = self._retrying(
+            functools.partial(self._start_with_stale, claims, stale, now, lease_seconds)
+        )
         if late:
             # Waited in its worker longer than the window: claimed again later, within the
             # limit (as handed back, no attempt counted).
             self.release(late)
-        late_ids = {claim.task_id for claim in late}
-        going = [claim for claim in claims if claim.task_id not in late_ids]
-        results = super().start_many(going, lease_seconds) if going else []
-        started = dict(zip((claim.task_id for claim in going), results, strict=True))
         return [started.get(claim.task_id) for claim in claims]
 
-    def _restamp_committed(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
-        """``_restamp`` in a transaction of its own."""
+    def _start_with_stale(
+        self, claims: Sequence[Claim], stale: list[Claim], now: dt.datetime, lease_seconds: float
+    ) -> tuple[list[Claim], dict[str, Claim | None]]:
+        """The stale claims' entries moved and every claim still in its window started: the
+        late claims, and the start of the others by id. On SQLite in one transaction (one
+        write lock taken); elsewhere the moves commit before the start write, so that the
+        name locks they take are not held through it (a start that then fails leaves its
+        entry moved: counting a little longer for a start that did not happen)."""
         with transaction.atomic(using=self.alias):
-            return self._restamp(claims, now)
+            alive = self._restamp(stale, now)
+            late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
+            late_ids = {claim.task_id for claim in late}
+            going = [claim for claim in claims if claim.task_id not in late_ids]
+            if self.vendor == "sqlite":
+                return late, self._started(going, lease_seconds)
+        return late, self._started(going, lease_seconds)
+
+    def _started(self, claims: list[Claim], lease_seconds: float) -> dict[str, Claim | None]:
+        results = super().start_many(claims, lease_seconds) if claims else []
+        return dict(zip((claim.task_id for claim in claims), results, strict=True))
 
     def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
         """Move the logged claims of ``claims`` still in their window to ``now``; return the
