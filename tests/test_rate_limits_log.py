@@ -94,3 +94,28 @@ def test_entries_out_of_the_window_are_never_counted_and_trimmed_once_per_margin
     executor.submit(RATED, 14)
     assert len(claim(storage, 6)) == 1
     assert len(logged(alias)) == 9  # 4 + 4 + 1: the first 6 trimmed
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_an_entry_older_than_the_last_trim_is_deleted_by_the_whole_trim_a_minute_on(
+    alias, executor, storage, clock
+):
+    """Each trim reads the range since the last one; an entry stamped earlier (a worker whose
+    clock lags) is left to the whole trim, once a minute, and counts for nothing meanwhile."""
+    require(alias)
+    for i in range(4):
+        executor.submit(RATED, i)
+    assert len(claim(storage, 1)) == 1  # the first trim of the name: the whole range
+    ReliableRateLog.objects.using(alias).create(
+        name=RATED,
+        rate_key="",
+        task_id="lagging",
+        token=1,
+        claimed_at=clock.now() - dt.timedelta(seconds=2),  # before the first trim's range
+    )
+    clock.advance(5)
+    assert len(claim(storage, 1)) == 1  # trims from the last cutoff less a margin: not it
+    assert "lagging" in logged(alias)
+    clock.advance(60)
+    assert len(claim(storage, 1)) == 1  # the whole range again
+    assert "lagging" not in logged(alias)

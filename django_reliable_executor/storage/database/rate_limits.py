@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 CANDIDATES_PER_CLAIM = 4
 # Most keys a claim leaves out as known full (beyond, it reads the log under the lock).
 MAX_KNOWN_FULL = 100
+# How often a claim's trim of the rate log reads the whole of a name's range (see _trim).
+WHOLE_TRIM_EVERY = dt.timedelta(seconds=60)
 
 
 def _stale(claim: Claim, now: dt.datetime) -> bool:
@@ -309,8 +311,8 @@ class RateLimiting(DatabaseAccess):
         index range, and reads no keys). Read under the name's lock, which every write of
         the name's log holds (claims, and starts moving entries): the count is exact."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        self._trim(cursor, table, name, now, rate)
         cutoff = self._dt(now - dt.timedelta(seconds=rate.log_window_seconds))
-        self._trim(cursor, table, name, now, cutoff, rate)
         # claimed_at in the condition: the index range of the window only, not the entries
         # out of it (on PostgreSQL, deleted rows stay in the index until a vacuum).
         cursor.execute(
@@ -326,21 +328,31 @@ class RateLimiting(DatabaseAccess):
         )
         return {key: (int(n), _aware(oldest)) for key, n, oldest in cursor.fetchall()}
 
-    def _trim(
-        self, cursor: Any, table: str, name: str, now: dt.datetime, cutoff: Any, rate: RateLimit
-    ) -> None:
+    def _trim(self, cursor: Any, table: str, name: str, now: dt.datetime, rate: RateLimit) -> None:
         """Delete the name's entries out of the window, at most once per margin in this
         process: housekeeping only (every count reads the window's range), so a claim does
-        not pay a DELETE, nor on PostgreSQL its scan of the index entries dead since the last
-        vacuum, each time."""
-        trimmed: dict[str, dt.datetime] = self.__dict__.setdefault("_rate_trimmed", {})
-        last = trimmed.get(name)
-        if last is not None and dt.timedelta(0) <= now - last < dt.timedelta(
-            seconds=rate.margin_seconds
-        ):
+        not pay a DELETE each time. Each trim reads only the range since the last one (less
+        a margin, for entries stamped by a worker whose clock lags), not the index entries
+        of every row deleted since the last vacuum (PostgreSQL keeps them until then); once
+        a minute it reads the whole range, for any entry left older."""
+        trims: dict[str, tuple[dt.datetime, dt.datetime]] = self.__dict__.setdefault(
+            "_rate_trims", {}
+        )
+        margin = dt.timedelta(seconds=rate.margin_seconds)
+        window = dt.timedelta(seconds=rate.log_window_seconds)
+        last, last_whole = trims.get(name, (None, None))
+        if last is not None and dt.timedelta(0) <= now - last < margin:
             return
-        cursor.execute(f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s", [name, cutoff])
-        trimmed[name] = now
+        sql = f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s"
+        params = [name, self._dt(now - window)]
+        if last_whole is not None and dt.timedelta(0) <= now - last_whole < WHOLE_TRIM_EVERY:
+            assert last is not None
+            sql += " AND claimed_at > %s"
+            params.append(self._dt(last - window - margin))
+        else:
+            last_whole = now
+        cursor.execute(sql, params)
+        trims[name] = (now, last_whole)
 
     def _choose(
         self,
