@@ -16,10 +16,11 @@ per margin in each process (housekeeping).
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
 ``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
-within the margin of it. The start of one that waited longer (``start_many``) first moves its row
-to the start's time, under the name's lock, so the limit counts the start; a claim whose row has
-left the window meanwhile (it waited longer than the window) is not started but handed back, to
-be claimed again within the limit. Moving a row that every claim since has counted, to a later
+within the margin of it. The start of one that waited longer (``start_many``) first moves its
+row to the start's time, under the name's lock (committed before the start write; on SQLite
+with it), so the limit counts the start; a claim whose row has left the window meanwhile (it
+waited longer than the window) is not started but handed back, to be claimed again within the
+limit. Moving a row that every claim since has counted, to a later
 time, keeps it counted: at no time was there room that a start later took twice.
 
 Tasks over their limit are not touched: they stay waiting, and the claim notes when the
