@@ -163,9 +163,10 @@ class ReliablePausedQueue(models.Model):
 
 class ReliableRateLog(models.Model):
     """rate_limit's sliding log: one row per claim of a rate-limited task name, at the claim's
-    time and moved to its start's, kept for the limit's window (plus its margin, see
-    rate_limits.py), then trimmed by the next claim of the name. Claims and starts of the
-    name read and write it under the name's ReliableNameLock row."""
+    time and moved to its start's, counted for the limit's window (plus its margin, see
+    rate_limits.py), then trimmed by a claim of the name (at most once per margin in each
+    process). Claims and starts of the name read and write it under the name's
+    ReliableNameLock row."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=191)

@@ -73,3 +73,49 @@ def test_a_start_moves_only_an_entry_it_started_too_late_for(alias, executor, st
     assert storage.start(too_late, LEASE) is None
     task = executor.get_task(too_late.task_id)
     assert (task.worker_id, task.attempts) == (None, 0)
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_entries_out_of_the_window_are_never_counted_and_trimmed_once_per_margin(
+    alias, executor, storage, clock
+):
+    """A claim counts the entries in its window only; those out of it are deleted by a claim
+    at most once per margin (housekeeping), and count for nothing meanwhile."""
+    require(alias)
+    for i in range(14):
+        executor.submit(RATED, i)
+    assert len(claim(storage, 6)) == 6  # more than half of 10: logged at the claim's time
+    clock.advance(1.05)
+    assert len(claim(storage, 4)) == 4  # 6 + 4: the window is full; trimmed, nothing out
+    clock.advance(0.06)  # the first 6 entries left the window (1.1 s); the last trim 0.06 ago
+    assert len(claim(storage, 6)) == 4  # room for 6, 4 waiting
+    assert len(logged(alias)) == 14  # not trimmed yet, and not counted
+    clock.advance(0.04)  # a margin (0.1 s) since the last trim
+    executor.submit(RATED, 14)
+    assert len(claim(storage, 6)) == 1
+    assert len(logged(alias)) == 9  # 4 + 4 + 1: the first 6 trimmed
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_an_entry_older_than_the_last_trim_is_deleted_by_the_whole_trim_a_minute_on(
+    alias, executor, storage, clock
+):
+    """Each trim reads the range since the last one; an entry stamped earlier (a worker whose
+    clock lags) is left to the whole trim, once a minute, and counts for nothing meanwhile."""
+    require(alias)
+    for i in range(4):
+        executor.submit(RATED, i)
+    assert len(claim(storage, 1)) == 1  # the first trim of the name: the whole range
+    ReliableRateLog.objects.using(alias).create(
+        name=RATED,
+        rate_key="",
+        task_id="lagging",
+        token=1,
+        claimed_at=clock.now() - dt.timedelta(seconds=2),  # before the first trim's range
+    )
+    clock.advance(5)
+    assert len(claim(storage, 1)) == 1  # trims from the last cutoff less a margin: not it
+    assert "lagging" in logged(alias)
+    clock.advance(60)
+    assert len(claim(storage, 1)) == 1  # the whole range again
+    assert "lagging" not in logged(alias)

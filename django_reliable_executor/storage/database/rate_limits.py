@@ -2,22 +2,26 @@
 
 Each rate-limited name is claimed in its own short transaction serialised on the name's row of
 ``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
-lock), like max_concurrency: it trims the name's log (``reliable_executor_rate_log``) of entries
-older than the limit's log window (window + margin, see ``rate_limits.py``), counts the rest
-per rate key, claims at most the room of each key and logs one row per claim, before
-committing. Two workers never count the same free room. When every key has room for the whole
-batch, the tasks are claimed in one statement that reads their keys too (no candidates read
-first). A claim that leaves its key's window at most half full logs its rows ``lead_seconds``
-(a margin) ahead of its ``now`` — about when they start after waiting in the worker's local
-queue — else at its ``now``: a row later than its start only counts longer.
+lock), like max_concurrency: it counts the name's entries of ``reliable_executor_rate_log`` in
+the limit's log window (window + margin, see ``rate_limits.py``) — every key together first,
+an index range count, and per rate key only when a key could pass half full — claims at most
+the room of each key and logs one row per claim, before committing. Two workers never count
+the same free room. When every key has room for the whole batch, the tasks are claimed in one
+statement that reads their keys too (no candidates read first; on PostgreSQL the same
+statement writes their log rows). A claim that leaves its key's window at most half full logs
+its rows ``lead_seconds`` (a margin) ahead of its ``now`` — about when they start after
+waiting in the worker's local queue — else at its ``now``: a row later than its start only
+counts longer. Entries out of the window count for nothing; a claim deletes them at most once
+per margin in each process (housekeeping).
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
 ``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
-within the margin of it. The start of one that waited longer (``start_many``) first moves its row
-to the start's time, so the limit counts the start; a claim whose row has left the window
-meanwhile (it waited longer than the window) is not started but handed back, to be claimed
-again within the limit. Moving a row that every claim since has counted, to a later time,
-keeps it counted: at no time was there room that a start later took twice.
+within the margin of it. The start of one that waited longer (``start_many``) first moves its
+row to the start's time, under the name's lock (committed before the start write; on SQLite
+with it), so the limit counts the start; a claim whose row has left the window meanwhile (it
+waited longer than the window) is not started but handed back, to be claimed again within the
+limit. Moving a row that every claim since has counted, to a later
+time, keeps it counted: at no time was there room that a start later took twice.
 
 Tasks over their limit are not touched: they stay waiting, and the claim notes when the
 earliest full window frees, so that an idle worker's ``wait_for_work`` ends then rather than
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
 CANDIDATES_PER_CLAIM = 4
 # Most keys a claim leaves out as known full (beyond, it reads the log under the lock).
 MAX_KNOWN_FULL = 100
+# How often a claim's trim of the rate log reads the whole of a name's range (see _trim).
+WHOLE_TRIM_EVERY = dt.timedelta(seconds=60)
 
 
 def _stale(claim: Claim, now: dt.datetime) -> bool:
@@ -60,17 +66,22 @@ def _stale(claim: Claim, now: dt.datetime) -> bool:
 
 
 def _stamps(
-    rate: RateLimit, used: Mapping[str, tuple[int, dt.datetime]], keys: list[str], now: dt.datetime
+    rate: RateLimit,
+    used: Mapping[str, tuple[int, dt.datetime]] | None,
+    keys: list[str],
+    now: dt.datetime,
 ) -> dict[str, dt.datetime]:
     """The time each rate key's new entries are logged at: ``lead_seconds`` ahead of ``now``
     while the key's window stays at most half full with them (their tasks wait in the
     worker's local queue for about that long, so their starts need not move them), else
     ``now``. An entry later than its start only counts longer, never shorter: the limit holds;
-    a window half empty has the room to spare."""
+    a window half empty has the room to spare. ``used`` None: every key stays half empty."""
+    lead = now + dt.timedelta(seconds=rate.lead_seconds)
+    if used is None:
+        return {key: lead for key in keys}
     taken: dict[str, int] = {}
     for key in keys:
         taken[key] = taken.get(key, 0) + 1
-    lead = now + dt.timedelta(seconds=rate.lead_seconds)
     return {
         key: lead if rate.has_room_to_lead(used.get(key, (0, now))[0] + n) else now
         for key, n in taken.items()
@@ -140,22 +151,22 @@ class RateLimiting(DatabaseAccess):
                     first = min(known.values())
                     self.rate_free_at = min(first, self.rate_free_at or first)
                 return []
-        cutoff = now - dt.timedelta(seconds=rate.log_window_seconds)
         with transaction.atomic(using=self.alias):
             with connection.cursor() as cursor:
                 self._lock_name(
                     cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
                 )
-                used = self._window_use(cursor, name, cutoff)
+                used = self._window_use(cursor, name, now, rate, pick.limit)
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
-                claims, keys = self._take_within(cursor, pick, rate, used, limit)
-            self._note_free_at(name, used, rate, keys, now)
+                claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
+            self._note_free_at(name, used or {}, rate, keys, now)
             if not claims:
                 return []
             stamps = _stamps(rate, used, keys, now)
-            self._log(name, claims, keys, stamps)
+            if not logged:
+                self._log(name, claims, keys, stamps)
         return [
             copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
             for claim, key in zip(claims, keys, strict=True)
@@ -166,22 +177,32 @@ class RateLimiting(DatabaseAccess):
         cursor: Any,
         pick: Pick,
         rate: RateLimit,
-        used: dict[str, tuple[int, dt.datetime]],
+        used: dict[str, tuple[int, dt.datetime]] | None,
         limit: int,
-    ) -> tuple[list[Claim], list[str]]:
-        """Up to ``limit`` claims of ``pick.name`` within each key's room, and their keys."""
+    ) -> tuple[list[Claim], list[str], bool]:
+        """Up to ``limit`` claims of ``pick.name`` within each key's room, their keys, and
+        whether their log rows are written already (at ``_stamps``' times). ``used`` None:
+        every key stays at most half full with the whole batch (``_window_use``)."""
         if limit <= 0:
-            return [], []
-        if max((n for n, _ in used.values()), default=0) + limit <= rate.count:
+            return [], [], False
+        busiest = max((n for n, _ in (used or {}).values()), default=0)
+        if used is None or busiest + limit <= rate.count:
             # Every key has room for the whole batch (the limit far above its use): claimed
             # in one statement, as a capped name is, reading the keys with the claims.
-            return self._take_keyed(dataclasses.replace(pick, limit=limit))
+            whole = dataclasses.replace(pick, limit=limit)
+            leads = used is None or rate.has_room_to_lead(busiest + limit)
+            if self.vendor == "postgresql" and leads:
+                # Every key's entries are logged ahead (_stamps): by the same statement.
+                lead = pick.now + dt.timedelta(seconds=rate.lead_seconds)
+                return (*self._take_logged(whole, lead), True)
+            return (*self._take_keyed(whole), False)
+        assert used is not None
         full = [key for key, (n, _) in used.items() if n >= rate.count]
         chosen = self._choose(cursor, pick, rate, used, full, limit)
         if not chosen:
-            return [], []
+            return [], [], False
         claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
-        return claims, [chosen[claim.task_id] for claim in claims]
+        return claims, [chosen[claim.task_id] for claim in claims], False
 
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
@@ -220,23 +241,36 @@ class RateLimiting(DatabaseAccess):
     def _start_with_stale(
         self, claims: Sequence[Claim], stale: list[Claim], now: dt.datetime, lease_seconds: float
     ) -> tuple[list[Claim], dict[str, Claim | None]]:
-        """The stale claims' entries moved and every claim still in its window started, in
-        one transaction (one commit): the late claims, and the start of the others by id."""
+        """The stale claims' entries moved and every claim still in its window started: the
+        late claims, and the start of the others by id. On SQLite in one transaction (one
+        write lock taken); elsewhere the moves commit before the start write, so that the
+        name locks they take are not held through it (a start that then fails leaves its
+        entry moved: counting a little longer for a start that did not happen)."""
         with transaction.atomic(using=self.alias):
             alive = self._restamp(stale, now)
             late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
             late_ids = {claim.task_id for claim in late}
             going = [claim for claim in claims if claim.task_id not in late_ids]
-            results = super().start_many(going, lease_seconds) if going else []
-        return late, dict(zip((claim.task_id for claim in going), results, strict=True))
+            if self.vendor == "sqlite":
+                return late, self._started(going, lease_seconds)
+        return late, self._started(going, lease_seconds)
+
+    def _started(self, claims: list[Claim], lease_seconds: float) -> dict[str, Claim | None]:
+        results = super().start_many(claims, lease_seconds) if claims else []
+        return dict(zip((claim.task_id for claim in claims), results, strict=True))
 
     def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
         """Move the logged claims of ``claims`` still in their window to ``now``; return the
-        (task id, token) of those moved. One UPDATE per window: its row locks order it with a
-        claim's trim (a DELETE of the rows out of the window, before the
-        count) — a row moved first is not trimmed and is counted, a row trimmed first is not
-        moved. No name lock is needed."""
-        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        (task id, token) of those moved. Under the lock of each of their names (taken in
+        name order, so two starts never wait for each other): a claim of the name counts
+        its window before the move or after it, never during it. One UPDATE per window."""
+        connection = connections[self.alias]
+        table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
+        with connection.cursor() as cursor:
+            for name in sorted({claim.task.task_name for claim in claims}):
+                self._lock_name(
+                    cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
+                )
         windows: dict[float, list[Claim]] = {}
         for claim in claims:
             assert claim.rate_limit is not None
@@ -270,20 +304,56 @@ class RateLimiting(DatabaseAccess):
         )
 
     def _window_use(
-        self, cursor: Any, name: str, cutoff: dt.datetime
-    ) -> dict[str, tuple[int, dt.datetime]]:
-        """Trim the name's log to its window and return, per rate key, the claims in it and
-        the earliest of them."""
+        self, cursor: Any, name: str, now: dt.datetime, rate: RateLimit, limit: int
+    ) -> dict[str, tuple[int, dt.datetime]] | None:
+        """Per rate key, the claims of the name in its log's window and the earliest of them;
+        None when the window's entries of every key together leave it at most half full with
+        ``limit`` claims more (then so does each key: a claim far below its limit counts the
+        index range, and reads no keys). Read under the name's lock, which every write of
+        the name's log holds (claims, and starts moving entries): the count is exact."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        self._trim(cursor, table, name, now, rate)
+        cutoff = self._dt(now - dt.timedelta(seconds=rate.log_window_seconds))
+        # claimed_at in the condition: the index range of the window only, not the entries
+        # out of it (on PostgreSQL, deleted rows stay in the index until a vacuum).
         cursor.execute(
-            f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s", [name, self._dt(cutoff)]
+            f"SELECT COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s", [name, cutoff]
         )
+        (total,) = cursor.fetchone()
+        if rate.has_room_to_lead(int(total) + limit):
+            return None
         cursor.execute(
             f"SELECT rate_key, COUNT(*), MIN(claimed_at) FROM {table} WHERE name = %s "
-            "GROUP BY rate_key",
-            [name],
+            "AND claimed_at > %s GROUP BY rate_key",
+            [name, cutoff],
         )
         return {key: (int(n), _aware(oldest)) for key, n, oldest in cursor.fetchall()}
+
+    def _trim(self, cursor: Any, table: str, name: str, now: dt.datetime, rate: RateLimit) -> None:
+        """Delete the name's entries out of the window, at most once per margin in this
+        process: housekeeping only (every count reads the window's range), so a claim does
+        not pay a DELETE each time. Each trim reads only the range since the last one (less
+        a margin, for entries stamped by a worker whose clock lags), not the index entries
+        of every row deleted since the last vacuum (PostgreSQL keeps them until then); once
+        a minute it reads the whole range, for any entry left older."""
+        trims: dict[str, tuple[dt.datetime, dt.datetime]] = self.__dict__.setdefault(
+            "_rate_trims", {}
+        )
+        margin = dt.timedelta(seconds=rate.margin_seconds)
+        window = dt.timedelta(seconds=rate.log_window_seconds)
+        last, last_whole = trims.get(name, (None, None))
+        if last is not None and dt.timedelta(0) <= now - last < margin:
+            return
+        sql = f"DELETE FROM {table} WHERE name = %s AND claimed_at <= %s"
+        params = [name, self._dt(now - window)]
+        if last_whole is not None and dt.timedelta(0) <= now - last_whole < WHOLE_TRIM_EVERY:
+            assert last is not None
+            sql += " AND claimed_at > %s"
+            params.append(self._dt(last - window - margin))
+        else:
+            last_whole = now
+        cursor.execute(sql, params)
+        trims[name] = (now, last_whole)
 
     def _choose(
         self,
@@ -399,4 +469,7 @@ class RateLimiting(DatabaseAccess):
         raise NotImplementedError
 
     def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]:
+        raise NotImplementedError
+
+    def _take_logged(self, pick: Pick, logged_at: dt.datetime) -> tuple[list[Claim], list[str]]:
         raise NotImplementedError
