@@ -23,8 +23,9 @@ commandstats, the slowlog has its arguments, so each script's calls and microsec
 summed by SHA1 (mapped to the script names of storage/lua/). It is a separate pass because the
 slowlog costs Redis time of its own; its figures are for the split between scripts only.
 
-``--shards N`` and ``--queues Q`` anticipate the ``REDIS_SHARDS`` setting (queues spread over N
-hash-tag groups). Without that setting in this version, ``--shards`` above 1 is refused.
+``--shards N`` sets ``REDIS_SHARDS`` (the queues spread over N hash tags) and ``--queues Q``
+spreads the tasks over Q queues. ``--shards`` above 1 is refused by a version without that
+setting.
 
 Prints exactly one JSON line on stdout; progress and the machine's load go to stderr.
 """

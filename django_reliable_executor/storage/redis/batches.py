@@ -37,7 +37,7 @@ class Batches(RedisAccess):
     def _check_control_shard(self, tasks: Sequence[NewTask]) -> None:
         """Batches live on the control shard for now, and a member's scripts count it in its
         batch: only tasks of that shard's queues can be members or callbacks (the cross-shard
-        batches of docs/sharding-design.md are not built yet)."""
+        batches are not built yet: docs/scaling.md)."""
         if not self.sharded:
             return
         for task in tasks:

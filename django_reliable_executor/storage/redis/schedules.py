@@ -493,7 +493,7 @@ def _created_tasks(
 def _check_control_shard(storage: RedisAccess, schedules: Sequence[ScheduleInfo]) -> None:
     """Schedules live on the control shard for now, and a fire stores its tasks in the same
     script: only a queue of that shard gets them where its workers claim (the per-queue-shard
-    schedules of docs/sharding-design.md are not built yet)."""
+    schedules are not built yet: docs/scaling.md)."""
     for info in schedules:
         if storage.layout.shard_of(info.queue) != CONTROL_SHARD:
             raise NotImplementedError(

@@ -29,7 +29,7 @@ class Submitting(RedisAccess):
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         # Each task goes to its queue's shard; dependencies are looked up there only (the
-        # cross-shard links of docs/sharding-design.md are not built yet).
+        # cross-shard links are not built yet: docs/scaling.md).
         return self._each_shard(tasks, QUEUE, self._enqueue_on)
 
     def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
