@@ -73,6 +73,8 @@ class ExecutorSettings:
 
 
 KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(ExecutorSettings))
+# REDIS_SHARDS at most: one shard per Redis Cluster hash slot.
+MAX_REDIS_SHARDS = 16384
 
 
 def _is_int(value: Any) -> bool:
@@ -190,7 +192,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: _nonempty_str(v) and not any(c in v for c in "{} \t\r\n"),
         "a non-empty string without braces or whitespace",
     ),
-    "REDIS_SHARDS": (lambda v: _pos_int(v) and v <= 16384, "an integer from 1 to 16384"),
+    "REDIS_SHARDS": (
+        lambda v: _pos_int(v) and v <= MAX_REDIS_SHARDS,
+        f"an integer from 1 to {MAX_REDIS_SHARDS}",
+    ),
     "CORE_POOL_SIZE": (_pos_int, "an integer >= 1"),
     "MAX_POOL_SIZE": (_pos_int, "an integer >= 1"),
     "QUEUE_CAPACITY": (_nonneg_int, "an integer >= 0"),

@@ -140,9 +140,11 @@ class EventLoop:
             self._blocking, record, self._record_failure, begun, *failure
         )
 
-    async def _call(self, begun: Begun, attempt: Attempt | None) -> tuple[str, bool] | None:
+    async def _call(
+        self, begun: Begun, attempt: Attempt | None
+    ) -> tuple[str, bool, BaseException | None] | None:
         """Await the handler: None once its result is with the completion writer, else the
-        failure to record (error, retryable)."""
+        failure to record (error, retryable, the handler's exception when it raised)."""
         runner, claim, handler = self.runner, begun.claim, begun.handler
         loop = asyncio.get_running_loop()
         # Always made: the heartbeat marks it cancelled, which cancels the coroutine.
@@ -171,13 +173,14 @@ class EventLoop:
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
+            failure: tuple[str, bool, BaseException | None]
             if stopped == [TIMED_OUT]:
                 await self._past(claim)
-                failure = timeout_message(claim.task.max_duration_millis, None), False
+                failure = timeout_message(claim.task.max_duration_millis, None), False, None
             elif stopped:
-                failure = CANCELLED, False
+                failure = CANCELLED, False, None
             else:
-                failure = traceback.format_exc(), isinstance(exc, handler.retry_on)
+                failure = traceback.format_exc(), isinstance(exc, handler.retry_on), exc
             if attempt is not None:
                 attempt.failed(None if stopped else exc, error=failure[0])
             return failure
@@ -198,7 +201,7 @@ class EventLoop:
             return None
         if attempt is not None:
             attempt.failed(error=refusal)
-        return refusal, False
+        return refusal, False, None
 
     async def _past(self, claim: Claim) -> None:
         """Wait until the storage's clock, too, has passed the claim's deadline."""
@@ -208,9 +211,11 @@ class EventLoop:
             await asyncio.sleep(left + DEADLINE_MARGIN)
 
     # -- the blocking threads' side -------------------------------------------------------
-    def _record_failure(self, begun: Begun, error: str, retryable: bool) -> Any:
+    def _record_failure(
+        self, begun: Begun, error: str, retryable: bool, exc: BaseException | None
+    ) -> Any:
         try:
-            return self.runner.record_failure(begun.claim, error, retryable)
+            return self.runner.record_failure(begun.claim, error, retryable, exc=exc)
         finally:
             tidy_connections()
 

@@ -392,6 +392,33 @@ class ReliableExecutor:
         if chosen is not None and not chosen <= TERMINAL_STATUSES:
             live = ", ".join(sorted(s.value for s in chosen - TERMINAL_STATUSES))
             raise ValueError(f"only finished tasks can be purged, not {live}")
+        return self._in_rounds(
+            lambda: self.storage.purge_finished(finished_before, batch, chosen),
+            batch,
+            pause_seconds,
+            progress,
+        )
+
+    def purge_batches(
+        self, finished_before: dt.datetime, *, batch: int = 500, pause_seconds: float = 0.0
+    ) -> int:
+        """Delete the batches that finished before ``finished_before`` (``get_batch`` then
+        answers None; members still stored keep their ``batch_id``), ``batch`` at a time, with
+        a pause of ``pause_seconds`` between rounds as ``purge_finished``. Batches not finished
+        are kept. Returns how many were deleted."""
+        return self._in_rounds(
+            lambda: self.storage.purge_batches(finished_before, batch), batch, pause_seconds
+        )
+
+    def _in_rounds(
+        self,
+        purge_round: Callable[[], int],
+        batch: int,
+        pause_seconds: float,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Run ``purge_round`` (deleting up to ``batch``) until a round deletes fewer, pausing
+        ``pause_seconds`` between two; the total deleted."""
         if not is_int(batch) or batch < 1:
             raise ValueError("batch must be an integer >= 1")
         if (
@@ -404,7 +431,7 @@ class ReliableExecutor:
             )
         deleted = 0
         while True:
-            done = self.storage.purge_finished(finished_before, batch, chosen)
+            done = purge_round()
             deleted += done
             if progress is not None:
                 progress(deleted)
@@ -412,19 +439,6 @@ class ReliableExecutor:
                 return deleted
             if pause_seconds:
                 self.clock.sleep(pause_seconds)
-
-    def purge_batches(self, finished_before: dt.datetime, *, batch: int = 500) -> int:
-        """Delete the batches that finished before ``finished_before`` (``get_batch`` then
-        answers None; members still stored keep their ``batch_id``), ``batch`` at a time.
-        Batches not finished are kept. Returns how many were deleted."""
-        if not is_int(batch) or batch < 1:
-            raise ValueError("batch must be an integer >= 1")
-        deleted = 0
-        while True:
-            done = self.storage.purge_batches(finished_before, batch)
-            deleted += done
-            if done < batch:
-                return deleted
 
     # -- schedules (see schedules/operations.py) ------------------------------------------
     def schedule(

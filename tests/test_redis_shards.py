@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import override_settings
 from redis.crc import key_slot
 
@@ -303,6 +304,9 @@ def test_the_shards_command_allows_a_switch_only_when_drained_and_the_new_layout
             assert code == 1 and "not ready: shard 2 of the 3-shard layout holds" in out
             code, out = shards_command("1")
             assert code == 1 and "not ready: REDIS_SHARDS is 1 already" in out
+            for bad in ("0", "16385", "x"):
+                with pytest.raises(CommandError, match=f"invalid N '{bad}': expected a number"):
+                    shards_command(bad)
             module_executor.storage.close()
     finally:
         delete_prefix(client, prefix)

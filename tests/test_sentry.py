@@ -46,6 +46,12 @@ def test_events_of_an_attempt_carry_the_task_id(alias, key_prefix):
                 "task_id": "reports-fails",
                 "retry_limit": 0,
             },
+            {
+                "task_name": "demo.async_traced",
+                "parameter": {"fail_times": 5},
+                "task_id": "async-fails",
+                "retry_limit": 0,
+            },
         ],
     )
     by_message = {}
@@ -66,11 +72,16 @@ def test_events_of_an_attempt_carry_the_task_id(alias, key_prefix):
         for event in events
         if "RUNNING -> FAILED" in (event.get("logentry", {}).get("formatted") or "")
     ]
-    assert [event["tags"]["task_id"] for event in failed] == ["reports-fails"]
-    assert "ValueError: the handler failed" in failed[0]["logentry"]["formatted"]
+    by_task = {event["tags"]["task_id"]: event for event in failed}
+    assert sorted(by_task) == ["async-fails", "reports-fails"]
+    assert "ValueError: the handler failed" in by_task["reports-fails"]["logentry"]["formatted"]
     # ... with the handler's exception and its stack (Sentry groups it by that, not as one
-    # message for every failed task).
-    (exception,) = failed[0]["exception"]["values"]
-    assert exception["type"] == "ValueError"
-    frames = [frame["function"] for frame in exception["stacktrace"]["frames"]]
-    assert frames[-1] == "reports", frames
+    # message for every failed task), for an async handler too.
+    for task_id, kind, function in (
+        ("reports-fails", "ValueError", "reports"),
+        ("async-fails", "ConnectionError", "async_traced"),
+    ):
+        (exception,) = by_task[task_id]["exception"]["values"]
+        assert exception["type"] == kind
+        frames = [frame["function"] for frame in exception["stacktrace"]["frames"]]
+        assert frames[-1] == function, frames

@@ -18,6 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from django_reliable_executor.conf import MAX_REDIS_SHARDS
 from django_reliable_executor.exceptions import (
     InvalidQueueError,
     StorageUnavailableError,
@@ -77,6 +78,18 @@ def _positive_int(value: str) -> int:
         number = 0
     if number < 1:
         raise argparse.ArgumentTypeError(f"invalid batch size {value!r}: expected an integer >= 1")
+    return number
+
+
+def _shard_count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= MAX_REDIS_SHARDS:
+        raise argparse.ArgumentTypeError(
+            f"invalid N {value!r}: expected a number of shards from 1 to {MAX_REDIS_SHARDS}"
+        )
     return number
 
 
@@ -242,15 +255,16 @@ def _add_shards(actions: Any) -> None:
         "layout holds no key at all; print each queue's shard under N. Exit code 0 when the "
         "switch may be made, 1 when not.",
     )
-    shards.add_argument("target", type=_positive_int, metavar="N")
+    shards.add_argument("target", type=_shard_count, metavar="N")
 
 
 class Command(BaseCommand):
     help = (
         "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge, "
-        "pause-queue, resume-queue; health (a probe). Exit codes: 0 done, 1 some id not found "
-        "or skipped (health: unhealthy; pause/resume: unknown queue), 2 usage error, "
-        "3 task store unavailable."
+        "pause-queue, resume-queue; health (a probe); shards (the check before changing "
+        "REDIS_SHARDS). Exit codes: 0 done, 1 some id not found or skipped (health: unhealthy; "
+        "pause/resume: unknown queue; shards: not ready), 2 usage error, 3 task store "
+        "unavailable."
     )
     stealth_options = ("stdin",)
 
@@ -498,7 +512,13 @@ class Command(BaseCommand):
             # Every finished task is gone: the batches that finished as long ago go too (with
             # --status, some of their members are kept: so are they).
             every = set(statuses) == set(FINISHED)
-            batches = executor.purge_batches(cutoff, batch=options["batch_size"]) if every else 0
+            batches = (
+                executor.purge_batches(
+                    cutoff, batch=options["batch_size"], pause_seconds=options["pause"]
+                )
+                if every
+                else 0
+            )
         except KeyboardInterrupt:
             # Every finished batch is deleted for good; say how many, not a traceback.
             if draw is not None:
