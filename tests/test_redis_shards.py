@@ -311,3 +311,23 @@ def test_the_shards_command_allows_a_switch_only_when_drained_and_the_new_layout
     finally:
         delete_prefix(client, prefix)
         client.close()
+
+
+def test_an_interrupted_reservation_yields_to_its_directory_shards_queue_after_its_grace(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    """The id's directory shard is the queue's own ("emails", shard 0): a reservation for
+    another shard whose submitter died refuses the submit within the grace, then gives way."""
+    task_id = next(f"own-{n}" for n in range(100) if directory_of(f"own-{n}", SHARDS) == 0)
+    assert storage._run("id_reserve", 2, task_id, "", shard=0) == [""]  # for "search"
+    with pytest.raises(TaskSubmitError, match="being submitted to a queue of shard 2"):
+        executor.submit("demo.echo", {}, task_id=task_id, queue="emails")
+    assert executor.get_task(task_id) is None
+    clock.advance(ID_RESERVATION_GRACE_SECONDS + 1)
+    taken = executor.submit("demo.echo", {"taken": 1}, task_id=task_id, queue="emails")
+    assert (taken.queue, taken.parameter) == ("emails", {"taken": 1})
+    assert executor.get_task(task_id) == taken
+    # Stored on its directory shard: no entry left there, and a submit of it elsewhere
+    # returns this task.
+    assert not storage.client.exists(storage.prefixes[0] + "i:" + task_id)
+    assert executor.submit("demo.echo", {}, task_id=task_id, queue="search") == taken

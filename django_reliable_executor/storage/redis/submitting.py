@@ -112,7 +112,7 @@ class Submitting(RedisAccess):
                 if reply == 1:
                     results.append((new_info(task), True))
                 elif isinstance(reply, (str, bytes)):  # "elsewhere": another shard's task
-                    results.append((self._stored_elsewhere(task), False))
+                    results.append(self._stored_elsewhere(task, shard))
                 elif len(reply) == 2 and isinstance(reply[0], list):  # a new dependent
                     results.append((to_info(task.task_id, fields(reply[0])), True))
                 elif len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
@@ -135,16 +135,36 @@ class Submitting(RedisAccess):
                 )
         return missing_error(task_id, [dependency])
 
-    def _stored_elsewhere(self, task: NewTask) -> TaskInfo:
-        """The task of ``task``'s id that the directory (its queue's shard) says lives on
-        another shard."""
+    def _stored_elsewhere(self, task: NewTask, shard: int) -> tuple[TaskInfo, bool]:
+        """``task``, whose queue's shard is its id's directory, which says another shard holds
+        the id: that shard's task (not created), or, when that shard never stored it and its
+        reservation is older than the grace (its submitter crashed), ``task`` stored here
+        after all (created)."""
         existing = self.get(task.task_id)
-        if existing is None:  # reserved there, not stored (yet): never store it twice
-            raise TaskSubmitError(
-                f"task_id {task.task_id!r} is being submitted to another shard's queue",
-                field="task_id",
-            )
-        return existing
+        if existing is not None:
+            return existing, False
+        entry = self.client.get(self.prefixes[shard] + "i:" + task.task_id)
+        if entry is not None:
+            other, at = text(entry).split(" ", 1)
+            age = (self.clock.now() - from_micros(at)).total_seconds()
+            if age < ID_RESERVATION_GRACE_SECONDS:  # on its way there: never store it twice
+                raise TaskSubmitError(
+                    f"task_id {task.task_id!r} is being submitted to a queue of shard {other} "
+                    f"(reserved {age:.0f} s ago); submit it to that shard's queue, or again "
+                    f"after {ID_RESERVATION_GRACE_SECONDS} s",
+                    field="task_id",
+                )
+            # Take the stale reservation over for this shard (only if unchanged since read),
+            # then drop it: a task stored on its id's directory shard needs no entry.
+            reply = self._run("id_reserve", shard, task.task_id, text(entry), shard=shard)
+            if text(reply[0]):
+                raise TaskSubmitError(
+                    f"task_id {task.task_id!r} is being submitted to another shard's queue",
+                    field="task_id",
+                )
+            self._run("id_release", shard, task.task_id, shard=shard)
+        ((info, created),) = self._store([task], shard)
+        return info, created
 
     @guarded
     def unique_holder(self, unique_key: str) -> TaskInfo | None:
