@@ -94,10 +94,8 @@ def keys_on(node: RedisServer, prefix: str) -> set[str]:
         return set(admin.scan_iter(match="{" + prefix + "}:*", count=1000))
 
 
-def owner_of(nodes: list[RedisServer], prefix: str) -> RedisServer:
-    """The master serving the prefix's slot: the one node that does not answer MOVED to a
-    command on a key of the prefix."""
-    key = "{" + prefix + "}:counts"
+def master_of(nodes: list[RedisServer], key: str) -> RedisServer:
+    """The master serving ``key``'s slot: the one node that does not answer MOVED."""
     owners = []
     for node in nodes:
         with node.client() as admin:
@@ -108,6 +106,11 @@ def owner_of(nodes: list[RedisServer], prefix: str) -> RedisServer:
         owners.append(node)
     assert len(owners) == 1, owners
     return owners[0]
+
+
+def owner_of(nodes: list[RedisServer], prefix: str) -> RedisServer:
+    """The master serving the prefix's slot (the one hash tag of an unsharded prefix)."""
+    return master_of(nodes, "{" + prefix + "}:counts")
 
 
 def assert_in_one_slot_on_one_node(nodes: list[RedisServer], prefix: str) -> set[str]:
@@ -346,20 +349,6 @@ def test_two_key_prefixes_on_different_masters(
         assert {t.worker_id for t in tasks.values()} == {expected_worker}
         keys = assert_in_one_slot_on_one_node(redis_cluster_nodes, prefix)
         assert keys == keys_on(owners[prefix], prefix)
-
-
-def master_of(nodes: list[RedisServer], key: str) -> RedisServer:
-    """The master serving ``key``'s slot: the one node that does not answer MOVED."""
-    owners = []
-    for node in nodes:
-        with node.client() as admin:
-            try:
-                admin.exists(key)
-            except redis.exceptions.MovedError:
-                continue
-        owners.append(node)
-    assert len(owners) == 1, owners
-    return owners[0]
 
 
 def test_shards_spread_queues_over_the_masters_and_one_worker_drains_them(
