@@ -154,34 +154,6 @@ class Probe:
         return int(pages * page_size), None
 
 
-def postgres_server() -> Any:
-    """A connection to the PostgreSQL server's maintenance database (autocommit)."""
-    import psycopg
-
-    env = os.environ.get
-    return psycopg.connect(
-        host=env("RE_POSTGRES_HOST", "127.0.0.1"),
-        port=int(env("RE_POSTGRES_PORT", "5432")),
-        user=env("RE_POSTGRES_USER", "postgres"),
-        password=env("RE_POSTGRES_PASSWORD", ""),
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def mariadb_server() -> Any:
-    """A connection to the MariaDB/MySQL server, no database selected."""
-    import MySQLdb
-
-    env = os.environ.get
-    return MySQLdb.connect(
-        host=env("RE_MARIADB_HOST", "127.0.0.1"),
-        port=int(env("RE_MARIADB_PORT", "3306")),
-        user=env("RE_MARIADB_USER", "root"),
-        password=env("RE_MARIADB_PASSWORD", ""),
-    )
-
-
 def existed(store: throughput.Store) -> bool:
     """Whether the store's database (file, keys) is there before the run: only what the run
     created is dropped at the end; a database that was there is emptied instead."""
@@ -191,10 +163,10 @@ def existed(store: throughput.Store) -> bool:
         return store.path.exists()
     assert isinstance(store, throughput.DatabaseStore)
     if isinstance(store, throughput.PostgresStore):
-        with postgres_server() as conn:
+        with throughput.postgres_server() as conn:
             query = "SELECT 1 FROM pg_database WHERE datname = %s"
             return conn.execute(query, (store.db_name,)).fetchone() is not None
-    conn = mariadb_server()
+    conn = throughput.mariadb_server()
     try:
         cursor = conn.cursor()
         cursor.execute("SHOW DATABASES LIKE %s", (store.db_name,))
@@ -226,10 +198,10 @@ def drop(store: throughput.Store, created: bool, sqlite_created: bool) -> None:
     if isinstance(store, throughput.SQLiteStore):
         remove_sqlite(store.path)
     elif isinstance(store, throughput.PostgresStore):
-        with postgres_server() as conn:
+        with throughput.postgres_server() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{store.db_name}" WITH (FORCE)')
     else:
-        conn = mariadb_server()
+        conn = throughput.mariadb_server()
         try:
             conn.cursor().execute(f"DROP DATABASE IF EXISTS `{store.db_name}`")
         finally:

@@ -297,6 +297,43 @@ class SQLiteStore(DatabaseStore):
                 cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
 
 
+def postgres_server() -> Any:
+    """A connection to the PostgreSQL server's maintenance database (autocommit), where the
+    RE_POSTGRES_* variables say (as the test project's settings read them)."""
+    import psycopg
+
+    env = os.environ.get
+    try:
+        return psycopg.connect(
+            host=env("RE_POSTGRES_HOST", "127.0.0.1"),
+            port=int(env("RE_POSTGRES_PORT", "5432")),
+            user=env("RE_POSTGRES_USER", "postgres"),
+            password=env("RE_POSTGRES_PASSWORD", ""),
+            dbname="postgres",
+            autocommit=True,
+        )
+    except psycopg.Error as exc:
+        raise BenchError(f"cannot connect to PostgreSQL: {exc}") from exc
+
+
+def mariadb_server() -> Any:
+    """A connection to the MariaDB/MySQL server, no database selected, where the RE_MARIADB_*
+    variables say."""
+    import MySQLdb
+
+    env = os.environ.get
+    try:
+        return MySQLdb.connect(
+            host=env("RE_MARIADB_HOST", "127.0.0.1"),
+            port=int(env("RE_MARIADB_PORT", "3306")),
+            user=env("RE_MARIADB_USER", "root"),
+            password=env("RE_MARIADB_PASSWORD", ""),
+            charset="utf8mb4",
+        )
+    except MySQLdb.Error as exc:
+        raise BenchError(f"cannot connect to MariaDB/MySQL: {exc}") from exc
+
+
 class MariaDBStore(DatabaseStore):
     name = "mariadb"
     alias = "mariadb"
@@ -305,19 +342,7 @@ class MariaDBStore(DatabaseStore):
         return {**super().environment(), "RE_MARIADB_NAME": self.db_name}
 
     def ensure_exists(self) -> None:
-        import MySQLdb
-
-        env = os.environ.get
-        try:
-            conn = MySQLdb.connect(
-                host=env("RE_MARIADB_HOST", "127.0.0.1"),
-                port=int(env("RE_MARIADB_PORT", "3306")),
-                user=env("RE_MARIADB_USER", "root"),
-                password=env("RE_MARIADB_PASSWORD", ""),
-                charset="utf8mb4",
-            )
-        except MySQLdb.Error as exc:
-            raise BenchError(f"cannot connect to MariaDB/MySQL: {exc}") from exc
+        conn = mariadb_server()
         try:
             cursor = conn.cursor()
             # Binary collation, as the test database: task ids are case-sensitive.
@@ -342,21 +367,7 @@ class PostgresStore(DatabaseStore):
         return {**super().environment(), "RE_POSTGRES_NAME": self.db_name}
 
     def ensure_exists(self) -> None:
-        import psycopg
-
-        env = os.environ.get
-        try:
-            conn = psycopg.connect(
-                host=env("RE_POSTGRES_HOST", "127.0.0.1"),
-                port=int(env("RE_POSTGRES_PORT", "5432")),
-                user=env("RE_POSTGRES_USER", "postgres"),
-                password=env("RE_POSTGRES_PASSWORD", ""),
-                dbname="postgres",
-                autocommit=True,
-            )
-        except psycopg.Error as exc:
-            raise BenchError(f"cannot connect to PostgreSQL: {exc}") from exc
-        with conn:
+        with postgres_server() as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (self.db_name,)
             ).fetchone()
