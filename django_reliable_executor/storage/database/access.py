@@ -109,6 +109,15 @@ class DatabaseAccess(TaskStorage):
         limit = STATEMENT_BYTES if packet is None else min(STATEMENT_BYTES, packet // 4)
         return spans(sizes, limit)
 
+    def _in(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``column`` IN ``values`` as hand-written SQL and its parameters: one array parameter
+        on PostgreSQL, a placeholder each elsewhere. Cheaper than a queryset's ``__in`` for
+        long lists: no expression tree to compile, no placeholder per value to convert on
+        PostgreSQL."""
+        if self.vendor == "postgresql":
+            return f"{column} = ANY(%s)", [list(values)]
+        return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
+
     def _execute(self, sql: str, params: Sequence[Any]) -> int:
         with connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)

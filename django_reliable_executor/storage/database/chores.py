@@ -123,18 +123,29 @@ class Chores(DatabaseAccess):
         self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]
     ) -> int:
         chosen = sorted(s.value for s in statuses)
+        now = self.clock.now()
         # A timed-out task whose handler still runs is kept until its lease ends.
-        unheld = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=self.clock.now())
+        unheld = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
         ids = list(
             self._tasks()
             .filter(unheld, finished_at__lt=finished_before, status__in=chosen)
             .values_list("pk", flat=True)[:limit]
         )
         # Unique keys past their window go with the finished tasks (not counted: not tasks).
-        self._purge_unique_keys(self.clock.now())
-        purge_retry_counts(self.alias, self.clock.now())  # the chart's counters, 2 h old
+        self._purge_unique_keys(now)
+        purge_retry_counts(self.alias, now)  # the chart's counters, 2 h old
+        if not ids or not chosen:
+            return 0
+        # Hand-written: at 1 000 tasks/s the queryset delete's compiling of 500-value IN lists
+        # took a third of a worker's Python time, in the chores thread, beside the pool.
+        statuses_sql, status_params = self._in("status", chosen)
         deleted = 0
         for chunk in chunks(ids):
-            deleted += self._tasks().filter(unheld, pk__in=chunk, status__in=chosen).delete()[0]
+            ids_sql, id_params = self._in("task_id", chunk)
+            deleted += self._execute(
+                f"DELETE FROM {self._table} WHERE {ids_sql} AND {statuses_sql}"
+                " AND (lease_expires_at IS NULL OR lease_expires_at <= %s)",
+                [*id_params, *status_params, self._dt(now)],
+            )
             self._purge_dependencies(chunk)
         return deleted

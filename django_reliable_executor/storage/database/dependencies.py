@@ -272,6 +272,8 @@ class Dependencies(DatabaseAccess):
 
     def _purge_dependencies(self, task_ids: Sequence[str]) -> None:
         """Forget the edges of purged tasks (either end)."""
+        table = connections[self.alias].ops.quote_name(ReliableDependency._meta.db_table)
         for chunk in chunks(list(task_ids)):
-            self._edges().filter(dependent_id__in=chunk).delete()
-            self._edges().filter(dependency_id__in=chunk).delete()
+            for column in ("dependent_id", "dependency_id"):
+                ids_sql, params = self._in(column, chunk)
+                self._execute(f"DELETE FROM {table} WHERE {ids_sql}", params)
