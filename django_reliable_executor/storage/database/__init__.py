@@ -9,6 +9,8 @@ whose lease expired cannot overwrite what the next holder recorded.
 
 from __future__ import annotations
 
+import builtins
+
 from .batches import Batches
 from .chores import Chores
 from .claiming import Claiming
@@ -18,6 +20,7 @@ from .pausing import Pausing
 from .progress import ProgressReports
 from .reading import Reading
 from .schedules import Schedules
+from .server_config import postgresql_warnings
 from .submitting import Submitting
 from .throughput import ThroughputReading
 from .transitions import Transitions
@@ -56,6 +59,10 @@ class DatabaseStorage(
     #: Idle workers wait in wait_for_work (wakeups.py): woken by a NOTIFY (PostgreSQL) or the
     #: marker file (SQLite), after a short wait growing with idleness (MariaDB/MySQL).
     blocking_wait = True
+
+    def server_warnings(self) -> builtins.list[str]:
+        """What is wrong with the database server's configuration for the task table."""
+        return postgresql_warnings(self.alias) if self.vendor == "postgresql" else []
 
 
 __all__ = ["DatabaseStorage"]
