@@ -385,3 +385,90 @@ def test_only_the_completion_of_a_task_with_dependents_reads_the_edges(
     ]
     assert len(edges) == (0 if alias == "redis" else 1)
     assert claimable(storage) == ["c"]
+
+
+@pytest.mark.parametrize("is_error", [False, True])
+def test_a_dependent_stored_after_its_dependency_was_claimed_is_cancelled_by_its_failure(
+    executor, storage, is_error
+):
+    """The claim of ``a`` knows of no dependent: the failure's one-statement path must miss
+    the row flagged since, and settle ``c`` on the full path."""
+    executor.submit("contract.hook", None, task_id="a", retry_limit=0)
+    claim = claim_and_start(storage)
+    assert not claim.has_dependents
+    executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
+    transition = storage.fail(claim, "boom", retryable=False, is_error=is_error)
+    assert transition is not None
+    expected = TaskStatus.ERROR if is_error else TaskStatus.FAILED
+    assert executor.get_task("a").status is expected
+    assert executor.get_task("c").status is TaskStatus.CANCELLED
+    assert claimable(storage) == []
+
+
+def test_a_dependent_stored_while_its_dependency_fails_is_settled(executor, storage, db_alias):
+    """As for a completion: the dependent's submit holds its transaction open while the
+    failure of its dependency (claimed before) runs in another thread."""
+    executor.submit("contract.hook", None, task_id="a", retry_limit=0)
+    claim = claim_and_start(storage)
+    stored = threading.Event()
+    failed = threading.Event()
+    outcomes: list = []
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            with transaction.atomic(using=db_alias):
+                executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
+                stored.set()
+                failed.wait(0.5)  # lets the failure reach the locks this transaction holds
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            stored.set()
+            connections.close_all()
+
+    def fail() -> None:
+        try:
+            stored.wait(10)
+            outcomes.append(storage.fail(claim, "boom", retryable=False))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            failed.set()
+            connections.close_all()
+
+    threads = [threading.Thread(target=submit), threading.Thread(target=fail)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert outcomes[0] is not None
+    assert executor.get_task("a").status is TaskStatus.FAILED
+    assert executor.get_task("c").status is TaskStatus.CANCELLED
+
+
+def test_the_failure_of_a_task_without_dependents_is_one_statement(
+    executor, storage, alias, db_alias
+):
+    executor.submit("contract.hook", None, task_id="a", retry_limit=1)
+    executor.submit("contract.hook", None, task_id="b", retry_limit=0)
+    claims = {
+        c.task_id: c for c in storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
+    }
+    for task_id, status in (("b", TaskStatus.FAILED), ("a", TaskStatus.PENDING)):
+        with CaptureQueriesContext(connections[db_alias]) as queries:
+            transition = storage.fail(claims[task_id], "boom", retryable=True)
+        assert transition is not None and transition.status is status
+        task_rows = [
+            q["sql"] for q in queries.captured_queries if "reliable_executor_task" in q["sql"]
+        ]
+        if alias == "redis":
+            assert task_rows == []  # one script call
+        else:
+            # One UPDATE in autocommit (a retry also counts itself for the admin's chart).
+            assert len(task_rows) == 1, task_rows
+            assert task_rows[0].startswith("UPDATE")
+            assert not any(
+                "reliable_executor_dependency" in q["sql"] for q in queries.captured_queries
+            )
