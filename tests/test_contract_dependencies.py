@@ -311,14 +311,17 @@ def test_a_dependent_stored_after_its_dependency_was_claimed_is_released_by_its_
     assert claimable(storage) == ["c"]
 
 
-def test_a_dependent_stored_while_its_dependency_completes_is_released(executor, storage, db_alias):
-    """The submit of the dependent holds its transaction open while the completion of its
+@pytest.mark.parametrize("ending", ["complete", "fail"])
+def test_a_dependent_stored_while_its_dependency_ends_is_settled(
+    executor, storage, db_alias, ending
+):
+    """The submit of the dependent holds its transaction open while the ending of its
     dependency (claimed before: its claim knows of no dependent) runs in another thread;
-    whichever goes first, the dependent ends up released."""
-    executor.submit("contract.hook", None, task_id="a")
+    whichever goes first, the dependent ends up released (or cancelled, by a failure)."""
+    executor.submit("contract.hook", None, task_id="a", retry_limit=0)
     claim = claim_and_start(storage)
     stored = threading.Event()
-    completed = threading.Event()
+    ended = threading.Event()
     outcomes: list = []
     errors: list[BaseException] = []
 
@@ -327,36 +330,43 @@ def test_a_dependent_stored_while_its_dependency_completes_is_released(executor,
             with transaction.atomic(using=db_alias):
                 executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
                 stored.set()
-                # Gives the completion time to reach the locks this transaction holds
+                # Gives the ending time to reach the locks this transaction holds
                 # (it waits for them on the databases; Redis submits on commit).
-                completed.wait(0.5)
+                ended.wait(0.5)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
         finally:
             stored.set()
             connections.close_all()
 
-    def complete() -> None:
+    def end() -> None:
         try:
             stored.wait(10)
-            outcomes.append(storage.complete(claim, 1))
+            if ending == "complete":
+                outcomes.append(storage.complete(claim, 1))
+            else:
+                outcomes.append(storage.fail(claim, "boom", retryable=False))
         except BaseException as exc:
             errors.append(exc)
         finally:
-            completed.set()
+            ended.set()
             connections.close_all()
 
-    threads = [threading.Thread(target=submit), threading.Thread(target=complete)]
+    threads = [threading.Thread(target=submit), threading.Thread(target=end)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
     assert errors == []
     assert outcomes[0] is not None
-    assert executor.get_task("a").status is TaskStatus.COMPLETED
-    assert executor.get_task("c").status is TaskStatus.CREATED
-    assert executor.get_task("c").waiting_for == ()
-    assert claimable(storage) == ["c"]
+    if ending == "complete":
+        assert executor.get_task("a").status is TaskStatus.COMPLETED
+        assert executor.get_task("c").status is TaskStatus.CREATED
+        assert executor.get_task("c").waiting_for == ()
+        assert claimable(storage) == ["c"]
+    else:
+        assert executor.get_task("a").status is TaskStatus.FAILED
+        assert executor.get_task("c").status is TaskStatus.CANCELLED
 
 
 def test_only_the_completion_of_a_task_with_dependents_reads_the_edges(
@@ -403,49 +413,6 @@ def test_a_dependent_stored_after_its_dependency_was_claimed_is_cancelled_by_its
     assert executor.get_task("a").status is expected
     assert executor.get_task("c").status is TaskStatus.CANCELLED
     assert claimable(storage) == []
-
-
-def test_a_dependent_stored_while_its_dependency_fails_is_settled(executor, storage, db_alias):
-    """As for a completion: the dependent's submit holds its transaction open while the
-    failure of its dependency (claimed before) runs in another thread."""
-    executor.submit("contract.hook", None, task_id="a", retry_limit=0)
-    claim = claim_and_start(storage)
-    stored = threading.Event()
-    failed = threading.Event()
-    outcomes: list = []
-    errors: list[BaseException] = []
-
-    def submit() -> None:
-        try:
-            with transaction.atomic(using=db_alias):
-                executor.submit("contract.hook", None, task_id="c", depends_on=["a"])
-                stored.set()
-                failed.wait(0.5)  # lets the failure reach the locks this transaction holds
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-        finally:
-            stored.set()
-            connections.close_all()
-
-    def fail() -> None:
-        try:
-            stored.wait(10)
-            outcomes.append(storage.fail(claim, "boom", retryable=False))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            failed.set()
-            connections.close_all()
-
-    threads = [threading.Thread(target=submit), threading.Thread(target=fail)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert errors == []
-    assert outcomes[0] is not None
-    assert executor.get_task("a").status is TaskStatus.FAILED
-    assert executor.get_task("c").status is TaskStatus.CANCELLED
 
 
 def test_the_failure_of_a_task_without_dependents_is_one_statement(
