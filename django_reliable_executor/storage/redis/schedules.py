@@ -13,10 +13,11 @@ from ...schedules.ids import fire_task_id_micros
 from ...schedules.planning import overlap_runs, plan, plan_interval
 from ...schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 from ...serialization import dumps
+from . import schedule_moves
 from .access import READ_CHUNK, RedisAccess, guarded
 from .codec import EPOCH, MICROSECOND, fields, from_micros, micros, submit_args, text
 from .schedule_overlap import overlap_flag, overlap_skipped
-from .sharding import CONTROL_SHARD
+from .sharding import CONTROL_SHARD, native_id
 
 # A planned fire on the hashes' strings: schedule id, its hash fields, its runs and its next run
 # (microseconds).
@@ -66,6 +67,11 @@ def _encode(name: str, value: Any) -> str | None:
     if name == "start_at":
         return micros(value)
     return str(value)
+
+
+def _encoded(info: ScheduleInfo) -> dict[str, str | None]:
+    """A schedule's definition as its hash's fields (None: the field is absent)."""
+    return {field: _encode(name, getattr(info, name)) for name, field in _DEFINITION.items()}
 
 
 def schedule_from_hash(schedule_id: str, values: dict[str, str]) -> ScheduleInfo:
@@ -136,7 +142,11 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
 
 class Schedules(RedisAccess):
     """``P s:<id>`` hashes, ``P schedules`` (by id), ``P schedules:due`` (active, by next run)
-    and ``P schedules:paused``; every change one script."""
+    and ``P schedules:paused``; every change one script.
+
+    Sharded, a schedule lives on its queue's shard (its hash, its indexes, its fires in one
+    script there); reads merge the shards, and a save that changes its queue's shard moves it
+    (schedule_moves.py)."""
 
     def _skey(self, schedule_id: str) -> str:
         return self.p + "s:" + schedule_id
@@ -145,14 +155,19 @@ class Schedules(RedisAccess):
     def _save_schedules(
         self, schedules: Sequence[ScheduleInfo], keep: set[str], anchored: set[str]
     ) -> None:
-        if self.sharded:
-            _check_control_shard(self, schedules)
+        if not self.sharded:
+            self._save_on(schedules, keep, anchored, CONTROL_SHARD)
+        else:
+            schedule_moves.save(self, schedules, keep, anchored, _encoded, self._save_on)
+
+    def _save_on(
+        self, schedules: Sequence[ScheduleInfo], keep: set[str], anchored: set[str], shard: int
+    ) -> None:
+        """schedule_save.lua on ``shard``, a chunk of schedules a call."""
         for start in range(0, len(schedules), READ_CHUNK):
             items = []
             for info in schedules[start : start + READ_CHUNK]:
-                encoded = {
-                    field: _encode(name, getattr(info, name)) for name, field in _DEFINITION.items()
-                }
+                encoded = _encoded(info)
                 items.append(
                     {
                         "id": info.schedule_id,
@@ -165,9 +180,15 @@ class Schedules(RedisAccess):
                         "updated": micros(info.updated_at),
                     }
                 )
-            self._run("schedule_save", json.dumps(items))
+            self._run("schedule_save", json.dumps(items), shard=shard)
 
     def _read_schedules(self, schedule_ids: Sequence[str]) -> dict[str, ScheduleInfo]:
+        if self.sharded:
+            held = schedule_moves.copies(self, schedule_ids)
+            return {
+                i: schedule_from_hash(i, schedule_moves.settled(copies)[1])
+                for i, copies in held.items()
+            }
         found = self._read_many(schedule_ids, self._skey)
         return {i: schedule_from_hash(i, values) for i, values in found.items()}
 
@@ -181,6 +202,8 @@ class Schedules(RedisAccess):
     ) -> builtins.list[ScheduleInfo]:
         if limit <= 0:
             return []
+        if self.sharded:
+            return self._list_merged(limit, offset, paused)
         index = self.p + ("schedules:paused" if paused else "schedules")
         if paused is not False:
             ids = [text(i) for i in self.client.zrangebylex(index, "-", "+", offset, limit)]
@@ -205,41 +228,92 @@ class Schedules(RedisAccess):
                     result.append(info)
         return result
 
+    def _list_merged(
+        self, limit: int, offset: int, paused: bool | None
+    ) -> builtins.list[ScheduleInfo]:
+        """Sharded ``list_schedules``: the shards' id indexes merged in order, read a chunk at
+        a time, a schedule caught mid-move listed once."""
+        index = "schedules:paused" if paused else "schedules"
+        result: builtins.list[ScheduleInfo] = []
+        skipped = 0
+        ids = schedule_moves.merged_ids(self, index)
+        while len(result) < limit:
+            chunk = [i for _, i in zip(range(READ_CHUNK), ids, strict=False)]
+            if not chunk:
+                break
+            found = self._read_schedules(chunk)
+            for schedule_id in chunk:
+                info = found.get(schedule_id)
+                if info is None or (paused is not None and info.paused != paused):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                elif len(result) < limit:
+                    result.append(info)
+        return result
+
     @guarded
     def count_schedules(self) -> dict[str, int]:
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.p + "schedules")
-        pipe.zcard(self.p + "schedules:paused")
-        total, paused = pipe.execute()
-        return {"active": int(total) - int(paused), "paused": int(paused)}
+        for prefix in self.prefixes:
+            pipe.zcard(prefix + "schedules")
+            pipe.zcard(prefix + "schedules:paused")
+        replies = [int(n) for n in pipe.execute()]
+        total, paused = sum(replies[::2]), sum(replies[1::2])
+        return {"active": total - paused, "paused": paused}
 
     @guarded
     def delete_schedule(self, schedule_id: str) -> bool:
-        return bool(self._run("schedule_delete", schedule_id))
+        if not self.sharded:
+            return bool(self._run("schedule_delete", schedule_id))
+        held = schedule_moves.copies(self, [schedule_id]).get(schedule_id, {})
+        return any([bool(self._run("schedule_delete", schedule_id, shard=s)) for s in held])
 
     @guarded
     def set_schedule_paused(
         self, schedule_id: str, paused: bool, now: dt.datetime
     ) -> ScheduleInfo | None:
-        reply = self._run("schedule_pause", schedule_id, "1" if paused else "0", now=now)
+        shard = CONTROL_SHARD
+        if self.sharded:
+            found = schedule_moves.settle(self, schedule_id)
+            if found is None:
+                return None
+            shard = found
+        return self._pause_on(schedule_id, paused, now, shard)
+
+    def _pause_on(
+        self, schedule_id: str, paused: bool, now: dt.datetime, shard: int
+    ) -> ScheduleInfo | None:
+        reply = self._run(
+            "schedule_pause", schedule_id, "1" if paused else "0", now=now, shard=shard
+        )
         if not reply:
             return None
         return schedule_from_hash(schedule_id, fields(reply))
 
     @guarded
     def due_schedules(self, now: dt.datetime, limit: int) -> builtins.list[ScheduleInfo]:
-        reply = self._run("schedule_due", limit, now=now)
         due = []
-        for index in range(0, len(reply), 2):
-            info = schedule_from_hash(text(reply[index]), _pairs(reply[index + 1]))
-            if not info.paused:
-                due.append(info)
+        for shard in range(len(self.prefixes)):
+            reply = self._run("schedule_due", limit, now=now, shard=shard)
+            for index in range(0, len(reply), 2):
+                info = schedule_from_hash(text(reply[index]), _pairs(reply[index + 1]))
+                if not info.paused:
+                    due.append(info)
+        if self.sharded:  # the earliest of every shard's
+            due = sorted(due, key=lambda info: info.next_run_at)[:limit]
         return due
 
     @guarded
     def next_schedule_due(self) -> dt.datetime | None:
-        first = self.client.zrange(self.p + "schedules:due", 0, 0, withscores=True)
-        return from_micros(int(first[0][1])) if first else None
+        if not self.sharded:
+            first = self.client.zrange(self.p + "schedules:due", 0, 0, withscores=True)
+            return from_micros(int(first[0][1])) if first else None
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.zrange(prefix + "schedules:due", 0, 0, withscores=True)
+        firsts = [int(first[0][1]) for first in pipe.execute() if first]
+        return from_micros(min(firsts)) if firsts else None
 
     @guarded
     def fire_schedules(
@@ -251,7 +325,41 @@ class Schedules(RedisAccess):
         """Each fire is one script: the check that its schedule still expects it, its tasks
         and the schedule's move happen together or not at all (a schedule paused or deleted
         after the planning fires nothing). A call carries whole fires, about SUBMIT_CHUNK
-        tasks' worth."""
+        tasks' worth.
+
+        Sharded, a fire goes to the shard of its tasks' queue (where its schedule lives; one
+        that moved away meanwhile finds nothing to fire there), its task ids made native to
+        that shard (sharding.native_id)."""
+        if not self.sharded:
+            return self._fire_on(fires, now, overlapped, CONTROL_SHARD)
+        shards = self.layout.shards
+        located = self._schedule_shards([f.schedule_id for f in fires if not f.tasks])
+        by_shard: dict[int, builtins.list[ScheduleFire]] = {}
+        for fire in fires:
+            if fire.tasks:
+                shard = self.layout.shard_of(fire.tasks[0].queue)
+            elif fire.schedule_id in located:
+                shard = located[fire.schedule_id]
+            else:
+                continue  # no such schedule any more: nothing to fire
+            by_shard.setdefault(shard, []).append(schedule_moves.native_fire(fire, shard, shards))
+        created: builtins.list[TaskInfo] = []
+        for shard, part in sorted(by_shard.items()):
+            created += self._fire_on(part, now, overlapped, shard)
+        return created
+
+    def _schedule_shards(self, schedule_ids: Sequence[str]) -> dict[str, int]:
+        """The shard of each of these schedules that is not moving away (unknown ids left out)."""
+        held = schedule_moves.copies(self, schedule_ids) if schedule_ids else {}
+        return {i: schedule_moves.settled(copies)[0] for i, copies in held.items()}
+
+    def _fire_on(
+        self,
+        fires: Sequence[ScheduleFire],
+        now: dt.datetime,
+        overlapped: builtins.list[tuple[str, str, int]] | None,
+        shard: int,
+    ) -> builtins.list[TaskInfo]:
         created: builtins.list[TaskInfo] = []
         batch: builtins.list[ScheduleFire] = []
         size = 0
@@ -259,10 +367,10 @@ class Schedules(RedisAccess):
             batch.append(fire)
             size += len(fire.tasks) + 1
             if size >= FIRE_CHUNK or len(batch) >= READ_CHUNK:
-                created += self._fire(batch, now, overlapped)
+                created += self._fire(batch, now, overlapped, shard)
                 batch, size = [], 0
         if batch:
-            created += self._fire(batch, now, overlapped)
+            created += self._fire(batch, now, overlapped, shard)
         return created
 
     def _fire(
@@ -270,6 +378,7 @@ class Schedules(RedisAccess):
         fires: Sequence[ScheduleFire],
         now: dt.datetime,
         overlapped: builtins.list[tuple[str, str, int]] | None,
+        shard: int,
     ) -> builtins.list[TaskInfo]:
         args: builtins.list[str] = []
         for fire in fires:
@@ -284,7 +393,7 @@ class Schedules(RedisAccess):
             )
             for task in fire.tasks:
                 args += submit_args(task)
-        replies = self._run("schedule_fire", *args, now=now)
+        replies = self._run("schedule_fire", *args, now=now, shard=shard)
         created = []
         for fire, reply in zip(fires, replies, strict=True):
             if overlap_skipped(fire.schedule_id, reply, overlapped):
@@ -311,16 +420,54 @@ class Schedules(RedisAccess):
         microseconds (``plan_interval``), and its runs' tasks go to the fire script as the
         schedule stores them (the parameter's JSON text as it is): no ScheduleInfo, NewTask
         or ScheduleFire per run, no JSON decoded and encoded again. Cron schedules take the
-        general way (``plan``). The same script as ``fire_schedules`` stores the fires."""
+        general way (``plan``). The same script as ``fire_schedules`` stores the fires.
+
+        Sharded, the round visits every shard in turn (``fire_due_on``), up to ``limit``
+        schedules and ``max_tasks`` tasks on each; ``due`` is the largest of the shards'."""
+        rounds = [
+            self.fire_due_on(
+                shard,
+                now,
+                limit,
+                grace=grace,
+                catch_up_limit=catch_up_limit,
+                max_tasks=max_tasks,
+            )
+            for shard in range(len(self.prefixes))
+        ]
+        if len(rounds) == 1:
+            return rounds[0]
+        return FiringRound(
+            created=[task for r in rounds for task in r.created],
+            due=max(r.due for r in rounds),
+            skipped=[item for r in rounds for item in r.skipped],
+            paused=[item for r in rounds for item in r.paused],
+            overlapped=[item for r in rounds for item in r.overlapped],
+        )
+
+    @guarded
+    def fire_due_on(
+        self,
+        shard: int,
+        now: dt.datetime,
+        limit: int,
+        *,
+        grace: dt.timedelta,
+        catch_up_limit: int,
+        max_tasks: int,
+    ) -> FiringRound:
+        """``fire_due`` of the schedules of one shard: its due scan, its fires (one script
+        on that shard each, their task ids native to it)."""
         # The round's clock in microseconds, as the interval planning counts: once a round.
         clock = _RoundClock(now, (now - EPOCH) // MICROSECOND, grace, grace // MICROSECOND)
-        reply = self._run("schedule_due", limit, *FIRING_FIELDS, now=now)
+        reply = self._run("schedule_due", limit, *FIRING_FIELDS, now=now, shard=shard)
         due = [
             (text(reply[index]), _present(reply[index + 1])) for index in range(0, len(reply), 2)
         ]
         # A cron schedule is planned from its whole definition (ScheduleInfo): read in full.
         crons = [schedule_id for schedule_id, values in due if "cr" in values]
-        full = self._read_many(crons, self._skey) if crons else {}
+        prefix = self.prefixes[shard] + "s:"
+        full = self._read_many(crons, prefix.__add__) if crons else {}
         fires: builtins.list[_Fire] = []
         skipped: builtins.list[tuple[str, int, str]] = []
         paused: builtins.list[tuple[str, Exception]] = []
@@ -338,7 +485,7 @@ class Schedules(RedisAccess):
                     schedule_id, values, full, clock, catch_up_limit=catch_up_limit
                 )
             except Exception as exc:
-                self.set_schedule_paused(schedule_id, True, now)
+                self._pause_on(schedule_id, True, now, shard)
                 paused.append((schedule_id, exc))
                 continue
             runs, overlapping = overlap_runs(values.get("ov", "allow"), runs)
@@ -347,7 +494,7 @@ class Schedules(RedisAccess):
                 skipped.append((schedule_id, dropped + overlapping, values["m"]))
             fires.append((schedule_id, values, runs, next_run))
         overlapped: builtins.list[tuple[str, str, int]] = []
-        created = self._fire_in_chunks(fires, now, str(clock.now_us), overlapped)
+        created = self._fire_in_chunks(fires, now, str(clock.now_us), overlapped, shard)
         return FiringRound(
             created=created, due=reported, skipped=skipped, paused=paused, overlapped=overlapped
         )
@@ -358,6 +505,7 @@ class Schedules(RedisAccess):
         now: dt.datetime,
         created_at: str,
         overlapped: builtins.list[tuple[str, str, int]],
+        shard: int,
     ) -> builtins.list[TaskInfo]:
         """``_fire_planned`` over chunks of about FIRE_CHUNK runs (one script call each)."""
         created: builtins.list[TaskInfo] = []
@@ -367,10 +515,10 @@ class Schedules(RedisAccess):
             batch.append(fire)
             size += len(fire[2]) + 1
             if size >= FIRE_CHUNK:
-                created += self._fire_planned(batch, now, created_at, overlapped)
+                created += self._fire_planned(batch, now, created_at, overlapped, shard)
                 batch, size = [], 0
         if batch:
-            created += self._fire_planned(batch, now, created_at, overlapped)
+            created += self._fire_planned(batch, now, created_at, overlapped, shard)
         return created
 
     def _fire_planned(
@@ -379,10 +527,11 @@ class Schedules(RedisAccess):
         now: dt.datetime,
         created_at: str,
         overlapped: builtins.list[tuple[str, str, int]],
+        shard: int,
     ) -> builtins.list[TaskInfo]:
         """schedule_fire.lua over planned fires: (id, hash fields, runs, next run)."""
-        args, ids = _fire_arguments(fires, created_at)
-        replies = self._run("schedule_fire", *args, now=now)
+        args, ids = _fire_arguments(fires, created_at, shard, self.layout.shards)
+        replies = self._run("schedule_fire", *args, now=now, shard=shard)
         created: builtins.list[TaskInfo] = []
         for (schedule_id, values, runs, _), run_ids, reply in zip(fires, ids, replies, strict=True):
             if overlap_skipped(schedule_id, reply, overlapped):
@@ -423,13 +572,21 @@ def _plan_runs(
     return runs, (outcome.next_run_at - EPOCH) // MICROSECOND, outcome.skipped
 
 
-def _fire_arguments(fires: Sequence[_Fire], created_at: str) -> tuple[list[str], list[list[str]]]:
-    """schedule_fire.lua's arguments for planned fires, and each fire's task ids."""
+def _fire_arguments(
+    fires: Sequence[_Fire], created_at: str, shard: int, shards: int
+) -> tuple[list[str], list[list[str]]]:
+    """schedule_fire.lua's arguments for planned fires on ``shard`` of ``shards``, and each
+    fire's task ids (native to that shard: sharding.native_id)."""
     now_us = int(created_at)
     args: list[str] = []
     ids: list[list[str]] = []
     for schedule_id, values, runs, next_run in fires:
-        run_ids = [fire_task_id_micros(schedule_id, run) for run in runs]
+        if shards == 1:
+            run_ids = [fire_task_id_micros(schedule_id, run) for run in runs]
+        else:
+            run_ids = [
+                native_id(fire_task_id_micros(schedule_id, run), shard, shards) for run in runs
+            ]
         ids.append(run_ids)
         max_duration = values.get("md", "")
         task = (
@@ -488,16 +645,3 @@ def _created_tasks(
         for run, task_id, created in zip(runs, run_ids, was_created, strict=True)
         if created
     ]
-
-
-def _check_control_shard(storage: RedisAccess, schedules: Sequence[ScheduleInfo]) -> None:
-    """Schedules live on the control shard for now, and a fire stores its tasks in the same
-    script: only a queue of that shard gets them where its workers claim (the per-queue-shard
-    schedules are not built yet: docs/scaling.md)."""
-    for info in schedules:
-        if storage.layout.shard_of(info.queue) != CONTROL_SHARD:
-            raise NotImplementedError(
-                f"schedule {info.schedule_id!r}: queue {info.queue!r} is on shard "
-                f"{storage.layout.shard_of(info.queue)}; with REDIS_SHARDS > 1, schedules are "
-                f"supported only for queues of shard {CONTROL_SHARD} so far"
-            )

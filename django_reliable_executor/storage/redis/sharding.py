@@ -25,6 +25,20 @@ def directory_of(task_id: str, shards: int) -> int:
     return shard_of(task_id, shards)
 
 
+def native_id(task_id: str, shard: int, shards: int) -> str:
+    """A derived id (a schedule's fire) made native to ``shard``: ``task_id`` itself when its
+    directory shard is ``shard`` (always with one shard), else ``<task_id>~<k>`` for the
+    smallest k >= 1 whose directory shard is ``shard`` (``shards`` tries on average, no I/O).
+    Deterministic, so every master derives the same id for the same run; stored on its
+    directory shard, it is found by ``get()`` with one read, no directory entry needed."""
+    if shards == 1 or directory_of(task_id, shards) == shard:
+        return task_id
+    k = 1
+    while directory_of(f"{task_id}~{k}", shards) != shard:
+        k += 1
+    return f"{task_id}~{k}"
+
+
 @functools.cache
 def shard_prefix(key_prefix: str, index: int, shards: int) -> str:
     """The prefix of every key of shard ``index`` of ``shards``, its hash tag in braces.
