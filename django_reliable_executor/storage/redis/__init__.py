@@ -105,6 +105,7 @@ from .pausing import Pausing
 from .progress import ProgressReports
 from .rate_limits import RateReading
 from .reading import Reading
+from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .submitting import Submitting
 from .transitions import Transitions
@@ -117,6 +118,7 @@ class RedisStorage(
     Transitions,
     ProgressReports,
     Schedules,
+    ScheduleFires,
     Chores,
     Locks,
     Workers,
