@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,17 +29,30 @@ def copies(
     """Every shard's hash of each of these schedules: {id: {shard: fields}} (unknown ids left
     out). One shard holds a schedule, except while a move of it is under way (or stopped
     half-way): then its old shard's hash carries ``mt``."""
+    shards = tuple(range(len(storage.prefixes)))
+    return read_located(storage, [(schedule_id, shards) for schedule_id in schedule_ids])
+
+
+def read_located(
+    storage: RedisAccess, located: Sequence[tuple[str, Sequence[int]]]
+) -> dict[str, dict[int, dict[str, str]]]:
+    """The hashes of these schedules on these shards ((id, shards) pairs), as ``copies``: a
+    pipeline per chunk of about READ_CHUNK hashes."""
     found: dict[str, dict[int, dict[str, str]]] = {}
-    shards = range(len(storage.prefixes))
-    chunk = max(1, READ_CHUNK // len(storage.prefixes))
-    for start in range(0, len(schedule_ids), chunk):
-        part = schedule_ids[start : start + chunk]
+    start = 0
+    while start < len(located):
+        part: list[tuple[str, Sequence[int]]] = []
+        size = 0
+        while start < len(located) and (not part or size < READ_CHUNK):
+            part.append(located[start])
+            size += len(located[start][1])
+            start += 1
         pipe = storage.client.pipeline(transaction=False)
-        for schedule_id in part:
+        for schedule_id, shards in part:
             for shard in shards:
                 pipe.hgetall(storage.prefixes[shard] + "s:" + schedule_id)
         replies = iter(pipe.execute())
-        for schedule_id in part:
+        for schedule_id, shards in part:
             for shard in shards:
                 values = next(replies)
                 if values:
@@ -58,24 +72,23 @@ def settled(held: dict[int, dict[str, str]]) -> tuple[int, dict[str, str]]:
     return shard, {**values, "nr": values[MOVED_NEXT_RUN]}
 
 
-def merged_ids(storage: RedisAccess, index: str) -> Iterator[str]:
-    """The ids of index ``index`` (a lexical ZSET of every shard) in order, once each: the
-    shards' indexes read a chunk at a time and merged."""
+def merged_ids(storage: RedisAccess, index: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """The ids of index ``index`` (a lexical ZSET of every shard) in order, each once with
+    the shards whose index holds it: the shards' indexes read a chunk at a time and merged."""
 
-    def one(prefix: str) -> Iterator[str]:
+    def one(shard: int) -> Iterator[tuple[str, int]]:
+        key = storage.prefixes[shard] + index
         cursor = 0
         while True:
-            ids = storage.client.zrangebylex(prefix + index, "-", "+", cursor, READ_CHUNK)
-            yield from (text(i) for i in ids)
+            ids = storage.client.zrangebylex(key, "-", "+", cursor, READ_CHUNK)
+            yield from ((text(i), shard) for i in ids)
             if len(ids) < READ_CHUNK:
                 return
             cursor += len(ids)
 
-    last = None
-    for schedule_id in heapq.merge(*(one(prefix) for prefix in storage.prefixes)):
-        if schedule_id != last:
-            yield schedule_id
-        last = schedule_id
+    merged = heapq.merge(*(one(shard) for shard in range(len(storage.prefixes))))
+    for schedule_id, group in itertools.groupby(merged, key=lambda pair: pair[0]):
+        yield schedule_id, tuple(shard for _, shard in group)
 
 
 def save(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -192,26 +193,39 @@ class Schedules(RedisAccess):
     def _list_merged(
         self, limit: int, offset: int, paused: bool | None
     ) -> builtins.list[ScheduleInfo]:
-        """Sharded ``list_schedules``: the shards' id indexes merged in order, read a chunk at
-        a time, a schedule caught mid-move listed once."""
-        index = "schedules:paused" if paused else "schedules"
+        """Sharded ``list_schedules``: the shards' id indexes merged in order, each hash read
+        on the shard whose index holds it, a schedule caught mid-move listed once."""
+        located = schedule_moves.merged_ids(self, "schedules:paused" if paused else "schedules")
+        if paused is not False:  # the index is the filter: skip the offset unread
+            page = list(itertools.islice(located, offset, offset + limit))
+            found = self._read_located(page)
+            return [found[i] for i, _ in page if i in found and (paused is None or found[i].paused)]
+        # Active ones: walk the id index, skipping the paused (few, as a rule).
         result: builtins.list[ScheduleInfo] = []
         skipped = 0
-        ids = schedule_moves.merged_ids(self, index)
         while len(result) < limit:
-            chunk = [i for _, i in zip(range(READ_CHUNK), ids, strict=False)]
+            chunk = list(itertools.islice(located, READ_CHUNK))
             if not chunk:
                 break
-            found = self._read_schedules(chunk)
-            for schedule_id in chunk:
+            found = self._read_located(chunk)
+            for schedule_id, _ in chunk:
                 info = found.get(schedule_id)
-                if info is None or (paused is not None and info.paused != paused):
+                if info is None or info.paused:
                     continue
                 if skipped < offset:
                     skipped += 1
                 elif len(result) < limit:
                     result.append(info)
         return result
+
+    def _read_located(
+        self, located: Sequence[tuple[str, Sequence[int]]]
+    ) -> dict[str, ScheduleInfo]:
+        held = schedule_moves.read_located(self, located)
+        return {
+            i: schedule_from_hash(i, schedule_moves.settled(copies)[1])
+            for i, copies in held.items()
+        }
 
     @guarded
     def count_schedules(self) -> dict[str, int]:
