@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from django_reliable_executor import TaskStatus
+from django_reliable_executor import Schedule, TaskStatus
+from django_reliable_executor.registry import TaskHandler, _schedules, register, unregister
 from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
@@ -267,3 +268,57 @@ def test_a_fired_task_is_found_with_one_read_of_its_shard(spare_redis: SpareServ
     assert task.task_id.startswith(fire_task_id(schedule_id, info.next_run_at) + "~")
     assert directory_of(task.task_id, SHARDS) == 0
     storage.close()
+
+
+def test_declared_schedules_are_saved_on_their_queues_shards_and_follow_their_queue(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    """What every worker does at start (sync_declared_schedules), over shards: each declared
+    schedule on its queue's shard; a declaration whose queue moved to another shard, saved by
+    two workers one after the other, moves the schedule once and keeps its grid."""
+    handler = TaskHandler(lambda param=None: param, name="tests.sharded")
+    first, second = queue_on(1), queue_on(2)
+    handler.schedules = _schedules(
+        "tests.sharded",
+        [
+            Schedule(every=60, schedule_id="decl-a", queue=first),
+            Schedule(every=60, schedule_id="decl-b", queue=queue_on(3)),
+        ],
+    )
+    register(handler)
+    try:
+        assert executor.sync_declared_schedules() == 2
+        assert schedule_shards(storage, "decl-a") == [1]
+        assert schedule_shards(storage, "decl-b") == [3]
+        assert executor.sync_declared_schedules() == 0  # unchanged: nothing written
+        before = executor.get_schedule("decl-a")
+        handler.schedules = _schedules(
+            "tests.sharded",
+            [
+                Schedule(every=60, schedule_id="decl-a", queue=second),
+                Schedule(every=60, schedule_id="decl-b", queue=queue_on(3)),
+            ],
+        )
+        other = ReliableExecutor(
+            RedisStorage(redis_client(), storage.key_prefix, clock=clock, shards=SHARDS),
+            clock=clock,
+        )
+        assert executor.sync_declared_schedules() == 1
+        assert other.sync_declared_schedules() == 0  # the second worker finds it moved
+        other.storage.close()
+        after = executor.get_schedule("decl-a")
+        assert schedule_shards(storage, "decl-a") == [2]
+        assert (after.queue, after.start_at, after.next_run_at, after.created_at) == (
+            second,
+            before.start_at,
+            before.next_run_at,
+            before.created_at,
+        )
+        clock.advance(60)
+        fired = sorted(fire(executor), key=lambda t: t.task_id)
+        assert [(t.task_id.partition("@")[0], t.queue) for t in fired] == [
+            ("decl-a", second),
+            ("decl-b", queue_on(3)),
+        ]
+    finally:
+        unregister("tests.sharded")
