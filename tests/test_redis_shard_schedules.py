@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from django_reliable_executor import Schedule, TaskStatus
+from django_reliable_executor.admin.schedule_pages import fires
 from django_reliable_executor.registry import TaskHandler, _schedules, register, unregister
 from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.ids import fire_task_id
@@ -99,7 +100,7 @@ def test_a_schedule_of_shard_2_fires_there_on_time_and_skips_while_its_run_is_li
         TaskStatus.CREATED,
     )
     assert directory_of(first.task_id, SHARDS) == 2  # native to its queue's shard
-    assert first.task_id.startswith(fire_task_id("two", info.next_run_at))
+    assert first.task_id == fire_task_id("two", info.next_run_at) + "~1"  # its plain id: shard 1
     assert storage.client.exists(storage.prefixes[2] + "t:" + first.task_id)
     assert executor.get_task(first.task_id).queue == queue
     assert executor.get_schedule("two").last_task_id == first.task_id
@@ -113,6 +114,12 @@ def test_a_schedule_of_shard_2_fires_there_on_time_and_skips_while_its_run_is_li
     [second] = fire(executor)
     assert second.run_at == info.next_run_at + 120 * SEC and directory_of(second.task_id, 4) == 2
     assert [t.task_id for t in tasks_of(executor, "two")] == [first.task_id, second.task_id]
+    # The admin's schedule page shows each fire's planned time, without the shard's suffix.
+    shown = fires(executor, executor.get_schedule("two"), "admin")
+    assert [(f.task.task_id, f.planned) for f in shown] == [
+        (second.task_id, f"{second.run_at:%Y%m%dT%H%M%S}Z"),
+        (first.task_id, f"{first.run_at:%Y%m%dT%H%M%S}Z"),
+    ]
 
 
 def test_list_pause_resume_and_delete_across_shards(
