@@ -235,3 +235,12 @@ def test_a_native_fire_id_lands_on_its_shard_the_same_way_every_time(shards):
             assert stored == f"{base}~{k}" and all(
                 directory_of(f"{base}~{j}", shards) != shard for j in range(1, k)
             )
+
+
+def test_a_plain_submit_of_a_sharded_fire_id_is_refused_by_name():
+    from django_reliable_executor.exceptions import ReservedTaskIdError
+    from django_reliable_executor.submission import _task_id
+
+    with pytest.raises(ReservedTaskIdError, match="perhaps then '~<k>'"):
+        _task_id("nightly@20261129T030000Z~3")
+    assert _task_id("nightly@20261129T030000Z~0") == "nightly@20261129T030000Z~0"
