@@ -118,7 +118,9 @@ def save(
         save_on(infos, keep, anchored, shard)
     for info, source, target in moves:
         move(storage, info, source, target, keep, anchored, encoded, save_on)
-    for schedule_id, shard in leftovers:  # moved-out hashes of a move that stopped half-way
+    # Copies on a third shard: a move that stopped half-way, or two saves that raced with
+    # queues of two shards (docs/scaling.md). The schedule is now the target's.
+    for schedule_id, shard in leftovers:
         storage._run("schedule_delete", schedule_id, shard=shard)
 
 
