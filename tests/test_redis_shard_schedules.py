@@ -329,3 +329,21 @@ def test_declared_schedules_are_saved_on_their_queues_shards_and_follow_their_qu
         ]
     finally:
         unregister("tests.sharded")
+
+
+def test_a_copy_left_by_two_racing_saves_is_dropped_by_the_next_save(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    """Two processes saving one schedule at once with queues of two shards may each store a
+    copy (docs/scaling.md): it is listed once, and the next save keeps the copy of its queue."""
+    old, new = queue_on(1), queue_on(3)
+    info = executor.schedule("raced", "demo.echo", every=60, queue=old)
+    # The other process read "not stored yet" and saved its definition on its queue's shard.
+    storage._save_on([dataclasses.replace(info, queue=new)], set(), set(), 3)
+    assert schedule_shards(storage, "raced") == [1, 3]
+    assert [s.schedule_id for s in executor.list_schedules()] == ["raced"]
+    executor.schedule("raced", "demo.echo", every=60, queue=new)
+    assert schedule_shards(storage, "raced") == [3]
+    assert executor.count_schedules() == {"active": 1, "paused": 0}
+    clock.advance(60)
+    assert [t.queue for t in fire(executor)] == [new]
