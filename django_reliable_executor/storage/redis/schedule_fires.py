@@ -105,6 +105,7 @@ class ScheduleFires(RedisAccess):
         overlapped: builtins.list[tuple[str, str, int]] | None,
         shard: int,
     ) -> builtins.list[TaskInfo]:
+        """``fire_schedules`` of fires of one shard: whole fires per script call."""
         created: builtins.list[TaskInfo] = []
         batch: builtins.list[ScheduleFire] = []
         size = 0
