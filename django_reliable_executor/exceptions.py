@@ -22,8 +22,8 @@ class InvalidTaskIdError(TaskSubmitError):
 
 
 class ReservedTaskIdError(InvalidTaskIdError):
-    """The task_id has the form of a schedule's fire id (``<schedule_id>@<UTC time>Z``), which
-    only the schedules' firing may store."""
+    """The task_id has the form of a schedule's fire id (``<schedule_id>@<UTC time>Z``, perhaps
+    followed by ``~<k>``), which only the schedules' firing may store."""
 
 
 class UnknownTaskError(TaskSubmitError):

@@ -140,8 +140,8 @@ def _task_id(task_id: Any) -> str | None:
     if is_fire_task_id(task_id):
         raise ReservedTaskIdError(
             f"task_id {task_id!r} has the form of a schedule's run "
-            "('<schedule_id>@<YYYYmmddTHHMMSS>Z'), which only the schedule may submit: "
-            "choose an id of another form",
+            "('<schedule_id>@<YYYYmmddTHHMMSS>Z', perhaps then '~<k>'), which only the schedule "
+            "may submit: choose an id of another form",
             field="task_id",
         )
     return task_id

@@ -5,6 +5,7 @@ client, with every key of a prefix in the prefix's one hash slot, on one node.""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.storage.redis.sharding import directory_of
 from django_reliable_executor.worker import Worker, WorkerOptions
 
 if TYPE_CHECKING:
@@ -392,3 +394,55 @@ def test_shards_spread_queues_over_the_masters_and_one_worker_drains_them(
         TaskStatus.COMPLETED
     }
     assert len(executor.list_tasks(status=TaskStatus.COMPLETED, limit=500)) == 121
+
+
+def test_schedules_live_fire_and_move_on_their_queues_masters(
+    make_executor, prefixes, redis_cluster_nodes: list[RedisServer]
+):
+    """REDIS_SHARDS = 3 on 3 masters: a schedule of each shard's queue, its hash on that
+    shard's master; listed and paused across masters; each fire stored on its master with an
+    id native to its shard; a schedule moved to a queue of another master fires there next."""
+    prefix = f"sched-sharded-{uuid.uuid4().hex[:10]}"
+    prefixes.append(prefix)
+    executor = make_executor(prefix, node=1, shards=3)
+    storage = executor.storage
+    assert isinstance(storage, RedisStorage)
+    queues = ("orphan", "emails", "default", "alpha", "prio", "search")
+    by_shard = {storage.layout.shard_of(q): q for q in queues}
+    assert sorted(by_shard) == [0, 1, 2]
+
+    def holders(schedule_id: str) -> list[int]:
+        found = []
+        for shard, shard_prefix in enumerate(storage.prefixes):
+            owner = master_of(redis_cluster_nodes, shard_prefix + "counts")
+            with owner.client() as admin:
+                if admin.exists(shard_prefix + "s:" + schedule_id):
+                    found.append(shard)
+        return found
+
+    for shard, queue in by_shard.items():
+        executor.schedule(f"c{shard}", "demo.echo", {"s": shard}, every=60, queue=queue)
+        assert holders(f"c{shard}") == [shard]
+    assert [s.schedule_id for s in executor.list_schedules()] == ["c0", "c1", "c2"]
+    assert executor.pause_schedule("c1").paused
+    assert executor.count_schedules() == {"active": 2, "paused": 1}
+    assert not executor.resume_schedule("c1").paused
+    first = executor.get_schedule("c0").next_run_at
+
+    def fire_at(when: dt.datetime) -> list:
+        return storage.fire_due(
+            when, 1000, grace=dt.timedelta(hours=1), catch_up_limit=10, max_tasks=5000
+        ).created
+
+    fired = fire_at(first + dt.timedelta(seconds=1))
+    assert sorted(t.queue for t in fired) == sorted(by_shard.values())
+    for task in fired:
+        home = storage.layout.shard_of(task.queue)
+        assert directory_of(task.task_id, 3) == home
+        assert executor.get_task(task.task_id).queue == task.queue
+    moved = executor.schedule("c0", "demo.echo", {"s": 0}, every=60, queue=by_shard[2])
+    assert holders("c0") == [2] and moved.next_run_at == first + dt.timedelta(seconds=60)
+    again = fire_at(moved.next_run_at + dt.timedelta(seconds=1))
+    [c0] = [t for t in again if t.task_id.startswith("c0@")]
+    assert (c0.queue, c0.run_at) == (by_shard[2], moved.next_run_at)
+    assert directory_of(c0.task_id, 3) == 2

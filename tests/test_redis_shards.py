@@ -262,8 +262,6 @@ def test_what_is_not_built_across_shards_is_refused_by_name(executor: ReliableEx
         executor.submit("demo.echo", {}, queue="search", depends_on=["nowhere"])
     with pytest.raises(NotImplementedError, match="REDIS_SHARDS > 1, batches"):
         executor.submit_batch([TaskSubmitRequest("demo.echo", {}, queue="search")])
-    with pytest.raises(NotImplementedError, match="REDIS_SHARDS > 1, schedules"):
-        executor.schedule("s1", "demo.echo", every=60, queue="search")
     assert executor.count_by_status()[TaskStatus.CREATED] == 2
 
 

@@ -200,8 +200,9 @@ class Fire:
 
 def fires(executor: ReliableExecutor, schedule: ScheduleInfo, site_name: str) -> list[Fire]:
     """The tasks this schedule fired that still exist, newest first (at most FIRES_SHOWN):
-    their ids are ``<schedule_id>@<planned time>``, found among the FIRES_SCANNED newest
-    tasks of the schedule's task name, plus the last fire's task however old."""
+    their ids are ``<schedule_id>@<planned time>`` (``~<k>`` after it on a sharded Redis),
+    found among the FIRES_SCANNED newest tasks of the schedule's task name, plus the last
+    fire's task however old."""
     prefix = schedule.schedule_id + "@"
     tasks = executor.list_tasks(task_name=schedule.task_name, limit=FIRES_SCANNED)
     found = [task for task in tasks if task.task_id.startswith(prefix)]
@@ -215,7 +216,8 @@ def fires(executor: ReliableExecutor, schedule: ScheduleInfo, site_name: str) ->
         Fire(
             task=task,
             url=pages.change_url(task.task_id, site_name),
-            planned=task.task_id[len(prefix) :],
+            # less the "~<k>" a sharded Redis storage may add to keep it on its queue's shard
+            planned=task.task_id[len(prefix) :].partition("~")[0],
         )
         for task in found[:FIRES_SHOWN]
     ]

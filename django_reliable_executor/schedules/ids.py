@@ -13,9 +13,13 @@ from ..exceptions import InvalidScheduleError
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MICROSECOND = dt.timedelta(microseconds=1)
 _DAY = 86_400_000_000  # microseconds
-MAX_SCHEDULE_ID_LENGTH = 160  # leaves room for "@<planned time>" within a 191-character task id
+# Leaves room for "@<planned time>" and a Redis shard's "~<k>" within a 191-character task id.
+MAX_SCHEDULE_ID_LENGTH = 160
 # The planned-time part of a fire id: date, time, microseconds only when not zero, "Z".
 _FIRE_TIME = re.compile(r"(\d+)(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)(?:\.(\d{6}))?Z", re.ASCII)
+# The suffix a sharded Redis storage may add to a fire id to store it on its queue's shard
+# (storage/redis/sharding.native_id): "~<k>", k >= 1 without leading zeros.
+_SHARD_SUFFIX = re.compile(r"~[1-9]\d*", re.ASCII)
 
 
 def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:
@@ -44,8 +48,13 @@ def _date(days: int) -> str:
 def is_fire_task_id(task_id: str) -> bool:
     """Whether ``fire_task_id`` gives this (otherwise valid) task id for some schedule id and
     planned time. That namespace is reserved to firing: a plain submit taking a run's id first
-    would make the schedule find its run already stored, and fire nothing. Exact: ids of
-    another form, such as ``a@b`` or ``x@20261129T030000.000000Z``, stay free."""
+    would make the schedule find its run already stored, and fire nothing. A fire id followed
+    by ``~<k>`` (k >= 1: the form a sharded Redis storage gives a run to store it on its
+    queue's shard) is reserved too. Exact: ids of another form, such as ``a@b``,
+    ``x@20261129T030000.000000Z`` or ``x@20261129T030000Z~0``, stay free."""
+    base, tilde, suffix = task_id.rpartition("~")
+    if tilde and _SHARD_SUFFIX.fullmatch(tilde + suffix):
+        task_id = base
     schedule_id, at, planned = task_id.rpartition("@")
     match = _FIRE_TIME.fullmatch(planned)
     if not at or not match or not 1 <= len(schedule_id) <= MAX_SCHEDULE_ID_LENGTH:

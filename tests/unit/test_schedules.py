@@ -12,6 +12,7 @@ from django_reliable_executor.registry import _schedules, declared_schedules, un
 from django_reliable_executor.schedules.ids import fire_task_id, is_fire_task_id
 from django_reliable_executor.schedules.planning import plan
 from django_reliable_executor.schedules.records import ScheduleInfo
+from django_reliable_executor.storage.redis.sharding import directory_of, native_id
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2030, 1, 1, tzinfo=UTC)
@@ -115,6 +116,10 @@ def test_fire_task_ids():
 )
 def test_every_fire_id_is_in_the_reserved_namespace(schedule_id, planned):
     assert is_fire_task_id(fire_task_id(schedule_id, planned))
+    # and in the form a sharded Redis storage stores it under (sharding.native_id)
+    for shard in range(16):
+        stored = native_id(fire_task_id(schedule_id, planned), shard, 16)
+        assert is_fire_task_id(stored) and len(stored) <= 191
 
 
 @pytest.mark.parametrize(
@@ -138,6 +143,12 @@ def test_every_fire_id_is_in_the_reserved_namespace(schedule_id, planned):
         "x@020261129T030000Z",  # a year firing would not write so
         "x@20261129T030000Z@",
         "x@２０２６1129T030000Z",  # other digits
+        "x@20261129T030000Z~0",  # a shard's suffix counts from 1
+        "x@20261129T030000Z~01",
+        "x@20261129T030000Z~",
+        "x@20261129T030000Z~1~2",
+        "x@20261129T030000Z~-1",
+        "x~1@tomorrow",
     ],
 )
 def test_ids_of_another_form_stay_free(task_id):
@@ -207,3 +218,29 @@ def test_a_fire_id_reads_the_planned_time_in_utc(planned):
     fraction = f".{utc.microsecond:06d}" if utc.microsecond else ""
     assert fire_task_id("s", planned) == f"s@{utc.strftime('%Y%m%dT%H%M%S')}{fraction}Z"
     assert is_fire_task_id(fire_task_id("s", planned))
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4, 7])
+def test_a_native_fire_id_lands_on_its_shard_the_same_way_every_time(shards):
+    base = fire_task_id("nightly", dt.datetime(2026, 11, 29, 3, tzinfo=UTC))
+    for shard in range(shards):
+        stored = native_id(base, shard, shards)
+        assert directory_of(stored, shards) == shard
+        assert stored == native_id(base, shard, shards)  # every master derives the same id
+        # its own id where that is on the shard already; else the first suffix that is
+        if directory_of(base, shards) == shard:
+            assert stored == base
+        else:
+            k = int(stored.rpartition("~")[2])
+            assert stored == f"{base}~{k}" and all(
+                directory_of(f"{base}~{j}", shards) != shard for j in range(1, k)
+            )
+
+
+def test_a_plain_submit_of_a_sharded_fire_id_is_refused_by_name():
+    from django_reliable_executor.exceptions import ReservedTaskIdError
+    from django_reliable_executor.submission import _task_id
+
+    with pytest.raises(ReservedTaskIdError, match="perhaps then '~<k>'"):
+        _task_id("nightly@20261129T030000Z~3")
+    assert _task_id("nightly@20261129T030000Z~0") == "nightly@20261129T030000Z~0"

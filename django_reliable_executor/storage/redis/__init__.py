@@ -6,7 +6,8 @@ epoch, written as decimal strings. With REDIS_SHARDS = N > 1 each shard has its 
 (``{KEY_PREFIX:shard-<i>-of-<N>:<salt>}:``, sharding.py) holding the keys below of the tasks of
 its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home shard>
 <reserved at>" for a task id whose own shard (sharding.directory_of) is not its queue's
-(id_reserve.lua); what belongs to no queue (locks, workers) is on shard 0.
+(id_reserve.lua); a schedule's keys are on its queue's shard; what belongs to no queue
+(locks, workers, batches) is on shard 0.
 
 ``P t:<id>``               HASH, one per task. n name, q queue, p priority, s status, j parameter
                            (JSON), a attempts, b attempts against the current retry budget,
@@ -65,7 +66,9 @@ its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home 
                            the task options it fires with, o origin, pa "1" while paused,
                            nr next run, lr/lt planned time and task id of the latest fire,
                            ov overlap policy ("skip"; absent: "allow"), os runs skipped for
-                           overlap, ol when last, c created, u updated.
+                           overlap, ol when last, c created, u updated. Sharded, while it moves
+                           to another shard (schedule_move_out.lua): no nr, mn its next run,
+                           mt that shard.
 ``P u:<digest>``           STRING "<window end> <task id>": the task holding a unique task's key
                            (``uniqueness.unique_digest``), expiring (PX) with its window.
 ``P rate:<len>:<name>:<key>``  ZSET of the claim times of a rate-limited name and rate key
@@ -105,6 +108,7 @@ from .pausing import Pausing
 from .progress import ProgressReports
 from .rate_limits import RateReading
 from .reading import Reading
+from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .submitting import Submitting
 from .transitions import Transitions
@@ -117,6 +121,7 @@ class RedisStorage(
     Transitions,
     ProgressReports,
     Schedules,
+    ScheduleFires,
     Chores,
     Locks,
     Workers,

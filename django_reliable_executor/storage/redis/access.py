@@ -121,9 +121,10 @@ class RedisAccess(TaskStorage):
 
     def _locate(self, task_id: str) -> tuple[int, dict[Any, Any]]:
         """Sharded: the shard of task ``task_id`` and its hash (empty when there is none; the
-        control shard then). Its directory shard holds it or names its home; a task stored
-        off its directory shard in one script (a schedule's fire, a batch's callback) is
-        found by reading every shard."""
+        control shard then). Its directory shard holds it or names its home (a schedule's
+        fire is native to its shard: sharding.native_id); a task stored off its directory
+        shard in one script (a batch's callback with a given id) is found by reading every
+        shard."""
         directory = directory_of(task_id, self.layout.shards)
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.prefixes[directory] + "t:" + task_id)

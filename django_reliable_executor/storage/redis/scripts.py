@@ -39,6 +39,8 @@ NAMES = (
     "schedule_delete",
     "schedule_fire",
     "schedule_due",
+    "schedule_move_out",
+    "schedule_move_in",
     "batch_open",
     "batch_seal",
     "batch_purge",

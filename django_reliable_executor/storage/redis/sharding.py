@@ -25,6 +25,24 @@ def directory_of(task_id: str, shards: int) -> int:
     return shard_of(task_id, shards)
 
 
+def native_id(task_id: str, shard: int, shards: int) -> str:
+    """A derived id (a schedule's fire) made native to ``shard``: ``task_id`` itself when its
+    directory shard is ``shard`` (always with one shard), else ``<task_id>~<k>`` for the
+    smallest k >= 1 whose directory shard is ``shard`` (``shards`` tries on average, no I/O).
+    Deterministic, so every master derives the same id for the same run; stored on its
+    directory shard, it is found by ``get()`` with one read, no directory entry needed."""
+    if shards == 1:
+        return task_id
+    crc = zlib.crc32(task_id.encode("utf-8"))
+    if crc % shards == shard:
+        return task_id
+    # CRC-32 goes on from the id's own: crc32(suffix, crc32(id)) is crc32(id + suffix).
+    k = 1
+    while zlib.crc32(b"~%d" % k, crc) % shards != shard:
+        k += 1
+    return f"{task_id}~{k}"
+
+
 @functools.cache
 def shard_prefix(key_prefix: str, index: int, shards: int) -> str:
     """The prefix of every key of shard ``index`` of ``shards``, its hash tag in braces.
