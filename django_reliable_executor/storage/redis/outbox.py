@@ -1,0 +1,52 @@
+"""Sharded Redis: delivering each shard's outbox of messages (lua/_common.lua) to their shards."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+# Messages read from one outbox at a time (the worker's delivery after its own change; the
+# master's chore reads up to its batch).
+DELIVERY_CHUNK = 100
+
+
+def deliver(
+    client: Any,
+    prefixes: Sequence[str],
+    apply: Callable[[list[Any], int], object],
+    shards: Iterable[int],
+    limit: int,
+    visits: int,
+) -> int:
+    """Deliver up to ``limit`` messages from the outbox of each of ``shards``, in order, then
+    from the outboxes their applying wrote to (a cancel cascading, a batch finishing), at most
+    ``visits`` outbox reads in all. Returns how many messages were delivered.
+
+    At least once: a message is applied (``apply(messages, target)``: outbox_apply.lua, which
+    applies each once however often it comes) before it is removed from its outbox, by value
+    (LREM), so a delivery killed between the two, or two deliveries at once, send it again and
+    change nothing twice; a failed apply raises and leaves its outbox as it was."""
+    todo = list(dict.fromkeys(shards))
+    delivered = 0
+    while todo and visits > 0:
+        visits -= 1
+        shard = todo.pop(0)
+        key = prefixes[shard] + "outbox"
+        raw = client.lrange(key, 0, limit - 1)
+        if not raw:
+            continue
+        by_target: dict[int, list[Any]] = {}
+        for message in raw:
+            by_target.setdefault(int(json.loads(message)["to"]), []).append(message)
+        for target, messages in sorted(by_target.items()):
+            apply(messages, target)
+        pipe = client.pipeline(transaction=False)
+        for message in raw:
+            pipe.lrem(key, 1, message)
+        pipe.execute()
+        delivered += len(raw)
+        for shard_next in [*sorted(by_target), *([shard] if len(raw) >= limit else [])]:
+            if shard_next not in todo:
+                todo.append(shard_next)
+    return delivered
