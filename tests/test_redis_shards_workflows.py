@@ -421,3 +421,40 @@ def test_a_delivery_killed_at_each_step_loses_nothing_and_applies_nothing_twice(
     claims = storage.claim("w1", [S1], 10, LEASE)
     assert sorted(c.task_id for c in claims) == ["after", "cb"]
     storage.release(claims)
+
+
+def test_purging_members_of_other_shards_empties_their_batchs_index(executor, storage, clock):
+    executor.submit_batch([step("p1", S1), step("p2", S2), step("p0", S0)], batch_id="gone")
+    for queue, task_id in ((S1, "p1"), (S2, "p2"), (S0, "p0")):
+        complete(storage, queue, task_id)
+    clock.advance(3600)
+    assert storage.purge_finished(clock.now(), 100) == 3
+    assert not [k for k in keys_of_batch(storage, "gone") if ":bm:" in k]
+    assert storage.purge_batches(clock.now(), 100) == 1
+    assert keys_of_batch(storage, "gone") == set()
+
+
+def keys_of_batch(storage: RedisStorage, batch_id: str) -> set[str]:
+    return {
+        key
+        for shard in range(SHARDS)
+        for key in storage.client.scan_iter(match=_pattern(storage, shard), count=1000)
+        if key.endswith(":" + batch_id) or f":{batch_id}:" in key
+    }
+
+
+def test_a_switch_of_shards_waits_for_undelivered_messages(executor, storage):
+    from django_reliable_executor.storage.redis.resharding import check_reshard
+
+    executor.submit_batch([step("u", S2)], batch_id="u")
+    started = claim(storage, S2, "u")
+    now = str(int(storage.clock.now().timestamp() * 1e6))
+    storage._scripts.run(  # the ending alone: its writer died before delivering
+        "complete", storage._routes[2], (storage.prefixes[2], now, "n1", "u", started.token, "1")
+    )
+    check = check_reshard(storage, 2)
+    assert (check.unfinished, check.undelivered, check.ready) == (0, 1, False)
+    assert "1 messages between shards not delivered yet" in check.problems()[0]
+    assert storage.deliver_messages(500) == 1
+    assert check_reshard(storage, 2).undelivered == 0
+    assert executor.get_batch("u").completed == 1

@@ -9,6 +9,8 @@
 -- - member {b, id, c, g}: batch member id (created c) is now in group g (move_member); the
 --   number m of its last applied message, per member, is kept in P bx:<b> (a member's
 --   messages come from one shard, numbered in order), so an older or repeated one is skipped.
+-- - purged {b, id, g}: member id (in group g) of batch b was purged: it leaves the member
+--   index (its P bx:<b> entry stays, so that no older message counts it again).
 -- - fire {b, v}: store batch b's callback from its store_task values v, unless its id exists.
 -- ARGV[3..] the messages (JSON). Returns how many changed something.
 --
@@ -43,6 +45,8 @@ for i = 3, #ARGV do
       move_member(msg.b, msg.id, msg.c, msg.g, false)
       changed = changed + 1
     end
+  elseif msg.k == 'purged' then
+    changed = changed + redis.call('ZREM', members_key(msg.b, msg.g), msg.id)
   elseif msg.k == 'fire' then
     if redis.call('EXISTS', tkey(msg.v[1])) == 0 then
       store_callback(msg.v, msg.b)
