@@ -458,3 +458,18 @@ def test_a_switch_of_shards_waits_for_undelivered_messages(executor, storage):
     assert storage.deliver_messages(500) == 1
     assert check_reshard(storage, 2).undelivered == 0
     assert executor.get_batch("u").completed == 1
+
+
+def test_a_member_cancelled_at_its_submit_counts_in_its_batch_of_another_shard(executor, storage):
+    executor.submit("demo.echo", {}, task_id="gone-wrong", queue=S0)
+    fail(storage, S0, "gone-wrong")
+    info = executor.submit_batch(
+        [step("doomed", S2, depends_on=["gone-wrong"]), step("fine", S1)],
+        batch_id="c",
+        on_complete=step("cb", S1),
+    )
+    assert (info.total, info.cancelled) == (2, 1)
+    assert outbox_lengths(storage) == [0, 0, 0]
+    complete(storage, S1, "fine")
+    batch = executor.get_batch("c")
+    assert (batch.completed, batch.cancelled, batch.finished_at is not None) == (1, 1, True)

@@ -12,13 +12,14 @@
 -- - purged {b, id, g}: member id (in group g) of batch b was purged: it leaves the member
 --   index (its P bx:<b> entry stays, so that no older message counts it again).
 -- - fire {b, v}: store batch b's callback from its store_task values v, unless its id exists.
--- ARGV[3..] the messages (JSON). Returns how many changed something.
+-- ARGV[3..] the messages (JSON). Returns how many messages this shard's own outbox holds
+-- now (applying may send on: a cancel cascading, a batch finishing), so the deliverer reads
+-- it next only then.
 --
 -- P xdone:<id>: HASH dependency id -> "<m> <status>", expiring after XDONE_TTL seconds.
 -- P bx:<batch>: HASH member id -> the number of its last applied message; deleted with the
 -- batch (batch_purge.lua).
 local XDONE_TTL = 86400
-local changed = 0
 for i = 3, #ARGV do
   local msg = cjson.decode(ARGV[i])
   local m = tonumber(msg.m)
@@ -27,15 +28,13 @@ for i = 3, #ARGV do
       if settle_dependent(msg.id, msg.d, msg.s) then
         settle_dependents(msg.id, 'CANCELLED')
       end
-      changed = changed + 1
     else
       local xkey = P .. 'xdone:' .. msg.id
       local seen = redis.call('HGET', xkey, msg.d)
       if not seen or tonumber(string.match(seen, '^(%d+)')) < m then
         redis.call('HSET', xkey, msg.d, msg.m .. ' ' .. msg.s)
         redis.call('EXPIRE', xkey, XDONE_TTL)
-        changed = changed + 1
-      end
+        end
     end
   elseif msg.k == 'member' then
     local applied = P .. 'bx:' .. msg.b
@@ -43,15 +42,13 @@ for i = 3, #ARGV do
     if (not last or tonumber(last) < m) and redis.call('EXISTS', batch_key(msg.b)) == 1 then
       redis.call('HSET', applied, msg.id, msg.m)
       move_member(msg.b, msg.id, msg.c, msg.g, false)
-      changed = changed + 1
     end
   elseif msg.k == 'purged' then
-    changed = changed + redis.call('ZREM', members_key(msg.b, msg.g), msg.id)
+    redis.call('ZREM', members_key(msg.b, msg.g), msg.id)
   elseif msg.k == 'fire' then
     if redis.call('EXISTS', tkey(msg.v[1])) == 0 then
       store_callback(msg.v, msg.b)
-      changed = changed + 1
     end
   end
 end
-return changed
+return redis.call('LLEN', P .. 'outbox')

@@ -34,7 +34,7 @@ LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
 # dependents or a batch elsewhere, a retried member, a batch finishing): each is followed by a
 # delivery of that outbox, so a cross-shard edge takes effect at once, not a master round later.
 SENDING = frozenset(
-    {"submit", "complete", "fail", "expire_claim", "expire", "recover", "cancel", "retry"}
+    {"complete", "fail", "expire_claim", "expire", "recover", "cancel", "retry"}
     | {"batch_seal", "batch_join", "purge"}
 )
 
@@ -131,11 +131,13 @@ class RedisAccess(TaskStorage):
                 "could not deliver shard %d's messages now; the master will", shard, exc_info=True
             )
 
-    def _apply(self, messages: list[Any], shard: int) -> object:
-        return self._scripts.run(
-            "outbox_apply",
-            self._routes[shard],
-            (self.prefixes[shard], micros(self.clock.now()), *messages),
+    def _apply(self, messages: list[Any], shard: int) -> int:
+        return int(
+            self._scripts.run(
+                "outbox_apply",
+                self._routes[shard],
+                (self.prefixes[shard], micros(self.clock.now()), *messages),
+            )
         )
 
     @guarded

@@ -14,7 +14,7 @@ DELIVERY_CHUNK = 100
 def deliver(
     client: Any,
     prefixes: Sequence[str],
-    apply: Callable[[list[Any], int], object],
+    apply: Callable[[list[Any], int], int],
     shards: Iterable[int],
     limit: int,
     visits: int,
@@ -24,7 +24,8 @@ def deliver(
     ``visits`` outbox reads in all. Returns how many messages were delivered.
 
     At least once: a message is applied (``apply(messages, target)``: outbox_apply.lua, which
-    applies each once however often it comes) before it is removed from its outbox, by value
+    applies each once however often it comes, and answers how many messages the target's own
+    outbox holds then) before it is removed from its outbox, by value
     (LREM), so a delivery killed between the two, or two deliveries at once, send it again and
     change nothing twice; a failed apply raises and leaves its outbox as it was."""
     todo = list(dict.fromkeys(shards))
@@ -39,14 +40,16 @@ def deliver(
         by_target: dict[int, list[Any]] = {}
         for message in raw:
             by_target.setdefault(int(json.loads(message)["to"]), []).append(message)
+        sending = []
         for target, messages in sorted(by_target.items()):
-            apply(messages, target)
+            if apply(messages, target):
+                sending.append(target)
         pipe = client.pipeline(transaction=False)
         for message in raw:
             pipe.lrem(key, 1, message)
         pipe.execute()
         delivered += len(raw)
-        for shard_next in [*sorted(by_target), *([shard] if len(raw) >= limit else [])]:
+        for shard_next in [*sending, *([shard] if len(raw) >= limit else [])]:
             if shard_next not in todo:
                 todo.append(shard_next)
     return delivered

@@ -117,6 +117,9 @@ class Submitting(RedisAccess):
             remote = self._link_remote(chunk, shard) if self.sharded and dependents else {}
             args = [value for task in chunk for value in _args(task, remote.get(task.task_id))]
             replies = self._run("submit", *args, shard=shard)
+            if self.sharded and any(t.depends_on and t.batch_id for t in chunk):
+                # A member cancelled at once (a dependency failed) told its batch's shard.
+                self._deliver_now(shard)
             if (
                 replies
                 and not isinstance(replies[0], (int, list))
