@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor import InvalidDependencyError, TaskStatus, TaskSubmitRequest
 from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.dependencies import WAITING_RUN_AT
 from django_reliable_executor.records import Claim
@@ -473,3 +473,15 @@ def test_a_member_cancelled_at_its_submit_counts_in_its_batch_of_another_shard(e
     complete(storage, S1, "fine")
     batch = executor.get_batch("c")
     assert (batch.completed, batch.cancelled, batch.finished_at is not None) == (1, 1, True)
+
+
+def test_a_missing_dependency_in_a_call_over_shards_stores_nothing(executor, storage):
+    with pytest.raises(InvalidDependencyError, match="do not exist: 'nowhere'"):
+        executor.submit_many(
+            [
+                step("one", S2),
+                step("two", S0, depends_on=["one"]),
+                step("x", S1, depends_on=["nowhere"]),
+            ]
+        )
+    assert storage.get_many(["one", "two", "x"]) == {}

@@ -34,16 +34,33 @@ class Submitting(RedisAccess):
         # of another shard, and is stored first.
         if not self.sharded or not any(task.depends_on for task in tasks):
             return self._each_shard(tasks, QUEUE, self._enqueue_on)
-        results: list[tuple[TaskInfo, bool]] = []
+        runs: list[tuple[int, int, int]] = []  # (start, end, shard)
         start = 0
         while start < len(tasks):
             shard = self.layout.shard_of(tasks[start].queue)
             end = start + 1
             while end < len(tasks) and self.layout.shard_of(tasks[end].queue) == shard:
                 end += 1
-            results += self._enqueue_on(tasks[start:end], shard)
+            runs.append((start, end, shard))
             start = end
+        if len(runs) > 1:
+            self._check_dependencies(tasks)  # each run is a call: refuse before the first
+        results: list[tuple[TaskInfo, bool]] = []
+        for start, end, shard in runs:
+            results += self._enqueue_on(tasks[start:end], shard)
         return results
+
+    def _check_dependencies(self, tasks: Sequence[NewTask]) -> None:
+        """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
+        is stored or a task before it in ``tasks``."""
+        earlier: set[str] = set()
+        wanted = {d for task in tasks for d in task.depends_on}
+        stored = set(self.get_many(sorted(wanted))) if wanted else set()
+        for task in tasks:
+            missing = [d for d in task.depends_on if d not in stored and d not in earlier]
+            if missing and task.task_id not in stored:
+                raise missing_error(task.task_id, missing)
+            earlier.add(task.task_id)
 
     def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
         if not self.sharded:
