@@ -35,7 +35,7 @@ LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
 # delivery of that outbox, so a cross-shard edge takes effect at once, not a master round later.
 SENDING = frozenset(
     {"complete", "fail", "expire_claim", "expire", "recover", "cancel", "retry"}
-    | {"batch_seal", "batch_join", "purge"}
+    | {"batch_seal", "purge"}
 )
 
 
