@@ -485,3 +485,20 @@ def test_a_missing_dependency_in_a_call_over_shards_stores_nothing(executor, sto
             ]
         )
     assert storage.get_many(["one", "two", "x"]) == {}
+
+
+def test_a_message_that_cannot_be_applied_holds_up_only_its_target(executor, storage):
+    executor.submit("demo.echo", {}, task_id="a", queue=S2)
+    executor.submit("demo.echo", {}, task_id="b", queue=S1, depends_on=["a"])
+    started = claim(storage, S2, "a")
+    poison = json.dumps({"to": 7, "f": 2, "m": "0", "k": "dep", "id": "x", "d": "y", "s": "OK"})
+    storage.client.rpush(storage.prefixes[2] + "outbox", poison)
+    now = str(int(storage.clock.now().timestamp() * 1e6))
+    storage._scripts.run(  # the ending alone, its message behind the one for no shard
+        "complete", storage._routes[2], (storage.prefixes[2], now, "n1", "a", started.token, "1")
+    )
+    with pytest.raises(IndexError):
+        storage.deliver_messages(500)
+    assert due(executor, "b")  # its own target's messages went on
+    assert storage.client.lrange(storage.prefixes[2] + "outbox", 0, -1) == [poison]
+    storage.client.delete(storage.prefixes[2] + "outbox")

@@ -27,9 +27,11 @@ def deliver(
     applies each once however often it comes, and answers how many messages the target's own
     outbox holds then) before it is removed from its outbox, by value
     (LREM), so a delivery killed between the two, or two deliveries at once, send it again and
-    change nothing twice; a failed apply raises and leaves its outbox as it was."""
+    change nothing twice. A target whose apply fails keeps its messages (the others are
+    delivered, each target's in order), and the failure is raised."""
     todo = list(dict.fromkeys(shards))
     delivered = 0
+    failure: Exception | None = None
     while todo and visits > 0:
         visits -= 1
         shard = todo.pop(0)
@@ -40,16 +42,24 @@ def deliver(
         by_target: dict[int, list[Any]] = {}
         for message in raw:
             by_target.setdefault(int(json.loads(message)["to"]), []).append(message)
-        sending = []
+        sending, applied = [], []
         for target, messages in sorted(by_target.items()):
-            if apply(messages, target):
-                sending.append(target)
-        pipe = client.pipeline(transaction=False)
-        for message in raw:
-            pipe.lrem(key, 1, message)
-        pipe.execute()
-        delivered += len(raw)
+            try:
+                if apply(messages, target):
+                    sending.append(target)
+            except Exception as exc:  # kept for the next delivery; the other targets go on
+                failure = failure or exc
+                continue
+            applied += messages
+        if applied:
+            pipe = client.pipeline(transaction=False)
+            for message in applied:
+                pipe.lrem(key, 1, message)
+            pipe.execute()
+        delivered += len(applied)
         for shard_next in [*sending, *([shard] if len(raw) >= limit else [])]:
             if shard_next not in todo:
                 todo.append(shard_next)
+    if failure is not None:
+        raise failure
     return delivered
