@@ -255,7 +255,7 @@ def test_what_is_not_built_across_shards_is_refused_by_name(executor: ReliableEx
     first = executor.submit("demo.echo", {}, queue="orphan")  # shard 0
     same = executor.submit("demo.echo", {}, queue="emails", depends_on=[first.task_id])
     assert same.status is TaskStatus.CREATED
-    # Across shards (tests/test_redis_shards_workflows.py): stored, waiting.
+    # Across shards (tests/redis_shards/): stored, waiting.
     other = executor.submit("demo.echo", {}, queue="search", depends_on=[first.task_id])
     assert other.waiting_for == (first.task_id,)
     with pytest.raises(InvalidDependencyError, match="do not exist"):
