@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 from ...dependencies import WAITING_RUN_AT, missing_error
 from ...exceptions import TaskSubmitError
@@ -131,17 +132,18 @@ class Submitting(RedisAccess):
         size = len(tasks) if dependents else SUBMIT_CHUNK
         for start in range(0, len(tasks), size):
             chunk = tasks[start : start + size]
-            remote = self._link_remote(chunk, shard) if self.sharded and dependents else {}
-            args = [value for task in chunk for value in _args(task, remote.get(task.task_id))]
+            args = [value for task in chunk for value in _args(task)]
             replies = self._run("submit", *args, shard=shard)
+            if _missing_reply(replies) and self.sharded:
+                # A dependency not on this shard (submit.lua wrote nothing): registered on its
+                # own shard, then the chunk again with it as one of another shard.
+                remote = self._link_remote(chunk, shard)
+                args = [value for task in chunk for value in _args(task, remote.get(task.task_id))]
+                replies = self._run("submit", *args, shard=shard)
             if self.sharded and any(t.depends_on and t.batch_id for t in chunk):
                 # A member cancelled at once (a dependency failed) told its batch's shard.
                 self._deliver_now(shard)
-            if (
-                replies
-                and not isinstance(replies[0], (int, list))
-                and text(replies[0]) == "missing"
-            ):
+            if _missing_reply(replies):
                 raise self._missing(text(replies[1]), text(replies[2]), shard)
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
@@ -175,15 +177,19 @@ class Submitting(RedisAccess):
         ids = sorted({d for deps in wanted.values() for d in deps})
         if not ids:
             return {}
-        here = self.client.pipeline(transaction=False)
+        # Each dependency on every shard, in one round trip (this shard's answer first).
+        order = [shard, *(s for s in range(len(self.prefixes)) if s != shard)]
+        pipe = self.client.pipeline(transaction=False)
         for dependency in ids:
-            here.exists(self._tkey(dependency, shard))
-        homes = {d: shard for d, found in zip(ids, here.execute(), strict=True) if found}
-        for dependency in ids:
-            if dependency not in homes:
-                located, values = self._locate(dependency)
-                if values:
-                    homes[dependency] = located
+            for one in order:
+                pipe.exists(self._tkey(dependency, one))
+        found = pipe.execute()
+        homes: dict[str, int] = {}
+        for index, dependency in enumerate(ids):
+            where = found[index * len(order) : (index + 1) * len(order)]
+            home = next((one for one, there in zip(order, where, strict=True) if there), None)
+            if home is not None:
+                homes[dependency] = home
         remote: dict[str, dict[str, str]] = {}
         for task_id, deps in wanted.items():
             missing = [d for d in deps if d not in homes]
@@ -250,6 +256,13 @@ class Submitting(RedisAccess):
             return None
         holder = self.get(task_id)
         return holder if holder is not None and holder.status in LIVE_STATUSES else None
+
+
+def _missing_reply(replies: list[Any]) -> bool:
+    """Whether submit.lua answered that a dependency is missing (and stored nothing)."""
+    return (
+        bool(replies) and not isinstance(replies[0], (int, list)) and text(replies[0]) == "missing"
+    )
 
 
 def _args(task: NewTask, remote: dict[str, str] | None = None) -> list[str]:
