@@ -347,7 +347,9 @@ end
 -- its number here, k = kind, ...}. storage/redis/outbox.py delivers it (outbox_apply.lua on
 -- the target, which applies each message once) and only then removes it from the outbox.
 -- P outbox: LIST of messages; P outbox:seq: STRING, the last message number.
+local SENT = false -- whether this call sent a message (complete.lua says so in its reply)
 local function send(to, message)
+  SENT = true
   message.to = to
   message.f = SHARD
   message.m = tostring(redis.call('INCR', P .. 'outbox:seq'))
