@@ -33,9 +33,10 @@ LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
 # Sharded: the scripts that may write messages to their shard's outbox (an ending with
 # dependents or a batch elsewhere, a retried member, a batch finishing): each is followed by a
 # delivery of that outbox, so a cross-shard edge takes effect at once, not a master round later.
-# (complete.lua says in its reply whether it sent one: transitions.py delivers only then.)
+# (complete.lua and fail.lua say in their reply whether they sent one: transitions.py
+# delivers only then.)
 SENDING = frozenset(
-    {"fail", "expire_claim", "expire", "recover", "cancel", "retry"} | {"batch_seal", "purge"}
+    {"expire_claim", "expire", "recover", "cancel", "retry"} | {"batch_seal", "purge"}
 )
 
 

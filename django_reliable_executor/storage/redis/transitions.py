@@ -136,6 +136,8 @@ class Transitions(RedisAccess):
         )
         if reply is None:
             return None
+        if len(reply) > 2:  # sharded: the ending told another shard (a dependent, a batch)
+            self._deliver_now(self.layout.shard_of(claim.task.queue))
         final = TaskStatus(text(reply[0]))
         pending = final is TaskStatus.PENDING
         task = dataclasses.replace(
