@@ -16,7 +16,20 @@ from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.conftest import REDIS_URL
 
-from .conftest import LEASE, S1, S2, SHARDS, claim, due, outbox_lengths, status, step
+from .conftest import (
+    LEASE,
+    S0,
+    S1,
+    S2,
+    SHARDS,
+    claim,
+    complete,
+    due,
+    fail,
+    outbox_lengths,
+    status,
+    step,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -143,3 +156,27 @@ def test_a_message_that_cannot_be_applied_holds_up_only_its_target(executor, sto
     assert due(executor, "b")  # its own target's messages went on
     assert storage.client.lrange(storage.prefixes[2] + "outbox", 0, -1) == [poison]
     storage.client.delete(storage.prefixes[2] + "outbox")
+
+
+def test_only_an_ending_that_sent_a_message_is_followed_by_a_delivery(
+    executor, storage, monkeypatch
+):
+    deliveries: list[int] = []
+    deliver = storage._deliver_now
+
+    def recording(shard: int) -> None:
+        deliveries.append(shard)
+        deliver(shard)
+
+    monkeypatch.setattr(storage, "_deliver_now", recording)
+    executor.submit("demo.echo", {}, task_id="alone", queue=S2)
+    executor.submit("demo.echo", {}, task_id="near", queue=S2, depends_on=["alone"])
+    executor.submit("demo.echo", {}, task_id="far", queue=S1)
+    executor.submit("demo.echo", {}, task_id="after", queue=S0, depends_on=["far"])
+    assert deliveries == []
+    complete(storage, S2, "alone")  # its dependent on its own shard: no message
+    assert deliveries == [] and due(executor, "near")
+    fail(storage, S1, "far")
+    assert deliveries == [1] and status(executor, "after") is TaskStatus.CANCELLED
+    complete(storage, S2, "near")
+    assert deliveries == [1]
