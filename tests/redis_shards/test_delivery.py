@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from django_reliable_executor import TaskStatus
+from django_reliable_executor.chores import MasterChores
 from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.conftest import REDIS_URL
@@ -141,7 +142,7 @@ def test_a_switch_of_shards_waits_for_undelivered_messages(executor, storage):
     assert executor.get_batch("u").completed == 1
 
 
-def test_a_message_that_cannot_be_applied_holds_up_only_its_target(executor, storage):
+def test_a_message_that_cannot_be_applied_holds_up_only_its_target(executor, storage, clock):
     executor.submit("demo.echo", {}, task_id="a", queue=S2)
     executor.submit("demo.echo", {}, task_id="b", queue=S1, depends_on=["a"])
     started = claim(storage, S2, "a")
@@ -155,6 +156,12 @@ def test_a_message_that_cannot_be_applied_holds_up_only_its_target(executor, sto
         storage.deliver_messages(500)
     assert due(executor, "b")  # its own target's messages went on
     assert storage.client.lrange(storage.prefixes[2] + "outbox", 0, -1) == [poison]
+    # The master's round logs it and goes on with its other chores (a lease recovered).
+    executor.submit("demo.echo", {}, task_id="lost", queue=S0)
+    claim(storage, S0, "lost")
+    clock.advance(LEASE + 1)
+    MasterChores(executor, retention_seconds=3600).run_once()
+    assert status(executor, "lost") is TaskStatus.PENDING
     storage.client.delete(storage.prefixes[2] + "outbox")
 
 
