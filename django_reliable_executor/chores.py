@@ -78,6 +78,13 @@ class MasterChores:
         storage = self.executor.storage
         busy = self.firing.run_once()
         busy = storage.promote_due(BATCH) >= BATCH or busy
+        # Messages between a sharded Redis's shards that the writer could not deliver itself
+        # (it died, or the target was unreachable): at least once, applied once. One that
+        # cannot be applied stays in its outbox and holds up none of the other chores.
+        try:
+            busy = storage.deliver_messages(BATCH) >= BATCH or busy
+        except Exception:
+            logger.exception("delivering messages between shards failed; they stay queued")
         self.storage_reached()  # may settle: then recovery waits, from this round on
         recovered = storage.recover_expired(BATCH) if time.monotonic() >= self._recover_from else []
         for transition in recovered:

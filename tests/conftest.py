@@ -129,23 +129,23 @@ def new_storage(
     clock: Clock | None = None,
     backoff_cap_millis: int | None = None,
     redis_url: str = REDIS_URL,
+    shards: int = REDIS_SHARDS,
 ) -> TaskStorage:
     """The one storage builder of the tests: over a database alias, or over Redis ("redis")
-    under ``key_prefix``. Without ``backoff_cap_millis`` each storage keeps its own default (the
-    database one reads the settings). Close a Redis storage when done."""
+    under ``key_prefix`` (``shards``: its REDIS_SHARDS). Without ``backoff_cap_millis`` each
+    storage keeps its own default (the database one reads the settings). Close a Redis storage
+    when done."""
     if alias == "redis":
         from django_reliable_executor.storage.redis import RedisStorage
 
         if backoff_cap_millis is None:
-            return RedisStorage(
-                redis_client(redis_url), key_prefix, clock=clock, shards=REDIS_SHARDS
-            )
+            return RedisStorage(redis_client(redis_url), key_prefix, clock=clock, shards=shards)
         return RedisStorage(
             redis_client(redis_url),
             key_prefix,
             clock=clock,
             backoff_cap_millis=backoff_cap_millis,
-            shards=REDIS_SHARDS,
+            shards=shards,
         )
     return DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=backoff_cap_millis)
 

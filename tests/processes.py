@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 
-from .conftest import REDIS_URL, new_storage
+from .conftest import REDIS_SHARDS, REDIS_URL, new_storage
 
 T = TypeVar("T")
 
@@ -46,6 +46,7 @@ _OVERRIDDEN = (
     "RE_STORAGE",
     "RE_REDIS_URL",
     "RE_REDIS_CLUSTER",
+    "RE_REDIS_SHARDS",
     "RE_KEY_PREFIX",
     "RE_OTEL_SPANS",
     "RE_LOG_JSON",
@@ -69,6 +70,7 @@ class Backend:
     key_prefix: str  # the key_prefix fixture's; only Redis uses it
     redis_url: str = REDIS_URL  # another server's (a throw-away one the test restarts)
     redis_cluster: bool = False  # redis_url is one node of a Redis Cluster (REDIS_CLUSTER)
+    shards: int = REDIS_SHARDS  # REDIS_SHARDS of the Redis storage
 
     @property
     def db_alias(self) -> str:
@@ -88,7 +90,7 @@ class Backend:
                 KEY_PREFIX=self.key_prefix,
             )
             return build_storage(settings)
-        return new_storage(self.name, self.key_prefix, redis_url=self.redis_url)
+        return new_storage(self.name, self.key_prefix, redis_url=self.redis_url, shards=self.shards)
 
     def environment(self) -> dict[str, str]:
         """The RE_* variables that point a subprocess's settings at this backend, and at
@@ -106,6 +108,8 @@ class Backend:
             )
             if self.redis_cluster:
                 env["RE_REDIS_CLUSTER"] = "1"
+            if self.shards > 1:
+                env["RE_REDIS_SHARDS"] = str(self.shards)
         return env
 
 

@@ -32,13 +32,15 @@ KNOWN_KEYS = {
     ("workers:seen", "zset"),
     ("held", "hash"),
     ("parked", "set"),
+    ("outbox:seq", "string"),
 }
 
 
 # -- reading Redis as it is -----------------------------------------------------------------
-def snapshot(storage: RedisStorage) -> Snapshot:
-    """Every key of the storage's prefix, named without the prefix, as (type, contents)."""
-    client, p = storage.client, storage.p
+def snapshot(storage: RedisStorage, shard: int = 0) -> Snapshot:
+    """Every key of the storage's prefix (of ``shard``), named without the prefix, as (type,
+    contents)."""
+    client, p = storage.client, storage.prefixes[shard]
     # The server is shared and may hold many other keys: few, long SCAN steps.
     keys = sorted(client.scan_iter(match=p + "*", count=10_000))
     pipe = client.pipeline(transaction=False)
@@ -81,8 +83,24 @@ def unchanged(storage: RedisStorage) -> Iterator[None]:
 def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[str]:
     """Everything wrong with the prefix's indexes, one line each (the storage module docstring
     states the invariants): every task is in exactly the one index its status allows, index
-    scores match the hash fields, and the counts hash equals the statuses actually stored."""
-    snap = snapshot(storage) if snap is None else snap
+    scores match the hash fields, and the counts hash equals the statuses actually stored.
+    Sharded (and no ``snap`` given): each shard's, and the batches (on shard 0) against the
+    members of every shard; no message is left undelivered in any outbox."""
+    if snap is not None or not storage.sharded:
+        snap = snapshot(storage) if snap is None else snap
+        problems, tasks = _shard_problems(snap)
+        return problems + batch_problems(snap, tasks)
+    problems, tasks = [], {}
+    snaps = [snapshot(storage, shard) for shard in range(len(storage.prefixes))]
+    for shard, snap in enumerate(snaps):
+        found, shard_tasks = _shard_problems(snap)
+        problems += [f"shard {shard}: {problem}" for problem in found]
+        tasks.update(shard_tasks)
+    return problems + batch_problems(snaps[0], tasks)
+
+
+def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """index_problems of one shard's keys, but for the batches; and its tasks."""
     problems: list[str] = []
     tasks: dict[str, dict[str, str]] = {}
     places: dict[str, list[str]] = defaultdict(list)  # task id -> indexes holding it
@@ -134,6 +152,12 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
             pass  # REDIS_SHARDS > 1: the task-id directory (id_reserve.lua), no index
         elif family == "deps" and kind == "set":
             pass  # dependencies: the dependents of task <id> (settled by its ending script)
+        elif family == "xdone" and kind == "hash":
+            pass  # REDIS_SHARDS > 1: outcomes delivered before their dependent was stored
+        elif key == "outbox" and kind == "list":
+            problems.append(f"outbox holds {len(value)} undelivered messages: {value[:3]}")
+        elif (family, kind) == ("bx", "hash"):
+            pass  # REDIS_SHARDS > 1: a batch's last applied message per member
         elif (family, kind) in (("b", "hash"), ("bm", "zset")) or (key, kind) in BATCH_INDEXES:
             pass  # batches: checked by batch_problems
         elif family == "wake" and kind == "list":
@@ -249,8 +273,7 @@ def index_problems(storage: RedisStorage, snap: Snapshot | None = None) -> list[
         for queue in [_queue_of(key)]
         if queue is not None and queue not in queues
     ]
-    problems += batch_problems(snap, tasks)
-    return problems
+    return problems, tasks
 
 
 BATCH_COUNTERS = {"COMPLETED": "ok", "CANCELLED": "cx", "FAILED": "ko", "TIMEOUT": "ko"}

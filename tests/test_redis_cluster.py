@@ -446,3 +446,45 @@ def test_schedules_live_fire_and_move_on_their_queues_masters(
     [c0] = [t for t in again if t.task_id.startswith("c0@")]
     assert (c0.queue, c0.run_at) == (by_shard[2], moved.next_run_at)
     assert directory_of(c0.task_id, 3) == 2
+
+
+def test_a_chain_and_a_batch_across_the_masters_of_three_shards(make_executor, prefixes):
+    """REDIS_SHARDS = 3 on 3 masters: a chain whose steps alternate between the shards, and a
+    batch whose members are on all three with callbacks on two others, run by one worker: the
+    messages between the masters (each shard's outbox) release each step after the one before
+    and call the batch back once."""
+    prefix = f"xsharded-{uuid.uuid4().hex[:10]}"
+    prefixes.append(prefix)
+    executor = make_executor(prefix, node=0, shards=3)
+    storage = executor.storage
+    assert isinstance(storage, RedisStorage)
+    queues = ("orphan", "default", "prio")  # shards 0, 1, 2
+    steps = [
+        TaskSubmitRequest("demo.echo", {"i": i}, task_id=f"step{i}", queue=queues[i % 3])
+        for i in range(7)
+    ]
+    executor.chain(steps)
+    members = [
+        TaskSubmitRequest("demo.echo", {"m": i}, task_id=f"m{i}", queue=queues[i % 3])
+        for i in range(30)
+    ]
+    executor.submit_batch(
+        members,
+        batch_id="across",
+        on_complete=TaskSubmitRequest("demo.echo", {}, task_id="cb-done", queue="prio"),
+        on_success=TaskSubmitRequest("demo.echo", {}, task_id="cb-ok", queue="default"),
+    )
+    with running(executor, "xsharded-worker", queues):
+        wait_for(lambda: live_count(executor) == 0, 60, "the chain, the batch and its callbacks")
+    tasks = storage.get_many([s.task_id for s in steps])
+    finished = sorted((tasks[s.task_id].finished_at, s.task_id) for s in steps)
+    assert [task_id for _, task_id in finished] == [s.task_id for s in steps]  # in chain order
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert tasks[after.task_id].started_at >= tasks[before.task_id].finished_at
+    batch = executor.get_batch("across")
+    assert (batch.total, batch.completed, batch.finished_at is not None) == (30, 30, True)
+    callbacks = storage.get_many(["cb-done", "cb-ok"])
+    assert {t.status for t in callbacks.values()} == {TaskStatus.COMPLETED}
+    counts = executor.count_by_status()
+    assert counts[TaskStatus.COMPLETED] == 7 + 30 + 2 == sum(counts.values())
+    assert storage.deliver_messages(500) == 0

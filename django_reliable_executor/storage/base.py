@@ -237,6 +237,13 @@ class TaskStorage(ScheduleStorage):
         """Make due scheduled tasks claimable. A no-op where due tasks are claimable as is."""
         return 0
 
+    def deliver_messages(self, limit: int) -> int:
+        """Deliver up to ``limit`` messages a storage keeps between the parts of its state that
+        no single write spans (the shards of a sharded Redis: a dependency or batch member
+        ending on one shard, whose dependent or batch is on another), each applied once however
+        often delivered. Returns how many were delivered. A no-op where one write spans it all."""
+        return 0
+
     @abc.abstractmethod
     def recover_expired(self, limit: int) -> list[Transition]:
         """Claims whose lease expired: unstarted ones go back to the queue (no attempt);

@@ -1,5 +1,8 @@
 
--- Batches (batches.py holds the rule), prepended after _common.lua. A batch is a hash
+-- Batches (batches.py holds the rule), prepended after _common.lua. A batch lives on shard
+-- BATCH_HOME (0; the only one unless sharded); sharded, a member of another shard is counted
+-- there by batch_join.lua and messages (see `send`): its ending and retry by hand send one,
+-- and a callback of another shard's queue is sent to it to be stored. A batch is a hash
 -- P b:<id>: n members stored (total), ok completed, ko failed (FAILED/TIMEOUT/ERROR), cx
 -- cancelled, sl "1" once sealed, c created, f finished, cb the callbacks as JSON (for reading),
 -- oc/os the on_complete/on_success task as a JSON array of store_task's TASK_ARGS values.
@@ -24,16 +27,28 @@ local function members_key(batch_id, group)
   return P .. 'bm:' .. batch_id .. ':' .. group
 end
 
--- Store a batch's callback (`field` oc/os) now: its delay and deadline count from now.
+-- Store a batch's callback from its store_task values (made by fire_callback), unless its id
+-- is taken (never store twice): here, or on the callback's shard by a message.
+local function store_callback(values, batch_id)
+  if redis.call('EXISTS', tkey(values[1])) == 1 then
+    return
+  end
+  local woken = {}
+  store_task(1, {}, woken, nil, values)
+  redis.call('HSET', tkey(values[1]), 'bc', batch_id)
+  for queue in pairs(woken) do
+    wake(queue)
+  end
+end
+
+-- Store a batch's callback (`field` oc/os) now: its delay and deadline count from now. Sharded,
+-- the batch's `<field>h` names the shard of its queue when it is not this one.
 local function fire_callback(bkey, field, batch_id)
   local packed = redis.call('HGET', bkey, field)
   if not packed then
     return
   end
   local values = cjson.decode(packed)
-  if redis.call('EXISTS', tkey(values[1])) == 1 then
-    return -- its id was taken meanwhile: never store twice
-  end
   local created = tonumber(values[10])
   values[11] = string.format('%.0f', NOWN + tonumber(values[11]) - created)
   if values[12] ~= '' then
@@ -41,11 +56,11 @@ local function fire_callback(bkey, field, batch_id)
   end
   values[10] = NOW
   values[15] = '' -- not a member (values[14]: the trace context of submit_batch's caller)
-  local woken = {}
-  store_task(1, {}, woken, nil, values)
-  redis.call('HSET', tkey(values[1]), 'bc', batch_id)
-  for queue in pairs(woken) do
-    wake(queue)
+  local shard = SHARDED and redis.call('HGET', bkey, field .. 'h')
+  if shard then
+    send(tonumber(shard), {k = 'fire', b = batch_id, v = values})
+  else
+    store_callback(values, batch_id)
   end
 end
 
@@ -76,6 +91,11 @@ settle_batch = function(id, key, status)
   if not batch_id then
     return
   end
+  if SHARD ~= BATCH_HOME then
+    send(BATCH_HOME, {k = 'member', b = batch_id, id = id, c = redis.call('HGET', key, 'c'),
+      g = status})
+    return
+  end
   local bkey = batch_key(batch_id)
   if redis.call('EXISTS', bkey) == 0 then
     return -- the batch was purged before its member
@@ -93,6 +113,11 @@ local function reopen_batch_member(id, key, status)
   if not batch_id then
     return
   end
+  if SHARD ~= BATCH_HOME then
+    send(BATCH_HOME, {k = 'member', b = batch_id, id = id, c = redis.call('HGET', key, 'c'),
+      g = 'LIVE'})
+    return
+  end
   local bkey = batch_key(batch_id)
   if redis.call('EXISTS', bkey) == 0 then
     return -- the batch was purged before its member
@@ -102,5 +127,42 @@ local function reopen_batch_member(id, key, status)
   local counter = BATCH_COUNTERS[status]
   if tonumber(redis.call('HGET', bkey, counter) or 0) > 0 then
     redis.call('HINCRBY', bkey, counter, -1)
+  end
+end
+
+-- On the batch's shard: member `id` (of another shard, created `created`) is now in `group`
+-- (LIVE, or the terminal status it ended with), as batch_join.lua or a message says. A member
+-- not counted yet (its ending came before its join) joins the total; `join` only adds a member
+-- not counted yet. The counters follow the move; the batch finishes when that was the last.
+local function move_member(batch_id, id, created, group, join)
+  local bkey = batch_key(batch_id)
+  if redis.call('EXISTS', bkey) == 0 then
+    return -- the batch was purged before its member
+  end
+  local was = nil
+  for _, g in ipairs(MEMBER_GROUPS) do
+    if redis.call('ZSCORE', members_key(batch_id, g), id) then
+      was = g
+      break
+    end
+  end
+  if join and was then
+    return
+  end
+  if not was then
+    redis.call('HINCRBY', bkey, 'n', 1)
+  elseif was == group then
+    return
+  else
+    redis.call('ZREM', members_key(batch_id, was), id)
+    local counter = BATCH_COUNTERS[was]
+    if counter and tonumber(redis.call('HGET', bkey, counter) or 0) > 0 then
+      redis.call('HINCRBY', bkey, counter, -1)
+    end
+  end
+  redis.call('ZADD', members_key(batch_id, group), created, id)
+  if BATCH_COUNTERS[group] then
+    redis.call('HINCRBY', bkey, BATCH_COUNTERS[group], 1)
+    finish_batch_if_done(bkey, batch_id)
   end
 end

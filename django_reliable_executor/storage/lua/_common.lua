@@ -10,6 +10,9 @@ local NOWN = tonumber(NOW)
 -- A shard of a sharded layout ("{KEY_PREFIX:shard-<i>-of-<N>:<salt>}:", sharding.py): ids may
 -- then live off their directory shard (id_reserve.lua).
 local SHARDED = string.find(P, ':shard%-%d+%-of%-%d+:%d+}:$') ~= nil
+-- This shard's index (0 with one shard), and the shard of every batch (see _batches.lua).
+local SHARD = SHARDED and tonumber(string.match(P, ':shard%-(%d+)%-of%-%d+:%d+}:$')) or 0
+local BATCH_HOME = 0
 local LEASES = P .. 'leases'
 local DEADLINES = P .. 'deadlines'
 local FINISHED = P .. 'finished'
@@ -338,9 +341,26 @@ local function end_task(id, key, queue, from, status)
   settle_batch(id, key, status)
 end
 
+-- Sharded: what a change on this shard tells another shard (a dependency ended, a batch
+-- member ended or was retried, a batch callback to store) goes into this shard's outbox in
+-- the script that made the change, as a JSON message {to = target shard, f = this shard, m =
+-- its number here, k = kind, ...}. storage/redis/outbox.py delivers it (outbox_apply.lua on
+-- the target, which applies each message once) and only then removes it from the outbox.
+-- P outbox: LIST of messages; P outbox:seq: STRING, the last message number.
+local SENT = false -- whether this call sent a message (complete.lua says so in its reply)
+local function send(to, message)
+  SENT = true
+  message.to = to
+  message.f = SHARD
+  message.m = tostring(redis.call('INCR', P .. 'outbox:seq'))
+  redis.call('RPUSH', P .. 'outbox', cjson.encode(message))
+end
+
 -- Dependencies (dependencies.py). A waiting dependent is CREATED, in its queue's schedule at
 -- the far-future WAITING_RUN_AT (so no claim or promote takes it), with `wf` the JSON list of
--- the dependencies it still awaits; `deps:<id>` is the SET of the dependents of task <id>.
+-- the dependencies it still awaits; `deps:<id>` is the SET of the dependents of task <id>:
+-- their ids, and (sharded) "<shard> <id>" for a dependent of another shard (a task id holds
+-- no whitespace), registered there by dep_link.lua and told of the ending by a message.
 
 -- A waiting dependent with nothing left to await becomes due now; its max duration counts
 -- from now.
@@ -368,33 +388,47 @@ end
 -- awaited), cancelled (it failed, unless the dependent said "run"; the cancel cascades to
 -- the dependents' dependents) or left waiting for the rest. A dependent that no longer
 -- awaits it (settled before, cancelled, retried) is left alone: settled exactly once.
+-- Dependent `dep` (of this shard) learns that `cause` ended `ended`: released, cancelled
+-- (returns true: its own dependents are to be settled) or left waiting for the rest; nothing
+-- when it does not await `cause` (any more).
+local function settle_dependent(dep, cause, ended)
+  local key = tkey(dep)
+  local t = redis.call('HMGET', key, 's', 'wf', 'of', 'q', 'p', 'md')
+  if t[1] == 'CREATED' and t[2] then
+    local remaining, awaited = {}, false
+    for _, w in ipairs(cjson.decode(t[2])) do
+      if w == cause then
+        awaited = true
+      else
+        remaining[#remaining + 1] = w
+      end
+    end
+    if awaited then
+      if ended ~= 'COMPLETED' and t[3] ~= 'run' then
+        cancel_dependent(dep, key, t[4], cause, ended)
+        return true
+      elseif #remaining == 0 then
+        release_dependent(dep, key, t[4], t[5], t[6])
+      else
+        redis.call('HSET', key, 'wf', cjson.encode(remaining))
+      end
+    end
+  end
+  return false
+end
+
 local function settle_dependents(id, status)
   local todo, n = {{id, status}}, 1
   while todo[n] do
     local cause, ended = todo[n][1], todo[n][2]
     n = n + 1
     for _, dep in ipairs(redis.call('SMEMBERS', P .. 'deps:' .. cause)) do
-      local key = tkey(dep)
-      local t = redis.call('HMGET', key, 's', 'wf', 'of', 'q', 'p', 'md')
-      if t[1] == 'CREATED' and t[2] then
-        local remaining, awaited = {}, false
-        for _, w in ipairs(cjson.decode(t[2])) do
-          if w == cause then
-            awaited = true
-          else
-            remaining[#remaining + 1] = w
-          end
-        end
-        if awaited then
-          if ended ~= 'COMPLETED' and t[3] ~= 'run' then
-            cancel_dependent(dep, key, t[4], cause, ended)
-            todo[#todo + 1] = {dep, 'CANCELLED'}
-          elseif #remaining == 0 then
-            release_dependent(dep, key, t[4], t[5], t[6])
-          else
-            redis.call('HSET', key, 'wf', cjson.encode(remaining))
-          end
-        end
+      local space = SHARDED and string.find(dep, ' ', 1, true)
+      if space then -- a dependent of another shard: told by a message
+        send(tonumber(string.sub(dep, 1, space - 1)),
+          {k = 'dep', id = string.sub(dep, space + 1), d = cause, s = ended})
+      elseif settle_dependent(dep, cause, ended) then
+        todo[#todo + 1] = {dep, 'CANCELLED'}
       end
     end
   end
@@ -453,8 +487,10 @@ local function store_task(i, promoted, woken, batch, values)
   end
   if A[i + 14] ~= '' then -- a batch member: counted in its batch's total as it is stored
     redis.call('HSET', key, 'bt', A[i + 14])
-    redis.call('HINCRBY', P .. 'b:' .. A[i + 14], 'n', 1)
-    redis.call('ZADD', P .. 'bm:' .. A[i + 14] .. ':LIVE', A[i + 9], id) -- see _batches.lua
+    if SHARD == BATCH_HOME then
+      redis.call('HINCRBY', P .. 'b:' .. A[i + 14], 'n', 1)
+      redis.call('ZADD', P .. 'bm:' .. A[i + 14] .. ':LIVE', A[i + 9], id) -- see _batches.lua
+    end -- else batch_join.lua counts it on the batch's shard, called right after this
   end
   if not promoted[queue] then
     promoted[queue] = true

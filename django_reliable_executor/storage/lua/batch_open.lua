@@ -1,6 +1,7 @@
 -- batch_open: store a new, open batch (no member yet, not sealed); see _batches.lua.
 -- ARGV[3] batch id, ARGV[4] its callbacks as JSON (for reading), ARGV[5] on_complete's
--- TASK_ARGS values as a JSON array ('' = none), ARGV[6] on_success's likewise.
+-- TASK_ARGS values as a JSON array ('' = none), ARGV[6] on_success's likewise; sharded,
+-- ARGV[7] and ARGV[8] the shard of each callback's queue ('' = this one), kept as och/osh.
 -- Returns 1 (opened) or 0 (the id is taken).
 --
 -- P batches: ZSET of every batch id, scored by creation (listing).
@@ -14,6 +15,12 @@ if ARGV[5] ~= '' then
 end
 if ARGV[6] ~= '' then
   redis.call('HSET', bkey, 'os', ARGV[6])
+end
+if ARGV[7] and ARGV[7] ~= '' then
+  redis.call('HSET', bkey, 'och', ARGV[7])
+end
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('HSET', bkey, 'osh', ARGV[8])
 end
 redis.call('ZADD', P .. 'batches', NOW, ARGV[3])
 return 1

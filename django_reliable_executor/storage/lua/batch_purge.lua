@@ -14,6 +14,9 @@ for i = 4, #ARGV do
     for _, group in ipairs(MEMBER_GROUPS) do
       keys[#keys + 1] = members_key(batch_id, group)
     end
+    if SHARDED then
+      keys[#keys + 1] = P .. 'bx:' .. batch_id -- outbox_apply.lua's applied messages
+    end
     redis.call('UNLINK', unpack(keys))
     redis.call('ZREM', P .. 'batches:finished', batch_id)
     redis.call('ZREM', P .. 'batches', batch_id)

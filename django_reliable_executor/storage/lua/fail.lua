@@ -3,7 +3,9 @@
 -- (PENDING, FAILED or TIMEOUT), ARGV[7] next run time for PENDING, ARGV[8] '1' for ERROR,
 -- ARGV[9] this call's nonce.
 -- A requested cancel turns any outcome but ERROR into CANCELLED.
--- Returns {status, cancel flag}, or nil when the attempt was no longer this claim's.
+-- Returns {status, cancel flag}, or nil when the attempt was no longer this claim's;
+-- sharded, {status, cancel flag, 1} when the ending sent a message to another shard (the
+-- caller then delivers its outbox).
 local id, token = ARGV[3], ARGV[4]
 local key = tkey(id)
 local task = redis.call('HMGET', key, 's', 'k', 'q', 'p', 'x', 'rq')
@@ -21,4 +23,7 @@ elseif task[5] == '1' then
   status = 'CANCELLED'
 end
 record_failure(id, key, task[3], task[4], status, ARGV[7], ARGV[5])
+if SENT then
+  return {status, task[5] or '0', 1}
+end
 return {status, task[5] or '0'}

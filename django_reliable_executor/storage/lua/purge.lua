@@ -16,7 +16,9 @@ for i = 4, #ARGV do
     redis.call('DEL', key, P .. 'deps:' .. id)
     redis.call('ZREM', FINISHED, id)
     redis.call('ZREM', P .. 'done:' .. task[1], id)
-    if task[4] then
+    if task[4] and SHARD ~= BATCH_HOME then -- its batch's member index is on that shard
+      send(BATCH_HOME, {k = 'purged', b = task[4], id = id, g = task[1]})
+    elseif task[4] then
       redis.call('ZREM', members_key(task[4], task[1]), id)
     end
     recount(task[2], task[1], nil)

@@ -7,7 +7,10 @@
 -- key digest
 -- ('' = not unique) and the end of the key's window.
 -- Then its dependencies: a JSON list of task ids ('' = none; the task then comes with run at
--- WAITING_RUN_AT and no deadline) and the on-failure policy ('run', or '' = cancel).
+-- WAITING_RUN_AT and no deadline) and the on-failure policy ('run', or '' = cancel). Sharded,
+-- a dependency of another shard comes as [id, its status when dep_link.lua registered the
+-- edge there] ('' = live then: its ending sends a message, maybe arrived already in
+-- P xdone:<task id>, see outbox_apply.lua).
 -- Returns per task 1 (created), {fields, 1} (created with dependencies: as it now stands),
 -- the stored task's fields (its id existed), {holder id, holder's fields} (its unique key
 -- was held), or 'elsewhere' (sharded: this shard's directory holds the id for a task of
@@ -46,7 +49,7 @@ for i = 3, #ARGV, STRIDE do
   local deps = ARGV[i + TASK_ARGS + 2]
   if deps ~= '' and redis.call('EXISTS', tkey(ARGV[i])) == 0 then
     for _, d in ipairs(cjson.decode(deps)) do
-      if not coming[d] and redis.call('EXISTS', tkey(d)) == 0 then
+      if type(d) == 'string' and not coming[d] and redis.call('EXISTS', tkey(d)) == 0 then
         return {'missing', ARGV[i], d}
       end
     end
@@ -57,14 +60,34 @@ end
 -- The new task `id` (stored waiting) records its dependencies and is settled against those
 -- already ended, as settle_dependents would have.
 local function wait_for(id, key, queue, deps_json, on_failure)
+  local deps = cjson.decode(deps_json)
+  local remote = {}
+  if SHARDED and string.find(deps_json, '[', 2, true) then
+    local xdone = redis.call('HGETALL', P .. 'xdone:' .. id)
+    local told = {}
+    for j = 1, #xdone, 2 do
+      told[xdone[j]] = string.match(xdone[j + 1], ' (.*)$')
+    end
+    for j, d in ipairs(deps) do
+      if type(d) ~= 'string' then
+        remote[d[1]] = told[d[1]] or (d[2] ~= '' and d[2]) or 'CREATED'
+        deps[j] = d[1]
+      end
+    end
+    redis.call('DEL', P .. 'xdone:' .. id)
+    deps_json = cjson.encode(deps)
+  end
   redis.call('HSET', key, 'dp', deps_json, 'wf', deps_json)
   if on_failure == 'run' then
     redis.call('HSET', key, 'of', 'run')
   end
   local remaining, failed = {}, nil
-  for _, d in ipairs(cjson.decode(deps_json)) do
-    redis.call('SADD', P .. 'deps:' .. d, id)
-    local status = redis.call('HGET', tkey(d), 's')
+  for _, d in ipairs(deps) do
+    local status = remote[d]
+    if not status then
+      redis.call('SADD', P .. 'deps:' .. d, id)
+      status = redis.call('HGET', tkey(d), 's')
+    end
     if live(status) then
       remaining[#remaining + 1] = d
     elseif status ~= 'COMPLETED' and not failed then

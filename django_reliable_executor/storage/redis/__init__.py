@@ -25,7 +25,8 @@ its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home 
 ``P deps:<id>``             SET of the dependents of task <id> (depends_on naming it): every
                            script that ends <id> settles them (settle_dependents in
                            _common.lua). A waiting dependent sits in its queue's schedule at
-                           9999-12-31. Deleted when <id> is purged.
+                           9999-12-31. Deleted when <id> is purged. A dependent of another
+                           shard is held as "<shard> <id>" (dep_link.lua), told by a message.
 ``P ready:<queue>:<prio>`` LIST of task ids ready to run, oldest first (FIFO within a priority).
 ``P prio:<queue>``         ZSET of the priorities that have a non-empty ready list (claims take
                            the highest first).
@@ -84,6 +85,12 @@ its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home 
                            ``P batches:finished`` of finished ones by finish time (purge).
 ``P bm:<id>:<group>``      ZSET of a batch's members by creation, group LIVE until a member
                            ends, then its terminal status (listing a batch's members).
+``P outbox``               LIST (REDIS_SHARDS > 1) of JSON messages to other shards, written
+                           by the script that made the change (lua/_common.lua ``send``),
+                           removed once applied there (outbox.py, outbox_apply.lua);
+                           ``P outbox:seq`` STRING their last number. ``P xdone:<id>`` HASH
+                           dependency -> outcome for a dependent not stored yet (expires);
+                           ``P bx:<batch>`` HASH member -> its last applied message number.
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.

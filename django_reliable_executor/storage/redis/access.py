@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -15,9 +16,12 @@ from ...records import TaskInfo
 from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
 from .codec import micros, text, to_info
+from .outbox import DELIVERY_CHUNK, deliver
 from .scripts import Scripts
 from .sharding import CONTROL_SHARD, ShardLayout, directory_of
 from .waiting import ShardWaiters
+
+logger = logging.getLogger("django_reliable_executor")
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -26,6 +30,14 @@ READ_CHUNK = 1000
 # The status sets of states.py as the stored values.
 WAITING = tuple(sorted(s.value for s in WAITING_STATUSES))
 LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
+# Sharded: the scripts that may write messages to their shard's outbox (an ending with
+# dependents or a batch elsewhere, a retried member, a batch finishing): each is followed by a
+# delivery of that outbox, so a cross-shard edge takes effect at once, not a master round later.
+# (complete.lua and fail.lua say in their reply whether they sent one: transitions.py
+# delivers only then.)
+SENDING = frozenset(
+    {"expire_claim", "expire", "recover", "cancel", "retry"} | {"batch_seal", "purge"}
+)
 
 
 def _unavailable_errors() -> tuple[type[BaseException], ...]:
@@ -92,11 +104,49 @@ class RedisAccess(TaskStorage):
     def _run(
         self, name: str, *args: Any, now: dt.datetime | None = None, shard: int = CONTROL_SHARD
     ) -> Any:
-        """Run script ``name`` on ``shard``: its prefix and now come first in ARGV."""
+        """Run script ``name`` on ``shard``: its prefix and now come first in ARGV. Sharded, a
+        script that may send messages is followed by the delivery of its shard's outbox."""
         now = now or self.clock.now()
-        return self._scripts.run(
+        reply = self._scripts.run(
             name, self._routes[shard], (self.prefixes[shard], micros(now), *args)
         )
+        if self.sharded and name in SENDING:
+            self._deliver_now(shard)
+        return reply
+
+    def _deliver_now(self, shard: int) -> None:
+        """Deliver ``shard``'s outbox (and what that sends on) right after a change there. The
+        change is made: a failure here is left to the master's chore, which delivers every
+        outbox each round (deliver_messages)."""
+        try:
+            deliver(
+                self.client,
+                self.prefixes,
+                self._apply,
+                [shard],
+                DELIVERY_CHUNK,
+                2 * len(self.prefixes),
+            )
+        except Exception:
+            logger.warning(
+                "could not deliver shard %d's messages now; the master will", shard, exc_info=True
+            )
+
+    def _apply(self, messages: list[Any], shard: int) -> int:
+        return int(
+            self._scripts.run(
+                "outbox_apply",
+                self._routes[shard],
+                (self.prefixes[shard], micros(self.clock.now()), *messages),
+            )
+        )
+
+    @guarded
+    def deliver_messages(self, limit: int) -> int:
+        if not self.sharded:
+            return 0
+        shards = range(len(self.prefixes))
+        return deliver(self.client, self.prefixes, self._apply, shards, limit, 2 * len(shards))
 
     def new_task_id(self, queue: str) -> str:
         # Sharded: an id whose directory shard is its queue's (drawn again until it is, N

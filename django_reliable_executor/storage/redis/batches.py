@@ -1,5 +1,5 @@
-"""Batches on the Redis storage: a hash per batch whose counters each member's ending script
-keeps (settle_batch in lua/_batches.lua); see batches.py for the rule."""
+"""Batches on the Redis storage: a hash per batch whose counters each member's ending keeps
+(settle_batch in lua/_batches.lua, or its message from another shard); see batches.py."""
 
 from __future__ import annotations
 
@@ -20,33 +20,36 @@ class Batches(RedisAccess):
 
     @guarded
     def open_batch(self, batch: NewBatch) -> bool:
-        self._check_control_shard([t for t in (batch.on_complete, batch.on_success) if t])
-        packed = [
-            "" if task is None else json.dumps(submit_args(task))
-            for task in (batch.on_complete, batch.on_success)
-        ]
-        callbacks = json.dumps(batch.callbacks_json())
-        opened = self._run("batch_open", batch.batch_id, callbacks, *packed, now=batch.created_at)
+        callbacks = (batch.on_complete, batch.on_success)
+        packed = ["" if task is None else json.dumps(submit_args(task)) for task in callbacks]
+        # Sharded: a batch lives on the control shard; a callback of another shard's queue is
+        # sent there to be stored when the batch finishes (batch_open.lua keeps its shard).
+        if self.sharded:
+            packed += [
+                str(self.layout.shard_of(task.queue))
+                if task is not None and self.layout.shard_of(task.queue) != CONTROL_SHARD
+                else ""
+                for task in callbacks
+            ]
+        info = json.dumps(batch.callbacks_json())
+        opened = self._run("batch_open", batch.batch_id, info, *packed, now=batch.created_at)
         return bool(int(opened))
 
     def add_to_batch(self, batch_id: str, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         assert all(task.batch_id == batch_id for task in tasks)
-        self._check_control_shard(tasks)
-        return self.enqueue(tasks)
-
-    def _check_control_shard(self, tasks: Sequence[NewTask]) -> None:
-        """Batches live on the control shard for now, and a member's scripts count it in its
-        batch: only tasks of that shard's queues can be members or callbacks (the cross-shard
-        batches are not built yet: docs/scaling.md)."""
-        if not self.sharded:
-            return
-        for task in tasks:
-            if self.layout.shard_of(task.queue) != CONTROL_SHARD:
-                raise NotImplementedError(
-                    f"batch task {task.task_id!r}: queue {task.queue!r} is on shard "
-                    f"{self.layout.shard_of(task.queue)}; with REDIS_SHARDS > 1, batches are "
-                    f"supported only for queues of shard {CONTROL_SHARD} so far"
-                )
+        results = self.enqueue(tasks)
+        if self.sharded:
+            # Members of other shards were stored counted nowhere: counted in the batch's total
+            # now, before the batch is sealed (their endings, maybe first, come as messages).
+            joined = [
+                value
+                for info, created in results
+                if created and self.layout.shard_of(info.queue) != CONTROL_SHARD
+                for value in (info.task_id, micros(info.created_at))
+            ]
+            if joined:
+                self._run("batch_join", batch_id, *joined)
+        return results
 
     @guarded
     def existing_ids(self, task_ids: Sequence[str]) -> list[str]:

@@ -33,6 +33,7 @@ Row = tuple[int, str]  # (created in microseconds, task id): sorted descending =
 # The groups of a batch's member index (lua/_batches.lua) and the statuses each holds.
 BATCH_GROUPS: dict[str, set[TaskStatus]] = {"LIVE": set(LIVE_STATUSES)}
 BATCH_GROUPS.update({status.value: {status} for status in TERMINAL_STATUSES})
+ANY_SHARD = -1  # _matching: each task on whichever shard holds it
 
 
 class Listing(RedisAccess):
@@ -42,8 +43,13 @@ class Listing(RedisAccess):
     def _list(self, query: TaskQuery) -> list[TaskInfo]:
         rows: set[tuple[int, str, int]] | None = None
         if query.batch_id is not None:
-            # A batch's members and callbacks live on the control shard (batches.py).
+            # A batch and its member index live on the control shard (batches.py); sharded,
+            # its members and callbacks on their queues' shards.
             found_rows = self._batch_rows(query.batch_id, query)
+            if found_rows is not None and self.sharded:
+                page_ids = [i for _, i in sorted(set(found_rows), reverse=True)]
+                infos = self.get_many(page_ids[query.offset : query.end])
+                return [infos[i] for i in page_ids[query.offset : query.end] if i in infos]
             if found_rows is not None:
                 rows = {(c, i, CONTROL_SHARD) for c, i in found_rows}
         if rows is None:
@@ -87,13 +93,14 @@ class Listing(RedisAccess):
             return None
         wanted = set(TaskStatus) if query.statuses is None else set(query.statuses)
         rows: builtins.list[Row] = []
+        shard = ANY_SHARD if self.sharded else CONTROL_SHARD  # members of any shard's queues
         for group, statuses in BATCH_GROUPS.items():
             accept = {status.value for status in statuses & wanted}
             if accept:
                 key = f"{self.p}bm:{batch_id}:{group}"
-                rows += self._newest_of(key, accept, query, CONTROL_SHARD, exact=statuses <= wanted)
+                rows += self._newest_of(key, accept, query, shard, exact=statuses <= wanted)
         ids = [plain["task_id"] for plain in json.loads(text(callbacks)).values() if plain]
-        return rows + self._matching(ids, {status.value for status in wanted}, query, CONTROL_SHARD)
+        return rows + self._matching(ids, {status.value for status in wanted}, query, shard)
 
     def _newest_done(self, status: TaskStatus, query: TaskQuery, shard: int) -> builtins.list[Row]:
         """The ``query.end`` newest tasks of one finished status that match the query."""
@@ -178,14 +185,21 @@ class Listing(RedisAccess):
         self, ids: Sequence[str], accept: Collection[str], query: TaskQuery, shard: int
     ) -> builtins.list[Row]:
         """The rows of these tasks that match the query's name and queue, in the order given:
-        only tasks whose status is now one of ``accept`` (status values)."""
+        only tasks whose status is now one of ``accept`` (status values). Tasks of ``shard``,
+        or of whichever shard holds each (ANY_SHARD: a batch's, N reads a task)."""
         rows: builtins.list[Row] = []
+        shards = range(len(self.prefixes)) if shard == ANY_SHARD else [shard]
         for start in range(0, len(ids), READ_CHUNK):
             chunk = ids[start : start + READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
             for task_id in chunk:
-                pipe.hmget(self._tkey(task_id, shard), "c", "s", "n", "q", "bt", "bc")
-            replies = pipe.execute()
+                for one in shards:
+                    pipe.hmget(self._tkey(task_id, one), "c", "s", "n", "q", "bt", "bc")
+            read = pipe.execute()
+            replies = [
+                next((r for r in read[i : i + len(shards)] if r[0] is not None), read[i])
+                for i in range(0, len(read), len(shards))
+            ]
             for task_id, (created, state, name, queue, member_of, callback_of) in zip(
                 chunk, replies, strict=True
             ):

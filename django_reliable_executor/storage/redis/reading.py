@@ -35,7 +35,8 @@ class Reading(RedisAccess):
     @guarded
     def dependents_of(self, task_id: str) -> list[str]:
         key = self.prefixes[self._task_shard(task_id)] + "deps:" + task_id
-        return sorted(text(member) for member in self.client.smembers(key))
+        # A dependent of another shard is kept as "<shard> <id>" (task ids hold no space).
+        return sorted(text(member).rpartition(" ")[2] for member in self.client.smembers(key))
 
     @guarded
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]:

@@ -27,12 +27,14 @@ class ReshardCheck:
     unfinished: int  # tasks CREATED, PENDING or RUNNING in the current layout
     schedules: int  # schedules of the current layout (not carried over: define them again)
     target_keys: dict[int, int]  # shard of the target layout -> keys found there (up to 100)
+    undelivered: int = 0  # messages left in the current layout's outboxes (lua/_common.lua)
 
     @property
     def ready(self) -> bool:
         return (
             self.current != self.target
             and self.unfinished == 0
+            and self.undelivered == 0
             and not any(self.target_keys.values())
         )
 
@@ -45,6 +47,11 @@ class ReshardCheck:
             found.append(
                 f"{self.unfinished} unfinished tasks in the current layout: stop submitting "
                 "and let the workers drain them first"
+            )
+        if self.undelivered:
+            found.append(
+                f"{self.undelivered} messages between shards not delivered yet (a batch's "
+                "count or callback, a dependency's outcome): let a worker run until they are"
             )
         for shard, keys in sorted(self.target_keys.items()):
             if keys:
@@ -79,4 +86,5 @@ def check_reshard(storage: RedisStorage, target: int) -> ReshardCheck:
         unfinished=sum(counts[status] for status in LIVE_STATUSES),
         schedules=sum(schedules.values()),
         target_keys=target_keys,
+        undelivered=sum(storage.client.llen(prefix + "outbox") for prefix in storage.prefixes),
     )

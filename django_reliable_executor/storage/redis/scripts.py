@@ -46,6 +46,9 @@ NAMES = (
     "batch_purge",
     "id_reserve",
     "id_release",
+    "dep_link",
+    "batch_join",
+    "outbox_apply",
 )
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 from ...dependencies import WAITING_RUN_AT, missing_error
-from ...exceptions import InvalidDependencyError, TaskSubmitError
+from ...exceptions import TaskSubmitError
 from ...records import NewTask, TaskInfo, copy_with, new_info
 from ...serialization import dumps
 from ...states import LIVE_STATUSES
@@ -15,6 +16,7 @@ from .codec import fields, from_micros, micros, submit_args, text, to_info
 from .sharding import directory_of
 
 QUEUE = operator.attrgetter("queue")
+LIVE_VALUES = frozenset(status.value for status in LIVE_STATUSES)
 # Sharded: how long a task id reserved for a shard that has not stored it (its submitter is
 # on its way there, or crashed) stays reserved before a submit to another shard may take it.
 ID_RESERVATION_GRACE_SECONDS = 300
@@ -28,9 +30,38 @@ class Submitting(RedisAccess):
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
-        # Each task goes to its queue's shard; dependencies are looked up there only (the
-        # cross-shard links are not built yet: docs/scaling.md).
-        return self._each_shard(tasks, QUEUE, self._enqueue_on)
+        # Each task goes to its queue's shard. Sharded, tasks with dependencies go in runs of
+        # one shard in the order given: a dependency in the call (before its dependent) may be
+        # of another shard, and is stored first.
+        if not self.sharded or not any(task.depends_on for task in tasks):
+            return self._each_shard(tasks, QUEUE, self._enqueue_on)
+        runs: list[tuple[int, int, int]] = []  # (start, end, shard)
+        start = 0
+        while start < len(tasks):
+            shard = self.layout.shard_of(tasks[start].queue)
+            end = start + 1
+            while end < len(tasks) and self.layout.shard_of(tasks[end].queue) == shard:
+                end += 1
+            runs.append((start, end, shard))
+            start = end
+        if len(runs) > 1:
+            self._check_dependencies(tasks)  # each run is a call: refuse before the first
+        results: list[tuple[TaskInfo, bool]] = []
+        for start, end, shard in runs:
+            results += self._enqueue_on(tasks[start:end], shard)
+        return results
+
+    def _check_dependencies(self, tasks: Sequence[NewTask]) -> None:
+        """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
+        is stored or a task before it in ``tasks``."""
+        earlier: set[str] = set()
+        wanted = {d for task in tasks for d in task.depends_on}
+        stored = set(self.get_many(sorted(wanted))) if wanted else set()
+        for task in tasks:
+            missing = [d for d in task.depends_on if d not in stored and d not in earlier]
+            if missing and task.task_id not in stored:
+                raise missing_error(task.task_id, missing)
+            earlier.add(task.task_id)
 
     def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
         if not self.sharded:
@@ -97,16 +128,22 @@ class Submitting(RedisAccess):
         """submit.lua on ``shard`` for these tasks, in chunks."""
         results: list[tuple[TaskInfo, bool]] = []
         # A batch with dependents is one call: all or nothing (a missing dependency).
-        size = len(tasks) if any(task.depends_on for task in tasks) else SUBMIT_CHUNK
+        dependents = any(task.depends_on for task in tasks)
+        size = len(tasks) if dependents else SUBMIT_CHUNK
         for start in range(0, len(tasks), size):
             chunk = tasks[start : start + size]
             args = [value for task in chunk for value in _args(task)]
             replies = self._run("submit", *args, shard=shard)
-            if (
-                replies
-                and not isinstance(replies[0], (int, list))
-                and text(replies[0]) == "missing"
-            ):
+            if _missing_reply(replies) and self.sharded:
+                # A dependency not on this shard (submit.lua wrote nothing): registered on its
+                # own shard, then the chunk again with it as one of another shard.
+                remote = self._link_remote(chunk, shard)
+                args = [value for task in chunk for value in _args(task, remote.get(task.task_id))]
+                replies = self._run("submit", *args, shard=shard)
+            if self.sharded and any(t.depends_on and t.batch_id for t in chunk):
+                # A member cancelled at once (a dependency failed) told its batch's shard.
+                self._deliver_now(shard)
+            if _missing_reply(replies):
                 raise self._missing(text(replies[1]), text(replies[2]), shard)
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
@@ -123,17 +160,54 @@ class Submitting(RedisAccess):
 
     def _missing(self, task_id: str, dependency: str, shard: int) -> TaskSubmitError:
         """The error of a dependency submit.lua did not find on the dependent's shard."""
-        if self.sharded:
-            other = self.get(dependency)
-            if other is not None:
-                return InvalidDependencyError(
-                    f"depends_on of task {task_id!r} names task {dependency!r} of queue "
-                    f"{other.queue!r} (shard {self.layout.shard_of(other.queue)}), another "
-                    f"shard than the task's (shard {shard}): with REDIS_SHARDS > 1, a task "
-                    "may depend only on tasks of queues of its own shard so far",
-                    field="depends_on",
-                )
         return missing_error(task_id, [dependency])
+
+    def _link_remote(self, chunk: Sequence[NewTask], shard: int) -> dict[str, dict[str, str]]:
+        """Sharded: the dependencies of ``chunk``'s tasks that are stored on another shard, per
+        task: id -> its status when dep_link.lua registered the task as its dependent there
+        ('' = live: its ending will send the outcome). Registered before the task is stored,
+        so that no ending falls between (one that comes first arrives in P xdone:<id>).
+        Raises InvalidDependencyError, storing nothing here, for a dependency stored nowhere."""
+        coming: set[str] = set()
+        wanted: dict[str, list[str]] = {}
+        for task in chunk:
+            if task.depends_on:
+                wanted[task.task_id] = [d for d in task.depends_on if d not in coming]
+            coming.add(task.task_id)
+        ids = sorted({d for deps in wanted.values() for d in deps})
+        if not ids:
+            return {}
+        # Each dependency on every shard, in one round trip (this shard's answer first).
+        order = [shard, *(s for s in range(len(self.prefixes)) if s != shard)]
+        pipe = self.client.pipeline(transaction=False)
+        for dependency in ids:
+            for one in order:
+                pipe.exists(self._tkey(dependency, one))
+        found = pipe.execute()
+        homes: dict[str, int] = {}
+        for index, dependency in enumerate(ids):
+            where = found[index * len(order) : (index + 1) * len(order)]
+            home = next((one for one, there in zip(order, where, strict=True) if there), None)
+            if home is not None:
+                homes[dependency] = home
+        remote: dict[str, dict[str, str]] = {}
+        for task_id, deps in wanted.items():
+            missing = [d for d in deps if d not in homes]
+            if missing:
+                raise missing_error(task_id, missing)
+            by_shard: dict[int, list[str]] = {}
+            for dependency in deps:
+                if homes[dependency] != shard:
+                    by_shard.setdefault(homes[dependency], []).append(dependency)
+            for home, listed in sorted(by_shard.items()):
+                replies = self._run("dep_link", shard, task_id, *listed, shard=home)
+                for dependency, status in zip(listed, replies, strict=True):
+                    if not text(status):
+                        raise missing_error(task_id, [dependency])  # purged meanwhile
+                    remote.setdefault(task_id, {})[dependency] = (
+                        "" if text(status) in LIVE_VALUES else text(status)
+                    )
+        return remote
 
     def _stored_elsewhere(self, task: NewTask, shard: int) -> tuple[TaskInfo, bool]:
         """``task``, whose queue's shard is its id's directory, which says another shard holds
@@ -184,15 +258,25 @@ class Submitting(RedisAccess):
         return holder if holder is not None and holder.status in LIVE_STATUSES else None
 
 
-def _args(task: NewTask) -> list[str]:
+def _missing_reply(replies: list[Any]) -> bool:
+    """Whether submit.lua answered that a dependency is missing (and stored nothing)."""
+    return (
+        bool(replies) and not isinstance(replies[0], (int, list)) and text(replies[0]) == "missing"
+    )
+
+
+def _args(task: NewTask, remote: dict[str, str] | None = None) -> list[str]:
     """Every value submit.lua takes for ``task``: submit_args, the unique key's 2, then its
-    dependencies (JSON) and on-failure policy (a dependent is stored waiting: no run at, no
-    deadline yet)."""
+    dependencies (JSON; one of another shard, in ``remote``, as [id, its status]) and
+    on-failure policy (a dependent is stored waiting: no run at, no deadline yet)."""
     if not task.depends_on:
         return [*submit_args(task), *_unique(task), "", ""]
     waiting = copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
     policy = "run" if task.on_dependency_failure == "run" else ""
-    return [*submit_args(waiting), *_unique(task), dumps(list(task.depends_on)), policy]
+    deps: list[object] = list(task.depends_on)
+    if remote:
+        deps = [[d, remote[d]] if d in remote else d for d in task.depends_on]
+    return [*submit_args(waiting), *_unique(task), dumps(deps), policy]
 
 
 def _unique(task: NewTask) -> tuple[str, str]:

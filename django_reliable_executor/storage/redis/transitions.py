@@ -105,8 +105,10 @@ class Transitions(RedisAccess):
         replies = self._run("complete", nonce(), *args, now=now, shard=shard)
         if len(replies) == len(claims) and replies.count(1) == len(replies):  # all recorded
             return list(map(Claim.completed, claims, map(VALUE, results), repeat(now)))
+        if 2 in replies:  # sharded: an ending told another shard (a dependent, a batch)
+            self._deliver_now(shard)
         return [
-            claim.completed(result.value, now) if done == 1 else None
+            claim.completed(result.value, now) if done else None
             for (claim, _), result, done in zip(outcomes, results, replies, strict=True)
         ]
 
@@ -134,6 +136,8 @@ class Transitions(RedisAccess):
         )
         if reply is None:
             return None
+        if len(reply) > 2:  # sharded: the ending told another shard (a dependent, a batch)
+            self._deliver_now(self.layout.shard_of(claim.task.queue))
         final = TaskStatus(text(reply[0]))
         pending = final is TaskStatus.PENDING
         task = dataclasses.replace(
