@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import builtins
+import copy
 import datetime as dt
 import functools
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -88,6 +90,42 @@ class RedisAccess(TaskStorage):
         self._queue_cursors = [0] * shards
         self._claim_turn = 0  # which shard of its queues a sharded claim visits first
         self._waiters: ShardWaiters | None = None  # a sharded idle wait's threads, once used
+        # Sharded: the queues the last idle wait found nothing for (no token, nothing due on
+        # their shard), which the claims after it skip until one of them takes a task.
+        self._quiet: frozenset[str] = frozenset()
+        # Sharded: time.monotonic() of the last claim sent to each shard (idle sweeps).
+        self._claimed_at: dict[int, float] = {}
+        # Sharded: the shard of each task claimed here off its id's directory shard (a given
+        # id), for its heartbeats; each heartbeat keeps only the tasks it beats.
+        self._held_on: dict[str, int] = {}
+        self._held_lock = threading.Lock()
+        self._chore_scope: frozenset[int] | None = None  # chores_on: the chores' shards
+        self._scoped: dict[frozenset[int], RedisAccess] = {}
+
+    @property
+    def chore_shards(self) -> int:
+        return len(self.prefixes)
+
+    def chores_on(self, shards: frozenset[int]) -> TaskStorage:
+        """A view sharing everything with this storage (client, scripts, state) but the
+        shards its chores visit."""
+        if not self.sharded:
+            return self
+        scope = frozenset(shards)
+        if not scope <= set(range(len(self.prefixes))):
+            raise ValueError(f"shards {sorted(scope)} are not all of {len(self.prefixes)}")
+        view = self._scoped.get(scope)
+        if view is None:
+            view = copy.copy(self)
+            view._chore_scope = scope
+            self._scoped[scope] = view
+        return view
+
+    def _chore_range(self) -> list[int]:
+        """The shards the chores visit, in order."""
+        if self._chore_scope is None:
+            return list(range(len(self.prefixes)))
+        return sorted(self._chore_scope)
 
     def _run(
         self, name: str, *args: Any, now: dt.datetime | None = None, shard: int = CONTROL_SHARD
