@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 
-from .conftest import REDIS_URL, new_storage
+from .conftest import REDIS_SHARDS, REDIS_URL, new_storage, redis_client
 
 T = TypeVar("T")
 
@@ -46,6 +46,7 @@ _OVERRIDDEN = (
     "RE_STORAGE",
     "RE_REDIS_URL",
     "RE_REDIS_CLUSTER",
+    "RE_REDIS_SHARDS",
     "RE_KEY_PREFIX",
     "RE_OTEL_SPANS",
     "RE_LOG_JSON",
@@ -69,6 +70,7 @@ class Backend:
     key_prefix: str  # the key_prefix fixture's; only Redis uses it
     redis_url: str = REDIS_URL  # another server's (a throw-away one the test restarts)
     redis_cluster: bool = False  # redis_url is one node of a Redis Cluster (REDIS_CLUSTER)
+    redis_shards: int = REDIS_SHARDS  # REDIS_SHARDS of the subprocesses and of storage()
 
     @property
     def db_alias(self) -> str:
@@ -88,6 +90,12 @@ class Backend:
                 KEY_PREFIX=self.key_prefix,
             )
             return build_storage(settings)
+        if self.name == "redis" and self.redis_shards != REDIS_SHARDS:
+            from django_reliable_executor.storage.redis import RedisStorage
+
+            return RedisStorage(
+                redis_client(self.redis_url), self.key_prefix, shards=self.redis_shards
+            )
         return new_storage(self.name, self.key_prefix, redis_url=self.redis_url)
 
     def environment(self) -> dict[str, str]:
@@ -106,6 +114,8 @@ class Backend:
             )
             if self.redis_cluster:
                 env["RE_REDIS_CLUSTER"] = "1"
+            if self.redis_shards != 1:
+                env["RE_REDIS_SHARDS"] = str(self.redis_shards)
         return env
 
 
