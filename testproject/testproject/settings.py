@@ -174,8 +174,9 @@ for _key in ("STORAGE", "REDIS_URL", "KEY_PREFIX"):
         RELIABLE_EXECUTOR[_key] = _text
 if env("RE_REDIS_CLUSTER") == "1":  # RE_REDIS_URL then names one node of a Redis Cluster
     RELIABLE_EXECUTOR["REDIS_CLUSTER"] = True
-if env("RE_REDIS_SHARDS"):
-    RELIABLE_EXECUTOR["REDIS_SHARDS"] = int(env("RE_REDIS_SHARDS"))
+_shards = env("RE_REDIS_SHARDS")
+if _shards:
+    RELIABLE_EXECUTOR["REDIS_SHARDS"] = int(_shards)
 for _key in ("LEASE_TIMEOUT", "MASTER_LOCK_TTL", "POLL_INTERVAL"):
     _value = env(f"RE_{_key}")
     if _value:
