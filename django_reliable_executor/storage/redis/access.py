@@ -51,6 +51,18 @@ def guarded(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class IdleView(threading.local):
+    """A claiming thread's view of its shards on a sharded storage (a worker's fetcher waits
+    and claims on one thread; another thread's waits do not change what it skips)."""
+
+    def __init__(self) -> None:
+        # the queues the last idle wait found nothing for (no token, nothing due on their
+        # shard), which the claims after it skip until one of them takes a task
+        self.quiet: frozenset[str] = frozenset()
+        # time.monotonic() of the last claim sent to each shard (the sweeps)
+        self.claimed_at: dict[int, float] = {}
+
+
 class RedisAccess(TaskStorage):
     """The client and key prefix of one Redis storage, and the helpers its parts share.
 
@@ -90,11 +102,8 @@ class RedisAccess(TaskStorage):
         self._queue_cursors = [0] * shards
         self._claim_turn = 0  # which shard of its queues a sharded claim visits first
         self._waiters: ShardWaiters | None = None  # a sharded idle wait's threads, once used
-        # Sharded: the queues the last idle wait found nothing for (no token, nothing due on
-        # their shard), which the claims after it skip until one of them takes a task.
-        self._quiet: frozenset[str] = frozenset()
-        # Sharded: time.monotonic() of the last claim sent to each shard (idle sweeps).
-        self._claimed_at: dict[int, float] = {}
+        # Sharded: what the claims of the calling thread may skip (claiming.py)
+        self._idle = IdleView()
         # Sharded: the shard of each task claimed here off its id's directory shard (a given
         # id), for its heartbeats; each heartbeat keeps only the tasks it beats.
         self._held_on: dict[str, int] = {}

@@ -36,7 +36,7 @@ class Claiming(RedisAccess):
         # order is exact within a shard, the turn decides between shards.
         claims: list[Claim] = []
         # After an idle wait, only the shards it found may have work (see _quiet_after).
-        quiet = self._quiet
+        quiet = self._idle.quiet
         groups = sorted(
             (shard, queues)
             for shard, queues in self.layout.by_shard(request.queues).items()
@@ -56,7 +56,7 @@ class Claiming(RedisAccess):
             )
             claims += self._claim_on(shard, part)
         if claims:  # busy again: every shard is claimed from until the next idle wait
-            self._quiet = frozenset()
+            self._idle.quiet = frozenset()
         return claims
 
     def _claim_on(self, shard: int, request: ClaimRequest) -> list[Claim]:
@@ -74,7 +74,7 @@ class Claiming(RedisAccess):
             for name, rate in request.rate_limits.items():
                 caps += [name, rate.count, round(rate.log_window_seconds * 1e6)]
         if self.sharded:
-            self._claimed_at[shard] = time.monotonic()
+            self._idle.claimed_at[shard] = time.monotonic()
         reply = self._run(
             "claim",
             request.worker_id,
@@ -109,7 +109,7 @@ class Claiming(RedisAccess):
             until_due = (next_due - int(micros(self.clock.now()))) / 1e6
             if until_due <= 0:
                 if self.sharded:
-                    self._quiet = self._quiet_after(queues, set())
+                    self._idle.quiet = self._quiet_after(queues, set())
                 return False
             timeout = min(timeout, until_due)
         # Never 0 ("forever" to BLPOP), never near the client's socket timeout.
@@ -130,7 +130,7 @@ class Claiming(RedisAccess):
             if self._waiters is None:
                 self._waiters = ShardWaiters(self.client, len(self.prefixes))
             woken = self._waiters.wait(groups, timeout)
-        self._quiet = self._quiet_after(queues, woken)
+        self._idle.quiet = self._quiet_after(queues, woken)
         return bool(woken)
 
     def _quiet_after(self, queues: Sequence[str], woken: set[int]) -> frozenset[str]:
@@ -148,7 +148,7 @@ class Claiming(RedisAccess):
         since = time.monotonic() - SWEEP_SECONDS
         quiet: list[str] = []
         for shard, names in self.layout.by_shard(list(queues)).items():
-            if shard in woken or self._claimed_at.get(shard, since) <= since:
+            if shard in woken or self._idle.claimed_at.get(shard, since) <= since:
                 continue
             dues = [self._next_due.get(name, now) for name in names if not _private(name)]
             if any(due is not None and due <= now for due in dues):
