@@ -18,6 +18,7 @@ from django_reliable_executor.master_lock import MasterLock, ShardLocks
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import MASTER_LOCK_NAME, chore_lock_name
 from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.storage.redis.claiming import SWEEP_SECONDS
 from django_reliable_executor.storage.redis.sharding import shard_of
 
 if TYPE_CHECKING:
@@ -189,3 +190,31 @@ def test_a_worker_alone_takes_every_chore_lock_and_gives_some_up_to_a_newcomer(
     assert len(newcomer.hold(is_master=False)) == 2
     alone._round_due = 0.0  # what it gave up it does not take back
     assert len(alone.hold(is_master=True)) == 1
+
+
+def test_a_shard_not_claimed_on_for_the_sweep_time_is_claimed_on_again(server, storage, clock):
+    assert claim(storage) == []
+    storage._idle.claimed_at[2] -= SWEEP_SECONDS  # its last claim, as if that long ago
+    with scripts_sent(server, storage) as sent:
+        assert storage.wait_for_work(QUEUES, 0.05) is False
+        assert claim(storage) == []
+    assert [sent[s] for s in range(SHARDS)] == [0, 0, 1, 0]
+
+
+def test_one_shard_claims_and_beats_as_before(server, clock):
+    storage = RedisStorage(server.client(), "traffic-one", clock=clock)
+    try:
+        executor = ReliableExecutor(storage, clock=clock)
+        assert claim(storage) == []
+        with scripts_sent(server, storage) as sent:
+            assert storage.wait_for_work(QUEUES, 0.05) is False
+            assert claim(storage) == []  # an idle poll: one claim.lua, as ever
+        assert sent[0] == 1
+        executor.submit("demo.echo", {}, queue="emails")
+        (taken,) = claim(storage)
+        storage.heartbeat("w1", {taken.task_id: taken.token}, 30.0)
+        with scripts_sent(server, storage) as sent:
+            held = storage.heartbeat("w1", {taken.task_id: taken.token}, 30.0)
+        assert held == {taken.task_id: (taken.token, False)} and sent[0] == 1
+    finally:
+        storage.close()
