@@ -218,3 +218,15 @@ def test_one_shard_claims_and_beats_as_before(server, clock):
         assert held == {taken.task_id: (taken.token, False)} and sent[0] == 1
     finally:
         storage.close()
+
+
+def test_a_lock_left_free_for_a_ttl_is_taken_whatever_the_share(storage: RedisStorage):
+    storage.worker_seen("w1", {})
+    storage.worker_seen("w2", {})  # dead, but still counted live by its last heartbeat
+    survivor = ShardLocks(storage, "w1", 30.0, live_seconds=60.0)
+    assert len(survivor.hold(is_master=True)) == 1  # its share: two of four, with shard 0
+    survivor._round_due = 0.0
+    assert len(survivor.hold(is_master=True)) == 1  # the others are free, not for long yet
+    survivor._free_since = {s: t - survivor.ttl for s, t in survivor._free_since.items()}
+    survivor._round_due = 0.0
+    assert survivor.hold(is_master=True) == {1, 2, 3}
