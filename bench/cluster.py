@@ -24,8 +24,9 @@ summed by SHA1 (mapped to the script names of storage/lua/). It is a separate pa
 slowlog costs Redis time of its own; its figures are for the split between scripts only.
 
 ``--shards N`` sets ``REDIS_SHARDS`` (the queues spread over N hash tags) and ``--queues Q``
-spreads the tasks over Q queues. ``--shards`` above 1 is refused by a version without that
-setting.
+spreads the tasks over Q queues; with N above 1 the queues are named so that queue i is on shard
+i mod N (``queue_names``), so a Q that is a multiple of N gives every shard the same tasks.
+``--shards`` above 1 is refused by a version without that setting.
 
 Prints exactly one JSON line on stdout; progress and the machine's load go to stderr.
 """
@@ -266,6 +267,25 @@ def environment(url: str, prefix: str, shards: int, sqlite_path: Path) -> dict[s
     return env
 
 
+def queue_names(count: int, shards: int) -> list[str]:
+    """``default`` alone, or ``count`` names: ``q0`` ... with one shard, and with more the
+    first names ``q<k>`` that put the i-th queue on shard i mod ``shards`` (sharding.shard_of),
+    so that the tasks, spread round-robin over the queues, spread evenly over the shards."""
+    if count == 1:
+        return ["default"]
+    if shards == 1:
+        return [f"q{i}" for i in range(count)]
+    from django_reliable_executor.storage.redis.sharding import shard_of
+
+    names: list[str] = []
+    candidate = 0
+    while len(names) < count:
+        if shard_of(f"q{candidate}", shards) == len(names) % shards:
+            names.append(f"q{candidate}")
+        candidate += 1
+    return names
+
+
 def submit(n: int, batch: int, queues: Sequence[str]) -> float:
     """Submit n tasks round-robin over the queues; seconds taken."""
     from django_reliable_executor import TaskSubmitRequest, executor
@@ -362,7 +382,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from django_reliable_executor import executor
         from django_reliable_executor.storage.redis.connection import describe
 
-        queues = ["default"] if args.queues == 1 else [f"q{i}" for i in range(args.queues)]
+        queues = queue_names(args.queues, args.shards)
         owners = []
         slots = cluster.slot_owners()
         for node in masters:

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 
+from .records import Transition
 from .schedules.firing import ScheduleFiring
 from .service import ReliableExecutor
 
@@ -20,7 +21,9 @@ PURGE_EVERY_SECONDS = 60.0
 
 class MasterChores:
     """The chores only the master (the holder of the master lock) runs, one round per call of
-    ``run_once``; the storage's ``Chores`` part does each one atomically."""
+    ``run_once``; the storage's ``Chores`` part does each one atomically. Where the chores
+    split into shards (``chore_shards``), the holder of a shard's chore lock runs that shard's
+    promote, recover, expire and purge (master_lock.ShardLocks)."""
 
     def __init__(
         self,
@@ -36,6 +39,7 @@ class MasterChores:
         self.settle_seconds = settle_seconds
         self._next_purge = 0.0
         self._recover_from = 0.0
+        self._shard_recover_from: dict[int, float] = {}  # settle() of some shards only
         # Storage outages as this worker's lease writes (heartbeat, master lock) saw them.
         self.outage_seconds = outage_seconds
         self._outage_lock = threading.Lock()
@@ -43,13 +47,18 @@ class MasterChores:
         self._failing = False
         self.firing = ScheduleFiring(executor)
 
-    def settle(self) -> None:
-        """Hold lease recovery back for ``settle_seconds`` from now. Called when this worker
-        becomes master or the storage is reachable again after an outage (``storage_reached``):
-        live workers first get a heartbeat in,
-        so their leases are not taken for expired just because nobody could renew them
-        (which would re-run, or even fail, tasks whose handlers succeeded meanwhile)."""
-        self._recover_from = time.monotonic() + self.settle_seconds
+    def settle(self, shards: frozenset[int] | None = None) -> None:
+        """Hold lease recovery back for ``settle_seconds`` from now (on ``shards`` only, when
+        given). Called when this worker becomes master, takes a shard's chore lock, or the
+        storage is reachable again after an outage (``storage_reached``): live workers first
+        get a heartbeat in, so their leases are not taken for expired just because nobody
+        could renew them (which would re-run, or even fail, tasks whose handlers succeeded
+        meanwhile)."""
+        until = time.monotonic() + self.settle_seconds
+        if shards is None:
+            self._recover_from = until
+        else:
+            self._shard_recover_from.update(dict.fromkeys(shards, until))
 
     def storage_failed(self) -> None:
         """A lease write of this worker (heartbeat, master lock) failed."""
@@ -73,10 +82,15 @@ class MasterChores:
             logger.info("storage reachable again: lease recovery waits for live workers to renew")
             self.settle()
 
-    def run_once(self) -> bool:
-        """One round of every chore. Returns True when a batch was full (more work waits)."""
-        storage = self.executor.storage
-        busy = self.firing.run_once()
+    def run_once(self, shards: frozenset[int] | None = None, *, master: bool = True) -> bool:
+        """One round of every chore. Returns True when a batch was full (more work waits).
+
+        ``shards``: those of the storage's ``chore_shards`` whose lock this worker holds (None:
+        all of them); ``master``: it holds the master lock, so it runs the control duties too
+        (schedules, batches, the worker registry)."""
+        everything = self.executor.storage
+        storage = everything if shards is None else everything.chores_on(shards)
+        busy = self.firing.run_once() if master else False
         busy = storage.promote_due(BATCH) >= BATCH or busy
         # Messages between a sharded Redis's shards that the writer could not deliver itself
         # (it died, or the target was unreachable): at least once, applied once. One that
@@ -86,7 +100,16 @@ class MasterChores:
         except Exception:
             logger.exception("delivering messages between shards failed; they stay queued")
         self.storage_reached()  # may settle: then recovery waits, from this round on
-        recovered = storage.recover_expired(BATCH) if time.monotonic() >= self._recover_from else []
+        recovered: list[Transition] = []
+        now = time.monotonic()
+        if now >= self._recover_from:
+            settled = shards
+            if shards is not None and self._shard_recover_from:
+                settled = frozenset(s for s in shards if now >= self._shard_recover_from.get(s, 0))
+            if settled is None or settled == shards:
+                recovered = storage.recover_expired(BATCH)
+            elif settled:
+                recovered = everything.chores_on(settled).recover_expired(BATCH)
         for transition in recovered:
             self.executor.announcer.transition(transition)
         expired = storage.expire_overdue(BATCH)
@@ -100,11 +123,14 @@ class MasterChores:
                 logger.info("purged %d finished tasks older than %s", purged, cutoff.isoformat())
             # Batches once the tasks are caught up: their members, finished before them, are
             # gone first, so a batch's member index is empty (or nearly) when it is dropped.
-            batches = storage.purge_batches(cutoff, BATCH) if purged < BATCH else 0
+            batches = everything.purge_batches(cutoff, BATCH) if master and purged < BATCH else 0
             if batches:
                 logger.info("purged %d finished batches older than %s", batches, cutoff.isoformat())
-            silent_since = self.executor.clock.now() - dt.timedelta(seconds=self.worker_ttl_seconds)
-            storage.forget_workers(silent_since)
+            if master:
+                silent_since = self.executor.clock.now() - dt.timedelta(
+                    seconds=self.worker_ttl_seconds
+                )
+                everything.forget_workers(silent_since)
             if purged >= BATCH or batches >= BATCH:
                 busy = True
             else:

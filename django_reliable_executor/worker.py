@@ -23,7 +23,7 @@ from .exceptions import ReliableExecutorError, StorageUnavailableError
 from .execution import TaskRunner
 from .fetching import Fetcher
 from .heartbeat import Heartbeat
-from .master_lock import MasterLock
+from .master_lock import MasterLock, ShardLocks
 from .pool import BoundedPool
 from .service import ReliableExecutor
 from .service import executor as default_executor
@@ -129,6 +129,17 @@ class Worker:
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
         # A worker silent for several heartbeats (which come every lease/4) is dead.
         self.heartbeat_interval = max(options.lease_timeout / 4, 0.05)
+        # Chores split into shards (a sharded Redis storage): the other shards' chore locks.
+        self.shard_locks = (
+            ShardLocks(
+                self.executor.storage,
+                self.worker_id,
+                options.master_lock_ttl,
+                live_seconds=self.heartbeat_interval * 3,
+            )
+            if self.executor.storage.chore_shards > 1
+            else None
+        )
         self.chores = MasterChores(
             self.executor,
             options.finished_retention,
@@ -239,6 +250,8 @@ class Worker:
             for thread in background:
                 thread.join(timeout=5)
             self.master.release()
+            if self.shard_locks is not None:
+                self.shard_locks.release()
             try:
                 self.executor.storage.worker_gone(self.worker_id)
             except Exception:
@@ -302,6 +315,7 @@ class Worker:
     def _chores_loop(self) -> None:
         tick = min(1.0, self.options.master_lock_ttl / 4)
         was_master = False
+        had: frozenset[int] = frozenset()  # the chore shards whose locks were held last round
         synced = False
         while not self._threads_done.is_set():
             busy = False
@@ -312,12 +326,25 @@ class Worker:
                 is_master = self.master.hold()
                 if not self.master.reachable:
                     self.chores.storage_failed()
-                if is_master and not was_master:
-                    self.chores.settle()
-                was_master = is_master
-                if is_master:
-                    busy = self.chores.run_once()
-                    wait = self.chores.seconds_to_next_schedule(tick)
+                if self.shard_locks is None:
+                    if is_master and not was_master:
+                        self.chores.settle()
+                    was_master = is_master
+                    if is_master:
+                        busy = self.chores.run_once()
+                        wait = self.chores.seconds_to_next_schedule(tick)
+                else:
+                    held = self.shard_locks.hold(is_master)
+                    if not self.shard_locks.reachable:
+                        self.chores.storage_failed()
+                    shards = held | {0} if is_master else held
+                    if shards - had:  # recovery on a shard just taken waits for heartbeats
+                        self.chores.settle(shards - had)
+                    had = shards
+                    if shards:
+                        busy = self.chores.run_once(shards, master=is_master)
+                    if is_master:
+                        wait = self.chores.seconds_to_next_schedule(tick)
             except Exception:
                 logger.exception("chores round failed")
                 # No settle here: recovery is held back once the storage is reached again

@@ -31,6 +31,12 @@ from .schedule_base import ScheduleStorage
 MASTER_LOCK_NAME = "master"
 
 
+def chore_lock_name(shard: int) -> str:
+    """The lock of the chores of ``shard`` (TaskStorage.chore_shards): shard 0's is the master
+    lock, whose holder also runs the control duties (schedules, batches, worker registry)."""
+    return MASTER_LOCK_NAME if shard == 0 else f"{MASTER_LOCK_NAME}:shard-{shard}"
+
+
 class TaskStorage(ScheduleStorage):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
     the claim's fencing token where a worker writes): a lost race changes nothing and returns
@@ -46,6 +52,17 @@ class TaskStorage(ScheduleStorage):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or system_clock
+
+    @property
+    def chore_shards(self) -> int:
+        """How many parts the chores split into, each run by the holder of its own lock
+        (chore_lock_name); 1 (the master's alone) but on a sharded Redis storage."""
+        return 1
+
+    def chores_on(self, shards: frozenset[int]) -> TaskStorage:
+        """This storage with its chores (promote_due, recover_expired, expire_overdue,
+        purge_finished) confined to ``shards`` of chore_shards; everything else unchanged."""
+        return self
 
     # -- submitting -----------------------------------------------------------------------
     def new_task_id(self, queue: str) -> str:
@@ -382,6 +399,10 @@ class TaskStorage(ScheduleStorage):
     @abc.abstractmethod
     def lock_owner(self, name: str) -> str | None:
         """Who holds the named lease now, or None."""
+
+    def lock_owners(self, names: Sequence[str]) -> dict[str, str | None]:
+        """lock_owner of each name."""
+        return {name: self.lock_owner(name) for name in names}
 
     @abc.abstractmethod
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import builtins
+import copy
 import datetime as dt
 import functools
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -61,6 +63,18 @@ def guarded(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class IdleView(threading.local):
+    """A claiming thread's view of its shards on a sharded storage (a worker's fetcher waits
+    and claims on one thread; another thread's waits do not change what it skips)."""
+
+    def __init__(self) -> None:
+        # the queues the last idle wait found nothing for (no token, nothing due on their
+        # shard), which the claims after it skip until one of them takes a task
+        self.quiet: frozenset[str] = frozenset()
+        # time.monotonic() of the last claim sent to each shard (the sweeps)
+        self.claimed_at: dict[int, float] = {}
+
+
 class RedisAccess(TaskStorage):
     """The client and key prefix of one Redis storage, and the helpers its parts share.
 
@@ -100,6 +114,39 @@ class RedisAccess(TaskStorage):
         self._queue_cursors = [0] * shards
         self._claim_turn = 0  # which shard of its queues a sharded claim visits first
         self._waiters: ShardWaiters | None = None  # a sharded idle wait's threads, once used
+        # Sharded: what the claims of the calling thread may skip (claiming.py)
+        self._idle = IdleView()
+        # Sharded: the shard of each task claimed here off its id's directory shard (a given
+        # id), for its heartbeats; each heartbeat keeps only the tasks it beats.
+        self._held_on: dict[str, int] = {}
+        self._held_lock = threading.Lock()
+        self._chore_scope: frozenset[int] | None = None  # chores_on: the chores' shards
+        self._scoped: dict[frozenset[int], RedisAccess] = {}
+
+    @property
+    def chore_shards(self) -> int:
+        return len(self.prefixes)
+
+    def chores_on(self, shards: frozenset[int]) -> TaskStorage:
+        """A view sharing everything with this storage (client, scripts, state) but the
+        shards its chores visit."""
+        if not self.sharded:
+            return self
+        scope = frozenset(shards)
+        if not scope <= set(range(len(self.prefixes))):
+            raise ValueError(f"shards {sorted(scope)} are not all of {len(self.prefixes)}")
+        view = self._scoped.get(scope)
+        if view is None:
+            view = copy.copy(self)
+            view._chore_scope = scope
+            self._scoped[scope] = view
+        return view
+
+    def _chore_range(self) -> list[int]:
+        """The shards the chores visit, in order."""
+        if self._chore_scope is None:
+            return list(range(len(self.prefixes)))
+        return sorted(self._chore_scope)
 
     def _run(
         self, name: str, *args: Any, now: dt.datetime | None = None, shard: int = CONTROL_SHARD
@@ -145,8 +192,11 @@ class RedisAccess(TaskStorage):
     def deliver_messages(self, limit: int) -> int:
         if not self.sharded:
             return 0
-        shards = range(len(self.prefixes))
-        return deliver(self.client, self.prefixes, self._apply, shards, limit, 2 * len(shards))
+        # The outboxes of the shards whose chores this view runs (a chore lock each); what
+        # their applying sends on to other shards is delivered in the same round.
+        shards = self._chore_range()
+        visits = 2 * len(self.prefixes)
+        return deliver(self.client, self.prefixes, self._apply, shards, limit, visits)
 
     def new_task_id(self, queue: str) -> str:
         # Sharded: an id whose directory shard is its queue's (drawn again until it is, N

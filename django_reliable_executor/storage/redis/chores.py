@@ -23,16 +23,17 @@ class Chores(RedisAccess):
     """Each chore reads a batch from an index, decides in Python, then compare-and-sets in Lua.
 
     Every chore visits the shards one after the other, up to its limit on each: a round over
-    N shards does N bounded steps, so each shard keeps the recovery bound of one shard."""
+    N shards does N bounded steps, so each shard keeps the recovery bound of one shard. A
+    worker runs them only on the shards whose chore lock it holds (``chores_on``)."""
 
     # -- master-only chores ---------------------------------------------------------------
     @guarded
     def promote_due(self, limit: int) -> int:
-        return sum(int(self._run("promote", limit, shard=s)) for s in range(len(self.prefixes)))
+        return sum(int(self._run("promote", limit, shard=s)) for s in self._chore_range())
 
     @guarded
     def recover_expired(self, limit: int) -> list[Transition]:
-        return [t for s in range(len(self.prefixes)) for t in self._recover(limit, s)]
+        return [t for s in self._chore_range() for t in self._recover(limit, s)]
 
     def _recover(self, limit: int, shard: int) -> list[Transition]:
         now = self.clock.now()
@@ -72,7 +73,7 @@ class Chores(RedisAccess):
 
     @guarded
     def expire_overdue(self, limit: int) -> list[Transition]:
-        return [t for s in range(len(self.prefixes)) for t in self._expire(limit, s)]
+        return [t for s in self._chore_range() for t in self._expire(limit, s)]
 
     def _expire(self, limit: int, shard: int) -> list[Transition]:
         now = self.clock.now()
@@ -101,9 +102,7 @@ class Chores(RedisAccess):
     def _purge_finished(
         self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]
     ) -> int:
-        return sum(
-            self._purge(finished_before, limit, statuses, s) for s in range(len(self.prefixes))
-        )
+        return sum(self._purge(finished_before, limit, statuses, s) for s in self._chore_range())
 
     def _purge(
         self,

@@ -1,27 +1,32 @@
-"""The worker's fetching on the Redis storage: claim.lua, and blocking until there is work."""
+"""The worker's fetching on the Redis storage: claim.lua, blocking until there is work, leases."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 
 from ...records import Claim, ClaimRequest
 from ...states import TaskStatus
 from .access import RedisAccess, guarded
 from .codec import claimed, micros, text
-from .sharding import CONTROL_SHARD
+from .sharding import CONTROL_SHARD, directory_of
 from .waiting import ShardWaiters
 
 # A claim raises the task's token by a random step up to this: a claim lost in a failover and
 # the next claim of the task then hold different tokens (2**32 steps stay far below 2**63).
 TOKEN_STEP_MAX = 2**32
 BLOCK_MAX_SECONDS = 5.0  # longest blocking pop; the worker simply waits again
+# Sharded: an idle worker claims on each shard it serves at least this often, token or not (a
+# token taken by a worker that died before claiming is the one wake nothing sends again).
+SWEEP_SECONDS = 10.0
 
 
 class Claiming(RedisAccess):
-    """claim, wait_for_work and wake: the ready lists, and the wake token idle workers block on."""
+    """claim, wait_for_work, wake and heartbeat: the ready lists, the wake token idle workers
+    block on, and the leases of the claims."""
 
     @guarded
     def _claim(self, request: ClaimRequest) -> list[Claim]:
@@ -30,7 +35,15 @@ class Claiming(RedisAccess):
         # One claim.lua per shard of the queues, in turn, until the limit is reached: priority
         # order is exact within a shard, the turn decides between shards.
         claims: list[Claim] = []
-        groups = sorted(self.layout.by_shard(request.queues).items())
+        # After an idle wait, only the shards it found may have work (see _quiet_after).
+        quiet = self._idle.quiet
+        groups = sorted(
+            (shard, queues)
+            for shard, queues in self.layout.by_shard(request.queues).items()
+            if not quiet.issuperset(queues)
+        )
+        if not groups:
+            return claims
         turn = self._claim_turn % len(groups)
         self._claim_turn += 1
         for shard, queues in groups[turn:] + groups[:turn]:
@@ -42,6 +55,8 @@ class Claiming(RedisAccess):
                 request, queues=tuple(queues), limit=limit, start=max(request.start - started, 0)
             )
             claims += self._claim_on(shard, part)
+        if claims:  # busy again: every shard is claimed from until the next idle wait
+            self._idle.quiet = frozenset()
         return claims
 
     def _claim_on(self, shard: int, request: ClaimRequest) -> list[Claim]:
@@ -58,6 +73,8 @@ class Claiming(RedisAccess):
             caps.append("")  # then the name, count, log window (µs) triples
             for name, rate in request.rate_limits.items():
                 caps += [name, rate.count, round(rate.log_window_seconds * 1e6)]
+        if self.sharded:
+            self._idle.claimed_at[shard] = time.monotonic()
         reply = self._run(
             "claim",
             request.worker_id,
@@ -75,7 +92,12 @@ class Claiming(RedisAccess):
         due = (int(next_due) if next_due.isdigit() else int(float(next_due))) if next_due else None
         for queue in request.queues:  # the earliest of the call's queues: at worst too early
             self._next_due[queue] = due
-        return [claimed(text(reply[i]), reply[i + 1], now) for i in range(1, len(reply), 2)]
+        claims = [claimed(text(reply[i]), reply[i + 1], now) for i in range(1, len(reply), 2)]
+        foreign = [c for c in claims if directory_of(c.task.task_id, self.layout.shards) != shard]
+        if foreign:  # a given id stored off its directory shard: noted for the heartbeats
+            with self._held_lock:
+                self._held_on.update((claim.task.task_id, shard) for claim in foreign)
+        return claims
 
     @guarded
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
@@ -86,6 +108,8 @@ class Claiming(RedisAccess):
         if next_due is not None:
             until_due = (next_due - int(micros(self.clock.now()))) / 1e6
             if until_due <= 0:
+                if self.sharded:
+                    self._idle.quiet = self._quiet_after(queues, set())
                 return False
             timeout = min(timeout, until_due)
         # Never 0 ("forever" to BLPOP), never near the client's socket timeout.
@@ -98,13 +122,98 @@ class Claiming(RedisAccess):
             for shard, names in self.layout.by_shard(list(queues)).items()
         }
         if len(groups) == 1 and self._waiters is None:  # one shard: its BLPOP on this thread
-            (keys,) = groups.values()
-            return self.client.blpop(keys, timeout=timeout) is not None
-        # (once waiters exist, every wait goes through them: a pop of theirs still under way
-        # may take the next token)
-        if self._waiters is None:
-            self._waiters = ShardWaiters(self.client, len(self.prefixes))
-        return self._waiters.wait(groups, timeout)
+            ((shard, keys),) = groups.items()
+            woken = {shard} if self.client.blpop(keys, timeout=timeout) is not None else set()
+        else:
+            # (once waiters exist, every wait goes through them: a pop of theirs still under
+            # way may take the next token)
+            if self._waiters is None:
+                self._waiters = ShardWaiters(self.client, len(self.prefixes))
+            woken = self._waiters.wait(groups, timeout)
+        self._idle.quiet = self._quiet_after(queues, woken)
+        return bool(woken)
+
+    def _quiet_after(self, queues: Sequence[str], woken: set[int]) -> frozenset[str]:
+        """The queues an idle wait that ends now leaves with no work to claim: those of the
+        shards without a token (``woken``: the shards with one) whose next scheduled task, as
+        their last claim saw it, is not due yet, and that were claimed within SWEEP_SECONDS.
+
+        Every change that makes a task claimable pushes a token to its queue (submit, a retry,
+        a hand-back, a recovered or released lease, a slot freed under max_concurrency, a
+        resume, a schedule's fire) but one: a scheduled task (delayed, a retry's backoff, held
+        back by rate_limit) coming due. Its time is in the claim's reply (``_next_due``), so
+        its queue is not quiet from then on; one submitted after this worker's last claim of
+        the queue is promoted, with a token, by the master's next round."""
+        now = int(micros(self.clock.now()))
+        since = time.monotonic() - SWEEP_SECONDS
+        quiet: list[str] = []
+        for shard, names in self.layout.by_shard(list(queues)).items():
+            if shard in woken or self._idle.claimed_at.get(shard, since) <= since:
+                continue
+            dues = [self._next_due.get(name, now) for name in names if not _private(name)]
+            if any(due is not None and due <= now for due in dues):
+                continue
+            quiet += names
+        return frozenset(quiet)
+
+    @guarded
+    def heartbeat(
+        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
+    ) -> dict[str, tuple[int, bool]]:
+        if not tokens:
+            return {}
+        now = self.clock.now()
+        lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
+        if self.sharded:
+            return self._heartbeat_shards(worker_id, tokens, lease_until, now)
+        return self._beat(worker_id, tokens, lease_until, now, {CONTROL_SHARD: list(tokens)})
+
+    def _heartbeat_shards(
+        self, worker_id: str, tokens: Mapping[str, int], lease_until: str, now: dt.datetime
+    ) -> dict[str, tuple[int, bool]]:
+        """Sharded heartbeat: each task to the shard it was claimed on, not to every shard.
+        That is its id's directory shard (a generated id's is its queue's), or for a given id
+        stored off it the shard noted when it was claimed here; a task that shard does not
+        hold (a lost lease, a note dropped) is asked of the other shards in a second step."""
+        with self._held_lock:
+            foreign = {t: self._held_on[t] for t in tokens if t in self._held_on}
+            self._held_on = foreign  # the claims no longer beaten are gone
+        guessed: dict[int, list[str]] = {}
+        for task_id in tokens:
+            shard = foreign.get(task_id, directory_of(task_id, self.layout.shards))
+            guessed.setdefault(shard, []).append(task_id)
+        held = self._beat(worker_id, tokens, lease_until, now, guessed)
+        missing = [task_id for task_id in tokens if task_id not in held]
+        if missing:
+            tried = {t: s for s, ids in guessed.items() for t in ids}
+            others: dict[int, list[str]] = {}
+            for task_id in missing:
+                for shard in range(len(self.prefixes)):
+                    if shard != tried[task_id]:
+                        others.setdefault(shard, []).append(task_id)
+            held.update(self._beat(worker_id, tokens, lease_until, now, others))
+        return held
+
+    def _beat(
+        self,
+        worker_id: str,
+        tokens: Mapping[str, int],
+        lease_until: str,
+        now: dt.datetime,
+        by_shard: dict[int, list[str]],
+    ) -> dict[str, tuple[int, bool]]:
+        return {
+            text(task_id): (int(token), text(cancel) == "1")
+            for shard, ids in sorted(by_shard.items())
+            for task_id, token, cancel in self._run(
+                "heartbeat",
+                worker_id,
+                lease_until,
+                *(value for task_id in ids for value in (task_id, tokens[task_id])),
+                now=now,
+                shard=shard,
+            )
+        }
 
     @guarded
     def wake(self, queues: Sequence[str]) -> None:
@@ -114,3 +223,9 @@ class Claiming(RedisAccess):
             pipe.lpush(key, "1")
             pipe.ltrim(key, 0, 0)
         pipe.execute()
+
+
+def _private(key: str) -> bool:
+    """A wake key of one worker's own (fetching.py: a slot of a limited queue freed), not a
+    queue: never claimed, so it has no due time."""
+    return key.startswith("_worker:")

@@ -1,8 +1,9 @@
-"""The named leases of the Redis storage (the master lock): a key per name, set by Lua."""
+"""The named leases of the Redis storage (master and chore locks): a key per name, set by Lua."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 from .access import RedisAccess, guarded
 from .codec import from_micros, micros, text
@@ -24,8 +25,15 @@ class Locks(RedisAccess):
 
     @guarded
     def lock_owner(self, name: str) -> str | None:
-        value = self.client.get(self.p + "lock:" + name)
-        if value is None:
-            return None
-        expires, _, owner = text(value).partition(":")
-        return owner if from_micros(expires) >= self.clock.now() else None
+        return self.lock_owners([name])[name]
+
+    @guarded
+    def lock_owners(self, names: Sequence[str]) -> dict[str, str | None]:
+        # one MGET: every lock is on the control shard
+        values = self.client.mget([self.p + "lock:" + name for name in names]) if names else []
+        now = self.clock.now()
+        owners: dict[str, str | None] = {}
+        for name, value in zip(names, values, strict=True):
+            expires, _, owner = text(value).partition(":") if value is not None else ("", "", "")
+            owners[name] = owner if value is not None and from_micros(expires) >= now else None
+        return owners

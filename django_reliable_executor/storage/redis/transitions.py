@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import chain, repeat
 
 from ...exceptions import AttemptStillRunningError
@@ -60,25 +60,6 @@ class Transitions(RedisAccess):
             claim.started(now) if started == 1 else None
             for claim, started in zip(claims, replies, strict=True)
         ]
-
-    @guarded
-    def heartbeat(
-        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
-    ) -> dict[str, tuple[int, bool]]:
-        if not tokens:
-            return {}
-        now = self.clock.now()
-        lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
-        args = [value for task_id, token in tokens.items() for value in (task_id, token)]
-        # Every shard is asked for every task: a heartbeat does not know the tasks' queues, and
-        # a shard renews only the leases it holds (the others are not its tasks).
-        return {
-            text(task_id): (int(token), text(cancel) == "1")
-            for shard in range(len(self.prefixes))
-            for task_id, token, cancel in self._run(
-                "heartbeat", worker_id, lease_until, *args, now=now, shard=shard
-            )
-        }
 
     def complete(self, claim: Claim, result: object) -> Transition | None:
         return self.complete_many([(claim, result)])[0]

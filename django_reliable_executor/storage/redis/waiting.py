@@ -12,10 +12,11 @@ from typing import Any
 class ShardWaiters:
     """Blocks on the wake lists of several shards at once, one BLPOP per shard on a thread of
     its own (no command blocks on keys of several Cluster slots), and returns at the first
-    token. A pop still running when a wait returns is kept: the next wait on the same keys
-    reuses it rather than sending another, and a token it took meanwhile ends the next wait at
-    once, so no wake is lost. (A wait on other keys of a shard, e.g. the fetcher's own wake key
-    added while its pool is full, sends its own pop beside the one still running.)"""
+    token, telling which shards had one. A pop still running when a wait returns is kept: the
+    next wait on the same keys reuses it rather than sending another, and a token it took
+    meanwhile ends the next wait at once, so no wake is lost. (A wait on other keys of a shard,
+    e.g. the fetcher's own wake key added while its pool is full, sends its own pop beside the
+    one still running.)"""
 
     def __init__(self, client: Any, shards: int) -> None:
         self._client = client
@@ -28,19 +29,21 @@ class ShardWaiters:
         # (shard, its keys) -> the pop under way
         self._pending: dict[tuple[int, tuple[str, ...]], concurrent.futures.Future[Any]] = {}
 
-    def wait(self, groups: dict[int, list[str]], timeout: float) -> bool:
+    def wait(self, groups: dict[int, list[str]], timeout: float) -> set[int]:
         """Block up to ``timeout`` seconds on the wake keys of each shard (``groups``: shard
-        -> keys). True when a token came, from this wait or a pop an earlier one left."""
+        -> keys). The shards whose token came, from this wait or a pop an earlier one left
+        (empty: none came)."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
                 if self._pid != os.getpid():  # forked: the parent's threads are not ours
                     self._pool, self._pending, self._pid = _pool(self._threads), {}, os.getpid()
-                if self._collect():
-                    return True
+                woken = self._collect()
+                if woken:
+                    return woken
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return False
+                    return woken
                 # A pop that ended empty (an earlier, shorter wait's) is sent again.
                 wanted = [(shard, tuple(keys)) for shard, keys in groups.items()]
                 for pop in wanted:
@@ -53,13 +56,14 @@ class ShardWaiters:
                 futures, remaining, return_when=concurrent.futures.FIRST_COMPLETED
             )
 
-    def _collect(self) -> bool:
-        """Drop the finished pops; whether one of them took a token (its error raised)."""
-        woken = False
+    def _collect(self) -> set[int]:
+        """Drop the finished pops; the shards of those that took a token (an error raised)."""
+        woken = set()
         for pop, future in list(self._pending.items()):
             if future.done():
                 del self._pending[pop]
-                woken = future.result() is not None or woken
+                if future.result() is not None:
+                    woken.add(pop[0])
         return woken
 
     def close(self) -> None:
