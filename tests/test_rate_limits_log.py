@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor.models import ReliableRateLog
 from django_reliable_executor.rate_limits import RateLimit
@@ -13,6 +15,7 @@ from tests.conftest import db_params, require
 from tests.contract_support import LEASE
 
 RATED = "demo.echo"
+OTHER = "demo.noop"
 TEN_PER_SECOND = RateLimit(10, 1.0)  # margin and lead 0.1 s, fresh 0.05 s, log window 1.1 s
 DATABASES = db_params(["default", "mariadb", "postgres"])
 
@@ -119,3 +122,67 @@ def test_an_entry_older_than_the_last_trim_is_deleted_by_the_whole_trim_a_minute
     clock.advance(60)
     assert len(claim(storage, 1)) == 1  # the whole range again
     assert "lagging" not in logged(alias)
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_each_entry_carries_its_claims_key_token_and_time(alias, executor, storage, clock):
+    """A claim logs one entry per task it took: under the task's rate key ("" for none), with
+    the claim's fencing token, ahead for a key the claim leaves at most half full and at the
+    claim's time for a fuller one, both in the same claim."""
+    require(alias)
+    key_of = {}
+    for key in ["a"] * 6 + ["b"] * 2 + [None] * 2:
+        key_of[executor.submit(RATED, None, rate_key=key).task_id] = key or ""
+        clock.advance(0.001)
+    storage.release(claim(storage, 2))  # claimed again below, under a later token
+    clock.advance(2)  # their entries out of the window
+    claimed_at = clock.now()
+    claims = claim(storage, 10)
+    assert len(claims) == 10
+    ahead = claimed_at + dt.timedelta(seconds=0.1)
+    stamps = {"a": claimed_at, "b": ahead, "": ahead}  # a: 6 of 10, more than half
+    assert {c.task_id: c.rate_logged_at for c in claims} == {
+        task_id: stamps[key] for task_id, key in key_of.items()
+    }
+    assert max(c.token for c in claims) > min(c.token for c in claims)
+    entries = ReliableRateLog.objects.using(alias).filter(claimed_at__gte=claimed_at)
+    assert sorted(entries.values_list("task_id", "rate_key", "token", "claimed_at")) == sorted(
+        (c.task_id, key_of[c.task_id], c.token, stamps[key_of[c.task_id]]) for c in claims
+    )
+
+
+@pytest.mark.parametrize("alias", db_params(["default"]))
+@pytest.mark.parametrize("mode", ["IMMEDIATE", None])
+def test_a_claim_round_on_sqlite_is_one_write_transaction(alias, mode, executor, storage, clock):
+    """On SQLite a claim round takes the write lock once: the rate-limited name and the other
+    names are claimed in one transaction, after the reads that find the name due; a name far
+    below its limit is counted by its claiming statement itself. When the BEGIN took the
+    write lock (transaction_mode IMMEDIATE) the name's lock row is not written; a deferred
+    BEGIN writes it first, before the window is read."""
+    rated = [executor.submit(RATED, i).task_id for i in range(3)]
+    others = [executor.submit(OTHER, None).task_id for _ in range(2)]
+    connection = connections[alias]
+    configured = connection.transaction_mode
+    connection.transaction_mode = mode
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            claims = storage.claim(
+                "w1", ["default"], 10, LEASE, rate_limits={RATED: RateLimit(100, 1.0)}
+            )
+    finally:
+        connection.transaction_mode = configured
+    assert sorted(c.task_id for c in claims) == sorted(rated + others)
+    assert set(logged(alias)) == set(rated)
+    queries = [query["sql"] for query in captured.captured_queries]
+    sql = [query.split()[0].upper() for query in queries]
+    assert (sql.count("BEGIN"), sql.count("COMMIT"), sql[-1]) == (1, 1, "COMMIT")
+    begin = sql.index("BEGIN")
+    assert set(sql[:begin]) == {"SELECT"}
+    claiming = [q for q in queries[begin:] if q.startswith('UPDATE "reliable_executor_task"')]
+    assert len(claiming) == 2  # the rated name's claim and the other names'
+    assert "SELECT" not in sql[begin:]  # the window counted by the claim itself
+    locked = [i for i, query in enumerate(queries) if "reliable_executor_name_lock" in query]
+    if mode is None:
+        assert locked and locked[0] == begin + 1
+    else:
+        assert locked == []

@@ -58,6 +58,9 @@ class Pick:
     excluded: tuple[str, ...] = ()
     name: str | None = None
     ids: tuple[str, ...] = ()  # only these tasks (rate_limit's choice)
+    # SQL (and its parameters) of the LIMIT the statement computes itself, instead of
+    # ``limit`` (rate_limit's claim far below its limit on SQLite).
+    limit_by: tuple[str, tuple[Any, ...]] | None = None
 
 
 class Claiming(RateLimiting):
@@ -80,7 +83,38 @@ class Claiming(RateLimiting):
             now,
             now + dt.timedelta(seconds=request.lease_seconds),
         )
-        claims = self._claim_rate_limited(request, whole)
+        self.rate_free_at = None
+        if self.vendor == "sqlite" and request.rate_limits:
+            # SQLite: one write transaction for the whole round (one BEGIN IMMEDIATE, one
+            # commit, the write lock taken once) rather than one per rate-limited name and a
+            # statement of its own for the rest: every other write of the worker (its starts,
+            # its completions) waits for that lock meanwhile. The reads that find which
+            # names have tasks due go first, outside it.
+            due = [name for name in request.rate_limits if self._rated_due(whole, name)]
+            if due:
+                with transaction.atomic(using=self.alias):
+                    claims = self._claim_names(request, whole, due, joined=True)
+            else:
+                claims = self._claim_names(request, whole, due)
+        else:
+            claims = self._claim_names(request, whole)
+        if claims:
+            claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
+            self._wakeups.found_at = time.monotonic()  # idle waits grow from here (polling)
+        return claims
+
+    def _claim_names(
+        self,
+        request: ClaimRequest,
+        whole: Pick,
+        due: list[str] | None = None,
+        *,
+        joined: bool = False,
+    ) -> list[Claim]:
+        """The claims of a round: the rate-limited names (``due``: those found due already),
+        the capped ones, then the rest in one statement; ``joined``: all in the caller's
+        transaction."""
+        claims = self._claim_rate_limited(request, whole, due)
         for name, cap in request.name_limits.items():
             room = request.limit - len(claims)
             if room <= 0:
@@ -88,15 +122,13 @@ class Claiming(RateLimiting):
             if name in request.rate_limits:
                 continue  # claimed by _claim_rate_limited, its cap included
             pick = dataclasses.replace(whole, limit=room, name=name)
-            claims += self._retrying(functools.partial(self._claim_capped, pick, cap))
+            claim = functools.partial(self._claim_capped, pick, cap, joined=joined)
+            claims += self._retrying(claim)
         left = request.limit - len(claims)
         if left > 0:
             excluded = tuple(dict.fromkeys([*request.name_limits, *request.rate_limits]))
             pick = dataclasses.replace(whole, limit=left, excluded=excluded)
             claims += self._retrying(functools.partial(self._take, pick))
-        if claims:
-            claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
-            self._wakeups.found_at = time.monotonic()  # idle waits grow from here (polling)
         return claims
 
     def _take(self, pick: Pick) -> list[Claim]:
@@ -153,11 +185,13 @@ class Claiming(RateLimiting):
         if pick.ids:
             names_sql += f"AND task_id IN ({', '.join(['%s'] * len(pick.ids))}) "
             names += list(pick.ids)
+        limit_sql, limit = ("%s", (pick.limit,)) if pick.limit_by is None else pick.limit_by
         sql = (
             f"FROM {self._table} WHERE available = %s AND queue IN ({marks}) AND run_at <= %s "
-            f"{names_sql}{self._not_paused_sql}ORDER BY priority DESC, run_at ASC LIMIT %s"
+            f"{names_sql}{self._not_paused_sql}ORDER BY priority DESC, run_at ASC "
+            f"LIMIT {limit_sql}"
         )
-        return sql, [True, *pick.queues, self._dt(pick.now), *names, pick.limit]
+        return sql, [True, *pick.queues, self._dt(pick.now), *names, *limit]
 
     @functools.cached_property
     def _not_paused_sql(self) -> str:
@@ -168,9 +202,10 @@ class Claiming(RateLimiting):
         paused = connections[self.alias].ops.quote_name(ReliablePausedQueue._meta.db_table)
         return f"AND queue NOT IN (SELECT queue FROM {paused}) "
 
-    def _claim_capped(self, pick: Pick, cap: int) -> list[Claim]:
-        """Up to ``pick.limit`` due tasks of ``pick.name``, never more than its free slots, in
-        one transaction serialised on the name's lock row."""
+    def _claim_capped(self, pick: Pick, cap: int, *, joined: bool = False) -> list[Claim]:
+        """Up to ``pick.limit`` due tasks of ``pick.name``, never more than its free slots,
+        serialised on the name's lock row, in a transaction of its own or, ``joined``, in the
+        caller's (no savepoint: a failure rolls the caller's back)."""
         assert pick.name is not None
         name, queues, now = pick.name, pick.queues, pick.now
         connection = connections[self.alias]
@@ -186,7 +221,7 @@ class Claiming(RateLimiting):
             )
             if cursor.fetchone() is None:
                 return []
-        with transaction.atomic(using=self.alias):
+        with transaction.atomic(using=self.alias, savepoint=not joined):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, table, name)
                 held = self._held(cursor, name, now)
@@ -209,8 +244,13 @@ class Claiming(RateLimiting):
         return int(held)
 
     def _lock_name(self, cursor: Any, table: str, name: str) -> None:
-        """Hold the name's lock row until the transaction ends, creating it on first use."""
-        column = connections[self.alias].ops.quote_name("name")
+        """Hold the name's lock row until the transaction ends, creating it on first use. On
+        SQLite with ``transaction_mode`` IMMEDIATE or EXCLUSIVE, nothing: the transaction's
+        BEGIN took the database's write lock, which serialises more than the row would."""
+        connection = connections[self.alias]
+        if self.vendor == "sqlite" and self._begins_writing(connection):
+            return
+        column = connection.ops.quote_name("name")
         for _ in range(2):
             if self.vendor == "sqlite":
                 # SQLite: the first write of the transaction takes the database's write lock,
@@ -232,6 +272,18 @@ class Claiming(RateLimiting):
             if self.vendor == "sqlite":
                 return  # the INSERT (or the conflict it ignored) took the write lock
         raise AssertionError(f"the lock row of task name {name!r} cannot be created")
+
+    @staticmethod
+    def _begins_writing(connection: Any) -> bool:
+        """SQLite: the open transaction took the write lock at its BEGIN (Django 5.1's
+        ``transaction_mode`` IMMEDIATE or EXCLUSIVE, which ``atomic`` begins with under
+        autocommit), so everything it reads is read alone."""
+        mode = getattr(connection, "transaction_mode", None)
+        return (
+            connection.in_atomic_block
+            and mode in ("IMMEDIATE", "EXCLUSIVE")
+            and connection.settings_dict.get("AUTOCOMMIT", True)
+        )
 
     def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, list[Any]]:
         """The claiming UPDATE ... RETURNING ``returning`` (on PostgreSQL it reads the

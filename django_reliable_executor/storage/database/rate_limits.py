@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -114,59 +115,79 @@ class RateLimiting(DatabaseAccess):
     #: claim; ``wait_for_work`` ends then at the latest).
     rate_free_at: float | None = None
 
-    def _claim_rate_limited(self, request: ClaimRequest, whole: Pick) -> list[Claim]:
+    def _claim_rate_limited(
+        self, request: ClaimRequest, whole: Pick, due: Collection[str] | None = None
+    ) -> list[Claim]:
         """Claims of the rate-limited names of ``request``, each name within its limit (and
-        its cap)."""
-        self.rate_free_at = None
+        its cap). ``due``: the names ``_rated_due`` found due already (the others are passed
+        over), None to look here, each name just before its claim."""
         claims: list[Claim] = []
         for name, rate in request.rate_limits.items():
             budget = request.limit - len(claims)
             if budget <= 0:
                 break
             pick = dataclasses.replace(whole, limit=budget, name=name)
+            if due is None and not self._rated_due(whole, name):
+                continue
+            if due is not None and name not in due:
+                continue
             cap = request.name_limits.get(name)
-            claims += self._retrying(functools.partial(self._claim_rated, pick, rate, cap))
+            claim = functools.partial(self._claim_rated, pick, rate, cap, joined=due is not None)
+            claims += self._retrying(claim)
         return claims
 
-    def _claim_rated(self, pick: Pick, rate: RateLimit, cap: int | None) -> list[Claim]:
-        """Up to ``pick.limit`` due tasks of ``pick.name`` within its rate limit (and ``cap``),
-        in one transaction serialised on the name's lock row."""
-        assert pick.name is not None
-        name, now = pick.name, pick.now
-        connection = connections[self.alias]
-        # Keys this process saw full, until their window frees: no room can appear there
-        # sooner (entries leave only once out of the window, and a start only moves one
-        # later), so their waiting tasks need no lock and no log read until then.
-        known = {k: t for k, t in self._full_keys(name).items() if t > now.timestamp()}
-        due_sql, due_params = self._due_of_name(pick)
+    def _rated_due(self, pick: Pick, name: str) -> bool:
+        """Whether a task of ``name`` is due here, leaving out the keys this process saw
+        full until their window frees (no room can appear there sooner: entries leave only
+        once out of the window, and a start only moves one later), so that their waiting
+        tasks need no lock and no log read until then. A read, before any lock: when nothing
+        is due (the common case of an idle name) the claim takes none. Notes when the
+        earliest known full window frees, for ``wait_for_work``."""
+        now = pick.now.timestamp()
+        known = {k: t for k, t in self._full_keys(name).items() if t > now}
+        due_sql, due_params = self._due_of_name(pick, name)
         if known and len(known) <= MAX_KNOWN_FULL:
             keys_sql, keys_params = _other_keys(list(known))
             due_sql += keys_sql
             due_params += keys_params
-        with connection.cursor() as cursor:
-            # Nothing of the name due here: no lock taken (the common case of an idle name).
+        with connections[self.alias].cursor() as cursor:
             cursor.execute(f"SELECT 1 {due_sql} LIMIT 1", due_params)
-            if cursor.fetchone() is None:
-                if known:
-                    first = min(known.values())
-                    self.rate_free_at = min(first, self.rate_free_at or first)
-                return []
-        with transaction.atomic(using=self.alias):
+            if cursor.fetchone() is not None:
+                return True
+        if known:
+            first = min(known.values())
+            self.rate_free_at = min(first, self.rate_free_at or first)
+        return False
+
+    def _claim_rated(
+        self, pick: Pick, rate: RateLimit, cap: int | None, *, joined: bool = False
+    ) -> list[Claim]:
+        """Up to ``pick.limit`` due tasks of ``pick.name`` within its rate limit (and ``cap``),
+        serialised on the name's lock row, in a transaction of its own or, ``joined``, in the
+        caller's (no savepoint: a failure rolls the caller's back)."""
+        assert pick.name is not None
+        name, now = pick.name, pick.now
+        connection = connections[self.alias]
+        quote = connection.ops.quote_name
+        with transaction.atomic(using=self.alias, savepoint=not joined):
             with connection.cursor() as cursor:
-                self._lock_name(
-                    cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
-                )
-                used = self._window_use(cursor, name, now, rate, pick.limit)
-                limit = pick.limit
-                if cap is not None:
-                    limit = min(limit, cap - self._held(cursor, name, now))
-                claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
-            self._note_free_at(name, used or {}, rate, keys, now)
-            if not claims:
-                return []
-            stamps = _stamps(rate, used, keys, now)
-            if not logged:
+                self._lock_name(cursor, quote(ReliableNameLock._meta.db_table), name)
+                self._trim(cursor, quote(ReliableRateLog._meta.db_table), name, now, rate)
+                claims: list[Claim] = []
+                used: dict[str, tuple[int, dt.datetime]] | None = None
+                logged = False
+                if self.vendor == "sqlite" and cap is None:
+                    claims, keys = self._take_far_below(pick, rate)
+                if not claims:
+                    used = self._window_use(cursor, name, now, rate, pick.limit)
+                    limit = pick.limit
+                    if cap is not None:
+                        limit = min(limit, cap - self._held(cursor, name, now))
+                    claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
+            stamps = _stamps(rate, used, keys, now) if claims else {}
+            if claims and not logged:
                 self._log(name, claims, keys, stamps)
+        self._note_free_at(name, used or {}, rate, keys, now)
         return [
             copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
             for claim, key in zip(claims, keys, strict=True)
@@ -204,18 +225,52 @@ class RateLimiting(DatabaseAccess):
         claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
         return claims, [chosen[claim.task_id] for claim in claims], False
 
+    def _take_far_below(self, pick: Pick, rate: RateLimit) -> tuple[list[Claim], list[str]]:
+        """SQLite: a claim of a name far below its limit in one statement, which counts the
+        window's entries of every key together itself (under the write lock, as
+        ``_window_use`` would) and takes up to ``pick.limit`` tasks, with their keys, only
+        while they leave the window at most half full; none otherwise (the claim then counts
+        per key). One statement fewer in the write transaction than count, then claim."""
+        assert pick.name is not None
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        cutoff = self._dt(pick.now - dt.timedelta(seconds=rate.log_window_seconds))
+        room = (
+            f"CASE WHEN (SELECT COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s) "
+            "* 2 + %s <= %s THEN %s ELSE 0 END",
+            (pick.name, cutoff, 2 * pick.limit, rate.count, pick.limit),
+        )
+        return self._take_keyed(dataclasses.replace(pick, limit_by=room))
+
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
     ) -> None:
         """One log row per claim, in one multi-row INSERT (hand-written: building it through
-        the ORM cost more CPU than the rest of the claim)."""
-        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        the ORM cost more CPU than the rest of the claim). On SQLite one INSERT ... SELECT per
+        time stamped (one for a claim far below its limit), of the rows just claimed named
+        by one JSON array: the same short statement each time (prepared once), few
+        parameters, and no row values passed from here; the claim's transaction holds the
+        write lock, so the rows carry the claim's own token and key."""
+        connection = connections[self.alias]
+        table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
+        if self.vendor == "sqlite":
+            by_stamp: dict[dt.datetime, list[str]] = {}
+            for claim, key in zip(claims, keys, strict=True):
+                by_stamp.setdefault(stamps[key], []).append(claim.task_id)
+            with connection.cursor() as cursor:
+                for stamp, ids in by_stamp.items():
+                    cursor.execute(
+                        f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) "
+                        "SELECT %s, COALESCE(rate_key, ''), task_id, lease_token, %s "
+                        f"FROM {self._table} WHERE task_id IN (SELECT value FROM json_each(%s))",
+                        [name, self._dt(stamp), json.dumps(ids)],
+                    )
+            return
         at = {key: self._dt(stamp) for key, stamp in stamps.items()}
         params: list[Any] = []
         for claim, key in zip(claims, keys, strict=True):
             params += [name, key, claim.task_id, claim.token, at[key]]
         rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(claims))
-        with connections[self.alias].cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) VALUES {rows}",
                 params,
@@ -295,12 +350,13 @@ class RateLimiting(DatabaseAccess):
                 moved |= {(task_id, int(token)) for task_id, token in cursor.fetchall()}
         return moved
 
-    def _due_of_name(self, pick: Pick) -> tuple[str, list[Any]]:
+    def _due_of_name(self, pick: Pick, name: str | None = None) -> tuple[str, list[Any]]:
+        """The due tasks of ``name`` (default ``pick.name``) in the pick's queues (FROM on)."""
         marks = ", ".join(["%s"] * len(pick.queues))
         return (
             f"FROM {self._table} WHERE available = %s AND task_name = %s "
             f"AND queue IN ({marks}) AND run_at <= %s",
-            [True, pick.name, *pick.queues, self._dt(pick.now)],
+            [True, name or pick.name, *pick.queues, self._dt(pick.now)],
         )
 
     def _window_use(
@@ -312,7 +368,6 @@ class RateLimiting(DatabaseAccess):
         index range, and reads no keys). Read under the name's lock, which every write of
         the name's log holds (claims, and starts moving entries): the count is exact."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
-        self._trim(cursor, table, name, now, rate)
         cutoff = self._dt(now - dt.timedelta(seconds=rate.log_window_seconds))
         # claimed_at in the condition: the index range of the window only, not the entries
         # out of it (on PostgreSQL, deleted rows stay in the index until a vacuum).
