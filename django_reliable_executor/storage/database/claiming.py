@@ -71,7 +71,8 @@ class Claiming(RateLimiting):
     UPDATE; on SQLite a write, which takes the database's write lock), counts the held tasks
     of the name and claims at most the free slots: two workers never count the same free
     slot. The rest of the batch is claimed as before with the capped names left out, so a
-    capped name never holds up the others.
+    capped name never holds up the others. On SQLite, a round with rate-limited names due
+    runs whole in one write transaction (see ``_claim``).
     """
 
     def _claim(self, request: ClaimRequest) -> list[Claim]:

@@ -1,14 +1,17 @@
 """rate_limit on the database storage: a sliding log of claims per name and rate key.
 
 Each rate-limited name is claimed in its own short transaction serialised on the name's row of
-``reliable_executor_name_lock`` (FOR UPDATE; on SQLite a write, which takes the database's write
-lock), like max_concurrency: it counts the name's entries of ``reliable_executor_rate_log`` in
-the limit's log window (window + margin, see ``rate_limits.py``) — every key together first,
-an index range count, and per rate key only when a key could pass half full — claims at most
-the room of each key and logs one row per claim, before committing. Two workers never count
+``reliable_executor_name_lock`` (FOR UPDATE), like max_concurrency; on SQLite in the claim
+round's one write transaction, serialised on the database's write lock (taken by BEGIN
+IMMEDIATE, else by a write of the name's row). It counts the name's entries of
+``reliable_executor_rate_log`` in the limit's log window (window + margin, see
+``rate_limits.py``) — every key together first, an index range count, and per rate key only
+when a key could pass half full — claims at most the room of each key and logs one row per
+claim, before committing. Two workers never count
 the same free room. When every key has room for the whole batch, the tasks are claimed in one
 statement that reads their keys too (no candidates read first; on PostgreSQL the same
-statement writes their log rows). A claim that leaves its key's window at most half full logs
+statement writes their log rows; on SQLite the same statement counts the window, and one
+INSERT ... SELECT logs them). A claim that leaves its key's window at most half full logs
 its rows ``lead_seconds`` (a margin) ahead of its ``now`` — about when they start after
 waiting in the worker's local queue — else at its ``now``: a row later than its start only
 counts longer. Entries out of the window count for nothing; a claim deletes them at most once
