@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import functools
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -90,15 +91,16 @@ class Claiming(RateLimiting):
             # commit, the write lock taken once) rather than one per rate-limited name and a
             # statement of its own for the rest: every other write of the worker (its starts,
             # its completions) waits for that lock meanwhile. The reads that find which
-            # names have tasks due go first, outside it.
+            # names have tasks due go first, outside it; the claims are built after it.
             due = [name for name in request.rate_limits if self._rated_due(whole, name)]
             if due:
                 with transaction.atomic(using=self.alias):
-                    claims = self._claim_names(request, whole, due, joined=True)
+                    parts = self._claim_names(request, whole, due, joined=True)
             else:
-                claims = self._claim_names(request, whole, due)
+                parts = self._claim_names(request, whole, due)
         else:
-            claims = self._claim_names(request, whole)
+            parts = self._claim_names(request, whole)
+        claims = [claim for part in parts for claim in part]
         if claims:
             claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
             self._wakeups.found_at = time.monotonic()  # idle waits grow from here (polling)
@@ -111,26 +113,28 @@ class Claiming(RateLimiting):
         due: list[str] | None = None,
         *,
         joined: bool = False,
-    ) -> list[Claim]:
-        """The claims of a round: the rate-limited names (``due``: those found due already),
-        the capped ones, then the rest in one statement; ``joined``: all in the caller's
-        transaction."""
-        claims = self._claim_rate_limited(request, whole, due)
+    ) -> list[Sequence[Claim]]:
+        """The claims of a round, a sequence per statement: the rate-limited names (``due``:
+        those found due already), the capped ones, then the rest in one statement;
+        ``joined``: all in the caller's transaction."""
+        parts = self._claim_rate_limited(request, whole, due)
+        taken = sum(map(len, parts))
         for name, cap in request.name_limits.items():
-            room = request.limit - len(claims)
+            room = request.limit - taken
             if room <= 0:
                 break
             if name in request.rate_limits:
                 continue  # claimed by _claim_rate_limited, its cap included
             pick = dataclasses.replace(whole, limit=room, name=name)
             claim = functools.partial(self._claim_capped, pick, cap, joined=joined)
-            claims += self._retrying(claim)
-        left = request.limit - len(claims)
+            parts.append(self._retrying(claim))
+            taken += len(parts[-1])
+        left = request.limit - taken
         if left > 0:
             excluded = tuple(dict.fromkeys([*request.name_limits, *request.rate_limits]))
             pick = dataclasses.replace(whole, limit=left, excluded=excluded)
-            claims += self._retrying(functools.partial(self._take, pick))
-        return claims
+            parts.append(self._retrying(functools.partial(self._take, pick)))
+        return parts
 
     def _take(self, pick: Pick) -> list[Claim]:
         """Claim what ``pick`` chooses, the way this database does it best."""

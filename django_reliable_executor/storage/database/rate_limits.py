@@ -38,7 +38,7 @@ import datetime as dt
 import functools
 import json
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
@@ -47,6 +47,7 @@ from ...models import ReliableNameLock, ReliableRateLog
 from ...rate_limits import RateLimit
 from ...records import Claim, ClaimRequest, RateUse, copy_with
 from .access import DatabaseAccess
+from .rows import CLAIM_COLUMNS_SQL, CLAIM_FIELDS, claim_from_row
 
 if TYPE_CHECKING:
     from .claiming import Pick
@@ -111,6 +112,40 @@ def _aware(value: Any) -> dt.datetime:
     return value  # type: ignore[no-any-return]
 
 
+class RowClaims(Sequence[Claim]):
+    """The claims of rate-limited tasks as a claiming statement returned their rows, built
+    from them on first use: on SQLite after the claim round's transaction commits, so that the
+    write lock every other write of the worker waits for is not held while Python builds them
+    (a few dozen microseconds a claim). Each logged at ``logged_at``."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], rate: RateLimit, logged_at: dt.datetime):
+        self._rows = rows
+        self._rate = rate
+        self._logged_at = logged_at
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @functools.cached_property
+    def _claims(self) -> list[Claim]:
+        width = len(CLAIM_FIELDS)
+        return [
+            copy_with(
+                claim_from_row(row[:width]), rate_limit=self._rate, rate_logged_at=self._logged_at
+            )
+            for row in self._rows
+        ]
+
+    @overload
+    def __getitem__(self, index: int) -> Claim: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Claim]: ...
+
+    def __getitem__(self, index: int | slice) -> Claim | Sequence[Claim]:
+        return self._claims[index]
+
+
 class RateLimiting(DatabaseAccess):
     """The claim's rate_limit part (see the module docstring)."""
 
@@ -120,13 +155,14 @@ class RateLimiting(DatabaseAccess):
 
     def _claim_rate_limited(
         self, request: ClaimRequest, whole: Pick, due: Collection[str] | None = None
-    ) -> list[Claim]:
+    ) -> list[Sequence[Claim]]:
         """Claims of the rate-limited names of ``request``, each name within its limit (and
-        its cap). ``due``: the names ``_rated_due`` found due already (the others are passed
-        over), None to look here, each name just before its claim."""
-        claims: list[Claim] = []
+        its cap), a sequence per name. ``due``: the names ``_rated_due`` found due already
+        (the others are passed over), None to look here, each name just before its claim."""
+        claims: list[Sequence[Claim]] = []
+        taken = 0
         for name, rate in request.rate_limits.items():
-            budget = request.limit - len(claims)
+            budget = request.limit - taken
             if budget <= 0:
                 break
             pick = dataclasses.replace(whole, limit=budget, name=name)
@@ -136,7 +172,8 @@ class RateLimiting(DatabaseAccess):
                 continue
             cap = request.name_limits.get(name)
             claim = functools.partial(self._claim_rated, pick, rate, cap, joined=due is not None)
-            claims += self._retrying(claim)
+            claims.append(self._retrying(claim))
+            taken += len(claims[-1])
         return claims
 
     def _rated_due(self, pick: Pick, name: str) -> bool:
@@ -164,7 +201,7 @@ class RateLimiting(DatabaseAccess):
 
     def _claim_rated(
         self, pick: Pick, rate: RateLimit, cap: int | None, *, joined: bool = False
-    ) -> list[Claim]:
+    ) -> Sequence[Claim]:
         """Up to ``pick.limit`` due tasks of ``pick.name`` within its rate limit (and ``cap``),
         serialised on the name's lock row, in a transaction of its own or, ``joined``, in the
         caller's (no savepoint: a failure rolls the caller's back)."""
@@ -176,17 +213,19 @@ class RateLimiting(DatabaseAccess):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, quote(ReliableNameLock._meta.db_table), name)
                 self._trim(cursor, quote(ReliableRateLog._meta.db_table), name, now, rate)
-                claims: list[Claim] = []
-                used: dict[str, tuple[int, dt.datetime]] | None = None
-                logged = False
                 if self.vendor == "sqlite" and cap is None:
-                    claims, keys = self._take_far_below(pick, rate)
-                if not claims:
-                    used = self._window_use(cursor, name, now, rate, pick.limit)
-                    limit = pick.limit
-                    if cap is not None:
-                        limit = min(limit, cap - self._held(cursor, name, now))
-                    claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
+                    far_below = self._take_far_below(cursor, pick, rate)
+                    if far_below:
+                        lead = now + dt.timedelta(seconds=rate.lead_seconds)
+                        id_at = CLAIM_FIELDS.index("task_id")
+                        self._log_sqlite(cursor, name, [row[id_at] for row in far_below], lead)
+                        self._note_free_at(name, {}, rate, [], now)  # no key near full
+                        return RowClaims(far_below, rate, lead)
+                used = self._window_use(cursor, name, now, rate, pick.limit)
+                limit = pick.limit
+                if cap is not None:
+                    limit = min(limit, cap - self._held(cursor, name, now))
+                claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
             stamps = _stamps(rate, used, keys, now) if claims else {}
             if claims and not logged:
                 self._log(name, claims, keys, stamps)
@@ -228,12 +267,13 @@ class RateLimiting(DatabaseAccess):
         claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
         return claims, [chosen[claim.task_id] for claim in claims], False
 
-    def _take_far_below(self, pick: Pick, rate: RateLimit) -> tuple[list[Claim], list[str]]:
+    def _take_far_below(self, cursor: Any, pick: Pick, rate: RateLimit) -> list[tuple[Any, ...]]:
         """SQLite: a claim of a name far below its limit in one statement, which counts the
         window's entries of every key together itself (under the write lock, as
-        ``_window_use`` would) and takes up to ``pick.limit`` tasks, with their keys, only
-        while they leave the window at most half full; none otherwise (the claim then counts
-        per key). One statement fewer in the write transaction than count, then claim."""
+        ``_window_use`` would) and takes up to ``pick.limit`` tasks only while they leave the
+        window at most half full; none otherwise (the claim then counts per key). The rows
+        it claimed, as returned (``RowClaims`` makes them claims). One statement fewer in the
+        write transaction than count, then claim."""
         assert pick.name is not None
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
         cutoff = self._dt(pick.now - dt.timedelta(seconds=rate.log_window_seconds))
@@ -242,7 +282,11 @@ class RateLimiting(DatabaseAccess):
             "* 2 + %s <= %s THEN %s ELSE 0 END",
             (pick.name, cutoff, 2 * pick.limit, rate.count, pick.limit),
         )
-        return self._take_keyed(dataclasses.replace(pick, limit_by=room))
+        sql, params = self._claim_update_sql(
+            dataclasses.replace(pick, limit_by=room), CLAIM_COLUMNS_SQL
+        )
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
 
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
@@ -261,12 +305,7 @@ class RateLimiting(DatabaseAccess):
                 by_stamp.setdefault(stamps[key], []).append(claim.task_id)
             with connection.cursor() as cursor:
                 for stamp, ids in by_stamp.items():
-                    cursor.execute(
-                        f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) "
-                        "SELECT %s, COALESCE(rate_key, ''), task_id, lease_token, %s "
-                        f"FROM {self._table} WHERE task_id IN (SELECT value FROM json_each(%s))",
-                        [name, self._dt(stamp), json.dumps(ids)],
-                    )
+                    self._log_sqlite(cursor, name, ids, stamp)
             return
         at = {key: self._dt(stamp) for key, stamp in stamps.items()}
         params: list[Any] = []
@@ -278,6 +317,17 @@ class RateLimiting(DatabaseAccess):
                 f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) VALUES {rows}",
                 params,
             )
+
+    def _log_sqlite(self, cursor: Any, name: str, ids: list[str], stamp: dt.datetime) -> None:
+        """SQLite: the log rows of the tasks ``ids`` just claimed in this transaction, at
+        ``stamp``, each under its task's rate key and lease token as stored."""
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        cursor.execute(
+            f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) "
+            "SELECT %s, COALESCE(rate_key, ''), task_id, lease_token, %s "
+            f"FROM {self._table} WHERE task_id IN (SELECT value FROM json_each(%s))",
+            [name, self._dt(stamp), json.dumps(ids)],
+        )
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         """Claims of rate-limited names that waited here longer than their limit's
@@ -530,4 +580,7 @@ class RateLimiting(DatabaseAccess):
         raise NotImplementedError
 
     def _take_logged(self, pick: Pick, logged_at: dt.datetime) -> tuple[list[Claim], list[str]]:
+        raise NotImplementedError
+
+    def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, list[Any]]:
         raise NotImplementedError
