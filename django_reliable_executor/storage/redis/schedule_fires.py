@@ -5,8 +5,8 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import json
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from ...records import TaskInfo, created_info, new_info
 from ...schedules.ids import fire_task_id_micros
@@ -22,6 +22,7 @@ from .sharding import CONTROL_SHARD, native_id
 # A planned fire on the hashes' strings: schedule id, its hash fields, its runs and its next run
 # (microseconds).
 _Fire = tuple[str, dict[str, str], list[int], int]
+_T = TypeVar("_T")
 
 
 class _RoundClock(NamedTuple):
@@ -42,6 +43,23 @@ FIRING_FIELDS = (
     *("nr", "ev", "sa", "m", "pa", "cr", "n", "q", "p", "j", "rl", "ri", "rb", "md"),
     "ov",
 )
+
+
+def _chunks(
+    items: Sequence[_T], runs: Callable[[_T], int], most: int | None = None
+) -> Iterator[list[_T]]:
+    """``items`` in order, in chunks of about FIRE_CHUNK ``runs`` (a chunk closes once it
+    reaches that), each of at most ``most`` items."""
+    batch: list[_T] = []
+    size = 0
+    for item in items:
+        batch.append(item)
+        size += runs(item)
+        if size >= FIRE_CHUNK or (most is not None and len(batch) >= most):
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _present(values: Sequence[Any]) -> dict[str, str]:
@@ -107,15 +125,7 @@ class ScheduleFires(RedisAccess):
     ) -> builtins.list[TaskInfo]:
         """``fire_schedules`` of fires of one shard: whole fires per script call."""
         created: builtins.list[TaskInfo] = []
-        batch: builtins.list[ScheduleFire] = []
-        size = 0
-        for fire in fires:
-            batch.append(fire)
-            size += len(fire.tasks) + 1
-            if size >= FIRE_CHUNK or len(batch) >= READ_CHUNK:
-                created += self._fire(batch, now, overlapped, shard)
-                batch, size = [], 0
-        if batch:
+        for batch in _chunks(fires, lambda fire: len(fire.tasks) + 1, READ_CHUNK):
             created += self._fire(batch, now, overlapped, shard)
         return created
 
@@ -255,15 +265,7 @@ class ScheduleFires(RedisAccess):
     ) -> builtins.list[TaskInfo]:
         """``_fire_planned`` over chunks of about FIRE_CHUNK runs (one script call each)."""
         created: builtins.list[TaskInfo] = []
-        batch: builtins.list[_Fire] = []
-        size = 0
-        for fire in fires:
-            batch.append(fire)
-            size += len(fire[2]) + 1
-            if size >= FIRE_CHUNK:
-                created += self._fire_planned(batch, now, created_at, overlapped, shard)
-                batch, size = [], 0
-        if batch:
+        for batch in _chunks(fires, lambda fire: len(fire[2]) + 1):
             created += self._fire_planned(batch, now, created_at, overlapped, shard)
         return created
 
