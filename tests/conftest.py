@@ -11,6 +11,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,6 +21,9 @@ from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
 
 from .ci import IN_CI
+
+if TYPE_CHECKING:
+    from django_reliable_executor.storage.redis import RedisStorage
 
 SERVERS = {
     "mariadb": (
@@ -120,6 +124,21 @@ def own_key_prefix(on_redis: bool, name: str = "test") -> Iterator[str]:
             client = redis_client()
             delete_prefix(client, prefix)
             client.close()
+
+
+@contextlib.contextmanager
+def sharded_redis_storage(name: str, shards: int, clock: Clock) -> Iterator[RedisStorage]:
+    """A Redis storage of ``shards`` shards on the shared Redis, under a key prefix of its own
+    (``name``-…); closed, and every shard's keys deleted, afterwards."""
+    from django_reliable_executor.storage.redis import RedisStorage
+
+    require("redis")
+    with own_key_prefix(True, name) as prefix:
+        made = RedisStorage(redis_client(), prefix, clock=clock, shards=shards)
+        try:
+            yield made
+        finally:
+            made.close()
 
 
 def new_storage(
