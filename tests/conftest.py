@@ -7,8 +7,10 @@ A service that cannot be reached skips its tests locally and fails them under CI
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -19,6 +21,7 @@ from django_reliable_executor.clock import Clock, FakeClock
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
+from django_reliable_executor.worker import Worker, WorkerOptions
 
 from .ci import IN_CI
 
@@ -139,6 +142,18 @@ def sharded_redis_storage(name: str, shards: int, clock: Clock) -> Iterator[Redi
             yield made
         finally:
             made.close()
+
+
+def start_warnings(executor: ReliableExecutor, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings a worker over ``executor`` logs when it starts (it is stopped at once)."""
+    worker = Worker(WorkerOptions(poll_interval=0.05), executor)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING, logger="django_reliable_executor"):
+        thread.start()
+        worker.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
 def new_storage(
