@@ -93,8 +93,18 @@ class ScheduleFires(RedisAccess):
         Sharded, a fire goes to the shard of its tasks' queue (where its schedule lives; one
         that moved away meanwhile finds nothing to fire there), its task ids made native to
         that shard (sharding.native_id)."""
-        if not self.sharded:
-            return self._fire_on(fires, now, overlapped, CONTROL_SHARD)
+        by_shard = self._fires_by_shard(fires) if self.sharded else {CONTROL_SHARD: fires}
+        created: builtins.list[TaskInfo] = []
+        for shard, part in sorted(by_shard.items()):
+            for batch in _chunks(part, lambda fire: len(fire.tasks) + 1, READ_CHUNK):
+                created += self._fire(batch, now, overlapped, shard)
+        return created
+
+    def _fires_by_shard(
+        self, fires: Sequence[ScheduleFire]
+    ) -> dict[int, builtins.list[ScheduleFire]]:
+        """The fires by the shard they go to, each made native to it (a fire of a schedule
+        no longer stored left out)."""
         shards = self.layout.shards
         located = self._schedule_shards([f.schedule_id for f in fires if not f.tasks])
         by_shard: dict[int, builtins.list[ScheduleFire]] = {}
@@ -106,28 +116,12 @@ class ScheduleFires(RedisAccess):
             else:
                 continue  # no such schedule any more: nothing to fire
             by_shard.setdefault(shard, []).append(schedule_moves.native_fire(fire, shard, shards))
-        created: builtins.list[TaskInfo] = []
-        for shard, part in sorted(by_shard.items()):
-            created += self._fire_on(part, now, overlapped, shard)
-        return created
+        return by_shard
 
     def _schedule_shards(self, schedule_ids: Sequence[str]) -> dict[str, int]:
         """The shard of each of these schedules that is not moving away (unknown ids left out)."""
         held = schedule_moves.copies(self, schedule_ids) if schedule_ids else {}
         return {i: schedule_moves.settled(copies)[0] for i, copies in held.items()}
-
-    def _fire_on(
-        self,
-        fires: Sequence[ScheduleFire],
-        now: dt.datetime,
-        overlapped: builtins.list[tuple[str, str, int]] | None,
-        shard: int,
-    ) -> builtins.list[TaskInfo]:
-        """``fire_schedules`` of fires of one shard: whole fires per script call."""
-        created: builtins.list[TaskInfo] = []
-        for batch in _chunks(fires, lambda fire: len(fire.tasks) + 1, READ_CHUNK):
-            created += self._fire(batch, now, overlapped, shard)
-        return created
 
     def _fire(
         self,
@@ -136,6 +130,7 @@ class ScheduleFires(RedisAccess):
         overlapped: builtins.list[tuple[str, str, int]] | None,
         shard: int,
     ) -> builtins.list[TaskInfo]:
+        """schedule_fire.lua over fires of one shard."""
         args: builtins.list[str] = []
         for fire in fires:
             args += (
@@ -250,24 +245,13 @@ class ScheduleFires(RedisAccess):
                 skipped.append((schedule_id, dropped + overlapping, values["m"]))
             fires.append((schedule_id, values, runs, next_run))
         overlapped: builtins.list[tuple[str, str, int]] = []
-        created = self._fire_in_chunks(fires, now, str(clock.now_us), overlapped, shard)
+        created: builtins.list[TaskInfo] = []
+        created_at = str(clock.now_us)
+        for batch in _chunks(fires, lambda fire: len(fire[2]) + 1):
+            created += self._fire_planned(batch, now, created_at, overlapped, shard)
         return FiringRound(
             created=created, due=reported, skipped=skipped, paused=paused, overlapped=overlapped
         )
-
-    def _fire_in_chunks(
-        self,
-        fires: Sequence[_Fire],
-        now: dt.datetime,
-        created_at: str,
-        overlapped: builtins.list[tuple[str, str, int]],
-        shard: int,
-    ) -> builtins.list[TaskInfo]:
-        """``_fire_planned`` over chunks of about FIRE_CHUNK runs (one script call each)."""
-        created: builtins.list[TaskInfo] = []
-        for batch in _chunks(fires, lambda fire: len(fire[2]) + 1):
-            created += self._fire_planned(batch, now, created_at, overlapped, shard)
-        return created
 
     def _fire_planned(
         self,
