@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import zlib
@@ -45,7 +44,6 @@ from tests.redis_servers import RedisServer  # noqa: E402
 
 POLL_INTERVAL = 1.0
 SETTLE_SECONDS = 5.0  # after the workers are ready: their start-up commands are not counted
-STOP = "idle-polls-done"
 
 
 def log(message: str) -> None:
@@ -107,7 +105,6 @@ def record(server: RedisServer, prefixes: Sequence[str], seconds: float) -> dict
     names = script_names()
     by_name: collections.Counter[str] = collections.Counter()
     by_shard: collections.Counter[tuple[int, str]] = collections.Counter()
-    listening = threading.Event()
 
     def shard_of_line(words: list[str]) -> int | None:
         for word in words[1:]:
@@ -116,31 +113,21 @@ def record(server: RedisServer, prefixes: Sequence[str], seconds: float) -> dict
                     return shard
         return None
 
-    def listen() -> None:
-        with server.client().monitor() as monitor:
-            listening.set()
-            for line in monitor.listen():
-                words = line["command"].split()
-                if STOP in words:
-                    return
-                if line.get("client_type") == "lua":  # run inside a script: no round trip
-                    continue
-                command = words[0].lower()
-                if command in ("monitor", "info"):
-                    continue
-                name = names.get(words[1], words[1]) if command == "evalsha" else command
-                by_name[name] += 1
-                shard = shard_of_line(words)
-                if shard is not None:
-                    by_shard[(shard, name)] += 1
+    def count(line: dict[str, Any]) -> None:
+        if line.get("client_type") == "lua":  # run inside a script: no round trip
+            return
+        words = line["command"].split()
+        command = words[0].lower()
+        if command in ("monitor", "info"):
+            return
+        name = names.get(words[1], words[1]) if command == "evalsha" else command
+        by_name[name] += 1
+        shard = shard_of_line(words)
+        if shard is not None:
+            by_shard[(shard, name)] += 1
 
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    listening.wait(10)
-    time.sleep(seconds)
-    with server.client() as admin:
-        admin.echo(STOP)
-    thread.join(10)
+    with server.monitored(count):
+        time.sleep(seconds)
     return {"by_name": dict(by_name), "by_shard": dict(by_shard)}
 
 

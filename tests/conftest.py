@@ -7,10 +7,13 @@ A service that cannot be reached skips its tests locally and fails them under CI
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,8 +21,12 @@ from django_reliable_executor.clock import Clock, FakeClock
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
+from django_reliable_executor.worker import Worker, WorkerOptions
 
 from .ci import IN_CI
+
+if TYPE_CHECKING:
+    from django_reliable_executor.storage.redis import RedisStorage
 
 SERVERS = {
     "mariadb": (
@@ -120,6 +127,33 @@ def own_key_prefix(on_redis: bool, name: str = "test") -> Iterator[str]:
             client = redis_client()
             delete_prefix(client, prefix)
             client.close()
+
+
+@contextlib.contextmanager
+def sharded_redis_storage(name: str, shards: int, clock: Clock) -> Iterator[RedisStorage]:
+    """A Redis storage of ``shards`` shards on the shared Redis, under a key prefix of its own
+    (``name``-…); closed, and every shard's keys deleted, afterwards."""
+    from django_reliable_executor.storage.redis import RedisStorage
+
+    require("redis")
+    with own_key_prefix(True, name) as prefix:
+        made = RedisStorage(redis_client(), prefix, clock=clock, shards=shards)
+        try:
+            yield made
+        finally:
+            made.close()
+
+
+def start_warnings(executor: ReliableExecutor, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings a worker over ``executor`` logs when it starts (it is stopped at once)."""
+    worker = Worker(WorkerOptions(poll_interval=0.05), executor)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING, logger="django_reliable_executor"):
+        thread.start()
+        worker.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
 def new_storage(

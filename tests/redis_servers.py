@@ -26,7 +26,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -344,6 +346,32 @@ class RedisServer:
             if path.exists():
                 text += path.read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
+
+    @contextlib.contextmanager
+    def monitored(self, each: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+        """Pass ``each`` line of the server's MONITOR (a dict, its ``command`` the words as one
+        string) of every command run meanwhile; on leaving, every line up to then was passed."""
+        done = f"monitor-done-{uuid.uuid4().hex}"
+        listening = threading.Event()
+
+        def listen() -> None:
+            with self.client().monitor() as monitor:
+                listening.set()
+                for line in monitor.listen():
+                    if done in line["command"].split():
+                        return
+                    each(line)
+
+        thread = threading.Thread(target=listen, daemon=True)
+        thread.start()
+        assert listening.wait(10)
+        try:
+            yield
+        finally:
+            with self.client() as admin:
+                admin.echo(done)  # MONITOR lines come in order: every earlier one was passed
+            thread.join(10)
+            assert not thread.is_alive()
 
     def __repr__(self) -> str:
         return f"<RedisServer {self.url} in {self.directory}>"

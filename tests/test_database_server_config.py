@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-import threading
-
 import pytest
 from django.db import connections
 
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.database import DatabaseStorage
-from django_reliable_executor.worker import Worker, WorkerOptions
-from tests.conftest import require
+from tests.conftest import require, start_warnings
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "mariadb", "postgres"])
 TABLE = "reliable_executor_task"
@@ -67,15 +63,8 @@ def test_the_worker_logs_it_when_it_starts(postgres, caplog):
     with connections["postgres"].cursor() as cursor:
         cursor.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)")
     try:
-        worker = Worker(WorkerOptions(poll_interval=0.05), ReliableExecutor(postgres))
-        thread = threading.Thread(target=worker.run)
-        with caplog.at_level(logging.WARNING, logger="django_reliable_executor"):
-            thread.start()
-            worker.request_stop()
-            thread.join(10)
-        assert not thread.is_alive()
+        warnings = start_warnings(ReliableExecutor(postgres), caplog)
     finally:
         with connections["postgres"].cursor() as cursor:
             cursor.execute(f"ALTER TABLE {TABLE} RESET (autovacuum_enabled)")
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("autovacuum_enabled = off" in w for w in warnings), warnings

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-import threading
-
 import pytest
 
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
-from django_reliable_executor.worker import Worker, WorkerOptions
-from tests.conftest import redis_client
+from tests.conftest import redis_client, start_warnings
 
 pytest_plugins = ["tests.redis_servers"]
 
@@ -34,11 +30,5 @@ def test_an_evicting_policy_is_named_in_the_warning(spare_redis):
 def test_the_worker_logs_it_when_it_starts(spare_redis, caplog):
     server = spare_redis("--maxmemory-policy", "volatile-lru")
     executor = ReliableExecutor(RedisStorage(redis_client(server.url), "test-config"))
-    worker = Worker(WorkerOptions(poll_interval=0.05), executor)
-    thread = threading.Thread(target=worker.run)
-    with caplog.at_level(logging.WARNING, logger="django_reliable_executor"):
-        thread.start()
-        worker.request_stop()
-        thread.join(10)
-    assert not thread.is_alive()
-    assert any("volatile-lru" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    warnings = start_warnings(executor, caplog)
+    assert any("volatile-lru" in w for w in warnings), warnings

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ from django_reliable_executor.storage.redis.codec import fields
 from django_reliable_executor.storage.redis.resharding import check_reshard
 from django_reliable_executor.storage.redis.schedules import _encoded
 from django_reliable_executor.storage.redis.sharding import directory_of, shard_of
-from tests.conftest import delete_prefix, redis_client, require
+from tests.conftest import redis_client, sharded_redis_storage
 
 if TYPE_CHECKING:
     from tests.redis_servers import SpareServers
@@ -61,17 +60,8 @@ def tasks_of(executor: ReliableExecutor, schedule_id: str) -> list:
 
 @pytest.fixture
 def storage(clock) -> Iterator[RedisStorage]:
-    require("redis")
-    client = redis_client()
-    prefix = f"shard-sched-{zlib.crc32(str(id(client)).encode()):08x}"
-    made = RedisStorage(client, prefix, clock=clock, shards=SHARDS)
-    try:
+    with sharded_redis_storage("shard-sched", SHARDS, clock) as made:
         yield made
-    finally:
-        made.close()
-        cleaner = redis_client()
-        delete_prefix(cleaner, prefix)
-        cleaner.close()
 
 
 @pytest.fixture

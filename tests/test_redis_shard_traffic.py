@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -29,7 +28,6 @@ pytest_plugins = ["tests.redis_servers"]  # spare_redis
 SHARDS = 4
 # One queue on each of the four shards (pinned: the hash is part of the layout).
 QUEUES = ("bulk", "prio", "emails", "default")
-STOP = "traffic-count-done"
 
 
 def test_the_queues_are_one_per_shard():
@@ -54,29 +52,16 @@ def scripts_sent(server: RedisServer, storage: RedisStorage) -> Iterator[collect
     ``counts[(shard, sha)]`` per script. Read from the server's MONITOR."""
     counts: collections.Counter = collections.Counter()
     routes = {prefix + "counts": shard for shard, prefix in enumerate(storage.prefixes)}
-    listening = threading.Event()
 
-    def listen() -> None:
-        with server.client().monitor() as monitor:
-            listening.set()
-            for line in monitor.listen():
-                words = line["command"].split()
-                if STOP in words:
-                    return
-                if words[0].upper() == "EVALSHA":
-                    shard = routes[words[3]]  # EVALSHA sha numkeys key ...
-                    counts[shard] += 1
-                    counts[(shard, words[1])] += 1
+    def count(line: dict[str, Any]) -> None:
+        words = line["command"].split()
+        if words[0].upper() == "EVALSHA":
+            shard = routes[words[3]]  # EVALSHA sha numkeys key ...
+            counts[shard] += 1
+            counts[(shard, words[1])] += 1
 
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    assert listening.wait(10)
-    try:
+    with server.monitored(count):
         yield counts
-    finally:
-        storage.client.echo(STOP)
-        thread.join(10)
-        assert not thread.is_alive()
 
 
 def claim(storage: RedisStorage, queues=QUEUES):

@@ -27,7 +27,7 @@ from django_reliable_executor.storage.redis.sharding import (
     shard_prefix,
 )
 from django_reliable_executor.storage.redis.submitting import ID_RESERVATION_GRACE_SECONDS
-from tests.conftest import REDIS_URL, delete_prefix, redis_client, require
+from tests.conftest import REDIS_URL, delete_prefix, redis_client, require, sharded_redis_storage
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
@@ -38,17 +38,8 @@ QUEUES = ("orphan", "emails", "default", "alpha", "prio", "search")
 
 @pytest.fixture
 def storage(clock) -> Iterator[RedisStorage]:
-    require("redis")
-    client = redis_client()
-    prefix = f"shards-{zlib.crc32(str(id(client)).encode()):08x}"
-    made = RedisStorage(client, prefix, clock=clock, shards=SHARDS)
-    try:
+    with sharded_redis_storage("shards", SHARDS, clock) as made:
         yield made
-    finally:
-        made.close()
-        cleaner = redis_client()
-        delete_prefix(cleaner, prefix)
-        cleaner.close()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ parametrised over every backend.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +18,7 @@ from django_reliable_executor.dependencies import WAITING_RUN_AT
 from django_reliable_executor.records import Claim
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
-from tests.conftest import delete_prefix, redis_client, require
+from tests.conftest import sharded_redis_storage
 from tests.redis_support import index_problems
 
 SHARDS = 3
@@ -33,18 +32,9 @@ S0, S1, S2, S0B = "orphan", "default", "prio", "emails"
 def storage(clock) -> Iterator[RedisStorage]:
     """A storage of 3 shards under a prefix of its own; after the test, every index invariant
     holds on every shard and no message is left undelivered."""
-    require("redis")
-    client = redis_client()
-    prefix = f"xshards-{zlib.crc32(str(id(client)).encode()):08x}"
-    made = RedisStorage(client, prefix, clock=clock, shards=SHARDS)
-    try:
+    with sharded_redis_storage("xshards", SHARDS, clock) as made:
         yield made
         assert index_problems(made) == []
-    finally:
-        made.close()
-        cleaner = redis_client()
-        delete_prefix(cleaner, prefix)  # every shard's keys
-        cleaner.close()
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import json
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from ...records import TaskInfo, created_info, new_info
 from ...schedules.ids import fire_task_id_micros
@@ -22,6 +22,7 @@ from .sharding import CONTROL_SHARD, native_id
 # A planned fire on the hashes' strings: schedule id, its hash fields, its runs and its next run
 # (microseconds).
 _Fire = tuple[str, dict[str, str], list[int], int]
+_T = TypeVar("_T")
 
 
 class _RoundClock(NamedTuple):
@@ -42,6 +43,23 @@ FIRING_FIELDS = (
     *("nr", "ev", "sa", "m", "pa", "cr", "n", "q", "p", "j", "rl", "ri", "rb", "md"),
     "ov",
 )
+
+
+def _chunks(
+    items: Sequence[_T], runs: Callable[[_T], int], most: int | None = None
+) -> Iterator[list[_T]]:
+    """``items`` in order, in chunks of about FIRE_CHUNK ``runs`` (a chunk closes once it
+    reaches that), each of at most ``most`` items."""
+    batch: list[_T] = []
+    size = 0
+    for item in items:
+        batch.append(item)
+        size += runs(item)
+        if size >= FIRE_CHUNK or (most is not None and len(batch) >= most):
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _present(values: Sequence[Any]) -> dict[str, str]:
@@ -75,8 +93,18 @@ class ScheduleFires(RedisAccess):
         Sharded, a fire goes to the shard of its tasks' queue (where its schedule lives; one
         that moved away meanwhile finds nothing to fire there), its task ids made native to
         that shard (sharding.native_id)."""
-        if not self.sharded:
-            return self._fire_on(fires, now, overlapped, CONTROL_SHARD)
+        by_shard = self._fires_by_shard(fires) if self.sharded else {CONTROL_SHARD: fires}
+        created: builtins.list[TaskInfo] = []
+        for shard, part in sorted(by_shard.items()):
+            for batch in _chunks(part, lambda fire: len(fire.tasks) + 1, READ_CHUNK):
+                created += self._fire(batch, now, overlapped, shard)
+        return created
+
+    def _fires_by_shard(
+        self, fires: Sequence[ScheduleFire]
+    ) -> dict[int, builtins.list[ScheduleFire]]:
+        """The fires by the shard they go to, each made native to it (a fire of a schedule
+        no longer stored left out)."""
         shards = self.layout.shards
         located = self._schedule_shards([f.schedule_id for f in fires if not f.tasks])
         by_shard: dict[int, builtins.list[ScheduleFire]] = {}
@@ -88,36 +116,12 @@ class ScheduleFires(RedisAccess):
             else:
                 continue  # no such schedule any more: nothing to fire
             by_shard.setdefault(shard, []).append(schedule_moves.native_fire(fire, shard, shards))
-        created: builtins.list[TaskInfo] = []
-        for shard, part in sorted(by_shard.items()):
-            created += self._fire_on(part, now, overlapped, shard)
-        return created
+        return by_shard
 
     def _schedule_shards(self, schedule_ids: Sequence[str]) -> dict[str, int]:
         """The shard of each of these schedules that is not moving away (unknown ids left out)."""
         held = schedule_moves.copies(self, schedule_ids) if schedule_ids else {}
         return {i: schedule_moves.settled(copies)[0] for i, copies in held.items()}
-
-    def _fire_on(
-        self,
-        fires: Sequence[ScheduleFire],
-        now: dt.datetime,
-        overlapped: builtins.list[tuple[str, str, int]] | None,
-        shard: int,
-    ) -> builtins.list[TaskInfo]:
-        """``fire_schedules`` of fires of one shard: whole fires per script call."""
-        created: builtins.list[TaskInfo] = []
-        batch: builtins.list[ScheduleFire] = []
-        size = 0
-        for fire in fires:
-            batch.append(fire)
-            size += len(fire.tasks) + 1
-            if size >= FIRE_CHUNK or len(batch) >= READ_CHUNK:
-                created += self._fire(batch, now, overlapped, shard)
-                batch, size = [], 0
-        if batch:
-            created += self._fire(batch, now, overlapped, shard)
-        return created
 
     def _fire(
         self,
@@ -126,6 +130,7 @@ class ScheduleFires(RedisAccess):
         overlapped: builtins.list[tuple[str, str, int]] | None,
         shard: int,
     ) -> builtins.list[TaskInfo]:
+        """schedule_fire.lua over fires of one shard."""
         args: builtins.list[str] = []
         for fire in fires:
             args += (
@@ -240,32 +245,13 @@ class ScheduleFires(RedisAccess):
                 skipped.append((schedule_id, dropped + overlapping, values["m"]))
             fires.append((schedule_id, values, runs, next_run))
         overlapped: builtins.list[tuple[str, str, int]] = []
-        created = self._fire_in_chunks(fires, now, str(clock.now_us), overlapped, shard)
+        created: builtins.list[TaskInfo] = []
+        created_at = str(clock.now_us)
+        for batch in _chunks(fires, lambda fire: len(fire[2]) + 1):
+            created += self._fire_planned(batch, now, created_at, overlapped, shard)
         return FiringRound(
             created=created, due=reported, skipped=skipped, paused=paused, overlapped=overlapped
         )
-
-    def _fire_in_chunks(
-        self,
-        fires: Sequence[_Fire],
-        now: dt.datetime,
-        created_at: str,
-        overlapped: builtins.list[tuple[str, str, int]],
-        shard: int,
-    ) -> builtins.list[TaskInfo]:
-        """``_fire_planned`` over chunks of about FIRE_CHUNK runs (one script call each)."""
-        created: builtins.list[TaskInfo] = []
-        batch: builtins.list[_Fire] = []
-        size = 0
-        for fire in fires:
-            batch.append(fire)
-            size += len(fire[2]) + 1
-            if size >= FIRE_CHUNK:
-                created += self._fire_planned(batch, now, created_at, overlapped, shard)
-                batch, size = [], 0
-        if batch:
-            created += self._fire_planned(batch, now, created_at, overlapped, shard)
-        return created
 
     def _fire_planned(
         self,

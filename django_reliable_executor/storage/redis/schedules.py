@@ -6,7 +6,7 @@ import builtins
 import datetime as dt
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...records import build
@@ -171,24 +171,19 @@ class Schedules(RedisAccess):
             ids = [text(i) for i in self.client.zrangebylex(index, "-", "+", offset, limit)]
             found = self._read_schedules(ids)
             return [found[i] for i in ids if i in found]
-        # Active ones: walk the id index, skipping the paused (few, as a rule).
-        result: builtins.list[ScheduleInfo] = []
-        skipped, cursor = 0, 0
-        while len(result) < limit:
-            ids = [text(i) for i in self.client.zrangebylex(index, "-", "+", cursor, READ_CHUNK)]
-            if not ids:
-                break
-            cursor += len(ids)
-            found = self._read_schedules(ids)
-            for schedule_id in ids:
-                info = found.get(schedule_id)
-                if info is None or info.paused:
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                elif len(result) < limit:
-                    result.append(info)
-        return result
+
+        def chunks() -> Iterator[tuple[builtins.list[str], dict[str, ScheduleInfo]]]:
+            cursor = 0
+            while True:
+                ids = [
+                    text(i) for i in self.client.zrangebylex(index, "-", "+", cursor, READ_CHUNK)
+                ]
+                if not ids:
+                    return
+                cursor += len(ids)
+                yield ids, self._read_schedules(ids)
+
+        return _active_page(chunks(), limit, offset)
 
     def _list_merged(
         self, limit: int, offset: int, paused: bool | None
@@ -200,23 +195,12 @@ class Schedules(RedisAccess):
             page = list(itertools.islice(located, offset, offset + limit))
             found = self._read_located(page)
             return [found[i] for i, _ in page if i in found and (paused is None or found[i].paused)]
-        # Active ones: walk the id index, skipping the paused (few, as a rule).
-        result: builtins.list[ScheduleInfo] = []
-        skipped = 0
-        while len(result) < limit:
-            chunk = list(itertools.islice(located, READ_CHUNK))
-            if not chunk:
-                break
-            found = self._read_located(chunk)
-            for schedule_id, _ in chunk:
-                info = found.get(schedule_id)
-                if info is None or info.paused:
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                elif len(result) < limit:
-                    result.append(info)
-        return result
+
+        def chunks() -> Iterator[tuple[builtins.list[str], dict[str, ScheduleInfo]]]:
+            while chunk := list(itertools.islice(located, READ_CHUNK)):
+                yield [schedule_id for schedule_id, _ in chunk], self._read_located(chunk)
+
+        return _active_page(chunks(), limit, offset)
 
     def _read_located(
         self, located: Sequence[tuple[str, Sequence[int]]]
@@ -289,3 +273,24 @@ class Schedules(RedisAccess):
             pipe.zrange(prefix + "schedules:due", 0, 0, withscores=True)
         firsts = [int(first[0][1]) for first in pipe.execute() if first]
         return from_micros(min(firsts)) if firsts else None
+
+
+def _active_page(
+    chunks: Iterator[tuple[list[str], dict[str, ScheduleInfo]]], limit: int, offset: int
+) -> list[ScheduleInfo]:
+    """``list_schedules`` of the active ones: walk the id index in chunks (ids, the schedules
+    read of them), skipping the paused (few, as a rule); no chunk is read past the page."""
+    result: list[ScheduleInfo] = []
+    skipped = 0
+    for ids, found in chunks:
+        for schedule_id in ids:
+            info = found.get(schedule_id)
+            if info is None or info.paused:
+                continue
+            if skipped < offset:
+                skipped += 1
+            elif len(result) < limit:
+                result.append(info)
+        if len(result) >= limit:
+            break
+    return result
