@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 from redis.crc import key_slot
 
-from django_reliable_executor import TaskStatus
+from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.service import executor as module_executor
@@ -450,3 +450,17 @@ def test_one_shard_keeps_the_unique_key_and_round_trip_of_before(clock, monkeypa
         cleaner = redis_client()
         delete_prefix(cleaner, prefix)
         cleaner.close()
+
+
+def test_one_call_submitting_a_key_twice_off_its_home_stores_one_task(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    key, digest = key_of_home(0, "batch")  # home shard 0; the queues of shards 1 and 2
+    requests = [
+        TaskSubmitRequest("demo.echo", n, queue=queue, unique_for=60, unique_key=key)
+        for n, queue in enumerate(("default", "default", "prio", "alpha"))
+    ]
+    infos = executor.submit_many(requests)
+    assert {info.task_id for info in infos} == {infos[0].task_id}
+    assert executor.count_by_status()[TaskStatus.CREATED] == 1
+    assert storage.unique_holder(digest) == infos[0]

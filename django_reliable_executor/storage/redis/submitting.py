@@ -80,17 +80,25 @@ class Submitting(RedisAccess):
         # holds returns that task; a key taken is not taken again on this shard.
         keyless: set[str] = set()
         released: list[str] = []
+        taken: dict[str, int] = {}  # key digest -> the position that took it in this call
+        same: dict[int, int] = {}  # position -> the earlier one of its key: its task
         for index, task in enumerate(tasks):
             if index in held or task.unique_key is None or task.unique_until is None:
                 continue
             home = unique_home(task.unique_key, self.layout.shards)
             if home == shard:
                 continue
-            holder = self._take_unique(task, home, shard)
-            if holder is None:
-                keyless.add(task.task_id)
-                continue
-            held[index] = (holder, False)
+            if task.unique_key in taken:
+                same[index] = taken[task.unique_key]
+                holder = None
+            else:
+                holder = self._take_unique(task, home, shard)
+                if holder is None:
+                    keyless.add(task.task_id)
+                    taken[task.unique_key] = index
+                    continue
+            if holder is not None:
+                held[index] = (holder, False)
             if directory_of(task.task_id, self.layout.shards) != shard:
                 released.append(task.task_id)
         if released:  # ids reserved above for tasks not stored after all
@@ -101,9 +109,17 @@ class Submitting(RedisAccess):
                 )
             for directory, ids in sorted(by_directory.items()):
                 self._run("id_release", shard, *ids, shard=directory)
-        rest = [t for i, t in enumerate(tasks) if i not in held]
+        rest = [t for i, t in enumerate(tasks) if i not in held and i not in same]
         stored = iter(self._store(rest, shard, keyless))
-        return [held[i] if i in held else next(stored) for i in range(len(tasks))]
+        results: list[tuple[TaskInfo, bool]] = []
+        for index in range(len(tasks)):
+            if index in held:
+                results.append(held[index])
+            elif index in same:
+                results.append((results[same[index]][0], False))
+            else:
+                results.append(next(stored))
+        return results
 
     def _take_unique(self, task: NewTask, home: int, shard: int) -> TaskInfo | None:
         """unique_reserve.lua on ``home``, the home shard of ``task``'s unique key, for the
