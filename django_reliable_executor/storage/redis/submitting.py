@@ -263,7 +263,7 @@ class Submitting(RedisAccess):
                 elif isinstance(reply, (str, bytes)) and text(reply) == "ureserved":
                     results.append(self._unique_reserved(task, shard))
                 elif isinstance(reply, (str, bytes)):  # "elsewhere": another shard's task
-                    results.append(self._stored_elsewhere(task, shard))
+                    results.append(self._stored_elsewhere(task, shard, keyless))
                 elif len(reply) == 2 and isinstance(reply[0], list):  # a new dependent
                     results.append((to_info(task.task_id, fields(reply[0])), True))
                 elif len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
@@ -323,7 +323,9 @@ class Submitting(RedisAccess):
                     )
         return remote
 
-    def _stored_elsewhere(self, task: NewTask, shard: int) -> tuple[TaskInfo, bool]:
+    def _stored_elsewhere(
+        self, task: NewTask, shard: int, keyless: set[str]
+    ) -> tuple[TaskInfo, bool]:
         """``task``, whose queue's shard is its id's directory, which says another shard holds
         the id: that shard's task (not created), or, when that shard never stored it and its
         reservation is older than the grace (its submitter crashed), ``task`` stored here
@@ -351,7 +353,7 @@ class Submitting(RedisAccess):
                     field="task_id",
                 )
             self._run("id_release", shard, task.task_id, shard=shard)
-        ((info, created),) = self._store([task], shard)
+        ((info, created),) = self._store([task], shard, keyless)
         return info, created
 
     @guarded
