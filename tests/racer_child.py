@@ -20,6 +20,10 @@ def _race(folder: Path, number: str, submit: dict) -> None:
     # {"in_transaction": seconds}: submit inside atomic() and hold the transaction open that
     # long before committing, so the others meet an uncommitted key.
     hold = submit.pop("in_transaction", None)
+    # {"queues": [...]}: racer i submits to the i-th (round robin), e.g. one per shard.
+    queues = submit.pop("queues", None)
+    if queues:
+        submit["queue"] = queues[int(number) % len(queues)]
     executor.get_task("warm-up")  # connected: the race is the submit, not the connecting
     (folder / f"ready-{number}").touch()
     go = folder / "go"

@@ -8,6 +8,7 @@ from django.db import transaction
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, reliable_task_handler, signals
 from django_reliable_executor.exceptions import HandlerRegistrationError, InvalidTaskOptionError
 from django_reliable_executor.registry import unregister
+from django_reliable_executor.storage.redis.sharding import unique_home
 from django_reliable_executor.uniqueness import unique_digest
 from tests.contract_support import claim_and_start, recording, total
 
@@ -144,7 +145,9 @@ def test_expired_keys_are_removed_or_expire(executor, clock):
 
         assert not ReliableUniqueKey.objects.using(executor.storage.alias).exists()
     else:
-        ttl = executor.storage.client.pttl(executor.storage.p + "u:" + key)
+        storage = executor.storage  # the key lives on its home shard (one: the only one)
+        home = storage.prefixes[unique_home(key, storage.layout.shards)]
+        ttl = storage.client.pttl(home + "u:" + key)
         assert 0 < ttl <= 5000  # Redis drops it by itself
 
 

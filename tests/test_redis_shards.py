@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 from redis.crc import key_slot
 
-from django_reliable_executor import TaskStatus
+from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.service import executor as module_executor
@@ -25,8 +25,13 @@ from django_reliable_executor.storage.redis.sharding import (
     directory_of,
     shard_of,
     shard_prefix,
+    unique_home,
 )
-from django_reliable_executor.storage.redis.submitting import ID_RESERVATION_GRACE_SECONDS
+from django_reliable_executor.storage.redis.submitting import (
+    ID_RESERVATION_GRACE_SECONDS,
+    UNIQUE_RESERVATION_GRACE_SECONDS,
+)
+from django_reliable_executor.uniqueness import unique_digest
 from tests.conftest import REDIS_URL, delete_prefix, redis_client, require, sharded_redis_storage
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
@@ -318,3 +323,135 @@ def test_an_interrupted_reservation_yields_to_its_directory_shards_queue_after_i
     # returns this task.
     assert not storage.client.exists(storage.prefixes[0] + "i:" + task_id)
     assert executor.submit("demo.echo", {}, task_id=task_id, queue="search") == taken
+
+
+# -- unique keys across shards -----------------------------------------------------------------
+def u_keys(storage: RedisStorage) -> dict[int, set[str]]:
+    """Each shard's unique keys (digests)."""
+    return {
+        shard: {key.split("}:u:", 1)[1] for key in keys_of(storage, shard) if "}:u:" in key}
+        for shard in range(SHARDS)
+    }
+
+
+def test_a_unique_key_stores_one_task_whatever_queue_it_is_submitted_to(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    # Keys of each home shard, each submitted to a queue of every shard, the first queue
+    # varying: one task per key, on the first queue's shard; the key only on its home shard.
+    digests: dict[str, int] = {}
+    for n in range(12):
+        first = QUEUES[n % len(QUEUES)]
+        stored = executor.submit("demo.echo", {"n": n}, queue=first, unique_for=300)
+        for queue in QUEUES:
+            again = executor.submit("demo.echo", {"n": n}, queue=queue, unique_for=300)
+            assert again == stored
+        digest = unique_digest("demo.echo", None, {"n": n})
+        digests[digest] = unique_home(digest, SHARDS)
+        assert storage.unique_holder(digest) == stored
+    assert set(digests.values()) == {0, 1, 2}  # every kind of home met
+    assert executor.count_by_status()[TaskStatus.CREATED] == 12
+    assert u_keys(storage) == {
+        shard: {d for d, home in digests.items() if home == shard} for shard in range(SHARDS)
+    }
+
+
+def key_of_home(home: int, tag: str) -> tuple[str, str]:
+    """A unique_key of demo.echo whose home shard is ``home``, and its digest."""
+    for n in range(1000):
+        digest = unique_digest("demo.echo", f"{tag}-{n}", None)
+        if unique_home(digest, SHARDS) == home:
+            return f"{tag}-{n}", digest
+    raise AssertionError("no key found")
+
+
+def test_a_unique_key_held_by_a_terminal_task_or_past_its_window_is_taken_again(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    # A key whose home is shard 0, held by a task of shard 1, then 2, then 0.
+    key, digest = key_of_home(0, "k")
+    first = executor.submit("demo.echo", 1, queue="default", unique_for=60, unique_key=key)
+    assert executor.submit("demo.echo", 2, queue="prio", unique_for=60, unique_key=key) == first
+    assert executor.cancel_task(first.task_id)  # terminal: the key is free
+    second = executor.submit("demo.echo", 3, queue="prio", unique_for=60, unique_key=key)
+    assert second.task_id != first.task_id and second.queue == "prio"
+    assert executor.submit("demo.echo", 4, queue="orphan", unique_for=60, unique_key=key) == second
+    clock.advance(61)  # the window ended: the key is free
+    third = executor.submit("demo.echo", 5, queue="orphan", unique_for=60, unique_key=key)
+    assert third.task_id not in (first.task_id, second.task_id) and third.queue == "orphan"
+    assert executor.submit("demo.echo", 6, queue="default", unique_for=60, unique_key=key) == third
+    assert executor.count_by_status()[TaskStatus.CREATED] == 2
+    # Kept no longer than its window (PX), on its home shard only.
+    assert 0 < storage.client.pttl(storage.prefixes[0] + "u:" + digest) <= 60_000
+    assert u_keys(storage) == {0: {digest}, 1: set(), 2: set()}
+
+
+def test_a_reservation_whose_task_never_came_gives_way_after_its_grace(
+    executor: ReliableExecutor, storage: RedisStorage, clock
+):
+    # A submitter reserved a key (home shard 0) for a task of shard 2 and died before storing
+    # it: the key holds no task, and after the grace a submit to any shard takes it over (to
+    # shard 1, and to shard 0, the key's home).
+    for queue in ("default", "emails"):
+        key, digest = key_of_home(0, queue)
+        until = str(int((clock.now().timestamp() + 300) * 1_000_000))
+        assert storage._run("unique_reserve", 2, digest, "ghost", until, "", shard=0) == ""
+        assert storage.unique_holder(digest) is None  # reserved, not held
+        clock.advance(UNIQUE_RESERVATION_GRACE_SECONDS + 1)
+        taken = executor.submit("demo.echo", None, queue=queue, unique_for=60, unique_key=key)
+        assert taken.queue == queue and storage.unique_holder(digest) == taken
+        again = executor.submit("demo.echo", None, queue="search", unique_for=60, unique_key=key)
+        assert again == taken
+    assert executor.get_task("ghost") is None
+    assert executor.count_by_status()[TaskStatus.CREATED] == 2
+
+
+def test_one_shard_keeps_the_unique_key_and_round_trip_of_before(clock, monkeypatch):
+    """REDIS_SHARDS = 1: a unique submit (new, then matching) is one submit.lua call and no
+    other command, and leaves one key P u:<digest> = "<window end> <task id>"."""
+    require("redis")
+    prefix = f"shards1-{zlib.crc32(str(id(clock)).encode()):08x}"
+    storage = RedisStorage(redis_client(), prefix, clock=clock)
+    scripts: list[str] = []
+    commands: list[object] = []
+    run = storage._scripts.run
+    monkeypatch.setattr(
+        storage._scripts, "run", lambda name, *a: (scripts.append(name), run(name, *a))[1]
+    )
+    execute = storage.client.execute_command
+    monkeypatch.setattr(
+        storage.client, "execute_command", lambda *a, **k: (commands.append(a), execute(*a, **k))[1]
+    )
+    try:
+        executor = ReliableExecutor(storage, clock=clock)
+        first = executor.submit("demo.echo", {"a": 1}, unique_for=300)
+        again = executor.submit("demo.echo", {"a": 1}, queue="search", unique_for=300)
+        assert again == first
+        assert (scripts, commands) == (["submit", "submit"], [])
+        digest = unique_digest("demo.echo", None, {"a": 1})
+        monkeypatch.undo()
+        keys = set(storage.client.scan_iter(match="{" + prefix + "}:u:*"))
+        assert keys == {"{" + prefix + "}:u:" + digest}
+        until, task_id = storage.client.get("{" + prefix + "}:u:" + digest).split(" ")
+        assert task_id == first.task_id
+        assert int(until) == int((clock.now().timestamp() + 300) * 1_000_000)
+    finally:
+        monkeypatch.undo()
+        storage.close()
+        cleaner = redis_client()
+        delete_prefix(cleaner, prefix)
+        cleaner.close()
+
+
+def test_one_call_submitting_a_key_twice_off_its_home_stores_one_task(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    key, digest = key_of_home(0, "batch")  # home shard 0; the queues of shards 1 and 2
+    requests = [
+        TaskSubmitRequest("demo.echo", n, queue=queue, unique_for=60, unique_key=key)
+        for n, queue in enumerate(("default", "default", "prio", "alpha"))
+    ]
+    infos = executor.submit_many(requests)
+    assert {info.task_id for info in infos} == {infos[0].task_id}
+    assert executor.count_by_status()[TaskStatus.CREATED] == 1
+    assert storage.unique_holder(digest) == infos[0]

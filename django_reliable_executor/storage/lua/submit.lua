@@ -13,16 +13,20 @@
 -- P xdone:<task id>, see outbox_apply.lua).
 -- Returns per task 1 (created), {fields, 1} (created with dependencies: as it now stands),
 -- the stored task's fields (its id existed), {holder id, holder's fields} (its unique key
--- was held), or 'elsewhere' (sharded: this shard's directory holds the id for a task of
--- another shard, see id_reserve.lua). Returns {'missing', task id, dependency id}, storing nothing, when a
+-- was held), 'elsewhere' (sharded: this shard's directory holds the id for a task of
+-- another shard, see id_reserve.lua), or 'ureserved' (sharded: this shard, the unique key's
+-- home, holds the key for a task of another shard, see unique_reserve.lua; stored nothing). Returns {'missing', task id, dependency id}, storing nothing, when a
 -- dependency of a task to store neither exists nor comes before it in this call.
 --
 -- P u:<digest>: STRING "<window end> <task id>" of the task holding a unique key, expiring
--- with the window (PX), so no key outlives it.
+-- with the window (PX), so no key outlives it. Sharded, the key lives on its home shard
+-- (sharding.py); a task of another shard is submitted here without it (unique_reserve.lua
+-- took it there).
 local out = {}
 local promoted = {}
 local woken = {}
 
+local RESERVED = {}
 -- The task holding a unique key, if its window lasts and it is not terminal.
 local function holder_of(ukey)
   local held = redis.call('GET', ukey)
@@ -34,6 +38,9 @@ local function holder_of(ukey)
     return nil
   end
   local id = string.sub(held, space + 1)
+  if SHARDED and string.find(id, ' ', 1, true) then
+    return RESERVED -- held for a task of another shard (unique_reserve.lua): the caller checks
+  end
   local status = redis.call('HGET', tkey(id), 's')
   if status and live(status) then
     return id
@@ -111,6 +118,8 @@ for i = 3, #ARGV, STRIDE do
     out[#out + 1] = redis.call('HGETALL', key)
   elseif SHARDED and redis.call('EXISTS', P .. 'i:' .. ARGV[i]) == 1 then
     out[#out + 1] = 'elsewhere' -- this shard is the id's directory: it lives on another
+  elseif holder == RESERVED then
+    out[#out + 1] = 'ureserved'
   elseif holder then
     out[#out + 1] = {holder, redis.call('HGETALL', tkey(holder))}
   else

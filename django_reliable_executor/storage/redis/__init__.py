@@ -72,6 +72,8 @@ its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home 
                            mt that shard.
 ``P u:<digest>``           STRING "<window end> <task id>": the task holding a unique task's key
                            (``uniqueness.unique_digest``), expiring (PX) with its window.
+                           Sharded, on the key's home shard (sharding.unique_home); "<window
+                           end> <task id> <shard> <taken at>" for a task of another shard.
 ``P rate:<len>:<name>:<key>``  ZSET of the claim times of a rate-limited name and rate key
                            (rate_limit), kept for its window + margin; ``P ratenext:...``
                            STRING the slot held-back tasks of it get next; ``P ratekeys:<len>:

@@ -46,6 +46,7 @@ NAMES = (
     "batch_purge",
     "id_reserve",
     "id_release",
+    "unique_reserve",
     "dep_link",
     "batch_join",
     "outbox_apply",

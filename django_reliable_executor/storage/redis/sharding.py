@@ -25,6 +25,12 @@ def directory_of(task_id: str, shards: int) -> int:
     return shard_of(task_id, shards)
 
 
+def unique_home(digest: str, shards: int) -> int:
+    """The home shard of a unique key (its digest): the shard that decides every submit of the
+    key (the same hash as shard_of). A task of another shard's queue reserves it there."""
+    return shard_of(digest, shards)
+
+
 def native_id(task_id: str, shard: int, shards: int) -> str:
     """A derived id (a schedule's fire) made native to ``shard``: ``task_id`` itself when its
     directory shard is ``shard`` (always with one shard), else ``<task_id>~<k>`` for the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,13 +14,19 @@ from ...serialization import dumps
 from ...states import LIVE_STATUSES
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
-from .sharding import directory_of
+from .sharding import directory_of, unique_home
 
 QUEUE = operator.attrgetter("queue")
 LIVE_VALUES = frozenset(status.value for status in LIVE_STATUSES)
 # Sharded: how long a task id reserved for a shard that has not stored it (its submitter is
 # on its way there, or crashed) stays reserved before a submit to another shard may take it.
 ID_RESERVATION_GRACE_SECONDS = 300
+# Sharded: how long a unique key reserved on its home shard for a task that is not stored yet
+# (its submitter is one round trip from storing it, or crashed) makes a submit of the same key
+# wait for that task before taking the key over. A submit waits instead of failing, so this is
+# short: a live submitter stores the task within milliseconds of reserving the key.
+UNIQUE_RESERVATION_GRACE_SECONDS = 10
+UNIQUE_POLL_SECONDS = 0.005
 SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, short enough not
 # to hold Redis up (a script blocks every other client while it runs)
 
@@ -69,8 +76,105 @@ class Submitting(RedisAccess):
         # Ids whose directory is another shard are reserved there first: an id held there
         # for another shard is that shard's task, returned unchanged, never stored twice.
         held = self._reserve_ids(tasks, shard)
-        stored = iter(self._store([t for i, t in enumerate(tasks) if i not in held], shard))
-        return [held[i] if i in held else next(stored) for i in range(len(tasks))]
+        # Unique keys whose home is another shard are taken there first: a key a live task
+        # holds returns that task; a key taken is not taken again on this shard.
+        keyless: set[str] = set()
+        released: list[str] = []
+        taken: dict[str, int] = {}  # key digest -> the position that took it in this call
+        same: dict[int, int] = {}  # position -> the earlier one of its key: its task
+        for index, task in enumerate(tasks):
+            if index in held or task.unique_key is None or task.unique_until is None:
+                continue
+            home = unique_home(task.unique_key, self.layout.shards)
+            if home == shard:
+                continue
+            if task.unique_key in taken:
+                same[index] = taken[task.unique_key]
+                holder = None
+            else:
+                holder = self._take_unique(task, home, shard)
+                if holder is None:
+                    keyless.add(task.task_id)
+                    taken[task.unique_key] = index
+                    continue
+            if holder is not None:
+                held[index] = (holder, False)
+            if directory_of(task.task_id, self.layout.shards) != shard:
+                released.append(task.task_id)
+        if released:  # ids reserved above for tasks not stored after all
+            by_directory: dict[int, list[str]] = {}
+            for task_id in released:
+                by_directory.setdefault(directory_of(task_id, self.layout.shards), []).append(
+                    task_id
+                )
+            for directory, ids in sorted(by_directory.items()):
+                self._run("id_release", shard, *ids, shard=directory)
+        rest = [t for i, t in enumerate(tasks) if i not in held and i not in same]
+        stored = iter(self._store(rest, shard, keyless))
+        results: list[tuple[TaskInfo, bool]] = []
+        for index in range(len(tasks)):
+            if index in held:
+                results.append(held[index])
+            elif index in same:
+                results.append((results[same[index]][0], False))
+            else:
+                results.append(next(stored))
+        return results
+
+    def _take_unique(self, task: NewTask, home: int, shard: int) -> TaskInfo | None:
+        """unique_reserve.lua on ``home``, the home shard of ``task``'s unique key, for the
+        task's queue's ``shard``: None once taken (on ``home`` for ``shard``; deleted when
+        ``home`` is ``shard``, for submit.lua to take), or the live task that holds it."""
+        assert task.unique_key is not None and task.unique_until is not None
+        until = micros(task.unique_until)
+        expected = ""
+        started = time.monotonic()
+        while True:
+            reply = self._run(
+                "unique_reserve", shard, task.unique_key, task.task_id, until, expected, shard=home
+            )
+            if not text(reply):
+                return None
+            holder, _settled = self._entry_holder(text(reply), home, started)  # waits: settled
+            if holder is not None:
+                return holder
+            expected = text(reply)  # take it over, unless it changed since it was read
+
+    def _entry_holder(
+        self, entry: str, home: int, started: float | None
+    ) -> tuple[TaskInfo | None, bool]:
+        """The live task a unique key's ``entry`` (on ``home``) names, and whether that is
+        settled. A reserved task not stored yet is waited for (``started``: when the waiting
+        began, monotonic) until it is stored or the reservation is older than the grace; with
+        ``started`` None it is not waited for: (None, False)."""
+        parts = entry.split(" ")
+        task_id = parts[1]
+        where = home if len(parts) == 2 else int(parts[2])
+        while True:
+            values = self.client.hgetall(self._tkey(task_id, where))
+            if values:
+                info = to_info(task_id, {text(k): text(v) for k, v in values.items()})
+                return (info if info.status in LIVE_STATUSES else None), True
+            if len(parts) == 2:
+                return None, True  # its holder was purged
+            age = (self.clock.now() - from_micros(parts[3])).total_seconds()
+            if age >= UNIQUE_RESERVATION_GRACE_SECONDS:
+                return None, True  # its submitter died between reserving and storing
+            if started is None:
+                return None, False
+            if time.monotonic() - started >= UNIQUE_RESERVATION_GRACE_SECONDS:
+                return None, True
+            time.sleep(UNIQUE_POLL_SECONDS)
+
+    def _unique_reserved(self, task: NewTask, shard: int) -> tuple[TaskInfo, bool]:
+        """``task``, whose unique key's home is its queue's ``shard``, where submit.lua found
+        the key reserved for a task of another shard: that task if it holds the key, else
+        ``task`` stored here once the key is taken over."""
+        holder = self._take_unique(task, shard, shard)
+        if holder is not None:
+            return holder, False
+        ((info, created),) = self._store([task], shard)
+        return info, created
 
     def _reserve_ids(
         self, tasks: Sequence[NewTask], shard: int
@@ -124,21 +228,29 @@ class Submitting(RedisAccess):
             )
         return None
 
-    def _store(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
-        """submit.lua on ``shard`` for these tasks, in chunks."""
+    def _store(
+        self, tasks: Sequence[NewTask], shard: int, keyless: set[str] | None = None
+    ) -> list[tuple[TaskInfo, bool]]:
+        """submit.lua on ``shard`` for these tasks, in chunks; those of ``keyless`` ids without
+        their unique key (taken on its home shard)."""
+        keyless = keyless or set()
         results: list[tuple[TaskInfo, bool]] = []
         # A batch with dependents is one call: all or nothing (a missing dependency).
         dependents = any(task.depends_on for task in tasks)
         size = len(tasks) if dependents else SUBMIT_CHUNK
         for start in range(0, len(tasks), size):
             chunk = tasks[start : start + size]
-            args = [value for task in chunk for value in _args(task)]
+            args = [value for task in chunk for value in _args(task, None, keyless)]
             replies = self._run("submit", *args, shard=shard)
             if _missing_reply(replies) and self.sharded:
                 # A dependency not on this shard (submit.lua wrote nothing): registered on its
                 # own shard, then the chunk again with it as one of another shard.
                 remote = self._link_remote(chunk, shard)
-                args = [value for task in chunk for value in _args(task, remote.get(task.task_id))]
+                args = [
+                    value
+                    for task in chunk
+                    for value in _args(task, remote.get(task.task_id), keyless)
+                ]
                 replies = self._run("submit", *args, shard=shard)
             if self.sharded and any(t.depends_on and t.batch_id for t in chunk):
                 # A member cancelled at once (a dependency failed) told its batch's shard.
@@ -148,8 +260,10 @@ class Submitting(RedisAccess):
             for task, reply in zip(chunk, replies, strict=True):
                 if reply == 1:
                     results.append((new_info(task), True))
+                elif isinstance(reply, (str, bytes)) and text(reply) == "ureserved":
+                    results.append(self._unique_reserved(task, shard))
                 elif isinstance(reply, (str, bytes)):  # "elsewhere": another shard's task
-                    results.append(self._stored_elsewhere(task, shard))
+                    results.append(self._stored_elsewhere(task, shard, keyless))
                 elif len(reply) == 2 and isinstance(reply[0], list):  # a new dependent
                     results.append((to_info(task.task_id, fields(reply[0])), True))
                 elif len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
@@ -209,7 +323,9 @@ class Submitting(RedisAccess):
                     )
         return remote
 
-    def _stored_elsewhere(self, task: NewTask, shard: int) -> tuple[TaskInfo, bool]:
+    def _stored_elsewhere(
+        self, task: NewTask, shard: int, keyless: set[str]
+    ) -> tuple[TaskInfo, bool]:
         """``task``, whose queue's shard is its id's directory, which says another shard holds
         the id: that shard's task (not created), or, when that shard never stored it and its
         reservation is older than the grace (its submitter crashed), ``task`` stored here
@@ -237,23 +353,21 @@ class Submitting(RedisAccess):
                     field="task_id",
                 )
             self._run("id_release", shard, task.task_id, shard=shard)
-        ((info, created),) = self._store([task], shard)
+        ((info, created),) = self._store([task], shard, keyless)
         return info, created
 
     @guarded
     def unique_holder(self, unique_key: str) -> TaskInfo | None:
-        if self.sharded:  # the key is kept on the shard of its holder's queue
-            pipe = self.client.pipeline(transaction=False)
-            for prefix in self.prefixes:
-                pipe.get(prefix + "u:" + unique_key)
-            held = next((value for value in pipe.execute() if value is not None), None)
-        else:
-            held = self.client.get(self.p + "u:" + unique_key)
+        home = unique_home(unique_key, self.layout.shards)
+        held = self.client.get(self.prefixes[home] + "u:" + unique_key)
         if held is None:
             return None
         until, task_id = text(held).split(" ", 1)
         if from_micros(until) <= self.clock.now():
             return None
+        if " " in task_id:  # sharded: reserved for a task of another shard
+            holder, _settled = self._entry_holder(text(held), home, None)
+            return holder
         holder = self.get(task_id)
         return holder if holder is not None and holder.status in LIVE_STATUSES else None
 
@@ -265,18 +379,22 @@ def _missing_reply(replies: list[Any]) -> bool:
     )
 
 
-def _args(task: NewTask, remote: dict[str, str] | None = None) -> list[str]:
+def _args(
+    task: NewTask, remote: dict[str, str] | None = None, keyless: set[str] | None = None
+) -> list[str]:
     """Every value submit.lua takes for ``task``: submit_args, the unique key's 2, then its
     dependencies (JSON; one of another shard, in ``remote``, as [id, its status]) and
-    on-failure policy (a dependent is stored waiting: no run at, no deadline yet)."""
+    on-failure policy (a dependent is stored waiting: no run at, no deadline yet). A task of
+    ``keyless`` goes without its unique key (taken on the key's home shard)."""
+    unique = ("", "") if keyless and task.task_id in keyless else _unique(task)
     if not task.depends_on:
-        return [*submit_args(task), *_unique(task), "", ""]
+        return [*submit_args(task), *unique, "", ""]
     waiting = copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
     policy = "run" if task.on_dependency_failure == "run" else ""
     deps: list[object] = list(task.depends_on)
     if remote:
         deps = [[d, remote[d]] if d in remote else d for d in task.depends_on]
-    return [*submit_args(waiting), *_unique(task), dumps(deps), policy]
+    return [*submit_args(waiting), *unique, dumps(deps), policy]
 
 
 def _unique(task: NewTask) -> tuple[str, str]:
