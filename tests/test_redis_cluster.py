@@ -478,9 +478,11 @@ def test_a_chain_and_a_batch_across_the_masters_of_three_shards(make_executor, p
         wait_for(lambda: live_count(executor) == 0, 60, "the chain, the batch and its callbacks")
     tasks = storage.get_many([s.task_id for s in steps])
     finished = sorted((tasks[s.task_id].finished_at, s.task_id) for s in steps)
-    assert [task_id for _, task_id in finished] == [s.task_id for s in steps]  # in chain order
-    for before, after in zip(steps, steps[1:], strict=False):
-        assert tasks[after.task_id].started_at >= tasks[before.task_id].finished_at
+    # In chain order. (Not started_at against the step before's finished_at: on Redis a
+    # task's started_at is its claim's clock reading, taken before the claim is sent, which
+    # may precede the delivery that released it; tests/test_process_shards.py checks the
+    # order from the handlers' own journal.)
+    assert [task_id for _, task_id in finished] == [s.task_id for s in steps]
     batch = executor.get_batch("across")
     assert (batch.total, batch.completed, batch.finished_at is not None) == (30, 30, True)
     callbacks = storage.get_many(["cb-done", "cb-ok"])
