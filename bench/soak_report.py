@@ -112,7 +112,8 @@ def require_matplotlib() -> None:
 
 
 def plot(path: Path, samples: Sequence[dict[str, Any]], title: str) -> None:
-    """Latency, claim time, size and dead tuples against the run's minutes, as a PNG."""
+    """Latency, claim time, size and (PostgreSQL) dead tuples against the run's minutes, as a
+    PNG."""
     require_matplotlib()
     import matplotlib
 
@@ -124,7 +125,10 @@ def plot(path: Path, samples: Sequence[dict[str, Any]], title: str) -> None:
     def series(key: str, scale: float = 1.0) -> list[float]:
         return [float("nan") if s[key] is None else s[key] * scale for s in samples]
 
-    figure, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    # Dead tuples only where the storage counts them (PostgreSQL): no empty panel elsewhere.
+    dead = any(s["dead_tuples"] is not None for s in samples)
+    panels = 4 if dead else 3
+    figure, axes = plt.subplots(panels, 1, figsize=(9, 2.5 * panels), sharex=True)
     axes[0].plot(minutes, series("latency_p50_ms"), label="p50")
     axes[0].plot(minutes, series("latency_p99_ms"), label="p99")
     axes[0].set_ylabel("submit→start (ms)")
@@ -133,9 +137,10 @@ def plot(path: Path, samples: Sequence[dict[str, Any]], title: str) -> None:
     axes[1].set_ylabel("claim probe (ms)")
     axes[2].plot(minutes, series("size_bytes", 1 / 2**20))
     axes[2].set_ylabel("table+index / memory (MiB)")
-    axes[3].plot(minutes, series("dead_tuples"))
-    axes[3].set_ylabel("dead tuples")
-    axes[3].set_xlabel("minutes")
+    if dead:
+        axes[3].plot(minutes, series("dead_tuples"))
+        axes[3].set_ylabel("dead tuples")
+    axes[-1].set_xlabel("minutes")
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path)
