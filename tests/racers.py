@@ -52,3 +52,19 @@ def release(folder: Path, racers: list[subprocess.Popen[bytes]], timeout: float 
             raise AssertionError("the racers did not all get ready")
         time.sleep(0.02)
     (folder / "go").touch()
+
+
+def race(backend: Backend, count: int, folder: Path, submit: dict) -> set[str]:
+    """``count`` racers released together (``start_racers``, ``release``), each having to
+    exit cleanly; returns the task ids their submits returned."""
+    racers = start_racers(backend, count, folder, submit)
+    try:
+        release(folder, racers)
+        outputs = [racer.communicate(timeout=120) for racer in racers]
+    finally:
+        for racer in racers:
+            racer.kill()
+            racer.wait()
+    for racer, (_out, err) in zip(racers, outputs, strict=True):
+        assert racer.returncode == 0, err.decode()
+    return {json.loads(out.decode().strip().splitlines()[-1])["task_id"] for out, _ in outputs}

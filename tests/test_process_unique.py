@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from .conftest import require
 from .processes import Backend, service_for
-from .racers import release, start_racers
+from .racers import race
 
 RACERS = 8
 
@@ -33,17 +31,7 @@ def test_racing_processes_store_one_task_per_unique_key(
         assert service.cancel_task(previous.task_id)
     else:
         submit["in_transaction"] = in_transaction
-    racers = start_racers(backend, RACERS, tmp_path, submit)
-    try:
-        release(tmp_path, racers)
-        outputs = [racer.communicate(timeout=120) for racer in racers]
-    finally:
-        for racer in racers:
-            racer.kill()
-            racer.wait()
-    for racer, (_out, err) in zip(racers, outputs, strict=True):
-        assert racer.returncode == 0, err.decode()
-    ids = {json.loads(out.decode().strip().splitlines()[-1])["task_id"] for out, _ in outputs}
+    ids = race(backend, RACERS, tmp_path, submit)
     stored = [
         task
         for task in service.list_tasks(task_name="demo.echo", limit=100)

@@ -3,7 +3,6 @@ shard (REDIS_SHARDS = 3) store exactly one task, whatever the key's home shard."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +12,7 @@ from django_reliable_executor.uniqueness import unique_digest
 
 from .conftest import own_key_prefix, require
 from .processes import Backend, service_for
-from .racers import release, start_racers
+from .racers import race
 
 RACERS = 8
 SHARDS = 3
@@ -47,17 +46,7 @@ def test_racing_processes_on_every_shard_store_one_task_per_unique_key(key_prefi
             "unique_key": key,
             "queues": list(QUEUES),
         }
-        racers = start_racers(backend, RACERS, folder, submit)
-        try:
-            release(folder, racers)
-            outputs = [racer.communicate(timeout=120) for racer in racers]
-        finally:
-            for racer in racers:
-                racer.kill()
-                racer.wait()
-        for racer, (_out, err) in zip(racers, outputs, strict=True):
-            assert racer.returncode == 0, err.decode()
-        ids = {json.loads(out.decode().strip().splitlines()[-1])["task_id"] for out, _ in outputs}
+        ids = race(backend, RACERS, folder, submit)
         stored = [
             task
             for task in service.list_tasks(task_name="demo.echo", limit=100)
