@@ -56,9 +56,11 @@ class RateLimit:
     @property
     def lead_seconds(self) -> float:
         """How far ahead of its claim a claim made while its window is at most half full logs
-        its entry (the margin): about when it starts after waiting in its worker's local queue,
-        so that its start need not move the entry. Logging later only counts it longer."""
-        return self.margin_seconds
+        its entry: half the window, at most one second, at least the margin. About when it
+        starts at the latest after waiting in its worker's local queue (a full local queue of
+        a busy worker on a slow machine holds a claim a few hundred milliseconds), so that its
+        start need not move the entry. Logging later only counts it longer."""
+        return max(self.margin_seconds, min(self.window_seconds / 2, MAX_MARGIN_SECONDS))
 
     def has_room_to_lead(self, used: int) -> bool:
         """Whether ``used`` entries (this claim's included) leave the window at most half

@@ -4,6 +4,7 @@ mocks); and the same from the handlers' own records with real worker processes."
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
@@ -174,9 +175,9 @@ def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(executo
     for i in range(2):
         executor.submit(RATED, i)
     [late, _] = claim(storage, start=0)
-    # Longer than the window (1 s), its margin and the lead a database logs it with (0.1 s
-    # each, see test_rate_limits_log.py).
-    clock.advance(1.3)
+    # Longer than the lead a database logs it with (half the window: 0.5 s, see
+    # test_rate_limits_log.py), the window (1 s) and its margin (0.1 s).
+    clock.advance(1.7)
     assert storage.start(late, LEASE) is None
     task = executor.get_task(late.task_id)
     assert (task.status, task.attempts, task.worker_id) == (TaskStatus.CREATED, 0, None)
@@ -190,19 +191,28 @@ def test_a_claim_that_waited_past_its_window_is_handed_back_at_its_start(executo
 def test_entries_logged_ahead_never_free_room_early(executor, storage, clock):
     """Claims started a little late (past half the margin, within the lead a database logs
     them with) and claims started at once: no room frees before a window (and margin) has
-    passed since each start."""
+    passed since each start; an entry logged ahead of its start frees its room a window after
+    itself (it only counts longer)."""
     for i in range(12):
         executor.submit(RATED, i)
     rate = RateLimit(4, 1.0)
     early = claim(storage, rate, limit=2, start=0)  # the window half full with them
     clock.advance(0.12)
+    started_at = clock.now()
     assert all(storage.start(c, LEASE) is not None for c in early)
     assert len(claim(storage, rate, limit=2)) == 2  # started by the claim itself
     assert claim(storage, rate) == []
+    counted = dt.timedelta(seconds=rate.log_window_seconds)
+    frees = [max(started_at, c.rate_logged_at or started_at) + counted for c in early]
+    frees += [started_at + counted] * 2
     clock.advance(1.07)  # 1.19 s after the claims, 1.07 s after every start
     assert claim(storage, rate) == []
     clock.advance(0.06)  # 1.13 s after every start: the window and margin passed
-    assert len(claim(storage, rate)) == 4
+    freed = [at for at in frees if at <= clock.now()]
+    assert len(freed) >= 2  # the claims logged at their start, at least
+    assert len(claim(storage, rate)) == len(freed)
+    clock.advance((max(frees) - clock.now()).total_seconds())  # the latest entry's window passed too
+    assert len(claim(storage, rate)) == 4 - len(freed)
     consistent(storage)
 
 

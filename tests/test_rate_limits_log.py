@@ -16,7 +16,8 @@ from tests.contract_support import LEASE
 
 RATED = "demo.echo"
 OTHER = "demo.noop"
-TEN_PER_SECOND = RateLimit(10, 1.0)  # margin and lead 0.1 s, fresh 0.05 s, log window 1.1 s
+TEN_PER_SECOND = RateLimit(10, 1.0)  # margin 0.1 s, lead 0.5 s, fresh 0.05 s, log window 1.1 s
+LEAD = dt.timedelta(seconds=TEN_PER_SECOND.lead_seconds)
 DATABASES = db_params(["default", "mariadb", "postgres"])
 
 
@@ -34,7 +35,7 @@ def claim(storage, limit: int, start: int = 0):
 
 @pytest.mark.parametrize("alias", DATABASES)
 def test_a_claim_in_a_half_empty_window_logs_its_entries_ahead(alias, executor, storage, clock):
-    """While its key's window stays at most half full, a claim logs its entries a margin
+    """While its key's window stays at most half full, a claim logs its entries half a window
     ahead (about when they will start after waiting in the worker's local queue); past half,
     at the claim's time."""
     require(alias)
@@ -43,7 +44,7 @@ def test_a_claim_in_a_half_empty_window_logs_its_entries_ahead(alias, executor, 
     first_at = clock.now()
     first = claim(storage, 3)
     assert len(first) == 3
-    ahead = first_at + dt.timedelta(seconds=0.1)
+    ahead = first_at + LEAD
     assert {c.rate_logged_at for c in first} == {ahead}
     assert set(logged(alias).values()) == {ahead}
     clock.advance(0.01)
@@ -64,8 +65,8 @@ def test_a_start_moves_only_an_entry_it_started_too_late_for(alias, executor, st
         executor.submit(RATED, i)
     claimed_at = clock.now()
     on_time, late, too_late = claim(storage, 3)
-    entry = claimed_at + dt.timedelta(seconds=0.1)
-    clock.advance(0.14)  # 0.04 s after its entry: no move
+    entry = claimed_at + LEAD
+    clock.advance(0.54)  # 0.04 s after its entry: no move
     assert storage.start(on_time, LEASE) is not None
     assert logged(alias)[on_time.task_id] == entry
     clock.advance(0.06)  # 0.1 s after its entry: moved to the start
@@ -139,7 +140,7 @@ def test_each_entry_carries_its_claims_key_token_and_time(alias, executor, stora
     claimed_at = clock.now()
     claims = claim(storage, 10)
     assert len(claims) == 10
-    ahead = claimed_at + dt.timedelta(seconds=0.1)
+    ahead = claimed_at + LEAD
     stamps = {"a": claimed_at, "b": ahead, "": ahead}  # a: 6 of 10, more than half
     assert {c.task_id: c.rate_logged_at for c in claims} == {
         task_id: stamps[key] for task_id, key in key_of.items()

@@ -12,7 +12,7 @@ the same free room. When every key has room for the whole batch, the tasks are c
 statement that reads their keys too (no candidates read first; on PostgreSQL the same
 statement writes their log rows; on SQLite the same statement counts the window, and one
 INSERT ... SELECT logs them). A claim that leaves its key's window at most half full logs
-its rows ``lead_seconds`` (a margin) ahead of its ``now`` — about when they start after
+its rows ``lead_seconds`` (half the window, at most a second) ahead of its ``now`` — about when they start after
 waiting in the worker's local queue — else at its ``now``: a row later than its start only
 counts longer. Entries out of the window count for nothing; a claim deletes them at most once
 per margin in each process (housekeeping).
@@ -129,10 +129,9 @@ class RowClaims(Sequence[Claim]):
     @functools.cached_property
     def _claims(self) -> list[Claim]:
         width = len(CLAIM_FIELDS)
+        rate, logged_at = self._rate, self._logged_at
         return [
-            copy_with(
-                claim_from_row(row[:width]), rate_limit=self._rate, rate_logged_at=self._logged_at
-            )
+            claim_from_row(row[:width], rate_limit=rate, rate_logged_at=logged_at)
             for row in self._rows
         ]
 
@@ -219,7 +218,7 @@ class RateLimiting(DatabaseAccess):
                         lead = now + dt.timedelta(seconds=rate.lead_seconds)
                         id_at = CLAIM_FIELDS.index("task_id")
                         self._log_sqlite(cursor, name, [row[id_at] for row in far_below], lead)
-                        self._note_free_at(name, {}, rate, [], now)  # no key near full
+                        self._note_free_at(name, {}, rate, [], {}, now)  # no key near full
                         return RowClaims(far_below, rate, lead)
                 used = self._window_use(cursor, name, now, rate, pick.limit)
                 limit = pick.limit
@@ -229,7 +228,7 @@ class RateLimiting(DatabaseAccess):
             stamps = _stamps(rate, used, keys, now) if claims else {}
             if claims and not logged:
                 self._log(name, claims, keys, stamps)
-        self._note_free_at(name, used or {}, rate, keys, now)
+        self._note_free_at(name, used or {}, rate, keys, stamps, now)
         return [
             copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
             for claim, key in zip(claims, keys, strict=True)
@@ -509,11 +508,14 @@ class RateLimiting(DatabaseAccess):
         used: dict[str, tuple[int, dt.datetime]],
         rate: RateLimit,
         keys: list[str],
+        stamps: Mapping[str, dt.datetime],
         now: dt.datetime,
     ) -> None:
         """Remember when the earliest full window of the name frees (a key full before this
-        claim or filled by it), for ``wait_for_work``. A wake-up for a key with nothing left
-        waiting costs one claim that finds nothing."""
+        claim or filled by it), for ``wait_for_work``: a window after the key's oldest entry,
+        which may be one this claim logged at ``now`` (``stamps``), older than entries logged
+        ahead before it. A wake-up for a key with nothing left waiting costs one claim that
+        finds nothing."""
         taken: dict[str, int] = {}
         for key in keys:
             taken[key] = taken.get(key, 0) + 1
@@ -521,6 +523,8 @@ class RateLimiting(DatabaseAccess):
         full: dict[str, float] = {}
         for key in set(used) | set(taken):
             n, oldest = used.get(key, (0, now))
+            if key in taken:
+                oldest = min(oldest, stamps[key]) if key in used else stamps[key]
             if n + taken.get(key, 0) >= rate.count:
                 full[key] = (oldest + window).timestamp()
         self.__dict__.setdefault("_rate_full", {})[name] = full

@@ -154,8 +154,9 @@ def spans(sizes: Sequence[int], max_bytes: int, max_rows: int = CHUNK) -> Iterat
         yield slice(start, len(sizes))
 
 
-def claim_from_row(row: Sequence[Any]) -> Claim:
-    """A claim from raw column values, converted the way each driver needs."""
+def claim_from_row(row: Sequence[Any], **extra: Any) -> Claim:
+    """A claim from raw column values, converted the way each driver needs; ``extra``: more
+    fields of the claim (a rate-limited claim's limit and logged time)."""
     values = dict(zip(CLAIM_FIELDS, row, strict=True))
     for key in ("parameter", "result", "trace_context"):
         # Every driver hands JSON back as text here (Django sets psycopg up that way too).
@@ -180,6 +181,7 @@ def claim_from_row(row: Sequence[Any]) -> Claim:
         budget_attempts=budget_attempts,
         deadline_at=deadline_at,
         has_dependents=has_dependents,
+        **extra,
     )
 
 
