@@ -66,6 +66,8 @@ class Fetcher:
         self.rate_limits = registry.rate_limits()
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT
+        # Whether every call of the last claim took fewer than it asked (see run).
+        self._drained = False
         self._error_wait = MIN_ERROR_WAIT
         # Per-queue limits: the fetcher may block in wait_for_work while a limited queue is
         # full; a task of it finishing wakes the fetcher through this private wake key.
@@ -93,6 +95,13 @@ class Fetcher:
             if claims:
                 self.pool.submit_many(claims)
                 self._idle_wait = MIN_IDLE_WAIT
+                if self._drained:
+                    # Every claim call took fewer than it asked: nothing more was claimable.
+                    # Wait for new work as after an empty claim (a submit since this claim ends
+                    # the wait at once), rather than claim again first: at a steady moderate
+                    # rate, one claim round per wake-up instead of two, the second finding
+                    # nothing.
+                    self._idle(version, claimable, full)
                 continue
             if self.burst and self.pool.is_idle() and not self._work_near():
                 logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
@@ -125,6 +134,7 @@ class Fetcher:
         # Claims that idle threads will run at once are started by the claim itself (where the
         # storage can): one round trip less, and a submitted task starts that much sooner.
         start = self.pool.idle_threads()
+        self._drained = True
         try:
             for queues, allowed in calls:
                 n = min(allowed, budget - len(claims))
@@ -140,6 +150,7 @@ class Fetcher:
                     )
                     start -= self.runner.claimed(taken)
                     claims += taken
+                    self._drained = self._drained and len(taken) < n
             self.last_poll_at = time.time()
             self._error_wait = MIN_ERROR_WAIT
         except Exception:

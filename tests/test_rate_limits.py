@@ -211,7 +211,8 @@ def test_entries_logged_ahead_never_free_room_early(executor, storage, clock):
     freed = [at for at in frees if at <= clock.now()]
     assert len(freed) >= 2  # the claims logged at their start, at least
     assert len(claim(storage, rate)) == len(freed)
-    clock.advance((max(frees) - clock.now()).total_seconds())  # the latest entry's window passed too
+    # The latest entry's window passed too.
+    clock.advance((max(frees) - clock.now()).total_seconds())
     assert len(claim(storage, rate)) == 4 - len(freed)
     consistent(storage)
 

@@ -86,20 +86,18 @@ class Claiming(RateLimiting):
             now + dt.timedelta(seconds=request.lease_seconds),
         )
         self.rate_free_at = None
-        if self.vendor == "sqlite" and request.rate_limits:
+        probed = request.rate_limits or request.name_limits
+        due = self._due_names(whole, request) if probed else set()
+        if self.vendor == "sqlite" and due & request.rate_limits.keys():
             # SQLite: one write transaction for the whole round (one BEGIN IMMEDIATE, one
             # commit, the write lock taken once) rather than one per rate-limited name and a
             # statement of its own for the rest: every other write of the worker (its starts,
-            # its completions) waits for that lock meanwhile. The reads that find which
-            # names have tasks due go first, outside it; the claims are built after it.
-            due = [name for name in request.rate_limits if self._rated_due(whole, name)]
-            if due:
-                with transaction.atomic(using=self.alias):
-                    parts = self._claim_names(request, whole, due, joined=True)
-            else:
-                parts = self._claim_names(request, whole, due)
+            # its completions) waits for that lock meanwhile. The read that finds which
+            # names have tasks due goes first, outside it; the claims are built after it.
+            with transaction.atomic(using=self.alias):
+                parts = self._claim_names(request, whole, due, joined=True)
         else:
-            parts = self._claim_names(request, whole)
+            parts = self._claim_names(request, whole, due)
         claims = [claim for part in parts for claim in part]
         if claims:
             claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
@@ -110,21 +108,21 @@ class Claiming(RateLimiting):
         self,
         request: ClaimRequest,
         whole: Pick,
-        due: list[str] | None = None,
+        due: set[str],
         *,
         joined: bool = False,
     ) -> list[Sequence[Claim]]:
-        """The claims of a round, a sequence per statement: the rate-limited names (``due``:
-        those found due already), the capped ones, then the rest in one statement;
-        ``joined``: all in the caller's transaction."""
-        parts = self._claim_rate_limited(request, whole, due)
+        """The claims of a round, a sequence per statement: the rate-limited and capped names
+        ``_due_names`` found due, then the rest in one statement; ``joined``: all in the
+        caller's transaction."""
+        parts = self._claim_rate_limited(request, whole, due, joined=joined)
         taken = sum(map(len, parts))
         for name, cap in request.name_limits.items():
             room = request.limit - taken
             if room <= 0:
                 break
-            if name in request.rate_limits:
-                continue  # claimed by _claim_rate_limited, its cap included
+            if name in request.rate_limits or name not in due:
+                continue  # claimed by _claim_rate_limited (its cap included), or none due
             pick = dataclasses.replace(whole, limit=room, name=name)
             claim = functools.partial(self._claim_capped, pick, cap, joined=joined)
             parts.append(self._retrying(claim))
@@ -208,24 +206,15 @@ class Claiming(RateLimiting):
         return f"AND queue NOT IN (SELECT queue FROM {paused}) "
 
     def _claim_capped(self, pick: Pick, cap: int, *, joined: bool = False) -> list[Claim]:
-        """Up to ``pick.limit`` due tasks of ``pick.name``, never more than its free slots,
-        serialised on the name's lock row, in a transaction of its own or, ``joined``, in the
-        caller's (no savepoint: a failure rolls the caller's back)."""
+        """Up to ``pick.limit`` due tasks of ``pick.name`` (which ``_due_names`` found due),
+        never more than its free slots, serialised on the name's lock row, in a transaction of
+        its own or, ``joined``, in the caller's (no savepoint: a failure rolls the caller's
+        back)."""
         assert pick.name is not None
-        name, queues, now = pick.name, pick.queues, pick.now
+        name, now = pick.name, pick.now
         connection = connections[self.alias]
         quote = connection.ops.quote_name
         table = quote(ReliableNameLock._meta.db_table)
-        with connection.cursor() as cursor:
-            # Nothing of the name due here: no lock taken (the common case of an idle name).
-            cursor.execute(
-                f"SELECT 1 FROM {self._table} WHERE available = %s AND task_name = %s "
-                f"AND queue IN ({', '.join(['%s'] * len(queues))}) AND run_at <= %s "
-                f"{self._not_paused_sql}LIMIT 1",
-                [True, name, *queues, self._dt(now)],
-            )
-            if cursor.fetchone() is None:
-                return []
         with transaction.atomic(using=self.alias, savepoint=not joined):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, table, name)

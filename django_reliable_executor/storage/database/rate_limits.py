@@ -12,10 +12,10 @@ the same free room. When every key has room for the whole batch, the tasks are c
 statement that reads their keys too (no candidates read first; on PostgreSQL the same
 statement writes their log rows; on SQLite the same statement counts the window, and one
 INSERT ... SELECT logs them). A claim that leaves its key's window at most half full logs
-its rows ``lead_seconds`` (half the window, at most a second) ahead of its ``now`` — about when they start after
-waiting in the worker's local queue — else at its ``now``: a row later than its start only
-counts longer. Entries out of the window count for nothing; a claim deletes them at most once
-per margin in each process (housekeeping).
+its rows ``lead_seconds`` (half the window, at most a second) ahead of its ``now`` — about
+when they start at the latest after waiting in the worker's local queue — else at its
+``now``: a row later than its start only counts longer. Entries out of the window count
+for nothing; a claim deletes them at most once per margin in each process (housekeeping).
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
 ``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
@@ -153,50 +153,61 @@ class RateLimiting(DatabaseAccess):
     rate_free_at: float | None = None
 
     def _claim_rate_limited(
-        self, request: ClaimRequest, whole: Pick, due: Collection[str] | None = None
+        self, request: ClaimRequest, whole: Pick, due: Collection[str], *, joined: bool = False
     ) -> list[Sequence[Claim]]:
-        """Claims of the rate-limited names of ``request``, each name within its limit (and
-        its cap), a sequence per name. ``due``: the names ``_rated_due`` found due already
-        (the others are passed over), None to look here, each name just before its claim."""
+        """Claims of the rate-limited names of ``request`` that ``_due_names`` found due, each
+        name within its limit (and its cap), a sequence per name; ``joined``: in the caller's
+        transaction."""
         claims: list[Sequence[Claim]] = []
         taken = 0
         for name, rate in request.rate_limits.items():
             budget = request.limit - taken
             if budget <= 0:
                 break
+            if name not in due:
+                continue
             pick = dataclasses.replace(whole, limit=budget, name=name)
-            if due is None and not self._rated_due(whole, name):
-                continue
-            if due is not None and name not in due:
-                continue
             cap = request.name_limits.get(name)
-            claim = functools.partial(self._claim_rated, pick, rate, cap, joined=due is not None)
+            claim = functools.partial(self._claim_rated, pick, rate, cap, joined=joined)
             claims.append(self._retrying(claim))
             taken += len(claims[-1])
         return claims
 
-    def _rated_due(self, pick: Pick, name: str) -> bool:
-        """Whether a task of ``name`` is due here, leaving out the keys this process saw
-        full until their window frees (no room can appear there sooner: entries leave only
-        once out of the window, and a start only moves one later), so that their waiting
-        tasks need no lock and no log read until then. A read, before any lock: when nothing
-        is due (the common case of an idle name) the claim takes none. Notes when the
-        earliest known full window frees, for ``wait_for_work``."""
+    def _due_names(self, pick: Pick, request: ClaimRequest) -> set[str]:
+        """The rate-limited and capped names of ``request`` with a task due in the pick's
+        queues, found by one read before any lock: when nothing of them is due (the common
+        case of an idle name) the claim takes no lock, and a round pays one round trip for
+        all of them, not one per name. A rate-limited name's keys this process saw full are
+        left out until their window frees (no room can appear there sooner: entries leave
+        only once out of the window, and a start only moves one later), so that their
+        waiting tasks need no lock and no log read until then; the earliest such window of a
+        name found not due is noted, for ``wait_for_work``."""
         now = pick.now.timestamp()
-        known = {k: t for k, t in self._full_keys(name).items() if t > now}
-        due_sql, due_params = self._due_of_name(pick, name)
-        if known and len(known) <= MAX_KNOWN_FULL:
-            keys_sql, keys_params = _other_keys(list(known))
-            due_sql += keys_sql
-            due_params += keys_params
+        names = list(dict.fromkeys([*request.rate_limits, *request.name_limits]))
+        known_full: dict[str, dict[str, float]] = {}
+        selects, params = [], []
+        # MariaDB wants a FROM for a WHERE; DUAL is its table of one row.
+        one_row = " FROM DUAL" if self.vendor == "mysql" else ""
+        for index, name in enumerate(names):
+            due_sql, due_params = self._due_of_name(pick, name)
+            if name in request.rate_limits:
+                known = {k: t for k, t in self._full_keys(name).items() if t > now}
+                known_full[name] = known
+                if known and len(known) <= MAX_KNOWN_FULL:
+                    keys_sql, keys_params = _other_keys(list(known))
+                    due_sql += keys_sql
+                    due_params += keys_params
+            # The name's index as a literal: it names the row without a typed parameter.
+            selects.append(f"SELECT {index}{one_row} WHERE EXISTS (SELECT 1 {due_sql})")
+            params += due_params
         with connections[self.alias].cursor() as cursor:
-            cursor.execute(f"SELECT 1 {due_sql} LIMIT 1", due_params)
-            if cursor.fetchone() is not None:
-                return True
-        if known:
-            first = min(known.values())
-            self.rate_free_at = min(first, self.rate_free_at or first)
-        return False
+            cursor.execute(" UNION ALL ".join(selects), params)
+            due = {names[int(index)] for (index,) in cursor.fetchall()}
+        for name, known in known_full.items():
+            if name not in due and known:
+                first = min(known.values())
+                self.rate_free_at = min(first, self.rate_free_at or first)
+        return due
 
     def _claim_rated(
         self, pick: Pick, rate: RateLimit, cap: int | None, *, joined: bool = False
@@ -407,7 +418,7 @@ class RateLimiting(DatabaseAccess):
         marks = ", ".join(["%s"] * len(pick.queues))
         return (
             f"FROM {self._table} WHERE available = %s AND task_name = %s "
-            f"AND queue IN ({marks}) AND run_at <= %s",
+            f"AND queue IN ({marks}) AND run_at <= %s {self._not_paused_sql.rstrip()}",
             [True, name or pick.name, *pick.queues, self._dt(pick.now)],
         )
 
@@ -571,6 +582,10 @@ class RateLimiting(DatabaseAccess):
         return uses
 
     # Provided by Claiming (which builds on this class).
+    @property
+    def _not_paused_sql(self) -> str:
+        raise NotImplementedError
+
     def _lock_name(self, cursor: Any, table: str, name: str) -> None:
         raise NotImplementedError
 
