@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -335,12 +336,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", metavar="CSV", default=None, help="write the samples as CSV")
     parser.add_argument("--plot", metavar="PNG", default=None, help="draw them (matplotlib)")
     parser.add_argument("--keep", action="store_true", help="keep the database / keys")
+    parser.add_argument(
+        "--task-table-setting",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="PostgreSQL: a storage parameter of the task table for this run, e.g. "
+        "autovacuum_vacuum_cost_delay=0 (ALTER TABLE ... SET before the worker starts; repeatable)",
+    )
     args = parser.parse_args(argv)
     for key in ("rate", "minutes", "sample_seconds", "window_minutes", "batch", "threads"):
         if getattr(args, key) <= 0:
             parser.error(f"--{key.replace('_', '-')} must be > 0")
     if args.retention_seconds < 0:
         parser.error("--retention-seconds must be >= 0")
+    for setting in args.task_table_setting:
+        if args.storage != "postgres":
+            parser.error("--task-table-setting is for --storage postgres")
+        if not re.fullmatch(r"[a-z_.]+=[A-Za-z0-9_.]+", setting):
+            parser.error(
+                f"--task-table-setting {setting!r}: expected NAME=VALUE, e.g. "
+                "autovacuum_vacuum_cost_delay=0"
+            )
     args.conn_max_age = None
     args.count_queries = None
     return args
@@ -365,6 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.setdefault("RE_LOG_LEVEL", "CRITICAL")
             store = throughput.open_store(args)
             store.clear()
+            if args.task_table_setting:
+                # Checked by parse_args: names and values of letters, digits, _ and . only.
+                settings = ", ".join(args.task_table_setting)
+                assert isinstance(store, throughput.PostgresStore)
+                with store._connection().cursor() as cursor:
+                    cursor.execute(f"ALTER TABLE reliable_executor_task SET ({settings})")
+                log(f"task table: SET ({settings})")
             log(f"store: {store.describe()}; code: {throughput.code_version()}")
             load_before = throughput.machine_load()
             log(load_before)
