@@ -38,6 +38,7 @@ class MasterChores:
         self.worker_ttl_seconds = worker_ttl_seconds
         self.settle_seconds = settle_seconds
         self._next_purge = 0.0
+        self._next_mark = 0.0
         self._recover_from = 0.0
         self._shard_recover_from: dict[int, float] = {}  # settle() of some shards only
         # Storage outages as this worker's lease writes (heartbeat, master lock) saw them.
@@ -135,6 +136,17 @@ class MasterChores:
                 busy = True
             else:
                 self._next_purge = time.monotonic() + PURGE_EVERY_SECONDS
+        if master and time.monotonic() >= self._next_mark:
+            # Waiting tasks of a name that gained or lost its rate_limit or max_concurrency
+            # since they were stored (this process's registry says which): set right, so
+            # that the claim that takes them (by name, or of all other names) sees them.
+            marked = everything.mark_limited(everything.limited_names(), BATCH)
+            if marked:
+                logger.info("%d waiting tasks moved between the claims by name", marked)
+            if marked >= BATCH:
+                busy = True
+            else:
+                self._next_mark = time.monotonic() + PURGE_EVERY_SECONDS
         return busy
 
     def seconds_to_next_schedule(self, longest: float) -> float:

@@ -278,6 +278,16 @@ def rate_limits() -> dict[str, RateLimit]:
     }
 
 
+def limited_names() -> frozenset[str]:
+    """The names of the registered handlers with a ``rate_limit`` or a ``max_concurrency``:
+    the worker claims their tasks one name at a time."""
+    return frozenset(
+        name
+        for name, handler in list(_handlers.items())
+        if handler.rate_limit is not None or handler.max_concurrency is not None
+    )
+
+
 def _schedules(
     name: str, given: ScheduleSpec | Sequence[ScheduleSpec] | None
 ) -> tuple[Schedule, ...]:

@@ -29,7 +29,7 @@ from .records import (
     WorkerInfo,
     new_info,
 )
-from .registry import declared_schedules, rate_limits
+from .registry import declared_schedules, limited_names, rate_limits
 from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
@@ -46,6 +46,12 @@ def _status(value: TaskStatus | str) -> TaskStatus:
         raise ValueError(f"unknown status {value!r}") from None
 
 
+def _wired(storage: TaskStorage) -> TaskStorage:
+    """``storage`` told which task names the registry limits (it cannot import the registry)."""
+    storage.limited_names = limited_names
+    return storage
+
+
 class ReliableExecutor:
     """The public service. Thread-safe; storage is built from settings on first use."""
 
@@ -56,7 +62,7 @@ class ReliableExecutor:
         clock: Clock | None = None,
         settings: ExecutorSettings | None = None,
     ) -> None:
-        self._storage = storage
+        self._storage = storage if storage is None else _wired(storage)
         self._clock = clock
         self._settings = settings
         self._lock = threading.Lock()
@@ -85,7 +91,7 @@ class ReliableExecutor:
         if self._storage is None:
             with self._lock:
                 if self._storage is None:
-                    self._storage = build_storage(self.settings, self._clock)
+                    self._storage = _wired(build_storage(self.settings, self._clock))
         return self._storage
 
     def reset(self) -> None:

@@ -6,7 +6,7 @@ import abc
 import builtins
 import datetime as dt
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from ..batches import BatchInfo, NewBatch
 from ..clock import Clock, system_clock
@@ -52,6 +52,11 @@ class TaskStorage(ScheduleStorage):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or system_clock
+        #: The task names that workers claim one name at a time (a rate_limit or a
+        #: max_concurrency): the registry's, wired by the service, which sits above the
+        #: storage. A storage may keep their waiting tasks apart from the rest (the database
+        #: storage does: see claiming.py).
+        self.limited_names: Callable[[], Collection[str]] = frozenset
 
     @property
     def chore_shards(self) -> int:
@@ -290,6 +295,14 @@ class TaskStorage(ScheduleStorage):
         self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]
     ) -> int:
         """``purge_finished`` of these terminal ``statuses`` (maybe none)."""
+
+    def mark_limited(self, names: Collection[str], limit: int) -> int:
+        """Put right, for up to ``limit`` waiting tasks, whether they are of a name in
+        ``names`` (``limited_names``: claimed one name at a time), where the storage keeps
+        such tasks apart: after a name gained or lost its limits, or a task was stored by a
+        process that did not know them. How many tasks changed (the database storage; 0
+        elsewhere)."""
+        return 0
 
     # -- reading --------------------------------------------------------------------------
     @abc.abstractmethod

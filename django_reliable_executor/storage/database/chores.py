@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 from typing import Any
 
+from django.db import connections
 from django.db.models import F, Q, QuerySet
 
 from ...models import ReliableTask
@@ -118,6 +120,39 @@ class Chores(DatabaseAccess):
             return changed
 
         return self._ending(end)
+
+    def mark_limited(self, names: Collection[str], limit: int) -> int:
+        """Waiting tasks marked ``name_limited`` while their name is not in ``names`` are
+        unmarked (the claim of all other names takes them again), and those of a name in
+        ``names`` left unmarked are marked, at most ``limit`` each way."""
+        names = sorted(names)
+        marks = ", ".join(["%s"] * len(names))
+        changed = self._set_limited(
+            False, f"AND task_name NOT IN ({marks}) " if names else "", names, limit
+        )
+        if names:
+            changed += self._set_limited(True, f"AND task_name IN ({marks}) ", names, limit)
+        return changed
+
+    def _set_limited(self, value: bool, names_sql: str, names: list[str], limit: int) -> int:
+        """Set ``name_limited`` to ``value`` on up to ``limit`` waiting tasks with the other
+        value and a name ``names_sql`` chooses. The ids are read first: the flag only says
+        which claim takes a task, and both check its name, so a task that changes meanwhile
+        is claimed right either way."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(
+                f"SELECT task_id FROM {self._table} WHERE available = %s AND name_limited = %s "
+                f"{names_sql}LIMIT %s",
+                [True, not value, *names, limit],
+            )
+            ids = [task_id for (task_id,) in cursor.fetchall()]
+        changed = 0
+        for chunk in chunks(ids):
+            ids_sql, id_params = self._in("task_id", chunk)
+            changed += self._execute(
+                f"UPDATE {self._table} SET name_limited = %s WHERE {ids_sql}", [value, *id_params]
+            )
+        return changed
 
     def _purge_finished(
         self, finished_before: dt.datetime, limit: int, statuses: frozenset[TaskStatus]

@@ -180,21 +180,26 @@ class Claiming(RateLimiting):
         index)."""
         marks = ", ".join(["%s"] * len(pick.queues))
         names_sql, names = "", []
+        lane_sql, lane = "", []
         if pick.name is not None:
             names_sql, names = "AND task_name = %s ", [pick.name]
-        elif pick.excluded:
-            names_sql = f"AND task_name NOT IN ({', '.join(['%s'] * len(pick.excluded))}) "
-            names = list(pick.excluded)
+        else:
+            # The claim of all other names: the limited names' waiting tasks are out of its
+            # index range (name_limited), and those stored unmarked are left out by name.
+            lane_sql, lane = "AND name_limited = %s ", [False]
+            if pick.excluded:
+                names_sql = f"AND task_name NOT IN ({', '.join(['%s'] * len(pick.excluded))}) "
+                names = list(pick.excluded)
         if pick.ids:
             names_sql += f"AND task_id IN ({', '.join(['%s'] * len(pick.ids))}) "
             names += list(pick.ids)
         limit_sql, limit = ("%s", (pick.limit,)) if pick.limit_by is None else pick.limit_by
         sql = (
-            f"FROM {self._table} WHERE available = %s AND queue IN ({marks}) AND run_at <= %s "
-            f"{names_sql}{self._not_paused_sql}ORDER BY priority DESC, run_at ASC "
-            f"LIMIT {limit_sql}"
+            f"FROM {self._table} WHERE available = %s {lane_sql}AND queue IN ({marks}) "
+            f"AND run_at <= %s {names_sql}{self._not_paused_sql}"
+            f"ORDER BY priority DESC, run_at ASC LIMIT {limit_sql}"
         )
-        return sql, [True, *pick.queues, self._dt(pick.now), *names, *limit]
+        return sql, [True, *lane, *pick.queues, self._dt(pick.now), *names, *limit]
 
     @functools.cached_property
     def _not_paused_sql(self) -> str:
