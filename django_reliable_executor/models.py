@@ -187,7 +187,6 @@ class ReliableRateLog(models.Model):
         default_permissions = ()
         indexes = [
             models.Index(fields=["name", "claimed_at"], name="rexec_rate_log_idx"),
-            models.Index(fields=["task_id"], name="rexec_rate_log_task_idx"),
         ]
 
     def __str__(self) -> str:

@@ -381,7 +381,8 @@ class RateLimiting(DatabaseAccess):
         """Move the logged claims of ``claims`` still in their window to ``now``; return the
         (task id, token) of those moved. Under the lock of each of their names (taken in
         name order, so two starts never wait for each other): a claim of the name counts
-        its window before the move or after it, never during it. One UPDATE per window."""
+        its window before the move or after it, never during it. One UPDATE per name and logged
+        time."""
         connection = connections[self.alias]
         table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
         with connection.cursor() as cursor:
@@ -389,24 +390,31 @@ class RateLimiting(DatabaseAccess):
                 self._lock_name(
                     cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
                 )
-        windows: dict[float, list[Claim]] = {}
+        # The claims of one name logged at one time: their rows are one range of the index
+        # on (name, claimed_at), found without an index on the task ids.
+        groups: dict[tuple[str, dt.datetime, float], list[Claim]] = {}
         for claim in claims:
-            assert claim.rate_limit is not None
-            windows.setdefault(claim.rate_limit.log_window_seconds, []).append(claim)
+            assert claim.rate_limit is not None and claim.rate_logged_at is not None
+            at = (claim.task.task_name, claim.rate_logged_at, claim.rate_limit.log_window_seconds)
+            groups.setdefault(at, []).append(claim)
         moved: set[tuple[str, int]] = set()
         with connections[self.alias].cursor() as cursor:
-            for window, group in windows.items():
-                cutoff = self._dt(now - dt.timedelta(seconds=window))
+            for (name, logged_at, window), group in groups.items():
+                if logged_at <= now - dt.timedelta(seconds=window):
+                    continue  # out of the window: counted no more, nothing to move
                 ids = [claim.task_id for claim in group]
-                where = f"WHERE task_id IN ({', '.join(['%s'] * len(ids))}) AND claimed_at > %s"
+                where = (
+                    f"WHERE name = %s AND claimed_at = %s AND task_id IN "
+                    f"({', '.join(['%s'] * len(ids))})"
+                )
                 update = f"UPDATE {table} SET claimed_at = %s {where}"
-                params = [self._dt(now), *ids, cutoff]
+                params = [self._dt(now), name, self._dt(logged_at), *ids]
                 if self.vendor == "mysql":
                     cursor.execute(update, params)
                     cursor.execute(
-                        f"SELECT task_id, token FROM {table} WHERE task_id IN "
-                        f"({', '.join(['%s'] * len(ids))}) AND claimed_at = %s",
-                        [*ids, self._dt(now)],
+                        f"SELECT task_id, token FROM {table} WHERE name = %s AND "
+                        f"claimed_at = %s AND task_id IN ({', '.join(['%s'] * len(ids))})",
+                        [name, self._dt(now), *ids],
                     )
                 else:
                     cursor.execute(f"{update} RETURNING task_id, token", params)
