@@ -290,15 +290,19 @@ class Claiming(RateLimiting):
         postgresql = self.vendor == "postgresql"
         skip_locked = " FOR UPDATE SKIP LOCKED" if postgresql else ""
         chosen, chosen_params = self._pick_sql(pick)
+        # available is re-checked outside too: a row may change between pick and lock. On
+        # SQLite as ``+available``, which no index serves: else its planner walked the claim
+        # index over every waiting task (a held backlog included) to match the few chosen,
+        # instead of looking them up by key (4.6 ms against 0.13 with 20 000 waiting).
+        available = "+available" if self.vendor == "sqlite" else "available"
         sql = (
             f"UPDATE {self._table} SET available = %s, worker_id = %s, "
             "lease_token = lease_token + 1, lease_expires_at = %s "
             f"{ASYNC_COMMIT_FROM if postgresql else ''}"
-            # available is re-checked outside too: a row may change between pick and lock.
-            f"WHERE available = %s AND task_id IN (SELECT task_id {chosen}{skip_locked}) "
+            f"WHERE task_id IN (SELECT task_id {chosen}{skip_locked}) AND {available} = %s "
             f"RETURNING {returning}"
         )
-        return sql, [False, pick.worker_id, self._dt(pick.lease_until), True, *chosen_params]
+        return sql, [False, pick.worker_id, self._dt(pick.lease_until), *chosen_params, True]
 
     def _claim_returning(self, pick: Pick, extra_columns: str) -> list[tuple[Claim, Any]]:
         """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
