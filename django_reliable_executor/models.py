@@ -43,11 +43,12 @@ class ReliableTask(models.Model):
     trace_context = models.JSONField(null=True, blank=True)
     # True while the task waits for a worker (CREATED/PENDING and not claimed): the claim index.
     available = models.BooleanField(default=True)
-    # True when the task's name had a rate_limit or a max_concurrency when it was stored:
-    # workers claim such tasks one name at a time, and the claim of all other names reads the
-    # claim index past them (a name held at its limit may hold thousands waiting). Put right
-    # by the master's chores when a name gains or loses its limits (see chores.py).
-    name_limited = models.BooleanField(default=False, db_default=False)
+    # The task's name when that name had a rate_limit or a max_concurrency as it was stored,
+    # else "": the claim index's second column. Workers claim such tasks one name at a time,
+    # each from its name's own range, and the claim of all other names reads the "" range
+    # only, never past a name's backlog held at its limit. Put right by the master's chores
+    # when a name gains or loses its limits (storage/database/chores.py).
+    limited_name = models.CharField(max_length=191, default="", db_default="", blank=True)
     # Fencing token: bumped by every claim; every write by the claimer must match it.
     lease_token = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -74,10 +75,10 @@ class ReliableTask(models.Model):
         # by the admin, whatever a user holds: rows change only through the service.
         permissions = [("operate_reliabletask", "Can retry and cancel reliable tasks")]
         indexes = [
-            # Claim: equality on available+name_limited+queue, then the exact pickup order.
+            # Claim: equality on available+limited_name+queue, then the exact pickup order.
             # Partial on PostgreSQL (migrations 0003, 0024): only waiting rows are in it there.
             models.Index(
-                fields=["available", "name_limited", "queue", "-priority", "run_at"],
+                fields=["available", "limited_name", "queue", "-priority", "run_at"],
                 name="rexec_claim_idx",
             ),
             models.Index(fields=["lease_expires_at"], name="rexec_lease_idx"),

@@ -86,19 +86,19 @@ def test_the_rate_key_index_serves_the_claims_of_a_rate_limited_name(alias, exec
 
 @pytest.mark.parametrize("alias", db_params(["postgres"]))
 def test_the_claim_index_serves_the_claim_of_all_other_names(alias, executor, storage):
-    """Migration 0024: name_limited in the partial claim index, so the claim of the names
+    """Migration 0024: limited_name in the partial claim index, so the claim of the names
     without limits reads none of the limited names' waiting tasks."""
     require(alias)
-    executor.submit("demo.capped", None)  # max_concurrency: stored name_limited
+    executor.submit("demo.capped", None)  # max_concurrency: stored with limited_name
     executor.submit("demo.noop", None)
     with CaptureQueriesContext(connections[alias]) as captured:
         claims = storage.claim("w1", ["default"], 10, LEASE)
     assert [claim.task.task_name for claim in claims] == ["demo.noop"]
-    claiming = [q["sql"] for q in captured.captured_queries if "name_limited" in q["sql"]]
+    claiming = [q["sql"] for q in captured.captured_queries if "limited_name" in q["sql"]]
     assert claiming, captured.captured_queries
     assert plans_using(alias, "rexec_claim_idx", claiming), claiming
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'rexec_claim_idx'")
         assert cursor.fetchone()[0].endswith(
-            "(name_limited, queue, priority DESC, run_at) WHERE available"
+            "(limited_name, queue, priority DESC, run_at) WHERE available"
         )

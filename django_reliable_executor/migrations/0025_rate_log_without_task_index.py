@@ -7,7 +7,7 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_reliable_executor", "0024_claim_index_name_limited")]
+    dependencies = [("django_reliable_executor", "0024_claim_index_limited_name")]
     operations = [
         migrations.RemoveIndex(model_name="reliableratelog", name="rexec_rate_log_task_idx"),
     ]

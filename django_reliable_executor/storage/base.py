@@ -297,11 +297,11 @@ class TaskStorage(ScheduleStorage):
         """``purge_finished`` of these terminal ``statuses`` (maybe none)."""
 
     def mark_limited(self, names: Collection[str], limit: int) -> int:
-        """Put right, for up to ``limit`` waiting tasks, whether they are of a name in
-        ``names`` (``limited_names``: claimed one name at a time), where the storage keeps
-        such tasks apart: after a name gained or lost its limits, or a task was stored by a
-        process that did not know them. How many tasks changed (the database storage; 0
-        elsewhere)."""
+        """Where the storage keeps the waiting tasks of limited names apart (the database
+        storage), put right, for up to ``limit`` tasks each way, which are kept apart: those of
+        the names in ``names`` (``limited_names``: claimed one name at a time), and no others.
+        Needed after a name gained or lost its limits, or when a task was stored by a process
+        that did not know them. How many tasks changed (0 on storages that keep none apart)."""
         return 0
 
     # -- reading --------------------------------------------------------------------------

@@ -122,35 +122,51 @@ class Chores(DatabaseAccess):
         return self._ending(end)
 
     def mark_limited(self, names: Collection[str], limit: int) -> int:
-        """Waiting tasks marked ``name_limited`` while their name is not in ``names`` are
-        unmarked (the claim of all other names takes them again), and those of a name in
-        ``names`` left unmarked are marked, at most ``limit`` each way."""
-        names = sorted(names)
-        marks = ", ".join(["%s"] * len(names))
-        changed = self._set_limited(
-            False, f"AND task_name NOT IN ({marks}) " if names else "", names, limit
-        )
+        """Waiting tasks whose ``limited_name`` disagrees with ``names`` set right, at most
+        ``limit`` each way: the ranges of names no longer limited emptied into the claim of
+        all other names (each range found by one index probe), and the tasks of a limited
+        name stored without it moved into its range (read through the index on task
+        names)."""
+        changed = 0
+        for lane in self._lanes():
+            if lane not in names:
+                changed += self._set_lane("''", "limited_name = %s", [lane], limit)
         if names:
-            changed += self._set_limited(True, f"AND task_name IN ({marks}) ", names, limit)
+            marks = ", ".join(["%s"] * len(names))
+            where = f"limited_name = %s AND task_name IN ({marks})"
+            changed += self._set_lane("task_name", where, ["", *sorted(names)], limit)
         return changed
 
-    def _set_limited(self, value: bool, names_sql: str, names: list[str], limit: int) -> int:
-        """Set ``name_limited`` to ``value`` on up to ``limit`` waiting tasks with the other
-        value and a name ``names_sql`` chooses. The ids are read first: the flag only says
-        which claim takes a task, and both check its name, so a task that changes meanwhile
-        is claimed right either way."""
+    def _lanes(self) -> list[str]:
+        """The limited names of the waiting tasks, one index probe each (no scan of a range)."""
+        lanes: list[str] = []
+        with connections[self.alias].cursor() as cursor:
+            while True:
+                cursor.execute(
+                    f"SELECT MIN(limited_name) FROM {self._table} WHERE available = %s "
+                    "AND limited_name > %s",
+                    [True, lanes[-1] if lanes else ""],
+                )
+                (lane,) = cursor.fetchone()
+                if lane is None:
+                    return lanes
+                lanes.append(lane)
+
+    def _set_lane(self, value_sql: str, where: str, params: list[Any], limit: int) -> int:
+        """``limited_name = value_sql`` on up to ``limit`` waiting tasks ``where`` chooses.
+        The ids are read first: the column only says which claim takes a task, and both
+        claims check its name, so a task that changes meanwhile is never claimed wrong."""
         with connections[self.alias].cursor() as cursor:
             cursor.execute(
-                f"SELECT task_id FROM {self._table} WHERE available = %s AND name_limited = %s "
-                f"{names_sql}LIMIT %s",
-                [True, not value, *names, limit],
+                f"SELECT task_id FROM {self._table} WHERE available = %s AND {where} LIMIT %s",
+                [True, *params, limit],
             )
             ids = [task_id for (task_id,) in cursor.fetchall()]
         changed = 0
         for chunk in chunks(ids):
             ids_sql, id_params = self._in("task_id", chunk)
             changed += self._execute(
-                f"UPDATE {self._table} SET name_limited = %s WHERE {ids_sql}", [value, *id_params]
+                f"UPDATE {self._table} SET limited_name = {value_sql} WHERE {ids_sql}", id_params
             )
         return changed
 

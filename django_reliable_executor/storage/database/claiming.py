@@ -180,13 +180,21 @@ class Claiming(RateLimiting):
         index)."""
         marks = ", ".join(["%s"] * len(pick.queues))
         names_sql, names = "", []
-        lane_sql, lane = "", []
+        lane_sql, lane = "AND limited_name = %s ", [""]
         if pick.name is not None:
             names_sql, names = "AND task_name = %s ", [pick.name]
+            if pick.name in self.limited_names():
+                # A limited name's claim reads its own range of the claim index. (Its tasks
+                # stored without it, by a process that did not know the limits, wait for the
+                # master's chores to move them there: mark_limited.)
+                lane = [pick.name]
+            else:
+                # Limits the registry does not know (given to claim() directly): the name's
+                # tasks wherever they are, found by name.
+                lane_sql, lane = "", []
         else:
             # The claim of all other names: the limited names' waiting tasks are out of its
-            # index range (name_limited), and those stored unmarked are left out by name.
-            lane_sql, lane = "AND name_limited = %s ", [False]
+            # range of the index, and those stored without their name are left out by name.
             if pick.excluded:
                 names_sql = f"AND task_name NOT IN ({', '.join(['%s'] * len(pick.excluded))}) "
                 names = list(pick.excluded)

@@ -1,10 +1,11 @@
-"""The task column name_limited, second in the claim index: the waiting tasks of names with a
-rate_limit or a max_concurrency (claimed one name at a time) sit apart in the index from the
-rest, so the claim of all other names never reads past a name's backlog held at its limit.
+"""The task column limited_name, second in the claim index: the waiting tasks of a name with a
+rate_limit or a max_concurrency (claimed one name at a time) sit in a range of the index of
+their own, so the claim of all other names never reads past a name's backlog held at its
+limit, and each name's claim reads only its own tasks.
 
 On PostgreSQL the claim index stays partial, as 0003 made it: only waiting rows are in it.
-Existing waiting tasks start with name_limited false; the master's chores set it on those of
-limited names within a minute of the first worker of this version starting.
+Existing waiting tasks start with limited_name "": the master's chores set it on those of
+limited names from the first round of a worker of this version, 500 tasks a round.
 
 MariaDB and PostgreSQL add the column without rewriting the table; the claim index is built
 again (on a large waiting backlog, that takes a while: run it before a quiet hour).
@@ -16,7 +17,7 @@ TABLE = "reliable_executor_task"
 CLAIM_INDEX = "rexec_claim_idx"
 # The columns of the partial claim index on PostgreSQL, before (0003) and after this migration.
 OLD_COLUMNS = "(available, queue, priority DESC, run_at)"
-NEW_COLUMNS = "(name_limited, queue, priority DESC, run_at)"
+NEW_COLUMNS = "(limited_name, queue, priority DESC, run_at)"
 
 
 def _partial(schema_editor, columns):
@@ -44,13 +45,13 @@ class Migration(migrations.Migration):
         migrations.RemoveIndex(model_name="reliabletask", name=CLAIM_INDEX),
         migrations.AddField(
             model_name="reliabletask",
-            name="name_limited",
-            field=models.BooleanField(db_default=False, default=False),
+            name="limited_name",
+            field=models.CharField(blank=True, db_default="", default="", max_length=191),
         ),
         migrations.AddIndex(
             model_name="reliabletask",
             index=models.Index(
-                fields=["available", "name_limited", "queue", "-priority", "run_at"],
+                fields=["available", "limited_name", "queue", "-priority", "run_at"],
                 name=CLAIM_INDEX,
             ),
         ),
