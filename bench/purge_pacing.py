@@ -142,35 +142,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    drains: dict[str, list[float]] = {name: [] for name in SCENARIOS}
-    purges: dict[str, list[float]] = {"purge": [], "paced": []}
-    try:
-        with throughput.terminate_on_sigterm():
-            store = throughput.open_store(args)
-            throughput.log(f"store: {store.describe()}; code: {throughput.code_version()}")
-            load_before = throughput.machine_load()
-            throughput.log(load_before)
-            try:
-                for _ in range(args.rounds):
-                    for name in SCENARIOS:
-                        seconds, purge_seconds = run_round(store, args, name)
-                        drains[name].append(seconds)
-                        if purge_seconds is not None:
-                            purges[name].append(purge_seconds)
-                store.clear()
-            finally:
-                store.close()
-            load_after = throughput.machine_load()
-            throughput.log(load_after)
-    except throughput.BenchError as exc:
-        throughput.log(f"error: {exc}")
-        return 1
-    except KeyboardInterrupt:
-        throughput.log("interrupted")
-        return 130
+    rounds = throughput.alternate_rounds(
+        args, SCENARIOS, lambda store, name: run_round(store, args, name)
+    )
+    if isinstance(rounds, int):
+        return rounds
+    drains = {name: [d for d, _ in values] for name, values in rounds.results.items()}
+    purges = {name: [p for _, p in rounds.results[name] if p is not None] for name in SCENARIOS}
     medians = {name: statistics.median(values) for name, values in drains.items()}
     result: dict[str, Any] = {
-        "storage": store.name,
+        "storage": rounds.storage,
         "n": args.n,
         "finished": args.finished,
         "batch_size": args.batch_size,
@@ -178,9 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         **{f"{name}_s": round(value, 2) for name, value in medians.items()},
         "purge_ratio": round(medians["purge"] / medians["quiet"], 3),
         "paced_ratio": round(medians["paced"] / medians["quiet"], 3),
-        **{f"{name}_purge_s": round(statistics.median(v), 2) for name, v in purges.items()},
+        **{
+            f"{name}_purge_s": round(statistics.median(purges[name]), 2)
+            for name in ("purge", "paced")
+        },
         "rounds": {name: [round(v, 2) for v in values] for name, values in drains.items()},
-        "load": [load_before, load_after],
+        "load": rounds.load,
     }
     print(json.dumps(result), flush=True)
     return 0

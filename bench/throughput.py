@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -42,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTPROJECT = ROOT / "testproject"
@@ -50,6 +51,7 @@ BENCH = ROOT / "bench"
 DEFAULT_DB_NAME = "reliable_executor_bench"
 DEFAULT_SQLITE_PATH = Path(tempfile.gettempdir()) / "reliable_executor_bench.sqlite3"
 TASK_NAME = "demo.noop"
+T = TypeVar("T")
 
 
 def code_version() -> str:
@@ -838,6 +840,47 @@ def terminate_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@dataclasses.dataclass
+class Rounds(Generic[T]):
+    """What ``alternate_rounds`` measured: per scenario, each round's result, in order."""
+
+    storage: str
+    results: dict[str, list[T]]
+    load: list[str]  # the machine's load before and after
+
+
+def alternate_rounds(
+    args: argparse.Namespace, scenarios: Sequence[str], run_round: Callable[[Store, str], T]
+) -> Rounds[T] | int:
+    """Open the store ``args`` name and run ``run_round(store, scenario)`` for every scenario
+    in turn, ``args.rounds`` times over (rounds alternated, so a drift of the machine touches
+    each alike), then clear and close the store. The exit code instead after an error (1) or
+    an interruption (130), logged."""
+    results: dict[str, list[T]] = {name: [] for name in scenarios}
+    try:
+        with terminate_on_sigterm():
+            store = open_store(args)
+            log(f"store: {store.describe()}; code: {code_version()}")
+            load = [machine_load()]
+            log(load[0])
+            try:
+                for _ in range(args.rounds):
+                    for name in scenarios:
+                        results[name].append(run_round(store, name))
+                store.clear()
+            finally:
+                store.close()
+            load.append(machine_load())
+            log(load[1])
+    except BenchError as exc:
+        log(f"error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    return Rounds(store.name, results, load)
 
 
 def open_store(args: argparse.Namespace) -> Store:

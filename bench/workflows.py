@@ -130,35 +130,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     scenarios = ("plain", "paired", "chained")
-    seconds: dict[str, list[float]] = {name: [] for name in scenarios}
-    latencies: dict[str, list[float]] = {"paired": [], "chained": []}
-    try:
-        with throughput.terminate_on_sigterm():
-            store = throughput.open_store(args)
-            throughput.log(f"store: {store.describe()}; code: {throughput.code_version()}")
-            load_before = throughput.machine_load()
-            throughput.log(load_before)
-            try:
-                for _ in range(args.rounds):
-                    for name in scenarios:
-                        took, chains = drain(store, args, name)
-                        seconds[name].append(took)
-                        if chains:
-                            latencies[name] = release_latencies_ms(chains)
-                store.clear()
-            finally:
-                store.close()
-            load_after = throughput.machine_load()
-            throughput.log(load_after)
-    except throughput.BenchError as exc:
-        throughput.log(f"error: {exc}")
-        return 1
-    except KeyboardInterrupt:
-        throughput.log("interrupted")
-        return 130
+
+    def one_round(store: throughput.Store, name: str) -> tuple[float, list[float]]:
+        took, chains = drain(store, args, name)
+        return took, release_latencies_ms(chains) if chains else []
+
+    rounds = throughput.alternate_rounds(args, scenarios, one_round)
+    if isinstance(rounds, int):
+        return rounds
+    seconds = {name: [took for took, _ in values] for name, values in rounds.results.items()}
+    # The release latencies of the last round of each scenario with dependents.
+    latencies = {name: rounds.results[name][-1][1] for name in ("paired", "chained")}
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     result: dict[str, Any] = {
-        "storage": store.name,
+        "storage": rounds.storage,
         "n": args.n,
         "chains": args.chains,
         "threads": args.threads,
@@ -172,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label, share in (("p50", 0.5), ("p95", 0.95))
         },
         "rounds": {name: [round(v, 2) for v in values] for name, values in seconds.items()},
-        "load": [load_before, load_after],
+        "load": rounds.load,
     }
     print(json.dumps(result), flush=True)
     return 0
