@@ -19,7 +19,7 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import db_params, require
 from tests.contract_support import LEASE, new_task
-from tests.processes import Backend, service_for, wait_until
+from tests.processes import FAST, Backend, service_for, wait_until
 
 CAPPED = "demo.echo"
 OTHER = "demo.noop"
@@ -289,4 +289,42 @@ def test_two_worker_processes_never_overlap_beyond_the_cap(alias, key_prefix, wo
     results: list[dict[str, Any]] = [service.get_task(i).result for i in capped]
     intervals = [(r["started"], r["ended"]) for r in results]
     assert _peak_overlap(intervals) <= 2, sorted(intervals)
+    service.storage.close()
+
+
+@pytest.mark.parametrize("alias", db_params(["default", "mariadb", "postgres", "redis"]))
+def test_a_killed_worker_s_capped_tasks_run_again_within_the_cap(alias, key_prefix, workers):
+    """A worker is SIGKILLed while it runs two demo.capped tasks (max_concurrency=2, stored
+    in their name's range of the claim index on the databases): the other worker recovers
+    them once their leases lapse, runs every capped task, and the handlers' own records never
+    show more than two at once; the other names' tasks flow meanwhile."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service: ReliableExecutor = service_for(backend)
+    capped = [service.submit("demo.capped", {"sleep": 1.0}).task_id for _ in range(6)]
+    first = workers.start(backend, **FAST)
+    wait_until(
+        lambda: service.count_by_status().get(TaskStatus.RUNNING, 0) == 2,
+        30,
+        "two capped tasks never ran at once",
+        interval=0.01,
+        logs=workers.logs,
+    )
+    running = {t.task_id for t in service.list_tasks(status=TaskStatus.RUNNING)}
+    first.kill()
+    others = [service.submit("demo.echo", i).task_id for i in range(10)]
+    workers.start(backend, **FAST)
+
+    def all_done() -> bool:
+        return all(service.get_task(i).status is TaskStatus.COMPLETED for i in capped + others)
+
+    wait_until(all_done, 60, "not every task completed after the kill", logs=workers.logs)
+    results: list[dict[str, Any]] = [service.get_task(i).result for i in capped]
+    intervals = [(r["started"], r["ended"]) for r in results]
+    assert _peak_overlap(intervals) <= 2, sorted(intervals)
+    # The two killed attempts were counted, and run again by the survivor.
+    for task_id in running:
+        task = service.get_task(task_id)
+        assert task.attempts >= 2, task
+        assert task.result["pid"] != first.pid
     service.storage.close()
