@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from django.db import transaction
-
 from ...models import ReliablePausedQueue
-from .access import DatabaseAccess
+from .access import DatabaseAccess, in_turn
 
 
 class Pausing(DatabaseAccess):
@@ -13,14 +11,16 @@ class Pausing(DatabaseAccess):
     its own statement (Claiming._pick_sql), so a pause holds from the next claim of every
     worker, with no cache to go stale."""
 
+    @in_turn
     def pause_queue(self, queue: str) -> bool:
         _, created = ReliablePausedQueue.objects.using(self.alias).get_or_create(
             queue=queue, defaults={"paused_at": self.clock.now()}
         )
         return created
 
+    @in_turn
     def resume_queue(self, queue: str) -> bool:
-        with transaction.atomic(using=self.alias):
+        with self._atomic():
             deleted, _ = ReliablePausedQueue.objects.using(self.alias).filter(queue=queue).delete()
             if deleted:
                 # Its waiting tasks are claimable again: wake idle workers as a submit does.
