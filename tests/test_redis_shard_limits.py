@@ -172,3 +172,22 @@ def test_a_task_stored_by_a_submitter_without_the_limit_is_claimed_on_its_queue_
     (claimed,) = claim(storage, "w-orphan", (ORPHAN,))
     assert claimed.task_id == task.task_id and claimed.shard == 0
     assert storage.complete(storage.start(claimed, LEASE), None) is not None
+
+
+def test_tasks_left_on_a_home_shard_after_the_limit_is_gone_are_still_claimed(
+    executor, storage, clock
+):
+    task = executor.submit("demo.capped", {}, queue=ORPHAN)
+    assert stored_on(storage, task.task_id) == [HOME]
+    # A worker whose registry has no limited name any more (the limit removed in a deploy):
+    # the home shard's queue set names "orphan", so it claims there all the same.
+    storage.limited_homes = dict
+    fresh = RedisStorage(
+        storage.client, storage.key_prefix, clock=clock, shards=SHARDS, owns_client=False
+    )
+    assert fresh._queue_shards(ORPHAN) == [0, HOME]
+    (claimed,) = fresh.claim("w-new", (ORPHAN,), 10, LEASE)
+    assert claimed.task_id == task.task_id and claimed.shard == HOME
+    assert fresh.complete(fresh.start(claimed, LEASE), None) is not None
+    assert executor.get_task(task.task_id).status is TaskStatus.COMPLETED
+    fresh.close()

@@ -7,7 +7,9 @@ import copy
 import datetime as dt
 import functools
 import logging
+import math
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -29,6 +31,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 R = TypeVar("R")
 READ_CHUNK = 1000
+# Sharded: how often the shards holding tasks of a queue not their own are read (_strays).
+STRAYS_SECONDS = 10.0
 # The status sets of states.py as the stored values.
 WAITING = tuple(sorted(s.value for s in WAITING_STATUSES))
 LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
@@ -121,6 +125,9 @@ class RedisAccess(TaskStorage):
         # id), for its heartbeats; each heartbeat keeps only the tasks it beats.
         self._held_on: dict[str, int] = {}
         self._held_lock = threading.Lock()
+        # Sharded: the shards holding tasks of a queue not its own (_strays), and when read
+        self._strays_seen: dict[str, frozenset[int]] = {}
+        self._strays_read_at = -math.inf
         self._chore_scope: frozenset[int] | None = None  # chores_on: the chores' shards
         self._scoped: dict[frozenset[int], RedisAccess] = {}
 
@@ -270,14 +277,37 @@ class RedisAccess(TaskStorage):
         return frozenset(self.layout.shard_of(queue) for queue in self.limited_homes().values())
 
     def _queue_shards(self, queue: str, homes: frozenset[int] | None = None) -> list[int]:
-        """The shards that may hold waiting tasks of ``queue``: its own shard, first, then the
-        home shards of the limited names (``homes``: _home_shards, read now when not given)."""
+        """The shards that may hold tasks of ``queue``: its own shard, first, then the home
+        shards of the limited names (``homes``: _home_shards, read now when not given) and the
+        other shards whose ``queues`` set named it when last read (_strays)."""
         own = self.layout.shard_of(queue)
         if not self.sharded:
             return [own]
         if homes is None:
             homes = self._home_shards()
-        return [own, *sorted(homes - {own})]
+        return [own, *sorted((homes | self._strays().get(queue, frozenset())) - {own})]
+
+    def _strays(self) -> dict[str, frozenset[int]]:
+        """Sharded: queue -> the shards other than its own that hold tasks of it, from every
+        shard's ``queues`` set, read again when older than STRAYS_SECONDS (one pipeline).
+        The limited names' home shards come from the registry at once; this finds those a
+        registry no longer names (a limit removed, a name's queue changed, a submitter with
+        other limits), whose waiting tasks would else be claimed by nobody."""
+        now = time.monotonic()
+        if now - self._strays_read_at < STRAYS_SECONDS:
+            return self._strays_seen
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.smembers(prefix + "queues")
+        found: dict[str, set[int]] = {}
+        for shard, members in enumerate(pipe.execute()):
+            for member in members:
+                queue = text(member)
+                if self.layout.shard_of(queue) != shard:
+                    found.setdefault(queue, set()).add(shard)
+        self._strays_seen = {queue: frozenset(shards) for queue, shards in found.items()}
+        self._strays_read_at = now
+        return self._strays_seen
 
     def _each_shard(
         self,
