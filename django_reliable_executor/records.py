@@ -148,6 +148,10 @@ class Claim:
     # them. False is only a hint (a dependent may be stored after the claim); the ending
     # write checks it (see storage/database/transitions.py). Unused elsewhere.
     has_dependents: bool = False
+    # The Redis storage with REDIS_SHARDS > 1: the shard the task was claimed on, where it is
+    # stored and every write of the claim goes (a task is not always on its queue's shard:
+    # docs/scaling.md). 0 elsewhere.
+    shard: int = 0
 
     @property
     def task_id(self) -> str:

@@ -288,6 +288,16 @@ def limited_names() -> frozenset[str]:
     )
 
 
+def limited_homes() -> dict[str, str]:
+    """``{task_name: queue}`` of the names of ``limited_names``, each with its own (decorator)
+    queue: a sharded Redis storage keeps every task of the name on that queue's shard."""
+    return {
+        name: handler.queue
+        for name, handler in list(_handlers.items())
+        if handler.rate_limit is not None or handler.max_concurrency is not None
+    }
+
+
 def _schedules(
     name: str, given: ScheduleSpec | Sequence[ScheduleSpec] | None
 ) -> tuple[Schedule, ...]:

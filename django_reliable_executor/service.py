@@ -29,7 +29,7 @@ from .records import (
     WorkerInfo,
     new_info,
 )
-from .registry import declared_schedules, limited_names, rate_limits
+from .registry import declared_schedules, limited_homes, limited_names, rate_limits
 from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
@@ -49,6 +49,7 @@ def _status(value: TaskStatus | str) -> TaskStatus:
 def _wired(storage: TaskStorage) -> TaskStorage:
     """``storage`` told which task names the registry limits (it cannot import the registry)."""
     storage.limited_names = limited_names
+    storage.limited_homes = limited_homes
     return storage
 
 

@@ -40,7 +40,7 @@ def prepare(
     settings: ExecutorSettings,
     index: int,
     trace_context: dict[str, str] | None = None,
-    new_id: Callable[[str], str] | None = None,
+    new_id: Callable[[str, str], str] | None = None,
 ) -> NewTask:
     """The task ``request`` stores, its options completed from its handler and the settings;
     raises a TaskSubmitError subclass naming the bad field (``index``: its place in a batch).
@@ -78,7 +78,7 @@ def prepare(
     )
     # A task naming no id gets one from the storage, which may choose by queue (new_task_id).
     queue = cast(str, options.queue)
-    task_id = given_id if given_id is not None else (new_id or _new_id)(queue)
+    task_id = given_id if given_id is not None else (new_id or _new_id)(queue, name)
     rate_key = request.rate_key
     problem = rate_key_problem(rate_key)
     if problem is not None:
@@ -114,7 +114,7 @@ def prepare(
     )
 
 
-def _new_id(queue: str) -> str:
+def _new_id(queue: str, task_name: str) -> str:
     return uuid.uuid4().hex
 
 

@@ -490,3 +490,63 @@ def test_a_chain_and_a_batch_across_the_masters_of_three_shards(make_executor, p
     counts = executor.count_by_status()
     assert counts[TaskStatus.COMPLETED] == 7 + 30 + 2 == sum(counts.values())
     assert storage.deliver_messages(500) == 0
+
+
+def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    now = peak = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def _most_in_a_window(times: list[float], window: float) -> int:
+    times = sorted(times)
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def test_a_limited_name_keeps_one_cap_and_one_rate_over_the_masters_of_three_shards(
+    make_executor, prefixes, redis_cluster_nodes: list[RedisServer]
+):
+    """REDIS_SHARDS = 3 on 3 masters: demo.capped (max_concurrency=2) and demo.rated
+    (rate_limit="5/s"), whose own queue "default" is of shard 1, submitted to "orphan" and
+    "prio" (shards 0 and 2, two other masters) are stored on shard 1's master; two workers
+    serving only those two queues run them all, never more than two capped ones at once nor
+    more than five rated starts in a second, by the handlers' own clocks."""
+    prefix = f"limits-{uuid.uuid4().hex[:10]}"
+    prefixes.append(prefix)
+    executor = make_executor(prefix, node=0, shards=3)
+    storage = executor.storage
+    assert isinstance(storage, RedisStorage)
+    queues = ("orphan", "prio")
+    assert [storage.layout.shard_of(q) for q in ("default", *queues)] == [1, 0, 2]
+    requests = [
+        TaskSubmitRequest("demo.capped", {"sleep": 0.15}, queue=queues[i % 2]) for i in range(8)
+    ]
+    requests += [TaskSubmitRequest("demo.rated", {}, queue=queues[i % 2]) for i in range(15)]
+    infos = executor.submit_many(requests)
+    home = master_of(redis_cluster_nodes, storage.prefixes[1] + "counts")
+    with home.client() as admin:
+        assert all(admin.exists(storage.prefixes[1] + "t:" + i.task_id) for i in infos)
+    second = make_executor(prefix, node=1, shards=3)
+    with running(executor, "limits-1", queues), running(second, "limits-2", queues):
+        wait_for(lambda: live_count(executor) == 0, 90, "every limited task to finish")
+    done = storage.get_many([i.task_id for i in infos])
+    assert {t.status for t in done.values()} == {TaskStatus.COMPLETED}
+    capped = [done[i.task_id].result for i in infos[:8]]
+    assert _peak_overlap([(r["started"], r["ended"]) for r in capped]) <= 2, capped
+    rated = [done[i.task_id] for i in infos[8:]]
+    starts = [t.result for t in rated]
+    # The stored starts span W + margin / 2 per six (test_rate_limits.py); the handlers' own,
+    # that less the longest delay from a stored start to its handler's first line.
+    written = [t.started_at.timestamp() for t in rated]
+    assert _most_in_a_window(written, 1.05 - 0.002) <= 5, sorted(written)
+    delay = max(0.0, max(s - w for s, w in zip(starts, written, strict=True)))
+    assert _most_in_a_window(starts, min(1.0, 1.05 - delay - 0.002)) <= 5, (delay, starts)
+    assert max(starts) - min(starts) >= 2.0  # 15 starts at 5 a second: one rate, not two

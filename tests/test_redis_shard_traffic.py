@@ -215,3 +215,25 @@ def test_a_lock_left_free_for_a_ttl_is_taken_whatever_the_share(storage: RedisSt
     survivor._free_since = {s: t - survivor.ttl for s, t in survivor._free_since.items()}
     survivor._round_due = 0.0
     assert survivor.hold(is_master=True) == {1, 2, 3}
+
+
+def test_a_limited_name_costs_a_worker_of_another_queue_one_claim_on_its_home(
+    server, storage, clock
+):
+    """demo.capped (max_concurrency) is of "default", shard 3: its tasks live there whatever
+    their queue. A worker serving "bulk" (shard 0) claims on shard 0 and on shard 3; a submit
+    of demo.capped to "bulk" is one script on shard 3, whose token wakes that worker."""
+    executor = ReliableExecutor(storage, clock=clock)  # wired: the registry's limited names
+    assert shard_of("default", SHARDS) == 3
+    executor.submit("demo.echo", {}, queue="prio")
+    assert len(claim(storage)) == 1  # the scripts loaded (a NOSCRIPT reply is sent again)
+    with scripts_sent(server, storage) as sent:
+        assert claim(storage, ("bulk",)) == []
+    assert [sent[s] for s in range(SHARDS)] == [1, 0, 0, 1]
+    with scripts_sent(server, storage) as sent:
+        task_id = executor.submit("demo.capped", {}, queue="bulk").task_id
+    assert [sent[s] for s in range(SHARDS)] == [0, 0, 0, 1]
+    with scripts_sent(server, storage) as sent:
+        assert storage.wait_for_work(("bulk",), 5.0) is True
+        assert [c.task_id for c in claim(storage, ("bulk",))] == [task_id]
+    assert [sent[s] for s in range(SHARDS)] == [0, 0, 0, 1]

@@ -57,6 +57,11 @@ class TaskStorage(ScheduleStorage):
         #: storage. A storage may keep their waiting tasks apart from the rest (the database
         #: storage does: see claiming.py).
         self.limited_names: Callable[[], Collection[str]] = frozenset
+        #: ``{task_name: its own queue}`` of the same names (the decorator's queue), wired the
+        #: same way: a sharded Redis storage keeps every task of such a name on the shard of
+        #: that queue, whatever queue it is submitted to, so that its limits are kept in one
+        #: place (docs/scaling.md, "A limited name's home shard").
+        self.limited_homes: Callable[[], Mapping[str, str]] = dict
 
     @property
     def chore_shards(self) -> int:
@@ -70,9 +75,10 @@ class TaskStorage(ScheduleStorage):
         return self
 
     # -- submitting -----------------------------------------------------------------------
-    def new_task_id(self, queue: str) -> str:
-        """A new task id (32 hex digits) for a task of ``queue`` that names none: a uuid4; a
-        storage may choose among them (sharded Redis: one whose directory is the queue's)."""
+    def new_task_id(self, queue: str, task_name: str | None = None) -> str:
+        """A new task id (32 hex digits) for a task of ``queue`` (and ``task_name``) that names
+        none: a uuid4; a storage may choose among them (sharded Redis: one whose directory is
+        the shard the task is stored on)."""
         return uuid.uuid4().hex
 
     @abc.abstractmethod

@@ -4,7 +4,9 @@ Key layout. ``P`` is ``{KEY_PREFIX}:``; the braces make it a Cluster hash tag, s
 lives in one hash slot and a script may touch any of them. Times are microseconds since the
 epoch, written as decimal strings. With REDIS_SHARDS = N > 1 each shard has its own ``P``
 (``{KEY_PREFIX:shard-<i>-of-<N>:<salt>}:``, sharding.py) holding the keys below of the tasks of
-its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home shard>
+its queues (a queue's shard: sharding.shard_of) and of the task names whose own queue it holds
+that have a rate_limit or a max_concurrency (their home shard, whatever queue a task of them is
+submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home shard>
 <reserved at>" for a task id whose own shard (sharding.directory_of) is not its queue's
 (id_reserve.lua); a schedule's keys are on its queue's shard; what belongs to no queue
 (locks, workers, batches) is on shard 0.
@@ -48,6 +50,7 @@ its queues (a queue's shard: sharding.shard_of), and ``P i:<id>`` STRING "<home 
                            submit adds it again (forget_if_empty in _common.lua).
 ``P queues:paused``        SET of the paused queues (executor.pause_queue): claim.lua takes
                            nothing from them. Kept whether or not the queue holds tasks.
+                           Sharded, set on every shard (any may hold tasks of a queue).
 ``P wake:<queue>``         LIST holding at most one token: idle workers block on it (BLPOP).
 ``P held``                 HASH task name -> how many tasks of the name are in the leases (claimed
                            or running), changed only where a task enters or leaves the leases

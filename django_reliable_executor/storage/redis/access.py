@@ -7,9 +7,11 @@ import copy
 import datetime as dt
 import functools
 import logging
+import math
 import threading
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ...clock import Clock
@@ -29,6 +31,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 R = TypeVar("R")
 READ_CHUNK = 1000
+# Sharded: how often the shards holding tasks of a queue not their own are read (_strays).
+STRAYS_SECONDS = 10.0
 # The status sets of states.py as the stored values.
 WAITING = tuple(sorted(s.value for s in WAITING_STATUSES))
 LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
@@ -68,9 +72,9 @@ class IdleView(threading.local):
     and claims on one thread; another thread's waits do not change what it skips)."""
 
     def __init__(self) -> None:
-        # the queues the last idle wait found nothing for (no token, nothing due on their
-        # shard), which the claims after it skip until one of them takes a task
-        self.quiet: frozenset[str] = frozenset()
+        # the (shard, queue) pairs the last idle wait found nothing for (no token, nothing
+        # due on that shard), which the claims after it skip until one of them takes a task
+        self.quiet: frozenset[tuple[int, str]] = frozenset()
         # time.monotonic() of the last claim sent to each shard (the sweeps)
         self.claimed_at: dict[int, float] = {}
 
@@ -108,8 +112,9 @@ class RedisAccess(TaskStorage):
         self._routes = [[prefix + "counts"] for prefix in self.prefixes]
         self._scripts = Scripts(client)
         self._unavailable = _unavailable_errors()
-        # queue -> when its next scheduled task is due, as the last claim of it saw it
-        self._next_due: dict[str, int | None] = {}
+        # (shard, queue) -> when its next scheduled task there is due, as the last claim of
+        # it saw it
+        self._next_due: dict[tuple[int, str], int | None] = {}
         # where the purge chore's sweep of each shard's queue set goes on (SSCAN cursors)
         self._queue_cursors = [0] * shards
         self._claim_turn = 0  # which shard of its queues a sharded claim visits first
@@ -120,6 +125,9 @@ class RedisAccess(TaskStorage):
         # id), for its heartbeats; each heartbeat keeps only the tasks it beats.
         self._held_on: dict[str, int] = {}
         self._held_lock = threading.Lock()
+        # Sharded: the shards holding tasks of a queue not its own (_strays), and when read
+        self._strays_seen: dict[str, frozenset[int]] = {}
+        self._strays_read_at = -math.inf
         self._chore_scope: frozenset[int] | None = None  # chores_on: the chores' shards
         self._scoped: dict[frozenset[int], RedisAccess] = {}
 
@@ -198,12 +206,15 @@ class RedisAccess(TaskStorage):
         visits = 2 * len(self.prefixes)
         return deliver(self.client, self.prefixes, self._apply, shards, limit, visits)
 
-    def new_task_id(self, queue: str) -> str:
-        # Sharded: an id whose directory shard is its queue's (drawn again until it is, N
-        # draws on average), so that storing it needs no directory entry (id_reserve.lua).
+    def new_task_id(self, queue: str, task_name: str | None = None) -> str:
+        # Sharded: an id whose directory shard is the shard the task is stored on (drawn
+        # again until it is, N draws on average), so that storing it needs no directory
+        # entry (id_reserve.lua).
         task_id = uuid.uuid4().hex
         if self.sharded:
             home = self.layout.shard_of(queue)
+            if task_name is not None:
+                home = self._store_shard(task_name, queue)
             while directory_of(task_id, self.layout.shards) != home:
                 task_id = uuid.uuid4().hex
         return task_id
@@ -249,19 +260,68 @@ class RedisAccess(TaskStorage):
             return CONTROL_SHARD
         return self._locate(task_id)[0]
 
+    def _store_shard(
+        self, task_name: str, queue: str, homes: Mapping[str, str] | None = None
+    ) -> int:
+        """The shard a task of ``task_name`` submitted to ``queue`` is stored on: its queue's,
+        or for a limited name (``homes``: limited_homes, read now when not given) the shard
+        of the name's own queue, its *home shard*, which keeps all of the name's limits."""
+        if not self.sharded:
+            return CONTROL_SHARD
+        if homes is None:
+            homes = self.limited_homes()
+        return self.layout.shard_of(homes.get(task_name, queue))
+
+    def _home_shards(self) -> frozenset[int]:
+        """Sharded: the home shards of the limited names (see _store_shard)."""
+        return frozenset(self.layout.shard_of(queue) for queue in self.limited_homes().values())
+
+    def _queue_shards(self, queue: str, homes: frozenset[int] | None = None) -> list[int]:
+        """The shards that may hold tasks of ``queue``: its own shard, first, then the home
+        shards of the limited names (``homes``: _home_shards, read now when not given) and the
+        other shards whose ``queues`` set named it when last read (_strays)."""
+        own = self.layout.shard_of(queue)
+        if not self.sharded:
+            return [own]
+        if homes is None:
+            homes = self._home_shards()
+        return [own, *sorted((homes | self._strays().get(queue, frozenset())) - {own})]
+
+    def _strays(self) -> dict[str, frozenset[int]]:
+        """Sharded: queue -> the shards other than its own that hold tasks of it, from every
+        shard's ``queues`` set, read again when older than STRAYS_SECONDS (one pipeline).
+        The limited names' home shards come from the registry at once; this finds those a
+        registry no longer names (a limit removed, a name's queue changed, a submitter with
+        other limits), whose waiting tasks would else be claimed by nobody."""
+        now = time.monotonic()
+        if now - self._strays_read_at < STRAYS_SECONDS:
+            return self._strays_seen
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            pipe.smembers(prefix + "queues")
+        found: dict[str, set[int]] = {}
+        for shard, members in enumerate(pipe.execute()):
+            for member in members:
+                queue = text(member)
+                if self.layout.shard_of(queue) != shard:
+                    found.setdefault(queue, set()).add(shard)
+        self._strays_seen = {queue: frozenset(shards) for queue, shards in found.items()}
+        self._strays_read_at = now
+        return self._strays_seen
+
     def _each_shard(
         self,
         items: Sequence[T],
-        queue_of: Callable[[T], str],
+        shard_of: Callable[[T], int],
         call: Callable[[Sequence[T], int], Sequence[R]],
     ) -> list[R]:
-        """``call(part, shard)`` for the items of each shard (by the shard of ``queue_of(item)``),
-        its results put back in the order of ``items``: one script call per shard."""
+        """``call(part, shard)`` for the items of each shard (``shard_of(item)``), its results
+        put back in the order of ``items``: one script call per shard."""
         if not self.sharded:
             return list(call(items, CONTROL_SHARD))
         groups: dict[int, list[int]] = {}
         for index, item in enumerate(items):
-            groups.setdefault(self.layout.shard_of(queue_of(item)), []).append(index)
+            groups.setdefault(shard_of(item), []).append(index)
         out: list[Any] = [None] * len(items)
         for shard, positions in sorted(groups.items()):
             results = call([items[p] for p in positions], shard)

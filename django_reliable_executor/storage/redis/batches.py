@@ -25,11 +25,14 @@ class Batches(RedisAccess):
         # Sharded: a batch lives on the control shard; a callback of another shard's queue is
         # sent there to be stored when the batch finishes (batch_open.lua keeps its shard).
         if self.sharded:
-            packed += [
-                str(self.layout.shard_of(task.queue))
-                if task is not None and self.layout.shard_of(task.queue) != CONTROL_SHARD
-                else ""
+            homes = self.limited_homes()
+            shards = [
+                None if task is None else self._store_shard(task.task_name, task.queue, homes)
                 for task in callbacks
+            ]
+            packed += [
+                str(shard) if shard is not None and shard != CONTROL_SHARD else ""
+                for shard in shards
             ]
         info = json.dumps(batch.callbacks_json())
         opened = self._run("batch_open", batch.batch_id, info, *packed, now=batch.created_at)
@@ -41,10 +44,11 @@ class Batches(RedisAccess):
         if self.sharded:
             # Members of other shards were stored counted nowhere: counted in the batch's total
             # now, before the batch is sealed (their endings, maybe first, come as messages).
+            homes = self.limited_homes()
             joined = [
                 value
                 for info, created in results
-                if created and self.layout.shard_of(info.queue) != CONTROL_SHARD
+                if created and self._store_shard(info.task_name, info.queue, homes) != CONTROL_SHARD
                 for value in (info.task_id, micros(info.created_at))
             ]
             if joined:

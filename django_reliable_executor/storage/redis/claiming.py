@@ -33,14 +33,15 @@ class Claiming(RedisAccess):
         if not self.sharded:
             return self._claim_on(CONTROL_SHARD, request)
         # One claim.lua per shard of the queues, in turn, until the limit is reached: priority
-        # order is exact within a shard, the turn decides between shards.
+        # order is exact within a shard, the turn decides between shards. A queue's tasks are
+        # on its own shard and, those of limited names, on their names' home shards.
         claims: list[Claim] = []
         # After an idle wait, only the shards it found may have work (see _quiet_after).
         quiet = self._idle.quiet
         groups = sorted(
             (shard, queues)
-            for shard, queues in self.layout.by_shard(request.queues).items()
-            if not quiet.issuperset(queues)
+            for shard, queues in self._serving(request.queues).items()
+            if not quiet.issuperset((shard, queue) for queue in queues)
         )
         if not groups:
             return claims
@@ -91,8 +92,10 @@ class Claiming(RedisAccess):
         # Redis prints a score past 2**53 (a dependent's far-future run at) in exponent form.
         due = (int(next_due) if next_due.isdigit() else int(float(next_due))) if next_due else None
         for queue in request.queues:  # the earliest of the call's queues: at worst too early
-            self._next_due[queue] = due
-        claims = [claimed(text(reply[i]), reply[i + 1], now) for i in range(1, len(reply), 2)]
+            self._next_due[shard, queue] = due
+        claims = [
+            claimed(text(reply[i]), reply[i + 1], now, shard) for i in range(1, len(reply), 2)
+        ]
         foreign = [c for c in claims if directory_of(c.task.task_id, self.layout.shards) != shard]
         if foreign:  # a given id stored off its directory shard: noted for the heartbeats
             with self._held_lock:
@@ -103,7 +106,8 @@ class Claiming(RedisAccess):
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a submit (or a hand-back) wakes this queue, the next scheduled task of
         these queues is due, or ``timeout`` seconds pass. True when woken by a token."""
-        dues = [self._next_due.get(queue) for queue in queues]
+        served = set(queues)
+        dues = [due for (_, queue), due in self._next_due.items() if queue in served]
         next_due = min((d for d in dues if d is not None), default=None)
         if next_due is not None:
             until_due = (next_due - int(micros(self.clock.now()))) / 1e6
@@ -119,7 +123,7 @@ class Claiming(RedisAccess):
             return self.client.blpop(keys, timeout=timeout) is not None
         groups = {
             shard: [self.prefixes[shard] + "wake:" + queue for queue in names]
-            for shard, names in self.layout.by_shard(list(queues)).items()
+            for shard, names in self._serving(queues).items()
         }
         if len(groups) == 1 and self._waiters is None:  # one shard: its BLPOP on this thread
             ((shard, keys),) = groups.items()
@@ -133,10 +137,23 @@ class Claiming(RedisAccess):
         self._idle.quiet = self._quiet_after(queues, woken)
         return bool(woken)
 
-    def _quiet_after(self, queues: Sequence[str], woken: set[int]) -> frozenset[str]:
-        """The queues an idle wait that ends now leaves with no work to claim: those of the
-        shards without a token (``woken``: the shards with one) whose next scheduled task, as
-        their last claim saw it, is not due yet, and that were claimed within SWEEP_SECONDS.
+    def _serving(self, queues: Sequence[str]) -> dict[int, list[str]]:
+        """Sharded: ``queues`` by the shards that may hold their tasks (_queue_shards: its
+        own, and the home shards of the limited names), each group in the given order. A
+        worker's own wake key is on its own shard only."""
+        homes = self._home_shards()
+        groups: dict[int, list[str]] = {}
+        for queue in queues:
+            own = [self.layout.shard_of(queue)]
+            for shard in own if _private(queue) else self._queue_shards(queue, homes):
+                groups.setdefault(shard, []).append(queue)
+        return groups
+
+    def _quiet_after(self, queues: Sequence[str], woken: set[int]) -> frozenset[tuple[int, str]]:
+        """The (shard, queue) pairs an idle wait that ends now leaves with no work to claim:
+        those of the shards without a token (``woken``: the shards with one) whose next
+        scheduled task, as their last claim saw it, is not due yet, and that were claimed
+        within SWEEP_SECONDS.
 
         Every change that makes a task claimable pushes a token to its queue (submit, a retry,
         a hand-back, a recovered or released lease, a slot freed under max_concurrency, a
@@ -146,14 +163,14 @@ class Claiming(RedisAccess):
         the queue is promoted, with a token, by the master's next round."""
         now = int(micros(self.clock.now()))
         since = time.monotonic() - SWEEP_SECONDS
-        quiet: list[str] = []
-        for shard, names in self.layout.by_shard(list(queues)).items():
+        quiet: list[tuple[int, str]] = []
+        for shard, names in self._serving(queues).items():
             if shard in woken or self._idle.claimed_at.get(shard, since) <= since:
                 continue
-            dues = [self._next_due.get(name, now) for name in names if not _private(name)]
+            dues = [self._next_due.get((shard, name), now) for name in names if not _private(name)]
             if any(due is not None and due <= now for due in dues):
                 continue
-            quiet += names
+            quiet += [(shard, name) for name in names]
         return frozenset(quiet)
 
     @guarded

@@ -105,10 +105,10 @@ _DELTA = dt.timedelta  # (days, seconds, microseconds)
 _STATUSES = {status.value: status for status in TaskStatus}  # TaskStatus(s), without enum's call
 
 
-def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
+def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 0) -> Claim:
     """A Claim from claim.lua's values (the hot path: no dict, no decoding when not bytes, the
     records built without their __init__, no call per timestamp); RUNNING when the claim
-    started it, at ``now``."""
+    started it, at ``now``; claimed on ``shard``."""
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
     n, q, s, j, rb, md, c, r, d, e, w, tc = _TEXTS(values)
@@ -150,6 +150,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime) -> Claim:
         token=k,
         budget_attempts=b,
         deadline_at=EPOCH + _DELTA(0, 0, int(d)) if d else None,
+        shard=shard,
     )
     return claim
 

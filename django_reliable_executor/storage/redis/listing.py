@@ -54,8 +54,8 @@ class Listing(RedisAccess):
                 rows = {(c, i, CONTROL_SHARD) for c, i in found_rows}
         if rows is None:
             # Each shard's newest ``query.end`` rows, merged: the page is among them.
-            if query.queue is not None:
-                shards: Sequence[int] = [self.layout.shard_of(query.queue)]
+            if query.queue is not None:  # its shard, and the limited names' home shards
+                shards: Sequence[int] = self._queue_shards(query.queue)
             else:
                 shards = range(len(self.prefixes))
             rows = {(c, i, shard) for shard in shards for c, i in self._all_rows(query, shard)}

@@ -21,8 +21,7 @@ class ProgressReports(RedisAccess):
         stored = 0
         by_worker: dict[tuple[int, str], list[object]] = {}
         for claim, progress in reports:
-            shard = self.layout.shard_of(claim.task.queue)
-            by_worker.setdefault((shard, claim.task.worker_id or ""), []).extend(
+            by_worker.setdefault((claim.shard, claim.task.worker_id or ""), []).extend(
                 (claim.task_id, claim.token, dumps(progress_to_json(progress)))
             )
         for (shard, worker_id), args in by_worker.items():

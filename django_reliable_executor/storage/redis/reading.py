@@ -77,9 +77,15 @@ class Reading(RedisAccess):
         the order tasks became ready) and its scheduled tasks already due but not promoted
         yet: three pipelined round trips whatever the number of tasks."""
         now = micros(self.clock.now())
+        # Each queue on every shard that may hold its tasks (sharded: the home shards too).
+        homes = self._home_shards() if self.sharded else frozenset()
+        places = [
+            (name, self.prefixes[shard])
+            for name in queues
+            for shard in self._queue_shards(name, homes)
+        ]
         pipe = self.client.pipeline(transaction=False)
-        for name in queues:
-            prefix = self._queue_prefix(name)
+        for name, prefix in places:
             pipe.zrange(prefix + "prio:" + name, 0, -1)
             pipe.zrangebyscore(
                 prefix + "sched:" + name, "-inf", now, start=0, num=1, withscores=True
@@ -90,25 +96,24 @@ class Reading(RedisAccess):
         def seen(queue: str, run_at: int) -> None:
             due[queue] = min(due.get(queue, run_at), run_at)
 
-        for name, scheduled in zip(queues, replies[1::2], strict=True):
+        for (name, _), scheduled in zip(places, replies[1::2], strict=True):
             for _, score in scheduled:
                 seen(name, int(score))
         pipe = self.client.pipeline(transaction=False)
-        for name, priorities in zip(queues, replies[::2], strict=True):
+        lists: list[tuple[str, str]] = []
+        for (name, prefix), priorities in zip(places, replies[::2], strict=True):
             for priority in priorities:
-                pipe.lindex(f"{self._queue_prefix(name)}ready:{name}:{text(priority)}", 0)
-        lists = [
-            name for name, priorities in zip(queues, replies[::2], strict=True) for _ in priorities
-        ]
+                pipe.lindex(f"{prefix}ready:{name}:{text(priority)}", 0)
+                lists.append((name, prefix))
         heads = [
-            (name, text(head))
-            for name, head in zip(lists, pipe.execute(), strict=True)
+            (name, prefix, text(head))
+            for (name, prefix), head in zip(lists, pipe.execute(), strict=True)
             if head is not None
         ]
         pipe = self.client.pipeline(transaction=False)
-        for name, head in heads:
-            pipe.hget(self._queue_prefix(name) + "t:" + head, "r")
-        for (name, _), run_at in zip(heads, pipe.execute(), strict=True):
+        for _, prefix, head in heads:
+            pipe.hget(prefix + "t:" + head, "r")
+        for (name, _, _), run_at in zip(heads, pipe.execute(), strict=True):
             if run_at is not None:
                 seen(name, int(run_at))
         return due
@@ -142,11 +147,13 @@ class Reading(RedisAccess):
     @guarded
     def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
         horizon = micros(self.clock.now() + dt.timedelta(seconds=horizon_seconds))
+        homes = self._home_shards() if self.sharded else frozenset()
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
-            prefix = self._queue_prefix(queue)
-            pipe.hmget(prefix + "counts", [f"{state}:{queue}" for state in LIVE])
-            pipe.zcount(prefix + "sched:" + queue, "(" + horizon, "+inf")
+            for shard in self._queue_shards(queue, homes):  # sharded: the home shards too
+                prefix = self.prefixes[shard]
+                pipe.hmget(prefix + "counts", [f"{state}:{queue}" for state in LIVE])
+                pipe.zcount(prefix + "sched:" + queue, "(" + horizon, "+inf")
         replies = pipe.execute()
         unfinished = sum(int(v) for counts in replies[::2] for v in counts if v is not None)
         return unfinished > sum(replies[1::2])

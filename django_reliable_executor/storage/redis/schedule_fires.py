@@ -90,9 +90,9 @@ class ScheduleFires(RedisAccess):
         after the planning fires nothing). A call carries whole fires, about SUBMIT_CHUNK
         tasks' worth.
 
-        Sharded, a fire goes to the shard of its tasks' queue (where its schedule lives; one
-        that moved away meanwhile finds nothing to fire there), its task ids made native to
-        that shard (sharding.native_id)."""
+        Sharded, a fire goes to the shard of its tasks' queue, or of a limited name's home
+        (where its schedule lives; one that moved away meanwhile finds nothing to fire there),
+        its task ids made native to that shard (sharding.native_id)."""
         by_shard = self._fires_by_shard(fires) if self.sharded else {CONTROL_SHARD: fires}
         created: builtins.list[TaskInfo] = []
         for shard, part in sorted(by_shard.items()):
@@ -106,10 +106,21 @@ class ScheduleFires(RedisAccess):
         """The fires by the shard they go to, each made native to it (a fire of a schedule
         no longer stored left out)."""
         shards = self.layout.shards
-        located = self._schedule_shards([f.schedule_id for f in fires if not f.tasks])
+        homes = self.limited_homes()
+        # A schedule lives on the shard its tasks are stored on (_store_shard); one of a
+        # limited name whose home shard is not its queue's is looked up, as one without tasks
+        # is: saved before its name was limited, it is still on its queue's shard.
+        looked_up = {
+            f.schedule_id
+            for f in fires
+            if not f.tasks
+            or self._store_shard(f.tasks[0].task_name, f.tasks[0].queue, homes)
+            != self.layout.shard_of(f.tasks[0].queue)
+        }
+        located = self._schedule_shards(sorted(looked_up))
         by_shard: dict[int, builtins.list[ScheduleFire]] = {}
         for fire in fires:
-            if fire.tasks:
+            if fire.tasks and fire.schedule_id not in looked_up:
                 shard = self.layout.shard_of(fire.tasks[0].queue)
             elif fire.schedule_id in located:
                 shard = located[fire.schedule_id]

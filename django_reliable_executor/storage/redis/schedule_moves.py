@@ -99,14 +99,16 @@ def save(
     encoded: Callable[[Any], dict[str, str | None]],
     save_on: SaveOn,
 ) -> None:
-    """``save_schedules`` over shards: each schedule saved on its queue's shard; one stored
-    on another shard (its queue changed shard) is moved there (``move``)."""
+    """``save_schedules`` over shards: each schedule saved on the shard its tasks are stored
+    on (its queue's, or its limited name's home shard: ``_store_shard``); one stored on another
+    shard (its queue or its home changed shard) is moved there (``move``)."""
     held = copies(storage, [info.schedule_id for info in schedules])
+    homes = storage.limited_homes()
     in_place: dict[int, list[Any]] = {}
     moves: list[tuple[Any, int, int]] = []
     leftovers: list[tuple[str, int]] = []
     for info in schedules:
-        target = storage.layout.shard_of(info.queue)
+        target = storage._store_shard(info.task_name, info.queue, homes)
         found = held.get(info.schedule_id, {})
         source = settled(found)[0] if found else target
         if source == target and MOVED_TO not in found.get(target, {}):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -14,9 +13,8 @@ from ...serialization import dumps
 from ...states import LIVE_STATUSES
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
-from .sharding import directory_of, unique_home
+from .sharding import CONTROL_SHARD, directory_of, unique_home
 
-QUEUE = operator.attrgetter("queue")
 LIVE_VALUES = frozenset(status.value for status in LIVE_STATUSES)
 # Sharded: how long a task id reserved for a shard that has not stored it (its submitter is
 # on its way there, or crashed) stays reserved before a submit to another shard may take it.
@@ -37,17 +35,25 @@ class Submitting(RedisAccess):
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
-        # Each task goes to its queue's shard. Sharded, tasks with dependencies go in runs of
-        # one shard in the order given: a dependency in the call (before its dependent) may be
-        # of another shard, and is stored first.
-        if not self.sharded or not any(task.depends_on for task in tasks):
-            return self._each_shard(tasks, QUEUE, self._enqueue_on)
+        # Each task goes to its queue's shard (a limited name's to its home shard: see
+        # _store_shard). Sharded, tasks with dependencies go in runs of one shard in the order
+        # given: a dependency in the call (before its dependent) may be of another shard, and
+        # is stored first.
+        if not self.sharded:
+            return self._enqueue_on(tasks, CONTROL_SHARD)
+        homes = self.limited_homes()
+
+        def shard_of(task: NewTask) -> int:
+            return self.layout.shard_of(homes.get(task.task_name, task.queue))
+
+        if not any(task.depends_on for task in tasks):
+            return self._each_shard(tasks, shard_of, self._enqueue_on)
         runs: list[tuple[int, int, int]] = []  # (start, end, shard)
         start = 0
         while start < len(tasks):
-            shard = self.layout.shard_of(tasks[start].queue)
+            shard = shard_of(tasks[start])
             end = start + 1
-            while end < len(tasks) and self.layout.shard_of(tasks[end].queue) == shard:
+            while end < len(tasks) and shard_of(tasks[end]) == shard:
                 end += 1
             runs.append((start, end, shard))
             start = end

@@ -16,17 +16,19 @@ from ...serialization import Encoded, encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, nonce, text, to_info
+from .sharding import CONTROL_SHARD
 
 ID_AND_TOKEN = operator.attrgetter("task.task_id", "token")
 TASK_ID = operator.attrgetter("task.task_id")
 TOKEN = operator.attrgetter("token")
 TEXT = operator.attrgetter("text")
 FIRST = operator.itemgetter(0)
-QUEUE = operator.attrgetter("task.queue")
+# Sharded, a claim's writes go to the shard it was claimed on (Claim.shard).
+SHARD = operator.attrgetter("shard")
 
 
-def _outcome_queue(outcome: tuple[Claim, object]) -> str:
-    return outcome[0].task.queue
+def _outcome_shard(outcome: tuple[Claim, object]) -> int:
+    return outcome[0].shard
 
 
 SECOND = operator.itemgetter(1)
@@ -44,7 +46,7 @@ class Transitions(RedisAccess):
         if not claims:
             return []
         return self._each_shard(
-            claims, QUEUE, lambda part, shard: self._start_on(part, lease_seconds, shard)
+            claims, SHARD, lambda part, shard: self._start_on(part, lease_seconds, shard)
         )
 
     def _start_on(
@@ -68,7 +70,7 @@ class Transitions(RedisAccess):
     def complete_many(self, outcomes: Sequence[tuple[Claim, object]]) -> list[Transition | None]:
         if not outcomes:
             return []
-        return self._each_shard(outcomes, _outcome_queue, self._complete_on)
+        return self._each_shard(outcomes, _outcome_shard, self._complete_on)
 
     def _complete_on(
         self, outcomes: Sequence[tuple[Claim, object]], shard: int
@@ -113,12 +115,12 @@ class Transitions(RedisAccess):
             "1" if is_error else "0",
             nonce(),
             now=now,
-            shard=self.layout.shard_of(claim.task.queue),
+            shard=claim.shard,
         )
         if reply is None:
             return None
         if len(reply) > 2:  # sharded: the ending told another shard (a dependent, a batch)
-            self._deliver_now(self.layout.shard_of(claim.task.queue))
+            self._deliver_now(claim.shard)
         final = TaskStatus(text(reply[0]))
         pending = final is TaskStatus.PENDING
         task = dataclasses.replace(
@@ -141,7 +143,7 @@ class Transitions(RedisAccess):
             claim.token,
             error,
             now=now,
-            shard=self.layout.shard_of(claim.task.queue),
+            shard=claim.shard,
         )
         if previous is None:
             return None
@@ -154,7 +156,7 @@ class Transitions(RedisAccess):
     def release(self, claims: Sequence[Claim]) -> int:
         if not claims:
             return 0
-        return sum(self._each_shard(claims, QUEUE, self._release_on))
+        return sum(self._each_shard(claims, SHARD, self._release_on))
 
     def _release_on(self, claims: Sequence[Claim], shard: int) -> list[int]:
         """How many of these claims were handed back (the count first, zeros for the rest)."""
@@ -175,7 +177,13 @@ class Transitions(RedisAccess):
 
     @guarded
     def retry(self, task_id: str) -> Transition | None:
-        before = self.get(task_id)
+        if self.sharded:  # read where it is stored (a task is not always on its queue's shard)
+            shard, values = self._locate(task_id)
+            before = (
+                to_info(task_id, {text(k): text(v) for k, v in values.items()}) if values else None
+            )
+        else:
+            shard, before = CONTROL_SHARD, self.get(task_id)
         if before is None or before.status not in RETRYABLE_BY_HAND:
             return None
         now = self.clock.now()
@@ -184,7 +192,6 @@ class Transitions(RedisAccess):
             if before.max_duration_millis
             else ""
         )
-        shard = self.layout.shard_of(before.queue)
         reply = self._run("retry", task_id, before.status.value, deadline, now=now, shard=shard)
         if reply is None:
             return None
