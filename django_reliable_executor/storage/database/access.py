@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.models import QuerySet
@@ -20,30 +20,15 @@ from ...models import ReliableTask
 from ...records import Claim, NewTask, TaskInfo
 from ...states import TaskStatus
 from ..base import TaskStorage
-from . import write_turns
 from .rows import MYSQL_RETRYABLE, spans, to_info
 from .wakeups import Wakeups
 
 logger = logging.getLogger("django_reliable_executor")
 T = TypeVar("T")
-P = ParamSpec("P")
-A = TypeVar("A", bound="DatabaseAccess")
 # Bytes of values one batch statement carries at most: well under MariaDB's default
 # max_allowed_packet (16 MiB since 10.2; MySQL 8: 64 MiB), which a larger statement overflows.
 STATEMENT_BYTES = 4 * 1024 * 1024
 PACKET_MARGIN = 64 * 1024  # room in a packet for the statement around one large value
-
-
-def in_turn(method: Callable[Concatenate[A, P], T]) -> Callable[Concatenate[A, P], T]:
-    """A storage write run whole in its process's turn to write (SQLite, see
-    ``DatabaseAccess._turn``): the writes off the hot path, which take it at their top."""
-
-    @functools.wraps(method)
-    def in_its_turn(self: A, *args: P.args, **kwargs: P.kwargs) -> T:
-        with self._turn():
-            return method(self, *args, **kwargs)
-
-    return in_its_turn
 
 
 class DatabaseAccess(TaskStorage):
@@ -134,27 +119,9 @@ class DatabaseAccess(TaskStorage):
         return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
 
     def _execute(self, sql: str, params: Sequence[Any]) -> int:
-        with self._turn(), connections[self.alias].cursor() as cursor:
+        with connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.rowcount
-
-    def _turn(self) -> AbstractContextManager[Any]:
-        """SQLite: this process's turn to write to the database file (see write_turns),
-        around a write that begins outside any transaction; else nothing."""
-        if self.vendor != "sqlite" or transaction.get_connection(self.alias).in_atomic_block:
-            return contextlib.nullcontext()
-        return self._write_turns
-
-    @contextlib.contextmanager
-    def _atomic(self, *, savepoint: bool = True) -> Iterator[None]:
-        """``transaction.atomic`` on this alias, begun in this process's turn to write (SQLite,
-        see ``_turn``): every transaction of the storage opens through here."""
-        with self._turn(), transaction.atomic(using=self.alias, savepoint=savepoint):
-            yield
-
-    @functools.cached_property
-    def _write_turns(self) -> write_turns.WriteTurns:
-        return write_turns.for_file(str(connections[self.alias].settings_dict["NAME"]))
 
     def _hits(
         self,
@@ -267,7 +234,7 @@ class DatabaseAccess(TaskStorage):
         transaction, again after a MySQL deadlock when it is not inside the caller's transaction."""
 
         def atomically() -> T:
-            with self._atomic():
+            with transaction.atomic(using=self.alias):
                 return write()
 
         if transaction.get_connection(self.alias).in_atomic_block:
@@ -286,7 +253,7 @@ class DatabaseAccess(TaskStorage):
         """The transaction an ending write runs in: its own where it ends a batch member (the
         batch's counters change with it, see Batches), none for other tasks (the hot path)."""
         if any(batch_ids):
-            return self._atomic()
+            return transaction.atomic(using=self.alias)
         return contextlib.nullcontext()
 
     @abc.abstractmethod
@@ -308,8 +275,7 @@ class DatabaseAccess(TaskStorage):
         """Run a short transaction again when MySQL reports a deadlock or lock wait timeout."""
         for attempt in range(5):
             try:
-                with self._turn():
-                    return operation()
+                return operation()
             except OperationalError as exc:
                 code = exc.args[0] if exc.args else None
                 if self.vendor != "mysql" or code not in MYSQL_RETRYABLE or attempt == 4:

@@ -7,14 +7,14 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Sequence
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 
 from ...batches import BatchInfo, NewBatch, batch_info, callback_from_json, counter_of
 from ...models import ReliableBatch
 from ...records import NewTask, TaskInfo, copy_with
 from ...states import TaskStatus
-from .access import DatabaseAccess, in_turn
+from .access import DatabaseAccess
 from .rows import chunks
 
 COUNTERS = ("completed", "failed", "cancelled")
@@ -30,7 +30,7 @@ class Batches(DatabaseAccess):
 
     def open_batch(self, batch: NewBatch) -> bool:
         try:
-            with self._atomic():  # a savepoint in the caller's
+            with transaction.atomic(using=self.alias):  # a savepoint in the caller's
                 self._batches().create(
                     batch_id=batch.batch_id,
                     created_at=batch.created_at,
@@ -41,7 +41,7 @@ class Batches(DatabaseAccess):
         return True
 
     def add_to_batch(self, batch_id: str, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             results = self._enqueue(tasks)
             created = sum(1 for _, was_created in results if was_created)
             if created:
@@ -49,7 +49,7 @@ class Batches(DatabaseAccess):
             return results
 
     def seal_batch(self, batch_id: str) -> BatchInfo:
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             row = self._batches().select_for_update().get(pk=batch_id)
             if not row.sealed:
                 row.sealed = True
@@ -67,7 +67,6 @@ class Batches(DatabaseAccess):
         row = self._batches().filter(pk=batch_id).first()
         return _info(row) if row is not None else None
 
-    @in_turn
     def purge_batches(self, finished_before: dt.datetime, limit: int) -> int:
         # Ids first (the finished_at index), then a DELETE by primary key: short, and it locks
         # only these rows (a member's ending write may lock one meanwhile: it then counts in a

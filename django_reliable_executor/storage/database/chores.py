@@ -13,7 +13,7 @@ from ...models import ReliableTask
 from ...records import Transition
 from ...retries import failure_outcome, timeout_message
 from ...states import TaskStatus
-from .access import DatabaseAccess, in_turn
+from .access import DatabaseAccess
 from .retry_counts import add_retries, purge_retry_counts
 from .rows import (
     LIVE,
@@ -27,7 +27,6 @@ from .rows import (
 class Chores(DatabaseAccess):
     """recover_expired, expire_overdue, purge_finished: batch-bounded, each row a CAS."""
 
-    @in_turn
     def recover_expired(self, limit: int) -> list[Transition]:
         now = self.clock.now()
         rows = list(
@@ -75,7 +74,6 @@ class Chores(DatabaseAccess):
         self._work_committed(requeued)
         return transitions
 
-    @in_turn
     def expire_overdue(self, limit: int) -> list[Transition]:
         now = self.clock.now()
         rows = list(
@@ -123,7 +121,6 @@ class Chores(DatabaseAccess):
 
         return self._ending(end)
 
-    @in_turn
     def mark_limited(self, names: Collection[str], limit: int) -> int:
         """Waiting tasks whose ``limited_name`` disagrees with ``names`` set right, at most
         ``limit`` each way: the ranges of names no longer limited emptied into the claim of
@@ -187,8 +184,7 @@ class Chores(DatabaseAccess):
         )
         # Unique keys past their window go with the finished tasks (not counted: not tasks).
         self._purge_unique_keys(now)
-        with self._turn():
-            purge_retry_counts(self.alias, now)  # the chart's counters, 2 h old
+        purge_retry_counts(self.alias, now)  # the chart's counters, 2 h old
         if not ids or not chosen:
             return 0
         # Hand-written: at 1 000 tasks/s the queryset delete's compiling of 500-value IN lists

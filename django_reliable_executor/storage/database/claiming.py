@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import F
 
 from ...models import ReliableNameLock, ReliablePausedQueue, ReliableRateLog
@@ -94,7 +94,7 @@ class Claiming(RateLimiting):
             # statement of its own for the rest: every other write of the worker (its starts,
             # its completions) waits for that lock meanwhile. The read that finds which
             # names have tasks due goes first, outside it; the claims are built after it.
-            with self._atomic():
+            with transaction.atomic(using=self.alias):
                 parts = self._claim_names(request, whole, due, joined=True)
         else:
             parts = self._claim_names(request, whole, due)
@@ -228,7 +228,7 @@ class Claiming(RateLimiting):
         connection = connections[self.alias]
         quote = connection.ops.quote_name
         table = quote(ReliableNameLock._meta.db_table)
-        with self._atomic(savepoint=not joined):
+        with transaction.atomic(using=self.alias, savepoint=not joined):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, table, name)
                 held = self._held(cursor, name, now)
@@ -328,7 +328,7 @@ class Claiming(RateLimiting):
         chosen, chosen_params = self._pick_sql(pick)
         # Inside a rate-limited claim's transaction: joined, no savepoint (two round trips
         # less per claim; a failure rolls the whole claim back anyway).
-        with self._atomic(savepoint=False):
+        with transaction.atomic(using=self.alias, savepoint=False):
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(
                     f"SELECT {CLAIM_COLUMNS_SQL}{extra_columns} {chosen} FOR UPDATE SKIP LOCKED",

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import F
 
 from ...dependencies import WAITING_RUN_AT, failure_message, missing_error
@@ -40,7 +40,7 @@ class Dependencies(DatabaseAccess):
         stored in the order given, so a task may depend on one before it (a chain). A
         dependency that does not exist rolls the whole batch back (InvalidDependencyError)."""
         results: list[tuple[TaskInfo, bool]] = []
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             for task in tasks:
                 if task.unique_key is not None:
                     holder = self._take_unique_key(task)

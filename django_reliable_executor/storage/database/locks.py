@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from ...models import ReliableLock
@@ -15,10 +15,6 @@ class Locks(DatabaseAccess):
     """Named leases: a row per name, taken by conditional UPDATE or a first INSERT."""
 
     def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
-        with self._turn():
-            return self._acquire_lock(name, owner, ttl_seconds)
-
-    def _acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
         now = self.clock.now()
         expires = now + dt.timedelta(seconds=ttl_seconds)
         locks = ReliableLock.objects.using(self.alias)
@@ -27,17 +23,13 @@ class Locks(DatabaseAccess):
         ):
             return True
         try:
-            with self._atomic():
+            with transaction.atomic(using=self.alias):
                 locks.create(name=name, owner=owner, expires_at=expires)
             return True
         except IntegrityError:
             return False
 
     def release_lock(self, name: str, owner: str) -> None:
-        with self._turn():
-            self._release_lock(name, owner)
-
-    def _release_lock(self, name: str, owner: str) -> None:
         ReliableLock.objects.using(self.alias).filter(name=name, owner=owner).update(
             owner="", expires_at=self.clock.now() - dt.timedelta(seconds=1)
         )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from django.db import transaction
+
 from ...models import ReliablePausedQueue
-from .access import DatabaseAccess, in_turn
+from .access import DatabaseAccess
 
 
 class Pausing(DatabaseAccess):
@@ -11,16 +13,14 @@ class Pausing(DatabaseAccess):
     its own statement (Claiming._pick_sql), so a pause holds from the next claim of every
     worker, with no cache to go stale."""
 
-    @in_turn
     def pause_queue(self, queue: str) -> bool:
         _, created = ReliablePausedQueue.objects.using(self.alias).get_or_create(
             queue=queue, defaults={"paused_at": self.clock.now()}
         )
         return created
 
-    @in_turn
     def resume_queue(self, queue: str) -> bool:
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             deleted, _ = ReliablePausedQueue.objects.using(self.alias).filter(queue=queue).delete()
             if deleted:
                 # Its waiting tasks are claimable again: wake idle workers as a submit does.

@@ -8,14 +8,13 @@ from ...progress import Progress, progress_to_json
 from ...records import Claim
 from ...serialization import dumps
 from ...states import TaskStatus
-from .access import DatabaseAccess, in_turn
+from .access import DatabaseAccess
 from .rows import chunks, claimed_by_holders
 
 
 class ProgressReports(DatabaseAccess):
     """record_progress: the ``progress`` column, fenced by the claim's worker and token."""
 
-    @in_turn
     def record_progress(self, reports: Sequence[tuple[Claim, Progress]]) -> int:
         # Written as JSON text; PostgreSQL casts it to jsonb.
         value_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"

@@ -40,7 +40,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from django.db import connections
+from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
 from ...models import ReliableNameLock, ReliableRateLog
@@ -219,7 +219,7 @@ class RateLimiting(DatabaseAccess):
         name, now = pick.name, pick.now
         connection = connections[self.alias]
         quote = connection.ops.quote_name
-        with self._atomic(savepoint=not joined):
+        with transaction.atomic(using=self.alias, savepoint=not joined):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, quote(ReliableNameLock._meta.db_table), name)
                 self._trim(cursor, quote(ReliableRateLog._meta.db_table), name, now, rate)
@@ -364,7 +364,7 @@ class RateLimiting(DatabaseAccess):
         write lock taken); elsewhere the moves commit before the start write, so that the
         name locks they take are not held through it (a start that then fails leaves its
         entry moved: counting a little longer for a start that did not happen)."""
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             alive = self._restamp(stale, now)
             late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
             late_ids = {claim.task_id for claim in late}

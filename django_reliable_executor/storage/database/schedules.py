@@ -6,13 +6,13 @@ import builtins
 import datetime as dt
 from collections.abc import Sequence
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import QuerySet
 
 from ...models import ReliableSchedule
 from ...records import TaskInfo
 from ...schedules.records import DEFINITION_FIELDS, ScheduleFire, ScheduleInfo
-from .access import DatabaseAccess, in_turn
+from .access import DatabaseAccess
 from .rows import LIVE, chunks
 
 _MICRO = dt.timedelta(microseconds=1)
@@ -90,7 +90,7 @@ class Schedules(DatabaseAccess):
     def _save_schedules(
         self, schedules: Sequence[ScheduleInfo], keep: set[str], anchored: set[str]
     ) -> None:
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             for chunk in chunks(list(schedules)):
                 ids = [info.schedule_id for info in chunk]
                 existing = {
@@ -140,16 +140,14 @@ class Schedules(DatabaseAccess):
         paused = self._schedules().filter(paused=True).count()
         return {"active": self._schedules().count() - paused, "paused": paused}
 
-    @in_turn
     def delete_schedule(self, schedule_id: str) -> bool:
         deleted, _ = self._schedules().filter(pk=schedule_id).delete()
         return deleted > 0
 
-    @in_turn
     def set_schedule_paused(
         self, schedule_id: str, paused: bool, now: dt.datetime
     ) -> ScheduleInfo | None:
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             self._schedules().filter(pk=schedule_id).exclude(paused=paused).update(
                 paused=paused, updated_at=now
             )
@@ -164,7 +162,6 @@ class Schedules(DatabaseAccess):
         row = self._schedules().filter(paused=False).order_by("next_run_at").first()
         return None if row is None else row.next_run_at
 
-    @in_turn
     def fire_schedules(
         self,
         fires: Sequence[ScheduleFire],
@@ -191,7 +188,7 @@ class Schedules(DatabaseAccess):
         overlapped: builtins.list[tuple[str, str, int]],
     ) -> builtins.list[TaskInfo]:
         by_id = {fire.schedule_id: fire for fire in fires}
-        with self._atomic():
+        with transaction.atomic(using=self.alias):
             # Lock the schedules first (in id order, so two masters cannot deadlock), then
             # keep only the fires whose schedule still expects them: a schedule paused,
             # redefined or already fired by another master meanwhile is left alone. (SQLite

@@ -76,7 +76,7 @@ class Submitting(DatabaseAccess):
         )
         created: dict[str, TaskInfo] = {}
         try:
-            with self._atomic():
+            with transaction.atomic(using=self.alias):
                 self._insert(fresh)
             created = {t.task_id: new_info(t) for t in fresh}
         except IntegrityError:
@@ -103,7 +103,7 @@ class Submitting(DatabaseAccess):
             if task.unique_key is None:
                 results.append(self._enqueue_one(task))
                 continue
-            with self._atomic():
+            with transaction.atomic(using=self.alias):
                 holder = self._take_unique_key(task)
                 results.append((holder, False) if holder is not None else self._enqueue_one(task))
         return results
@@ -209,7 +209,7 @@ class Submitting(DatabaseAccess):
         try:
             if transaction.get_connection(self.alias).in_atomic_block:
                 # A savepoint, so a duplicate id does not abort the caller's transaction.
-                with self._atomic():
+                with transaction.atomic(using=self.alias):
                     self._insert([task])
             else:
                 self._insert([task])

@@ -16,7 +16,7 @@ from ...records import CancelResult, Claim, TaskInfo, Transition
 from ...retries import failure_outcome, timeout_message
 from ...serialization import encoded
 from ...states import RETRYABLE_BY_HAND, TaskStatus
-from .access import DatabaseAccess, in_turn
+from .access import DatabaseAccess
 from .retry_counts import add_retries
 from .rows import (
     NOT_WAITING,
@@ -213,8 +213,7 @@ class Transitions(DatabaseAccess):
             transition = self._record_failure(claim, status, run_at, error, now, cancel_requested)
             if transition is not None:
                 if transition.status is TaskStatus.PENDING:
-                    with self._turn():
-                        add_retries(self.alias, now, 1)
+                    add_retries(self.alias, now, 1)
                 if run_at is not None and run_at <= now:  # a retry due at once
                     self._work_committed([claim.task.queue])
                 return transition
@@ -309,7 +308,6 @@ class Transitions(DatabaseAccess):
             self._settle_endings([(batch_id, task_id, status.value)])
         return changed
 
-    @in_turn
     def expire_claim(self, claim: Claim) -> Transition | None:
         now = self.clock.now()
         error = timeout_message(claim.task.max_duration_millis, claim.task.last_error)
@@ -326,7 +324,6 @@ class Transitions(DatabaseAccess):
         )
         return Transition(task=task, previous=claim.task.status)
 
-    @in_turn
     def release(self, claims: Sequence[Claim]) -> int:
         released = self._release(claims)
         if released:
@@ -348,7 +345,6 @@ class Transitions(DatabaseAccess):
             )
         return released
 
-    @in_turn
     def cancel(self, task_id: str) -> CancelResult:
         now = self.clock.now()
         changes: dict[str, object] = {
@@ -383,7 +379,6 @@ class Transitions(DatabaseAccess):
             return CancelResult(changed=True, task=self.get(task_id), requested_only=True)
         return CancelResult(changed=False, task=self.get(task_id))
 
-    @in_turn
     def retry(self, task_id: str) -> Transition | None:
         row = self._tasks().filter(pk=task_id).first()
         if row is None or TaskStatus(row.status) not in RETRYABLE_BY_HAND:

@@ -9,7 +9,7 @@ from django.db import connections
 from ...models import ReliableTask, ReliableUniqueKey
 from ...records import NewTask, TaskInfo
 from ...states import LIVE_STATUSES
-from .access import DatabaseAccess, in_turn
+from .access import DatabaseAccess
 from .rows import to_info
 
 PURGE_BATCH = 1000  # expired key rows deleted per statement
@@ -90,7 +90,6 @@ class UniqueKeys(DatabaseAccess):
         holder = self.get(row.task_id) if row is not None else None
         return holder if holder is not None and holder.status in LIVE_STATUSES else None
 
-    @in_turn
     def _purge_unique_keys(self, now: dt.datetime) -> int:
         """Delete the key rows whose window has passed, PURGE_BATCH at a time (short
         statements: a submit of one of them waits for none for long), up to PURGE_BATCHES."""

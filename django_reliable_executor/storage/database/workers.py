@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 
 from ...models import ReliableWorker
 from ...records import WorkerInfo
@@ -16,16 +16,12 @@ class Workers(DatabaseAccess):
     ``reliable_executor_worker``."""
 
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
-        with self._turn():
-            self._worker_seen(worker_id, info)
-
-    def _worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
         now = self.clock.now()
         workers = ReliableWorker.objects.using(self.alias)
         if workers.filter(pk=worker_id).update(last_seen_at=now):
             return
         try:
-            with self._atomic():
+            with transaction.atomic(using=self.alias):
                 workers.create(
                     worker_id=worker_id,
                     hostname=str(info.get("hostname", "")),
@@ -38,8 +34,7 @@ class Workers(DatabaseAccess):
             workers.filter(pk=worker_id).update(last_seen_at=now)
 
     def worker_gone(self, worker_id: str) -> None:
-        with self._turn():
-            ReliableWorker.objects.using(self.alias).filter(pk=worker_id).delete()
+        ReliableWorker.objects.using(self.alias).filter(pk=worker_id).delete()
 
     def workers(self) -> list[WorkerInfo]:
         return [
@@ -60,5 +55,4 @@ class Workers(DatabaseAccess):
 
     def forget_workers(self, seen_before: dt.datetime) -> int:
         workers = ReliableWorker.objects.using(self.alias)
-        with self._turn():
-            return workers.filter(last_seen_at__lt=seen_before).delete()[0]
+        return workers.filter(last_seen_at__lt=seen_before).delete()[0]
