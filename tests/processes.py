@@ -276,3 +276,26 @@ def executions(backend: Backend, task_id: str | None = None) -> QuerySet[Executi
     """Rows demo.record wrote, one per handler execution, oldest first."""
     rows = Execution.objects.using(backend.db_alias).order_by("pk")
     return rows.filter(task_id=task_id) if task_id is not None else rows
+
+
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most of ``intervals`` (start, end) that overlap at any instant, from the handlers'
+    own records of when they ran."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    now = peak = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def most_in_a_window(times: list[float], window: float) -> int:
+    """The most of ``times`` in any sliding window of ``window`` seconds (the rate limits'
+    promise, read from the handlers' own records of their starts)."""
+    times = sorted(times)
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

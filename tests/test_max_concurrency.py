@@ -19,7 +19,7 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import db_params, require
 from tests.contract_support import LEASE, new_task
-from tests.processes import FAST, Backend, service_for, wait_until
+from tests.processes import FAST, Backend, peak_overlap, service_for, wait_until
 
 CAPPED = "demo.echo"
 OTHER = "demo.noop"
@@ -256,15 +256,6 @@ def test_a_parked_task_comes_back_when_nothing_of_its_name_is_held(executor, sto
 # -- real processes ---------------------------------------------------------------------------
 
 
-def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = peak = 0
-    for _, step in events:  # an end sorts before a start at the same instant
-        now += step
-        peak = max(peak, now)
-    return peak
-
-
 @pytest.mark.parametrize("alias", db_params(["postgres", "redis"]))
 def test_two_worker_processes_never_overlap_beyond_the_cap(alias, key_prefix, workers):
     """demo.capped has max_concurrency=2: two runexecutor processes with room for many more
@@ -288,7 +279,7 @@ def test_two_worker_processes_never_overlap_beyond_the_cap(alias, key_prefix, wo
     assert {i.status for i in infos} == {TaskStatus.COMPLETED}, workers.logs()
     results: list[dict[str, Any]] = [service.get_task(i).result for i in capped]
     intervals = [(r["started"], r["ended"]) for r in results]
-    assert _peak_overlap(intervals) <= 2, sorted(intervals)
+    assert peak_overlap(intervals) <= 2, sorted(intervals)
     service.storage.close()
 
 
@@ -321,7 +312,7 @@ def test_a_killed_worker_s_capped_tasks_run_again_within_the_cap(alias, key_pref
     wait_until(all_done, 60, "not every task completed after the kill", logs=workers.logs)
     results: list[dict[str, Any]] = [service.get_task(i).result for i in capped]
     intervals = [(r["started"], r["ended"]) for r in results]
-    assert _peak_overlap(intervals) <= 2, sorted(intervals)
+    assert peak_overlap(intervals) <= 2, sorted(intervals)
     # The two killed attempts were counted, and run again by the survivor.
     for task_id in running:
         task = service.get_task(task_id)

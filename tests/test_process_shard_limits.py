@@ -16,7 +16,7 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.storage.redis import RedisStorage
 
 from .conftest import own_key_prefix, require
-from .processes import FAST, Backend, service_for, wait_until
+from .processes import FAST, Backend, most_in_a_window, peak_overlap, service_for, wait_until
 
 # "default", the two names' own queue, is of shard 1: their home. The workers serve only
 # "orphan" (shard 0) and "prio" (shard 2): they claim these queues on the home shard too.
@@ -30,25 +30,6 @@ def key_prefix() -> Iterator[str]:
     """Redis only: a key prefix of this test's own, its shards' keys deleted afterwards."""
     with own_key_prefix(True) as prefix:
         yield prefix
-
-
-def peak_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = peak = 0
-    for _, step in events:  # an end sorts before a start at the same instant
-        now += step
-        peak = max(peak, now)
-    return peak
-
-
-def most_in_a_window(times: list[float], window: float) -> int:
-    times = sorted(times)
-    most, first = 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def test_two_workers_keep_one_cap_and_one_rate_over_queues_of_three_shards(

@@ -22,7 +22,7 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import db_params, require
 from tests.contract_support import LEASE
-from tests.processes import Backend, service_for, wait_until
+from tests.processes import Backend, most_in_a_window, service_for, wait_until
 
 RATED = "demo.echo"
 OTHER = "demo.noop"
@@ -331,16 +331,6 @@ def test_the_metrics_report_held_back_tasks_and_starts(executor, storage):
 # -- real processes ---------------------------------------------------------------------------
 
 
-def _most_in_a_window(times: list[float], window: float) -> int:
-    times = sorted(times)
-    most, first = 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 @pytest.mark.parametrize("alias", db_params(["default", "mariadb", "postgres", "redis"]))
 def test_two_worker_processes_keep_the_rate_in_the_handlers_records(
     alias, key_prefix, workers, tmp_path: Path
@@ -375,14 +365,14 @@ def test_two_worker_processes_keep_the_rate_in_the_handlers_records(
     # comes at most half a margin after its entry (else it moves it), so any six starts span
     # more than W + margin / 2 = 1.05 s (less 2 ms for the stored time's rounding).
     written = {i.task_id: i.started_at.timestamp() for i in infos if i.task_id in handler_at}
-    assert _most_in_a_window(list(written.values()), 1.05 - 0.002) <= 5, sorted(written.values())
+    assert most_in_a_window(list(written.values()), 1.05 - 0.002) <= 5, sorted(written.values())
     # The handlers' own clocks: six first lines span at least 1.05 s less the longest delay
     # between a start write and its handler's first line. The docs promise "at most 5 in any
     # second" while that delay stays within half the margin (50 ms); a loaded machine can delay
     # a handler longer, and then the window this checks shrinks by exactly that much.
     delay = max(0.0, max(handler_at[t] - written[t] for t in handler_at))
     window = min(1.0, 1.05 - delay - 0.002)
-    assert _most_in_a_window(starts, window) <= 5, (delay, sorted(starts))
+    assert most_in_a_window(starts, window) <= 5, (delay, sorted(starts))
     # It ran at its rate, not slower: 20 starts at 5 per 1.1 s take at least three windows.
     assert max(starts) - min(starts) >= 3.0
     service.storage.close()

@@ -23,6 +23,7 @@ from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of
 from django_reliable_executor.worker import Worker, WorkerOptions
+from tests.processes import most_in_a_window, peak_overlap
 
 if TYPE_CHECKING:
     from tests.redis_servers import RedisServer
@@ -492,25 +493,6 @@ def test_a_chain_and_a_batch_across_the_masters_of_three_shards(make_executor, p
     assert storage.deliver_messages(500) == 0
 
 
-def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = peak = 0
-    for _, step in events:  # an end sorts before a start at the same instant
-        now += step
-        peak = max(peak, now)
-    return peak
-
-
-def _most_in_a_window(times: list[float], window: float) -> int:
-    times = sorted(times)
-    most, first = 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 def test_a_limited_name_keeps_one_cap_and_one_rate_over_the_masters_of_three_shards(
     make_executor, prefixes, redis_cluster_nodes: list[RedisServer]
 ):
@@ -540,13 +522,13 @@ def test_a_limited_name_keeps_one_cap_and_one_rate_over_the_masters_of_three_sha
     done = storage.get_many([i.task_id for i in infos])
     assert {t.status for t in done.values()} == {TaskStatus.COMPLETED}
     capped = [done[i.task_id].result for i in infos[:8]]
-    assert _peak_overlap([(r["started"], r["ended"]) for r in capped]) <= 2, capped
+    assert peak_overlap([(r["started"], r["ended"]) for r in capped]) <= 2, capped
     rated = [done[i.task_id] for i in infos[8:]]
     starts = [t.result for t in rated]
     # The stored starts span W + margin / 2 per six (test_rate_limits.py); the handlers' own,
     # that less the longest delay from a stored start to its handler's first line.
     written = [t.started_at.timestamp() for t in rated]
-    assert _most_in_a_window(written, 1.05 - 0.002) <= 5, sorted(written)
+    assert most_in_a_window(written, 1.05 - 0.002) <= 5, sorted(written)
     delay = max(0.0, max(s - w for s, w in zip(starts, written, strict=True)))
-    assert _most_in_a_window(starts, min(1.0, 1.05 - delay - 0.002)) <= 5, (delay, starts)
+    assert most_in_a_window(starts, min(1.0, 1.05 - delay - 0.002)) <= 5, (delay, starts)
     assert max(starts) - min(starts) >= 2.0  # 15 starts at 5 a second: one rate, not two
