@@ -7,7 +7,8 @@ import datetime as dt
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
@@ -107,6 +108,9 @@ def _takes_positional(func: Callable[..., Any]) -> bool:
 
 _handlers: dict[str, TaskHandler[Any]] = {}
 _lock = threading.Lock()
+# limited_homes() until the registry changes: a sharded Redis storage reads it for every task
+# it stores and every claim round, so it is built once, not once per read.
+_limited_homes: Mapping[str, str] | None = None
 # ``executor.submit``, which ``TaskHandler.submit`` goes through. The service sits above this
 # module (it looks handlers up here), so the app connects it when Django starts (apps.ready).
 _submitter: Callable[..., TaskInfo] | None = None
@@ -223,6 +227,7 @@ def register(handler: TaskHandler[Any]) -> None:
                 f"{existing.func.__module__}.{existing.func.__qualname__}"
             )
         _handlers[handler.name] = handler
+        _forget_limited_homes()
 
 
 def _identity(func: Callable[..., Any]) -> tuple[str, str]:
@@ -288,14 +293,30 @@ def limited_names() -> frozenset[str]:
     )
 
 
-def limited_homes() -> dict[str, str]:
+def limited_homes() -> Mapping[str, str]:
     """``{task_name: queue}`` of the names of ``limited_names``, each with its own (decorator)
-    queue: a sharded Redis storage keeps every task of the name on that queue's shard."""
-    return {
-        name: handler.queue
-        for name, handler in list(_handlers.items())
-        if handler.rate_limit is not None or handler.max_concurrency is not None
-    }
+    queue: a sharded Redis storage keeps every task of the name on that queue's shard. Built
+    under the registry's lock, so that a change of the registry never leaves it stale."""
+    global _limited_homes
+    homes = _limited_homes
+    if homes is None:
+        with _lock:
+            if _limited_homes is None:
+                _limited_homes = MappingProxyType(
+                    {
+                        name: handler.queue
+                        for name, handler in _handlers.items()
+                        if handler.rate_limit is not None or handler.max_concurrency is not None
+                    }
+                )
+            homes = _limited_homes
+    return homes
+
+
+def _forget_limited_homes() -> None:
+    """Drop limited_homes' copy (the caller holds the registry's lock)."""
+    global _limited_homes
+    _limited_homes = None
 
 
 def _schedules(
@@ -363,3 +384,4 @@ def unregister(name: str) -> None:
     """Remove a handler (tests)."""
     with _lock:
         _handlers.pop(name, None)
+        _forget_limited_homes()

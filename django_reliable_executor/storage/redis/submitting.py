@@ -44,7 +44,7 @@ class Submitting(RedisAccess):
         homes = self.limited_homes()
 
         def shard_of(task: NewTask) -> int:
-            return self.layout.shard_of(homes.get(task.task_name, task.queue))
+            return self._store_shard(task.task_name, task.queue, homes)
 
         if not any(task.depends_on for task in tasks):
             return self._each_shard(tasks, shard_of, self._enqueue_on)
