@@ -185,8 +185,14 @@ def test_a_killed_listen_connection_is_replaced_and_polling_covers_the_gap(
     service = service_for(backend)
     database = str(connections["postgres"].settings_dict["NAME"])
     poll = 1.0
+    # A connection whose last statement was a LISTEN, left by an earlier test, may linger.
+    earlier = set(listen_backends(database))
     worker = workers.start(backend, poll_interval=poll)
-    (first,) = wait_until(lambda: listen_backends(database), 10, "the worker never LISTENed")
+    (first,) = wait_until(
+        lambda: [pid for pid in listen_backends(database) if pid not in earlier],
+        10,
+        "the worker never LISTENed",
+    )
 
     # A task that becomes due with no NOTIFY at all (delayed): only the poll can find it.
     delayed = service.submit("demo.noop", task_id="silent", delay_millis=300).task_id
@@ -199,7 +205,7 @@ def test_a_killed_listen_connection_is_replaced_and_polling_covers_the_gap(
         cursor.execute("SELECT pg_terminate_backend(%s)", [first])
     # The loss is noticed at once; the worker LISTENs again (a new backend).
     (second,) = wait_until(
-        lambda: [pid for pid in listen_backends(database) if pid != first],
+        lambda: [pid for pid in listen_backends(database) if pid not in {first, *earlier}],
         10,
         "the worker did not LISTEN again",
         logs=workers.logs,
