@@ -170,17 +170,17 @@ class ReliablePausedQueue(models.Model):
 
 
 class ReliableRateLog(models.Model):
-    """rate_limit's sliding log: one row per claim of a rate-limited task name, at the claim's
-    time and moved to its start's, counted for the limit's window (plus its margin, see
-    rate_limits.py), then trimmed by a claim of the name (at most once per margin in each
-    process). Claims and starts of the name read and write it under the name's
-    ReliableNameLock row."""
+    """rate_limit's sliding log: one row per claim round, rate key and time of a rate-limited
+    task name, counting that round's claims (``claims``), at the claim's time; a start that
+    waited too long moves its claim out of the row to one at the start's time. Counted for the
+    limit's window (plus its margin, see rate_limits.py), then trimmed by a claim of the name
+    (at most once per margin in each process). Claims and starts of the name read and write it
+    under the name's ReliableNameLock row."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=191)
     rate_key = models.CharField(max_length=191, default="")  # "": the name's own limit
-    task_id = models.CharField(max_length=191)
-    token = models.BigIntegerField()  # the claim's fencing token
+    claims = models.PositiveIntegerField(default=1)  # how many claims the entry counts
     claimed_at = models.DateTimeField()
 
     class Meta:
@@ -191,7 +191,7 @@ class ReliableRateLog(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.name} [{self.rate_key}] at {self.claimed_at}"
+        return f"{self.name} [{self.rate_key}] {self.claims} at {self.claimed_at}"
 
 
 class ReliableRetryCount(models.Model):

@@ -140,10 +140,12 @@ class Claim:
     token: int
     budget_attempts: int
     deadline_at: dt.datetime | None
-    # A claim of a rate-limited name on the database storage: its limit and the time it was
-    # logged at, which its start checks (see storage/database/rate_limits.py).
+    # A claim of a rate-limited name on the database storage: its limit, and the time and
+    # rate key ("" for none) it was logged under, which its start checks (see
+    # storage/database/rate_limits.py).
     rate_limit: RateLimit | None = None
     rate_logged_at: dt.datetime | None = None
+    rate_key: str = ""
     # The database storage: the task had dependents when claimed, so its ending must settle
     # them. False is only a hint (a dependent may be stored after the claim); the ending
     # write checks it (see storage/database/transitions.py). Unused elsewhere.

@@ -21,10 +21,16 @@ LEAD = dt.timedelta(seconds=TEN_PER_SECOND.lead_seconds)
 DATABASES = db_params(["default", "mariadb", "postgres"])
 
 
-def logged(alias: str) -> dict[str, dt.datetime]:
-    """{task id: its entry's time} of the log."""
-    rows = ReliableRateLog.objects.using(alias).values_list("task_id", "claimed_at")
-    return {task_id: at for task_id, at in rows}
+def logged(alias: str) -> dict[dt.datetime, int]:
+    """{time: the claims logged at it} of the log, every key together."""
+    counts: dict[dt.datetime, int] = {}
+    for at, claims in ReliableRateLog.objects.using(alias).values_list("claimed_at", "claims"):
+        counts[at] = counts.get(at, 0) + claims
+    return counts
+
+
+def rows(alias: str) -> int:
+    return ReliableRateLog.objects.using(alias).count()
 
 
 def claim(storage, limit: int, start: int = 0):
@@ -46,13 +52,13 @@ def test_a_claim_in_a_half_empty_window_logs_its_entries_ahead(alias, executor, 
     assert len(first) == 3
     ahead = first_at + LEAD
     assert {c.rate_logged_at for c in first} == {ahead}
-    assert set(logged(alias).values()) == {ahead}
+    assert logged(alias) == {ahead: 3}
     clock.advance(0.01)
     second_at = clock.now()
     second = claim(storage, 5)  # 3 + 5 entries: more than half of 10
     assert {c.rate_logged_at for c in second} == {second_at}
-    entries = logged(alias)
-    assert {entries[c.task_id] for c in second} == {second_at}
+    assert logged(alias) == {ahead: 3, second_at: 5}
+    assert rows(alias) == 2  # one row per claim round, counting its claims
 
 
 @pytest.mark.parametrize("alias", DATABASES)
@@ -68,13 +74,14 @@ def test_a_start_moves_only_an_entry_it_started_too_late_for(alias, executor, st
     entry = claimed_at + LEAD
     clock.advance(0.54)  # 0.04 s after its entry: no move
     assert storage.start(on_time, LEASE) is not None
-    assert logged(alias)[on_time.task_id] == entry
+    assert logged(alias) == {entry: 3}
     clock.advance(0.06)  # 0.1 s after its entry: moved to the start
     started_at = clock.now()
     assert storage.start(late, LEASE) is not None
-    assert logged(alias)[late.task_id] == started_at
+    assert logged(alias) == {entry: 2, started_at: 1}
     clock.advance(1.05)  # 1.15 s after its entry: out of the window (1.1 s)
     assert storage.start(too_late, LEASE) is None
+    assert logged(alias) == {entry: 2, started_at: 1}  # nothing moved
     task = executor.get_task(too_late.task_id)
     assert (task.worker_id, task.attempts) == (None, 0)
 
@@ -93,11 +100,11 @@ def test_entries_out_of_the_window_are_never_counted_and_trimmed_once_per_margin
     assert len(claim(storage, 4)) == 4  # 6 + 4: the window is full; trimmed, nothing out
     clock.advance(0.06)  # the first 6 entries left the window (1.1 s); the last trim 0.06 ago
     assert len(claim(storage, 6)) == 4  # room for 6, 4 waiting
-    assert len(logged(alias)) == 14  # not trimmed yet, and not counted
+    assert sum(logged(alias).values()) == 14  # not trimmed yet, and not counted
     clock.advance(0.04)  # a margin (0.1 s) since the last trim
     executor.submit(RATED, 14)
     assert len(claim(storage, 6)) == 1
-    assert len(logged(alias)) == 9  # 4 + 4 + 1: the first 6 trimmed
+    assert sum(logged(alias).values()) == 9  # 4 + 4 + 1: the first 6 trimmed
 
 
 @pytest.mark.parametrize("alias", DATABASES)
@@ -110,32 +117,30 @@ def test_an_entry_older_than_the_last_trim_is_deleted_by_the_whole_trim_a_minute
     for i in range(4):
         executor.submit(RATED, i)
     assert len(claim(storage, 1)) == 1  # the first trim of the name: the whole range
-    ReliableRateLog.objects.using(alias).create(
-        name=RATED,
-        rate_key="",
-        task_id="lagging",
-        token=1,
-        claimed_at=clock.now() - dt.timedelta(seconds=2),  # before the first trim's range
-    )
+    lagging = clock.now() - dt.timedelta(seconds=2)  # before the first trim's range
+    ReliableRateLog.objects.using(alias).create(name=RATED, claimed_at=lagging)
     clock.advance(5)
     assert len(claim(storage, 1)) == 1  # trims from the last cutoff less a margin: not it
-    assert "lagging" in logged(alias)
+    assert lagging in logged(alias)
     clock.advance(60)
     assert len(claim(storage, 1)) == 1  # the whole range again
-    assert "lagging" not in logged(alias)
+    assert lagging not in logged(alias)
 
 
 @pytest.mark.parametrize("alias", DATABASES)
-def test_each_entry_carries_its_claims_key_token_and_time(alias, executor, storage, clock):
-    """A claim logs one entry per task it took: under the task's rate key ("" for none), with
-    the claim's fencing token, ahead for a key the claim leaves at most half full and at the
-    claim's time for a fuller one, both in the same claim."""
+def test_a_claim_logs_one_entry_per_key_and_time_counting_its_claims(
+    alias, executor, storage, clock
+):
+    """A claim logs one entry per rate key ("" for none) and time, counting the tasks of
+    that key it took: ahead for a key the claim leaves at most half full and at the claim's
+    time for a fuller one, both in the same claim. Claims handed back and claimed again are
+    logged again."""
     require(alias)
     key_of = {}
     for key in ["a"] * 6 + ["b"] * 2 + [None] * 2:
         key_of[executor.submit(RATED, None, rate_key=key).task_id] = key or ""
         clock.advance(0.001)
-    storage.release(claim(storage, 2))  # claimed again below, under a later token
+    storage.release(claim(storage, 2))  # claimed again below
     clock.advance(2)  # their entries out of the window
     claimed_at = clock.now()
     claims = claim(storage, 10)
@@ -145,11 +150,36 @@ def test_each_entry_carries_its_claims_key_token_and_time(alias, executor, stora
     assert {c.task_id: c.rate_logged_at for c in claims} == {
         task_id: stamps[key] for task_id, key in key_of.items()
     }
-    assert max(c.token for c in claims) > min(c.token for c in claims)
+    assert {c.task_id: c.rate_key for c in claims} == key_of
     entries = ReliableRateLog.objects.using(alias).filter(claimed_at__gte=claimed_at)
-    assert sorted(entries.values_list("task_id", "rate_key", "token", "claimed_at")) == sorted(
-        (c.task_id, key_of[c.task_id], c.token, stamps[key_of[c.task_id]]) for c in claims
-    )
+    assert sorted(entries.values_list("rate_key", "claims", "claimed_at")) == [
+        ("", 2, ahead),
+        ("a", 6, claimed_at),
+        ("b", 2, ahead),
+    ]
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_late_starts_take_their_claims_out_of_every_entry_of_their_key_and_time(
+    alias, executor, storage, clock
+):
+    """Two claim rounds logged at the same time (one clock for both) make two entries; late
+    starts of claims from both take their claims out of either, deleting an entry left with
+    none, and log them at the start's time under their own key, in one entry per key."""
+    require(alias)
+    for key in ["a", "a", "b", "a"]:
+        executor.submit(RATED, None, rate_key=key)
+        clock.advance(0.001)
+    claimed_at = clock.now()
+    first, second = claim(storage, 2), claim(storage, 2)  # 2 + 2 of 10: both ahead
+    entry = claimed_at + LEAD
+    assert (logged(alias), rows(alias)) == ({entry: 4}, 3)  # a 2; a 1, b 1
+    clock.advance(0.6)  # 0.1 s after the entries: each start moves its claim
+    started_at = clock.now()
+    of_a = [c for c in [*first, *second] if c.rate_key == "a"]
+    assert len(of_a) == 3 and all(storage.start_many(of_a, LEASE))
+    log = ReliableRateLog.objects.using(alias).values_list("rate_key", "claims", "claimed_at")
+    assert sorted(log) == [("a", 3, started_at), ("b", 1, entry)]
 
 
 @pytest.mark.parametrize("alias", db_params(["default"]))
@@ -173,7 +203,7 @@ def test_a_claim_round_on_sqlite_is_one_write_transaction(alias, mode, executor,
     finally:
         connection.transaction_mode = configured
     assert sorted(c.task_id for c in claims) == sorted(rated + others)
-    assert set(logged(alias)) == set(rated)
+    assert (sum(logged(alias).values()), rows(alias)) == (3, 1)
     queries = [query["sql"] for query in captured.captured_queries]
     sql = [query.split()[0].upper() for query in queries]
     assert (sql.count("BEGIN"), sql.count("COMMIT"), sql[-1]) == (1, 1, "COMMIT")

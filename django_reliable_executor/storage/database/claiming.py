@@ -20,6 +20,7 @@ from .rows import (
     CLAIM_COLUMNS_SQL,
     CLAIM_FIELDS,
     LIVE,
+    RATE_KEY_SQL,
     claim_from_row,
 )
 
@@ -41,8 +42,6 @@ ASYNC_COMMIT_WITH = (
     "(SELECT set_config('synchronous_commit', 'off', true) AS relaxed_commit) "
 )
 ASYNC_COMMIT_FROM = "FROM relaxed "
-# A claimed task's rate key as its rate log stores it ("" for none).
-RATE_KEY_SQL = "COALESCE(rate_key, '') AS log_key"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,17 +155,16 @@ class Claiming(RateLimiting):
         return [claim for claim, _ in rows], [tuple(extra[width:]) for _, extra in rows]
 
     def _take_logged(self, pick: Pick, logged_at: dt.datetime) -> tuple[list[Claim], list[str]]:
-        """PostgreSQL: ``_take_keyed`` that writes each claim's rate log row (at ``logged_at``)
-        in the same statement, a data-modifying CTE over the claimed rows: no second round
-        trip, and no row values passed from here (building a multi-row INSERT's parameters
-        cost the worker more CPU than the rest of the claim)."""
+        """PostgreSQL: ``_take_keyed`` that writes the claims' rate log rows (one per key, at
+        ``logged_at``) in the same statement, a data-modifying CTE over the claimed rows: no
+        second round trip, and no row values passed from here."""
         assert self.vendor == "postgresql" and pick.name is not None
         log_table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
         update, params = self._claim_update_sql(pick, f"{CLAIM_COLUMNS_SQL}, {RATE_KEY_SQL}")
         sql = (
             f"{ASYNC_COMMIT_WITH}, claimed AS ({update}), logged AS ("
-            f"INSERT INTO {log_table} (name, rate_key, task_id, token, claimed_at) "
-            "SELECT %s, log_key, task_id, lease_token, %s FROM claimed) "
+            f"INSERT INTO {log_table} (name, rate_key, claims, claimed_at) "
+            "SELECT %s, log_key, COUNT(*), %s FROM claimed GROUP BY log_key) "
             f"SELECT {CLAIM_COLUMNS_SQL}, log_key FROM claimed"
         )
         with connections[self.alias].cursor() as cursor:

@@ -5,25 +5,26 @@ Each rate-limited name is claimed in its own short transaction serialised on the
 round's one write transaction, serialised on the database's write lock (taken by BEGIN
 IMMEDIATE, else by a write of the name's row). It counts the name's entries of
 ``reliable_executor_rate_log`` in the limit's log window (window + margin, see
-``rate_limits.py``) — every key together first, an index range count, and per rate key only
-when a key could pass half full — claims at most the room of each key and logs one row per
-claim, before committing. Two workers never count
-the same free room. When every key has room for the whole batch, the tasks are claimed in one
-statement that reads their keys too (no candidates read first; on PostgreSQL the same
-statement writes their log rows; on SQLite the same statement counts the window, and one
-INSERT ... SELECT logs them). A claim that leaves its key's window at most half full logs
-its rows ``lead_seconds`` (half the window, at most a second) ahead of its ``now`` — about
-when they start at the latest after waiting in the worker's local queue — else at its
-``now``: a row later than its start only counts longer. Entries out of the window count
-for nothing; a claim deletes them at most once per margin in each process (housekeeping).
+``rate_limits.py``) — every key together first, the sum over an index range, and per rate key
+only when a key could pass half full — claims at most the room of each key and logs them,
+before committing: one row per key and time, counting its claims (so a count reads a row per
+claim round, not one per task). Two workers never count the same free room. When every key
+has room for the whole batch, the tasks are claimed in one statement that reads their keys
+too (no candidates read first; on PostgreSQL the same statement writes their log rows; on
+SQLite the same statement counts the window, and one INSERT logs them). A claim that leaves
+its key's window at most half full logs its claims ``lead_seconds`` (half the window, at most
+a second) ahead of its ``now`` — about when they start at the latest after waiting in the
+worker's local queue — else at its ``now``: an entry later than its start only counts
+longer. Entries out of the window count for nothing; a claim deletes them at most once per
+margin in each process (housekeeping).
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
 ``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
 within the margin of it. The start of one that waited longer (``start_many``) first moves its
-row to the start's time, under the name's lock (committed before the start write; on SQLite
-with it), so the limit counts the start; a claim whose row has left the window meanwhile (it
-waited longer than the window) is not started but handed back, to be claimed again within the
-limit. Moving a row that every claim since has counted, to a later
+claim out of its row to one at the start's time, under the name's lock (committed before
+the start write; on SQLite with it), so the limit counts the start; a claim whose row has left
+the window meanwhile (it waited longer than the window) is not started but handed back, to be
+claimed again within the limit. Moving a claim that every claim since has counted, to a later
 time, keeps it counted: at no time was there room that a start later took twice.
 
 Tasks over their limit are not touched: they stay waiting, and the claim notes when the
@@ -36,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -47,7 +47,7 @@ from ...models import ReliableNameLock, ReliableRateLog
 from ...rate_limits import RateLimit
 from ...records import Claim, ClaimRequest, RateUse, copy_with
 from .access import DatabaseAccess
-from .rows import CLAIM_COLUMNS_SQL, CLAIM_FIELDS, claim_from_row
+from .rows import CLAIM_COLUMNS_SQL, CLAIM_FIELDS, RATE_KEY_SQL, claim_from_row
 
 if TYPE_CHECKING:
     from .claiming import Pick
@@ -93,6 +93,17 @@ def _stamps(
     }
 
 
+def _entries(
+    keys: list[str], stamps: Mapping[str, dt.datetime]
+) -> dict[tuple[str, dt.datetime], int]:
+    """``{(rate key, time): claims}``: the log rows of claims of ``keys`` logged at ``stamps``."""
+    entries: dict[tuple[str, dt.datetime], int] = {}
+    for key in keys:
+        at = (key, stamps[key])
+        entries[at] = entries.get(at, 0) + 1
+    return entries
+
+
 def _other_keys(keys: list[str]) -> tuple[str, list[Any]]:
     """SQL leaving out the tasks of rate keys ``keys`` ("" the tasks without a key), written
     so that the index on (task_name, rate_key) skips them (no COALESCE)."""
@@ -113,10 +124,11 @@ def _aware(value: Any) -> dt.datetime:
 
 
 class RowClaims(Sequence[Claim]):
-    """The claims of rate-limited tasks as a claiming statement returned their rows, built
-    from them on first use: on SQLite after the claim round's transaction commits, so that the
-    write lock every other write of the worker waits for is not held while Python builds them
-    (a few dozen microseconds a claim). Each logged at ``logged_at``."""
+    """The claims of rate-limited tasks as a claiming statement returned their rows (each with
+    its log key after the claim's columns), built from them on first use: on SQLite after the
+    claim round's transaction commits, so that the write lock every other write of the worker
+    waits for is not held while Python builds them (a few dozen microseconds a claim). Each
+    logged at ``logged_at``."""
 
     def __init__(self, rows: list[tuple[Any, ...]], rate: RateLimit, logged_at: dt.datetime):
         self._rows = rows
@@ -131,7 +143,9 @@ class RowClaims(Sequence[Claim]):
         width = len(CLAIM_FIELDS)
         rate, logged_at = self._rate, self._logged_at
         return [
-            claim_from_row(row[:width], rate_limit=rate, rate_logged_at=logged_at)
+            claim_from_row(
+                row[:width], rate_limit=rate, rate_logged_at=logged_at, rate_key=str(row[width])
+            )
             for row in self._rows
         ]
 
@@ -227,8 +241,9 @@ class RateLimiting(DatabaseAccess):
                     far_below = self._take_far_below(cursor, pick, rate)
                     if far_below:
                         lead = now + dt.timedelta(seconds=rate.lead_seconds)
-                        id_at = CLAIM_FIELDS.index("task_id")
-                        self._log_sqlite(cursor, name, [row[id_at] for row in far_below], lead)
+                        key_at = len(CLAIM_FIELDS)  # the log key, after the claim's columns
+                        keys = [str(row[key_at]) for row in far_below]
+                        self._log_entries(cursor, name, _entries(keys, dict.fromkeys(keys, lead)))
                         self._note_free_at(name, {}, rate, [], {}, now)  # no key near full
                         return RowClaims(far_below, rate, lead)
                 used = self._window_use(cursor, name, now, rate, pick.limit)
@@ -241,7 +256,7 @@ class RateLimiting(DatabaseAccess):
                 self._log(name, claims, keys, stamps)
         self._note_free_at(name, used or {}, rate, keys, stamps, now)
         return [
-            copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key])
+            copy_with(claim, rate_limit=rate, rate_logged_at=stamps[key], rate_key=key)
             for claim, key in zip(claims, keys, strict=True)
         ]
 
@@ -288,12 +303,13 @@ class RateLimiting(DatabaseAccess):
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
         cutoff = self._dt(pick.now - dt.timedelta(seconds=rate.log_window_seconds))
         room = (
-            f"CASE WHEN (SELECT COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s) "
+            f"CASE WHEN (SELECT COALESCE(SUM(claims), 0) FROM {table} WHERE name = %s "
+            "AND claimed_at > %s) "
             "* 2 + %s <= %s THEN %s ELSE 0 END",
             (pick.name, cutoff, 2 * pick.limit, rate.count, pick.limit),
         )
         sql, params = self._claim_update_sql(
-            dataclasses.replace(pick, limit_by=room), CLAIM_COLUMNS_SQL
+            dataclasses.replace(pick, limit_by=room), f"{CLAIM_COLUMNS_SQL}, {RATE_KEY_SQL}"
         )
         cursor.execute(sql, params)
         return list(cursor.fetchall())
@@ -301,42 +317,23 @@ class RateLimiting(DatabaseAccess):
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
     ) -> None:
-        """One log row per claim, in one multi-row INSERT (hand-written: building it through
-        the ORM cost more CPU than the rest of the claim). On SQLite one INSERT ... SELECT per
-        time stamped (one for a claim far below its limit), of the rows just claimed named
-        by one JSON array: the same short statement each time (prepared once), few
-        parameters, and no row values passed from here; the claim's transaction holds the
-        write lock, so the rows carry the claim's own token and key."""
-        connection = connections[self.alias]
-        table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
-        if self.vendor == "sqlite":
-            by_stamp: dict[dt.datetime, list[str]] = {}
-            for claim, key in zip(claims, keys, strict=True):
-                by_stamp.setdefault(stamps[key], []).append(claim.task_id)
-            with connection.cursor() as cursor:
-                for stamp, ids in by_stamp.items():
-                    self._log_sqlite(cursor, name, ids, stamp)
-            return
-        at = {key: self._dt(stamp) for key, stamp in stamps.items()}
-        params: list[Any] = []
-        for claim, key in zip(claims, keys, strict=True):
-            params += [name, key, claim.task_id, claim.token, at[key]]
-        rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(claims))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) VALUES {rows}",
-                params,
-            )
+        """The log entries of ``claims`` (of rate keys ``keys``, logged at ``stamps``)."""
+        with connections[self.alias].cursor() as cursor:
+            self._log_entries(cursor, name, _entries(keys, stamps))
 
-    def _log_sqlite(self, cursor: Any, name: str, ids: list[str], stamp: dt.datetime) -> None:
-        """SQLite: the log rows of the tasks ``ids`` just claimed in this transaction, at
-        ``stamp``, each under its task's rate key and lease token as stored."""
+    def _log_entries(
+        self, cursor: Any, name: str, entries: Mapping[tuple[str, dt.datetime], int]
+    ) -> None:
+        """One log row per (rate key, time) of ``entries``, counting its claims, in one
+        multi-row INSERT (hand-written: building it through the ORM cost more CPU than the
+        rest of the claim). A round far below its limit writes one row, whatever its size."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        params: list[Any] = []
+        for (key, stamp), n in entries.items():
+            params += [name, key, n, self._dt(stamp)]
+        rows = ", ".join(["(%s, %s, %s, %s)"] * len(entries))
         cursor.execute(
-            f"INSERT INTO {table} (name, rate_key, task_id, token, claimed_at) "
-            "SELECT %s, COALESCE(rate_key, ''), task_id, lease_token, %s "
-            f"FROM {self._table} WHERE task_id IN (SELECT value FROM json_each(%s))",
-            [name, self._dt(stamp), json.dumps(ids)],
+            f"INSERT INTO {table} (name, rate_key, claims, claimed_at) VALUES {rows}", params
         )
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
@@ -365,8 +362,8 @@ class RateLimiting(DatabaseAccess):
         name locks they take are not held through it (a start that then fails leaves its
         entry moved: counting a little longer for a start that did not happen)."""
         with transaction.atomic(using=self.alias):
-            alive = self._restamp(stale, now)
-            late = [claim for claim in stale if (claim.task_id, claim.token) not in alive]
+            moved = self._restamp(stale, now)
+            late = [claim for claim in stale if claim.task_id not in moved]
             late_ids = {claim.task_id for claim in late}
             going = [claim for claim in claims if claim.task_id not in late_ids]
             if self.vendor == "sqlite":
@@ -377,12 +374,13 @@ class RateLimiting(DatabaseAccess):
         results = super().start_many(claims, lease_seconds) if claims else []
         return dict(zip((claim.task_id for claim in claims), results, strict=True))
 
-    def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[tuple[str, int]]:
+    def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[str]:
         """Move the logged claims of ``claims`` still in their window to ``now``; return the
-        (task id, token) of those moved. Under the lock of each of their names (taken in
-        name order, so two starts never wait for each other): a claim of the name counts
-        its window before the move or after it, never during it. One UPDATE per name and logged
-        time."""
+        task ids of those moved. Under the lock of each of their names (taken in name order,
+        so two starts never wait for each other): a claim of the name counts its window
+        before the move or after it, never during it. The claims of one name, key and logged
+        time come out of that time's rows (which count claims, not tasks: any claim logged
+        then is as good as another), and go into one row at ``now`` per name and key."""
         connection = connections[self.alias]
         table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
         with connection.cursor() as cursor:
@@ -390,36 +388,46 @@ class RateLimiting(DatabaseAccess):
                 self._lock_name(
                     cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
                 )
-        # The claims of one name logged at one time: their rows are one range of the index
-        # on (name, claimed_at), found without an index on the task ids.
-        groups: dict[tuple[str, dt.datetime, float], list[Claim]] = {}
+        groups: dict[tuple[str, str, dt.datetime, float], list[Claim]] = {}
         for claim in claims:
             assert claim.rate_limit is not None and claim.rate_logged_at is not None
-            at = (claim.task.task_name, claim.rate_logged_at, claim.rate_limit.log_window_seconds)
-            groups.setdefault(at, []).append(claim)
-        moved: set[tuple[str, int]] = set()
+            at = (claim.task.task_name, claim.rate_key, claim.rate_logged_at)
+            groups.setdefault((*at, claim.rate_limit.log_window_seconds), []).append(claim)
+        moved: list[Claim] = []
         with connections[self.alias].cursor() as cursor:
-            for (name, logged_at, window), group in groups.items():
+            for (name, key, logged_at, window), group in groups.items():
                 if logged_at <= now - dt.timedelta(seconds=window):
                     continue  # out of the window: counted no more, nothing to move
-                ids = [claim.task_id for claim in group]
-                where = (
-                    f"WHERE name = %s AND claimed_at = %s AND task_id IN "
-                    f"({', '.join(['%s'] * len(ids))})"
+                taken = self._take_out(cursor, table, (name, key, logged_at), len(group))
+                moved += group[:taken]
+            keys_by_name: dict[str, list[str]] = {}
+            for claim in moved:
+                keys_by_name.setdefault(claim.task.task_name, []).append(claim.rate_key)
+            for name, keys in keys_by_name.items():
+                self._log_entries(cursor, name, _entries(keys, dict.fromkeys(keys, now)))
+        return {claim.task_id for claim in moved}
+
+    def _take_out(self, cursor: Any, table: str, at: tuple[str, str, dt.datetime], n: int) -> int:
+        """Take up to ``n`` claims out of the log rows of (name, rate key, time) ``at``; how
+        many there were. A row left with none is deleted."""
+        cursor.execute(
+            f"SELECT id, claims FROM {table} WHERE name = %s AND rate_key = %s "
+            "AND claimed_at = %s ORDER BY id",
+            [at[0], at[1], self._dt(at[2])],
+        )
+        taken = 0
+        for row_id, claims in cursor.fetchall():
+            if taken == n:
+                break
+            out = min(int(claims), n - taken)
+            if out == claims:
+                cursor.execute(f"DELETE FROM {table} WHERE id = %s", [row_id])
+            else:
+                cursor.execute(
+                    f"UPDATE {table} SET claims = claims - %s WHERE id = %s", [out, row_id]
                 )
-                update = f"UPDATE {table} SET claimed_at = %s {where}"
-                params = [self._dt(now), name, self._dt(logged_at), *ids]
-                if self.vendor == "mysql":
-                    cursor.execute(update, params)
-                    cursor.execute(
-                        f"SELECT task_id, token FROM {table} WHERE name = %s AND "
-                        f"claimed_at = %s AND task_id IN ({', '.join(['%s'] * len(ids))})",
-                        [name, self._dt(now), *ids],
-                    )
-                else:
-                    cursor.execute(f"{update} RETURNING task_id, token", params)
-                moved |= {(task_id, int(token)) for task_id, token in cursor.fetchall()}
-        return moved
+            taken += out
+        return taken
 
     def _due_of_name(self, pick: Pick, name: str | None = None) -> tuple[str, list[Any]]:
         """The due tasks of ``name`` (default ``pick.name``) in the pick's queues (FROM on)."""
@@ -443,13 +451,14 @@ class RateLimiting(DatabaseAccess):
         # claimed_at in the condition: the index range of the window only, not the entries
         # out of it (on PostgreSQL, deleted rows stay in the index until a vacuum).
         cursor.execute(
-            f"SELECT COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s", [name, cutoff]
+            f"SELECT COALESCE(SUM(claims), 0) FROM {table} WHERE name = %s AND claimed_at > %s",
+            [name, cutoff],
         )
         (total,) = cursor.fetchone()
         if rate.has_room_to_lead(int(total) + limit):
             return None
         cursor.execute(
-            f"SELECT rate_key, COUNT(*), MIN(claimed_at) FROM {table} WHERE name = %s "
+            f"SELECT rate_key, SUM(claims), MIN(claimed_at) FROM {table} WHERE name = %s "
             "AND claimed_at > %s GROUP BY rate_key",
             [name, cutoff],
         )
@@ -567,8 +576,8 @@ class RateLimiting(DatabaseAccess):
                 window_start = now - dt.timedelta(seconds=rate.window_seconds)
                 log_start = now - dt.timedelta(seconds=rate.log_window_seconds)
                 cursor.execute(
-                    "SELECT rate_key, SUM(CASE WHEN claimed_at > %s THEN 1 ELSE 0 END), "
-                    f"COUNT(*) FROM {table} WHERE name = %s AND claimed_at > %s "
+                    "SELECT rate_key, SUM(CASE WHEN claimed_at > %s THEN claims ELSE 0 END), "
+                    f"SUM(claims) FROM {table} WHERE name = %s AND claimed_at > %s "
                     "GROUP BY rate_key",
                     [self._dt(window_start), name, self._dt(log_start)],
                 )

@@ -129,6 +129,8 @@ NOT_CLAIMED = ("progress", "depends_on", "waiting_for")
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at", "has_dependents"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
+# A claimed task's rate key as its rate log stores it ("" for none).
+RATE_KEY_SQL = "COALESCE(rate_key, '') AS log_key"
 DATETIME_FIELDS = ["created_at", "run_at", "started_at", "finished_at", "deadline_at"]
 
 
