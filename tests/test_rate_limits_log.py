@@ -217,3 +217,35 @@ def test_a_claim_round_on_sqlite_is_one_write_transaction(alias, mode, executor,
         assert locked and locked[0] == begin + 1
     else:
         assert locked == []
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_a_round_claims_the_other_names_only_when_its_read_found_one_due(
+    alias, executor, storage, clock
+):
+    """The read that finds which limited names have tasks due also finds whether any other
+    name has one: an idle round writes nothing, and a round with only a rate-limited name's
+    tasks due runs no claim of the other names."""
+    require(alias)
+    connection = connections[alias]
+
+    def writes(queries) -> list[str]:
+        return [q["sql"] for q in queries if not q["sql"].startswith(("SELECT", "BEGIN"))]
+
+    def of_others(queries) -> list[str]:
+        """The claims of the other names (every name but the limited ones), not the read."""
+        return [
+            q["sql"] for q in queries if "task_name NOT IN" in q["sql"] and "UNION" not in q["sql"]
+        ]
+
+    with CaptureQueriesContext(connection) as idle:
+        assert claim(storage, 10) == []
+    assert writes(idle.captured_queries) == []
+    rated = {executor.submit(RATED, i).task_id for i in range(3)}
+    with CaptureQueriesContext(connection) as only_rated:
+        assert {c.task_id for c in claim(storage, 10)} == rated
+    assert of_others(only_rated.captured_queries) == []
+    other = executor.submit(OTHER, None).task_id
+    with CaptureQueriesContext(connection) as only_other:
+        assert [c.task_id for c in claim(storage, 10)] == [other]
+    assert len(of_others(only_other.captured_queries)) == 1

@@ -86,7 +86,9 @@ class Claiming(RateLimiting):
         )
         self.rate_free_at = None
         probed = request.rate_limits or request.name_limits
-        due = self._due_names(whole, request) if probed else set()
+        # The names with tasks due, None standing for every other name (not probed: no
+        # limited name, so only the others, claimed in one statement).
+        due: set[str | None] = self._due_names(whole, request) if probed else {None}
         if self.vendor == "sqlite" and due & request.rate_limits.keys():
             # SQLite: one write transaction for the whole round (one BEGIN IMMEDIATE, one
             # commit, the write lock taken once) rather than one per rate-limited name and a
@@ -107,13 +109,13 @@ class Claiming(RateLimiting):
         self,
         request: ClaimRequest,
         whole: Pick,
-        due: set[str],
+        due: set[str | None],
         *,
         joined: bool = False,
     ) -> list[Sequence[Claim]]:
         """The claims of a round, a sequence per statement: the rate-limited and capped names
-        ``_due_names`` found due, then the rest in one statement; ``joined``: all in the
-        caller's transaction."""
+        ``_due_names`` found due, then, when it found them due (None), the rest in one
+        statement; ``joined``: all in the caller's transaction."""
         parts = self._claim_rate_limited(request, whole, due, joined=joined)
         taken = sum(map(len, parts))
         for name, cap in request.name_limits.items():
@@ -127,7 +129,7 @@ class Claiming(RateLimiting):
             parts.append(self._retrying(claim))
             taken += len(parts[-1])
         left = request.limit - taken
-        if left > 0:
+        if left > 0 and None in due:
             excluded = tuple(dict.fromkeys([*request.name_limits, *request.rate_limits]))
             pick = dataclasses.replace(whole, limit=left, excluded=excluded)
             parts.append(self._retrying(functools.partial(self._take, pick)))

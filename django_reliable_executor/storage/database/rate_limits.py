@@ -167,7 +167,12 @@ class RateLimiting(DatabaseAccess):
     rate_free_at: float | None = None
 
     def _claim_rate_limited(
-        self, request: ClaimRequest, whole: Pick, due: Collection[str], *, joined: bool = False
+        self,
+        request: ClaimRequest,
+        whole: Pick,
+        due: Collection[str | None],
+        *,
+        joined: bool = False,
     ) -> list[Sequence[Claim]]:
         """Claims of the rate-limited names of ``request`` that ``_due_names`` found due, each
         name within its limit (and its cap), a sequence per name; ``joined``: in the caller's
@@ -187,15 +192,19 @@ class RateLimiting(DatabaseAccess):
             taken += len(claims[-1])
         return claims
 
-    def _due_names(self, pick: Pick, request: ClaimRequest) -> set[str]:
+    def _due_names(self, pick: Pick, request: ClaimRequest) -> set[str | None]:
         """The rate-limited and capped names of ``request`` with a task due in the pick's
-        queues, found by one read before any lock: when nothing of them is due (the common
-        case of an idle name) the claim takes no lock, and a round pays one round trip for
-        all of them, not one per name. A rate-limited name's keys this process saw full are
-        left out until their window frees (no room can appear there sooner: entries leave
-        only once out of the window, and a start only moves one later), so that their
-        waiting tasks need no lock and no log read until then; the earliest such window of a
-        name found not due is noted, for ``wait_for_work``."""
+        queues, and None when a task of any other name is due, found by one read before any
+        lock: when nothing of them is due (the common case of an idle name) the claim takes
+        no lock, and a round pays one round trip for all of them, not one per name; when no
+        other name has a task due, the round writes no claim of them (on SQLite, an idle
+        round takes no write lock, and a round of limited names only no statement more).
+
+        A rate-limited name's keys this process saw full are left out until their window
+        frees (no room can appear there sooner: entries leave only once out of the window,
+        and a start only moves one later), so that their waiting tasks need no lock and no
+        log read until then; the earliest such window of a name found not due is noted, for
+        ``wait_for_work``."""
         now = pick.now.timestamp()
         names = list(dict.fromkeys([*request.rate_limits, *request.name_limits]))
         known_full: dict[str, dict[str, float]] = {}
@@ -214,9 +223,13 @@ class RateLimiting(DatabaseAccess):
             # The name's index as a literal: it names the row without a typed parameter.
             selects.append(f"SELECT {index}{one_row} WHERE EXISTS (SELECT 1 {due_sql})")
             params += due_params
+        rest = dataclasses.replace(pick, limit=1, excluded=tuple(names))
+        rest_sql, rest_params = self._pick_sql(rest)
+        selects.append(f"SELECT -1{one_row} WHERE EXISTS (SELECT 1 {rest_sql})")
+        params += rest_params
         with connections[self.alias].cursor() as cursor:
             cursor.execute(" UNION ALL ".join(selects), params)
-            due = {names[int(index)] for (index,) in cursor.fetchall()}
+            due = {names[int(index)] if index >= 0 else None for (index,) in cursor.fetchall()}
         for name, known in known_full.items():
             if name not in due and known:
                 first = min(known.values())
@@ -610,6 +623,9 @@ class RateLimiting(DatabaseAccess):
         raise NotImplementedError
 
     def _take(self, pick: Pick) -> list[Claim]:
+        raise NotImplementedError
+
+    def _pick_sql(self, pick: Pick) -> tuple[str, list[Any]]:
         raise NotImplementedError
 
     def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]:
