@@ -272,6 +272,47 @@ def test_concurrent_claims_never_exceed_the_limit(executor, make_storage, clock)
     consistent(storages[0])
 
 
+@pytest.mark.parametrize("keys", [[None], ["a", "b"]])
+def test_concurrent_claims_far_below_and_near_the_limit_never_exceed_it(
+    executor, make_storage, clock, keys
+):
+    """Eight workers claim four at a time under a limit of 40 per second: their first claims
+    are far below it (on SQLite logged ahead without a transaction), the later ones near it
+    (counted per key); on the frozen clock exactly 40 tasks of each key are taken."""
+    rate = RateLimit(40, 1.0)
+    key_of = {
+        executor.submit(RATED, i, rate_key=key).task_id: key for key in keys for i in range(60)
+    }
+    taken: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    threads_n = 8
+    barrier = threading.Barrier(threads_n)
+    storages = [make_storage(clock) for _ in range(threads_n)]
+
+    def work(storage: TaskStorage, worker: str) -> None:
+        try:
+            barrier.wait(10)
+            for _ in range(15):
+                claims = storage.claim(worker, ["default"], 4, LEASE, rate_limits={RATED: rate})
+                with lock:
+                    taken.extend(c.task_id for c in claims)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=work, args=(storages[i], f"w{i}")) for i in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert len(set(taken)) == len(taken)
+    assert sorted(str(key_of[t]) for t in taken) == sorted(str(k) for k in keys * 40)
+    consistent(storages[0])
+
+
 def test_an_idle_worker_waits_until_the_window_frees(executor, storage, clock):
     """Held back at its limit, the next task of the name ends an idle worker's wait when its
     window frees (not after POLL_INTERVAL), and never at once (no busy loop)."""

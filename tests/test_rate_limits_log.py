@@ -9,7 +9,7 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from django_reliable_executor.models import ReliableRateLog
+from django_reliable_executor.models import ReliableRateLog, ReliableTask
 from django_reliable_executor.rate_limits import RateLimit
 from tests.conftest import db_params, require
 from tests.contract_support import LEASE
@@ -182,14 +182,69 @@ def test_late_starts_take_their_claims_out_of_every_entry_of_their_key_and_time(
     assert sorted(log) == [("a", 3, started_at), ("b", 1, entry)]
 
 
+def statements(captured: CaptureQueriesContext) -> tuple[list[str], list[str]]:
+    """The captured queries, and the first word of each (upper case)."""
+    queries = [query["sql"] for query in captured.captured_queries]
+    return queries, [query.split()[0].upper() for query in queries]
+
+
+@pytest.mark.parametrize("alias", db_params(["default"]))
+def test_a_claim_far_below_its_limit_on_sqlite_runs_no_transaction(alias, executor, storage, clock):
+    """On SQLite a rate-limited name far below its limit is claimed without a transaction,
+    each statement holding the write lock only while it runs: the tasks to take are read,
+    then logged ahead by one statement that counts the window itself, and only then claimed
+    by id; the other names are claimed by a statement of their own."""
+    rated = [executor.submit(RATED, i).task_id for i in range(3)]
+    others = [executor.submit(OTHER, None).task_id for _ in range(2)]
+    with CaptureQueriesContext(connections[alias]) as captured:
+        claims = storage.claim(
+            "w1", ["default"], 10, LEASE, rate_limits={RATED: RateLimit(100, 1.0)}
+        )
+    assert sorted(c.task_id for c in claims) == sorted(rated + others)
+    assert (logged(alias), rows(alias)) == ({clock.now() + LEAD: 3}, 1)
+    queries, sql = statements(captured)
+    assert "BEGIN" not in sql and "COMMIT" not in sql
+    logging = sql.index("INSERT")
+    assert "reliable_executor_rate_log" in queries[logging]
+    claiming = [i for i, q in enumerate(queries) if q.startswith('UPDATE "reliable_executor_task"')]
+    assert len(claiming) == 2 and logging < claiming[0]  # logged before it is claimed
+    assert all(rated_id in queries[claiming[0]] for rated_id in rated)
+
+
+@pytest.mark.parametrize("alias", db_params(["default"]))
+def test_a_reservation_left_without_its_tasks_is_taken_back(
+    alias, executor, storage, clock, monkeypatch
+):
+    """Tasks read for a claim far below its limit but claimed by another worker before it
+    (here: started by hand in between) are taken out of its log entry again."""
+    from django_reliable_executor.storage.database import claiming
+
+    ids = [executor.submit(RATED, i).task_id for i in range(4)]
+    update_sql = claiming.Claiming._claim_update_sql
+
+    def taken_meanwhile(self, pick, returning):
+        if pick.ids:  # the claim by id, after the reservation: two of its tasks are gone
+            ReliableTask.objects.using(alias).filter(task_id__in=ids[:2]).update(available=False)
+        return update_sql(self, pick, returning)
+
+    monkeypatch.setattr(claiming.Claiming, "_claim_update_sql", taken_meanwhile)
+    claims = claim(storage, 10)
+    assert sorted(c.task_id for c in claims) == sorted(ids[2:])
+    assert logged(alias) == {clock.now() + LEAD: 2}
+
+
 @pytest.mark.parametrize("alias", db_params(["default"]))
 @pytest.mark.parametrize("mode", ["IMMEDIATE", None])
-def test_a_claim_round_on_sqlite_is_one_write_transaction(alias, mode, executor, storage, clock):
-    """On SQLite a claim round takes the write lock once: the rate-limited name and the other
-    names are claimed in one transaction, after the reads that find the name due; a name far
-    below its limit is counted by its claiming statement itself. When the BEGIN took the
-    write lock (transaction_mode IMMEDIATE) the name's lock row is not written; a deferred
-    BEGIN writes it first, before the window is read."""
+def test_a_claim_round_near_its_limit_on_sqlite_is_one_write_transaction(
+    alias, mode, executor, storage, clock
+):
+    """On SQLite a round with a rate-limited name near its limit takes the write lock once:
+    the name and the other names are claimed in one transaction, after the reads that find
+    the name due (and the attempt to log the name's tasks far below its limit, which logs
+    nothing). When the BEGIN took the write lock (transaction_mode IMMEDIATE) the name's lock
+    row is not written; a deferred BEGIN writes it first, before the window is read."""
+    first = [executor.submit(RATED, i).task_id for i in range(4)]
+    assert sorted(c.task_id for c in claim(storage, 4)) == sorted(first)  # 4 of 10 logged
     rated = [executor.submit(RATED, i).task_id for i in range(3)]
     others = [executor.submit(OTHER, None).task_id for _ in range(2)]
     connection = connections[alias]
@@ -197,26 +252,29 @@ def test_a_claim_round_on_sqlite_is_one_write_transaction(alias, mode, executor,
     connection.transaction_mode = mode
     try:
         with CaptureQueriesContext(connection) as captured:
-            claims = storage.claim(
-                "w1", ["default"], 10, LEASE, rate_limits={RATED: RateLimit(100, 1.0)}
-            )
+            claims = claim(storage, 10)  # 4 + 3 of 10: more than half full
     finally:
         connection.transaction_mode = configured
     assert sorted(c.task_id for c in claims) == sorted(rated + others)
-    assert (sum(logged(alias).values()), rows(alias)) == (3, 1)
-    queries = [query["sql"] for query in captured.captured_queries]
-    sql = [query.split()[0].upper() for query in queries]
+    assert logged(alias) == {clock.now() + LEAD: 4, clock.now(): 3}
+    queries, sql = statements(captured)
     assert (sql.count("BEGIN"), sql.count("COMMIT"), sql[-1]) == (1, 1, "COMMIT")
     begin = sql.index("BEGIN")
-    assert set(sql[:begin]) == {"SELECT"}
+    assert set(sql[:begin]) == {"SELECT", "INSERT"}  # the reservation that logged nothing
     claiming = [q for q in queries[begin:] if q.startswith('UPDATE "reliable_executor_task"')]
     assert len(claiming) == 2  # the rated name's claim and the other names'
-    assert "SELECT" not in sql[begin:]  # the window counted by the claim itself
     locked = [i for i, query in enumerate(queries) if "reliable_executor_name_lock" in query]
     if mode is None:
         assert locked and locked[0] == begin + 1
     else:
         assert locked == []
+    # The next round, still near the limit, goes straight to the transaction.
+    executor.submit(RATED, 3)
+    with CaptureQueriesContext(connection) as captured:
+        assert len(claim(storage, 10)) == 1
+    queries, sql = statements(captured)
+    begin = sql.index("BEGIN")
+    assert set(sql[:begin]) == {"SELECT"}
 
 
 @pytest.mark.parametrize("alias", DATABASES)

@@ -58,9 +58,6 @@ class Pick:
     excluded: tuple[str, ...] = ()
     name: str | None = None
     ids: tuple[str, ...] = ()  # only these tasks (rate_limit's choice)
-    # SQL (and its parameters) of the LIMIT the statement computes itself, instead of
-    # ``limit`` (rate_limit's claim far below its limit on SQLite).
-    limit_by: tuple[str, tuple[Any, ...]] | None = None
 
 
 class Claiming(RateLimiting):
@@ -89,16 +86,25 @@ class Claiming(RateLimiting):
         # The names with tasks due, None standing for every other name (not probed: no
         # limited name, so only the others, claimed in one statement).
         due: set[str | None] = self._due_names(whole, request) if probed else {None}
+        parts: list[Sequence[Claim]] = []
         if self.vendor == "sqlite" and due & request.rate_limits.keys():
-            # SQLite: one write transaction for the whole round (one BEGIN IMMEDIATE, one
-            # commit, the write lock taken once) rather than one per rate-limited name and a
-            # statement of its own for the rest: every other write of the worker (its starts,
-            # its completions) waits for that lock meanwhile. The read that finds which
-            # names have tasks due goes first, outside it; the claims are built after it.
+            # SQLite: the rate-limited names far below their limits reserve their room and
+            # claim in a statement each, without a transaction (_claim_reserving). The rest
+            # of the round, when a rate-limited name is left, is one write transaction (one
+            # BEGIN IMMEDIATE, one commit, the write lock taken once) rather than one per
+            # name and a statement of its own for the rest: every other write of the worker
+            # (its starts, its completions) waits for that lock meanwhile. The read that
+            # finds which names have tasks due goes first, outside it; the claims are built
+            # after it.
+            parts, due = self._claim_reserving(request, whole, due)
+            request = dataclasses.replace(request, limit=request.limit - sum(map(len, parts)))
+        if request.limit <= 0:
+            pass
+        elif self.vendor == "sqlite" and due & request.rate_limits.keys():
             with transaction.atomic(using=self.alias):
-                parts = self._claim_names(request, whole, due, joined=True)
+                parts += self._claim_names(request, whole, due, joined=True)
         else:
-            parts = self._claim_names(request, whole, due)
+            parts += self._claim_names(request, whole, due)
         claims = [claim for part in parts for claim in part]
         if claims:
             claims.sort(key=lambda c: (-c.task.priority, c.task.run_at))
@@ -201,13 +207,12 @@ class Claiming(RateLimiting):
         if pick.ids:
             names_sql += f"AND task_id IN ({', '.join(['%s'] * len(pick.ids))}) "
             names += list(pick.ids)
-        limit_sql, limit = ("%s", (pick.limit,)) if pick.limit_by is None else pick.limit_by
         sql = (
             f"FROM {self._table} WHERE available = %s {lane_sql}AND queue IN ({marks}) "
             f"AND run_at <= %s {names_sql}{self._not_paused_sql}"
-            f"ORDER BY priority DESC, run_at ASC LIMIT {limit_sql}"
+            "ORDER BY priority DESC, run_at ASC LIMIT %s"
         )
-        return sql, [True, *lane, *pick.queues, self._dt(pick.now), *names, *limit]
+        return sql, [True, *lane, *pick.queues, self._dt(pick.now), *names, pick.limit]
 
     @functools.cached_property
     def _not_paused_sql(self) -> str:

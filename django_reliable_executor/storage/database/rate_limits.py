@@ -38,7 +38,7 @@ import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
@@ -123,42 +123,6 @@ def _aware(value: Any) -> dt.datetime:
     return value  # type: ignore[no-any-return]
 
 
-class RowClaims(Sequence[Claim]):
-    """The claims of rate-limited tasks as a claiming statement returned their rows (each with
-    its log key after the claim's columns), built from them on first use: on SQLite after the
-    claim round's transaction commits, so that the write lock every other write of the worker
-    waits for is not held while Python builds them (a few dozen microseconds a claim). Each
-    logged at ``logged_at``."""
-
-    def __init__(self, rows: list[tuple[Any, ...]], rate: RateLimit, logged_at: dt.datetime):
-        self._rows = rows
-        self._rate = rate
-        self._logged_at = logged_at
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    @functools.cached_property
-    def _claims(self) -> list[Claim]:
-        width = len(CLAIM_FIELDS)
-        rate, logged_at = self._rate, self._logged_at
-        return [
-            claim_from_row(
-                row[:width], rate_limit=rate, rate_logged_at=logged_at, rate_key=str(row[width])
-            )
-            for row in self._rows
-        ]
-
-    @overload
-    def __getitem__(self, index: int) -> Claim: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Claim]: ...
-
-    def __getitem__(self, index: int | slice) -> Claim | Sequence[Claim]:
-        return self._claims[index]
-
-
 class RateLimiting(DatabaseAccess):
     """The claim's rate_limit part (see the module docstring)."""
 
@@ -191,6 +155,112 @@ class RateLimiting(DatabaseAccess):
             claims.append(self._retrying(claim))
             taken += len(claims[-1])
         return claims
+
+    def _claim_reserving(
+        self, request: ClaimRequest, whole: Pick, due: set[str | None]
+    ) -> tuple[list[Sequence[Claim]], set[str | None]]:
+        """SQLite: the claims of the rate-limited names of ``request`` found due that are far
+        below their limits, each by ``_reserve_and_take`` (no transaction), a sequence per
+        name; and ``due`` less those names, for the round's transaction. A capped name, and a
+        name whose last claim here was not far below its limit, is left to the transaction."""
+        parts: list[Sequence[Claim]] = []
+        left = request.limit
+        due = set(due)
+        far_below: dict[str, bool] = self.__dict__.setdefault("_rate_far_below", {})
+        for name, rate in request.rate_limits.items():
+            if left <= 0:
+                break
+            if name not in due or name in request.name_limits or not far_below.get(name, True):
+                continue
+            pick = dataclasses.replace(whole, limit=left, name=name)
+            claims = self._reserve_and_take(pick, rate)
+            far_below[name] = claims is not None
+            if claims is not None:
+                parts.append(claims)
+                left -= len(claims)
+                due.discard(name)
+        return parts, due
+
+    def _reserve_and_take(self, pick: Pick, rate: RateLimit) -> Sequence[Claim] | None:
+        """SQLite: up to ``pick.limit`` due tasks of ``pick.name`` while the window stays at
+        most half full with them, without a transaction: read the tasks to take and their
+        keys; log them ahead, in one statement that counts the window itself and writes
+        nothing unless they leave it at most half full (None then: not far below its
+        limit); claim them by id; and take out of the log the tasks another worker claimed
+        meanwhile. Each statement holds the write lock only while it runs (a transaction
+        held it from its BEGIN to its commit, and every start and completion of the worker
+        waited for it). Safe: the log counts a claim before it exists, and an entry for a
+        claim that never came (a worker gone between the two statements) only counts, for
+        a window, room no task used."""
+        assert pick.name is not None
+        name, now = pick.name, pick.now
+        connection = connections[self.alias]
+        table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
+        lead = now + dt.timedelta(seconds=rate.lead_seconds)
+        with connection.cursor() as cursor:
+            self._trim(cursor, table, name, now, rate)
+            chosen, params = self._pick_sql(pick)
+            cursor.execute(f"SELECT task_id, {RATE_KEY_SQL} {chosen}", params)
+            candidates = cursor.fetchall()
+            if not candidates:
+                return []
+            keys = [key for _, key in candidates]
+            entries = _entries(keys, dict.fromkeys(keys, lead))
+            rows_sql = ", ".join(["(%s, %s, %s, %s)"] * len(entries))
+            values: list[Any] = []
+            for (key, stamp), n in entries.items():
+                values += [name, key, n, self._dt(stamp)]
+            cutoff = self._dt(now - dt.timedelta(seconds=rate.log_window_seconds))
+            cursor.execute(
+                f"INSERT INTO {table} (name, rate_key, claims, claimed_at) "
+                f"SELECT column1, column2, column3, column4 FROM (VALUES {rows_sql}) "
+                f"WHERE (SELECT COALESCE(SUM(claims), 0) FROM {table} WHERE name = %s "
+                "AND claimed_at > %s) * 2 + %s <= %s RETURNING id, rate_key, claims",
+                [*values, name, cutoff, 2 * len(candidates), rate.count],
+            )
+            reserved = cursor.fetchall()
+            if not reserved:
+                return None
+            ids = tuple(task_id for task_id, _ in candidates)
+            claim_sql, params = self._claim_update_sql(
+                dataclasses.replace(pick, ids=ids, limit=len(ids)),
+                f"{CLAIM_COLUMNS_SQL}, {RATE_KEY_SQL}",
+            )
+            cursor.execute(claim_sql, params)
+            rows = cursor.fetchall()
+            if len(rows) < len(ids):
+                taken = [str(row[len(CLAIM_FIELDS)]) for row in rows]
+                self._unreserve(cursor, table, reserved, taken)
+        self._note_free_at(name, {}, rate, [], {}, now)  # no key near full
+        width = len(CLAIM_FIELDS)
+        return [
+            claim_from_row(
+                row[:width], rate_limit=rate, rate_logged_at=lead, rate_key=str(row[width])
+            )
+            for row in rows
+        ]
+
+    def _unreserve(
+        self, cursor: Any, table: str, reserved: list[tuple[Any, ...]], taken: list[str]
+    ) -> None:
+        """Take out of the reserved log rows (id, rate key, claims) the claims not taken
+        (``taken``: the keys of those taken), deleting a row left with none. A row another
+        start took claims out of meanwhile (one logged at the same time) is left as it is:
+        it counts a little more, for its window."""
+        counts: dict[str, int] = {}
+        for key in taken:
+            counts[key] = counts.get(key, 0) + 1
+        for row_id, key, n in reserved:
+            extra = int(n) - counts.get(key, 0)
+            if extra <= 0:
+                continue
+            if extra == n:
+                cursor.execute(f"DELETE FROM {table} WHERE id = %s AND claims = %s", [row_id, n])
+            else:
+                cursor.execute(
+                    f"UPDATE {table} SET claims = claims - %s WHERE id = %s AND claims >= %s",
+                    [extra, row_id, extra],
+                )
 
     def _due_names(self, pick: Pick, request: ClaimRequest) -> set[str | None]:
         """The rate-limited and capped names of ``request`` with a task due in the pick's
@@ -250,16 +320,10 @@ class RateLimiting(DatabaseAccess):
             with connection.cursor() as cursor:
                 self._lock_name(cursor, quote(ReliableNameLock._meta.db_table), name)
                 self._trim(cursor, quote(ReliableRateLog._meta.db_table), name, now, rate)
-                if self.vendor == "sqlite" and cap is None:
-                    far_below = self._take_far_below(cursor, pick, rate)
-                    if far_below:
-                        lead = now + dt.timedelta(seconds=rate.lead_seconds)
-                        key_at = len(CLAIM_FIELDS)  # the log key, after the claim's columns
-                        keys = [str(row[key_at]) for row in far_below]
-                        self._log_entries(cursor, name, _entries(keys, dict.fromkeys(keys, lead)))
-                        self._note_free_at(name, {}, rate, [], {}, now)  # no key near full
-                        return RowClaims(far_below, rate, lead)
                 used = self._window_use(cursor, name, now, rate, pick.limit)
+                # SQLite: the next round tries _claim_reserving first only if this one is
+                # far below the limit.
+                self.__dict__.setdefault("_rate_far_below", {})[name] = used is None
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
@@ -304,28 +368,6 @@ class RateLimiting(DatabaseAccess):
             return [], [], False
         claims = self._take(dataclasses.replace(pick, limit=len(chosen), ids=tuple(chosen)))
         return claims, [chosen[claim.task_id] for claim in claims], False
-
-    def _take_far_below(self, cursor: Any, pick: Pick, rate: RateLimit) -> list[tuple[Any, ...]]:
-        """SQLite: a claim of a name far below its limit in one statement, which counts the
-        window's entries of every key together itself (under the write lock, as
-        ``_window_use`` would) and takes up to ``pick.limit`` tasks only while they leave the
-        window at most half full; none otherwise (the claim then counts per key). The rows
-        it claimed, as returned (``RowClaims`` makes them claims). One statement fewer in the
-        write transaction than count, then claim."""
-        assert pick.name is not None
-        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
-        cutoff = self._dt(pick.now - dt.timedelta(seconds=rate.log_window_seconds))
-        room = (
-            f"CASE WHEN (SELECT COALESCE(SUM(claims), 0) FROM {table} WHERE name = %s "
-            "AND claimed_at > %s) "
-            "* 2 + %s <= %s THEN %s ELSE 0 END",
-            (pick.name, cutoff, 2 * pick.limit, rate.count, pick.limit),
-        )
-        sql, params = self._claim_update_sql(
-            dataclasses.replace(pick, limit_by=room), f"{CLAIM_COLUMNS_SQL}, {RATE_KEY_SQL}"
-        )
-        cursor.execute(sql, params)
-        return list(cursor.fetchall())
 
     def _log(
         self, name: str, claims: list[Claim], keys: list[str], stamps: dict[str, dt.datetime]
