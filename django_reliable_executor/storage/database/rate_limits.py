@@ -10,8 +10,14 @@ only when a key could pass half full — claims at most the room of each key and
 before committing: one row per key and time, counting its claims (so a count reads a row per
 claim round, not one per task). Two workers never count the same free room. When every key
 has room for the whole batch, the tasks are claimed in one statement that reads their keys
-too (no candidates read first; on PostgreSQL the same statement writes their log rows; on
-SQLite the same statement counts the window, and one INSERT logs them). A claim that leaves
+too (no candidates read first; on PostgreSQL the same statement writes their log rows).
+
+On SQLite a name far below its limit (its last claim here found the window at most half full
+with its batch) takes no transaction (``_reserve_and_take``): its tasks are read, logged by one
+statement that counts the window itself and logs nothing unless they leave it at most half
+full, then claimed by id. The log counts them before they are claimed, which is safe.
+
+A claim that leaves
 its key's window at most half full logs its claims ``lead_seconds`` (half the window, at most
 a second) ahead of its ``now`` — about when they start at the latest after waiting in the
 worker's local queue — else at its ``now``: an entry later than its start only counts
