@@ -191,9 +191,10 @@ def statements(captured: CaptureQueriesContext) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("alias", db_params(["default"]))
 def test_a_claim_far_below_its_limit_on_sqlite_runs_no_transaction(alias, executor, storage, clock):
     """On SQLite a rate-limited name far below its limit is claimed without a transaction,
-    each statement holding the write lock only while it runs: the tasks to take are read,
-    then logged ahead by one statement that counts the window itself, and only then claimed
-    by id; the other names are claimed by a statement of their own."""
+    each statement holding the write lock only while it runs: the tasks to take are read
+    (by the round's read of what is due), then logged ahead by one statement that counts the
+    window itself, and only then claimed by id; the other names are claimed by a statement
+    of their own."""
     rated = [executor.submit(RATED, i).task_id for i in range(3)]
     others = [executor.submit(OTHER, None).task_id for _ in range(2)]
     with CaptureQueriesContext(connections[alias]) as captured:
@@ -206,6 +207,8 @@ def test_a_claim_far_below_its_limit_on_sqlite_runs_no_transaction(alias, execut
     assert "BEGIN" not in sql and "COMMIT" not in sql
     logging = sql.index("INSERT")
     assert "reliable_executor_rate_log" in queries[logging]
+    # One read before it: the round's read of what is due returned the tasks to take.
+    assert [word for word in sql[:logging] if word != "DELETE"] == ["SELECT"]
     claiming = [i for i, q in enumerate(queries) if q.startswith('UPDATE "reliable_executor_task"')]
     assert len(claiming) == 2 and logging < claiming[0]  # logged before it is claimed
     assert all(rated_id in queries[claiming[0]] for rated_id in rated)

@@ -135,6 +135,9 @@ class RateLimiting(DatabaseAccess):
     #: time.time() at which the earliest window that held back a due task frees (set by each
     #: claim; ``wait_for_work`` ends then at the latest).
     rate_free_at: float | None = None
+    #: SQLite: the tasks the round's first read found for each name far below its limit to
+    #: take, with their keys, in pickup order (``_due_names``; ``_reserve_and_take`` uses them).
+    _candidates: dict[str, list[tuple[str, str]]]
 
     def _claim_rate_limited(
         self,
@@ -190,14 +193,14 @@ class RateLimiting(DatabaseAccess):
     def _reserve_and_take(self, pick: Pick, rate: RateLimit) -> Sequence[Claim] | None:
         """SQLite: up to ``pick.limit`` due tasks of ``pick.name`` while the window stays at
         most half full with them, without a transaction: read the tasks to take and their
-        keys; log them ahead, in one statement that counts the window itself and writes
-        nothing unless they leave it at most half full (None then: not far below its
-        limit); claim them by id; and take out of the log the tasks another worker claimed
-        meanwhile. Each statement holds the write lock only while it runs (a transaction
-        held it from its BEGIN to its commit, and every start and completion of the worker
-        waited for it). Safe: the log counts a claim before it exists, and an entry for a
-        claim that never came (a worker gone between the two statements) only counts, for
-        a window, room no task used."""
+        keys (unless the round's first read did: ``_due_names``); log them ahead, in one
+        statement that counts the window itself and writes nothing unless they leave it at
+        most half full (None then: not far below its limit); claim them by id; and take out
+        of the log the tasks another worker claimed meanwhile. Each statement holds the
+        write lock only while it runs (a transaction held it from its BEGIN to its commit,
+        and every start and completion of the worker waited for it). Safe: the log counts a
+        claim before it exists, and an entry for a claim that never came (a worker gone
+        between the two statements) only counts, for a window, room no task used."""
         assert pick.name is not None
         name, now = pick.name, pick.now
         connection = connections[self.alias]
@@ -205,9 +208,12 @@ class RateLimiting(DatabaseAccess):
         lead = now + dt.timedelta(seconds=rate.lead_seconds)
         with connection.cursor() as cursor:
             self._trim(cursor, table, name, now, rate)
-            chosen, params = self._pick_sql(pick)
-            cursor.execute(f"SELECT task_id, {RATE_KEY_SQL} {chosen}", params)
-            candidates = cursor.fetchall()
+            candidates = self.__dict__.get("_candidates", {}).pop(name, None)
+            if candidates is None:
+                chosen, params = self._pick_sql(pick)
+                cursor.execute(f"SELECT task_id, {RATE_KEY_SQL} {chosen}", params)
+                candidates = cursor.fetchall()
+            candidates = candidates[: pick.limit]
             if not candidates:
                 return []
             keys = [key for _, key in candidates]
@@ -280,15 +286,37 @@ class RateLimiting(DatabaseAccess):
         frees (no room can appear there sooner: entries leave only once out of the window,
         and a start only moves one later), so that their waiting tasks need no lock and no
         log read until then; the earliest such window of a name found not due is noted, for
-        ``wait_for_work``."""
+        ``wait_for_work``.
+
+        On SQLite the same read returns the tasks a name far below its limit would take
+        (``_reserve_and_take``'s candidates, kept in ``_candidates``): one statement fewer."""
         now = pick.now.timestamp()
         names = list(dict.fromkeys([*request.rate_limits, *request.name_limits]))
         known_full: dict[str, dict[str, float]] = {}
         selects, params = [], []
         # MariaDB wants a FROM for a WHERE; DUAL is its table of one row.
         one_row = " FROM DUAL" if self.vendor == "mysql" else ""
+        far_below: dict[str, bool] = self.__dict__.setdefault("_rate_far_below", {})
+        self._candidates = {}
         for index, name in enumerate(names):
             due_sql, due_params = self._due_of_name(pick, name)
+            reserving = (
+                self.vendor == "sqlite"
+                and name in request.rate_limits
+                and name not in request.name_limits
+                and far_below.get(name, True)
+                and not any(t > now for t in self._full_keys(name).values())
+            )
+            if reserving:
+                # Every row a task: its id and key (the name's index names the row).
+                chosen, chosen_params = self._pick_sql(dataclasses.replace(pick, name=name))
+                selects.append(
+                    f"SELECT {index}, task_id, log_key FROM (SELECT task_id, {RATE_KEY_SQL} "
+                    f"{chosen})"
+                )
+                params += chosen_params
+                self._candidates[name] = []
+                continue
             if name in request.rate_limits:
                 known = {k: t for k, t in self._full_keys(name).items() if t > now}
                 known_full[name] = known
@@ -297,15 +325,22 @@ class RateLimiting(DatabaseAccess):
                     due_sql += keys_sql
                     due_params += keys_params
             # The name's index as a literal: it names the row without a typed parameter.
-            selects.append(f"SELECT {index}{one_row} WHERE EXISTS (SELECT 1 {due_sql})")
+            selects.append(f"SELECT {index}, NULL, NULL{one_row} WHERE EXISTS (SELECT 1 {due_sql})")
             params += due_params
         rest = dataclasses.replace(pick, limit=1, excluded=tuple(names))
         rest_sql, rest_params = self._pick_sql(rest)
-        selects.append(f"SELECT -1{one_row} WHERE EXISTS (SELECT 1 {rest_sql})")
+        selects.append(f"SELECT -1, NULL, NULL{one_row} WHERE EXISTS (SELECT 1 {rest_sql})")
         params += rest_params
+        due: set[str | None] = set()
         with connections[self.alias].cursor() as cursor:
             cursor.execute(" UNION ALL ".join(selects), params)
-            due = {names[int(index)] if index >= 0 else None for (index,) in cursor.fetchall()}
+            for index, task_id, key in cursor.fetchall():
+                if index < 0:
+                    due.add(None)
+                    continue
+                due.add(names[int(index)])
+                if task_id is not None:
+                    self._candidates[names[int(index)]].append((task_id, key))
         for name, known in known_full.items():
             if name not in due and known:
                 first = min(known.values())
