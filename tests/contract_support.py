@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from django.db import connections
 from django.dispatch import Signal
 
 from django_reliable_executor import TaskContext, reliable_task_handler, signals
@@ -85,6 +86,31 @@ def connected(signal: Signal, receiver: Callable[..., Any]) -> Iterator[None]:
         yield
     finally:
         signal.disconnect(receiver)
+
+
+def at_once(storages: list[TaskStorage], work: Callable[[TaskStorage, str], None]) -> None:
+    """Run ``work(storage, worker id)`` in a thread per storage (workers w0, w1, ...), all
+    let go together, each closing its connections when done; fail with what any raised."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(storages))
+
+    def run(storage: TaskStorage, worker: str) -> None:
+        try:
+            barrier.wait(10)
+            work(storage, worker)
+        except BaseException as exc:  # reported by the calling thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=run, args=(storage, f"w{i}")) for i, storage in enumerate(storages)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
 
 
 def claim_one(storage: TaskStorage, worker: str = "w1", queue: str = "default") -> Claim:

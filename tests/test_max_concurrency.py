@@ -9,7 +9,6 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connections
 
 from django_reliable_executor import TaskStatus, reliable_task_handler
 from django_reliable_executor.exceptions import HandlerRegistrationError
@@ -18,7 +17,7 @@ from django_reliable_executor.registry import get_handler, name_limits, unregist
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import db_params, require
-from tests.contract_support import LEASE, new_task
+from tests.contract_support import LEASE, at_once, new_task
 from tests.processes import FAST, Backend, peak_overlap, service_for, wait_until
 
 CAPPED = "demo.echo"
@@ -164,44 +163,31 @@ def test_concurrent_claims_never_exceed_the_cap(executor, make_storage, clock):
         executor.submit(CAPPED, i)
     lock = threading.Lock()
     held = {"now": 0, "peak": 0, "done": 0}
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(threads_n)
     storages = [make_storage(clock) for _ in range(threads_n)]
 
     def work(storage: TaskStorage, worker: str) -> None:
-        try:
-            barrier.wait(10)
-            idle = 0
-            while idle < 200:
+        idle = 0
+        while idle < 200:
+            with lock:
+                if held["done"] >= total:
+                    return
+            claims = storage.claim(worker, ["default"], 5, LEASE, name_limits={CAPPED: cap})
+            if not claims:
+                idle += 1
+                continue
+            with lock:
+                held["now"] += len(claims)
+                held["peak"] = max(held["peak"], held["now"])
+            for one in claims:
                 with lock:
-                    if held["done"] >= total:
-                        return
-                claims = storage.claim(worker, ["default"], 5, LEASE, name_limits={CAPPED: cap})
-                if not claims:
-                    idle += 1
-                    continue
+                    held["now"] -= 1  # before the write: the count never runs ahead
+                started = storage.start(one, LEASE)
+                assert started is not None
+                assert storage.complete(started, worker) is not None
                 with lock:
-                    held["now"] += len(claims)
-                    held["peak"] = max(held["peak"], held["now"])
-                for one in claims:
-                    with lock:
-                        held["now"] -= 1  # before the write: the count never runs ahead
-                    started = storage.start(one, LEASE)
-                    assert started is not None
-                    assert storage.complete(started, worker) is not None
-                    with lock:
-                        held["done"] += 1
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
+                    held["done"] += 1
 
-    threads = [threading.Thread(target=work, args=(storages[i], f"w{i}")) for i in range(threads_n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert errors == []
+    at_once(storages, work)
     assert held["done"] == total
     assert 1 <= held["peak"] <= cap
     assert executor.count_by_status()[TaskStatus.COMPLETED] == total

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from django.db import connections
 
 from django_reliable_executor import TaskStatus, reliable_task_handler
 from django_reliable_executor.exceptions import HandlerRegistrationError, InvalidTaskOptionError
@@ -21,7 +19,7 @@ from django_reliable_executor.registry import get_handler, rate_limits, unregist
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import db_params, require
-from tests.contract_support import LEASE
+from tests.contract_support import LEASE, at_once
 from tests.processes import Backend, most_in_a_window, service_for, wait_until
 
 RATED = "demo.echo"
@@ -239,35 +237,19 @@ def test_a_limit_far_above_its_use_counts_each_key_apart(executor, storage, cloc
 
 def test_concurrent_claims_never_exceed_the_limit(executor, make_storage, clock):
     """Workers with their own connections claim at once: the limit holds, per window."""
-    total, threads_n = 30, 5
-    for i in range(total):
+    for i in range(30):
         executor.submit(RATED, i)
     taken: list[str] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(threads_n)
-    storages = [make_storage(clock) for _ in range(threads_n)]
+    storages = [make_storage(clock) for _ in range(5)]
 
     def work(storage: TaskStorage, worker: str) -> None:
-        try:
-            barrier.wait(10)
-            for _ in range(20):
-                claims = storage.claim(
-                    worker, ["default"], 4, LEASE, rate_limits={RATED: FIVE_PER_SECOND}, start=4
-                )
-                with lock:
-                    taken.extend(c.task_id for c in claims)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        for _ in range(20):
+            claims = storage.claim(
+                worker, ["default"], 4, LEASE, rate_limits={RATED: FIVE_PER_SECOND}, start=4
+            )
+            taken.extend(c.task_id for c in claims)
 
-    threads = [threading.Thread(target=work, args=(storages[i], f"w{i}")) for i in range(threads_n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert errors == []
+    at_once(storages, work)
     assert len(taken) == 5 and len(set(taken)) == 5
     consistent(storages[0])
 
@@ -284,30 +266,14 @@ def test_concurrent_claims_far_below_and_near_the_limit_never_exceed_it(
         executor.submit(RATED, i, rate_key=key).task_id: key for key in keys for i in range(60)
     }
     taken: list[str] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    threads_n = 8
-    barrier = threading.Barrier(threads_n)
-    storages = [make_storage(clock) for _ in range(threads_n)]
+    storages = [make_storage(clock) for _ in range(8)]
 
     def work(storage: TaskStorage, worker: str) -> None:
-        try:
-            barrier.wait(10)
-            for _ in range(15):
-                claims = storage.claim(worker, ["default"], 4, LEASE, rate_limits={RATED: rate})
-                with lock:
-                    taken.extend(c.task_id for c in claims)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        for _ in range(15):
+            claims = storage.claim(worker, ["default"], 4, LEASE, rate_limits={RATED: rate})
+            taken.extend(c.task_id for c in claims)
 
-    threads = [threading.Thread(target=work, args=(storages[i], f"w{i}")) for i in range(threads_n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert errors == []
+    at_once(storages, work)
     assert len(set(taken)) == len(taken)
     assert sorted(str(key_of[t]) for t in taken) == sorted(str(k) for k in keys * 40)
     consistent(storages[0])
