@@ -88,22 +88,19 @@ class Claiming(RateLimiting):
         due: set[str | None] = self._due_names(whole, request) if probed else {None}
         parts: list[Sequence[Claim]] = []
         if self.vendor == "sqlite" and due & request.rate_limits.keys():
-            # SQLite: the rate-limited names far below their limits reserve their room and
-            # claim in a statement each, without a transaction (_claim_reserving). The rest
-            # of the round, when a rate-limited name is left, is one write transaction (one
-            # BEGIN IMMEDIATE, one commit, the write lock taken once) rather than one per
-            # name and a statement of its own for the rest: every other write of the worker
-            # (its starts, its completions) waits for that lock meanwhile. The read that
-            # finds which names have tasks due goes first, outside it; the claims are built
-            # after it.
+            # SQLite: the rate-limited names far below their limits first, each without a
+            # transaction (_claim_reserving).
             parts, due = self._claim_reserving(request, whole, due)
             request = dataclasses.replace(request, limit=request.limit - sum(map(len, parts)))
-        if request.limit <= 0:
-            pass
-        elif self.vendor == "sqlite" and due & request.rate_limits.keys():
+        if request.limit > 0 and self.vendor == "sqlite" and due & request.rate_limits.keys():
+            # SQLite, a rate-limited name left: the rest of the round is one write
+            # transaction (one BEGIN IMMEDIATE, one commit, the write lock taken once) rather
+            # than one per name and a statement of its own for the rest: every other write of
+            # the worker (its starts, its completions) waits for that lock meanwhile. The
+            # read that finds which names have tasks due goes first, outside it.
             with transaction.atomic(using=self.alias):
                 parts += self._claim_names(request, whole, due, joined=True)
-        else:
+        elif request.limit > 0:
             parts += self._claim_names(request, whole, due)
         claims = [claim for part in parts for claim in part]
         if claims:
