@@ -17,12 +17,11 @@ with its batch) takes no transaction (``_reserve_and_take``): its tasks are read
 statement that counts the window itself and logs nothing unless they leave it at most half
 full, then claimed by id. The log counts them before they are claimed, which is safe.
 
-A claim that leaves
-its key's window at most half full logs its claims ``lead_seconds`` (half the window, at most
-a second) ahead of its ``now`` — about when they start at the latest after waiting in the
-worker's local queue — else at its ``now``: an entry later than its start only counts
-longer. Entries out of the window count for nothing; a claim deletes them at most once per
-margin in each process (housekeeping).
+A claim that leaves its key's window at most half full logs its claims ``lead_seconds`` (half
+the window, at most a second) ahead of its ``now`` — about when they start at the latest after
+waiting in the worker's local queue — else at its ``now``: an entry later than its start only
+counts longer. Entries out of the window count for nothing; a claim deletes them at most once
+per margin in each process (housekeeping).
 
 A claim waits in its worker's pool before it starts. A claim started within its limit's
 ``fresh_seconds`` (half the margin) of its logged time starts as any other: its handler begins
