@@ -171,6 +171,15 @@ def rated(param: dict | None, context: TaskContext) -> float:
     return started
 
 
+@reliable_task_handler(name="demo.rated_wide", takes_context=True, rate_limit="40/s")
+def rated_wide(param: dict | None, context: TaskContext) -> float:
+    """demo.rated with room for 40 a second: a worker's claims start far below the limit
+    (on SQLite, logged without a transaction) and end near it, within each window."""
+    started = time.time()
+    _journal("start", context, at=started)
+    return started
+
+
 def _journal(event: str, context: TaskContext, **extra: object) -> None:
     """One line in the file named by RE_JOURNAL, written with a single O_APPEND write so that
     lines of concurrent processes never interleave. The fault tests read what ran when from
