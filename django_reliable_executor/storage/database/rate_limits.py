@@ -174,7 +174,7 @@ class RateLimiting(DatabaseAccess):
         parts: list[Sequence[Claim]] = []
         left = request.limit
         due = set(due)
-        far_below: dict[str, bool] = self.__dict__.setdefault("_rate_far_below", {})
+        far_below = self._far_below()
         for name, rate in request.rate_limits.items():
             if left <= 0:
                 break
@@ -217,10 +217,7 @@ class RateLimiting(DatabaseAccess):
                 return []
             keys = [key for _, key in candidates]
             entries = _entries(keys, dict.fromkeys(keys, lead))
-            rows_sql = ", ".join(["(%s, %s, %s, %s)"] * len(entries))
-            values: list[Any] = []
-            for (key, stamp), n in entries.items():
-                values += [name, key, n, self._dt(stamp)]
+            rows_sql, values = self._entry_rows(name, entries)
             cutoff = self._dt(now - dt.timedelta(seconds=rate.log_window_seconds))
             cursor.execute(
                 f"INSERT INTO {table} (name, rate_key, claims, claimed_at) "
@@ -295,7 +292,7 @@ class RateLimiting(DatabaseAccess):
         selects, params = [], []
         # MariaDB wants a FROM for a WHERE; DUAL is its table of one row.
         one_row = " FROM DUAL" if self.vendor == "mysql" else ""
-        far_below: dict[str, bool] = self.__dict__.setdefault("_rate_far_below", {})
+        far_below = self._far_below()
         self._candidates = {}
         for index, name in enumerate(names):
             due_sql, due_params = self._due_of_name(pick, name)
@@ -363,7 +360,7 @@ class RateLimiting(DatabaseAccess):
                 used = self._window_use(cursor, name, now, rate, pick.limit)
                 # SQLite: the next round tries _claim_reserving first only if this one is
                 # far below the limit.
-                self.__dict__.setdefault("_rate_far_below", {})[name] = used is None
+                self._far_below()[name] = used is None
                 limit = pick.limit
                 if cap is not None:
                     limit = min(limit, cap - self._held(cursor, name, now))
@@ -423,13 +420,20 @@ class RateLimiting(DatabaseAccess):
         multi-row INSERT (hand-written: building it through the ORM cost more CPU than the
         rest of the claim). A round far below its limit writes one row, whatever its size."""
         table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
-        params: list[Any] = []
-        for (key, stamp), n in entries.items():
-            params += [name, key, n, self._dt(stamp)]
-        rows = ", ".join(["(%s, %s, %s, %s)"] * len(entries))
+        rows, params = self._entry_rows(name, entries)
         cursor.execute(
             f"INSERT INTO {table} (name, rate_key, claims, claimed_at) VALUES {rows}", params
         )
+
+    def _entry_rows(
+        self, name: str, entries: Mapping[tuple[str, dt.datetime], int]
+    ) -> tuple[str, list[Any]]:
+        """The rows of ``entries`` as SQL ``(name, rate_key, claims, claimed_at), ...`` and its
+        parameters."""
+        params: list[Any] = []
+        for (key, stamp), n in entries.items():
+            params += [name, key, n, self._dt(stamp)]
+        return ", ".join(["(%s, %s, %s, %s)"] * len(entries)), params
 
     def start_many(self, claims: Sequence[Claim], lease_seconds: float) -> list[Claim | None]:
         """Claims of rate-limited names that waited here longer than their limit's
@@ -618,6 +622,12 @@ class RateLimiting(DatabaseAccess):
                 room[key] -= 1
                 chosen[task_id] = key
         return chosen
+
+    def _far_below(self) -> dict[str, bool]:
+        """``{name: whether its last claim here found its window far below the limit}``
+        (SQLite: such a name is claimed by ``_reserve_and_take`` first; unknown: True)."""
+        hints: dict[str, bool] = self.__dict__.setdefault("_rate_far_below", {})
+        return hints
 
     def _full_keys(self, name: str) -> dict[str, float]:
         """``{rate key: time.time() its window frees}`` of the keys of ``name`` the last
