@@ -198,8 +198,8 @@ class ReliableExecutor:
         for deferred in earlier:  # in the order submitted: the first to take a key keeps it
             for task_id, info in deferred.stored.items():
                 infos.setdefault(task_id, info)
-            for key, info in deferred.keys.items():
-                holders.setdefault(key, info)
+            for taken, info in deferred.keys.items():
+                holders.setdefault(taken, info)
         coming = set(infos)
         infos.update(self.storage.get_many([task.task_id for task in new_tasks]))
         write = _DeferredWrite(self, new_tasks)
