@@ -441,7 +441,7 @@ def test_the_failure_of_a_task_without_dependents_is_one_statement(
             )
 
 
-@pytest.mark.parametrize("how", ["chain", "submit_many", "in_transaction"])
+@pytest.mark.parametrize("how", ["chain", "submit_many", "in_transaction", "submit_batch"])
 def test_a_chain_whose_step_another_task_holds_stores_nothing(executor, storage, db_alias, how):
     """A step whose unique key another task holds is not stored (its holder is returned), so
     the step depending on it names a task the call does not store: refused, nothing stored."""
@@ -457,6 +457,10 @@ def test_a_chain_whose_step_another_task_holds_stores_nothing(executor, storage,
         # Refused by the submit itself, not at commit (Redis writes then).
         with transaction.atomic(using=db_alias), pytest.raises(InvalidDependencyError) as caught:
             executor.submit_many(steps)
+    elif how == "submit_batch":
+        with pytest.raises(InvalidDependencyError) as caught:
+            executor.submit_batch(steps, batch_id="refused")
+        assert executor.get_batch("refused") is None  # not even opened
     else:
         with pytest.raises(InvalidDependencyError) as caught:
             (executor.chain if how == "chain" else executor.submit_many)(steps)
