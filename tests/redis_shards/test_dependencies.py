@@ -11,7 +11,7 @@ import pytest
 from django_reliable_executor import InvalidDependencyError, TaskStatus
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
-from django_reliable_executor.storage.redis.sharding import directory_of
+from django_reliable_executor.storage.redis.sharding import directory_of, unique_home
 from django_reliable_executor.uniqueness import unique_digest
 from tests.conftest import delete_prefix, redis_client, require
 
@@ -239,3 +239,24 @@ def test_a_refused_chain_over_three_shards_stores_nothing(executor, storage):
     assert storage.client.exists(*left) == 0  # no id reserved, no dependent registered
     key = unique_digest("demo.echo", "k", {})
     assert storage.unique_holder(key) == executor.get_task("held")
+
+
+def test_a_refused_call_on_one_shard_gives_back_the_unique_keys_it_took_on_others(
+    executor, storage
+):
+    """The run of shard 1 takes its unique key on the key's home (shard 2) before its
+    submit.lua, which then refuses a missing dependency: the key is given back, so the next
+    submit of it is stored at once (it would wait 10 s for a task never stored)."""
+    key = unique_digest("demo.echo", "k", {})
+    assert unique_home(key, SHARDS) == 2
+    with pytest.raises(InvalidDependencyError, match="'b' names tasks that do not exist"):
+        executor.submit_many(
+            [
+                step("a", S1, unique_for=60, unique_key="k"),
+                step("b", S1, depends_on=["nowhere"]),
+            ]
+        )
+    assert storage.get_many(["a", "b"]) == {}
+    assert storage.client.get(storage.prefixes[2] + "u:" + key) is None
+    assert executor.submit("demo.echo", {}, task_id="c", queue=S0, unique_for=60, unique_key="k")
+    assert storage.unique_holder(key) == executor.get_task("c")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...dependencies import WAITING_RUN_AT, first_missing, missing_error
-from ...exceptions import TaskSubmitError
+from ...exceptions import InvalidDependencyError, TaskSubmitError
 from ...records import NewTask, TaskInfo, copy_with, new_info
 from ...serialization import dumps
 from ...states import LIVE_STATUSES
@@ -57,9 +57,8 @@ class Submitting(RedisAccess):
                 end += 1
             runs.append((start, end, shard))
             start = end
-        # Refused before the first write: each run is a call, and even one run reserves ids
-        # and unique keys on other shards before its submit.lua (see _enqueue_on).
-        self._check_dependencies(tasks)
+        if len(runs) > 1:
+            self._check_dependencies(tasks)  # each run is a call: refuse before the first
         results: list[tuple[TaskInfo, bool]] = []
         for start, end, shard in runs:
             results += self._enqueue_on(tasks[start:end], shard)
@@ -127,7 +126,19 @@ class Submitting(RedisAccess):
             for directory, ids in sorted(by_directory.items()):
                 self._run("id_release", shard, *ids, shard=directory)
         rest = [t for i, t in enumerate(tasks) if i not in held and i not in same]
-        stored = iter(self._store(rest, shard, keyless))
+        try:
+            stored = iter(self._store(rest, shard, keyless))
+        except InvalidDependencyError:
+            # Refused whole (a missing dependency: submit.lua stored nothing). The unique keys
+            # taken above on their home shards are given back, so the next submit of one
+            # does not wait for a task that will never be stored. (The ids reserved above
+            # stay: one may be a task this shard stores already, whose entry it needs.)
+            for task in rest:
+                if task.task_id in keyless:
+                    assert task.unique_key is not None
+                    home = unique_home(task.unique_key, self.layout.shards)
+                    self._run("unique_release", shard, task.unique_key, task.task_id, shard=home)
+            raise
         results: list[tuple[TaskInfo, bool]] = []
         for index in range(len(tasks)):
             if index in held:
@@ -326,11 +337,12 @@ class Submitting(RedisAccess):
             home = next((one for one, there in zip(order, where, strict=True) if there), None)
             if home is not None:
                 homes[dependency] = home
-        remote: dict[str, dict[str, str]] = {}
-        for task_id, deps in wanted.items():
+        for task_id, deps in wanted.items():  # every task checked before the first link
             missing = [d for d in deps if d not in homes and d not in coming[task_id]]
             if missing:
                 raise missing_error(task_id, missing)
+        remote: dict[str, dict[str, str]] = {}
+        for task_id, deps in wanted.items():
             deps = [d for d in deps if d in homes]
             by_shard: dict[int, list[str]] = {}
             for dependency in deps:
