@@ -129,12 +129,15 @@ class Submitting(RedisAccess):
         try:
             stored = iter(self._store(rest, shard, keyless))
         except InvalidDependencyError:
-            # Refused whole (a missing dependency: submit.lua stored nothing). The unique keys
-            # taken above on their home shards are given back, so the next submit of one
-            # does not wait for a task that will never be stored. (The ids reserved above
+            # Refused (a missing dependency: submit.lua stored nothing, or, after a task it
+            # answered 'ureserved' or 'elsewhere', nothing more). The unique keys taken above
+            # on their home shards for tasks not stored are given back, so the next submit of
+            # one does not wait for a task that will never be stored. (The ids reserved above
             # stay: one may be a task this shard stores already, whose entry it needs.)
             for task in rest:
-                if task.task_id in keyless:
+                if task.task_id in keyless and not self.client.exists(
+                    self._tkey(task.task_id, shard)
+                ):
                     assert task.unique_key is not None
                     home = unique_home(task.unique_key, self.layout.shards)
                     self._run("unique_release", shard, task.unique_key, task.task_id, shard=home)
