@@ -150,6 +150,8 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
             pass  # the admin chart's endings per minute (throughput.py): counts, no task
         elif family == "i" and kind == "string":
             pass  # REDIS_SHARDS > 1: the task-id directory (id_reserve.lua), no index
+        elif family == "u" and kind == "string":
+            pass  # unique keys (submit.lua, unique_reserve.lua): expire with their window
         elif family == "deps" and kind == "set":
             pass  # dependencies: the dependents of task <id> (settled by its ending script)
         elif family == "xdone" and kind == "hash":
