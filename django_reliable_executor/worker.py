@@ -195,7 +195,10 @@ class Worker:
 
     def prepare(self) -> None:
         """Start what must be up before the worker says it is ready: the process pool's
-        children, each with Django set up. ``run()`` does it too, if not done."""
+        children, each with Django set up. ``run()`` does it too, if not done. Raises
+        ImproperlyConfigured when the storage's layout is not the other processes' (a Redis
+        REDIS_SHARDS other than the recorded one): such a worker would never see their tasks."""
+        self.executor.storage.check_layout()
         if self.processes is not None:
             self.processes.start()
 
