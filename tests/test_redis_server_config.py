@@ -68,3 +68,16 @@ def test_the_system_check_warns_of_appendonly_no(spare_redis):
     assert "has appendonly no" in warning.msg and "Set appendonly yes" in warning.msg
     with override_settings(RELIABLE_EXECUTOR={**setting, "REDIS_URL": durable.url}):
         assert check_database(databases=["default"]) == []
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_runexecutor_logs_appendonly_no_once_as_it_starts(spare_redis, workers):
+    from tests.processes import Backend
+
+    server = spare_redis()
+    worker = workers.start(Backend("redis", "test-config-worker", redis_url=server.url))
+    worker.terminate()
+    assert worker.wait(30) == 0, worker.log()
+    log = worker.log()
+    assert log.count("has appendonly no") == 1, log
+    assert "Set appendonly yes" in log, log
