@@ -33,6 +33,7 @@ KNOWN_KEYS = {
     ("held", "hash"),
     ("parked", "set"),
     ("outbox:seq", "string"),
+    ("layout", "string"),  # REDIS_SHARDS recorded under the key prefix (layout.py)
 }
 
 
@@ -335,7 +336,13 @@ def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str
 
 
 # rate_limit's logs and notes: no task's place is in them.
-RATE_KEYS = {("rate", "zset"), ("ratenext", "string"), ("ratekeys", "zset"), ("ratewait", "zset")}
+RATE_KEYS = {
+    ("rate", "zset"),
+    ("ratenext", "string"),
+    ("ratekeys", "zset"),
+    ("ratewait", "zset"),
+    ("ratespec", "hash"),
+}
 SCHEDULE_INDEXES = ("schedules", "schedules:due", "schedules:paused")
 
 

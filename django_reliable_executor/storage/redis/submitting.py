@@ -35,6 +35,7 @@ class Submitting(RedisAccess):
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        self.check_layout()  # never store a task where no worker of the prefix looks
         # Each task goes to its queue's shard (a limited name's to its home shard: see
         # _store_shard). Sharded, tasks with dependencies go in runs of one shard in the order
         # given: a dependency in the call (before its dependent) may be of another shard, and
