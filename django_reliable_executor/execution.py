@@ -25,6 +25,7 @@ from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
+from .text import storable_text
 
 _TASK = operator.attrgetter("task")
 
@@ -479,7 +480,7 @@ class TaskRunner:
     def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
         """The storage refused this task's result (too large for it, say): the task fails
         alone, without retries, and the other completions are written."""
-        error = f"{RESULT_REFUSED}: {exc}"
+        error = storable_text(f"{RESULT_REFUSED}: {exc}")  # the refusal may quote the result
         logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, error)
         return self.storage.fail(claim, error, retryable=False)
 
@@ -494,7 +495,9 @@ class TaskRunner:
     ) -> TaskStatus | None:
         """Record a failed attempt (retry, final failure, TIMEOUT or CANCELLED: the storage
         decides) and announce it; None when the claim was no longer ours. ``exc``: the
-        handler's exception, logged with the final failure's line."""
+        handler's exception, logged with the final failure's line. ``error`` is made
+        storable first (text.storable_text): a handler's message may hold a NUL, say."""
+        error = storable_text(error)
         transition = self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
         if transition is None:
             self._discarded(claim)
