@@ -28,14 +28,19 @@ def unstorable_char(text: str) -> str | None:
 
 def storable_text(text: str) -> str:
     """``text`` as every storage can hold it: each NUL and surrogate replaced by U+FFFD, and a
-    note saying so appended. ``text`` itself (the same object) when it has none. For text the
-    worker writes (a handler's error, its progress message): never refused, altered visibly."""
+    note saying so appended (a line of its own after text of several lines, a traceback's
+    exception line staying where tasks_backend.exception_path reads it). ``text`` itself when
+    it has none. For text the worker writes (a handler's error, its progress message): never
+    refused, altered visibly."""
     if text.isascii() and "\x00" not in text:  # the common case, without the regex
         return text
     altered, count = _UNSTORABLE.subn(REPLACEMENT, text)
     if not count:
         return text
-    return f"{altered} (text altered: {count} NUL or surrogate character(s) replaced by U+FFFD)"
+    note = f"(text altered: {count} NUL or surrogate character(s) replaced by U+FFFD)"
+    if "\n" in altered:  # a traceback: the note is its last line, after the exception's
+        return altered.rstrip("\n") + "\n" + note
+    return f"{altered} {note}"
 
 
 def check_caller_text(

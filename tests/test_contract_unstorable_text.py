@@ -107,6 +107,9 @@ def test_storable_text_replaces_and_says_so_and_keeps_good_text_as_it_is():
     assert altered.startswith("a\ufffdb\ufffdc\ufffd")
     assert "text altered: 3 NUL or surrogate character(s) replaced by U+FFFD" in altered
     altered.encode("utf-8")  # every storage's encoding takes it
+    assert storable_text(f"Traceback\nValueError: {NUL}\n").endswith(
+        "ValueError: \ufffd\n(text altered: 1 NUL or surrogate character(s) replaced by U+FFFD)"
+    )
 
 
 def test_a_handler_error_no_storage_can_hold_is_stored_altered(executor):
@@ -123,7 +126,9 @@ def test_a_handler_error_no_storage_can_hold_is_stored_altered(executor):
     info = executor.get_task("bad-error")
     assert info.attempts == 1
     assert "ValueError: key \ufffd and \ufffd end" in info.last_error
-    assert "text altered: 2 NUL or surrogate character(s)" in info.last_error
+    assert info.last_error.endswith(
+        "end\n(text altered: 2 NUL or surrogate character(s) replaced by U+FFFD)"
+    )
 
 
 def test_a_progress_message_no_storage_can_hold_is_stored_altered(executor, clock):
