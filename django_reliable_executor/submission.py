@@ -26,7 +26,7 @@ from .records import NewTask, TaskSubmitRequest
 from .registry import TaskHandler, get_handler
 from .schedules.ids import is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
-from .text import check_caller_text, unstorable_char
+from .text import check_caller_text
 from .uniqueness import unique_digest, unique_window
 
 if TYPE_CHECKING:
@@ -157,15 +157,6 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
         raise InvalidParameterError(
             f"task_parameter is not JSON-serialisable: {exc}", field="task_parameter"
         ) from exc
-    # The JSON text holds a surrogate as it is, a NUL only as the escape \u0000.
-    problem = unstorable_char(text)
-    if problem is None and "\\u0000" in text:
-        problem = _nul_in(plain)
-    if problem is not None:
-        raise InvalidParameterError(
-            f"task_parameter contains {problem} in a string, which no storage can hold",
-            field="task_parameter",
-        )
     size = len(text.encode("utf-8"))
     if size > settings.MAX_PARAMETER_BYTES:
         raise ParameterTooLargeError(
@@ -189,18 +180,6 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
                     field="task_parameter",
                 ) from exc
     return plain
-
-
-def _nul_in(value: Any) -> str | None:
-    """ "NUL" when a string of the JSON value ``value`` (a key too) holds one (PostgreSQL's
-    jsonb cannot), else None. Called when the JSON text has a ``\\u0000`` escape, rarely."""
-    if isinstance(value, str):
-        return "NUL" if "\x00" in value else None
-    if isinstance(value, dict):
-        return next(filter(None, (_nul_in(k) or _nul_in(v) for k, v in value.items())), None)
-    if isinstance(value, list):
-        return next(filter(None, map(_nul_in, value)), None)
-    return None
 
 
 def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:

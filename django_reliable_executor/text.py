@@ -19,6 +19,8 @@ REPLACEMENT = "\ufffd"
 def unstorable_char(text: str) -> str | None:
     """The first character of ``text`` no storage can hold, described ("NUL", "a lone
     surrogate U+D800"); None when there is none."""
+    if text.isascii() and "\x00" not in text:  # the common case, without the regex
+        return None
     found = _UNSTORABLE.search(text)
     if found is None:
         return None
