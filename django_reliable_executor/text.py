@@ -58,3 +58,14 @@ def check_caller_text(
             f"{field} contains {problem}, which no storage can hold: got {value[:100]!r}",
             field=field,
         )
+
+
+def ascii_text(text: str) -> str:
+    """``text`` with every non-ASCII character escaped (``\\U0001f600``) and a note saying so:
+    the last resort for text a storage refused anyway (a MySQL column not in utf8mb4 refuses
+    4-byte characters), so the text is recorded rather than lost."""
+    escaped = text.encode("ascii", "backslashreplace").decode("ascii")
+    return (
+        escaped.rstrip("\n")
+        + "\n(text altered: non-ASCII characters escaped: the storage refused them)"
+    )
