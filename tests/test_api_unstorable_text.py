@@ -35,3 +35,14 @@ def test_a_submit_with_text_no_storage_can_hold_is_400_and_stores_nothing(
     assert response.status_code == 400, response.content
     assert response.json()["field"] == field
     assert service.list_tasks() == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("get", "a%00b/"), ("post", "a%00b/cancel/"), ("post", "a%00b/retry/")]
+)
+def test_a_task_id_with_a_nul_in_the_path_is_404(service, operator, method, path):
+    service.submit(HOOK, None, task_id="ab")
+    response = getattr(operator, method)(API + path)
+    assert response.status_code == 404, response.content
+    assert response.json()["field"] == "task_id"
+    assert [task.task_id for task in service.list_tasks()] == ["ab"]

@@ -166,3 +166,19 @@ def test_a_progress_report_the_storage_refuses_never_drops_the_others(executor, 
     assert stored[claims[0].task_id]["message"] == f"{claims[0].task_id} ok"
     assert stored[claims[2].task_id]["message"] == f"{claims[2].task_id} ok"
     assert stored[claims[1].task_id] is None
+
+
+@BAD
+def test_looking_up_such_an_id_finds_nothing(seeded, bad):
+    """No stored task can hold such text (submits refuse it): a lookup answers "not found"
+    rather than the storage raising (PostgreSQL refuses a NUL even in a query)."""
+    bad_id = f"existing{bad}"
+    assert seeded.get_task(bad_id) is None
+    assert seeded.cancel_task(bad_id) is False
+    assert seeded.retry_task_or_reason(bad_id) == "not found"
+    assert seeded.dependents_of(bad_id) == []
+    assert seeded.get_batch(bad_id) is None
+    assert seeded.list_tasks(queue=f"q{bad}") == []
+    assert seeded.list_tasks(task_name=f"demo.echo{bad}") == []
+    assert seeded.list_tasks(batch_id=bad_id) == []
+    assert seeded.get_task("existing").status is TaskStatus.CREATED  # untouched
