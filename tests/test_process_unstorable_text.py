@@ -15,14 +15,20 @@ ALTERED = "(text altered: 2 NUL or surrogate character(s) replaced by U+FFFD)"
 TASKS = 4
 
 
+@pytest.mark.parametrize(
+    "pool", [(), ("--pool", "process", "--max-pool-size", "1")], ids=["threads", "process"]
+)
 @pytest.mark.parametrize("alias", db_params(BACKENDS))
-def test_a_handler_error_with_unstorable_text_fails_once_with_its_error(alias, key_prefix, workers):
+def test_a_handler_error_with_unstorable_text_fails_once_with_its_error(
+    alias, key_prefix, workers, pool
+):
+    """Under --pool process the child sends the error over its pipe; the worker records it."""
     require(alias)
     backend = Backend(alias, key_prefix)
     service = service_for(backend)
     service.submit("demo.unstorable_text", {"fail": True}, task_id="bad-error", retry_limit=2)
     # A short lease: had the failure not been written, recovery would run the task again soon.
-    workers.start(backend, lease_timeout=3)
+    workers.start(backend, *pool, lease_timeout=3)
     info = wait_until(
         lambda: (task := service.get_task("bad-error")) is not None and task.is_terminal and task,
         60,
