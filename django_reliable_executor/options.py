@@ -52,7 +52,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "queue": (
         _queue_ok,
-        f"1..{MAX_QUEUE_LENGTH} characters without whitespace, commas, NUL or surrogates",
+        f"1..{MAX_QUEUE_LENGTH} characters without whitespace or commas (nor NUL or surrogates)",
     ),
     "priority": (lambda v: is_int(v) and -INT32 <= v < INT32, "a 32-bit integer"),
 }
