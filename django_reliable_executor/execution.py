@@ -480,7 +480,7 @@ class TaskRunner:
     def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
         """The storage refused this task's result (too large for it, say): the task fails
         alone, without retries, and the other completions are written."""
-        error = f"{RESULT_REFUSED}: {exc}"
+        error = storable_text(f"{RESULT_REFUSED}: {exc}")  # the refusal may quote the result
         logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, error)
         return self._fail(claim, error, retryable=False)
 
