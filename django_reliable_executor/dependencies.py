@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import InvalidDependencyError
 from .states import TaskStatus
+from .text import check_caller_text
 
 if TYPE_CHECKING:
     from .records import NewTask
@@ -54,6 +55,7 @@ def check_dependencies(
                 f"depends_on must hold task ids (non-empty strings), got {dependency!r}",
                 field="depends_on",
             )
+        check_caller_text(dependency, "depends_on", InvalidDependencyError)
     if len(ids) > MAX_DEPENDENCIES:
         raise InvalidDependencyError(
             f"depends_on holds {len(ids)} task ids, more than {MAX_DEPENDENCIES}",

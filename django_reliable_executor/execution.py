@@ -25,6 +25,7 @@ from .registry import TaskHandler, get_handler, resolve_handler
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
+from .text import ascii_text, storable_text
 
 _TASK = operator.attrgetter("task")
 
@@ -479,9 +480,31 @@ class TaskRunner:
     def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
         """The storage refused this task's result (too large for it, say): the task fails
         alone, without retries, and the other completions are written."""
-        error = f"{RESULT_REFUSED}: {exc}"
+        error = storable_text(f"{RESULT_REFUSED}: {exc}")  # the refusal may quote the result
         logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, error)
-        return self.storage.fail(claim, error, retryable=False)
+        return self._fail(claim, error, retryable=False)
+
+    def _fail(
+        self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
+    ) -> Transition | None:
+        """``storage.fail`` with ``error`` made storable first (text.storable_text: a
+        handler's message may hold a NUL, say), never lost for its text."""
+        error = storable_text(error)
+        try:
+            return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
+        except Exception as exc:
+            if error.isascii():
+                raise
+            # Perhaps refused for its text (MySQL says OperationalError when a column not in
+            # utf8mb4 meets an emoji): record the failure with the text escaped rather than
+            # lose it and run the task again. Out of reach, the storage refuses this one too.
+            logger.warning(
+                "task %s: could not record its failure (%s); trying with its text in ASCII",
+                claim.task_id,
+                exc,
+            )
+            error = ascii_text(error)
+            return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
 
     def record_failure(
         self,
@@ -494,8 +517,9 @@ class TaskRunner:
     ) -> TaskStatus | None:
         """Record a failed attempt (retry, final failure, TIMEOUT or CANCELLED: the storage
         decides) and announce it; None when the claim was no longer ours. ``exc``: the
-        handler's exception, logged with the final failure's line."""
-        transition = self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
+        handler's exception, logged with the final failure's line. ``error`` is made
+        storable first (see ``_fail``)."""
+        transition = self._fail(claim, error, retryable=retryable, is_error=is_error)
         if transition is None:
             self._discarded(claim)
             return None

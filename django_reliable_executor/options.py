@@ -10,6 +10,7 @@ from typing import Any
 
 from .exceptions import InvalidTaskOptionError
 from .retries import BACKOFF_CHOICES
+from .text import unstorable_char
 
 MAX_QUEUE_LENGTH = 100
 INT32 = 2**31
@@ -28,6 +29,7 @@ def _queue_ok(value: Any) -> bool:
         and 0 < len(value) <= MAX_QUEUE_LENGTH
         and "," not in value
         and not any(map(str.isspace, value))
+        and unstorable_char(value) is None
     )
 
 
@@ -50,7 +52,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "queue": (
         _queue_ok,
-        f"1..{MAX_QUEUE_LENGTH} characters without whitespace or commas",
+        f"1..{MAX_QUEUE_LENGTH} characters without whitespace or commas (nor NUL or surrogates)",
     ),
     "priority": (lambda v: is_int(v) and -INT32 <= v < INT32, "a 32-bit integer"),
 }

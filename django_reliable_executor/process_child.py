@@ -32,6 +32,7 @@ from .records import task_from_json
 from .registry import resolve_handler
 from .serialization import ConversionError, dumps, encode, from_json_value
 from .service import executor
+from .text import storable_text
 
 PARENT_CHECK_SECONDS = 1.0
 
@@ -139,4 +140,5 @@ def run_task(
 
 
 def _error(error: str, *, retryable: bool = False) -> dict[str, Any]:
-    return {"status": "error", "error": error, "retryable": retryable}
+    # Made storable here: a lone surrogate could not even be sent over the pipe (UTF-8).
+    return {"status": "error", "error": storable_text(error), "retryable": retryable}

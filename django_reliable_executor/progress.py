@@ -6,6 +6,8 @@ import datetime as dt
 import math
 from typing import Any, TypedDict
 
+from .text import storable_text
+
 MAX_MESSAGE_CHARS = 1000
 # Most one write per task in this many seconds: the calls in between are kept, the last wins.
 WRITE_INTERVAL_SECONDS = 1.0
@@ -51,7 +53,7 @@ def make_progress(current: object, total: object, message: object, now: dt.datet
     return {
         "current": checked_current,
         "total": checked_total,
-        "message": message,
+        "message": storable_text(message),  # a handler's text: altered visibly, not refused
         "updated_at": now,
     }
 

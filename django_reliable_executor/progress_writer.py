@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from .exceptions import storage_unavailable
 from .progress import WRITE_INTERVAL_SECONDS
 
 logger = logging.getLogger("django_reliable_executor")
@@ -146,8 +147,28 @@ class ProgressWriter(Generic[T]):
         return True
 
     def _write_logged(self, batch: list[T]) -> None:
-        # Progress is advisory: a write that fails is logged, never the task's failure.
+        """Write ``batch`` (never raises). Progress is advisory: a write that fails is logged,
+        never the task's failure. A batch refused (rather than out of reach) is written again
+        report by report, as the completion writer does: one report the storage cannot take
+        never drops the others'."""
         try:
             self._write(batch)
-        except Exception:
-            logger.warning("could not write the progress of %d tasks", len(batch), exc_info=True)
+            return
+        except Exception as exc:
+            if len(batch) == 1 or storage_unavailable(exc):
+                logger.warning(
+                    "could not write the progress of %d tasks", len(batch), exc_info=True
+                )
+                return
+            logger.warning(
+                "the storage refused the progress of %d tasks (%s); writing them one by one",
+                len(batch),
+                exc,
+            )
+        for report in batch:
+            try:
+                self._write([report])
+            except Exception as exc:
+                logger.warning("could not write a progress report", exc_info=True)
+                if storage_unavailable(exc):
+                    return

@@ -30,6 +30,8 @@ import dataclasses
 import re
 from typing import Any
 
+from .text import unstorable_char
+
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_RATE_KEY_LENGTH = 191
 MAX_MARGIN_SECONDS = 1.0
@@ -97,4 +99,7 @@ def rate_key_problem(value: Any) -> str | None:
             f"rate_key must be None or a string of 1..{MAX_RATE_KEY_LENGTH} characters, "
             f"got {value!r}"
         )
+    problem = unstorable_char(value)
+    if problem is not None:
+        return f"rate_key contains {problem}, which no storage can hold: got {value[:100]!r}"
     return None

@@ -12,6 +12,8 @@ import types
 import typing
 from typing import Any
 
+from .text import unstorable_char
+
 # typing.Optional[X] and X | None have different origins.
 _UNION_ORIGINS = (typing.Union, getattr(types, "UnionType", typing.Union))
 # Integers shorter than this are under any int-to-text digit limit Python allows (at least 640
@@ -63,15 +65,11 @@ def to_json_value(value: Any, path: str = "$") -> Any:
 
 
 def _check_text(text: str, path: str) -> None:
-    """Refuse text that some storage cannot hold, so every storage accepts the same values:
-    PostgreSQL's jsonb rejects NUL, and lone surrogates cannot be encoded as UTF-8 at all."""
-    if "\x00" in text:
-        raise ConversionError(f"{path} contains a NUL character, which PostgreSQL cannot store")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConversionError(f"{path} contains a lone surrogate, not valid Unicode") from None
+    """Refuse text that some storage cannot hold, so every storage accepts the same values
+    (text.unstorable_char: PostgreSQL's jsonb rejects NUL, and no storage takes a surrogate)."""
+    problem = unstorable_char(text)
+    if problem is not None:
+        raise ConversionError(f"{path} contains {problem}, which no storage can hold")
 
 
 def _check_digits(value: int, path: str) -> None:

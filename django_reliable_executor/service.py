@@ -35,6 +35,7 @@ from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
 from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .submission import check_dependencies_exist, prepare
+from .text import unstorable_char
 from .throughput import CHART_MINUTES, MinuteCounts
 from .tracing import current_trace_context
 
@@ -44,6 +45,12 @@ def _status(value: TaskStatus | str) -> TaskStatus:
         return TaskStatus(value)
     except ValueError:
         raise ValueError(f"unknown status {value!r}") from None
+
+
+def _storable_id(value: object) -> bool:
+    """``value`` may be a stored id: a non-empty string without text no storage can hold
+    (submits refuse it, so no task has it: looking it up would only make the storage raise)."""
+    return isinstance(value, str) and bool(value) and unstorable_char(value) is None
 
 
 def _wired(storage: TaskStorage) -> TaskStorage:
@@ -240,7 +247,7 @@ class ReliableExecutor:
 
     def get_batch(self, batch_id: str) -> BatchInfo | None:
         """The batch's counts, or None for an unknown id."""
-        if not isinstance(batch_id, str) or not batch_id:
+        if not _storable_id(batch_id):
             return None
         return self.storage.get_batch(batch_id)
 
@@ -251,16 +258,20 @@ class ReliableExecutor:
     # -- querying and operating -----------------------------------------------------------
     def get_task(self, task_id: str) -> TaskInfo | None:
         """The stored task, or None for an unknown id (never a made-up pending state)."""
-        if not isinstance(task_id, str) or not task_id:
+        if not _storable_id(task_id):
             return None
         return self.storage.get(task_id)
 
     def dependents_of(self, task_id: str) -> list[str]:
         """The ids of the tasks submitted to wait for ``task_id`` (``depends_on``), sorted."""
+        if not _storable_id(task_id):
+            return []
         return self.storage.dependents_of(task_id)
 
     def cancel_task(self, task_id: str) -> bool:
         """CREATED/PENDING -> CANCELLED (True); RUNNING -> cancel requested (True); else False."""
+        if not _storable_id(task_id):
+            return False
         result = self.storage.cancel(task_id)
         if result.changed and result.task is not None:
             if result.requested_only:
@@ -279,6 +290,8 @@ class ReliableExecutor:
         """Retry like ``retry_task``; None when retried, else why not, in words for the admin,
         the API and the command: "not found", "COMPLETED cannot be retried", "its previous
         attempt is still running on worker ... (lease until ...)" or "changed meanwhile"."""
+        if not _storable_id(task_id):
+            return "not found"
         try:
             transition = self.storage.retry(task_id)
         except AttemptStillRunningError as exc:
@@ -323,6 +336,8 @@ class ReliableExecutor:
             raise ValueError("limit and offset must be integers >= 0")
         if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
             raise ValueError("batch_id must be a non-empty string")
+        if any(isinstance(t, str) and unstorable_char(t) for t in (task_name, queue, batch_id)):
+            return []  # no stored task holds such text (submits refuse it)
         return self.storage.list(
             status=status,
             statuses=chosen,

@@ -26,6 +26,7 @@ from .records import NewTask, TaskSubmitRequest
 from .registry import TaskHandler, get_handler
 from .schedules.ids import is_fire_task_id
 from .serialization import ConversionError, dumps, from_json_value, to_json_value
+from .text import check_caller_text
 from .uniqueness import unique_digest, unique_window
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def prepare(
             f"got {name!r}",
             field="task_name",
         )
+    check_caller_text(name, "task_name", UnknownTaskError)
     handler = get_handler(name)
     if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
         raise UnknownTaskError(

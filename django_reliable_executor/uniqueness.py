@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from .exceptions import InvalidTaskOptionError
+from .text import check_caller_text
 
 MAX_UNIQUE_KEY_LENGTH = 191
 # Longest window accepted: a year is far beyond any real use and keeps now + it a valid datetime.
@@ -41,6 +42,7 @@ def check_unique_key(value: Any) -> str:
             ],
             field="unique_key",
         )
+    check_caller_text(value, "unique_key", InvalidTaskOptionError)
     return value
 
 

@@ -365,3 +365,29 @@ def batch_report(param: dict | None, context: TaskContext) -> str | None:
     journal (RE_JOURNAL), from which the batch tests count how often callbacks ran."""
     _journal("report", context, batch=context.batch_id, kind=(param or {}).get("kind"))
     return context.batch_id
+
+
+class NotRetried(Exception):
+    """Outside demo.unstorable_text's retry_on."""
+
+
+#: A NUL (which PostgreSQL cannot store) and a lone surrogate (which no storage can).
+UNSTORABLE = "\x00 and \udc80"
+
+
+@reliable_task_handler(
+    name="demo.unstorable_text", takes_context=True, retry_on=(ConnectionError,), retry_interval=50
+)
+def unstorable_text(param: dict, context: TaskContext) -> str:
+    """Writes an Execution row (tests count the runs), then with ``fail`` raises NotRetried
+    (not in retry_on) whose message holds UNSTORABLE; else reports progress whose message
+    holds it, waits (at most 30 s) for the file named by ``go``, and returns."""
+    executions = Execution.objects.using(get_settings().DATABASE_ALIAS)  # beside the tasks
+    executions.create(task_id=context.task_id, attempt=context.attempt, pid=os.getpid())
+    if param.get("fail"):
+        raise NotRetried(f"cannot go on: {UNSTORABLE}")
+    context.set_progress(1, 2, f"{context.task_id}: {UNSTORABLE}")
+    deadline = time.monotonic() + 30
+    while not _released(param) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "done"

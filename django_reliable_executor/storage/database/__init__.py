@@ -20,7 +20,7 @@ from .pausing import Pausing
 from .progress import ProgressReports
 from .reading import Reading
 from .schedules import Schedules
-from .server_config import postgresql_warnings
+from .server_config import mysql_warnings, postgresql_warnings
 from .submitting import Submitting
 from .throughput import ThroughputReading
 from .transitions import Transitions
@@ -62,7 +62,9 @@ class DatabaseStorage(
 
     def server_warnings(self) -> builtins.list[str]:
         """What is wrong with the database server's configuration for the task table."""
-        return postgresql_warnings(self.alias) if self.vendor == "postgresql" else []
+        if self.vendor == "postgresql":
+            return postgresql_warnings(self.alias)
+        return mysql_warnings(self.alias) if self.vendor == "mysql" else []
 
 
 __all__ = ["DatabaseStorage"]

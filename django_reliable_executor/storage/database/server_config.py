@@ -36,3 +36,32 @@ def postgresql_warnings(alias: str) -> list[str]:
             f"(autovacuum_enabled), or VACUUM it yourself (see {OPERATIONS_DOC})."
         )
     return warnings
+
+
+def mysql_warnings(alias: str) -> list[str]:
+    """Columns of the task table not in utf8mb4 (a database created as utf8/utf8mb3): a
+    4-byte character (an emoji, say) in a parameter, a result, a handler's error or progress
+    message cannot be stored there, so a failure holding one is not recorded: the task runs
+    again once its lease lapses. The id columns are utf8mb4 whatever the database's default
+    (migration 0002); the others take the table's."""
+    table = ReliableTask._meta.db_table
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT COLUMN_NAME, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS"
+            " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
+            " AND CHARACTER_SET_NAME IS NOT NULL AND CHARACTER_SET_NAME <> 'utf8mb4'"
+            " ORDER BY ORDINAL_POSITION",
+            [table],
+        )
+        narrow = cursor.fetchall()
+    if not narrow:
+        return []
+    columns = ", ".join(f"{name} ({kind}, {charset})" for name, kind, charset in narrow)
+    return [
+        f"{table} has columns not in utf8mb4: {columns}. A 4-byte character (an emoji, say) "
+        "in a parameter, a result, a handler's error or progress message cannot be stored "
+        "in them: a failure holding one is not recorded and the task runs again once its "
+        f"lease lapses. Convert each: ALTER TABLE {table} MODIFY <column> <its type> "
+        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, keeping its NULL and CHECK "
+        f"(see {OPERATIONS_DOC})."
+    ]
