@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import close_old_connections
 
@@ -38,6 +38,7 @@ class Heartbeat:
         queues: Sequence[str],
         lease_timeout: float,
         interval: float,
+        supervised: Sequence[Callable[[], str | None]] = (),
     ) -> None:
         self.executor = executor
         self.pool = pool
@@ -49,6 +50,11 @@ class Heartbeat:
         self.lease_timeout = lease_timeout
         self.interval = interval
         self._registry_failing = False
+        # Each checks a part of the worker (the event loop's thread), fails what a dead one
+        # held and starts it again: a description of what it found dead, or None. One that
+        # raises could not start it again: the worker stops registering, so that health
+        # reports it (its heartbeat ages past --max-age) until a later beat succeeds.
+        self.supervised = list(supervised)
 
     def run(self) -> None:
         """Beat every ``interval`` seconds until ``done`` is set (the heartbeat thread)."""
@@ -81,7 +87,23 @@ class Heartbeat:
         """Renew the leases of every claim held here, then refresh this worker's row in the
         worker registry: separate writes, so that no other write can keep leases from renewal."""
         self._renew_leases()
-        self._register()
+        if self._supervise():
+            self._register()
+
+    def _supervise(self) -> bool:
+        """Check the supervised parts; False while one is dead and could not be restarted."""
+        healthy = True
+        for check in self.supervised:
+            try:
+                check()
+            except Exception:
+                logger.exception(
+                    "worker %s: a dead part could not be started again; not registering, so "
+                    "that `executor health` reports this worker",
+                    self.worker_id,
+                )
+                healthy = False
+        return healthy
 
     def _register(self) -> None:
         try:

@@ -124,6 +124,7 @@ class Worker:
             # Threads start claims for each other (see pool.py); under --pool process each
             # starts its own, as it may then wait for a child.
             start=self.runner.start_many if self.processes is None else None,
+            lost=self.runner.lose,
         )
         metrics.track_pool(lambda: self.pool.queued)
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
@@ -163,6 +164,8 @@ class Worker:
             queues=options.queues,
             lease_timeout=options.lease_timeout,
             interval=self.heartbeat_interval,
+            # The event loop's thread, checked (and replaced once dead) at every beat.
+            supervised=[self.event_loop.supervise] if self.event_loop is not None else [],
         )
         self.fetcher = Fetcher(
             self.executor,
