@@ -13,7 +13,7 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
-from .processes import Backend, service_for, wait_until
+from .processes import LEASE, Backend, service_for, wait_until
 
 # One pool thread: should it die, nothing after it would ever run.
 ONE_THREAD = ("--core-pool-size", "1", "--max-pool-size", "1", "--queue-capacity", "0")
@@ -108,6 +108,64 @@ def test_handlers_raising_base_exceptions_fail_their_attempts(
     expected = [(i, 1) for _, once, always in unretried for i in (once, always)]
     expected += [(i, n) for _, once, always in sync for i in (once, always) for n in (1, 2)]
     assert starts == sorted(expected)
+    after = wait_ended(service, run_after(service, "after"), workers.logs)
+    assert {info.status for info in after.values()} == {TaskStatus.COMPLETED}, workers.logs()
+    service.storage.close()
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_an_event_loop_killed_outside_any_handler_is_replaced(alias, key_prefix, workers, tmp_path):
+    """demo.async_exits with ``kill_loop`` makes a callback of the loop raise SystemExit, which
+    ends the loop's thread under it and under a demo.async_sleep awaiting beside it. The
+    heartbeat finds the loop dead: both attempts fail (retryable, the loop's death in
+    last_error's place in the log) and are retried on a new loop, where they complete; async
+    tasks after them complete too."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    journal = tmp_path / "journal.jsonl"
+    worker = workers.start(
+        backend, *ONE_THREAD, lease_timeout=LEASE, env={"RE_JOURNAL": str(journal)}
+    )
+    service.submit("demo.async_sleep", {"seconds": 2}, task_id="beside")
+    wait_until(lambda: journal_records(journal, "start"), 30, "no start", logs=workers.logs)
+    service.submit("demo.async_exits", {"kill_loop": True, "sleep": 30}, task_id="killer")
+    ended = wait_ended(service, ["beside", "killer"], workers.logs)
+    for info in ended.values():
+        assert info.status is TaskStatus.COMPLETED, (info, workers.logs())
+        assert info.attempts == 2, (info, workers.logs())
+    assert "the worker's event loop died: SystemExit" in worker.log()
+    starts = sorted((r["task"], r["attempt"]) for r in journal_records(journal, "start"))
+    assert starts == [("beside", 1), ("beside", 2), ("killer", 1), ("killer", 2)]
+    after = wait_ended(service, run_after(service, "after"), workers.logs)
+    assert {info.status for info in after.values()} == {TaskStatus.COMPLETED}, workers.logs()
+    service.storage.close()
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_a_pool_thread_killed_in_the_workers_code_is_replaced(alias, key_prefix, workers, tmp_path):
+    """demo.kills_its_thread has SystemExit raised in its pool thread once it returned, in the
+    worker's own code: the only pool thread dies, a new one takes its place and runs the tasks
+    that come next."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    journal = tmp_path / "journal.jsonl"
+    worker = workers.start(backend, *ONE_THREAD, env={"RE_JOURNAL": str(journal)})
+    first = service.submit("demo.kills_its_thread", {}).task_id
+    [info] = wait_ended(service, [first], workers.logs).values()
+    assert info.status is TaskStatus.COMPLETED, (info, workers.logs())
+    wait_until(
+        lambda: "pool thread running the task died" in worker.log(),
+        30,
+        "the pool thread did not die",
+        logs=workers.logs,
+    )
+    second = service.submit("demo.kills_its_thread", {}).task_id
+    [info] = wait_ended(service, [second], workers.logs).values()
+    assert info.status is TaskStatus.COMPLETED, (info, workers.logs())
+    threads = {r["task"]: r["thread"] for r in journal_records(journal, "start")}
+    assert threads[first] != threads[second]  # a new thread ran it
     after = wait_ended(service, run_after(service, "after"), workers.logs)
     assert {info.status for info in after.values()} == {TaskStatus.COMPLETED}, workers.logs()
     service.storage.close()

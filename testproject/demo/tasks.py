@@ -379,14 +379,36 @@ def exits(param: dict, context: TaskContext) -> int:
 async def async_exits(param: dict, context: TaskContext) -> int:
     """demo.exits, async and with the default retry_on (Exception): a SystemExit or
     KeyboardInterrupt fails the task (FAILED, not retried). With ``kill_loop``, instead ends
-    the event loop's thread from outside any handler: a callback of the loop raises SystemExit
-    (asyncio lets it out of run_forever), while this handler awaits ``sleep`` seconds."""
+    the event loop's thread from outside any handler (in the first ``exit_attempts``
+    attempts): a callback of the loop raises SystemExit (asyncio lets it out of run_forever),
+    while this handler awaits ``sleep`` seconds."""
     _journal("start", context, thread=threading.current_thread().name)
     await asyncio.sleep(0)
-    if param.get("kill_loop"):
+    if param.get("kill_loop") and context.attempt <= param.get("exit_attempts", 1):
         asyncio.get_running_loop().call_soon(_raise_exit, "SystemExit")
         await asyncio.sleep(float(param.get("sleep", 30)))
     elif context.attempt <= param.get("exit_attempts", 1):
         _raise_exit(param["raise"])
     _journal("end", context)
     return context.attempt
+
+
+@reliable_task_handler(name="demo.kills_its_thread", takes_context=True)
+def kills_its_thread(param: dict | None, context: TaskContext) -> str:
+    """Writes "start" to the journal, then has SystemExit raised in its own thread 0.2 s later,
+    from another thread (as a fault in the worker's own code would end it): by then the
+    handler has returned, and the pool thread is back in the worker's code. Returns its
+    thread's name."""
+    import ctypes
+
+    name = threading.current_thread().name
+    _journal("start", context, thread=name)
+    target = threading.get_ident()
+
+    def strike() -> None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(target), ctypes.py_object(SystemExit)
+        )
+
+    threading.Timer(0.2, strike).start()
+    return name
