@@ -208,9 +208,29 @@ class ProcessPool:
 
     # -- the pool threads' side -----------------------------------------------------------
     def run(self, claim: Claim) -> TaskStatus | None:
-        """Start the claim, run its handler in a child, record the outcome; as TaskRunner.run."""
-        begun = self.runner.begin(claim)
-        if not isinstance(begun, Begun):
+        """Take a child ready to run the handler, then start the claim, run the handler there
+        and record the outcome; as TaskRunner.run. The start is written only once the child
+        is ready: a start written while the task waits for a child would let the handlers of
+        a rate limit begin in bursts (and its deadline run while it waits)."""
+        try:
+            child = self._take_ready()
+        except ChildDied:  # stopping: not started, so handed back (the claim started it: run)
+            if not claim.is_started:
+                self.runner.hand_back([claim])
+                return None
+            child = None
+        try:
+            begun = self.runner.begin(claim)
+        except BaseException:
+            if child is not None:
+                self._give_back(child)
+            raise
+        if not isinstance(begun, Begun) or child is None:
+            if child is not None:
+                self._give_back(child)
+            if isinstance(begun, Begun):  # stopping, and no child will run it
+                reply = {"status": "died", "error": "the worker is stopping: not run"}
+                return self._record(begun, reply, None)
             return begun
         with self._lock:
             self._in_flight += 1
@@ -219,20 +239,31 @@ class ProcessPool:
             # (the child continues the span for the handler's own spans).
             attempt = observe(begun.claim.task)
             if attempt is None:
-                return self._run_begun(begun, None)
+                return self._run_begun(begun, child, None)
             with attempt:
-                return self._run_begun(begun, attempt)
+                return self._run_begun(begun, child, attempt)
         finally:
             with self._lock:
                 self._in_flight -= 1
                 self._freed.notify_all()  # close() may be waiting for the last outcomes
 
-    def _run_begun(self, begun: Begun, attempt: Attempt | None) -> TaskStatus | None:
-        runner, claim = self.runner, begun.claim
-        try:
+    def _take_ready(self) -> Child:
+        """An idle child that has set Django up (a replacement may still be at it): one that
+        cannot is stopped and another taken. ChildDied once the pool is closed."""
+        while True:
             child = self._take()
-        except ChildDied as exc:  # stopping: the task was started, and is not run now
-            return self._record(begun, {"status": "died", "error": f"{exc}: not run"}, attempt)
+            if child.ready:
+                return child
+            try:
+                child.wait_ready(STARTUP_SECONDS)
+                return child
+            except ChildDied:
+                logger.exception("a child process could not set Django up; starting another")
+                self._forget(child)
+                child.stop()
+
+    def _run_begun(self, begun: Begun, child: Child, attempt: Attempt | None) -> TaskStatus | None:
+        runner, claim = self.runner, begun.claim
         # Always made: the heartbeat marks it on a cancel request or a lost lease.
         context = runner.open_context(begun, always=True)
         assert context is not None

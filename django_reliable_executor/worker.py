@@ -178,6 +178,7 @@ class Worker:
             lease_timeout=options.lease_timeout,
             poll_interval=options.poll_interval,
             burst=options.burst,
+            start_at_claim=self.processes is None,
         )
 
     @property
