@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import inspect
 import logging
 import operator
@@ -399,7 +400,7 @@ class TaskRunner:
         for claim in claims:
             if claim.is_started:
                 try:
-                    with_reconnect(lambda claim=claim: self.record_failure(claim, why, True))
+                    with_reconnect(functools.partial(self.record_failure, claim, why, True))
                 except Exception:
                     logger.exception("task %s: could not record its lost attempt", claim.task_id)
 

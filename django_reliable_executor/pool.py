@@ -309,7 +309,6 @@ class BoundedPool(EventLoopSide):
 
     # -- the threads' side ----------------------------------------------------------------
     def _spawn(self, *, core: bool) -> None:
-        self._threads += 1
         thread = threading.Thread(
             target=self._serve,
             args=(core,),
@@ -317,6 +316,21 @@ class BoundedPool(EventLoopSide):
             daemon=True,  # a hard stop must not wait for a handler that never returns
         )
         thread.start()
+        self._threads += 1
+
+    def supervise(self) -> str | None:
+        """The heartbeat's check: the pool has its core threads (one that died is replaced at
+        once by itself; should that fail, here). Raises when a thread cannot be started."""
+        with self._cond:
+            missing = 0 if self._closed else self.core_size - self._threads
+            for _ in range(missing):
+                self._spawn(core=True)
+            if missing > 0:
+                self._wake_next()
+        if missing > 0:
+            logger.warning("started %d pool threads in place of threads that died", missing)
+            return f"{missing} pool threads missing"
+        return None
 
     def _serve(self, core: bool) -> None:
         """A pool thread. Whatever ends it early (a BaseException let out of a handler or of
@@ -346,7 +360,10 @@ class BoundedPool(EventLoopSide):
             freed = self._release(holding)
             self._changed.notify_all()
             if not self._closed or self._heap or self._ready:
-                self._spawn(core=core)
+                try:
+                    self._spawn(core=core)
+                except Exception:  # the heartbeat's supervise() tries again
+                    logger.exception("could not start a pool thread in place of a dead one")
             self._wake_next()
         if holding and self._lost is not None:
             try:

@@ -164,8 +164,10 @@ class Worker:
             queues=options.queues,
             lease_timeout=options.lease_timeout,
             interval=self.heartbeat_interval,
-            # The event loop's thread, checked (and replaced once dead) at every beat.
-            supervised=[self.event_loop.supervise] if self.event_loop is not None else [],
+            # The pool's threads and the event loop's, checked (and replaced once dead) at
+            # every beat.
+            supervised=[self.pool.supervise]
+            + ([self.event_loop.supervise] if self.event_loop is not None else []),
         )
         self.fetcher = Fetcher(
             self.executor,
