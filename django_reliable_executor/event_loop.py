@@ -102,6 +102,9 @@ class EventLoop:
     def run(self, claims: list[Claim], done: Done) -> None:
         """Start ``claims`` and hand their handlers to the loop; never raises: a claim that
         does not reach the loop is ``done`` at once."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive():  # died since the last heartbeat
+            self.supervise()
         loop = self._ensure_started()
         with self._held_lock:
             for claim in claims:

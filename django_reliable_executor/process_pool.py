@@ -176,6 +176,7 @@ class ProcessPool:
         self._idle: list[Child] = []
         self._children: set[Child] = set()
         self._closed = False
+        self._quiet = False  # the worker is stopping: tasks not started yet are handed back
         self._started = False
         self._in_flight = 0  # tasks started by run() whose outcome is not recorded yet
 
@@ -384,12 +385,21 @@ class ProcessPool:
         self._forget(child)
         child.retire()
 
-    def _take(self) -> Child:
-        """An idle child, once there is one (ChildDied once the pool is closed). A child
-        missing (its replacement could not be started) is started here."""
+    def quiet(self) -> None:
+        """The worker is stopping: a pool thread still waiting for a child hands its task back
+        (not started yet) rather than start it now; running handlers finish."""
         with self._lock:
+            self._quiet = True
+            self._freed.notify_all()
+
+    def _take(self) -> Child:
+        """An idle child, once there is one (ChildDied once the pool is closed or quiet). A
+        child missing (its replacement could not be started) is started here."""
+        with self._lock:
+            if self._quiet:
+                raise ChildDied("the worker is stopping")
             while not self._idle and len(self._children) >= self.size:
-                if self._closed:
+                if self._closed or self._quiet:
                     raise ChildDied("the worker is stopping")
                 self._freed.wait(1.0)
             child = self._idle.pop() if self._idle else None

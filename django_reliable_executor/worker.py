@@ -269,7 +269,10 @@ class Worker:
     # -- shutdown -------------------------------------------------------------------------
     def _shutdown(self) -> int:
         # Phase 1 (quiet) happened: the claim loop returned. Phase 2: hand back what never
-        # started, at once, with no attempt counted, so other workers can take it.
+        # started, at once, with no attempt counted, so other workers can take it. Under --pool
+        # process, so does a pool thread still waiting for a child (its task is not started).
+        if self.processes is not None:
+            self.processes.quiet()
         unstarted = self.pool.take_queued()
         if unstarted:
             try:

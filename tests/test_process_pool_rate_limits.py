@@ -60,3 +60,47 @@ def test_rated_handlers_in_children_keep_the_rate(alias, key_prefix, workers, tm
     # milliseconds after its start is written (a message to a child that waits for it).
     assert most_in_a_window(starts, 1.0) <= LIMIT, starts
     service.storage.close()
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_a_task_waiting_for_a_child_at_sigterm_is_handed_back_unstarted(
+    alias, key_prefix, workers, tmp_path: Path
+):
+    """One child, busy with a demo.journal task sleeping 1.5 s, and a second task waiting for it
+    in the child's other pool thread: not started (its start waits for the child), so SIGTERM
+    hands it back at once, no attempt counted, while the first finishes; a new worker runs it."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    journal = tmp_path / "journal.jsonl"
+    env = {"RE_JOURNAL": str(journal)}
+    one_child = ("--pool", "process", "--max-pool-size", "1", "--queue-capacity", "0")
+    process = workers.start(backend, *one_child, env=env)
+    service.submit("demo.journal", {"sleep": 1.5}, task_id="first")
+
+    def started(task_id: str) -> bool:
+        return journal.exists() and f'"task": "{task_id}"' in journal.read_text()
+
+    wait_until(lambda: started("first"), 30, "the first task did not start", logs=workers.logs)
+    service.submit("demo.journal", {}, task_id="second")
+    wait_until(
+        lambda: service.get_task("second").worker_id is not None,
+        30,
+        "the second task was not claimed",
+        logs=workers.logs,
+    )
+    process.terminate()
+    assert process.wait(30) == 0, workers.logs()
+    first, second = service.get_task("first"), service.get_task("second")
+    assert first.status is TaskStatus.COMPLETED, (first, workers.logs())
+    waiting = {TaskStatus.CREATED, TaskStatus.PENDING}
+    assert second.status in waiting and second.attempts == 0, (second, workers.logs())
+    assert not started("second")
+    workers.start(backend, "--burst", *one_child, env=env)
+    wait_until(
+        lambda: service.get_task("second").status is TaskStatus.COMPLETED,
+        60,
+        "the second task did not complete",
+        logs=workers.logs,
+    )
+    service.storage.close()
