@@ -3,8 +3,9 @@ processes (two threads per child) and wait for the outcome, so the worker keeps 
 heartbeating and writing outcomes whatever a handler does, and can end a handler at once by
 terminating its child.
 
-The worker process starts each task, as a pool thread would (one batched start write), then
-sends the child the task as JSON and waits. The wait lets the GIL go, so a handler holding the
+The worker process takes an idle child, then starts the task (its start write: only now, so
+that a rate limit counts when the handler can begin), sends the child the task as JSON and
+waits. The wait lets the GIL go, so a handler holding the
 GIL in its child costs the worker nothing. Past the task's deadline, or once a cancel is
 requested (or the lease lost), the child gets SIGTERM, then SIGKILL after ``GRACE_SECONDS``, and
 the failed attempt is recorded: the storage ends it TIMEOUT or CANCELLED, as it does a thread's.
@@ -153,8 +154,8 @@ class ProcessPool:
     """``size`` children, each replaced after ``max_tasks_per_child`` tasks (None: never) or
     when it dies or is stopped. ``run(claim)`` is the pool threads' entry point, in place of
     ``TaskRunner.run``; the pool has ``threads`` of them, two per child: while one waits on the
-    child's handler, the other starts the next task (its start write), so the child does not
-    sit idle through that round trip."""
+    child's handler, the other waits with the next task for the child, and takes it as soon as
+    it is back, while the first records the outcome."""
 
     def __init__(
         self, runner: TaskRunner, *, size: int, max_tasks_per_child: int | None = None
@@ -220,6 +221,10 @@ class ProcessPool:
                 self.runner.hand_back([claim])
                 return None
             child = None
+        except Exception:  # no child could be started: give the task back at once
+            if not claim.is_started:
+                self.runner.hand_back([claim])
+            raise
         try:
             begun = self.runner.begin(claim)
         except BaseException:
