@@ -8,6 +8,7 @@ import contextvars
 import dataclasses
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -81,8 +82,12 @@ class EventLoop:
     be, so the storage ends the task CANCELLED or TIMEOUT (or drops an outcome no longer ours).
     """
 
-    def __init__(self, runner: TaskRunner) -> None:
+    def __init__(self, runner: TaskRunner, *, stall_seconds: float = 30.0) -> None:
         self.runner = runner
+        # A loop that runs no callback for this long (a handler blocks it) is reported by
+        # supervise(): the worker then stops registering, so that health reports it.
+        self.stall_seconds = stall_seconds
+        self._ping_sent: float | None = None  # monotonic time of the ping not answered yet
         self.loop: asyncio.AbstractEventLoop | None = None  # made with its thread
         # Every claim handed to a loop and not yet done: what supervise() fails or hands back
         # when that loop's thread died.
@@ -136,11 +141,14 @@ class EventLoop:
     def supervise(self) -> str | None:
         """The heartbeat's check of the loop's thread: once it has died (whatever ended it),
         fail the attempts it held (retryable; a claim not yet started is handed back) and
-        start a new loop. What was found dead, or None when all is well."""
+        start a new loop (raises when it cannot). What is wrong now, or None: a loop that has
+        run no callback for ``stall_seconds`` (a handler blocks it) cannot be replaced."""
         with self._start_lock:
             thread, loop = self._thread, self.loop
-            if self._stopped or thread is None or thread.is_alive():
+            if self._stopped or thread is None or loop is None:
                 return None
+            if thread.is_alive():
+                return self._stalled(loop)
             # The next claims get a new loop; the dead one's are failed below.
             self.loop = self._thread = None
             self.deaths += 1
@@ -156,7 +164,27 @@ class EventLoop:
             with contextlib.suppress(Exception):
                 loop.close()
         self._ensure_started()
-        return why
+        return None
+
+    def _stalled(self, loop: asyncio.AbstractEventLoop) -> str | None:
+        """Ping the loop (one ping at a time): how long the last one has waited, once that is
+        more than ``stall_seconds``."""
+        now = time.monotonic()
+        sent = self._ping_sent
+        if sent is None:
+            self._ping_sent = now
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(self._answer)
+            return None
+        if now - sent > self.stall_seconds:
+            return (
+                f"the worker's event loop has run nothing for {now - sent:.1f}s: a handler "
+                "blocks it (a synchronous call in an async def handler)"
+            )
+        return None
+
+    def _answer(self) -> None:
+        self._ping_sent = None
 
     def _lose(self, held: _Held, why: str) -> None:
         try:
@@ -190,6 +218,7 @@ class EventLoop:
         with self._start_lock:
             if self.loop is None:
                 self._death = None
+                self._ping_sent = None
                 self.loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(
                     target=self._serve,

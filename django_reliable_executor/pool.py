@@ -320,7 +320,8 @@ class BoundedPool(EventLoopSide):
 
     def supervise(self) -> str | None:
         """The heartbeat's check: the pool has its core threads (one that died is replaced at
-        once by itself; should that fail, here). Raises when a thread cannot be started."""
+        once by itself; should that fail, here). Raises when a thread cannot be started; None
+        (nothing wrong now) otherwise."""
         with self._cond:
             missing = 0 if self._closed else self.core_size - self._threads
             for _ in range(missing):
@@ -329,7 +330,6 @@ class BoundedPool(EventLoopSide):
                 self._wake_next()
         if missing > 0:
             logger.warning("started %d pool threads in place of threads that died", missing)
-            return f"{missing} pool threads missing"
         return None
 
     def _serve(self, core: bool) -> None:

@@ -107,7 +107,12 @@ class Worker:
         self.executor = executor or default_executor
         self.worker_id = options.worker_id
         self.runner = TaskRunner(self.executor, options.lease_timeout)
-        self.event_loop = EventLoop(self.runner) if options.async_concurrency else None
+        self.event_loop = (
+            # Blocked for half a lease: the worker stops registering (health reports it).
+            EventLoop(self.runner, stall_seconds=options.lease_timeout / 2)
+            if options.async_concurrency
+            else None
+        )
         self.processes = process_pool(self.runner, options)
         threads = options.max_pool_size if self.processes is None else self.processes.threads
         self.pool = BoundedPool(

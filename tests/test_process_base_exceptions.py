@@ -169,3 +169,46 @@ def test_a_pool_thread_killed_in_the_workers_code_is_replaced(alias, key_prefix,
     after = wait_ended(service, run_after(service, "after"), workers.logs)
     assert {info.status for info in after.values()} == {TaskStatus.COMPLETED}, workers.logs()
     service.storage.close()
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_health_reports_a_worker_whose_event_loop_runs_nothing(
+    alias, key_prefix, workers, tmp_path
+):
+    """demo.async_journal with ``block`` holds the event loop in time.sleep for 8 s: past
+    LEASE_TIMEOUT / 2 the heartbeat finds the loop answering nothing, and the worker stops
+    registering (its leases still renewed), so `executor health --worker-id` fails once
+    --max-age passes, naming the worker; it is healthy again once the loop runs."""
+    from .test_command_executor import manage, process_env
+
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    journal = tmp_path / "journal.jsonl"
+    worker = workers.start(
+        backend, *ONE_THREAD, lease_timeout=LEASE, env={"RE_JOURNAL": str(journal)}
+    )
+    wait_until(lambda: service.master() == worker.worker_id, 30, "no master", logs=workers.logs)
+    env = process_env(backend)
+    probe = ("health", "--worker-id", worker.worker_id, "--max-age", "1")
+    healthy = manage(env, *probe)
+    assert healthy.returncode == 0, (healthy, workers.logs())
+    service.submit("demo.async_journal", {"block": 8}, task_id="hog")
+
+    def unhealthy():
+        result = manage(env, *probe)
+        return result if result.returncode == 1 else None
+
+    result = wait_until(unhealthy, 30, "health did not report the blocked loop", logs=workers.logs)
+    assert result.stdout.startswith(f"unhealthy: worker {worker.worker_id} heartbeated "), result
+    assert "more than --max-age 1s" in result.stdout, result
+    assert "event loop has run nothing for" in worker.log()
+    [hog] = wait_ended(service, ["hog"], workers.logs).values()
+    assert hog.status is TaskStatus.COMPLETED and hog.attempts == 1, (hog, workers.logs())
+    wait_until(
+        lambda: manage(env, *probe).returncode == 0,
+        30,
+        "health did not recover",
+        logs=workers.logs,
+    )
+    service.storage.close()
