@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +36,38 @@ BLOCKING_THREADS = 4
 # records TIMEOUT only past it.
 DEADLINE_MARGIN = 0.005
 
+LOOP_DIED = "the worker's event loop died"
+
 Done = Callable[[Claim], None]
+
+
+class HandlerExit(Exception):
+    """A handler's SystemExit or KeyboardInterrupt, carried as an ordinary exception: asyncio
+    lets those two out of ``run_forever`` (ending the loop's thread), any other it keeps in the
+    task that raised it."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(repr(original))
+        self.original = original
+
+
+async def _contained(awaitable: Any) -> Any:
+    """Await a handler's coroutine, its SystemExit or KeyboardInterrupt turned HandlerExit."""
+    try:
+        return await awaitable
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise HandlerExit(exc) from None
+
+
+@dataclasses.dataclass
+class _Held:
+    """A claim handed to the loop and not yet done: as started (None until it is), the loop it
+    went to, and whom to tell once it is done."""
+
+    claim: Claim
+    started: Claim | None
+    loop: asyncio.AbstractEventLoop
+    done: Done
 
 
 class EventLoop:
@@ -49,9 +82,20 @@ class EventLoop:
     be, so the storage ends the task CANCELLED or TIMEOUT (or drops an outcome no longer ours).
     """
 
-    def __init__(self, runner: TaskRunner) -> None:
+    def __init__(self, runner: TaskRunner, *, stall_seconds: float = 30.0) -> None:
         self.runner = runner
+        # A loop that runs no callback for this long (a handler blocks it) is reported by
+        # supervise(): the worker then stops registering, so that health reports it.
+        self.stall_seconds = stall_seconds
+        self._ping_sent: float | None = None  # monotonic time of the ping not answered yet
         self.loop: asyncio.AbstractEventLoop | None = None  # made with its thread
+        # Every claim handed to a loop and not yet done: what supervise() fails or hands back
+        # when that loop's thread died.
+        self._held: dict[str, _Held] = {}
+        self._held_lock = threading.Lock()
+        self._stopped = False
+        self._death: str | None = None  # what ended the current loop's thread, if it ended
+        self.deaths = 0  # loop threads found dead (and replaced) so far
         self._tasks: set[asyncio.Task[None]] = set()  # referenced until they end
         self._blocking = ThreadPoolExecutor(
             BLOCKING_THREADS, thread_name_prefix="reliable-executor-async-io"
@@ -63,7 +107,13 @@ class EventLoop:
     def run(self, claims: list[Claim], done: Done) -> None:
         """Start ``claims`` and hand their handlers to the loop; never raises: a claim that
         does not reach the loop is ``done`` at once."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive():  # died since the last heartbeat
+            self.supervise()
         loop = self._ensure_started()
+        with self._held_lock:
+            for claim in claims:
+                self._held[claim.task_id] = _Held(claim, None, loop, done)
         try:
             begun = self.runner.begin_many(claims)
         except Exception as exc:
@@ -75,14 +125,87 @@ class EventLoop:
         for claim, item in zip(claims, begun, strict=True):
             if isinstance(item, Begun):
                 ready.append((claim, item))
+                with self._held_lock:
+                    held = self._held.get(claim.task_id)
+                    if held is not None:
+                        held.started = item.claim
             else:
+                self._forget(claim)
                 done(claim)
         if ready:
-            loop.call_soon_threadsafe(self._spawn, ready, done)
+            try:
+                loop.call_soon_threadsafe(self._spawn, ready, done)
+            except RuntimeError:  # closed: its thread died, supervise() fails the claims
+                logger.warning("the event loop is gone; its claims are failed by its supervisor")
+
+    def supervise(self) -> str | None:
+        """The heartbeat's check of the loop's thread: once it has died (whatever ended it),
+        fail the attempts it held (retryable; a claim not yet started is handed back) and
+        start a new loop (raises when it cannot). What is wrong now, or None: a loop that has
+        run no callback for ``stall_seconds`` (a handler blocks it) cannot be replaced."""
+        with self._start_lock:
+            thread, loop = self._thread, self.loop
+            if self._stopped or thread is None or loop is None:
+                return None
+            if thread.is_alive():
+                return self._stalled(loop)
+            # The next claims get a new loop; the dead one's are failed below.
+            self.loop = self._thread = None
+            self.deaths += 1
+        why = f"{LOOP_DIED}: {self._death or 'its thread ended'}"
+        logger.error("%s; failing the attempts it held and starting a new loop", why)
+        with self._held_lock:
+            lost = [held for held in self._held.values() if held.loop is loop]
+            for held in lost:
+                del self._held[held.claim.task_id]
+        for held in lost:
+            self._lose(held, why)
+        if loop is not None:
+            with contextlib.suppress(Exception):
+                loop.close()
+        self._ensure_started()
+        return None
+
+    def _stalled(self, loop: asyncio.AbstractEventLoop) -> str | None:
+        """Ping the loop (one ping at a time): how long the last one has waited, once that is
+        more than ``stall_seconds``."""
+        now = time.monotonic()
+        sent = self._ping_sent
+        if sent is None:
+            self._ping_sent = now
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(self._answer)
+            return None
+        if now - sent > self.stall_seconds:
+            return (
+                f"the worker's event loop has run nothing for {now - sent:.1f}s: a handler "
+                "blocks it (a synchronous call in an async def handler)"
+            )
+        return None
+
+    def _answer(self) -> None:
+        self._ping_sent = None
+
+    def _lose(self, held: _Held, why: str) -> None:
+        try:
+            if held.started is None:
+                self.runner.hand_back([held.claim])
+            else:
+                self.runner.record_failure(held.started, why, True)
+        except Exception:
+            logger.exception("task %s: could not record its lost attempt", held.claim.task_id)
+        finally:
+            tidy_connections()
+            held.done(held.claim)
+
+    def _forget(self, claim: Claim) -> None:
+        with self._held_lock:
+            self._held.pop(claim.task_id, None)
 
     def stop(self) -> None:
         """Stop the loop (the pool is idle); a hard stop leaves it to die with the process."""
         with self._start_lock:
+            self._stopped = True
             loop, thread = self.loop, self._thread
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
@@ -94,12 +217,26 @@ class EventLoop:
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
             if self.loop is None:
+                self._death = None
+                self._ping_sent = None
                 self.loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(
-                    target=self.loop.run_forever, name="reliable-executor-event-loop", daemon=True
+                    target=self._serve,
+                    args=(self.loop,),
+                    name="reliable-executor-event-loop",
+                    daemon=True,
                 )
                 self._thread.start()
             return self.loop
+
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop's thread. A handler's SystemExit or KeyboardInterrupt never gets here
+        (see HandlerExit); whatever else ends the loop is said, and supervise() replaces it."""
+        try:
+            loop.run_forever()
+        except BaseException as exc:  # noqa: BLE001 - said here, replaced by supervise()
+            self._death = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            logger.error("the worker's event loop died", exc_info=exc)
 
     # -- the loop's side ------------------------------------------------------------------
     def _spawn(self, ready: list[tuple[Claim, Begun]], done: Done) -> None:
@@ -120,6 +257,7 @@ class EventLoop:
         except Exception as exc:
             _log_error([claim], exc)
         finally:
+            self._forget(claim)
             done(claim)
 
     async def _attempt(self, begun: Begun, attempt: Attempt | None) -> None:
@@ -153,7 +291,7 @@ class EventLoop:
         stopped: list[str] = []  # why the worker cancelled the handler, if it did
         timer: asyncio.TimerHandle | None = None
         try:
-            handler_task = loop.create_task(handler.func(*args, **kwargs))
+            handler_task = loop.create_task(_contained(handler.func(*args, **kwargs)))
 
             def stop(why: str) -> None:
                 if not handler_task.done() and not stopped:
@@ -171,16 +309,17 @@ class EventLoop:
                 timer = loop.call_later(max(left, 0) + DEADLINE_MARGIN, stop, TIMED_OUT)
             value = await handler_task
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
             failure: tuple[str, bool, BaseException | None]
+            if isinstance(exc, HandlerExit):  # the handler's own SystemExit, say
+                exc = exc.original
             if stopped == [TIMED_OUT]:
                 await self._past(claim)
                 failure = timeout_message(claim.task.max_duration_millis, None), False, None
             elif stopped:
                 failure = CANCELLED, False, None
             else:
-                failure = traceback.format_exc(), isinstance(exc, handler.retry_on), exc
+                error = "".join(traceback.format_exception(exc))
+                failure = error, isinstance(exc, handler.retry_on), exc
             if attempt is not None:
                 attempt.failed(None if stopped else exc, error=failure[0])
             return failure

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import inspect
 import logging
 import operator
@@ -244,7 +245,7 @@ class TaskRunner:
         try:
             started = self._starts.submit(claim)
         except Exception:
-            self._hand_back([claim])
+            self.hand_back([claim])
             raise
         return self._begin(claim, started)
 
@@ -280,7 +281,7 @@ class TaskRunner:
                 len(failed),
                 next(item for item in started if isinstance(item, Exception)),
             )
-            self._hand_back(failed)
+            self.hand_back(failed)
         for index, item in zip(due, started, strict=True):
             outcomes[index] = None if isinstance(item, BaseException) else item
         return outcomes
@@ -317,7 +318,7 @@ class TaskRunner:
                 len(failed),
                 next(item for item in started if isinstance(item, BaseException)),
             )
-            self._hand_back(failed)
+            self.hand_back(failed)
         for index, item in zip(due, started, strict=True):
             if not isinstance(item, BaseException):
                 outcomes[index] = self._alone(claims[index], self._begin, claims[index], item)
@@ -378,7 +379,7 @@ class TaskRunner:
         begun.__dict__.update(claim=started, handler=handler, parameter=parameter)
         return begun
 
-    def _hand_back(self, claims: list[Claim]) -> None:
+    def hand_back(self, claims: list[Claim]) -> None:
         """Starts that failed even on a new connection: give the claims back at once rather
         than after their leases expire. Safe if a start did commit (only its reply was lost):
         a hand-back changes only tasks that have not started, under the claim's token."""
@@ -390,6 +391,19 @@ class TaskRunner:
                 ", ".join(claim.task_id for claim in claims),
                 exc_info=True,
             )
+
+    def lose(self, claims: list[Claim], why: str) -> None:
+        """Claims whose pool thread died under them: a started one's attempt fails (retryable,
+        as a crashed worker's would), one not started is handed back."""
+        unstarted = [claim for claim in claims if not claim.is_started]
+        if unstarted:
+            self.hand_back(unstarted)
+        for claim in claims:
+            if claim.is_started:
+                try:
+                    with_reconnect(functools.partial(self.record_failure, claim, why, True))
+                except Exception:
+                    logger.exception("task %s: could not record its lost attempt", claim.task_id)
 
     def open_context(self, begun: Begun, *, always: bool = False) -> TaskContext | None:
         """The handler's TaskContext (registered, so the heartbeat can mark it cancelled), if it
@@ -441,8 +455,9 @@ class TaskRunner:
 
                 value = async_to_sync(wait)()
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
-            if isinstance(exc, KeyboardInterrupt):
-                raise
+            # KeyboardInterrupt and SystemExit too: in a pool thread they can only come from
+            # the handler (signals reach the main thread, whose handler sets an Event), and
+            # let through they would end this thread and strand its task.
             if context is not None:  # only a handler with a context reports progress
                 self.finish_progress(claim)  # before the outcome: written after, it is refused
             if attempt is not None:

@@ -48,6 +48,7 @@ class Fetcher:
         lease_timeout: float,
         poll_interval: float,
         burst: bool,
+        start_at_claim: bool = True,
     ) -> None:
         self.executor = executor
         self.pool = pool
@@ -59,6 +60,9 @@ class Fetcher:
         self.lease_timeout = lease_timeout
         self.poll_interval = poll_interval
         self.burst = burst
+        # The claim starts the tasks idle threads run at once (where the storage can); not
+        # under --pool process, whose threads start a task once a child is ready for it.
+        self.start_at_claim = start_at_claim
         # max_concurrency of the registered handlers: enforced by the storage at each claim.
         self.name_limits = registry.name_limits()
         # rate_limit of the registered handlers: enforced by the storage at each claim (and
@@ -133,7 +137,8 @@ class Fetcher:
         claims: list[Claim] = []
         # Claims that idle threads will run at once are started by the claim itself (where the
         # storage can): one round trip less, and a submitted task starts that much sooner.
-        start = self.pool.idle_threads()
+        # Not under --pool process: there a start waits until a child is ready (process_pool.py).
+        start = self.pool.idle_threads() if self.start_at_claim else 0
         self._drained = True
         try:
             for queues, allowed in calls:

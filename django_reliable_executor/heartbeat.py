@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.db import close_old_connections
 
@@ -38,6 +38,7 @@ class Heartbeat:
         queues: Sequence[str],
         lease_timeout: float,
         interval: float,
+        supervised: Sequence[Callable[[], str | None]] = (),
     ) -> None:
         self.executor = executor
         self.pool = pool
@@ -49,6 +50,12 @@ class Heartbeat:
         self.lease_timeout = lease_timeout
         self.interval = interval
         self._registry_failing = False
+        # Each checks a part of the worker (the pool's threads, the event loop's), fails what
+        # a dead one held and starts it again: None when all is well then, else what is wrong
+        # (or it raises: it could not start it again). While one is wrong the worker stops
+        # registering, so that health reports it (its heartbeat ages past --max-age).
+        self.supervised = list(supervised)
+        self._unwell = False
 
     def run(self) -> None:
         """Beat every ``interval`` seconds until ``done`` is set (the heartbeat thread)."""
@@ -81,7 +88,32 @@ class Heartbeat:
         """Renew the leases of every claim held here, then refresh this worker's row in the
         worker registry: separate writes, so that no other write can keep leases from renewal."""
         self._renew_leases()
-        self._register()
+        if self._supervise():
+            self._register()
+
+    def _supervise(self) -> bool:
+        """Check the supervised parts; False while one is wrong (dead and not started again,
+        or stalled), said once until it is right again."""
+        problems = []
+        for check in self.supervised:
+            try:
+                problem = check()
+            except Exception as exc:
+                logger.exception("worker %s: could not start a dead part again", self.worker_id)
+                problem = f"a dead part could not be started again: {exc}"
+            if problem is not None:
+                problems.append(problem)
+        if problems and not self._unwell:
+            logger.error(
+                "worker %s: %s; not registering until it is right, so that `executor health` "
+                "reports this worker (its leases are still renewed)",
+                self.worker_id,
+                "; ".join(problems),
+            )
+        elif self._unwell and not problems:
+            logger.info("worker %s: its parts are running again; registering", self.worker_id)
+        self._unwell = bool(problems)
+        return not problems
 
     def _register(self) -> None:
         try:

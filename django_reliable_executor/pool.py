@@ -41,6 +41,10 @@ KEEP_ALIVE_SECONDS = 60.0
 _QUEUE = operator.attrgetter("task.queue")
 STARTED_FIRST = -(2**63)  # the heap key of a claim already started: before any priority
 
+# lost(claims, why): a pool thread died holding these claims (started or not).
+Lost = Callable[[list[Claim], str], object]
+THREAD_DIED = "the worker's pool thread running the task died"
+
 # start(claims): start these claims in one write, for threads about to run them: each as
 # started, as it was (to run as is: past its deadline, say), or None (not ours any more).
 StartMany = Callable[[list[Claim]], list[Claim | None]]
@@ -61,8 +65,11 @@ class BoundedPool(EventLoopSide):
         run_async: RunAsync | None = None,
         is_async: Callable[[Claim], bool] | None = None,
         start: StartMany | None = None,
+        lost: Lost | None = None,
     ) -> None:
         self._run = run
+        self._lost = lost
+        self.thread_deaths = 0  # pool threads that died (and were replaced) so far
         self._start = start
         self._run_async = run_async
         self._is_async = is_async
@@ -302,16 +309,73 @@ class BoundedPool(EventLoopSide):
 
     # -- the threads' side ----------------------------------------------------------------
     def _spawn(self, *, core: bool) -> None:
-        self._threads += 1
         thread = threading.Thread(
-            target=self._loop,
+            target=self._serve,
             args=(core,),
             name=f"{self._name}-{next(self._thread_ids)}",
             daemon=True,  # a hard stop must not wait for a handler that never returns
         )
         thread.start()
+        self._threads += 1
 
-    def _loop(self, core: bool) -> None:
+    def supervise(self) -> str | None:
+        """The heartbeat's check: the pool has its core threads (one that died is replaced at
+        once by itself; should that fail, here). Raises when a thread cannot be started; None
+        (nothing wrong now) otherwise."""
+        with self._cond:
+            missing = 0 if self._closed else self.core_size - self._threads
+            for _ in range(missing):
+                self._spawn(core=True)
+            if missing > 0:
+                self._wake_next()
+        if missing > 0:
+            logger.warning("started %d pool threads in place of threads that died", missing)
+        return None
+
+    def _serve(self, core: bool) -> None:
+        """A pool thread. Whatever ends it early (a BaseException let out of a handler or of
+        the worker's own code) is supervised here: its claims are failed or handed back
+        (``lost``), and a new thread takes its place."""
+        holding: list[Claim] = []  # what this thread took and has not given back
+        try:
+            self._loop(core, holding)
+        except BaseException as exc:  # noqa: BLE001 - the thread is replaced, never lost
+            self._thread_died(core, holding, exc)
+
+    def _thread_died(self, core: bool, holding: list[Claim], exc: BaseException) -> None:
+        why = f"{THREAD_DIED}: {type(exc).__name__}: {exc}"
+        logger.error("%s; replacing it", why, exc_info=exc)
+        with self._cond:
+            self.thread_deaths += 1
+            self._threads -= 1
+            if (
+                self._starting
+                and holding
+                and any(claim.task_id in self._running for claim in holding)
+            ):
+                self._starting = False  # it was writing a start: nobody else will finish it
+                self._promised = 0
+            for claim in holding:
+                self._running.pop(claim.task_id, None)
+            freed = self._release(holding)
+            self._changed.notify_all()
+            if not self._closed or self._heap or self._ready:
+                try:
+                    self._spawn(core=core)
+                except Exception:  # the heartbeat's supervise() tries again
+                    logger.exception("could not start a pool thread in place of a dead one")
+            self._wake_next()
+        if holding and self._lost is not None:
+            try:
+                self._lost(list(holding), why)
+            except Exception:
+                logger.exception("could not record the claims of a dead pool thread")
+            finally:
+                tidy_connections()
+        self._notify_freed(freed)
+        connections.close_all()
+
+    def _loop(self, core: bool, holding: list[Claim]) -> None:
         done: Claim | None = None  # the claim this thread just ran
         starts: tuple[list[Claim], list[Claim | None]] | None = None  # the start it just wrote
         while True:
@@ -320,7 +384,10 @@ class BoundedPool(EventLoopSide):
                 freed = done is not None and self._done(done)
                 if starts is not None:
                     freed = self._started(*starts) or freed
+                holding.clear()
                 item = None if freed else self._take(core)
+                if item is not None:
+                    holding[:] = item if type(item) is list else [item]  # type: ignore[list-item]
             done = starts = None
             if freed:
                 self._notify_freed(True)  # outside the lock; the next claim on the next turn

@@ -3,8 +3,9 @@ processes (two threads per child) and wait for the outcome, so the worker keeps 
 heartbeating and writing outcomes whatever a handler does, and can end a handler at once by
 terminating its child.
 
-The worker process starts each task, as a pool thread would (one batched start write), then
-sends the child the task as JSON and waits. The wait lets the GIL go, so a handler holding the
+The worker process takes an idle child, then starts the task (its start write: only now, so
+that a rate limit counts when the handler can begin), sends the child the task as JSON and
+waits. The wait lets the GIL go, so a handler holding the
 GIL in its child costs the worker nothing. Past the task's deadline, or once a cancel is
 requested (or the lease lost), the child gets SIGTERM, then SIGKILL after ``GRACE_SECONDS``, and
 the failed attempt is recorded: the storage ends it TIMEOUT or CANCELLED, as it does a thread's.
@@ -153,8 +154,8 @@ class ProcessPool:
     """``size`` children, each replaced after ``max_tasks_per_child`` tasks (None: never) or
     when it dies or is stopped. ``run(claim)`` is the pool threads' entry point, in place of
     ``TaskRunner.run``; the pool has ``threads`` of them, two per child: while one waits on the
-    child's handler, the other starts the next task (its start write), so the child does not
-    sit idle through that round trip."""
+    child's handler, the other waits with the next task for the child, and takes it as soon as
+    it is back, while the first records the outcome."""
 
     def __init__(
         self, runner: TaskRunner, *, size: int, max_tasks_per_child: int | None = None
@@ -176,6 +177,7 @@ class ProcessPool:
         self._idle: list[Child] = []
         self._children: set[Child] = set()
         self._closed = False
+        self._quiet = False  # the worker is stopping: tasks not started yet are handed back
         self._started = False
         self._in_flight = 0  # tasks started by run() whose outcome is not recorded yet
 
@@ -208,9 +210,33 @@ class ProcessPool:
 
     # -- the pool threads' side -----------------------------------------------------------
     def run(self, claim: Claim) -> TaskStatus | None:
-        """Start the claim, run its handler in a child, record the outcome; as TaskRunner.run."""
-        begun = self.runner.begin(claim)
-        if not isinstance(begun, Begun):
+        """Take a child ready to run the handler, then start the claim, run the handler there
+        and record the outcome; as TaskRunner.run. The start is written only once the child
+        is ready: a start written while the task waits for a child would let the handlers of
+        a rate limit begin in bursts (and its deadline run while it waits)."""
+        try:
+            child = self._take_ready()
+        except ChildDied:  # stopping: not started, so handed back (the claim started it: run)
+            if not claim.is_started:
+                self.runner.hand_back([claim])
+                return None
+            child = None
+        except Exception:  # no child could be started: give the task back at once
+            if not claim.is_started:
+                self.runner.hand_back([claim])
+            raise
+        try:
+            begun = self.runner.begin(claim)
+        except BaseException:
+            if child is not None:
+                self._give_back(child)
+            raise
+        if not isinstance(begun, Begun) or child is None:
+            if child is not None:
+                self._give_back(child)
+            if isinstance(begun, Begun):  # stopping, and no child will run it
+                reply = {"status": "died", "error": "the worker is stopping: not run"}
+                return self._record(begun, reply, None)
             return begun
         with self._lock:
             self._in_flight += 1
@@ -219,20 +245,31 @@ class ProcessPool:
             # (the child continues the span for the handler's own spans).
             attempt = observe(begun.claim.task)
             if attempt is None:
-                return self._run_begun(begun, None)
+                return self._run_begun(begun, child, None)
             with attempt:
-                return self._run_begun(begun, attempt)
+                return self._run_begun(begun, child, attempt)
         finally:
             with self._lock:
                 self._in_flight -= 1
                 self._freed.notify_all()  # close() may be waiting for the last outcomes
 
-    def _run_begun(self, begun: Begun, attempt: Attempt | None) -> TaskStatus | None:
-        runner, claim = self.runner, begun.claim
-        try:
+    def _take_ready(self) -> Child:
+        """An idle child that has set Django up (a replacement may still be at it): one that
+        cannot is stopped and another taken. ChildDied once the pool is closed."""
+        while True:
             child = self._take()
-        except ChildDied as exc:  # stopping: the task was started, and is not run now
-            return self._record(begun, {"status": "died", "error": f"{exc}: not run"}, attempt)
+            if child.ready:
+                return child
+            try:
+                child.wait_ready(STARTUP_SECONDS)
+                return child
+            except ChildDied:
+                logger.exception("a child process could not set Django up; starting another")
+                self._forget(child)
+                child.stop()
+
+    def _run_begun(self, begun: Begun, child: Child, attempt: Attempt | None) -> TaskStatus | None:
+        runner, claim = self.runner, begun.claim
         # Always made: the heartbeat marks it on a cancel request or a lost lease.
         context = runner.open_context(begun, always=True)
         assert context is not None
@@ -353,12 +390,21 @@ class ProcessPool:
         self._forget(child)
         child.retire()
 
-    def _take(self) -> Child:
-        """An idle child, once there is one (ChildDied once the pool is closed). A child
-        missing (its replacement could not be started) is started here."""
+    def quiet(self) -> None:
+        """The worker is stopping: a pool thread still waiting for a child hands its task back
+        (not started yet) rather than start it now; running handlers finish."""
         with self._lock:
+            self._quiet = True
+            self._freed.notify_all()
+
+    def _take(self) -> Child:
+        """An idle child, once there is one (ChildDied once the pool is closed or quiet). A
+        child missing (its replacement could not be started) is started here."""
+        with self._lock:
+            if self._quiet:
+                raise ChildDied("the worker is stopping")
             while not self._idle and len(self._children) >= self.size:
-                if self._closed:
+                if self._closed or self._quiet:
                     raise ChildDied("the worker is stopping")
                 self._freed.wait(1.0)
             child = self._idle.pop() if self._idle else None

@@ -107,7 +107,12 @@ class Worker:
         self.executor = executor or default_executor
         self.worker_id = options.worker_id
         self.runner = TaskRunner(self.executor, options.lease_timeout)
-        self.event_loop = EventLoop(self.runner) if options.async_concurrency else None
+        self.event_loop = (
+            # Blocked for half a lease: the worker stops registering (health reports it).
+            EventLoop(self.runner, stall_seconds=options.lease_timeout / 2)
+            if options.async_concurrency
+            else None
+        )
         self.processes = process_pool(self.runner, options)
         threads = options.max_pool_size if self.processes is None else self.processes.threads
         self.pool = BoundedPool(
@@ -124,6 +129,7 @@ class Worker:
             # Threads start claims for each other (see pool.py); under --pool process each
             # starts its own, as it may then wait for a child.
             start=self.runner.start_many if self.processes is None else None,
+            lost=self.runner.lose,
         )
         metrics.track_pool(lambda: self.pool.queued)
         self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
@@ -164,6 +170,10 @@ class Worker:
             queues=options.queues,
             lease_timeout=options.lease_timeout,
             interval=self.heartbeat_interval,
+            # The pool's threads and the event loop's, checked (and replaced once dead) at
+            # every beat.
+            supervised=[self.pool.supervise]
+            + ([self.event_loop.supervise] if self.event_loop is not None else []),
         )
         self.fetcher = Fetcher(
             self.executor,
@@ -176,6 +186,7 @@ class Worker:
             lease_timeout=options.lease_timeout,
             poll_interval=options.poll_interval,
             burst=options.burst,
+            start_at_claim=self.processes is None,
         )
 
     @property
@@ -284,7 +295,10 @@ class Worker:
     # -- shutdown -------------------------------------------------------------------------
     def _shutdown(self) -> int:
         # Phase 1 (quiet) happened: the claim loop returned. Phase 2: hand back what never
-        # started, at once, with no attempt counted, so other workers can take it.
+        # started, at once, with no attempt counted, so other workers can take it. Under --pool
+        # process, so does a pool thread still waiting for a child (its task is not started).
+        if self.processes is not None:
+            self.processes.quiet()
         unstarted = self.pool.take_queued()
         if unstarted:
             try:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -391,3 +392,67 @@ def unstorable_text(param: dict, context: TaskContext) -> str:
     while not _released(param) and time.monotonic() < deadline:
         time.sleep(0.02)
     return "done"
+
+
+def _raise_exit(kind: str) -> None:
+    """Raise the BaseException named by ``kind``: "SystemExit" (sys.exit(3)) or
+    "KeyboardInterrupt" (as Ctrl-C would in the main thread)."""
+    if kind == "KeyboardInterrupt":
+        raise KeyboardInterrupt("raised by the handler")
+    sys.exit(3)
+
+
+@reliable_task_handler(
+    name="demo.exits",
+    takes_context=True,
+    retry_on=(SystemExit, KeyboardInterrupt),
+    retry_interval=50,
+)
+def exits(param: dict, context: TaskContext) -> int:
+    """Writes "start" to the journal (RE_JOURNAL), then, in the first ``exit_attempts``
+    attempts, raises the BaseException ``raise`` names (see _raise_exit): retried, as its
+    retry_on includes both. Returns the attempt once it gets past them."""
+    _journal("start", context, thread=threading.current_thread().name)
+    if context.attempt <= param.get("exit_attempts", 1):
+        _raise_exit(param["raise"])
+    _journal("end", context)
+    return context.attempt
+
+
+@reliable_task_handler(name="demo.async_exits", takes_context=True, retry_interval=50)
+async def async_exits(param: dict, context: TaskContext) -> int:
+    """demo.exits, async and with the default retry_on (Exception): a SystemExit or
+    KeyboardInterrupt fails the task (FAILED, not retried). With ``kill_loop``, instead ends
+    the event loop's thread from outside any handler (in the first ``exit_attempts``
+    attempts): a callback of the loop raises SystemExit (asyncio lets it out of run_forever),
+    while this handler awaits ``sleep`` seconds."""
+    _journal("start", context, thread=threading.current_thread().name)
+    await asyncio.sleep(0)
+    if param.get("kill_loop") and context.attempt <= param.get("exit_attempts", 1):
+        asyncio.get_running_loop().call_soon(_raise_exit, "SystemExit")
+        await asyncio.sleep(float(param.get("sleep", 30)))
+    elif context.attempt <= param.get("exit_attempts", 1):
+        _raise_exit(param["raise"])
+    _journal("end", context)
+    return context.attempt
+
+
+@reliable_task_handler(name="demo.kills_its_thread", takes_context=True)
+def kills_its_thread(param: dict | None, context: TaskContext) -> str:
+    """Writes "start" to the journal, then has SystemExit raised in its own thread 0.2 s later,
+    from another thread (as a fault in the worker's own code would end it): by then the
+    handler has returned, and the pool thread is back in the worker's code. Returns its
+    thread's name."""
+    import ctypes
+
+    name = threading.current_thread().name
+    _journal("start", context, thread=name)
+    target = threading.get_ident()
+
+    def strike() -> None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(target), ctypes.py_object(SystemExit)
+        )
+
+    threading.Timer(0.2, strike).start()
+    return name
