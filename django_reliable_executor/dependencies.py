@@ -12,16 +12,21 @@ otherwise is CANCELLED (``last_error`` names it) unless it asked for ``on_depend
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Iterable, Sequence
+import unicodedata
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import InvalidDependencyError
 from .states import TaskStatus
-from .text import check_caller_text
 
 if TYPE_CHECKING:
     from .records import NewTask
 
+#: The longest task id (the id columns' width).
+MAX_ID_LENGTH = 191
+#: The character categories no task id holds (controls, format characters, lone surrogates,
+#: line and paragraph separators), beside whitespace.
+ID_FORBIDDEN_CATEGORIES = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
 #: At most this many dependencies per task.
 MAX_DEPENDENCIES = 100
 #: What a dependency can do to its dependent when it ends otherwise than COMPLETED.
@@ -43,19 +48,25 @@ def check_dependencies(
         )
     if depends_on is None:
         return ()
-    if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, Iterable):
+    # A mapping iterates as its keys, and a JSON object would pass for a list of them.
+    if isinstance(depends_on, (str, bytes, bytearray, Mapping)) or not isinstance(
+        depends_on, Iterable
+    ):
         raise InvalidDependencyError(
             f"depends_on must be a list of task ids, got {type(depends_on).__name__}",
             field="depends_on",
         )
-    ids = tuple(dict.fromkeys(depends_on))
-    for dependency in ids:
-        if not isinstance(dependency, str) or not dependency:
+    given = list(depends_on)
+    # Each id checked before any is hashed or looked up: a list inside would not hash, and an
+    # id no task can have (NUL, a lone surrogate, too long) must not reach the store's query.
+    for dependency in given:
+        problem = dependency_id_problem(dependency)
+        if problem is not None:
             raise InvalidDependencyError(
-                f"depends_on must hold task ids (non-empty strings), got {dependency!r}",
+                f"depends_on must hold task ids, got {_shown(dependency)}: {problem}",
                 field="depends_on",
             )
-        check_caller_text(dependency, "depends_on", InvalidDependencyError)
+    ids = tuple(dict.fromkeys(given))
     if len(ids) > MAX_DEPENDENCIES:
         raise InvalidDependencyError(
             f"depends_on holds {len(ids)} task ids, more than {MAX_DEPENDENCIES}",
@@ -72,6 +83,25 @@ def check_dependencies(
             field="depends_on",
         )
     return ids
+
+
+def dependency_id_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be the id of a stored task (None: it can be): the task id rule
+    of submission._task_id, less its reserved forms (a schedule's run may be depended on)."""
+    if not isinstance(value, str):
+        return f"a {type(value).__name__}, not a string"
+    if not 1 <= len(value) <= MAX_ID_LENGTH:
+        return f"{len(value)} characters, not 1..{MAX_ID_LENGTH}"
+    for char in value:
+        if char.isspace() or unicodedata.category(char) in ID_FORBIDDEN_CATEGORIES:
+            return f"it holds whitespace or a control character ({char!r})"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr, cut short: an error message never carries a megabyte of input."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def missing_error(task_id: str, missing: Iterable[str]) -> InvalidDependencyError:

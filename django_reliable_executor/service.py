@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -17,6 +17,7 @@ from .batch_submission import submit_batch
 from .batches import BatchInfo
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
+from .dependencies import check_dependencies
 from .exceptions import AttemptStillRunningError, InvalidTaskOptionError, TaskSubmitError
 from .options import is_int
 from .queue_pausing import check_known_queue
@@ -165,8 +166,12 @@ class ReliableExecutor:
                 )
             task_id = request.task_id if request.task_id is not None else uuid.uuid4().hex
             own = request.depends_on
-            if own is not None and (isinstance(own, str) or not isinstance(own, Iterable)):
-                own = [own]  # check_dependencies names the bad value
+            if own is not None and (
+                isinstance(own, (str, bytes, bytearray, Mapping)) or not isinstance(own, Iterable)
+            ):
+                # No list to add the previous step to (a mapping's keys are none either):
+                # refused as submit_many refuses it, naming the field.
+                check_dependencies(own, request.on_dependency_failure, task_id, delayed=False)
             depends_on = [*(own or ()), *([previous] if previous is not None else [])]
             steps.append(
                 dataclasses.replace(request, task_id=task_id, depends_on=depends_on or None)

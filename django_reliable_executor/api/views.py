@@ -79,12 +79,19 @@ class BadRequest(Exception):
 def json_object(body: bytes) -> dict[str, Any]:
     """The JSON object a body holds; raises BadRequest for anything else."""
     try:
-        data = json.loads(body.decode("utf-8"))
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the body is not valid JSON: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def _no_constant(name: str) -> Any:
+    # Python's parser takes NaN and Infinity, which JSON has not (nor has any store's JSON).
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def parse_submit(body: bytes) -> TaskSubmitRequest:
