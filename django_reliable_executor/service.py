@@ -132,6 +132,17 @@ class ReliableExecutor:
     def submit_many(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
         """Validate every request first (one bad request stores nothing), then store them all
         in one batch. Returns the tasks in request order."""
+        return [info for info, _ in self.submit_many_created(requests)]
+
+    def submit_many_created(
+        self, requests: Sequence[TaskSubmitRequest]
+    ) -> list[tuple[TaskInfo, bool]]:
+        """``submit_many``, telling for each request whether its task was stored by this call:
+        False when an existing task answers it (its task_id is taken, or a live task holds its
+        unique key, stored before or by an earlier request of this call). The content of a
+        task stored before is another submitter's: the API shows it only to a caller who may
+        read tasks. On Redis inside ``atomic()`` it says what the write at commit is expected
+        to do."""
         now = self.clock.now()
         settings = self.settings
         trace = current_trace_context()  # the caller's span, if it is traced: once per call
@@ -150,7 +161,7 @@ class ReliableExecutor:
         created = [info for info, was_created in results if was_created]
         if created:
             self._after_commit(lambda: self.announcer.submitted(created))
-        return [info for info, _ in results]
+        return [(info, bool(was_created)) for info, was_created in results]
 
     def chain(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
         """Submit ``requests`` as a chain in one call: each depends on the one before it (as
@@ -198,12 +209,15 @@ class ReliableExecutor:
                 return str(connection.alias)
         return None
 
-    def _submit_on_commit(self, new_tasks: list[NewTask], alias: str) -> list[TaskInfo]:
+    def _submit_on_commit(
+        self, new_tasks: list[NewTask], alias: str
+    ) -> list[tuple[TaskInfo, bool]]:
         """Storage outside the database (Redis): write when the caller's transaction commits,
         so a rolled-back transaction leaves no task behind. Ids already stored are returned as
         stored; the others as they will be, as the databases would answer in the transaction:
         a unique key held by a live task, or taken by a submit before this one in the same
-        transaction (whose write waits for the commit too), returns that task."""
+        transaction (whose write waits for the commit too), returns that task. Each with
+        whether this submit's write is to store it (see submit_many_created)."""
         earlier = _deferred_writes(alias)
         infos: dict[str, TaskInfo] = {}
         holders: dict[str, TaskInfo | None] = {}
@@ -235,7 +249,14 @@ class ReliableExecutor:
         # the tasks this transaction will store before these count as stored.
         check_dependencies_exist(self.storage, new_tasks, coming, skipped)
         transaction.on_commit(write, using=alias)
-        return [infos[task.task_id] for task in new_tasks]
+        answered: list[tuple[TaskInfo, bool]] = []
+        seen: set[int] = set()  # the tasks answered so far, by identity
+        for task in new_tasks:
+            info = infos[task.task_id]
+            # Stored by this write only for its own request, not for a later one it answers.
+            answered.append((info, write.stored.get(task.task_id) is info and id(info) not in seen))
+            seen.add(id(info))
+        return answered
 
     def submit_batch(
         self,
