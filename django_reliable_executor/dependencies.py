@@ -16,8 +16,8 @@ import unicodedata
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import InvalidDependencyError
-from .states import TaskStatus
+from .exceptions import DependencyNotCompletedError, InvalidDependencyError
+from .states import TERMINAL_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from .records import NewTask
@@ -31,6 +31,7 @@ ID_FORBIDDEN_CATEGORIES = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
 MAX_DEPENDENCIES = 100
 #: What a dependency can do to its dependent when it ends otherwise than COMPLETED.
 ON_FAILURE_CHOICES = ("cancel", "run")
+_TERMINAL_VALUES = frozenset(status.value for status in TERMINAL_STATUSES)
 #: The run_at of a task still waiting for a dependency: after every real one.
 WAITING_RUN_AT = dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)
 
@@ -137,3 +138,28 @@ def first_missing(
 def failure_message(dependency_id: str, status: TaskStatus | str) -> str:
     """The ``last_error`` of a dependent cancelled because a dependency ended badly."""
     return f"dependency {dependency_id} ended {TaskStatus(status).value}: cancelled"
+
+
+def awaited_on_retry(
+    task_id: str,
+    depends_on: Iterable[str],
+    statuses: Mapping[str, str | None],
+    on_failure: str | None,
+) -> tuple[str, ...]:
+    """The dependencies a dependent retried by hand waits for again: those of ``depends_on``
+    not ended (``statuses``: id -> status now, None for one purged). A retried dependent runs
+    only after its dependencies completed, as it would have: raises
+    DependencyNotCompletedError naming the first that ended otherwise (or was purged),
+    unless ``on_failure`` is "run" (then it runs once every one has ended, whatever the
+    outcome)."""
+    ids = tuple(depends_on)
+    if on_failure != "run":
+        for dependency in ids:
+            status = statuses.get(dependency)
+            if status is None or (
+                status in _TERMINAL_VALUES and status != TaskStatus.COMPLETED.value
+            ):
+                raise DependencyNotCompletedError(task_id, dependency, status)
+    return tuple(
+        d for d in ids if statuses.get(d) is not None and statuses[d] not in _TERMINAL_VALUES
+    )

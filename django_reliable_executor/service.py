@@ -18,7 +18,12 @@ from .batches import BatchInfo
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
 from .dependencies import check_dependencies
-from .exceptions import AttemptStillRunningError, InvalidTaskOptionError, TaskSubmitError
+from .exceptions import (
+    AttemptStillRunningError,
+    DependencyNotCompletedError,
+    InvalidTaskOptionError,
+    TaskSubmitError,
+)
 from .options import is_int
 from .queue_pausing import check_known_queue
 from .records import (
@@ -307,20 +312,25 @@ class ReliableExecutor:
         return result.changed
 
     def retry_task(self, task_id: str) -> bool:
-        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget. False
-        when the status forbids it, or while the handler of a timed-out attempt still runs
-        (``retry_task_or_reason`` says which)."""
+        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget (a
+        dependent whose dependencies have not all ended waits for them again instead). False
+        when the status forbids it, while the handler of a timed-out attempt still runs, or
+        for a dependent whose dependency ended otherwise than COMPLETED unless it runs on
+        failure (``retry_task_or_reason`` says which)."""
         return self.retry_task_or_reason(task_id) is None
 
     def retry_task_or_reason(self, task_id: str) -> str | None:
         """Retry like ``retry_task``; None when retried, else why not, in words for the admin,
         the API and the command: "not found", "COMPLETED cannot be retried", "its previous
-        attempt is still running on worker ... (lease until ...)" or "changed meanwhile"."""
+        attempt is still running on worker ... (lease until ...)", "its dependency ... ended
+        FAILED, and it runs only after its dependencies completed ..." or "changed
+        meanwhile". A dependent retried while a dependency has not ended waits for it again
+        (CREATED, ``waiting_for``), as it did after its submit."""
         if not _storable_id(task_id):
             return "not found"
         try:
             transition = self.storage.retry(task_id)
-        except AttemptStillRunningError as exc:
+        except (AttemptStillRunningError, DependencyNotCompletedError) as exc:
             return str(exc)
         if transition is not None:
             self.announcer.retried(transition)
