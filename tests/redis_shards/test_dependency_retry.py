@@ -12,9 +12,7 @@ from .conftest import S0, S1, S2, complete, due, fail, outbox_lengths, status
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
 
-def test_a_cancelled_dependent_retried_waits_for_its_dependency_on_another_shard(
-    executor, storage
-):
+def test_a_cancelled_dependent_retried_waits_for_its_dependency_on_another_shard(executor, storage):
     executor.submit("demo.echo", {}, task_id="a", queue=S0)
     executor.submit("demo.echo", {}, task_id="b", queue=S1, depends_on=["a"])
     assert executor.cancel_task("b")
