@@ -410,18 +410,17 @@ class Transitions(DatabaseAccess):
             "deadline_at": deadline,
             "waiting_for": None,
         }
-        if depends_on:
-            awaited = self._awaited_on_retry(row, depends_on)
-            if awaited:
-                # Waits again as at its submit: CREATED, out of every claim's way, until its
-                # dependencies' endings release it (they still have its edges).
-                changes.update(
-                    status=TaskStatus.CREATED.value,
-                    available=False,
-                    run_at=WAITING_RUN_AT,
-                    deadline_at=None,
-                    waiting_for=list(awaited),
-                )
+        awaited = self._awaited_on_retry(row, depends_on) if depends_on else ()
+        if awaited:
+            # Waits again as at its submit: CREATED, out of every claim's way, until its
+            # dependencies' endings release it (they still have its edges).
+            changes.update(
+                status=TaskStatus.CREATED.value,
+                available=False,
+                run_at=WAITING_RUN_AT,
+                deadline_at=None,
+                waiting_for=list(awaited),
+            )
         # Refused while the previous attempt's holder still holds its lease (a timed-out
         # handler still running, see expire_overdue): both would run at once.
         lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
@@ -451,11 +450,12 @@ class Transitions(DatabaseAccess):
             if holder is not None and holder[1] is not None:
                 raise AttemptStillRunningError(task_id, holder[0], holder[1])
             return None
-        if changes["available"]:
+        if not awaited:
             self._work_committed([row.queue])
         previous = TaskStatus(row.status)
-        row.status, row.run_at, row.finished_at = changes["status"], changes["run_at"], None
-        row.waiting_for = changes["waiting_for"]
+        row.status = TaskStatus.CREATED.value if awaited else TaskStatus.PENDING.value
+        row.run_at, row.finished_at = (WAITING_RUN_AT if awaited else now), None
+        row.waiting_for = list(awaited) or None
         row.cancel_requested, row.result, row.progress = False, None, None
         return Transition(task=to_info(row), previous=previous)
 
