@@ -637,6 +637,23 @@ def test_an_unreachable_redis_is_503_for_sessions_and_signed_requests(client):
         assert client.get(f"{API}x/").status_code == 503
 
 
+def test_retry_of_a_dependent_whose_dependency_failed_is_409_saying_why(service, operator):
+    service.submit(HOOK, None, task_id="dep", retry_limit=0)
+    service.submit(HOOK, None, task_id="child", depends_on=["dep"])
+    HOOKS["dep"] = boom
+    assert run_one(service) is TaskStatus.FAILED
+    refused = post_json(operator, f"{API}child/retry/")
+    assert refused.status_code == 409
+    assert "not retried: its dependency dep ended FAILED" in refused.json()["error"]
+    assert refused.json()["task"]["status"] == "CANCELLED"
+    # Retried after its dependency: it waits for the new run.
+    assert post_json(operator, f"{API}dep/retry/").status_code == 200
+    retried = post_json(operator, f"{API}child/retry/")
+    assert retried.status_code == 200
+    assert retried.json()["task"]["status"] == "CREATED"
+    assert retried.json()["task"]["waiting_for"] == ["dep"]
+
+
 def test_retry_while_a_timed_out_handler_still_runs_is_409_saying_where(service, operator):
     service.submit("demo.echo", None, task_id="late", max_duration_millis=1)
     claim_and_start(service.storage, "w-late")
