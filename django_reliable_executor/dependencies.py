@@ -12,20 +12,26 @@ otherwise is CANCELLED (``last_error`` names it) unless it asked for ``on_depend
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Iterable, Sequence
+import unicodedata
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import InvalidDependencyError
-from .states import TaskStatus
-from .text import check_caller_text
+from .exceptions import DependencyNotCompletedError, InvalidDependencyError
+from .states import TERMINAL_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from .records import NewTask
 
+#: The longest task id (the id columns' width).
+MAX_ID_LENGTH = 191
+#: The character categories no task id holds (controls, format characters, lone surrogates,
+#: line and paragraph separators), beside whitespace.
+ID_FORBIDDEN_CATEGORIES = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
 #: At most this many dependencies per task.
 MAX_DEPENDENCIES = 100
 #: What a dependency can do to its dependent when it ends otherwise than COMPLETED.
 ON_FAILURE_CHOICES = ("cancel", "run")
+_TERMINAL_VALUES = frozenset(status.value for status in TERMINAL_STATUSES)
 #: The run_at of a task still waiting for a dependency: after every real one.
 WAITING_RUN_AT = dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)
 
@@ -43,19 +49,25 @@ def check_dependencies(
         )
     if depends_on is None:
         return ()
-    if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, Iterable):
+    # A mapping iterates as its keys, and a JSON object would pass for a list of them.
+    if isinstance(depends_on, (str, bytes, bytearray, Mapping)) or not isinstance(
+        depends_on, Iterable
+    ):
         raise InvalidDependencyError(
             f"depends_on must be a list of task ids, got {type(depends_on).__name__}",
             field="depends_on",
         )
-    ids = tuple(dict.fromkeys(depends_on))
-    for dependency in ids:
-        if not isinstance(dependency, str) or not dependency:
+    given = list(depends_on)
+    # Each id checked before any is hashed or looked up: a list inside would not hash, and an
+    # id no task can have (NUL, a lone surrogate, too long) must not reach the store's query.
+    for dependency in given:
+        problem = dependency_id_problem(dependency)
+        if problem is not None:
             raise InvalidDependencyError(
-                f"depends_on must hold task ids (non-empty strings), got {dependency!r}",
+                f"depends_on must hold task ids, got {_shown(dependency)}: {problem}",
                 field="depends_on",
             )
-        check_caller_text(dependency, "depends_on", InvalidDependencyError)
+    ids = tuple(dict.fromkeys(given))
     if len(ids) > MAX_DEPENDENCIES:
         raise InvalidDependencyError(
             f"depends_on holds {len(ids)} task ids, more than {MAX_DEPENDENCIES}",
@@ -72,6 +84,25 @@ def check_dependencies(
             field="depends_on",
         )
     return ids
+
+
+def dependency_id_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be the id of a stored task (None: it can be): the task id rule
+    of submission._task_id, less its reserved forms (a schedule's run may be depended on)."""
+    if not isinstance(value, str):
+        return f"a {type(value).__name__}, not a string"
+    if not 1 <= len(value) <= MAX_ID_LENGTH:
+        return f"{len(value)} characters, not 1..{MAX_ID_LENGTH}"
+    for char in value:
+        if char.isspace() or unicodedata.category(char) in ID_FORBIDDEN_CATEGORIES:
+            return f"it holds whitespace or a control character ({char!r})"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr, cut short: an error message never carries a megabyte of input."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def missing_error(task_id: str, missing: Iterable[str]) -> InvalidDependencyError:
@@ -107,3 +138,28 @@ def first_missing(
 def failure_message(dependency_id: str, status: TaskStatus | str) -> str:
     """The ``last_error`` of a dependent cancelled because a dependency ended badly."""
     return f"dependency {dependency_id} ended {TaskStatus(status).value}: cancelled"
+
+
+def awaited_on_retry(
+    task_id: str,
+    depends_on: Iterable[str],
+    statuses: Mapping[str, str | None],
+    on_failure: str | None,
+) -> tuple[str, ...]:
+    """The dependencies a dependent retried by hand waits for again: those of ``depends_on``
+    not ended (``statuses``: id -> status now, None for one purged). A retried dependent runs
+    only after its dependencies completed, as it would have: raises
+    DependencyNotCompletedError naming the first that ended otherwise (or was purged),
+    unless ``on_failure`` is "run" (then it runs once every one has ended, whatever the
+    outcome)."""
+    ids = tuple(depends_on)
+    if on_failure != "run":
+        for dependency in ids:
+            status = statuses.get(dependency)
+            if status is None or (
+                status in _TERMINAL_VALUES and status != TaskStatus.COMPLETED.value
+            ):
+                raise DependencyNotCompletedError(task_id, dependency, status)
+    return tuple(
+        d for d in ids if statuses.get(d) is not None and statuses[d] not in _TERMINAL_VALUES
+    )

@@ -77,6 +77,27 @@ class AttemptStillRunningError(ReliableExecutorError):
         self.lease_expires_at = lease_expires_at
 
 
+class DependencyNotCompletedError(ReliableExecutorError):
+    """A manual retry of a dependent was refused: its dependency ``dependency_id`` ended
+    ``status`` rather than COMPLETED (None: it was purged, so whether it completed is not
+    known), and the dependent waits for completed dependencies (``on_dependency_failure``
+    "cancel"). Retried, it would run without what it depends on."""
+
+    def __init__(self, task_id: str, dependency_id: str, status: str | None) -> None:
+        ended = (
+            "is no longer stored (purged), so whether it completed is not known"
+            if status is None
+            else f"ended {status}"
+        )
+        super().__init__(
+            f"its dependency {dependency_id} {ended}, and it runs only after its dependencies "
+            "completed (on_dependency_failure='cancel'); retry the dependency first"
+        )
+        self.task_id = task_id
+        self.dependency_id = dependency_id
+        self.status = status
+
+
 class InvalidScheduleError(ReliableExecutorError, ValueError):
     """A schedule definition was refused (bad cron, interval, time zone, ...); nothing was
     stored. ``field`` names what was wrong."""

@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -17,7 +17,13 @@ from .batch_submission import submit_batch
 from .batches import BatchInfo
 from .clock import Clock, system_clock
 from .conf import ExecutorSettings, get_settings
-from .exceptions import AttemptStillRunningError, InvalidTaskOptionError, TaskSubmitError
+from .dependencies import check_dependencies
+from .exceptions import (
+    AttemptStillRunningError,
+    DependencyNotCompletedError,
+    InvalidTaskOptionError,
+    TaskSubmitError,
+)
 from .options import is_int
 from .queue_pausing import check_known_queue
 from .records import (
@@ -131,6 +137,17 @@ class ReliableExecutor:
     def submit_many(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
         """Validate every request first (one bad request stores nothing), then store them all
         in one batch. Returns the tasks in request order."""
+        return [info for info, _ in self.submit_many_created(requests)]
+
+    def submit_many_created(
+        self, requests: Sequence[TaskSubmitRequest]
+    ) -> list[tuple[TaskInfo, bool]]:
+        """``submit_many``, telling for each request whether its task was stored by this call:
+        False when an existing task answers it (its task_id is taken, or a live task holds its
+        unique key, stored before or by an earlier request of this call). The content of a
+        task stored before is another submitter's: the API shows it only to a caller who may
+        read tasks. On Redis inside ``atomic()`` it says what the write at commit is expected
+        to do."""
         now = self.clock.now()
         settings = self.settings
         trace = current_trace_context()  # the caller's span, if it is traced: once per call
@@ -149,7 +166,7 @@ class ReliableExecutor:
         created = [info for info, was_created in results if was_created]
         if created:
             self._after_commit(lambda: self.announcer.submitted(created))
-        return [info for info, _ in results]
+        return [(info, bool(was_created)) for info, was_created in results]
 
     def chain(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
         """Submit ``requests`` as a chain in one call: each depends on the one before it (as
@@ -165,8 +182,12 @@ class ReliableExecutor:
                 )
             task_id = request.task_id if request.task_id is not None else uuid.uuid4().hex
             own = request.depends_on
-            if own is not None and (isinstance(own, str) or not isinstance(own, Iterable)):
-                own = [own]  # check_dependencies names the bad value
+            if own is not None and (
+                isinstance(own, (str, bytes, bytearray, Mapping)) or not isinstance(own, Iterable)
+            ):
+                # No list to add the previous step to (a mapping's keys are none either):
+                # refused as submit_many refuses it, naming the field.
+                check_dependencies(own, request.on_dependency_failure, task_id, delayed=False)
             depends_on = [*(own or ()), *([previous] if previous is not None else [])]
             steps.append(
                 dataclasses.replace(request, task_id=task_id, depends_on=depends_on or None)
@@ -193,12 +214,15 @@ class ReliableExecutor:
                 return str(connection.alias)
         return None
 
-    def _submit_on_commit(self, new_tasks: list[NewTask], alias: str) -> list[TaskInfo]:
+    def _submit_on_commit(
+        self, new_tasks: list[NewTask], alias: str
+    ) -> list[tuple[TaskInfo, bool]]:
         """Storage outside the database (Redis): write when the caller's transaction commits,
         so a rolled-back transaction leaves no task behind. Ids already stored are returned as
         stored; the others as they will be, as the databases would answer in the transaction:
         a unique key held by a live task, or taken by a submit before this one in the same
-        transaction (whose write waits for the commit too), returns that task."""
+        transaction (whose write waits for the commit too), returns that task. Each with
+        whether this submit's write is to store it (see submit_many_created)."""
         earlier = _deferred_writes(alias)
         infos: dict[str, TaskInfo] = {}
         holders: dict[str, TaskInfo | None] = {}
@@ -230,7 +254,14 @@ class ReliableExecutor:
         # the tasks this transaction will store before these count as stored.
         check_dependencies_exist(self.storage, new_tasks, coming, skipped)
         transaction.on_commit(write, using=alias)
-        return [infos[task.task_id] for task in new_tasks]
+        answered: list[tuple[TaskInfo, bool]] = []
+        seen: set[int] = set()  # the tasks answered so far, by identity
+        for task in new_tasks:
+            info = infos[task.task_id]
+            # Stored by this write only for its own request, not for a later one it answers.
+            answered.append((info, write.stored.get(task.task_id) is info and id(info) not in seen))
+            seen.add(id(info))
+        return answered
 
     def submit_batch(
         self,
@@ -281,20 +312,25 @@ class ReliableExecutor:
         return result.changed
 
     def retry_task(self, task_id: str) -> bool:
-        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget. False
-        when the status forbids it, or while the handler of a timed-out attempt still runs
-        (``retry_task_or_reason`` says which)."""
+        """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget (a
+        dependent whose dependencies have not all ended waits for them again instead). False
+        when the status forbids it, while the handler of a timed-out attempt still runs, or
+        for a dependent whose dependency ended otherwise than COMPLETED unless it runs on
+        failure (``retry_task_or_reason`` says which)."""
         return self.retry_task_or_reason(task_id) is None
 
     def retry_task_or_reason(self, task_id: str) -> str | None:
         """Retry like ``retry_task``; None when retried, else why not, in words for the admin,
         the API and the command: "not found", "COMPLETED cannot be retried", "its previous
-        attempt is still running on worker ... (lease until ...)" or "changed meanwhile"."""
+        attempt is still running on worker ... (lease until ...)", "its dependency ... ended
+        FAILED, and it runs only after its dependencies completed ..." or "changed
+        meanwhile". A dependent retried while a dependency has not ended waits for it again
+        (CREATED, ``waiting_for``), as it did after its submit."""
         if not _storable_id(task_id):
             return "not found"
         try:
             transition = self.storage.retry(task_id)
-        except AttemptStillRunningError as exc:
+        except (AttemptStillRunningError, DependencyNotCompletedError) as exc:
             return str(exc)
         if transition is not None:
             self.announcer.retried(transition)

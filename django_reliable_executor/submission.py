@@ -9,7 +9,12 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .conf import ExecutorSettings
-from .dependencies import check_dependencies, first_missing
+from .dependencies import (
+    ID_FORBIDDEN_CATEGORIES,
+    MAX_ID_LENGTH,
+    check_dependencies,
+    first_missing,
+)
 from .exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
@@ -31,8 +36,6 @@ from .uniqueness import unique_digest, unique_window
 
 if TYPE_CHECKING:
     from .storage.base import TaskStorage
-
-MAX_ID_LENGTH = 191
 
 
 def prepare(
@@ -134,7 +137,7 @@ def _task_id(task_id: Any) -> str | None:
             field="task_id",
         )
     for char in task_id:
-        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+        if char.isspace() or unicodedata.category(char) in ID_FORBIDDEN_CATEGORIES:
             raise InvalidTaskIdError(
                 f"task_id {task_id!r} contains whitespace or a control character ({char!r})",
                 field="task_id",

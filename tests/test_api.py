@@ -24,7 +24,7 @@ from django_reliable_executor.api import nonces
 from django_reliable_executor.progress import make_progress
 from django_reliable_executor.service import ReliableExecutor, executor
 from django_reliable_executor.states import TaskStatus
-from tests.admin_support import ADMIN_APPS, admin_params, make_user, run_one
+from tests.admin_support import ADMIN_APPS, admin_params, boom, make_user, run_one
 from tests.conftest import BACKENDS, REDIS_URL, db_params, delete_prefix, redis_client, require
 from tests.contract_support import HOOKS, claim_and_start
 
@@ -326,6 +326,92 @@ def test_each_endpoint_needs_its_own_permission(service, client):
     assert service.get_task("t1").status is TaskStatus.CREATED
 
 
+# -- permission to submit is not permission to read -------------------------------------------
+SECRET_PARAMETER = {"card": "4111-secret-parameter"}
+
+
+def _finished_tasks(service: ReliableExecutor) -> None:
+    """``done`` COMPLETED with a secret result, ``broke`` FAILED with a secret error, both
+    with a secret parameter, and ``holder`` waiting, holding a unique key."""
+    service.submit(HOOK, SECRET_PARAMETER, task_id="done")
+    HOOKS["done"] = lambda context: {"token": "secret-result"}
+    assert run_one(service) is TaskStatus.COMPLETED
+    service.submit(HOOK, SECRET_PARAMETER, task_id="broke", retry_limit=0)
+    HOOKS["broke"] = boom
+    assert run_one(service) is TaskStatus.FAILED
+    service.submit(HOOK, SECRET_PARAMETER, task_id="holder", unique_for=600, delay_millis=600_000)
+    service.submit(
+        HOOK, None, task_id="keyed", unique_for=600, unique_key="k-1", delay_millis=600_000
+    )
+
+
+def test_a_submitter_without_view_permission_reads_nothing_of_an_existing_task(service, client):
+    _finished_tasks(service)
+    login(client, "add_reliabletask")
+    for task_id in ("done", "broke", "holder"):
+        assert client.get(f"{API}{task_id}/").status_code == 403
+        answer = post_json(client, API, {"task_name": HOOK, "task_id": task_id})
+        assert answer.status_code == 201, answer.content
+        assert answer.json() == {"existing": True, "task_id": task_id}
+    # The live holder of a unique key: neither its content nor its id.
+    for body in (
+        {"task_name": HOOK, "task_parameter": SECRET_PARAMETER, "unique_for": 60},
+        {"task_name": HOOK, "unique_for": 60, "unique_key": "k-1"},
+        {"task_name": HOOK, "task_id": "mine", "unique_for": 60, "unique_key": "k-1"},
+    ):
+        answer = post_json(client, API, body)
+        assert answer.status_code == 201, answer.content
+        assert answer.json() == {"existing": True, "task_id": None}
+    assert service.get_task("mine") is None
+    assert len(service.list_tasks()) == 4
+    # What it submits itself it gets back whole: its own content.
+    fresh = post_json(client, API, {"task_name": HOOK, "task_id": "own", "task_parameter": 7})
+    assert fresh.status_code == 201
+    assert fresh.json()["task_id"] == "own" and fresh.json()["parameter"] == 7
+    # A caller who may read tasks gets the existing task whole, as before.
+    login(client, "add_reliabletask", "view_reliabletask")
+    answer = post_json(client, API, {"task_name": HOOK, "task_id": "done"})
+    assert answer.status_code == 201 and answer.json()["result"] == {"token": "secret-result"}
+
+
+def test_depends_on_without_view_permission_is_refused_alike_for_stored_and_unknown_ids(
+    service, client
+):
+    service.submit(HOOK, None, task_id="stored", delay_millis=600_000)
+    login(client, "add_reliabletask")
+    answers = [
+        post_json(client, API, {"task_name": HOOK, "task_id": f"d-{i}", "depends_on": ids})
+        for i, ids in enumerate((["stored"], ["nope"], ["stored", "nope"]))
+    ]
+    assert {a.status_code for a in answers} == {403}
+    assert len({a.content for a in answers}) == 1  # one answer, whichever ids exist
+    assert answers[0].json()["field"] == "depends_on"
+    assert "view_reliabletask" in answers[0].json()["error"]
+    assert [t.task_id for t in service.list_tasks()] == ["stored"]
+    # With the permission: stored ids are accepted, unknown ones named.
+    login(client, "add_reliabletask", "view_reliabletask")
+    ok = post_json(client, API, {"task_name": HOOK, "task_id": "d-ok", "depends_on": ["stored"]})
+    assert ok.status_code == 201, ok.content
+    missing = post_json(client, API, {"task_name": HOOK, "depends_on": ["nope"]})
+    assert missing.status_code == 400 and "'nope'" in missing.json()["error"]
+
+
+def test_operating_without_view_permission_answers_only_id_and_status(service, client):
+    _finished_tasks(service)
+    login(client, "operate_reliabletask")
+    for path, status in (
+        (f"{API}done/cancel/", 409),
+        (f"{API}done/retry/", 409),
+        (f"{API}broke/retry/", 200),
+        (f"{API}broke/cancel/", 200),
+    ):
+        answer = post_json(client, path)
+        assert answer.status_code == status, answer.content
+        task = answer.json()["task"]
+        assert set(task) == {"task_id", "status"}, task
+        assert b"secret" not in answer.content
+
+
 def test_non_staff_user_with_permissions_is_403(service, client):
     login(client, "view_reliabletask", "operate_reliabletask", staff=False)
     assert client.get(f"{API}t1/").status_code == 403
@@ -549,6 +635,23 @@ def test_an_unreachable_redis_is_503_for_sessions_and_signed_requests(client):
         assert "task storage unavailable" in response.json()["error"]
         login(client, "view_reliabletask")
         assert client.get(f"{API}x/").status_code == 503
+
+
+def test_retry_of_a_dependent_whose_dependency_failed_is_409_saying_why(service, operator):
+    service.submit(HOOK, None, task_id="dep", retry_limit=0)
+    service.submit(HOOK, None, task_id="child", depends_on=["dep"])
+    HOOKS["dep"] = boom
+    assert run_one(service) is TaskStatus.FAILED
+    refused = post_json(operator, f"{API}child/retry/")
+    assert refused.status_code == 409
+    assert "not retried: its dependency dep ended FAILED" in refused.json()["error"]
+    assert refused.json()["task"]["status"] == "CANCELLED"
+    # Retried after its dependency: it waits for the new run.
+    assert post_json(operator, f"{API}dep/retry/").status_code == 200
+    retried = post_json(operator, f"{API}child/retry/")
+    assert retried.status_code == 200
+    assert retried.json()["task"]["status"] == "CREATED"
+    assert retried.json()["task"]["waiting_for"] == ["dep"]
 
 
 def test_retry_while_a_timed_out_handler_still_runs_is_409_saying_where(service, operator):

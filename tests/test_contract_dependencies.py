@@ -199,6 +199,61 @@ def test_retrying_a_failed_dependency_does_not_revive_cancelled_dependents(execu
     assert claimable(storage) == ["b"]
 
 
+def test_a_dependent_cancelled_while_it_waits_and_retried_waits_again(executor, storage):
+    executor.submit("contract.hook", None, task_id="z")
+    finish(executor, "z")
+    executor.submit("contract.hook", None, task_id="a")
+    executor.submit("contract.hook", None, task_id="b", depends_on=["a", "z"])
+    assert executor.cancel_task("b")
+    assert executor.retry_task_or_reason("b") is None
+    b = executor.get_task("b")
+    assert b.status is TaskStatus.CREATED and b.waiting_for == ("a",)
+    assert b.run_at == WAITING_RUN_AT
+    assert claimable(storage) == ["a"]  # not b: its dependency has not ended
+    finish(executor, "a", "done")
+    assert executor.get_task("b").status is TaskStatus.CREATED  # due now, not claimed yet
+    assert executor.get_task("b").waiting_for == ()
+    assert claimable(storage) == ["b"]
+
+
+def test_retrying_a_dependent_whose_dependency_failed_is_refused_saying_why(executor, storage):
+    executor.submit("contract.hook", None, task_id="a", retry_limit=0)
+    executor.submit("contract.hook", None, task_id="b", depends_on=["a"])
+    executor.submit(
+        "contract.hook", None, task_id="runs", depends_on=["a"], on_dependency_failure="run"
+    )
+    assert executor.cancel_task("runs")
+    HOOKS["a"] = raising(ValueError("a broke"))
+    assert run_claim(executor, claim_one(storage)) is TaskStatus.FAILED
+    assert executor.get_task("b").status is TaskStatus.CANCELLED
+    reason = executor.retry_task_or_reason("b")
+    assert reason is not None and "dependency a ended FAILED" in reason
+    assert not executor.retry_task("b")
+    b = executor.get_task("b")
+    assert b.status is TaskStatus.CANCELLED and "dependency a ended FAILED" in b.last_error
+    # A dependent that runs on failure runs: its dependency has ended.
+    assert executor.retry_task_or_reason("runs") is None
+    assert executor.get_task("runs").status is TaskStatus.PENDING
+    assert claimable(storage) == ["runs"]
+    # The dependency retried first: the dependent then waits for its new run.
+    assert executor.retry_task("a")
+    assert executor.retry_task_or_reason("b") is None
+    assert executor.get_task("b").waiting_for == ("a",)
+    assert claimable(storage) == ["a", "runs"]
+
+
+def test_retrying_a_dependent_whose_dependency_was_purged_is_refused(executor, storage, clock):
+    executor.submit("contract.hook", None, task_id="a")
+    executor.submit("contract.hook", None, task_id="b", depends_on=["a"])
+    assert executor.cancel_task("b")
+    finish(executor, "a")
+    clock.advance(10)
+    assert storage.purge_finished(clock.now(), 10, frozenset({TaskStatus.COMPLETED})) == 1
+    reason = executor.retry_task_or_reason("b")
+    assert reason is not None and "dependency a is no longer stored (purged)" in reason
+    assert executor.get_task("b").status is TaskStatus.CANCELLED
+
+
 def test_cancelling_a_waiting_dependent(executor, storage):
     executor.submit("contract.hook", None, task_id="a")
     executor.submit("contract.hook", None, task_id="b", depends_on=["a"])

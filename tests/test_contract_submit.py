@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 
@@ -47,6 +48,32 @@ def test_submit_stores_created_task_with_defaults(executor, clock):
     assert (info.started_at, info.finished_at, info.last_error, info.result) == (None,) * 4
     assert info.cancel_requested is False
     assert executor.get_task("t-1") == info
+
+
+@pytest.mark.parametrize("in_atomic", [False, True], ids=["autocommit", "atomic"])
+def test_submit_many_created_tells_which_tasks_this_call_stored(executor, db_alias, in_atomic):
+    executor.submit("demo.echo", {"n": 1}, task_id="old")
+    executor.submit("demo.echo", {"n": 2}, task_id="keyed", unique_for=60, unique_key="k")
+    requests = [
+        TaskSubmitRequest("demo.echo", {"n": 3}, task_id="old"),  # a taken id
+        TaskSubmitRequest("demo.echo", {"n": 4}, unique_for=60, unique_key="k"),  # a held key
+        TaskSubmitRequest("demo.echo", {"n": 5}, task_id="new"),
+        TaskSubmitRequest(
+            "demo.echo", {"n": 6}, task_id="new-keyed", unique_for=60, unique_key="j"
+        ),
+        TaskSubmitRequest("demo.echo", {"n": 7}, unique_for=60, unique_key="j"),  # held above
+    ]
+    with transaction.atomic(using=db_alias) if in_atomic else contextlib.nullcontext():
+        answered = executor.submit_many_created(requests)
+    assert [(info.task_id, created) for info, created in answered] == [
+        ("old", False),
+        ("keyed", False),
+        ("new", True),
+        ("new-keyed", True),
+        ("new-keyed", False),  # answered by an earlier task of the same call
+    ]
+    assert [info.parameter for info, _ in answered[:3]] == [{"n": 1}, {"n": 2}, {"n": 5}]
+    assert total(executor.count_by_status()) == 4
 
 
 @pytest.mark.parametrize(

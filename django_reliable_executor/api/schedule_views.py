@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ..exceptions import InvalidScheduleError, TaskSubmitError
 from ..schedules.records import ScheduleInfo
 from ..service import executor
+from .auth import may
 from .views import BadRequest, api_methods, aware_datetime, error, json_object
 
 PERMISSION = "django_reliable_executor.{}_reliableschedule"
@@ -208,15 +209,23 @@ def delete(request: HttpRequest, schedule_id: str) -> HttpResponse:
     return _delete(schedule_id)
 
 
+def _changed(request: HttpRequest, schedule_id: str, info: ScheduleInfo | None) -> HttpResponse:
+    """The answer of pause and resume: the schedule whole to a caller who may read schedules,
+    else only its id and whether it is paused (changing one is no permission to read it)."""
+    if info is None:
+        return _unknown(schedule_id)
+    if may(request, VIEW):
+        return JsonResponse(schedule_json(info))
+    return JsonResponse({"schedule_id": info.schedule_id, "paused": info.paused})
+
+
 @api_methods({"POST": CHANGE})
 def pause(request: HttpRequest, schedule_id: str) -> HttpResponse:
     """POST: stop firing; 200 with the schedule (also when it was paused already)."""
-    info = executor.pause_schedule(schedule_id)
-    return _unknown(schedule_id) if info is None else JsonResponse(schedule_json(info))
+    return _changed(request, schedule_id, executor.pause_schedule(schedule_id))
 
 
 @api_methods({"POST": CHANGE})
 def resume(request: HttpRequest, schedule_id: str) -> HttpResponse:
     """POST: fire again (missed runs meet the misfire policy); 200 with the schedule."""
-    info = executor.resume_schedule(schedule_id)
-    return _unknown(schedule_id) if info is None else JsonResponse(schedule_json(info))
+    return _changed(request, schedule_id, executor.resume_schedule(schedule_id))

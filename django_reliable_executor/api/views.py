@@ -15,9 +15,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from ..exceptions import StorageUnavailableError, TaskSubmitError
-from ..records import TaskSubmitRequest, task_to_json
+from ..records import TaskInfo, TaskSubmitRequest, task_to_json
 from ..service import executor
-from .auth import Denied, authorize
+from .auth import Denied, authorize, may
 
 VIEW = "django_reliable_executor.view_reliabletask"
 SUBMIT = "django_reliable_executor.add_reliabletask"
@@ -79,12 +79,19 @@ class BadRequest(Exception):
 def json_object(body: bytes) -> dict[str, Any]:
     """The JSON object a body holds; raises BadRequest for anything else."""
     try:
-        data = json.loads(body.decode("utf-8"))
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the body is not valid JSON: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def _no_constant(name: str) -> Any:
+    # Python's parser takes NaN and Infinity, which JSON has not (nor has any store's JSON).
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def parse_submit(body: bytes) -> TaskSubmitRequest:
@@ -117,14 +124,28 @@ def aware_datetime(value: Any, field: str) -> dt.datetime:
 
 @api_view("POST", SUBMIT)
 def submit(request: HttpRequest) -> HttpResponse:
-    """POST a TaskSubmitRequest as JSON: 201 with the task (the stored one if the id exists)."""
+    """POST a TaskSubmitRequest as JSON: 201 with the task stored. When an existing task
+    answers (its task_id is taken, or a live task holds its unique key): 201 with that task
+    to a caller who may read tasks, else only ``{"existing": true, "task_id": ...}``."""
+    may_view = may(request, VIEW)
     try:
-        info = executor.submit_task(parse_submit(request.body))
+        submitted = parse_submit(request.body)
+        if not may_view and submitted.depends_on is not None and submitted.depends_on != []:
+            # Refused before any lookup, whatever the ids: a dependent's handler reads its
+            # dependencies' results, and an answer that told "no such task" from "stored"
+            # would let a caller who may not read tasks probe which ids exist.
+            return error(403, f"permission {VIEW} required to submit with depends_on", "depends_on")
+        [(info, created)] = executor.submit_many_created([submitted])
     except BadRequest as exc:
         return error(400, str(exc), exc.field)
     except TaskSubmitError as exc:
         return error(400, str(exc), exc.field)
-    return JsonResponse(task_to_json(info), status=201)
+    if created or may_view:
+        return JsonResponse(task_to_json(info), status=201)
+    # Another submitter's task: its parameter, result and error are not this caller's to read.
+    # Its id only when the caller named it (the holder of a unique key keeps its id unseen).
+    own_id = info.task_id if info.task_id == submitted.task_id else None
+    return JsonResponse({"existing": True, "task_id": own_id}, status=201)
 
 
 @api_view("GET", VIEW)
@@ -136,13 +157,25 @@ def detail(request: HttpRequest, task_id: str) -> HttpResponse:
     return JsonResponse(task_to_json(info))
 
 
-def _operate(task_id: str, action: Callable[[str], bool], verb: str) -> HttpResponse:
+def _shown(request: HttpRequest, info: TaskInfo | None) -> dict[str, Any] | None:
+    """The task as an operate answer shows it: whole to a caller who may read tasks, else
+    its id and status only (operating on a task is no permission to read it)."""
+    if info is None:
+        return None
+    if may(request, VIEW):
+        return task_to_json(info)
+    return {"task_id": info.task_id, "status": info.status.value}
+
+
+def _operate(
+    request: HttpRequest, task_id: str, action: Callable[[str], bool], verb: str
+) -> HttpResponse:
     """Run cancel/retry: 200 with the task, 404 unknown id, 409 when the status forbids it."""
     if executor.get_task(task_id) is None:
         return error(404, f"no task {task_id!r}", "task_id")
     changed = action(task_id)
     info = executor.get_task(task_id)
-    task = task_to_json(info) if info is not None else None
+    task = _shown(request, info)
     if not changed:
         status = info.status.value if info is not None else "gone"
         return error(409, f"task {task_id!r} cannot be {verb} in status {status}", task=task)
@@ -152,7 +185,7 @@ def _operate(task_id: str, action: Callable[[str], bool], verb: str) -> HttpResp
 @api_view("POST", OPERATE)
 def cancel(request: HttpRequest, task_id: str) -> HttpResponse:
     """POST: cancel a waiting task, or ask a running one to stop (``cancel_requested``)."""
-    return _operate(task_id, executor.cancel_task, "cancelled")
+    return _operate(request, task_id, executor.cancel_task, "cancelled")
 
 
 @api_view("POST", OPERATE)
@@ -163,7 +196,7 @@ def retry(request: HttpRequest, task_id: str) -> HttpResponse:
         return error(404, f"no task {task_id!r}", "task_id")
     reason = executor.retry_task_or_reason(task_id)
     info = executor.get_task(task_id)
-    task = task_to_json(info) if info is not None else None
+    task = _shown(request, info)
     if reason is not None:
         return error(409, f"task {task_id!r} not retried: {reason}", task=task)
     return JsonResponse({"retried": True, "task": task})

@@ -241,7 +241,12 @@ class TaskStorage(ScheduleStorage):
         """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, fresh retry budget and deadline,
         any outstanding claim fenced off. None when the status forbids it. Raises
         AttemptStillRunningError while the previous attempt's holder still holds its lease
-        (a timed-out handler still running): a retry then would run the task twice at once."""
+        (a timed-out handler still running): a retry then would run the task twice at once.
+        A dependent (``depends_on``) is decided against its dependencies in the same atomic
+        step (dependencies.awaited_on_retry): one not ended is waited for again (CREATED,
+        unclaimable, ``waiting_for`` set, released by its ending as after a submit); one that
+        ended otherwise than COMPLETED raises DependencyNotCompletedError unless the
+        dependent runs on failure; all ended: PENDING due now."""
 
     # -- paused queues --------------------------------------------------------------------
     @abc.abstractmethod

@@ -21,7 +21,7 @@ from .rows import chunks
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL_STATUSES)
 
 
-def _ids(value: Any) -> list[str]:
+def json_ids(value: Any) -> list[str]:
     """A JSON list column's value (text on some drivers, a list on others; None: empty)."""
     if isinstance(value, str):
         value = json.loads(value)
@@ -224,7 +224,7 @@ class Dependencies(DatabaseAccess):
                     entry = found.get(dependent)
                     if entry is None:
                         entry = found[dependent] = (
-                            _ids(awaited),
+                            json_ids(awaited),
                             on_failure,
                             max_duration,
                             queue,

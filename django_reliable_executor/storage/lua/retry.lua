@@ -2,9 +2,18 @@
 -- budget and a fresh max-duration deadline. An earlier claim cannot start it: it is in no
 -- lease (start.lua checks the lease) until the next claim, which raises the token. Refused while the previous attempt's holder still holds its lease (a timed-out handler
 -- still running, see expire.lua): both would run at once.
--- ARGV[3] id, ARGV[4] the status read before, ARGV[5] new deadline ('' = none).
+-- A dependent (field dp) is decided against its dependencies before anything is written: one
+-- not ended is waited for again (CREATED in its queue's schedule at WAITING_RUN_AT, `wf` the
+-- ones awaited, as submit.lua's wait_for leaves it: their endings settle it); one that ended
+-- otherwise than COMPLETED, or was purged, refuses the retry unless the dependent runs on
+-- failure (of = 'run'); all ended: due now as any task.
+-- ARGV[3] id, ARGV[4] the status read before, ARGV[5] new deadline ('' = none), ARGV[6]
+-- sharded: the statuses of its dependencies stored on other shards, a JSON object id ->
+-- status ('' = live there, dep_link.lua registered the edge; '-' = stored nowhere), or ''
+-- for none; ARGV[7] WAITING_RUN_AT (micros).
 -- Returns {'retried', fields}, {'held', worker, lease expiry} when refused for a live lease,
--- or nil when the status changed meanwhile.
+-- {'depfailed', dependency id, its status ('' = purged)} when refused for a dependency, or
+-- nil when the status changed meanwhile.
 local id, expected, deadline = ARGV[3], ARGV[4], ARGV[5]
 local key = tkey(id)
 local task = redis.call('HMGET', key, 's', 'q', 'p', 'w')
@@ -15,10 +24,47 @@ local held = redis.call('ZSCORE', LEASES, id)
 if held and tonumber(held) > NOWN then
   return {'held', task[4] or '', held}
 end
+local awaited, remote = {}, {}
+local dp = redis.call('HGET', key, 'dp')
+if dp then
+  if (ARGV[6] or '') ~= '' then
+    remote = cjson.decode(ARGV[6])
+  end
+  local run = redis.call('HGET', key, 'of') == 'run'
+  for _, d in ipairs(cjson.decode(dp)) do
+    local status = remote[d]
+    if status == nil then
+      status = redis.call('HGET', tkey(d), 's') or '-'
+    end
+    if status == '' or (status ~= '-' and live(status)) then
+      awaited[#awaited + 1] = d
+    elseif status ~= 'COMPLETED' and not run then
+      return {'depfailed', d, status == '-' and '' or status}
+    end
+  end
+end
 unlease(id, key) -- a lease that lapsed and was not recovered yet
+redis.call('HDEL', key, 'x', 'f', 'o', 'pg', 'wf') -- a fresh run reports its progress afresh
+if #awaited > 0 then
+  -- Waits again; its max duration counts from its release (release_dependent), as after its
+  -- submit. Still in each local dependency's deps set (kept until purged), added again all
+  -- the same; a remote one's shard has it registered (dep_link.lua, by the caller).
+  redis.call('HSET', key, 's', 'CREATED', 'r', ARGV[7], 'b', 0, 'wf', cjson.encode(awaited))
+  redis.call('HDEL', key, 'd')
+  redis.call('ZREM', DEADLINES, id)
+  for _, d in ipairs(awaited) do
+    if remote[d] == nil then
+      redis.call('SADD', P .. 'deps:' .. d, id)
+    end
+  end
+  redis.call('ZREM', FINISHED, id)
+  redis.call('ZREM', P .. 'done:' .. expected, id)
+  recount(task[2], expected, 'CREATED')
+  reopen_batch_member(id, key, expected)
+  redis.call('ZADD', P .. 'sched:' .. task[2], ARGV[7], id)
+  return {'retried', redis.call('HGETALL', key)}
+end
 redis.call('HSET', key, 's', 'PENDING', 'r', NOW, 'b', 0)
-redis.call('HDEL', key, 'x', 'f', 'o', 'pg', 'wf') -- a fresh run reports its progress afresh;
--- a retried dependent runs at once, awaiting nothing
 if deadline ~= '' then
   redis.call('HSET', key, 'd', deadline)
   redis.call('ZADD', DEADLINES, deadline, id)

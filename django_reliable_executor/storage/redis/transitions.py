@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import operator
 from collections.abc import Sequence
 from itertools import chain, repeat
 
-from ...exceptions import AttemptStillRunningError
+from ...dependencies import WAITING_RUN_AT
+from ...exceptions import AttemptStillRunningError, DependencyNotCompletedError
 from ...records import CancelResult, Claim, Transition
 from ...retries import failure_outcome, timeout_message
 from ...serialization import Encoded, encoded
-from ...states import RETRYABLE_BY_HAND, TaskStatus
+from ...states import LIVE_STATUSES, RETRYABLE_BY_HAND, TaskStatus
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, nonce, text, to_info
 from .sharding import CONTROL_SHARD
@@ -31,6 +33,7 @@ def _outcome_shard(outcome: tuple[Claim, object]) -> int:
     return outcome[0].shard
 
 
+LIVE_VALUES = frozenset(status.value for status in LIVE_STATUSES)
 SECOND = operator.itemgetter(1)
 VALUE = operator.attrgetter("value")
 
@@ -192,11 +195,70 @@ class Transitions(RedisAccess):
             if before.max_duration_millis
             else ""
         )
-        reply = self._run("retry", task_id, before.status.value, deadline, now=now, shard=shard)
+        remote = (
+            self._link_for_retry(task_id, before.depends_on, shard)
+            if self.sharded and before.depends_on
+            else {}
+        )
+        reply = self._run(
+            "retry",
+            task_id,
+            before.status.value,
+            deadline,
+            json.dumps(remote) if remote else "",
+            micros(WAITING_RUN_AT),
+            now=now,
+            shard=shard,
+        )
         if reply is None:
             return None
         if text(reply[0]) == "held":
             raise AttemptStillRunningError(
                 task_id, text(reply[1]) or None, from_micros(text(reply[2]))
             )
-        return Transition(task=to_info(task_id, fields(reply[1])), previous=before.status)
+        if text(reply[0]) == "depfailed":
+            raise DependencyNotCompletedError(task_id, text(reply[1]), text(reply[2]) or None)
+        info = to_info(task_id, fields(reply[1]))
+        if remote and info.waiting_for:
+            self._settle_ended_meanwhile(info.task_id, info.waiting_for, remote, shard)
+        return Transition(task=info, previous=before.status)
+
+    def _link_for_retry(
+        self, task_id: str, depends_on: Sequence[str], shard: int
+    ) -> dict[str, str]:
+        """Sharded: the status of each dependency of ``task_id`` (stored on ``shard``) that is
+        stored on another shard: '' when live there, where dep_link.lua has registered the
+        edge again (its ending then sends a message), '-' when stored nowhere (purged)."""
+        elsewhere = [d for d in depends_on if not self.client.exists(self._tkey(d, shard))]
+        remote: dict[str, str] = {}
+        for dependency in elsewhere:
+            home = next(
+                (
+                    other
+                    for other in range(len(self.prefixes))
+                    if other != shard and self.client.exists(self._tkey(dependency, other))
+                ),
+                None,
+            )
+            if home is None:
+                remote[dependency] = "-"
+                continue
+            [status] = self._run("dep_link", shard, task_id, dependency, shard=home)
+            status = text(status)
+            remote[dependency] = "" if status in LIVE_VALUES else status or "-"
+        return remote
+
+    def _settle_ended_meanwhile(
+        self, task_id: str, waiting_for: Sequence[str], remote: dict[str, str], shard: int
+    ) -> None:
+        """Sharded: a remote dependency live when read, ended before the retry was written,
+        sent its outcome to a task not waiting yet, which left it alone. Read them again now
+        that it waits, and settle it with each that has ended (settle_dependent changes it
+        only while it awaits that one: an outcome that also came by message counts once)."""
+        for dependency in waiting_for:
+            if remote.get(dependency) != "":
+                continue
+            again = self._link_for_retry(task_id, [dependency], shard).get(dependency, "")
+            if again not in ("", "-"):
+                message = {"k": "dep", "id": task_id, "d": dependency, "s": again, "m": "0"}
+                self._apply([json.dumps(message)], shard)
