@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
@@ -18,6 +19,7 @@ from .access import DatabaseAccess
 from .rows import chunks
 
 COUNTERS = ("completed", "failed", "cancelled")
+T = TypeVar("T")
 
 
 class Batches(DatabaseAccess):
@@ -41,21 +43,38 @@ class Batches(DatabaseAccess):
         return True
 
     def add_to_batch(self, batch_id: str, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
-        with transaction.atomic(using=self.alias):
-            results = self._enqueue(tasks)
-            created = sum(1 for _, was_created in results if was_created)
-            if created:
-                self._batches().filter(pk=batch_id).update(total=F("total") + created)
-            return results
+        """One transaction per chunk, run again whole when the database chose it as a
+        deadlock victim (not inside the caller's transaction: only the caller can run that
+        again). The batch row is locked last, as by every ending write (see Dependencies)."""
+
+        def chunk() -> list[tuple[TaskInfo, bool]]:
+            with transaction.atomic(using=self.alias):
+                results = self._enqueue(tasks)
+                created = sum(1 for _, was_created in results if was_created)
+                if created:
+                    self._batches().filter(pk=batch_id).update(total=F("total") + created)
+                return results
+
+        return self._again_alone(chunk)
 
     def seal_batch(self, batch_id: str) -> BatchInfo:
-        with transaction.atomic(using=self.alias):
-            row = self._batches().select_for_update().get(pk=batch_id)
-            if not row.sealed:
-                row.sealed = True
-                self._finish_if_done(row)  # every member may have ended already
-                row.save(update_fields=["sealed", "finished_at"])
-            return _info(row)
+        def seal() -> BatchInfo:
+            with transaction.atomic(using=self.alias):
+                row = self._batches().select_for_update().get(pk=batch_id)
+                if not row.sealed:
+                    row.sealed = True
+                    self._finish_if_done(row)  # every member may have ended already
+                    row.save(update_fields=["sealed", "finished_at"])
+                return _info(row)
+
+        return self._again_alone(seal)
+
+    def _again_alone(self, write: Callable[[], T]) -> T:
+        """``write`` (a transaction of its own), run again after a deadlock, unless it runs
+        inside the caller's transaction, which a deadlock aborts whole."""
+        if transaction.get_connection(self.alias).in_atomic_block:
+            return write()
+        return self._retrying(write)
 
     def existing_ids(self, task_ids: Sequence[str]) -> list[str]:
         found: list[str] = []
