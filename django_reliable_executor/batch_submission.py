@@ -90,6 +90,14 @@ def submit_batch(
                 f"task_id {existing[0]!r} already exists: a batch member must be a new task",
                 field="task_id",
             )
+    for field, callback in (("on_complete", batch.on_complete), ("on_success", batch.on_success)):
+        if callback is not None and storage.existing_ids([callback.task_id]):
+            # Stored when the batch finishes, it would find that task and store nothing.
+            raise TaskSubmitError(
+                f"{field}: task_id {callback.task_id!r} already exists: a batch callback must "
+                "be a new task",
+                field=f"{field}.task_id",
+            )
     if storage.get_batch(batch.batch_id) is not None:
         raise _used(batch.batch_id)
 

@@ -22,7 +22,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from .exceptions import InvalidTaskOptionError, TaskSubmitError
+from .exceptions import InvalidDependencyError, InvalidTaskOptionError, TaskSubmitError
 from .records import NewTask, TaskSubmitRequest
 from .states import TaskStatus
 
@@ -158,7 +158,12 @@ def callback_from_json(plain: dict[str, Any], batch_id: str, now: dt.datetime) -
 
 def check_callback(request: Any, field: str) -> TaskSubmitRequest | None:
     """``on_complete``/``on_success`` as given: None or a TaskSubmitRequest without
-    ``unique_for`` (a callback is submitted once anyway)."""
+    ``unique_for`` (a callback is submitted once anyway) and without dependencies.
+
+    A callback's dependencies are refused rather than honoured: the callback is stored by the
+    write that ends the batch's last member, under its batch's lock, where waiting for other
+    tasks would lock their rows after the batch's (the order that deadlocks, see
+    storage/database/batches.py) and a dependency purged by then could not be waited for."""
     if request is None:
         return None
     if not isinstance(request, TaskSubmitRequest):
@@ -171,6 +176,18 @@ def check_callback(request: Any, field: str) -> TaskSubmitRequest | None:
             f"{field}: unique_for/unique_key do not apply to a batch callback (it is submitted "
             "exactly once already)",
             field=field,
+        )
+    if request.depends_on is not None:
+        raise InvalidDependencyError(
+            f"{field}: depends_on does not apply to a batch callback (it waits for the "
+            "batch's members; make the tasks to wait for members of the batch)",
+            field=f"{field}.depends_on",
+        )
+    if request.on_dependency_failure != "cancel":
+        raise InvalidDependencyError(
+            f"{field}: on_dependency_failure does not apply to a batch callback (it has no "
+            "dependencies: on_complete runs whatever its members' outcomes)",
+            field=f"{field}.on_dependency_failure",
         )
     return request
 

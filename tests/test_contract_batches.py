@@ -214,6 +214,39 @@ def test_bad_batch_input_names_the_field_and_stores_nothing(executor, kwargs, fi
     _nothing_stored(executor)
 
 
+@pytest.mark.parametrize("field", ["on_complete", "on_success"])
+def test_a_callback_is_checked_like_a_member_and_refused_when_it_could_never_run(executor, field):
+    """A callback with an existing task's id would never be stored (that task stands in for
+    it); one with depends_on would have its dependencies dropped, or wait for a task that
+    never comes: each is refused naming the field, and nothing is stored."""
+    executor.submit("contract.hook", None, task_id="there")
+    refused = [
+        (TaskSubmitRequest("contract.hook", task_id="there"), TaskSubmitError, "task_id"),
+        (
+            TaskSubmitRequest("contract.hook", task_id="cb", depends_on=["there"]),
+            InvalidDependencyError,
+            "depends_on",
+        ),
+        (
+            TaskSubmitRequest("contract.hook", task_id="cb", depends_on=["nowhere"]),
+            InvalidDependencyError,
+            "depends_on",
+        ),
+        (
+            TaskSubmitRequest("contract.hook", task_id="cb", on_dependency_failure="run"),
+            InvalidDependencyError,
+            "on_dependency_failure",
+        ),
+    ]
+    for callback, error, what in refused:
+        with pytest.raises(error) as raised:
+            executor.submit_batch(members(2), batch_id="bad", **{field: callback})
+        assert raised.value.field == f"{field}.{what}", callback
+        assert field in str(raised.value)
+        assert executor.get_batch("bad") is None
+        assert [t.task_id for t in executor.list_tasks()] == ["there"]
+
+
 def test_a_bad_member_late_in_a_large_batch_stores_nothing(executor):
     requests = members(2500)
     requests[2400] = TaskSubmitRequest("contract.hook", {1, 2}, task_id="x")  # not JSON
