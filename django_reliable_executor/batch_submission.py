@@ -19,7 +19,7 @@ from .batches import (
     member_chunks,
 )
 from .exceptions import TaskSubmitError
-from .records import NewTask, TaskInfo, TaskSubmitRequest, copy_with
+from .records import NewTask, TaskInfo, TaskSubmitRequest
 from .submission import MAX_ID_LENGTH, check_dependencies_exist, prepare
 from .tracing import current_trace_context
 
@@ -59,9 +59,7 @@ def submit_batch(
 
     def prepared(span: slice) -> list[NewTask]:
         return [
-            copy_with(
-                prepare(request, now, settings, index, trace, new_id), batch_id=batch.batch_id
-            )
+            batch.member(prepare(request, now, settings, index, trace, new_id))
             for index, request in enumerate(requests[span], span.start)
         ]
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from .exceptions import InvalidDependencyError, InvalidTaskOptionError, TaskSubmitError
-from .records import NewTask, TaskSubmitRequest
+from .records import NewTask, TaskSubmitRequest, copy_with
 from .states import TaskStatus
 
 #: Members prepared and stored at a time: a batch of any size is submitted in bounded memory.
@@ -96,12 +97,19 @@ def batch_info(
 @dataclasses.dataclass(frozen=True)
 class NewBatch:
     """A validated batch ready to be opened: its callbacks prepared (their times are made
-    relative to the moment the batch finishes, see ``callback_to_json``)."""
+    relative to the moment the batch finishes, see ``callback_to_json``). ``generation`` tells
+    it from an earlier batch of the same id, purged since, whose members may still be stored:
+    each member carries it, and counts only in the batch whose generation it carries."""
 
     batch_id: str
     created_at: dt.datetime
     on_complete: NewTask | None
     on_success: NewTask | None
+    generation: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    def member(self, task: NewTask) -> NewTask:
+        """``task`` as a member of this batch."""
+        return copy_with(task, batch_id=self.batch_id, batch_generation=self.generation)
 
     def callbacks_json(self) -> dict[str, Any]:
         """The callbacks as the storages keep them until the batch finishes."""

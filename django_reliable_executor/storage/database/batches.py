@@ -37,6 +37,7 @@ class Batches(DatabaseAccess):
                     batch_id=batch.batch_id,
                     created_at=batch.created_at,
                     callbacks=batch.callbacks_json(),
+                    generation=batch.generation,
                 )
         except IntegrityError:
             return False
@@ -103,6 +104,7 @@ class Batches(DatabaseAccess):
                 by_batch[batch_id].append((task_id, status))
         if not by_batch:
             return
+        generations = self._generations([t for members in by_batch.values() for t, _ in members])
         # Locked in id order: two writes ending members of the same batches never deadlock.
         rows = self._batches().select_for_update().filter(pk__in=list(by_batch)).order_by("pk")
         for row in rows:
@@ -111,6 +113,8 @@ class Batches(DatabaseAccess):
             for task_id, status in by_batch[row.batch_id]:
                 if task_id in callbacks:
                     continue  # a callback carries its batch's id, but is no member
+                if generations.get(task_id) != row.generation:
+                    continue  # a member of an earlier batch of this id, purged since
                 counter = counter_of(status)
                 setattr(row, counter, getattr(row, counter) + 1)
                 changed = True
@@ -122,9 +126,19 @@ class Batches(DatabaseAccess):
         row = self._batches().select_for_update().filter(pk=batch_id).first()
         if row is None or task_id in _callback_ids(row):
             return
+        if self._generations([task_id]).get(task_id) != row.generation:
+            return  # a member of an earlier batch of this id, purged since
         counter = counter_of(status)
         setattr(row, counter, max(getattr(row, counter) - 1, 0))
         row.save(update_fields=[counter])  # finished_at stays: the callbacks never refire
+
+    def _generations(self, task_ids: Sequence[str]) -> dict[str, str | None]:
+        """The batch generation each of these tasks carries (rows the caller's transaction
+        just wrote: read without another lock)."""
+        found: dict[str, str | None] = {}
+        for chunk in chunks(list(task_ids)):
+            found.update(self._tasks().filter(pk__in=chunk).values_list("pk", "batch_generation"))
+        return found
 
     def _finish_if_done(self, row: ReliableBatch) -> None:
         """Under the row's lock: a sealed batch whose members have all ended, not finished
