@@ -25,6 +25,7 @@ from .tracing import current_trace_context
 
 if TYPE_CHECKING:
     from .service import ReliableExecutor
+    from .storage.base import TaskStorage
 
 
 def submit_batch(
@@ -70,13 +71,17 @@ def submit_batch(
     # Members may depend on stored tasks and on members before them: the ids of earlier chunks
     # are kept for that check, only when some member has dependencies.
     earlier: set[str] | None = set() if any(r.depends_on for r in requests) else None
+    keys: set[str] = set()  # the unique keys members take, when some member has dependencies
     # First pass: every member valid, new, and no callback's id (nothing is kept: bounded).
     for span in spans:
         tasks = prepared(span)
         ids = [task.task_id for task in tasks]
         if earlier is not None:
-            check_dependencies_exist(storage, tasks, earlier)  # InvalidDependencyError
-            earlier.update(ids)
+            # A member whose unique key a live task (or a member before it) holds is not
+            # stored: a member depending on it is refused, before the batch is opened.
+            skipped = _held_members(storage, tasks, keys)
+            check_dependencies_exist(storage, tasks, earlier, skipped)  # InvalidDependencyError
+            earlier.update(task_id for task_id in ids if task_id not in skipped)
         clash = next((task_id for task_id in ids if task_id in callback_ids), None)
         if clash is not None:
             raise TaskSubmitError(
@@ -117,6 +122,22 @@ def submit_batch(
             total = len(requests)
             return BatchInfo(batch.batch_id, total, 0, 0, 0, total, False, now, sealed=False)
     return write()
+
+
+def _held_members(storage: TaskStorage, tasks: Sequence[NewTask], keys: set[str]) -> set[str]:
+    """The ids of the unique members of ``tasks`` whose key a live task holds, or a member
+    before them took (``keys``, updated with the keys these take): their holder is returned
+    and they are not stored."""
+    held: set[str] = set()
+    for task in tasks:
+        key = task.unique_key
+        if key is None:
+            continue
+        if key in keys or storage.unique_holder(key) is not None:
+            held.add(task.task_id)
+        else:
+            keys.add(key)
+    return held
 
 
 def _repeated_id(requests: Sequence[TaskSubmitRequest]) -> str | None:

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
@@ -151,19 +151,49 @@ def _check_redis() -> list[CheckMessage]:
         cache_alias not in getattr(settings, "CACHES", {}) or _check_cache_backend(cache_alias)
     ):
         return []  # E003 or E009 says so
+    where = describe(executor_settings)
     try:
         client = connect(executor_settings)
         try:
             client.ping()
+            found = _redis_server_problems(client, where, executor_settings)
         finally:
             client.close()
     except Exception as exc:
         return [
             Error(
-                f"Redis at {describe(executor_settings)} cannot be reached: "
-                f"{type(exc).__name__}: {exc}",
+                f"Redis at {where} cannot be reached: {type(exc).__name__}: {exc}",
                 obj="STORAGE",
                 id="reliable_executor.E008",
             )
         ]
-    return []
+    return found
+
+
+def _redis_server_problems(client: Any, where: str, executor_settings: Any) -> list[CheckMessage]:
+    """The Redis server's configuration that may lose tasks (W001), and a REDIS_SHARDS other
+    than the layout recorded under KEY_PREFIX (E010)."""
+    from .storage.redis.access import _unavailable_errors
+    from .storage.redis.layout import layout_problem
+    from .storage.redis.server_config import config_warnings
+
+    found: list[CheckMessage] = [
+        Warning(
+            warning,
+            hint="See docs/redis.md, Durability: configure the Redis server.",
+            obj="STORAGE",
+            id="reliable_executor.W001",
+        )
+        for warning in config_warnings(client, where, _unavailable_errors())
+    ]
+    problem = layout_problem(client, executor_settings.KEY_PREFIX, executor_settings.REDIS_SHARDS)
+    if problem is not None:
+        found.append(
+            Error(
+                problem,
+                hint="See docs/scaling.md, Changing the number of shards.",
+                obj="REDIS_SHARDS",
+                id="reliable_executor.E010",
+            )
+        )
+    return found

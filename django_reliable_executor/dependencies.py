@@ -12,11 +12,14 @@ otherwise is CANCELLED (``last_error`` names it) unless it asked for ``on_depend
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import InvalidDependencyError
 from .states import TaskStatus
+
+if TYPE_CHECKING:
+    from .records import NewTask
 
 #: At most this many dependencies per task.
 MAX_DEPENDENCIES = 100
@@ -77,6 +80,26 @@ def missing_error(task_id: str, missing: Iterable[str]) -> InvalidDependencyErro
         "(submit dependencies first)",
         field="depends_on",
     )
+
+
+def first_missing(
+    tasks: Sequence[NewTask], stored: Collection[str], skipped: Collection[str] = ()
+) -> InvalidDependencyError | None:
+    """The error of the first task of ``tasks`` (one call, in order) that the call would store
+    with a dependency neither in ``stored`` (ids stored, or written before this call) nor a
+    task before it that this call stores, else None. Tasks in ``stored`` are returned as they
+    are, unchecked; those in ``skipped`` are not stored (a live task holds their unique key),
+    so they are unchecked and count as nothing for the tasks after them (as on the
+    databases, which refuse such a dependent)."""
+    earlier: set[str] = set()
+    for task in tasks:
+        if task.task_id in stored or task.task_id in skipped:
+            continue
+        missing = [d for d in task.depends_on if d not in stored and d not in earlier]
+        if missing:
+            return missing_error(task.task_id, missing)
+        earlier.add(task.task_id)
+    return None
 
 
 def failure_message(dependency_id: str, status: TaskStatus | str) -> str:

@@ -189,33 +189,40 @@ class ReliableExecutor:
     def _submit_on_commit(self, new_tasks: list[NewTask], alias: str) -> list[TaskInfo]:
         """Storage outside the database (Redis): write when the caller's transaction commits,
         so a rolled-back transaction leaves no task behind. Ids already stored are returned as
-        stored; the others as they will be."""
-        existing = self.storage.get_many([task.task_id for task in new_tasks])
-        # Refused now rather than at commit (submit.lua checks again when it writes); the
-        # tasks this transaction will write before these count as stored.
-        check_dependencies_exist(self.storage, new_tasks, _deferred_ids(alias))
-
-        def write() -> None:
-            results = self.storage.enqueue(new_tasks)
-            self.announcer.submitted([info for info, was_created in results if was_created])
-
-        write.task_ids = [task.task_id for task in new_tasks]  # type: ignore[attr-defined]
-
-        transaction.on_commit(write, using=alias)
-        infos: dict[str, TaskInfo] = dict(existing)
+        stored; the others as they will be, as the databases would answer in the transaction:
+        a unique key held by a live task, or taken by a submit before this one in the same
+        transaction (whose write waits for the commit too), returns that task."""
+        earlier = _deferred_writes(alias)
+        infos: dict[str, TaskInfo] = {}
         holders: dict[str, TaskInfo | None] = {}
+        for deferred in earlier:  # in the order submitted: the first to take a key keeps it
+            for task_id, info in deferred.stored.items():
+                infos.setdefault(task_id, info)
+            for taken, info in deferred.keys.items():
+                holders.setdefault(taken, info)
+        coming = set(infos)
+        infos.update(self.storage.get_many([task.task_id for task in new_tasks]))
+        write = _DeferredWrite(self, new_tasks)
+        skipped: set[str] = set()
         for task in new_tasks:
+            if task.task_id in infos:
+                continue
             key = task.unique_key
-            if key is not None and task.task_id not in infos:
+            if key is not None:
                 # The live holder of its key as things stand; the write at commit decides.
                 if key not in holders:
                     holders[key] = self.storage.unique_holder(key)
                 holder = holders[key]
                 if holder is not None:
                     infos[task.task_id] = holder
+                    skipped.add(task.task_id)
                     continue
-                holders[key] = new_info(task)  # a later task of the batch meets this one
-            infos.setdefault(task.task_id, new_info(task))
+                holders[key] = write.keys[key] = new_info(task)  # a later submit meets it
+            infos[task.task_id] = write.stored[task.task_id] = new_info(task)
+        # Refused now rather than at commit (submit.lua checks again when it writes): only
+        # the tasks this transaction will store before these count as stored.
+        check_dependencies_exist(self.storage, new_tasks, coming, skipped)
+        transaction.on_commit(write, using=alias)
         return [infos[task.task_id] for task in new_tasks]
 
     def submit_batch(
@@ -536,11 +543,27 @@ class ReliableExecutor:
         self.announcer.started(task)
 
 
-def _deferred_ids(alias: str) -> set[str]:
-    """The ids of the tasks submitted inside the open transaction on ``alias`` whose write
-    waits for its commit (callbacks of rolled-back savepoints are gone from the list)."""
+class _DeferredWrite:
+    """A submit inside a transaction whose tasks Redis stores when it commits (an on_commit
+    callback), with what the submit answered: the tasks it will store by id, and the unique
+    keys they take (a later submit in the same transaction returns the task holding one)."""
+
+    def __init__(self, executor: ReliableExecutor, tasks: list[NewTask]) -> None:
+        self.executor = executor
+        self.tasks = tasks
+        self.stored: dict[str, TaskInfo] = {}
+        self.keys: dict[str, TaskInfo] = {}
+
+    def __call__(self) -> None:
+        results = self.executor.storage.enqueue(self.tasks)
+        self.executor.announcer.submitted([info for info, created in results if created])
+
+
+def _deferred_writes(alias: str) -> list[_DeferredWrite]:
+    """The submits inside the open transaction on ``alias`` whose write waits for its commit,
+    in order (callbacks of rolled-back savepoints are gone from the list)."""
     callbacks = getattr(transaction.get_connection(alias), "run_on_commit", ())
-    return {i for _, func, *_ in callbacks for i in getattr(func, "task_ids", ())}
+    return [func for _, func, *_ in callbacks if isinstance(func, _DeferredWrite)]
 
 
 #: The module-level executor: builds its storage from settings on first use.

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .conf import ExecutorSettings
-from .dependencies import check_dependencies, missing_error
+from .dependencies import check_dependencies, first_missing
 from .exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
@@ -205,19 +205,22 @@ def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
 
 
 def check_dependencies_exist(
-    storage: TaskStorage, tasks: Sequence[NewTask], coming: Collection[str] = ()
+    storage: TaskStorage,
+    tasks: Sequence[NewTask],
+    coming: Collection[str] = (),
+    skipped: Collection[str] = (),
 ) -> None:
     """Raise InvalidDependencyError unless every dependency of ``tasks`` is stored or is a
-    task of ``tasks`` before it, or of ``coming`` (tasks to be written before these). For
-    storages that cannot check it while they write (the write waits for a commit); the
-    write checks again."""
+    task of ``tasks`` before it that the call stores, or of ``coming`` (tasks to be written
+    before these). ``skipped``: the ids of ``tasks`` the write will not store, as things stand
+    (a live task holds their unique key). For storages that cannot check it while they write
+    (the write waits for a commit); the write checks again."""
     wanted = {d for task in tasks for d in task.depends_on if d not in coming}
     if not wanted:
         return
+    # A dependent whose id is stored is returned as it is: its dependencies are not checked.
+    wanted.update(task.task_id for task in tasks if task.depends_on)
     stored = set(storage.get_many(sorted(wanted))) | set(coming)
-    earlier: set[str] = set()
-    for task in tasks:
-        missing = [d for d in task.depends_on if d not in stored and d not in earlier]
-        if missing and task.task_id not in stored:
-            raise missing_error(task.task_id, missing)
-        earlier.add(task.task_id)
+    error = first_missing(tasks, stored, skipped)
+    if error is not None:
+        raise error

@@ -151,6 +151,7 @@ class Worker:
             outage_seconds=options.lease_timeout / 2,
         )
         self.stopping = threading.Event()  # quiet: stop claiming, drain
+        self._layout_checked = False  # _check_layout passed
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
         self._threads_done = threading.Event()
         self.heartbeat = Heartbeat(
@@ -195,9 +196,29 @@ class Worker:
 
     def prepare(self) -> None:
         """Start what must be up before the worker says it is ready: the process pool's
-        children, each with Django set up. ``run()`` does it too, if not done."""
+        children, each with Django set up. ``run()`` does it too, if not done. Raises
+        ImproperlyConfigured when the storage's layout is not the other processes' (a Redis
+        REDIS_SHARDS other than the recorded one): such a worker would never see their tasks."""
+        self._check_layout()
         if self.processes is not None:
             self.processes.start()
+
+    def _check_layout(self) -> None:
+        """storage.check_layout, once; while the storage cannot be reached, tried again (0.5 s,
+        doubling up to 5 s) until it answers or a stop is asked for: a worker started during
+        an outage waits for it, as its claims would, rather than exit."""
+        wait = 0.5
+        while not self._layout_checked:
+            try:
+                self.executor.storage.check_layout()
+                self._layout_checked = True
+            except StorageUnavailableError as exc:
+                logger.warning(
+                    "could not check the storage's layout (%s); again in %.1fs", exc, wait
+                )
+                if self.stopping.wait(wait):
+                    return
+                wait = min(wait * 2, 5.0)
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:

@@ -33,6 +33,7 @@ KNOWN_KEYS = {
     ("held", "hash"),
     ("parked", "set"),
     ("outbox:seq", "string"),
+    ("layout", "string"),  # REDIS_SHARDS recorded under the key prefix (layout.py)
 }
 
 
@@ -150,6 +151,8 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
             pass  # the admin chart's endings per minute (throughput.py): counts, no task
         elif family == "i" and kind == "string":
             pass  # REDIS_SHARDS > 1: the task-id directory (id_reserve.lua), no index
+        elif family == "u" and kind == "string":
+            pass  # unique keys (submit.lua, unique_reserve.lua): expire with their window
         elif family == "deps" and kind == "set":
             pass  # dependencies: the dependents of task <id> (settled by its ending script)
         elif family == "xdone" and kind == "hash":
@@ -346,7 +349,13 @@ def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str
 
 
 # rate_limit's logs and notes: no task's place is in them.
-RATE_KEYS = {("rate", "zset"), ("ratenext", "string"), ("ratekeys", "zset"), ("ratewait", "zset")}
+RATE_KEYS = {
+    ("rate", "zset"),
+    ("ratenext", "string"),
+    ("ratekeys", "zset"),
+    ("ratewait", "zset"),
+    ("ratespec", "hash"),
+}
 SCHEDULE_INDEXES = ("schedules", "schedules:due", "schedules:paused")
 
 

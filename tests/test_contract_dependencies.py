@@ -439,3 +439,33 @@ def test_the_failure_of_a_task_without_dependents_is_one_statement(
             assert not any(
                 "reliable_executor_dependency" in q["sql"] for q in queries.captured_queries
             )
+
+
+@pytest.mark.parametrize("how", ["chain", "submit_many", "in_transaction", "submit_batch"])
+def test_a_chain_whose_step_another_task_holds_stores_nothing(executor, storage, db_alias, how):
+    """A step whose unique key another task holds is not stored (its holder is returned), so
+    the step depending on it names a task the call does not store: refused, nothing stored."""
+    executor.submit("contract.hook", None, task_id="holder", unique_for=60, unique_key="k")
+    steps = [
+        TaskSubmitRequest("contract.hook", task_id="s1"),
+        TaskSubmitRequest("contract.hook", task_id="s2", unique_for=60, unique_key="k"),
+        TaskSubmitRequest("contract.hook", task_id="s3"),
+    ]
+    if how != "chain":
+        steps[2] = TaskSubmitRequest("contract.hook", task_id="s3", depends_on=["s2"])
+    if how == "in_transaction":
+        # Refused by the submit itself, not at commit (Redis writes then).
+        with transaction.atomic(using=db_alias), pytest.raises(InvalidDependencyError) as caught:
+            executor.submit_many(steps)
+    elif how == "submit_batch":
+        with pytest.raises(InvalidDependencyError) as caught:
+            executor.submit_batch(steps, batch_id="refused")
+        assert executor.get_batch("refused") is None  # not even opened
+    else:
+        with pytest.raises(InvalidDependencyError) as caught:
+            (executor.chain if how == "chain" else executor.submit_many)(steps)
+    assert caught.value.field == "depends_on"
+    assert "'s3'" in str(caught.value) and "'s2'" in str(caught.value)
+    assert storage.get_many(["s1", "s2", "s3"]) == {}
+    assert [task.task_id for task in executor.list_tasks()] == ["holder"]
+    assert claimable(storage) == ["holder"]

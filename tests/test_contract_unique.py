@@ -122,15 +122,36 @@ def test_a_committed_transaction_keeps_the_key(executor, db_alias):
     with transaction.atomic(using=db_alias):
         inside = executor.submit("demo.echo", 1, unique_for=60, unique_key="tx")
         again = executor.submit("demo.echo", 1, unique_for=60, unique_key="tx")
-        # The database storage takes the key in the transaction; Redis decides at commit (the
-        # second submit then returns the first's task and stores nothing).
-        if executor.storage.supports_transactional_enqueue:
-            assert again.task_id == inside.task_id
-    assert executor.get_task(again.task_id) is None or again.task_id == inside.task_id
+        # The second submit returns the first's task (Redis writes both at commit).
+        assert again.task_id == inside.task_id
+    assert executor.get_task(inside.task_id) is not None
     assert executor.submit("demo.echo", 2, unique_for=60, unique_key="tx").task_id == (
         inside.task_id
     )
     assert total(executor.count_by_status()) == 1
+
+
+def test_unique_submits_of_one_key_in_one_transaction_return_the_first_task(executor, db_alias):
+    """Separate submits in one transaction: each later one of the key gets the first's task,
+    the one stored once committed (a savepoint rolled back takes its submit's key with it)."""
+    with transaction.atomic(using=db_alias):
+        first = executor.submit("demo.echo", {"n": 1}, task_id="first", unique_for=60)
+        many = executor.submit_many(
+            [
+                TaskSubmitRequest("demo.echo", {"n": 1}, task_id="second", unique_for=60),
+                TaskSubmitRequest("demo.echo", {"n": 2}, task_id="other", unique_for=60),
+            ]
+        )
+        assert [info.task_id for info in many] == ["first", "other"]
+        with pytest.raises(RuntimeError), transaction.atomic(using=db_alias):
+            executor.submit("demo.echo", {"n": 3}, task_id="undone", unique_for=60)
+            raise RuntimeError("rolled back")
+        third = executor.submit("demo.echo", {"n": 3}, task_id="third", unique_for=60)
+        assert third.task_id == "third"
+    assert first.task_id == "first"
+    stored = executor.storage.get_many(["first", "second", "other", "undone", "third"])
+    assert sorted(stored) == ["first", "other", "third"]
+    assert total(executor.count_by_status()) == 3
 
 
 def test_expired_keys_are_removed_or_expire(executor, clock):

@@ -125,6 +125,26 @@ def test_the_limit_holds_until_the_window_frees(executor, storage, clock):
     consistent(storage)
 
 
+def test_a_changed_limit_plans_the_held_backlog_again(executor, make_storage, clock):
+    """A deploy changes the name's limit (each deploy's worker a storage of its own, as a new
+    process): the tasks held back under "2/h" are claimed under the limit the claim has, at
+    once: "4/h" takes two more (the window holds two already), and a claim with no limit for
+    the name (removed) takes every other one."""
+    ids = [executor.submit(RATED, i, task_id=f"t{i:02d}").task_id for i in range(10)]
+    old, raised_to, removed = make_storage(clock), make_storage(clock), make_storage(clock)
+    first = claim(old, RateLimit(2, 3600.0))
+    assert len(first) == 2
+    clock.advance(60)
+    assert claim(old, RateLimit(2, 3600.0)) == []  # held for later slots
+    raised = claim(raised_to, RateLimit(4, 3600.0))
+    assert len(raised) == 2
+    clock.advance(60)
+    assert claim(raised_to, RateLimit(4, 3600.0)) == []
+    rest = removed.claim("w1", ["default"], 20, LEASE, start=20)
+    consistent(removed)
+    assert sorted(c.task_id for c in first + raised + rest) == ids
+
+
 def test_rate_keys_have_their_own_limits(executor, storage, clock):
     for i in range(4):
         for key in ("customer:1", "customer:2", None):

@@ -396,6 +396,11 @@ class TaskStorage(ScheduleStorage):
         """Problems of the server's configuration worth a warning when a worker starts."""
         return []
 
+    def check_layout(self) -> None:  # noqa: B027 - optional, only Redis has layouts
+        """Raise ImproperlyConfigured when this process's layout of the stored tasks is not
+        the one the others use (Redis: REDIS_SHARDS against the recorded one, recorded here
+        when none is). A worker calls it before it starts."""
+
     def wake(self, queues: Sequence[str]) -> None:  # noqa: B027 - optional, polling needs none
         """Let a worker blocked in wait_for_work on these queues return now."""
 

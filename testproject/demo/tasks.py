@@ -180,6 +180,24 @@ def rated_wide(param: dict | None, context: TaskContext) -> float:
     return started
 
 
+# The limit of demo.rated_deploy, as a deploy would change it: RE_DEPLOY_RATE_LIMIT ("none":
+# no limit).
+_DEPLOY_RATE_LIMIT = os.environ.get("RE_DEPLOY_RATE_LIMIT", "2/h")
+
+
+@reliable_task_handler(
+    name="demo.rated_deploy",
+    takes_context=True,
+    rate_limit=None if _DEPLOY_RATE_LIMIT == "none" else _DEPLOY_RATE_LIMIT,
+)
+def rated_deploy(param: dict | None, context: TaskContext) -> float:
+    """demo.rated under the limit RE_DEPLOY_RATE_LIMIT gives it (default "2/h"): a backlog held
+    at one limit, then a worker started with another (the tests of a deploy changing it)."""
+    started = time.time()
+    _journal("start", context, at=started)
+    return started
+
+
 def _journal(event: str, context: TaskContext, **extra: object) -> None:
     """One line in the file named by RE_JOURNAL, written with a single O_APPEND write so that
     lines of concurrent processes never interleave. The fault tests read what ran when from

@@ -11,6 +11,8 @@ import pytest
 from django_reliable_executor import InvalidDependencyError, TaskStatus
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.storage.redis.sharding import directory_of, unique_home
+from django_reliable_executor.uniqueness import unique_digest
 from tests.conftest import delete_prefix, redis_client, require
 
 from .conftest import (
@@ -19,6 +21,7 @@ from .conftest import (
     S0B,
     S1,
     S2,
+    SHARDS,
     claim,
     complete,
     due,
@@ -189,3 +192,71 @@ def test_a_missing_dependency_in_a_call_over_shards_stores_nothing(executor, sto
             ]
         )
     assert storage.get_many(["one", "two", "x"]) == {}
+
+
+@pytest.mark.parametrize("on_failure", ["cancel", "run"])
+def test_an_idempotent_resubmit_of_a_dependency_stored_on_another_shard(
+    executor, storage, on_failure
+):
+    """X is stored on shard 0; submit_many([X to a queue of shard 1, its directory, Y of shard
+    1 depending on X]) returns X as stored and links Y to it there, so X's ending reaches Y."""
+    assert directory_of("xb", SHARDS) == 1  # shard 1 holds "xb"'s directory entry
+    original = executor.submit("demo.echo", {}, task_id="xb", queue=S0)
+    again, waiting = executor.submit_many(
+        [step("xb", S1), step("y", S1, depends_on=["xb"], on_dependency_failure=on_failure)]
+    )
+    assert again == original and again.queue == S0
+    assert waiting.status is TaskStatus.CREATED and waiting.waiting_for == ("xb",)
+    assert executor.dependents_of("xb") == ["y"]
+    assert [task.task_id for task in executor.list_tasks()] == ["y", "xb"]
+    assert executor.cancel_task("xb")
+    if on_failure == "cancel":
+        assert status(executor, "y") is TaskStatus.CANCELLED
+        assert executor.get_task("y").last_error == "dependency xb ended CANCELLED: cancelled"
+    else:
+        assert due(executor, "y")
+        complete(storage, S1, "y")
+
+
+def test_a_refused_chain_over_three_shards_stores_nothing(executor, storage):
+    """Its second step's unique key is held by another task, so the third step depends on a
+    task the call does not store: refused before the first write, on every shard."""
+    executor.submit("demo.echo", {}, task_id="held", queue=S1, unique_for=60, unique_key="k")
+    steps = [step("s1", S0), step("s2", S1, unique_for=60, unique_key="k"), step("s3", S2)]
+    with pytest.raises(InvalidDependencyError, match="'s3' names tasks that do not exist: 's2'"):
+        executor.chain(steps)
+    assert storage.get_many(["s1", "s2", "s3"]) == {}
+    assert [task.task_id for task in executor.list_tasks()] == ["held"]
+    claims = storage.claim("w1", [S0, S1, S2], 10, LEASE)
+    assert [c.task_id for c in claims] == ["held"]
+    storage.release(claims)
+    left = [
+        prefix + family + task_id
+        for prefix in storage.prefixes
+        for family in ("i:", "deps:", "xdone:")
+        for task_id in ("s1", "s2", "s3")
+    ]
+    assert storage.client.exists(*left) == 0  # no id reserved, no dependent registered
+    key = unique_digest("demo.echo", "k", {})
+    assert storage.unique_holder(key) == executor.get_task("held")
+
+
+def test_a_refused_call_on_one_shard_gives_back_the_unique_keys_it_took_on_others(
+    executor, storage
+):
+    """The run of shard 1 takes its unique key on the key's home (shard 2) before its
+    submit.lua, which then refuses a missing dependency: the key is given back, so the next
+    submit of it is stored at once (it would wait 10 s for a task never stored)."""
+    key = unique_digest("demo.echo", "k", {})
+    assert unique_home(key, SHARDS) == 2
+    with pytest.raises(InvalidDependencyError, match="'b' names tasks that do not exist"):
+        executor.submit_many(
+            [
+                step("a", S1, unique_for=60, unique_key="k"),
+                step("b", S1, depends_on=["nowhere"]),
+            ]
+        )
+    assert storage.get_many(["a", "b"]) == {}
+    assert storage.client.get(storage.prefixes[2] + "u:" + key) is None
+    assert executor.submit("demo.echo", {}, task_id="c", queue=S0, unique_for=60, unique_key="k")
+    assert storage.unique_holder(key) == executor.get_task("c")

@@ -256,6 +256,13 @@ def _add_shards(actions: Any) -> None:
         "switch may be made, 1 when not.",
     )
     shards.add_argument("target", type=_shard_count, metavar="N")
+    shards.add_argument(
+        "--apply",
+        action="store_true",
+        help="when the switch may be made, make it: pause the paused queues in the N-shard "
+        "layout too and record N as the key prefix's layout (workers with the old REDIS_SHARDS "
+        "are then refused, those with N start)",
+    )
 
 
 class Command(BaseCommand):
@@ -370,7 +377,10 @@ class Command(BaseCommand):
 
     def shards(self, options: dict[str, Any]) -> None:
         from django_reliable_executor.storage.redis import RedisStorage
-        from django_reliable_executor.storage.redis.resharding import check_reshard
+        from django_reliable_executor.storage.redis.resharding import (
+            apply_reshard,
+            check_reshard,
+        )
 
         storage = executor.storage
         if not isinstance(storage, RedisStorage):
@@ -378,7 +388,9 @@ class Command(BaseCommand):
                 "shards: REDIS_SHARDS applies to the Redis storage only", returncode=EXIT_USAGE
             )
         try:
-            check = check_reshard(storage, options["target"])
+            check = (apply_reshard if options["apply"] else check_reshard)(
+                storage, options["target"]
+            )
         except ValueError as exc:
             raise CommandError(f"shards: {exc}", returncode=EXIT_USAGE) from None
         self.stdout.write(
@@ -390,11 +402,23 @@ class Command(BaseCommand):
         self.stdout.write(
             f"schedules: {check.schedules} (not carried over: define them again after)"
         )
+        paused = ", ".join(sorted(check.paused)) or "none"
+        self.stdout.write(f"paused queues: {paused} (carried over)")
         for problem in check.problems():
             self.stdout.write(f"not ready: {problem}")
         if not check.ready:
             raise SystemExit(EXIT_INCOMPLETE)
-        self.stdout.write(f"ready: set REDIS_SHARDS = {check.target}, then start the workers again")
+        if options["apply"]:
+            self.stdout.write(
+                f"applied: the layout of key prefix {storage.key_prefix!r} is REDIS_SHARDS = "
+                f"{check.target} now; set REDIS_SHARDS = {check.target}, then start the workers "
+                "again"
+            )
+        else:
+            self.stdout.write(
+                f"ready: run again with --apply, then set REDIS_SHARDS = {check.target} and "
+                "start the workers again"
+            )
 
     # -- retry and cancel -----------------------------------------------------------------
     def retry(self, options: dict[str, Any]) -> None:

@@ -195,26 +195,59 @@ local function rate_flush()
   end
 end
 
--- Note task `id` of `name` as held back by its rate limit until `at` (for rate_use).
-local function rate_wait(name, id, at)
+-- A limit as its held-back tasks record it: "<count>/<log window in µs>".
+local function rate_spec(count, window)
+  return string.format('%d/%.0f', count, window)
+end
+
+-- Note task `id` of `name` as held back by its rate limit (`spec`, rate_spec) until `at`:
+-- `ratewait:<len>:<name>` lists them (for rate_use, and for rate_replan: the set expires only
+-- after its last task's slot), `ratespec` HASH name -> the limit they were planned under.
+local function rate_wait(name, id, at, spec)
   local key = P .. 'ratewait:' .. #name .. ':' .. name
   redis.call('ZREMRANGEBYSCORE', key, '-inf', NOW)
   redis.call('ZADD', key, at, id)
-  redis.call('PEXPIRE', key, math.ceil((tonumber(at) - NOWN) / 1000) + 1000)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', key, math.ceil((tonumber(last[2]) - NOWN) / 1000) + 1000)
+  redis.call('HSET', P .. 'ratespec', name, spec)
+end
+
+-- The limit of `name` in force (rate_spec; '' for none) is not the one its held-back tasks
+-- were planned under (a deploy raised, lowered or removed it): each of them still waiting in
+-- its queue's schedule is due now, to be claimed or held back again under the limit in
+-- force, and its queue woken. One call re-plans them all, so none keeps an old slot.
+local function rate_replan(name)
+  local key = P .. 'ratewait:' .. #name .. ':' .. name
+  local woken = {}
+  for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    local queue = redis.call('HGET', tkey(id), 'q')
+    -- XX: only a task still in the schedule (not claimed, cancelled or purged since)
+    if queue and redis.call('ZADD', P .. 'sched:' .. queue, 'XX', 'CH', NOW, id) == 1 then
+      redis.call('HSET', tkey(id), 'r', NOW)
+      woken[queue] = true
+    end
+  end
+  redis.call('DEL', key)
+  redis.call('HDEL', P .. 'ratespec', name)
+  for queue in pairs(woken) do
+    wake(queue)
+  end
 end
 
 -- When a task held back at its bucket's limit tries again: once the earliest claim leaves the
 -- window; past the first `count` tasks held back for that moment, a window later per `count`
 -- (`ratenext:<bucket>` = "<slot>:<tasks given it>"), so that a backlog comes back about once
--- per task rather than all of it at every window.
+-- per task rather than all of it at every window. The saved slot holds the limit it was
+-- planned under ("<slot>:<given>:<spec>"): one planned under another limit is not followed.
 local function rate_slot(bucket, count, window)
   local first = redis.call('ZRANGE', P .. 'rate:' .. bucket, 0, 0, 'WITHSCORES')
   local slot, given = first[2] and (tonumber(first[2]) + window) or NOWN, 0
   local key = P .. 'ratenext:' .. bucket
+  local spec = rate_spec(count, window)
   local saved = redis.call('GET', key)
   if saved then
-    local at, n = string.match(saved, '^(%d+):(%d+)$')
-    if tonumber(at) >= slot then
+    local at, n, planned = string.match(saved, '^(%d+):(%d+):(.*)$')
+    if planned == spec and tonumber(at) >= slot then
       slot, given = tonumber(at), tonumber(n)
     end
   end
@@ -222,7 +255,7 @@ local function rate_slot(bucket, count, window)
     slot, given = slot + window, 0
   end
   local text = string.format('%.0f', slot)
-  redis.call('SET', key, text .. ':' .. (given + 1), 'PX',
+  redis.call('SET', key, text .. ':' .. (given + 1) .. ':' .. spec, 'PX',
     math.ceil((slot + window - NOWN) / 1000))
   return text
 end

@@ -38,7 +38,6 @@ while arg <= #ARGV and ARGV[arg] ~= '' do
   if not queue_paused(ARGV[arg]) then
     queues[#queues + 1] = ARGV[arg]
     claimed_queue[ARGV[arg]] = true
-    promote(ARGV[arg], 1000)
   end
   arg = arg + 1
 end
@@ -50,6 +49,19 @@ while arg < #ARGV and ARGV[arg] ~= '' do
 end
 for i = arg + 1, #ARGV - 2, 3 do
   rates[ARGV[i]] = {count = tonumber(ARGV[i + 1]), window = tonumber(ARGV[i + 2])}
+end
+
+-- Tasks held back under another rate limit than this call's (or under one it no longer has:
+-- the worker's handlers are the code in force) are planned again, before anything is promoted.
+local planned = redis.call('HGETALL', P .. 'ratespec')
+for i = 1, #planned, 2 do
+  local rate = rates[planned[i]]
+  if not rate or rate_spec(rate.count, rate.window) ~= planned[i + 1] then
+    rate_replan(planned[i])
+  end
+end
+for _, q in ipairs(queues) do
+  promote(q, 1000)
 end
 
 local function held(name)
@@ -130,7 +142,7 @@ local function take(id)
     bucket = rate_bucket(task[2], task[8])
     if not rate_take(bucket, rate.count, rate.window, task[2], task[8]) then
       local at = rate_slot(bucket, rate.count, rate.window)
-      rate_wait(task[2], id, at)
+      rate_wait(task[2], id, at, rate_spec(rate.count, rate.window))
       hold_back(id, key, task[5], at)
       parked = parked + 1
       return

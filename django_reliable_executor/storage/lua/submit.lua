@@ -15,8 +15,10 @@
 -- the stored task's fields (its id existed), {holder id, holder's fields} (its unique key
 -- was held), 'elsewhere' (sharded: this shard's directory holds the id for a task of
 -- another shard, see id_reserve.lua), or 'ureserved' (sharded: this shard, the unique key's
--- home, holds the key for a task of another shard, see unique_reserve.lua; stored nothing). Returns {'missing', task id, dependency id}, storing nothing, when a
--- dependency of a task to store neither exists nor comes before it in this call.
+-- home, holds the key for a task of another shard, see unique_reserve.lua; stored nothing).
+-- Returns {'missing', task id, dependency id}, storing nothing, when a dependency of a task
+-- to store neither exists here nor is stored by this call before it (a task of the call
+-- that is not stored, its key held or its id another shard's, does not count).
 --
 -- P u:<digest>: STRING "<window end> <task id>" of the task holding a unique key, expiring
 -- with the window (PX), so no key outlives it. Sharded, the key lives on its home shard
@@ -50,18 +52,40 @@ end
 
 local STRIDE = TASK_ARGS + 4
 
--- Every dependency is checked before anything is written: all or nothing.
-local coming = {}
+-- Every task's fate is decided before anything is written, and so is every refusal: a Lua
+-- error or an early return does not undo what the script wrote before it. fate[i] is
+-- 'existing' (its id is stored here, perhaps by a task before it in this call), 'elsewhere',
+-- 'ureserved', a holder's id (its unique key is held: the holder is returned), or 'store'.
+local fate = {}
+local storing = {} -- ids this call stores (only these count as coming for a dependent)
+local taken = {} -- unique keys taken by tasks this call stores -> that task's id
 for i = 3, #ARGV, STRIDE do
-  local deps = ARGV[i + TASK_ARGS + 2]
-  if deps ~= '' and redis.call('EXISTS', tkey(ARGV[i])) == 0 then
-    for _, d in ipairs(cjson.decode(deps)) do
-      if type(d) == 'string' and not coming[d] and redis.call('EXISTS', tkey(d)) == 0 then
-        return {'missing', ARGV[i], d}
+  local id = ARGV[i]
+  local ukey = ARGV[i + TASK_ARGS] ~= '' and (P .. 'u:' .. ARGV[i + TASK_ARGS]) or nil
+  local holder = ukey and (taken[ukey] or holder_of(ukey))
+  if storing[id] or redis.call('EXISTS', tkey(id)) == 1 then
+    fate[i] = 'existing'
+  elseif SHARDED and redis.call('EXISTS', P .. 'i:' .. id) == 1 then
+    fate[i] = 'elsewhere' -- this shard is the id's directory: it lives on another
+  elseif holder == RESERVED then
+    fate[i] = 'ureserved'
+  elseif holder then
+    fate[i] = holder
+  else
+    local deps = ARGV[i + TASK_ARGS + 2]
+    if deps ~= '' then
+      for _, d in ipairs(cjson.decode(deps)) do
+        if type(d) == 'string' and not storing[d] and redis.call('EXISTS', tkey(d)) == 0 then
+          return {'missing', id, d}
+        end
       end
     end
+    fate[i] = 'store'
+    storing[id] = true
+    if ukey then
+      taken[ukey] = id
+    end
   end
-  coming[ARGV[i]] = true
 end
 
 -- The new task `id` (stored waiting) records its dependencies and is settled against those
@@ -112,21 +136,19 @@ end
 
 for i = 3, #ARGV, STRIDE do
   local key = tkey(ARGV[i])
-  local ukey = ARGV[i + TASK_ARGS] ~= '' and (P .. 'u:' .. ARGV[i + TASK_ARGS]) or nil
-  local holder = ukey and holder_of(ukey)
-  if redis.call('EXISTS', key) == 1 then
+  local chosen = fate[i]
+  if chosen == 'existing' then
     out[#out + 1] = redis.call('HGETALL', key)
-  elseif SHARDED and redis.call('EXISTS', P .. 'i:' .. ARGV[i]) == 1 then
-    out[#out + 1] = 'elsewhere' -- this shard is the id's directory: it lives on another
-  elseif holder == RESERVED then
-    out[#out + 1] = 'ureserved'
-  elseif holder then
-    out[#out + 1] = {holder, redis.call('HGETALL', tkey(holder))}
+  elseif chosen == 'elsewhere' or chosen == 'ureserved' then
+    out[#out + 1] = chosen
+  elseif chosen ~= 'store' then
+    out[#out + 1] = {chosen, redis.call('HGETALL', tkey(chosen))}
   else
-    if ukey then
+    if ARGV[i + TASK_ARGS] ~= '' then
       local until_ = ARGV[i + TASK_ARGS + 1]
       local ttl = math.max(1, math.ceil((tonumber(until_) - NOWN) / 1000))
-      redis.call('SET', ukey, until_ .. ' ' .. ARGV[i], 'PX', string.format('%d', ttl))
+      redis.call('SET', P .. 'u:' .. ARGV[i + TASK_ARGS], until_ .. ' ' .. ARGV[i], 'PX',
+        string.format('%d', ttl))
     end
     store_task(i, promoted, woken)
     local deps = ARGV[i + TASK_ARGS + 2]

@@ -83,6 +83,11 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            STRING the slot held-back tasks of it get next; ``P ratekeys:<len>:
                            <name>`` ZSET its rate keys by latest claim; ``P ratewait:<len>:
                            <name>`` ZSET its held-back tasks by when they try again. All expire.
+                           ``P ratespec`` HASH name -> the limit ("<count>/<log window µs>")
+                           its held-back tasks were planned under (also at the end of each
+                           ratenext): a claim under another limit plans them again.
+``{KEY_PREFIX}:layout``    STRING the number of shards the prefix's tasks are stored in
+                           (layout.py): the same key whatever REDIS_SHARDS is.
 ``P b:<id>``               HASH, one per batch (executor.submit_batch): n total, ok/ko/cx
                            completed/failed/cancelled members, sl "1" once sealed, c created,
                            f finished, cb callbacks (JSON), oc/os the callbacks' submit values

@@ -14,14 +14,18 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ...clock import Clock
 from ...exceptions import StorageUnavailableError
 from ...records import TaskInfo
 from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
 from .codec import micros, text, to_info
+from .layout import layout_problem
 from .outbox import DELIVERY_CHUNK, deliver
 from .scripts import Scripts
+from .server_config import config_warnings
 from .sharding import CONTROL_SHARD, ShardLayout, directory_of
 from .waiting import ShardWaiters
 
@@ -130,6 +134,7 @@ class RedisAccess(TaskStorage):
         self._strays_read_at = -math.inf
         self._chore_scope: frozenset[int] | None = None  # chores_on: the chores' shards
         self._scoped: dict[frozenset[int], RedisAccess] = {}
+        self._layout_checked = False  # check_layout: REDIS_SHARDS is the recorded layout
 
     @property
     def chore_shards(self) -> int:
@@ -374,23 +379,20 @@ class RedisAccess(TaskStorage):
         return [text(task_id) for task_id in ids]
 
     @guarded
+    def check_layout(self) -> None:
+        # Once per storage object: the layout of a prefix changes only offline (resharding).
+        if self._layout_checked:
+            return
+        problem = layout_problem(self.client, self.key_prefix, self.layout.shards, record=True)
+        if problem is not None:
+            raise ImproperlyConfigured(problem)
+        self._layout_checked = True
+
+    @guarded
     def server_warnings(self) -> builtins.list[str]:
-        """What is wrong with the Redis server's configuration for holding tasks."""
-        try:
-            info = self.client.info("memory")
-        except self._unavailable:
-            raise
-        except Exception:  # INFO refused (a restricted ACL user): nothing to say
-            return []
-        if isinstance(info, dict) and "maxmemory_policy" not in info:
-            info = next(iter(info.values()), {})  # a Cluster client answers per node
-        policy = text(info.get("maxmemory_policy", "noeviction"))
-        if policy == "noeviction":
-            return []
-        return [
-            f"Redis at {self.where} has maxmemory-policy {policy}: when memory runs short it "
-            "deletes keys, and these keys are tasks. Set maxmemory-policy noeviction."
-        ]
+        """What is wrong with the Redis server's configuration for holding tasks: an evicting
+        maxmemory-policy, appendonly no, an appendfsync weaker than everysec."""
+        return config_warnings(self.client, self.where, self._unavailable)
 
     def _queues(self) -> builtins.list[str]:
         """Every queue that holds a task (the ``queues`` set of every shard)."""

@@ -20,6 +20,7 @@ class Batches(RedisAccess):
 
     @guarded
     def open_batch(self, batch: NewBatch) -> bool:
+        self.check_layout()
         callbacks = (batch.on_complete, batch.on_success)
         packed = ["" if task is None else json.dumps(submit_args(task)) for task in callbacks]
         packed.append(batch.generation)

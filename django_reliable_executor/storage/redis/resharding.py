@@ -1,4 +1,5 @@
-"""Changing REDIS_SHARDS: what to check before switching (the change is offline and drained)."""
+"""Changing REDIS_SHARDS: what to check before switching, and the switch of the recorded layout
+(the change is offline and drained)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 from typing import TYPE_CHECKING
 
 from ...states import LIVE_STATUSES
+from .codec import text
+from .layout import describe_layout, layout_key, recorded_layout
 from .sharding import ShardLayout
 
 if TYPE_CHECKING:
@@ -28,11 +31,14 @@ class ReshardCheck:
     schedules: int  # schedules of the current layout (not carried over: define them again)
     target_keys: dict[int, int]  # shard of the target layout -> keys found there (up to 100)
     undelivered: int = 0  # messages left in the current layout's outboxes (lua/_common.lua)
+    paused: frozenset[str] = frozenset()  # paused queues, carried over by apply_reshard
+    recorded: int | None = None  # the layout recorded under the prefix (layout.py)
 
     @property
     def ready(self) -> bool:
         return (
             self.current != self.target
+            and self.recorded in (None, self.current)
             and self.unfinished == 0
             and self.undelivered == 0
             and not any(self.target_keys.values())
@@ -43,6 +49,13 @@ class ReshardCheck:
         found = []
         if self.current == self.target:
             found.append(f"REDIS_SHARDS is {self.current} already")
+        if self.recorded not in (None, self.current):
+            assert self.recorded is not None
+            found.append(
+                f"the layout recorded under the key prefix is {describe_layout(self.recorded)}, "
+                f"not this process's {describe_layout(self.current)}: run this check with "
+                f"REDIS_SHARDS = {self.recorded}"
+            )
         if self.unfinished:
             found.append(
                 f"{self.unfinished} unfinished tasks in the current layout: stop submitting "
@@ -71,10 +84,14 @@ def check_reshard(storage: RedisStorage, target: int) -> ReshardCheck:
     counts = storage.count()
     schedules = storage.count_schedules()
     target_keys = {}
+    # The recorded layout's key lies in the one-shard layout's hash tag: not a key of it.
+    record = layout_key(storage.key_prefix)
     for shard, prefix in enumerate(layout.prefixes):
         pattern = re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*"
         found = 0
-        for _ in storage.client.scan_iter(match=pattern, count=1000):
+        for key in storage.client.scan_iter(match=pattern, count=1000):
+            if text(key) == record:
+                continue
             found += 1
             if found >= KEYS_COUNTED:
                 break
@@ -87,4 +104,24 @@ def check_reshard(storage: RedisStorage, target: int) -> ReshardCheck:
         schedules=sum(schedules.values()),
         target_keys=target_keys,
         undelivered=sum(storage.client.llen(prefix + "outbox") for prefix in storage.prefixes),
+        paused=frozenset(storage.paused_queues()),
+        recorded=recorded_layout(storage.client, storage.key_prefix),
     )
+
+
+def apply_reshard(storage: RedisStorage, target: int) -> ReshardCheck:
+    """check_reshard, then, when ready, switch the prefix to ``target`` shards: the paused
+    queues are paused on every shard of the new layout, then the recorded layout becomes
+    ``target`` (from then on, processes with the old REDIS_SHARDS are refused and those with
+    ``target`` start). Returns the check; nothing is changed unless it is ready."""
+    check = check_reshard(storage, target)
+    if not check.ready:
+        return check
+    layout = ShardLayout(storage.key_prefix, target)
+    pipe = storage.client.pipeline(transaction=False)
+    for prefix in layout.prefixes:
+        for queue in sorted(check.paused):
+            pipe.sadd(prefix + "queues:paused", queue)
+    pipe.set(layout_key(storage.key_prefix), str(target))
+    pipe.execute()
+    return check

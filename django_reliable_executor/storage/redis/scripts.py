@@ -47,6 +47,7 @@ NAMES = (
     "id_reserve",
     "id_release",
     "unique_reserve",
+    "unique_release",
     "dep_link",
     "batch_join",
     "outbox_apply",

@@ -6,8 +6,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...dependencies import WAITING_RUN_AT, missing_error
-from ...exceptions import TaskSubmitError
+from ...dependencies import WAITING_RUN_AT, first_missing, missing_error
+from ...exceptions import InvalidDependencyError, TaskSubmitError
 from ...records import NewTask, TaskInfo, copy_with, new_info
 from ...serialization import dumps
 from ...states import LIVE_STATUSES
@@ -35,6 +35,7 @@ class Submitting(RedisAccess):
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
+        self.check_layout()  # never store a task where no worker of the prefix looks
         # Each task goes to its queue's shard (a limited name's to its home shard: see
         # _store_shard). Sharded, tasks with dependencies go in runs of one shard in the order
         # given: a dependency in the call (before its dependent) may be of another shard, and
@@ -66,15 +67,25 @@ class Submitting(RedisAccess):
 
     def _check_dependencies(self, tasks: Sequence[NewTask]) -> None:
         """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
-        is stored or a task before it in ``tasks``."""
-        earlier: set[str] = set()
+        is stored or a task before it in ``tasks`` that this call stores: one whose id is not
+        stored and whose unique key no live task (nor a task before it) holds. Decided from
+        what is stored now, before the first run writes; each run's write checks again."""
         wanted = {d for task in tasks for d in task.depends_on}
-        stored = set(self.get_many(sorted(wanted))) if wanted else set()
+        wanted.update(task.task_id for task in tasks)
+        stored = set(self.get_many(sorted(wanted)))
+        skipped: set[str] = set()
+        taken: set[str] = set()
         for task in tasks:
-            missing = [d for d in task.depends_on if d not in stored and d not in earlier]
-            if missing and task.task_id not in stored:
-                raise missing_error(task.task_id, missing)
-            earlier.add(task.task_id)
+            key = task.unique_key
+            if key is None or task.unique_until is None or task.task_id in stored:
+                continue
+            if key in taken or self.unique_holder(key) is not None:
+                skipped.add(task.task_id)
+            else:
+                taken.add(key)
+        error = first_missing(tasks, stored, skipped)
+        if error is not None:
+            raise error
 
     def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
         if not self.sharded:
@@ -116,7 +127,22 @@ class Submitting(RedisAccess):
             for directory, ids in sorted(by_directory.items()):
                 self._run("id_release", shard, *ids, shard=directory)
         rest = [t for i, t in enumerate(tasks) if i not in held and i not in same]
-        stored = iter(self._store(rest, shard, keyless))
+        try:
+            stored = iter(self._store(rest, shard, keyless))
+        except InvalidDependencyError:
+            # Refused (a missing dependency: submit.lua stored nothing, or, after a task it
+            # answered 'ureserved' or 'elsewhere', nothing more). The unique keys taken above
+            # on their home shards for tasks not stored are given back, so the next submit of
+            # one does not wait for a task that will never be stored. (The ids reserved above
+            # stay: one may be a task this shard stores already, whose entry it needs.)
+            for task in rest:
+                if task.task_id in keyless and not self.client.exists(
+                    self._tkey(task.task_id, shard)
+                ):
+                    assert task.unique_key is not None
+                    home = unique_home(task.unique_key, self.layout.shards)
+                    self._run("unique_release", shard, task.unique_key, task.task_id, shard=home)
+            raise
         results: list[tuple[TaskInfo, bool]] = []
         for index in range(len(tasks)):
             if index in held:
@@ -287,13 +313,18 @@ class Submitting(RedisAccess):
         task: id -> its status when dep_link.lua registered the task as its dependent there
         ('' = live: its ending will send the outcome). Registered before the task is stored,
         so that no ending falls between (one that comes first arrives in P xdone:<id>).
-        Raises InvalidDependencyError, storing nothing here, for a dependency stored nowhere."""
-        coming: set[str] = set()
+        Raises InvalidDependencyError, storing nothing here, for a dependency stored nowhere
+        and not in ``chunk`` before its dependent. One in ``chunk`` that is stored elsewhere
+        (an idempotent resubmit of a task of another shard) is that task: linked there. One
+        stored nowhere is left to submit.lua, which refuses it unless it stores it first."""
+        earlier: set[str] = set()
+        coming: dict[str, set[str]] = {}  # dependent -> its dependencies in chunk before it
         wanted: dict[str, list[str]] = {}
         for task in chunk:
             if task.depends_on:
-                wanted[task.task_id] = [d for d in task.depends_on if d not in coming]
-            coming.add(task.task_id)
+                wanted[task.task_id] = list(task.depends_on)
+                coming[task.task_id] = earlier & set(task.depends_on)
+            earlier.add(task.task_id)
         ids = sorted({d for deps in wanted.values() for d in deps})
         if not ids:
             return {}
@@ -310,11 +341,13 @@ class Submitting(RedisAccess):
             home = next((one for one, there in zip(order, where, strict=True) if there), None)
             if home is not None:
                 homes[dependency] = home
-        remote: dict[str, dict[str, str]] = {}
-        for task_id, deps in wanted.items():
-            missing = [d for d in deps if d not in homes]
+        for task_id, deps in wanted.items():  # every task checked before the first link
+            missing = [d for d in deps if d not in homes and d not in coming[task_id]]
             if missing:
                 raise missing_error(task_id, missing)
+        remote: dict[str, dict[str, str]] = {}
+        for task_id, deps in wanted.items():
+            deps = [d for d in deps if d in homes]
             by_shard: dict[int, list[str]] = {}
             for dependency in deps:
                 if homes[dependency] != shard:
