@@ -19,18 +19,32 @@ from .processes import FAST, Backend, service_for, wait_until
 from .test_process_batches import journal_lines
 
 REPETITIONS = 2
-DEPENDENTS = 300  # the second chunk: each depends on a member of the first
+GROUP = 10  # each dependent of the second chunk waits for 10 members of the first
 FAILING_EVERY = 7  # every 7th member of the first chunk fails (not retried)
+# Longer than FAST's: a chunk keeps its dependencies' rows locked until it commits, and a
+# running dependency's heartbeat waits for that lock meanwhile; no worker dies here.
+LONG_LEASE = {"lease_timeout": 20.0, "master_lock_ttl": 2.0}
 
 
 def _requests(rep: int) -> list[TaskSubmitRequest]:
+    """A first chunk of members, some failing; then a second chunk whose first dependent waits
+    for a task cancelled before (so it is cancelled at once, its batch's counters touched
+    first thing in the chunk's transaction), and whose others together wait for every member
+    of the first chunk, whichever ones the workers are ending meanwhile."""
     first = [
         TaskSubmitRequest("demo.soak", {"fail": i % FAILING_EVERY == 0}, task_id=f"r{rep}-m{i}")
         for i in range(BATCH_CHUNK)
     ]
-    second = [
-        TaskSubmitRequest("demo.soak", {}, task_id=f"r{rep}-d{i}", depends_on=[f"r{rep}-m{i}"])
-        for i in range(DEPENDENTS)
+    second = [TaskSubmitRequest("demo.soak", {}, task_id=f"r{rep}-d", depends_on=["cancelled"])]
+    second += [
+        TaskSubmitRequest(
+            "demo.soak",
+            {},
+            task_id=f"r{rep}-d{start}",
+            depends_on=[f"r{rep}-m{i}" for i in range(start, start + GROUP)],
+            on_dependency_failure="run",
+        )
+        for start in range(0, BATCH_CHUNK, GROUP)
     ]
     return first + second
 
@@ -44,9 +58,11 @@ def test_a_batch_of_dependents_submitted_while_members_end_neither_deadlocks_nor
     service = service_for(backend)
     journal = tmp_path / "journal.jsonl"
     env = {"RE_JOURNAL": str(journal)}
-    pair = [workers.start(backend, wait_ready=False, env=env, **FAST) for _ in range(2)]
+    pair = [workers.start(backend, wait_ready=False, env=env, **LONG_LEASE) for _ in range(2)]
     for process in pair:
         process.wait_ready()
+    service.submit("demo.soak", {}, task_id="cancelled", delay_millis=3_600_000)
+    assert service.cancel_task("cancelled")
 
     for rep in range(REPETITIONS):
         info = service.submit_batch(  # raised a deadlock error here (PostgreSQL, MariaDB)
@@ -55,7 +71,7 @@ def test_a_batch_of_dependents_submitted_while_members_end_neither_deadlocks_nor
             on_complete=TaskSubmitRequest("demo.batch_report", {"kind": "complete"}),
             on_success=TaskSubmitRequest("demo.batch_report", {"kind": "success"}),
         )
-        assert (info.total, info.sealed) == (BATCH_CHUNK + DEPENDENTS, True)
+        assert (info.total, info.sealed) == (BATCH_CHUNK + 1 + BATCH_CHUNK // GROUP, True)
 
     def reported() -> bool:
         reports = [r for r in journal_lines(journal) if r["event"] == "report"]
@@ -66,6 +82,7 @@ def test_a_batch_of_dependents_submitted_while_members_end_neither_deadlocks_nor
         batch = service.get_batch(f"r{rep}")
         assert (batch.pending, batch.finished) == (0, True), batch
         assert batch.failed == len(range(0, BATCH_CHUNK, FAILING_EVERY))
+        assert batch.cancelled == 1  # r<rep>-d; the others run whatever their dependencies did
 
     records = journal_lines(journal)
     for rep in range(REPETITIONS):

@@ -40,14 +40,15 @@ class Dependencies(DatabaseAccess):
         stored in the order given, so a task may depend on one before it (a chain). A
         dependency that does not exist rolls the whole batch back (InvalidDependencyError).
 
-        Locks are taken in the order every ending write takes them: task rows (the stored
-        dependencies first, all at once in id order), and batch rows last, once, for the
-        members cancelled at once (an ending write holds its task rows, then wants its
-        batch's row: a batch row held while a dependency is locked closes a cycle)."""
+        Locks are taken in the order every ending write takes them: task rows first (each
+        dependent's dependencies as it is stored), batch rows last, once, for the members
+        cancelled at once (an ending write holds its task rows, then wants its batch's row: a
+        batch row held while a dependency is then locked closes a cycle). The dependencies
+        are not all locked up front: each stays locked until the commit, and a running one
+        cannot renew its lease meanwhile (its heartbeat's UPDATE waits)."""
         results: list[tuple[TaskInfo, bool]] = []
         cancelled: list[tuple[str | None, str, str]] = []
         with transaction.atomic(using=self.alias):
-            self._lock_dependencies(tasks)
             for task in tasks:
                 if task.unique_key is not None:
                     holder = self._take_unique_key(task)
@@ -68,22 +69,6 @@ class Dependencies(DatabaseAccess):
                 results.append((info, created))
             self._settle_batches(cancelled)
         return results
-
-    def _lock_dependencies(self, tasks: Sequence[NewTask]) -> None:
-        """Lock the stored tasks these dependents wait for, in id order, before anything is
-        written (SQLite: nothing to do, its write lock serialises every writer)."""
-        if self.vendor == "sqlite":
-            return
-        coming = {task.task_id for task in tasks}
-        ids = sorted({d for task in tasks for d in task.depends_on if d not in coming})
-        for chunk in chunks(ids):
-            list(
-                self._tasks()
-                .select_for_update()
-                .filter(pk__in=chunk)
-                .order_by("pk")
-                .values_list("pk", flat=True)
-            )
 
     def _wait_for(self, task: NewTask) -> TaskInfo:
         """Read the dependencies of the new dependent ``task`` with a locking read, flag them
