@@ -19,7 +19,7 @@ from .batches import (
     member_chunks,
 )
 from .exceptions import TaskSubmitError
-from .records import NewTask, TaskInfo, TaskSubmitRequest, copy_with
+from .records import NewTask, TaskInfo, TaskSubmitRequest
 from .submission import MAX_ID_LENGTH, check_dependencies_exist, prepare
 from .tracing import current_trace_context
 
@@ -60,9 +60,7 @@ def submit_batch(
 
     def prepared(span: slice) -> list[NewTask]:
         return [
-            copy_with(
-                prepare(request, now, settings, index, trace, new_id), batch_id=batch.batch_id
-            )
+            batch.member(prepare(request, now, settings, index, trace, new_id))
             for index, request in enumerate(requests[span], span.start)
         ]
 
@@ -94,6 +92,14 @@ def submit_batch(
             raise TaskSubmitError(
                 f"task_id {existing[0]!r} already exists: a batch member must be a new task",
                 field="task_id",
+            )
+    for field, callback in (("on_complete", batch.on_complete), ("on_success", batch.on_success)):
+        if callback is not None and storage.existing_ids([callback.task_id]):
+            # Stored when the batch finishes, it would find that task and store nothing.
+            raise TaskSubmitError(
+                f"{field}: task_id {callback.task_id!r} already exists: a batch callback must "
+                "be a new task",
+                field=f"{field}.task_id",
             )
     if storage.get_batch(batch.batch_id) is not None:
         raise _used(batch.batch_id)

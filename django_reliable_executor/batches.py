@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .exceptions import InvalidTaskOptionError, TaskSubmitError
-from .records import NewTask, TaskSubmitRequest
+from .exceptions import InvalidDependencyError, InvalidTaskOptionError, TaskSubmitError
+from .records import NewTask, TaskSubmitRequest, copy_with
 from .states import TaskStatus
 
 #: Members prepared and stored at a time: a batch of any size is submitted in bounded memory.
@@ -96,12 +97,19 @@ def batch_info(
 @dataclasses.dataclass(frozen=True)
 class NewBatch:
     """A validated batch ready to be opened: its callbacks prepared (their times are made
-    relative to the moment the batch finishes, see ``callback_to_json``)."""
+    relative to the moment the batch finishes, see ``callback_to_json``). ``generation`` tells
+    it from an earlier batch of the same id, purged since, whose members may still be stored:
+    each member carries it, and counts only in the batch whose generation it carries."""
 
     batch_id: str
     created_at: dt.datetime
     on_complete: NewTask | None
     on_success: NewTask | None
+    generation: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    def member(self, task: NewTask) -> NewTask:
+        """``task`` as a member of this batch."""
+        return copy_with(task, batch_id=self.batch_id, batch_generation=self.generation)
 
     def callbacks_json(self) -> dict[str, Any]:
         """The callbacks as the storages keep them until the batch finishes."""
@@ -158,7 +166,12 @@ def callback_from_json(plain: dict[str, Any], batch_id: str, now: dt.datetime) -
 
 def check_callback(request: Any, field: str) -> TaskSubmitRequest | None:
     """``on_complete``/``on_success`` as given: None or a TaskSubmitRequest without
-    ``unique_for`` (a callback is submitted once anyway)."""
+    ``unique_for`` (a callback is submitted once anyway) and without dependencies.
+
+    A callback's dependencies are refused rather than honoured: the callback is stored by the
+    write that ends the batch's last member, under its batch's lock, where waiting for other
+    tasks would lock their rows after the batch's (the order that deadlocks, see
+    storage/database/batches.py) and a dependency purged by then could not be waited for."""
     if request is None:
         return None
     if not isinstance(request, TaskSubmitRequest):
@@ -171,6 +184,18 @@ def check_callback(request: Any, field: str) -> TaskSubmitRequest | None:
             f"{field}: unique_for/unique_key do not apply to a batch callback (it is submitted "
             "exactly once already)",
             field=field,
+        )
+    if request.depends_on is not None:
+        raise InvalidDependencyError(
+            f"{field}: depends_on does not apply to a batch callback (it waits for the "
+            "batch's members; make the tasks to wait for members of the batch)",
+            field=f"{field}.depends_on",
+        )
+    if request.on_dependency_failure != "cancel":
+        raise InvalidDependencyError(
+            f"{field}: on_dependency_failure does not apply to a batch callback (it has no "
+            "dependencies: on_complete runs whatever its members' outcomes)",
+            field=f"{field}.on_dependency_failure",
         )
     return request
 

@@ -44,7 +44,8 @@ class InvalidTaskOptionError(TaskSubmitError):
 
 class InvalidDependencyError(TaskSubmitError):
     """``depends_on`` names a task that does not exist, the task itself, too many ids, or is
-    combined with a delay; ``field`` is "depends_on" (or "on_dependency_failure")."""
+    combined with a delay; ``field`` is "depends_on" (or "on_dependency_failure"). Also
+    either option given to a batch callback (``field`` "on_complete.depends_on", say)."""
 
 
 class TaskSubmitConflictError(TaskSubmitError):

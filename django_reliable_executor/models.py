@@ -66,6 +66,9 @@ class ReliableTask(models.Model):
     has_dependents = models.BooleanField(default=False, db_default=False)
     # The batch this task is a member or a callback of (ReliableBatch); None for most tasks.
     batch_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
+    # Which batch of that id (ReliableBatch.generation): a member counts only in the batch it
+    # was submitted to, not in a later one reusing the id of its purged batch.
+    batch_generation = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "reliable_executor_task"
@@ -319,6 +322,10 @@ class ReliableBatch(models.Model):
     callbacks = models.JSONField(default=dict)
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Tells this batch from an earlier, purged one of the same id: its members carry it
+    # (ReliableTask.batch_generation). NULL for a batch stored before it existed, whose
+    # members carry NULL too.
+    generation = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "reliable_executor_batch"

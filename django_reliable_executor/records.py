@@ -105,6 +105,9 @@ class NewTask:
     trace_context: dict[str, str] | None = None  # the submitter's span (TaskInfo's field)
     # A member of this batch (counted in its totals); None for an ordinary task.
     batch_id: str | None = None
+    # Which batch of that id (NewBatch.generation): a batch id may be used again once its
+    # batch was purged, and a member counts only in the batch it was submitted to.
+    batch_generation: str | None = None
 
 
 def copy_with(record: R, **changes: Any) -> R:

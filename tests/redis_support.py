@@ -286,9 +286,20 @@ BATCH_COUNTERS["ERROR"] = "ko"
 BATCH_INDEXES = {("batches", "zset"), ("batches:finished", "zset")}
 
 
+def _member_of(task: dict[str, str], batch_id: str | None, batches: dict) -> bool:
+    """Is ``task`` a member of the stored batch ``batch_id`` (of its generation)?"""
+    batch = batches.get(batch_id)
+    return (
+        task.get("bt") == batch_id
+        and batch is not None
+        and task.get("bg", "") == batch.get("g", "")
+    )
+
+
 def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str]:
     """Each batch hash's counters equal its members as stored: n the members (tasks whose bt
-    names it), ok/ko/cx the ended ones by outcome (ended members purged: at least those left,
+    names it and whose bg is its generation g: a member of a purged batch of the same id is
+    none of its), ok/ko/cx the ended ones by outcome (ended members purged: at least those left,
     and the others all live); its
     member index holds each member once, in its status's group (LIVE until it ends), scored
     by creation; the finished index holds exactly the finished batches, by finish time."""
@@ -303,7 +314,7 @@ def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str
             for task_id, score in value:
                 indexed[task_id].append((key, score))
     for batch_id, value in batches.items():
-        members = [t for t in tasks.values() if t.get("bt") == batch_id]
+        members = [t for t in tasks.values() if _member_of(t, batch_id, batches)]
         expected = {"n": len(members), "ok": 0, "ko": 0, "cx": 0}
         for member in members:
             counter = BATCH_COUNTERS.get(member["s"])
@@ -322,7 +333,9 @@ def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str
     for task_id, task in tasks.items():
         batch_id = task.get("bt")
         group = task["s"] if task["s"] in BATCH_COUNTERS else "LIVE"
-        want = [(f"bm:{batch_id}:{group}", task["c"])] if batch_id in batches else []
+        want = (
+            [(f"bm:{batch_id}:{group}", task["c"])] if _member_of(task, batch_id, batches) else []
+        )
         if indexed.pop(task_id, []) != want:
             problems.append(f"task {task_id} of batch {batch_id} not indexed as {want}")
     problems += [

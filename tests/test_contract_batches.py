@@ -137,14 +137,14 @@ def test_timeouts_and_lost_workers_count_as_failed(executor, storage, clock):
 def test_a_batch_whose_members_all_ended_before_the_seal_fires_on_seal(executor, storage):
     """Members stored, ended, then the seal: the seal itself finds them all ended."""
     from django_reliable_executor.batches import NewBatch
-    from django_reliable_executor.records import copy_with
     from django_reliable_executor.submission import prepare
 
     now = executor.clock.now()
     callback = prepare(on_done(), now, executor.settings, 0)
-    assert storage.open_batch(NewBatch("b5", now, callback, None)) is True
+    batch = NewBatch("b5", now, callback, None)
+    assert storage.open_batch(batch) is True
     assert storage.open_batch(NewBatch("b5", now, None, None)) is False
-    task = copy_with(prepare(members(1)[0], now, executor.settings, 0), batch_id="b5")
+    task = batch.member(prepare(members(1)[0], now, executor.settings, 0))
     storage.add_to_batch("b5", [task])
     open_info = executor.get_batch("b5")
     assert (open_info.total, open_info.sealed, open_info.finished) == (1, False, False)
@@ -212,6 +212,39 @@ def test_bad_batch_input_names_the_field_and_stores_nothing(executor, kwargs, fi
         executor.submit_batch(**arguments)
     assert raised.value.field == field
     _nothing_stored(executor)
+
+
+@pytest.mark.parametrize("field", ["on_complete", "on_success"])
+def test_a_callback_is_checked_like_a_member_and_refused_when_it_could_never_run(executor, field):
+    """A callback with an existing task's id would never be stored (that task stands in for
+    it); one with depends_on would have its dependencies dropped, or wait for a task that
+    never comes: each is refused naming the field, and nothing is stored."""
+    executor.submit("contract.hook", None, task_id="there")
+    refused = [
+        (TaskSubmitRequest("contract.hook", task_id="there"), TaskSubmitError, "task_id"),
+        (
+            TaskSubmitRequest("contract.hook", task_id="cb", depends_on=["there"]),
+            InvalidDependencyError,
+            "depends_on",
+        ),
+        (
+            TaskSubmitRequest("contract.hook", task_id="cb", depends_on=["nowhere"]),
+            InvalidDependencyError,
+            "depends_on",
+        ),
+        (
+            TaskSubmitRequest("contract.hook", task_id="cb", on_dependency_failure="run"),
+            InvalidDependencyError,
+            "on_dependency_failure",
+        ),
+    ]
+    for callback, error, what in refused:
+        with pytest.raises(error) as raised:
+            executor.submit_batch(members(2), batch_id="bad", **{field: callback})
+        assert raised.value.field == f"{field}.{what}", callback
+        assert field in str(raised.value)
+        assert executor.get_batch("bad") is None
+        assert [t.task_id for t in executor.list_tasks()] == ["there"]
 
 
 def test_a_bad_member_late_in_a_large_batch_stores_nothing(executor):
@@ -374,6 +407,46 @@ def test_batches_finished_before_the_cutoff_are_purged_others_kept(executor, sto
     executor.purge_finished(clock.now() + dt.timedelta(seconds=1))
     assert executor.list_tasks(batch_id="old") == []
     assert [t.task_id for t in executor.list_tasks(batch_id="open")] == ["open-1"]
+
+
+def test_a_member_of_a_purged_batch_never_counts_in_a_new_batch_of_the_same_id(
+    executor, storage, clock
+):
+    """A batch id used again once its batch was purged: the old batch's members still stored
+    (retried by hand, here) count in no batch when they end or are retried again, so the new
+    batch finishes, and stores its callback, when its own member ends."""
+    _finished_batch(executor, "again")  # member again-0, cancelled; callback again-done
+    executor.submit_batch(members(1, prefix="old-"), batch_id="other")
+    executor.cancel_task("old-0")  # a second purged batch's member, retried later
+    clock.advance(10)
+    assert storage.purge_batches(clock.now(), 100) == 2
+    assert executor.retry_task("again-0")  # pending again, in no batch
+    executor.submit_batch(
+        members(1, prefix="new-"),
+        batch_id="again",
+        on_complete=TaskSubmitRequest("contract.hook", None, task_id="again-report"),
+    )
+    executor.submit_batch(members(1, prefix="new2-"), batch_id="other")
+    executor.cancel_task("new2-0")
+    assert executor.get_batch("other").finished
+    assert executor.retry_task("old-0")  # no counter of the new "other" batch moves
+    other = executor.get_batch("other")
+    assert (other.total, other.cancelled, other.pending) == (1, 1, 0)
+
+    claims = executor.storage.claim("w1", ["default"], 5, LEASE)
+    run_claims(executor, [c for c in claims if c.task_id == "again-0"])
+    assert executor.get_task("again-0").status is TaskStatus.COMPLETED
+    info = executor.get_batch("again")
+    assert (info.total, info.completed, info.pending, info.finished) == (1, 0, 1, False)
+    assert executor.get_task("again-report") is None
+
+    run_claims(executor, [c for c in claims if c.task_id == "new-0"])
+    info = executor.get_batch("again")
+    assert (info.total, info.completed, info.pending, info.finished) == (1, 1, 0, True)
+    assert executor.get_task("again-report").status is TaskStatus.CREATED
+    run_all(executor)  # the old member of "other" ends again: still nowhere
+    other = executor.get_batch("other")
+    assert (other.total, other.completed, other.cancelled) == (1, 0, 1)
 
 
 def test_batch_purge_goes_oldest_first_limit_at_a_time(executor, storage, clock):

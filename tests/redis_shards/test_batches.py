@@ -126,3 +126,26 @@ def test_a_member_cancelled_at_its_submit_counts_in_its_batch_of_another_shard(e
     complete(storage, S1, "fine")
     batch = executor.get_batch("c")
     assert (batch.completed, batch.cancelled, batch.finished_at is not None) == (1, 1, True)
+
+
+def test_a_member_of_another_shard_from_a_purged_batch_never_counts_in_its_id_used_again(
+    executor, storage, clock
+):
+    """A batch id used again after its purge: an old member of shard 1, retried by hand and
+    ending again, sends its messages to shard 0 carrying its batch's generation, so neither its
+    retry nor its ending moves the new batch's counters (nor joins its total)."""
+    executor.submit_batch([step("old", S1)], batch_id="again")
+    fail(storage, S1, "old")
+    assert executor.get_batch("again").finished_at is not None
+    clock.advance(10)
+    assert storage.purge_batches(clock.now(), 10) == 1
+    executor.submit_batch([step("new", S2)], batch_id="again", on_complete=step("done", S0B))
+    assert executor.retry_task("old")
+    complete(storage, S1, "old")
+    batch = executor.get_batch("again")
+    assert (batch.total, batch.completed, batch.failed, batch.pending) == (1, 0, 0, 1)
+    assert executor.get_task("done") is None
+    complete(storage, S2, "new")
+    batch = executor.get_batch("again")
+    assert (batch.total, batch.completed, batch.pending) == (1, 1, 0)
+    assert due(executor, "done")

@@ -49,7 +49,7 @@ class DatabaseStorage(
 
     DatabaseAccess provides the connection (``alias``, ``vendor``), the table (``_tasks``,
     ``_table``), ``get`` (every part reads a task back with it), the SQL helpers
-    (``_execute``, ``_dt``, ``_hits``, ``_spans``), retrying on MySQL deadlocks
+    (``_execute``, ``_dt``, ``_hits``, ``_spans``), retrying deadlock victims
     (``_retrying``) and the retry backoff cap; it declares ``_enqueue``, which Submitting
     implements and Schedules fires through, and ``_take_unique_key``, which UniqueKeys
     implements and Submitting takes unique tasks' keys with. rows.py holds the row/record

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
@@ -18,6 +19,7 @@ from .access import DatabaseAccess
 from .rows import chunks
 
 COUNTERS = ("completed", "failed", "cancelled")
+T = TypeVar("T")
 
 
 class Batches(DatabaseAccess):
@@ -35,27 +37,45 @@ class Batches(DatabaseAccess):
                     batch_id=batch.batch_id,
                     created_at=batch.created_at,
                     callbacks=batch.callbacks_json(),
+                    generation=batch.generation,
                 )
         except IntegrityError:
             return False
         return True
 
     def add_to_batch(self, batch_id: str, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
-        with transaction.atomic(using=self.alias):
-            results = self._enqueue(tasks)
-            created = sum(1 for _, was_created in results if was_created)
-            if created:
-                self._batches().filter(pk=batch_id).update(total=F("total") + created)
-            return results
+        """One transaction per chunk, run again whole when the database chose it as a
+        deadlock victim (not inside the caller's transaction: only the caller can run that
+        again). The batch row is locked last, as by every ending write (see Dependencies)."""
+
+        def chunk() -> list[tuple[TaskInfo, bool]]:
+            with transaction.atomic(using=self.alias):
+                results = self._enqueue(tasks)
+                created = sum(1 for _, was_created in results if was_created)
+                if created:
+                    self._batches().filter(pk=batch_id).update(total=F("total") + created)
+                return results
+
+        return self._again_alone(chunk)
 
     def seal_batch(self, batch_id: str) -> BatchInfo:
-        with transaction.atomic(using=self.alias):
-            row = self._batches().select_for_update().get(pk=batch_id)
-            if not row.sealed:
-                row.sealed = True
-                self._finish_if_done(row)  # every member may have ended already
-                row.save(update_fields=["sealed", "finished_at"])
-            return _info(row)
+        def seal() -> BatchInfo:
+            with transaction.atomic(using=self.alias):
+                row = self._batches().select_for_update().get(pk=batch_id)
+                if not row.sealed:
+                    row.sealed = True
+                    self._finish_if_done(row)  # every member may have ended already
+                    row.save(update_fields=["sealed", "finished_at"])
+                return _info(row)
+
+        return self._again_alone(seal)
+
+    def _again_alone(self, write: Callable[[], T]) -> T:
+        """``write`` (a transaction of its own), run again after a deadlock, unless it runs
+        inside the caller's transaction, which a deadlock aborts whole."""
+        if transaction.get_connection(self.alias).in_atomic_block:
+            return write()
+        return self._retrying(write)
 
     def existing_ids(self, task_ids: Sequence[str]) -> list[str]:
         found: list[str] = []
@@ -84,6 +104,7 @@ class Batches(DatabaseAccess):
                 by_batch[batch_id].append((task_id, status))
         if not by_batch:
             return
+        generations = self._generations([t for members in by_batch.values() for t, _ in members])
         # Locked in id order: two writes ending members of the same batches never deadlock.
         rows = self._batches().select_for_update().filter(pk__in=list(by_batch)).order_by("pk")
         for row in rows:
@@ -92,6 +113,8 @@ class Batches(DatabaseAccess):
             for task_id, status in by_batch[row.batch_id]:
                 if task_id in callbacks:
                     continue  # a callback carries its batch's id, but is no member
+                if generations.get(task_id) != row.generation:
+                    continue  # a member of an earlier batch of this id, purged since
                 counter = counter_of(status)
                 setattr(row, counter, getattr(row, counter) + 1)
                 changed = True
@@ -103,9 +126,19 @@ class Batches(DatabaseAccess):
         row = self._batches().select_for_update().filter(pk=batch_id).first()
         if row is None or task_id in _callback_ids(row):
             return
+        if self._generations([task_id]).get(task_id) != row.generation:
+            return  # a member of an earlier batch of this id, purged since
         counter = counter_of(status)
         setattr(row, counter, max(getattr(row, counter) - 1, 0))
         row.save(update_fields=[counter])  # finished_at stays: the callbacks never refire
+
+    def _generations(self, task_ids: Sequence[str]) -> dict[str, str | None]:
+        """The batch generation each of these tasks carries (rows the caller's transaction
+        just wrote: read without another lock)."""
+        found: dict[str, str | None] = {}
+        for chunk in chunks(list(task_ids)):
+            found.update(self._tasks().filter(pk__in=chunk).values_list("pk", "batch_generation"))
+        return found
 
     def _finish_if_done(self, row: ReliableBatch) -> None:
         """Under the row's lock: a sealed batch whose members have all ended, not finished

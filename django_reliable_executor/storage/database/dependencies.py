@@ -38,8 +38,16 @@ class Dependencies(DatabaseAccess):
     def _enqueue_waiting(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         """A batch holding dependents: one transaction (a savepoint in the caller's), tasks
         stored in the order given, so a task may depend on one before it (a chain). A
-        dependency that does not exist rolls the whole batch back (InvalidDependencyError)."""
+        dependency that does not exist rolls the whole batch back (InvalidDependencyError).
+
+        Locks are taken in the order every ending write takes them: task rows first (each
+        dependent's dependencies as it is stored), batch rows last, once, for the members
+        cancelled at once (an ending write holds its task rows, then wants its batch's row: a
+        batch row held while a dependency is then locked closes a cycle). The dependencies
+        are not all locked up front: each stays locked until the commit, and a running one
+        cannot renew its lease meanwhile (its heartbeat's UPDATE waits)."""
         results: list[tuple[TaskInfo, bool]] = []
+        cancelled: list[tuple[str | None, str, str]] = []
         with transaction.atomic(using=self.alias):
             for task in tasks:
                 if task.unique_key is not None:
@@ -56,14 +64,17 @@ class Dependencies(DatabaseAccess):
                 info, created = self._enqueue_one(waiting)
                 if created:
                     info = self._wait_for(task)
+                    if info.status is TaskStatus.CANCELLED:  # a member counts as ended at once
+                        cancelled.append((task.batch_id, task.task_id, info.status.value))
                 results.append((info, created))
+            self._settle_batches(cancelled)
         return results
 
     def _wait_for(self, task: NewTask) -> TaskInfo:
-        """Record the edges of the new dependent ``task``, read its dependencies with a
-        locking read and flag them has_dependents (a write ending one now waits for this
-        transaction, then reads the flag and finds the edge), and settle it against those
-        already ended."""
+        """Read the dependencies of the new dependent ``task`` with a locking read, flag them
+        has_dependents (a write ending one now waits for this transaction, then reads the
+        flag and finds the edge), record its edges, and settle it against those already
+        ended. Its batch is not counted here (see ``_enqueue_waiting``)."""
         ids = list(task.depends_on)
         # Unavailable while it waits: out of the claim index's way (a claim never walks the
         # waiting dependents), and waiting_for set tells it from a claimed task.
@@ -73,11 +84,11 @@ class Dependencies(DatabaseAccess):
             on_dependency_failure=task.on_dependency_failure,
             available=False,
         )
-        self._edges().bulk_create(
-            [ReliableDependency(dependency_id=d, dependent_id=task.task_id) for d in ids]
-        )
         found: dict[str, str] = {}
         unflagged: list[str] = []
+        # Locked before the edges are inserted: on MySQL an ending write's locking read of
+        # its edges waits for an uncommitted edge, so an edge inserted first, then a wait for
+        # the dependency's row (which that write holds), would be a deadlock.
         for pk, status, flagged in (
             self._tasks()
             .select_for_update()
@@ -91,6 +102,9 @@ class Dependencies(DatabaseAccess):
         missing = [d for d in ids if d not in found]
         if missing:
             raise missing_error(task.task_id, missing)
+        self._edges().bulk_create(
+            [ReliableDependency(dependency_id=d, dependent_id=task.task_id) for d in ids]
+        )
         if unflagged:
             # Under the lock just taken (SQLite: the write lock of the INSERT above), so a
             # completion of one of them either ended it before (read above) or reads the flag.
@@ -103,8 +117,6 @@ class Dependencies(DatabaseAccess):
             )
             if outcome == "released":
                 self._work_committed([task.queue])
-            elif outcome == "cancelled":  # a batch member counts as ended at once
-                self._settle_batches([(task.batch_id, task.task_id, TaskStatus.CANCELLED.value)])
         info = self.get(task.task_id)
         assert info is not None
         return info

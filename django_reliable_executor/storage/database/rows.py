@@ -24,7 +24,19 @@ TERMINAL = sorted(s.value for s in TERMINAL_STATUSES)
 NOT_WAITING = sorted(s.value for s in TaskStatus if s not in WAITING_STATUSES)
 # MySQL error codes worth retrying: deadlock found, lock wait timeout.
 MYSQL_RETRYABLE = {1213, 1205}
+# PostgreSQL SQLSTATEs worth retrying: deadlock detected, serialization failure.
+POSTGRES_RETRYABLE = {"40P01", "40001"}
 CHUNK = 500  # ids per IN (...) list: well under every backend's parameter limit
+
+
+def lock_conflict(exc: BaseException, vendor: str) -> bool:
+    """Was ``exc`` a transaction chosen as a deadlock victim (or one whose lock wait timed
+    out): rolled back whole by the server, and worth running again as it was?"""
+    if vendor == "mysql":
+        return bool(exc.args) and exc.args[0] in MYSQL_RETRYABLE
+    if vendor == "postgresql":  # psycopg's error, wrapped by Django's
+        return getattr(exc.__cause__, "sqlstate", None) in POSTGRES_RETRYABLE
+    return False
 
 
 def to_info(row: ReliableTask) -> TaskInfo:

@@ -5,8 +5,11 @@
 -- and a callback of another shard's queue is sent to it to be stored. A batch is a hash
 -- P b:<id>: n members stored (total), ok completed, ko failed (FAILED/TIMEOUT/ERROR), cx
 -- cancelled, sl "1" once sealed, c created, f finished, cb the callbacks as JSON (for reading),
--- oc/os the on_complete/on_success task as a JSON array of store_task's TASK_ARGS values.
--- A member's hash holds bt = its batch id; a callback's holds bc (counted in no batch).
+-- oc/os the on_complete/on_success task as a JSON array of store_task's TASK_ARGS values, g
+-- its generation. A member's hash holds bt = its batch id and bg = that batch's generation:
+-- an id may be used again once its batch was purged, and a member still stored counts only
+-- in the batch whose generation it carries (a batch or member stored before generations
+-- existed has none: they match). A callback's holds bc (counted in no batch).
 -- P bm:<id>:<group>: ZSET of the batch's members scored by creation, so a page of them costs
 -- a range read: group LIVE while a member has not ended, else its terminal status (moved by
 -- the writes that count it: store_task, settle_batch, reopen_batch_member; a purged member
@@ -25,6 +28,12 @@ local MEMBER_GROUPS = {'LIVE', 'COMPLETED', 'FAILED', 'TIMEOUT', 'ERROR', 'CANCE
 
 local function members_key(batch_id, group)
   return P .. 'bm:' .. batch_id .. ':' .. group
+end
+
+-- Is a member carrying generation `generation` (nil or false: none) one of the stored batch
+-- `bkey`'s?
+local function of_batch(bkey, generation)
+  return (redis.call('HGET', bkey, 'g') or '') == (generation or '')
 end
 
 -- Store a batch's callback from its store_task values (made by fire_callback), unless its id
@@ -56,6 +65,7 @@ local function fire_callback(bkey, field, batch_id)
   end
   values[10] = NOW
   values[15] = '' -- not a member (values[14]: the trace context of submit_batch's caller)
+  values[16] = ''
   local shard = SHARDED and redis.call('HGET', bkey, field .. 'h')
   if shard then
     send(tonumber(shard), {k = 'fire', b = batch_id, v = values})
@@ -93,12 +103,12 @@ settle_batch = function(id, key, status)
   end
   if SHARD ~= BATCH_HOME then
     send(BATCH_HOME, {k = 'member', b = batch_id, id = id, c = redis.call('HGET', key, 'c'),
-      g = status})
+      g = status, bg = redis.call('HGET', key, 'bg')})
     return
   end
   local bkey = batch_key(batch_id)
-  if redis.call('EXISTS', bkey) == 0 then
-    return -- the batch was purged before its member
+  if redis.call('EXISTS', bkey) == 0 or not of_batch(bkey, redis.call('HGET', key, 'bg')) then
+    return -- the batch was purged before its member (and its id maybe used again since)
   end
   redis.call('HINCRBY', bkey, BATCH_COUNTERS[status], 1)
   redis.call('ZREM', members_key(batch_id, 'LIVE'), id)
@@ -115,12 +125,12 @@ local function reopen_batch_member(id, key, status)
   end
   if SHARD ~= BATCH_HOME then
     send(BATCH_HOME, {k = 'member', b = batch_id, id = id, c = redis.call('HGET', key, 'c'),
-      g = 'LIVE'})
+      g = 'LIVE', bg = redis.call('HGET', key, 'bg')})
     return
   end
   local bkey = batch_key(batch_id)
-  if redis.call('EXISTS', bkey) == 0 then
-    return -- the batch was purged before its member
+  if redis.call('EXISTS', bkey) == 0 or not of_batch(bkey, redis.call('HGET', key, 'bg')) then
+    return -- the batch was purged before its member (and its id maybe used again since)
   end
   redis.call('ZREM', members_key(batch_id, status), id)
   redis.call('ZADD', members_key(batch_id, 'LIVE'), redis.call('HGET', key, 'c'), id)
@@ -130,14 +140,15 @@ local function reopen_batch_member(id, key, status)
   end
 end
 
--- On the batch's shard: member `id` (of another shard, created `created`) is now in `group`
--- (LIVE, or the terminal status it ended with), as batch_join.lua or a message says. A member
--- not counted yet (its ending came before its join) joins the total; `join` only adds a member
--- not counted yet. The counters follow the move; the batch finishes when that was the last.
-local function move_member(batch_id, id, created, group, join)
+-- On the batch's shard: member `id` (of another shard, created `created`, carrying batch
+-- generation `generation`) is now in `group` (LIVE, or the terminal status it ended with), as
+-- batch_join.lua or a message says. A member not counted yet (its ending came before its
+-- join) joins the total; `join` only adds a member not counted yet (one just stored by this
+-- batch's submit). The counters follow the move; the batch finishes when that was the last.
+local function move_member(batch_id, id, created, group, join, generation)
   local bkey = batch_key(batch_id)
-  if redis.call('EXISTS', bkey) == 0 then
-    return -- the batch was purged before its member
+  if redis.call('EXISTS', bkey) == 0 or not (join or of_batch(bkey, generation)) then
+    return -- the batch was purged before its member (and its id maybe used again since)
   end
   local was = nil
   for _, g in ipairs(MEMBER_GROUPS) do

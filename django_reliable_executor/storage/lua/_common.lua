@@ -489,7 +489,7 @@ end
 
 
 -- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
-local TASK_ARGS = 15
+local TASK_ARGS = 16
 
 -- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
@@ -520,6 +520,9 @@ local function store_task(i, promoted, woken, batch, values)
   end
   if A[i + 14] ~= '' then -- a batch member: counted in its batch's total as it is stored
     redis.call('HSET', key, 'bt', A[i + 14])
+    if A[i + 15] and A[i + 15] ~= '' then -- (a callback packed before it existed has none)
+      redis.call('HSET', key, 'bg', A[i + 15]) -- which batch of that id (see _batches.lua)
+    end
     if SHARD == BATCH_HOME then
       redis.call('HINCRBY', P .. 'b:' .. A[i + 14], 'n', 1)
       redis.call('ZADD', P .. 'bm:' .. A[i + 14] .. ':LIVE', A[i + 9], id) -- see _batches.lua

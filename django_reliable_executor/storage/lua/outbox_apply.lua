@@ -6,9 +6,10 @@
 --   dependency (settle_dependent), which changes a dependent only while it awaits d. A
 --   dependent not stored yet (its submitter registered the edge with dep_link.lua and is on
 --   its way here) finds the outcome in P xdone:<id> when submit.lua stores it.
--- - member {b, id, c, g}: batch member id (created c) is now in group g (move_member); the
---   number m of its last applied message, per member, is kept in P bx:<b> (a member's
---   messages come from one shard, numbered in order), so an older or repeated one is skipped.
+-- - member {b, id, c, g, bg}: batch member id (created c, of batch generation bg) is now in
+--   group g (move_member); the number m of its last applied message, per member, is kept in
+--   P bx:<b> (a member's messages come from one shard, numbered in order), so an older or
+--   repeated one is skipped.
 -- - purged {b, id, g}: member id (in group g) of batch b was purged: it leaves the member
 --   index (its P bx:<b> entry stays, so that no older message counts it again).
 -- - fire {b, v}: store batch b's callback from its store_task values v, unless its id exists.
@@ -41,7 +42,7 @@ for i = 3, #ARGV do
     local last = redis.call('HGET', applied, msg.id)
     if (not last or tonumber(last) < m) and redis.call('EXISTS', batch_key(msg.b)) == 1 then
       redis.call('HSET', applied, msg.id, msg.m)
-      move_member(msg.b, msg.id, msg.c, msg.g, false)
+      move_member(msg.b, msg.id, msg.c, msg.g, false, msg.bg)
     end
   elseif msg.k == 'purged' then
     redis.call('ZREM', members_key(msg.b, msg.g), msg.id)

@@ -18,9 +18,10 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            d deadline, e last error, o result (JSON), w worker, x cancel
                            requested ("1"), pg progress (JSON), tc the submitter's trace
                            context (JSON: traceparent, tracestate), bt/bc batch id of a
-                           member/callback, rq nonce of the last worker
-                           write (so a write redis-py resends after a lost reply is
-                           recognised as done), dp its depends_on (JSON list), wf the ones it
+                           member/callback, bg a member's batch generation, rq nonce of
+                           the last worker write (so a write redis-py resends after a lost
+                           reply is recognised as done), dp its depends_on (JSON list), wf the
+                           ones it
                            still awaits (JSON list; absent once none is), of "run" for
                            on_dependency_failure="run".
                            Fields without a value are absent.
@@ -90,8 +91,10 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
 ``P b:<id>``               HASH, one per batch (executor.submit_batch): n total, ok/ko/cx
                            completed/failed/cancelled members, sl "1" once sealed, c created,
                            f finished, cb callbacks (JSON), oc/os the callbacks' submit values
-                           (see lua/_batches.lua). A member's task hash holds bt = its batch
-                           id, a callback's bc. ``P batches``: ZSET of batch ids by creation;
+                           (see lua/_batches.lua), g its generation. A member's task hash
+                           holds bt = its batch id and bg = that batch's generation (a member
+                           counts only in it: an id may be used again once its batch was
+                           purged), a callback's bc. ``P batches``: ZSET of batch ids by creation;
                            ``P batches:finished`` of finished ones by finish time (purge).
 ``P bm:<id>:<group>``      ZSET of a batch's members by creation, group LIVE until a member
                            ends, then its terminal status (listing a batch's members).

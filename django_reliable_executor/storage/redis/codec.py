@@ -156,7 +156,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
 
 
 def submit_args(task: NewTask) -> list[str]:
-    """The 15 values (TASK_ARGS) submit.lua takes per task."""
+    """The 16 values (TASK_ARGS) submit.lua takes per task."""
     return [
         task.task_id,
         task.task_name,
@@ -173,4 +173,5 @@ def submit_args(task: NewTask) -> list[str]:
         task.rate_key or "",
         "" if task.trace_context is None else dumps(task.trace_context),
         task.batch_id or "",
+        task.batch_generation or "",
     ]

@@ -355,8 +355,9 @@ def _fire_arguments(
         for run, task_id in zip(runs, run_ids, strict=True):
             args.append(task_id)
             args += task
-            # No rate key, no trace context (a schedule's run starts a trace of its own), no batch.
-            args += (created_at, str(run), deadline, "", "", "")
+            # No rate key, no trace context (a schedule's run starts a trace of its own), no
+            # batch (nor its generation): the TASK_ARGS values of submit_args.
+            args += (created_at, str(run), deadline, "", "", "", "")
     return args, ids
 
 
