@@ -260,6 +260,7 @@ class Transitions(DatabaseAccess):
             run_at=run_at or claim.task.run_at,
             finished_at=changes.get("finished_at"),
             cancel_requested=bool(cancel_requested),
+            handler_running=False,
         )
         return Transition(task=task, previous=TaskStatus.RUNNING)
 
@@ -320,7 +321,11 @@ class Transitions(DatabaseAccess):
         if not changed:
             return None
         task = dataclasses.replace(
-            claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+            claim.task,
+            status=TaskStatus.TIMEOUT,
+            last_error=error,
+            finished_at=now,
+            handler_running=False,
         )
         return Transition(task=task, previous=claim.task.status)
 

@@ -130,6 +130,7 @@ class Transitions(RedisAccess):
             run_at=run_at if pending and run_at is not None else claim.task.run_at,
             finished_at=None if pending else now,
             cancel_requested=not is_error and text(reply[1]) == "1",
+            handler_running=False,
         )
         return Transition(task=task, previous=TaskStatus.RUNNING)
 
@@ -148,7 +149,11 @@ class Transitions(RedisAccess):
         if previous is None:
             return None
         task = dataclasses.replace(
-            claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+            claim.task,
+            status=TaskStatus.TIMEOUT,
+            last_error=error,
+            finished_at=now,
+            handler_running=False,
         )
         return Transition(task=task, previous=TaskStatus(text(previous)))
 
