@@ -78,14 +78,16 @@ class Dependencies(DatabaseAccess):
         )
         found: dict[str, str] = {}
         unflagged: list[str] = []
-        for pk, status, flagged in (
+        for pk, status, flagged, lease in (
             self._tasks()
             .select_for_update()
             .filter(pk__in=ids)
             .order_by("pk")
-            .values_list("pk", "status", "has_dependents")
+            .values_list("pk", "status", "has_dependents", "lease_expires_at")
         ):
-            found[pk] = status
+            # Terminal with its lease kept: its timed-out handler still runs, so it has not
+            # ended; its handler's return (or the lease's lapse) settles this dependent.
+            found[pk] = status if lease is None else TaskStatus.RUNNING.value
             if not flagged:
                 unflagged.append(pk)
         missing = [d for d in ids if d not in found]

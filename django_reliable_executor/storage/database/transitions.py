@@ -329,6 +329,15 @@ class Transitions(DatabaseAccess):
         )
         return Transition(task=task, previous=claim.task.status)
 
+    def handler_returned(self, claims: Sequence[Claim]) -> int:
+        """Each claim's handler returned after its task ended without it (a TIMEOUT while it
+        ran): the lease it still holds under the claim's token is let go, and the task has
+        ended now (its dependents and batch settled: ``_handler_ended``). Claims of tasks
+        that did not end so change nothing."""
+        return sum(
+            self._handler_ended(Q(pk=claim.task_id, lease_token=claim.token)) for claim in claims
+        )
+
     def release(self, claims: Sequence[Claim]) -> int:
         released = self._release(claims)
         if released:
@@ -395,7 +404,10 @@ class Transitions(DatabaseAccess):
             else None
         )
         # Refused while the previous attempt's holder still holds its lease (a timed-out
-        # handler still running, see expire_overdue): both would run at once.
+        # handler still running, see expire_overdue): both would run at once. A lease that
+        # lapsed ends the task first (dependents and batch settled), as its recovery would.
+        if row.lease_expires_at is not None and row.lease_expires_at <= now:
+            self._handler_ended(Q(pk=task_id, lease_expires_at__lte=now))
         lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
         with self._counted([row.batch_id]):
             changed = (

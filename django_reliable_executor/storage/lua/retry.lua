@@ -15,7 +15,11 @@ local held = redis.call('ZSCORE', LEASES, id)
 if held and tonumber(held) > NOWN then
   return {'held', task[4] or '', held}
 end
-unlease(id, key) -- a lease that lapsed and was not recovered yet
+-- A lease that lapsed and was not recovered yet: a task that timed out while running ends
+-- first (its batch and dependents settled), as its recovery would have ended it.
+if not handler_ended(id, key) then
+  unlease(id, key)
+end
 redis.call('HSET', key, 's', 'PENDING', 'r', NOW, 'b', 0)
 redis.call('HDEL', key, 'x', 'f', 'o', 'pg', 'wf') -- a fresh run reports its progress afresh;
 -- a retried dependent runs at once, awaiting nothing

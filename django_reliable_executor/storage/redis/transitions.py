@@ -170,6 +170,21 @@ class Transitions(RedisAccess):
         return [released] + [0] * (len(claims) - 1)
 
     @guarded
+    def handler_returned(self, claims: Sequence[Claim]) -> int:
+        if not claims:
+            return 0
+        return sum(self._each_shard(claims, SHARD, self._handler_returned_on))
+
+    def _handler_returned_on(self, claims: Sequence[Claim], shard: int) -> list[int]:
+        """How many of these claims' tasks ended (the count first, zeros for the rest)."""
+        args = [value for claim in claims for value in (claim.task_id, claim.token)]
+        ended = int(self._run("handler_returned", *args, shard=shard))
+        if ended < 0:  # sharded: an ending told another shard (a dependent, a batch)
+            self._deliver_now(shard)
+            ended = -ended - 1
+        return [ended] + [0] * (len(claims) - 1)
+
+    @guarded
     def cancel(self, task_id: str) -> CancelResult:
         reply = self._run("cancel", task_id, shard=self._task_shard(task_id))
         if reply is None:
