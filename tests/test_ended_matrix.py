@@ -77,6 +77,12 @@ class Matrix:
         self.firsts = ["dep-run", "dep-cancel", "dep-late", "batch", "unique", "retry", "purge"]
         self.firsts.append("capped")
         self.frozen_at: float | None = None
+        self.failures: list[str] = []  # "feature: what went wrong", every one of the run
+
+    def expect(self, feature: str, ok: bool, detail: object) -> None:
+        """A verdict of one cell of the matrix: collected, so that one run reports them all."""
+        if not ok:
+            self.failures.append(f"{self.ending.name} x {feature}: {detail}")
 
     # -- the journal ------------------------------------------------------------------------
     def times(self, task: str, event: str) -> list[float]:
@@ -155,21 +161,24 @@ class Matrix:
         )
         for task_id in self.firsts:
             info = service.get_task(task_id)
-            assert info.handler_running, info
+            self.expect("handler_running", info.handler_running, info)
         late = service.submit_task(
             follower("dep-late-after", depends_on=["dep-late"], on_dependency_failure="run")
         )
-        assert late.status is TaskStatus.CREATED and late.waiting_for == ("dep-late",), late
+        waits = late.status is TaskStatus.CREATED and late.waiting_for == ("dep-late",)
+        self.expect("depends_on submitted during the run", waits, late)
         again = service.submit_task(
             self.ending.first("unique-again", unique_for=60, unique_key="matrix")
         )
-        assert again.task_id == "unique", again  # the holder has not ended: no second task
+        # The holder has not ended: the submit returns it and stores nothing.
+        self.expect("unique_for", again.task_id == "unique", again)
         reason = service.retry_task_or_reason("retry")
         if not self.ending.cancel:  # (a RUNNING task cannot be retried at all)
-            assert reason is not None and "still running" in reason, reason
+            self.expect("retry_task", reason is not None and "still running" in reason, reason)
         service.purge_finished(timezone.now() + dt.timedelta(days=1))
         if not self.ends("purge"):
-            assert service.get_task("purge") is not None, "purged while its handler runs"
+            kept = service.get_task("purge") is not None
+            self.expect("purge", kept, "purged while its handler runs")
         capped = f"{self.ending.handler}_capped"  # the name of "capped", at max_concurrency=1
         service.submit_task(TaskSubmitRequest(capped, {}, task_id="capped-after"))
 
@@ -207,12 +216,10 @@ class Matrix:
                 logs=self.logs,
             )
         for task_id in self.firsts:
-            wait_until(
-                lambda t=task_id: not service.get_task(t).handler_running,
-                30,
-                f"{task_id} never stopped counting as running",
-                logs=self.logs,
-            )
+            try:
+                wait_until(lambda t=task_id: not service.get_task(t).handler_running, 15, "")
+            except AssertionError:
+                self.expect("handler_running", False, f"{task_id} still counts as running")
 
     def overlap_runs(self) -> int:
         """How many runs the schedule fired (tasks stored), or for a cancel, started."""
@@ -222,35 +229,40 @@ class Matrix:
     # -- the verdict ------------------------------------------------------------------------
     def check(self) -> None:
         pairs = [
-            ("dep-run-after", "dep-run"),
-            ("dep-cancel-next", "dep-cancel"),
-            ("dep-late-after", "dep-late"),
-            ("batch-callback", "batch"),
-            ("capped-after", "capped"),
+            ("depends_on run", "dep-run-after", "dep-run"),
+            ("depends_on cancel", "dep-cancel-next", "dep-cancel"),
+            ("depends_on submitted during the run", "dep-late-after", "dep-late"),
+            ("batch on_complete", "batch-callback", "batch"),
+            ("max_concurrency", "capped-after", "capped"),
         ]
-        for later, first in pairs:
-            (started,) = self.starts(later)
-            assert started >= self.first_end(first), (
-                f"{later} started at {started}, before {first} ended at {self.first_end(first)}"
-            )
+        for feature, later, first in pairs:
+            started, ended = self.starts(later)[0], self.first_end(first)
+            detail = f"{later} started at {started}, {first} ended at {ended}"
+            self.expect(feature, started >= ended, detail)
         after = self.service.get_task("dep-cancel-after")
-        assert after.status is TaskStatus.CANCELLED, after
-        if not self.ending.cancel:
-            retried = self.starts("retry")
-            if not self.ending.freeze:
-                assert len(retried) == 2 and retried[1] >= self.ends("retry")[0], retried
+        self.expect("depends_on cancel", after.status is TaskStatus.CANCELLED, after)
+        if not self.ending.cancel and not self.ending.freeze:
+            retried, ends = self.starts("retry"), self.ends("retry")
+            ok = len(retried) == 2 and retried[1] >= ends[0]
+            self.expect("retry_task", ok, f"runs started at {retried}, the first ended at {ends}")
         # The schedule's runs never overlap (with lease_lost a run may start once the frozen
         # worker's lease lapsed: its handler counts as gone).
         runs = self.schedule_runs()
         if not self.ending.freeze:
-            assert peak_overlap(runs) == 1, runs
+            self.expect("overlap=skip", peak_overlap(runs) == 1, f"runs (start, end): {runs}")
         else:
             assert self.frozen_at is not None
-            later = [s for s, _ in runs[1:]]
-            assert all(s >= self.frozen_at for s in later), (runs, self.frozen_at)
+            # Its runs wait for the frozen worker: when the next one was fired says it all.
+            fired = sorted(
+                info.created_at.timestamp()
+                for info in self.service.list_tasks(task_name=self.ending.handler, limit=100)
+                if info.task_id not in self.firsts
+            )
+            early = [at for at in fired[1:] if at < self.frozen_at + LEASE / 2]
+            self.expect("overlap=skip", not early, f"fired {fired}, frozen at {self.frozen_at}")
         # Ended now (for lease_lost: its worker is gone): the purge takes it.
         self.service.purge_finished(timezone.now() + dt.timedelta(days=1))
-        assert self.service.get_task("purge") is None
+        self.expect("purge", self.service.get_task("purge") is None, "kept once ended")
 
     def schedule_runs(self) -> list[tuple[float, float]]:
         runs = []
@@ -286,6 +298,7 @@ def test_nothing_that_waits_for_an_ending_starts_before_the_handler_returned(
     matrix.during()
     matrix.finish(frozen)
     matrix.check()
+    assert not matrix.failures, "\n".join(matrix.failures)
     if frozen is not None:
         frozen.popen.send_signal(18)  # SIGCONT, to stop it
     service.storage.close()
