@@ -215,11 +215,14 @@ class Matrix:
                 "the retried task did not run",
                 logs=self.logs,
             )
-        for task_id in self.firsts:
-            try:
-                wait_until(lambda t=task_id: not service.get_task(t).handler_running, 15, "")
-            except AssertionError:
-                self.expect("handler_running", False, f"{task_id} still counts as running")
+
+        def running() -> list[str]:
+            return [t for t in self.firsts if service.get_task(t).handler_running]
+
+        try:
+            wait_until(lambda: not running(), 15, "")
+        except AssertionError:
+            self.expect("handler_running", False, f"still counted as running: {running()}")
 
     def overlap_runs(self) -> int:
         """How many runs the schedule fired (tasks stored), or for a cancel, started."""
