@@ -30,12 +30,12 @@ class TaskSubmitRequest:
     delay_millis: int = 0
     run_at: dt.datetime | None = None
     # Unique tasks: while a task submitted with the same key within ``unique_for`` seconds
-    # is not terminal, a submit returns that task and stores nothing.
+    # has not ended (docs/guarantees.md), a submit returns that task and stores nothing.
     unique_for: float | None = None
     unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
     rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
     # Dependencies (dependencies.py): the task waits, CREATED and unclaimable, until every one
-    # of these task ids is terminal; a failed one cancels it unless on_dependency_failure="run".
+    # of these task ids has ended; a failed one cancels it unless on_dependency_failure="run".
     depends_on: Sequence[str] | None = None
     on_dependency_failure: str = "cancel"  # "cancel" | "run"
 
