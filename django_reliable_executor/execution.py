@@ -551,8 +551,12 @@ class TaskRunner:
             attempt.failed(error=error)
             return self.record_failure(claim, error, False, is_error=True)
 
-    @staticmethod
-    def _discarded(claim: Claim) -> None:
+    def _discarded(self, claim: Claim) -> None:
+        """The outcome of ``claim`` was not recorded: the task changed meanwhile. If it ended
+        while this handler ran (a TIMEOUT), the handler's return is reported now, so that the
+        task ends (its lease let go, its dependents and batch settled, see
+        ``TaskStorage.handler_returned``); if this write fails, the lease lapses and the
+        master's recovery does the same."""
         logger.warning(
             "task %s (%s): outcome of attempt %s discarded: the task changed meanwhile "
             "(lease lost, timed out or cancelled)",
@@ -560,3 +564,12 @@ class TaskRunner:
             claim.task.task_name,
             claim.task.attempts,
         )
+        try:
+            with_reconnect(lambda: self.storage.handler_returned([claim]))
+        except Exception:
+            logger.warning(
+                "task %s: could not report that its handler returned; its lease lapses "
+                "within LEASE_TIMEOUT instead",
+                claim.task_id,
+                exc_info=True,
+            )

@@ -30,12 +30,12 @@ class TaskSubmitRequest:
     delay_millis: int = 0
     run_at: dt.datetime | None = None
     # Unique tasks: while a task submitted with the same key within ``unique_for`` seconds
-    # is not terminal, a submit returns that task and stores nothing.
+    # has not ended (docs/guarantees.md), a submit returns that task and stores nothing.
     unique_for: float | None = None
     unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
     rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
     # Dependencies (dependencies.py): the task waits, CREATED and unclaimable, until every one
-    # of these task ids is terminal; a failed one cancels it unless on_dependency_failure="run".
+    # of these task ids has ended; a failed one cancels it unless on_dependency_failure="run".
     depends_on: Sequence[str] | None = None
     on_dependency_failure: str = "cancel"  # "cancel" | "run"
 
@@ -73,6 +73,11 @@ class TaskInfo:
     trace_context: dict[str, str] | None = None
     # The batch (executor.submit_batch) this task is a member or a callback of; None if none.
     batch_id: str | None = None
+    # A handler of this task still runs, as far as the storage knows: RUNNING, or terminal
+    # while the handler of its last attempt runs on (a TIMEOUT in the thread pool or on the
+    # event loop), until the worker reports it returned or its lease lapses. A terminal task
+    # has *ended* (docs/guarantees.md) only once this is False.
+    handler_running: bool = False
 
     @property
     def is_terminal(self) -> bool:
@@ -175,7 +180,11 @@ class Claim:
         info = self.task
         task = object.__new__(TaskInfo)
         task.__dict__.update(
-            info.__dict__, status=TaskStatus.RUNNING, attempts=info.attempts + 1, started_at=now
+            info.__dict__,
+            status=TaskStatus.RUNNING,
+            attempts=info.attempts + 1,
+            started_at=now,
+            handler_running=True,
         )
         claim = object.__new__(Claim)
         claim.__dict__.update(self.__dict__, task=task, budget_attempts=self.budget_attempts + 1)
@@ -185,7 +194,11 @@ class Claim:
         """The transition of recording this (started) claim's success."""
         task = object.__new__(TaskInfo)
         task.__dict__.update(
-            self.task.__dict__, status=TaskStatus.COMPLETED, result=result, finished_at=now
+            self.task.__dict__,
+            status=TaskStatus.COMPLETED,
+            result=result,
+            finished_at=now,
+            handler_running=False,
         )
         transition = object.__new__(Transition)
         transition.__dict__.update(task=task, previous=TaskStatus.RUNNING)
@@ -317,6 +330,7 @@ def created_info(
             "waiting_for": (),
             "trace_context": trace_context,
             "batch_id": batch_id,
+            "handler_running": False,
         },
     )
 

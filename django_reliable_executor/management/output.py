@@ -274,6 +274,7 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("last run took", duration),
         ("worker_id", info.worker_id or "-"),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
+        ("handler_running", "yes" if info.handler_running else "no"),
         ("progress", progress_text(info.progress, now)),
         ("depends_on", ", ".join(info.depends_on) or "-"),
         ("waiting_for", ", ".join(info.waiting_for) or "-"),

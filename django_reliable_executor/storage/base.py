@@ -198,7 +198,8 @@ class TaskStorage(ScheduleStorage):
         token is renewed (a twin process sharing the worker id cannot keep a dead one's
         leases alive). Returns ``{task_id: (token, cancel_requested)}`` for the tasks still
         held; a task missing from it is lost. A task that timed out while its handler still
-        runs stays held (see expire_overdue) and is reported with cancel_requested True."""
+        runs stays held (see expire_overdue) and is reported with cancel_requested True,
+        until ``handler_returned`` lets it go."""
 
     @abc.abstractmethod
     def complete(self, claim: Claim, result: object) -> Transition | None:
@@ -230,6 +231,17 @@ class TaskStorage(ScheduleStorage):
     @abc.abstractmethod
     def release(self, claims: Sequence[Claim]) -> int:
         """Hand unstarted claims back to the queue; no attempt is counted."""
+
+    @abc.abstractmethod
+    def handler_returned(self, claims: Sequence[Claim]) -> int:
+        """The handlers of these claims returned (or raised) after their tasks became terminal
+        without them: a TIMEOUT while the handler ran, whose holder kept the lease
+        (``expire_overdue``). Each such lease still held under the claim's token is let go
+        and the task has *ended* now, atomically: its dependents are released or cancelled
+        and it counts in its batch (both left for this moment by the TIMEOUT), and from then
+        on a unique key, an overlap check, max_concurrency, a manual retry and the purge no
+        longer wait for it. Other claims change nothing. The master does the same for a lease
+        that lapsed instead (``recover_expired``). Returns how many ended so."""
 
     # -- operating ------------------------------------------------------------------------
     @abc.abstractmethod
@@ -280,14 +292,18 @@ class TaskStorage(ScheduleStorage):
     @abc.abstractmethod
     def recover_expired(self, limit: int) -> list[Transition]:
         """Claims whose lease expired: unstarted ones go back to the queue (no attempt);
-        started ones count a failed attempt ("worker lost") and retry or fail."""
+        started ones count a failed attempt ("worker lost") and retry or fail. A task that
+        timed out while its handler ran, whose lease lapsed (its worker is gone), ends as
+        ``handler_returned`` ends it (no transition returned: its status stays)."""
 
     @abc.abstractmethod
     def expire_overdue(self, limit: int) -> list[Transition]:
         """Non-terminal tasks past their max-duration deadline -> TIMEOUT. A RUNNING one keeps
         its holder's lease: the worker's heartbeat renews it while the handler still runs
         (threads cannot be stopped), it counts against max_concurrency, and ``retry`` is
-        refused until the lease is let go or lapses. Lease recovery leaves it alone."""
+        refused until the lease is let go or lapses. It has not *ended*: its dependents,
+        its batch, its unique key and its schedule's overlap check wait for
+        ``handler_returned`` or the lease's recovery."""
 
     def purge_finished(
         self,

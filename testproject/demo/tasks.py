@@ -456,3 +456,52 @@ def kills_its_thread(param: dict | None, context: TaskContext) -> str:
 
     threading.Timer(0.2, strike).start()
     return name
+
+
+def _outlive_seconds(param: dict, context: TaskContext) -> float:
+    """How long demo.outlive and its twins run: ``seconds``, only in the first attempt with
+    ``first_only`` (a retried one then returns at once)."""
+    if param.get("first_only") and context.attempt > 1:
+        return 0.0
+    return float(param.get("seconds", 0))
+
+
+def outlive(param: dict | None, context: TaskContext) -> int:
+    """Outlives its attempt (tests/test_ended_matrix.py): writes "start" to the journal
+    (RE_JOURNAL), runs ``seconds`` whatever ``context.is_cancelled()`` says (neither a
+    TIMEOUT nor a cancel stops it), writes "end", then raises with ``fail``, else returns."""
+    param = param or {}
+    _journal("start", context)
+    time.sleep(_outlive_seconds(param, context))
+    _journal("end", context)
+    if param.get("fail"):
+        raise RuntimeError("demo.outlive failed as asked")
+    return context.attempt
+
+
+async def async_outlive(param: dict | None, context: TaskContext) -> int:
+    """The ``async def`` twin of demo.outlive: the worker's CancelledError (a TIMEOUT, a cancel)
+    is written down ("cancelled") and ignored, and it awaits on until ``seconds`` passed."""
+    param = param or {}
+    _journal("start", context)
+    ends = time.monotonic() + _outlive_seconds(param, context)
+    while (left := ends - time.monotonic()) > 0:
+        try:
+            await asyncio.sleep(left)
+        except asyncio.CancelledError:
+            _journal("cancelled", context)
+    _journal("end", context)
+    if param.get("fail"):
+        raise RuntimeError("demo.async_outlive failed as asked")
+    return context.attempt
+
+
+reliable_task_handler(name="demo.outlive", takes_context=True, retry_limit=0)(outlive)
+reliable_task_handler(name="demo.async_outlive", takes_context=True, retry_limit=0)(async_outlive)
+# One at a time (max_concurrency): a timed-out run whose handler runs on still holds the slot.
+reliable_task_handler(
+    name="demo.outlive_capped", takes_context=True, retry_limit=0, max_concurrency=1
+)(outlive)
+reliable_task_handler(
+    name="demo.async_outlive_capped", takes_context=True, retry_limit=0, max_concurrency=1
+)(async_outlive)

@@ -13,14 +13,14 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from ...clock import Clock
 from ...models import ReliableTask
 from ...records import Claim, NewTask, TaskInfo
 from ...states import TaskStatus
 from ..base import TaskStorage
-from .rows import lock_conflict, spans, to_info
+from .rows import TERMINAL, lock_conflict, spans, to_info
 from .wakeups import Wakeups
 
 logger = logging.getLogger("django_reliable_executor")
@@ -223,6 +223,30 @@ class DatabaseAccess(TaskStorage):
         in id order)."""
         cascaded = self._settle_dependents({task_id: status for _, task_id, status in ended})
         self._settle_batches([*ended, *cascaded])
+
+    def _handler_ended(self, match: Q) -> bool:
+        """The task ``match`` finds ended while its handler ran (terminal, its holder kept the
+        lease: see Chores.expire_overdue) and that handler has now returned, or its lease
+        lapsed: let the lease go and settle what its ending left for this moment (its
+        dependents, its batch), in one transaction. Until then the task has not *ended*
+        (docs/guarantees.md). False when there was nothing to let go (a second report)."""
+        held = Q(status__in=TERMINAL, lease_expires_at__isnull=False)
+
+        def end() -> bool:
+            row = self._tasks().filter(match, held).values_list("pk", "status", "batch_id").first()
+            if row is None:
+                return False
+            task_id, status, batch_id = row
+            if (
+                not self._tasks()
+                .filter(match, held, pk=task_id, status=status)
+                .update(lease_expires_at=None)
+            ):
+                return False
+            self._settle_endings([(batch_id, task_id, status)])
+            return True
+
+        return self._ending(end)
 
     def _alone(self, write: Callable[[], T]) -> T:
         """Run a one-statement write in autocommit (or in the caller's transaction), again

@@ -17,6 +17,7 @@ from .access import DatabaseAccess
 from .retry_counts import add_retries, purge_retry_counts
 from .rows import (
     LIVE,
+    TERMINAL,
     chunks,
     claim_of,
     failure_changes,
@@ -72,6 +73,15 @@ class Chores(DatabaseAccess):
                     requeued.append(row.queue)
         add_retries(self.alias, now, sum(t.status is TaskStatus.PENDING for t in transitions))
         self._work_committed(requeued)
+        # Tasks that timed out while their handler ran, whose worker is gone (the lease it
+        # kept lapsed): they end now (no status change, no transition to announce).
+        for task_id in (
+            self._tasks()
+            .filter(available=False, lease_expires_at__lt=now, status__in=TERMINAL)
+            .order_by("lease_expires_at")
+            .values_list("pk", flat=True)[:limit]
+        ):
+            self._handler_ended(Q(pk=task_id, lease_expires_at__lt=now))
         return transitions
 
     def expire_overdue(self, limit: int) -> list[Transition]:
@@ -85,15 +95,19 @@ class Chores(DatabaseAccess):
         for row in rows:
             error = timeout_message(row.max_duration_millis, row.last_error)
             changes = failure_changes(TaskStatus.TIMEOUT, None, error, now)
-            if row.status == TaskStatus.RUNNING.value:
-                # Its handler may run on (threads cannot be stopped): the holder keeps its
-                # lease, renewed by its heartbeat, so that a retry waits for it to end and
-                # max_concurrency still counts it.
-                del changes["lease_expires_at"]
             match = self._tasks().filter(
                 pk=row.pk, status=row.status, lease_token=row.lease_token, deadline_at__lte=now
             )
-            changed = self._update_settled(match, changes, row, TaskStatus.TIMEOUT)
+            if row.status == TaskStatus.RUNNING.value:
+                # Its handler may run on (threads cannot be stopped): the holder keeps its
+                # lease, renewed by its heartbeat, and the task has not *ended* until the
+                # handler returns (Transitions.handler_returned) or the lease lapses
+                # (recover_expired): its dependents and batch are settled then, and a
+                # retry, a unique key, an overlap check and max_concurrency wait for it.
+                del changes["lease_expires_at"]
+                changed = match.update(**changes)
+            else:
+                changed = self._update_settled(match, changes, row, TaskStatus.TIMEOUT)
             if changed:
                 previous = TaskStatus(row.status)
                 for key, value in changes.items():
@@ -175,11 +189,13 @@ class Chores(DatabaseAccess):
     ) -> int:
         chosen = sorted(s.value for s in statuses)
         now = self.clock.now()
-        # A timed-out task whose handler still runs is kept until its lease ends.
-        unheld = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+        # A timed-out task whose handler still runs is kept until it ended (its lease let go
+        # by the handler's return or the recovery of its lapsed lease, which settles it).
         ids = list(
             self._tasks()
-            .filter(unheld, finished_at__lt=finished_before, status__in=chosen)
+            .filter(
+                lease_expires_at__isnull=True, finished_at__lt=finished_before, status__in=chosen
+            )
             .values_list("pk", flat=True)[:limit]
         )
         # Unique keys past their window go with the finished tasks (not counted: not tasks).
@@ -195,8 +211,8 @@ class Chores(DatabaseAccess):
             ids_sql, id_params = self._in("task_id", chunk)
             deleted += self._execute(
                 f"DELETE FROM {self._table} WHERE {ids_sql} AND {statuses_sql}"
-                " AND (lease_expires_at IS NULL OR lease_expires_at <= %s)",
-                [*id_params, *status_params, self._dt(now)],
+                " AND lease_expires_at IS NULL",
+                [*id_params, *status_params],
             )
             self._purge_dependencies(chunk)
         return deleted

@@ -89,14 +89,16 @@ class Dependencies(DatabaseAccess):
         # Locked before the edges are inserted: on MySQL an ending write's locking read of
         # its edges waits for an uncommitted edge, so an edge inserted first, then a wait for
         # the dependency's row (which that write holds), would be a deadlock.
-        for pk, status, flagged in (
+        for pk, status, flagged, lease in (
             self._tasks()
             .select_for_update()
             .filter(pk__in=ids)
             .order_by("pk")
-            .values_list("pk", "status", "has_dependents")
+            .values_list("pk", "status", "has_dependents", "lease_expires_at")
         ):
-            found[pk] = status
+            # Terminal with its lease kept: its timed-out handler still runs, so it has not
+            # ended; its handler's return (or the lease's lapse) settles this dependent.
+            found[pk] = status if lease is None else TaskStatus.RUNNING.value
             if not flagged:
                 unflagged.append(pk)
         missing = [d for d in ids if d not in found]

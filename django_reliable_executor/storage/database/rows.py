@@ -65,7 +65,17 @@ def to_info(row: ReliableTask) -> TaskInfo:
         waiting_for=tuple(row.waiting_for or ()),
         trace_context=row.trace_context,
         batch_id=row.batch_id,
+        handler_running=handler_running(row.status, row.lease_expires_at),
     )
+
+
+def handler_running(status: str, lease_expires_at: dt.datetime | None) -> bool:
+    """RUNNING, or terminal while its holder keeps the lease: a handler that runs on past
+    its attempt (see Chores.expire_overdue), until its worker reports it returned
+    (Transitions.handler_returned) or the master recovers the lapsed lease."""
+    if status == TaskStatus.RUNNING.value:
+        return True
+    return lease_expires_at is not None and status in TERMINAL
 
 
 def claim_of(row: ReliableTask) -> Claim:
@@ -137,7 +147,7 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 # A claim does not read the task's progress: a worker has no use for it (None in its TaskInfo).
 # Nor its dependencies (a claimed task waits for none; context.dependency_results reads them).
 # It reads the batch_id: a member's ending write counts it in its batch (batches.py).
-NOT_CLAIMED = ("progress", "depends_on", "waiting_for")
+NOT_CLAIMED = ("progress", "depends_on", "waiting_for", "handler_running")
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at", "has_dependents"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
@@ -189,6 +199,7 @@ def claim_from_row(row: Sequence[Any], **extra: Any) -> Claim:
     deadline_at = values.pop("deadline_at")
     has_dependents = bool(values.pop("has_dependents"))  # 0/1 on MySQL, SQLite
     values["status"] = TaskStatus(values["status"])
+    values["handler_running"] = values["status"] is TaskStatus.RUNNING
     return Claim(
         task=TaskInfo(**values),
         token=token,

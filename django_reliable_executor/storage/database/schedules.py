@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 from django.db import connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from ...models import ReliableSchedule
 from ...records import TaskInfo
@@ -240,13 +240,15 @@ class Schedules(DatabaseAccess):
             )
 
     def _still_running(self, previous: dict[str, str]) -> dict[str, str]:
-        """Of ``{schedule id: its previous run's task id}``, those whose task is not terminal
-        (a task purged since is terminal by then)."""
+        """Of ``{schedule id: its previous run's task id}``, those whose task has not ended: not
+        terminal, or terminal while its timed-out handler runs on (its lease kept). A task
+        purged since has ended by then."""
         if not previous:
             return {}
+        not_ended = Q(status__in=LIVE) | Q(lease_expires_at__isnull=False)
         live = set(
             self._tasks()
-            .filter(pk__in=sorted(set(previous.values())), status__in=LIVE)
+            .filter(not_ended, pk__in=sorted(set(previous.values())))
             .values_list("pk", flat=True)
         )
         return {schedule: task_id for schedule, task_id in previous.items() if task_id in live}

@@ -263,6 +263,7 @@ class Transitions(DatabaseAccess):
             run_at=run_at or claim.task.run_at,
             finished_at=changes.get("finished_at"),
             cancel_requested=bool(cancel_requested),
+            handler_running=False,
         )
         return Transition(task=task, previous=TaskStatus.RUNNING)
 
@@ -323,9 +324,22 @@ class Transitions(DatabaseAccess):
         if not changed:
             return None
         task = dataclasses.replace(
-            claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+            claim.task,
+            status=TaskStatus.TIMEOUT,
+            last_error=error,
+            finished_at=now,
+            handler_running=False,
         )
         return Transition(task=task, previous=claim.task.status)
+
+    def handler_returned(self, claims: Sequence[Claim]) -> int:
+        """Each claim's handler returned after its task ended without it (a TIMEOUT while it
+        ran): the lease it still holds under the claim's token is let go, and the task has
+        ended now (its dependents and batch settled: ``_handler_ended``). Claims of tasks
+        that did not end so change nothing."""
+        return sum(
+            self._handler_ended(Q(pk=claim.task_id, lease_token=claim.token)) for claim in claims
+        )
 
     def release(self, claims: Sequence[Claim]) -> int:
         released = self._release(claims)
@@ -422,7 +436,10 @@ class Transitions(DatabaseAccess):
                 waiting_for=list(awaited),
             )
         # Refused while the previous attempt's holder still holds its lease (a timed-out
-        # handler still running, see expire_overdue): both would run at once.
+        # handler still running, see expire_overdue): both would run at once. A lease that
+        # lapsed ends the task first (dependents and batch settled), as its recovery would.
+        if row.lease_expires_at is not None and row.lease_expires_at <= now:
+            self._handler_ended(Q(pk=task_id, lease_expires_at__lte=now))
         lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
         changed = (
             self._tasks()
@@ -467,11 +484,14 @@ class Transitions(DatabaseAccess):
         if self.vendor == "sqlite":
             # The first write takes the database's write lock: what follows is read alone.
             self._tasks().filter(pk=row.task_id).update(status=F("status"))
-        found = dict(
-            self._tasks()
+        found = {
+            # Terminal with its lease kept: its timed-out handler still runs, so it has not
+            # ended (as in Dependencies._wait_for); its handler's return settles the dependent.
+            pk: status if lease is None else TaskStatus.RUNNING.value
+            for pk, status, lease in self._tasks()
             .select_for_update()
             .filter(pk__in=depends_on)
             .order_by("pk")
-            .values_list("pk", "status")
-        )
+            .values_list("pk", "status", "lease_expires_at")
+        }
         return awaited_on_retry(row.task_id, depends_on, found, row.on_dependency_failure)

@@ -47,8 +47,8 @@ class UniqueKeys(DatabaseAccess):
             if holder_id == task.task_id:
                 return None  # inserted now (or by this very submit sent again)
             holder = self._latest(holder_id) if in_window else None
-            if holder is not None and holder.status in LIVE_STATUSES:
-                return holder
+            if holder is not None and (holder.status in LIVE_STATUSES or holder.handler_running):
+                return holder  # not ended: live, or its timed-out handler still runs
             cursor.execute(
                 f"UPDATE {self._keys_table} SET task_id = %s, expires_at = %s "
                 f"WHERE {self._key} = %s",
@@ -88,7 +88,9 @@ class UniqueKeys(DatabaseAccess):
             .first()
         )
         holder = self.get(row.task_id) if row is not None else None
-        return holder if holder is not None and holder.status in LIVE_STATUSES else None
+        if holder is None or not (holder.status in LIVE_STATUSES or holder.handler_running):
+            return None
+        return holder
 
     def _purge_unique_keys(self, now: dt.datetime) -> int:
         """Delete the key rows whose window has passed, PURGE_BATCH at a time (short

@@ -33,6 +33,12 @@ local function live(status)
   return status == 'CREATED' or status == 'PENDING' or status == 'RUNNING'
 end
 
+-- A task that has not *ended* (docs/guarantees.md): live, or terminal while the handler of
+-- its last attempt runs on (`hr`, see end_running_on). `status` is the task's, read before.
+local function not_ended(id, status)
+  return live(status) or redis.call('HEXISTS', tkey(id), 'hr') == 1
+end
+
 -- Keep the per-status counts exact: one task of `queue` moves from one status to another.
 local function recount(queue, from, to)
   if from then
@@ -471,6 +477,35 @@ end
 local function finish(id, key, queue, from, status)
   end_task(id, key, queue, from, status)
   settle_dependents(id, status)
+end
+
+-- A RUNNING task becomes `status` (TIMEOUT) while its handler runs on: terminal in every
+-- index, but it keeps its lease (the heartbeat renews it, max_concurrency counts it) and has
+-- not *ended*: `hr` marks it, and its batch and dependents are settled only by
+-- handler_ended, when the handler returns (handler_returned.lua) or the lease lapses
+-- (recover.lua).
+local function end_running_on(id, key, queue, status)
+  count_ending(status)
+  redis.call('HSET', key, 's', status, 'f', NOW, 'hr', '1')
+  redis.call('HDEL', key, 'd', 'wf')
+  redis.call('ZREM', DEADLINES, id)
+  redis.call('ZADD', FINISHED, NOW, id)
+  redis.call('ZADD', P .. 'done:' .. status, redis.call('HGET', key, 'c'), id)
+  recount(queue, 'RUNNING', status)
+end
+
+-- The handler of a task end_running_on ended has returned, or its lease lapsed: it leaves
+-- the leases and ends now (its batch counts it, its dependents are settled). False when it
+-- was not running on (nothing changes).
+local function handler_ended(id, key)
+  if redis.call('HDEL', key, 'hr') == 0 then
+    return false
+  end
+  local status = redis.call('HGET', key, 's')
+  unlease(id, key)
+  settle_batch(id, key, status)
+  settle_dependents(id, status)
+  return true
 end
 
 -- A failed attempt of a RUNNING task: back to waiting at `run_at`, or a terminal status.

@@ -8,8 +8,11 @@ local out = {}
 local member = ARGV[3] .. ' ' .. ARGV[4]
 for i = 5, #ARGV do
   local status = redis.call('HGET', tkey(ARGV[i]), 's')
-  if status and live(status) then
+  if status and not_ended(ARGV[i], status) then
     redis.call('SADD', P .. 'deps:' .. ARGV[i], member)
+    if not live(status) then
+      status = 'RUNNING' -- a timed-out one whose handler runs on has not ended either
+    end
   end
   out[#out + 1] = status or ''
 end

@@ -1,7 +1,8 @@
 -- expire: tasks past their max-duration deadline -> TIMEOUT, whatever they were doing.
 -- A RUNNING one keeps its holder's lease (and its place in `held`): its handler may run on,
--- so the heartbeat renews the lease until it ends, retry.lua refuses while it lasts, and
--- recover.lua lets it go once it lapses.
+-- so the heartbeat renews the lease until it ends, retry.lua refuses while it lasts, and it
+-- has not ended (end_running_on): handler_returned.lua ends it when the handler returns,
+-- recover.lua once the lease lapses.
 -- ARGV[3..] 4 values per task: id, token read, status read, error. Compare-and-set on what
 -- was read. Returns the ids that timed out.
 local out = {}
@@ -17,9 +18,10 @@ for i = 3, #ARGV, 4 do
     end
     local held = expected == 'RUNNING' and redis.call('ZSCORE', LEASES, id)
     redis.call('HSET', key, 'e', ARGV[i + 3])
-    finish(id, key, task[3], expected, 'TIMEOUT')
     if held then
-      lease(id, redis.call('HGET', key, 'n'), held)
+      end_running_on(id, key, task[3], 'TIMEOUT')
+    else
+      finish(id, key, task[3], expected, 'TIMEOUT')
     end
     out[#out + 1] = id
   end

@@ -1,6 +1,7 @@
 -- recover: claims whose lease expired. Unstarted ones go back to the head of the line (no
 -- attempt); a started one records a failed attempt ("worker lost") decided by the caller; a
--- task that timed out while running (its holder kept the lease) just leaves the leases.
+-- task that timed out while running (its holder kept the lease) ends now (handler_ended:
+-- its worker is gone, so its handler counts as returned).
 -- ARGV[3..] 7 values per task: id, token, status read, cancel flag read, outcome for a
 -- started task, its next run time, error. Each is a compare-and-set on what was read.
 -- Returns the ids of the started tasks that changed.
@@ -17,7 +18,7 @@ for i = 3, #ARGV, 7 do
     elseif expected == 'RUNNING' then
       record_failure(id, key, task[3], task[4], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6])
       out[#out + 1] = id
-    elseif expected == 'TIMEOUT' then
+    elseif expected == 'TIMEOUT' and not handler_ended(id, key) then
       unlease(id, key)
     end
   end

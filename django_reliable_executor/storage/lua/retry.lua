@@ -36,14 +36,20 @@ if dp then
     if status == nil then
       status = redis.call('HGET', tkey(d), 's') or '-'
     end
-    if status == '' or (status ~= '-' and live(status)) then
+    -- Not ended: live, or (here) terminal while its timed-out handler runs on (§6.1); a
+    -- remote one's shard reported that as RUNNING (dep_link.lua).
+    if status == '' or (status ~= '-' and (live(status) or (remote[d] == nil and not_ended(d, status)))) then
       awaited[#awaited + 1] = d
     elseif status ~= 'COMPLETED' and not run then
       return {'depfailed', d, status == '-' and '' or status}
     end
   end
 end
-unlease(id, key) -- a lease that lapsed and was not recovered yet
+-- A lease that lapsed and was not recovered yet: a task that timed out while running ends
+-- first (its batch and dependents settled), as its recovery would have ended it.
+if not handler_ended(id, key) then
+  unlease(id, key)
+end
 redis.call('HDEL', key, 'x', 'f', 'o', 'pg', 'wf') -- a fresh run reports its progress afresh
 if #awaited > 0 then
   -- Waits again; its max duration counts from its release (release_dependent), as after its

@@ -31,7 +31,7 @@ while i <= #ARGV do
   local running = nil
   if overlap == 'skip' and count > 0 and state[3] then
     local status = redis.call('HGET', tkey(state[3]), 's')
-    if status and live(status) then
+    if status and not_ended(state[3], status) then
       running = state[3]
     end
   end

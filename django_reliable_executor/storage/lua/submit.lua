@@ -29,7 +29,7 @@ local promoted = {}
 local woken = {}
 
 local RESERVED = {}
--- The task holding a unique key, if its window lasts and it is not terminal.
+-- The task holding a unique key, if its window lasts and it has not ended (not_ended).
 local function holder_of(ukey)
   local held = redis.call('GET', ukey)
   if not held then
@@ -44,7 +44,7 @@ local function holder_of(ukey)
     return RESERVED -- held for a task of another shard (unique_reserve.lua): the caller checks
   end
   local status = redis.call('HGET', tkey(id), 's')
-  if status and live(status) then
+  if status and not_ended(id, status) then
     return id
   end
   return nil
@@ -119,7 +119,7 @@ local function wait_for(id, key, queue, deps_json, on_failure)
       redis.call('SADD', P .. 'deps:' .. d, id)
       status = redis.call('HGET', tkey(d), 's')
     end
-    if live(status) then
+    if not_ended(d, status) then -- (a remote one's status says so: dep_link.lua)
       remaining[#remaining + 1] = d
     elseif status ~= 'COMPLETED' and not failed then
       failed = {d, status}

@@ -61,6 +61,7 @@ class Chores(RedisAccess):
                     last_error=error,
                     run_at=next_run or claim.task.run_at,
                     finished_at=None if next_run else now,
+                    handler_running=False,
                 )
             args += [task_id, values["k"], status, values.get("x", "0"), outcome, run_at, error]
         if not args:
@@ -89,7 +90,12 @@ class Chores(RedisAccess):
             args += [task_id, values["k"], values["s"], error]
             outcomes[task_id] = Transition(
                 task=dataclasses.replace(
-                    info, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+                    info,
+                    status=TaskStatus.TIMEOUT,
+                    last_error=error,
+                    finished_at=now,
+                    # A RUNNING one's handler runs on: expire.lua keeps its lease.
+                    handler_running=info.status is TaskStatus.RUNNING,
                 ),
                 previous=info.status,
             )

@@ -80,6 +80,8 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         trace_context=loads(values["tc"]) if "tc" in values else None,
         # bt: a member's batch, bc: a callback's (counted in no batch).
         batch_id=values.get("bt") or values.get("bc"),
+        # hr: terminal while the handler of its last attempt runs on (expire.lua).
+        handler_running=values["s"] == "RUNNING" or "hr" in values,
     )
 
 
@@ -142,6 +144,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
             "progress": None,  # not read by the claim: a worker has no use for it
             "trace_context": loads(tc) if tc else None,
             "batch_id": None,  # neither is this (context.batch_id reads the task)
+            "handler_running": status is TaskStatus.RUNNING,
         }
     )
     claim = object.__new__(Claim)

@@ -25,6 +25,7 @@ NAMES = (
     "fail",
     "expire_claim",
     "release",
+    "handler_returned",
     "cancel",
     "retry",
     "promote",

@@ -186,7 +186,9 @@ class Submitting(RedisAccess):
             values = self.client.hgetall(self._tkey(task_id, where))
             if values:
                 info = to_info(task_id, {text(k): text(v) for k, v in values.items()})
-                return (info if info.status in LIVE_STATUSES else None), True
+                # Not ended: live, or its timed-out handler still runs (docs/guarantees.md).
+                ended = info.status not in LIVE_STATUSES and not info.handler_running
+                return (None if ended else info), True
             if len(parts) == 2:
                 return None, True  # its holder was purged
             age = (self.clock.now() - from_micros(parts[3])).total_seconds()
@@ -408,7 +410,9 @@ class Submitting(RedisAccess):
             holder, _settled = self._entry_holder(text(held), home, None)
             return holder
         holder = self.get(task_id)
-        return holder if holder is not None and holder.status in LIVE_STATUSES else None
+        if holder is None or (holder.status not in LIVE_STATUSES and not holder.handler_running):
+            return None
+        return holder
 
 
 def _missing_reply(replies: list[Any]) -> bool:

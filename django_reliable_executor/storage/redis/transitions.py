@@ -133,6 +133,7 @@ class Transitions(RedisAccess):
             run_at=run_at if pending and run_at is not None else claim.task.run_at,
             finished_at=None if pending else now,
             cancel_requested=not is_error and text(reply[1]) == "1",
+            handler_running=False,
         )
         return Transition(task=task, previous=TaskStatus.RUNNING)
 
@@ -151,7 +152,11 @@ class Transitions(RedisAccess):
         if previous is None:
             return None
         task = dataclasses.replace(
-            claim.task, status=TaskStatus.TIMEOUT, last_error=error, finished_at=now
+            claim.task,
+            status=TaskStatus.TIMEOUT,
+            last_error=error,
+            finished_at=now,
+            handler_running=False,
         )
         return Transition(task=task, previous=TaskStatus(text(previous)))
 
@@ -166,6 +171,21 @@ class Transitions(RedisAccess):
         args = [value for claim in claims for value in (claim.task_id, claim.token)]
         released = int(self._run("release", *args, shard=shard))
         return [released] + [0] * (len(claims) - 1)
+
+    @guarded
+    def handler_returned(self, claims: Sequence[Claim]) -> int:
+        if not claims:
+            return 0
+        return sum(self._each_shard(claims, SHARD, self._handler_returned_on))
+
+    def _handler_returned_on(self, claims: Sequence[Claim], shard: int) -> list[int]:
+        """How many of these claims' tasks ended (the count first, zeros for the rest)."""
+        args = [value for claim in claims for value in (claim.task_id, claim.token)]
+        ended = int(self._run("handler_returned", *args, shard=shard))
+        if ended < 0:  # sharded: an ending told another shard (a dependent, a batch)
+            self._deliver_now(shard)
+            ended = -ended - 1
+        return [ended] + [0] * (len(claims) - 1)
 
     @guarded
     def cancel(self, task_id: str) -> CancelResult:
