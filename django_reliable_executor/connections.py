@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
@@ -87,3 +87,20 @@ def _close_if_unusable(conn: BaseDatabaseWrapper) -> bool:
     with contextlib.suppress(DatabaseError):
         conn.close()
     return True
+
+
+def out_of_reach(exc: BaseException, alias: str | None) -> bool:
+    """After ``exc`` from a storage call in this thread: was the storage out of reach (a
+    connection the server ended, closed now so that the next call opens a new one; a server
+    that does not answer yet) rather than refusing the write? ``alias``: the task database's,
+    None for Redis (whose client raises its own connection errors)."""
+    if drop_unusable_connections():
+        return True
+    if alias is None or not isinstance(exc, DatabaseError):
+        from .exceptions import storage_unavailable
+
+        return storage_unavailable(exc)
+    # No connection left: the last attempt to open one failed (a server restarting).
+    return isinstance(exc, (OperationalError, InterfaceError)) and (
+        connections[alias].connection is None
+    )

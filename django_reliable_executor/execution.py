@@ -16,7 +16,7 @@ from typing import Any
 
 from .batching import GroupCommitter
 from .completions import CompletionWriter
-from .connections import close_connections, with_reconnect
+from .connections import close_connections, out_of_reach, with_reconnect
 from .exceptions import StorageUnavailableError, storage_unavailable
 from .observing import Attempt, observe
 from .progress import Progress, make_progress
@@ -212,6 +212,12 @@ class TaskRunner:
     @property
     def storage(self) -> Any:
         return self.executor.storage
+
+    @property
+    def _alias(self) -> str | None:
+        """The task database's alias (see connections.out_of_reach); None on Redis."""
+        alias = getattr(self.storage, "alias", None)
+        return alias if isinstance(alias, str) else None
 
     @staticmethod
     def is_async(claim: Claim) -> bool:
@@ -506,9 +512,9 @@ class TaskRunner:
         handler's message may hold a NUL, say), never lost for its text."""
         error = storable_text(error)
         try:
-            return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
+            return self._fail_while_in_reach(claim, error, retryable, is_error)
         except Exception as exc:
-            if error.isascii():
+            if error.isascii() or out_of_reach(exc, self._alias):
                 raise
             # Perhaps refused for its text (MySQL says OperationalError when a column not in
             # utf8mb4 meets an emoji): record the failure with the text escaped rather than
@@ -520,6 +526,30 @@ class TaskRunner:
             )
             error = ascii_text(error)
             return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
+
+    def _fail_while_in_reach(
+        self, claim: Claim, error: str, retryable: bool, is_error: bool
+    ) -> Transition | None:
+        """``storage.fail``, made again on a new connection while the storage is out of reach
+        (a connection the server ended, a server restarting), for up to half a lease: the
+        write is fenced by the claim's token, so making it twice is safe, while giving it up
+        would leave the task to lease recovery, which runs its handler again. The heartbeat
+        keeps the lease meanwhile."""
+        give_up_at = time.monotonic() + self.lease_seconds / 2
+        pause = 0.05
+        while True:
+            try:
+                return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
+            except Exception as exc:
+                if not out_of_reach(exc, self._alias) or time.monotonic() + pause > give_up_at:
+                    raise
+                logger.warning(
+                    "task %s: its failure could not be recorded (%s); trying again",
+                    claim.task_id,
+                    exc,
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def record_failure(
         self,

@@ -505,3 +505,34 @@ reliable_task_handler(
 reliable_task_handler(
     name="demo.async_outlive_capped", takes_context=True, retry_limit=0, max_concurrency=1
 )(async_outlive)
+
+
+@reliable_task_handler(
+    name="demo.fails_on_a_killed_connection",
+    takes_context=True,
+    retry_on=(ConnectionError,),
+    retry_interval=50,
+)
+def fails_on_a_killed_connection(context: TaskContext) -> None:
+    """Writes an Execution row (tests count the runs), has the database server end this
+    thread's connection to the task database (as a restart, failover or proxy timeout does:
+    the worker's failure write meets it next), then raises NotRetried (not in retry_on). On
+    SQLite, and for Redis (the task database is then not the storage), nothing is killed."""
+    from django.db import DatabaseError, connections
+
+    alias = get_settings().DATABASE_ALIAS
+    Execution.objects.using(alias).create(
+        task_id=context.task_id, attempt=context.attempt, pid=os.getpid()
+    )
+    connection = connections[alias]
+    kill = {
+        "postgresql": "SELECT pg_terminate_backend(pg_backend_pid())",
+        "mysql": "KILL CONNECTION CONNECTION_ID()",
+    }.get(connection.vendor)
+    if kill is not None and get_settings().STORAGE == "database":
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(kill)
+        except DatabaseError:
+            pass  # the server ended the connection under its own statement
+    raise NotRetried("failed after the server ended its connection")
