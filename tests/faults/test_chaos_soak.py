@@ -1,0 +1,58 @@
+"""The chaos soak (bench/chaos_soak.py), one minute per storage, the four at once: workers
+SIGKILLed and SIGSTOPped, the store's connections killed and its server restarted under a
+steady mixed load; every check of the soak must pass (exit 0, no violation in its JSON)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ..conftest import require
+from ..processes import ROOT
+
+STORAGES = {"sqlite": "default", "mariadb": "mariadb", "postgres": "postgres", "redis": "redis"}
+# One minute each, the faults' intervals shortened to fit one (the published runs use the
+# defaults: connections killed every 5 minutes, the server restarted every 15).
+COMMAND = [
+    *("--minutes", "1", "--rate", "20", "--seed", "31"),
+    *("--conn-kill-every", "15", "--restart-every", "30"),
+]
+TIMEOUT = 600  # seconds for the four together: startup, the minute, the drain, the checks
+
+
+def test_chaos_soak_one_minute_per_storage():
+    for alias in STORAGES.values():
+        require(alias)
+    runs = {
+        storage: subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "chaos_soak.py"), "--storage", storage, *COMMAND],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for storage in STORAGES
+    }
+    reports = {}
+    for storage, process in runs.items():
+        out, err = process.communicate(timeout=TIMEOUT)
+        assert out.strip(), f"{storage}: no report; stderr:\n{err[-5000:]}"
+        reports[storage] = (process.returncode, json.loads(out), err)
+    for storage, (code, report, err) in reports.items():
+        violations = json.dumps(report.get("violations"), indent=1)[:5000]
+        assert code == 0 and report["ok"], f"{storage}: {violations}\n{err[-3000:]}"
+        assert all(check["violations"] == 0 for check in report["checks"].values())
+        assert report["drained_after_s"] is not None
+        done = report["faults"]["done"]
+        # The faults happened: a kill (the first within 20-45 s of the minute's 48 s of
+        # faults), the freeze, and where the storage has them the connection kills and the
+        # restart (skipped, and said so, where it has not).
+        assert done.get("kill", 0) >= 1 and done.get("freeze") == 1, report["faults"]
+        if storage != "sqlite":
+            assert done.get("kill_connections", 0) >= 2, report["faults"]
+        if storage in ("postgres", "redis"):
+            assert done.get("restart") == 1, report["faults"]
+        else:
+            assert report["faults"]["skipped"], report["faults"]
+        assert report["handler_runs"] > 0 and report["tasks_checked"] > 0
