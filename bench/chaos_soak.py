@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,22 @@ CHECKS = {
     "dependency_order": "a chain step started before the step it depends on returned",
     "unique_overlap": "two tasks of one unique key running at once",
 }
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """What this process and its children print goes to stderr meanwhile: stdout is the JSON
+    document's (pg_ctl writes to the file descriptor, not to sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def free_port() -> int:
@@ -179,7 +195,7 @@ class PostgresServer(Server):
         self.directory = workdir / "postgres"
         self.port = free_port()
         self.db_name = args.db_name
-        with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON document's
+        with stdout_to_stderr():
             private_postgres.start(self.directory, self.port, ["max_connections=200"])
         os.environ["RE_POSTGRES_PORT"] = str(self.port)
         os.environ["RE_POSTGRES_HOST"] = "127.0.0.1"
@@ -212,7 +228,7 @@ class PostgresServer(Server):
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
     def close(self) -> None:
-        with contextlib.redirect_stdout(sys.stderr):
+        with stdout_to_stderr():
             private_postgres.stop(self.directory)
 
 

@@ -34,11 +34,21 @@ def test_chaos_soak_one_minute_per_storage():
         )
         for storage in STORAGES
     }
+    outputs = {}
+    try:
+        for storage, process in runs.items():
+            outputs[storage] = process.communicate(timeout=TIMEOUT)
+    finally:
+        for process in runs.values():
+            if process.poll() is None:
+                process.terminate()  # the soak stops its workers and servers on SIGTERM
+                process.communicate(timeout=60)
     reports = {}
-    for storage, process in runs.items():
-        out, err = process.communicate(timeout=TIMEOUT)
-        assert out.strip(), f"{storage}: no report; stderr:\n{err[-5000:]}"
-        reports[storage] = (process.returncode, json.loads(out), err)
+    for storage, (out, err) in outputs.items():
+        try:
+            reports[storage] = (runs[storage].returncode, json.loads(out), err)
+        except ValueError:
+            raise AssertionError(f"{storage}: no JSON report:\n{out[:2000]}\n{err[-5000:]}")
     for storage, (code, report, err) in reports.items():
         violations = json.dumps(report.get("violations"), indent=1)[:5000]
         assert code == 0 and report["ok"], f"{storage}: {violations}\n{err[-3000:]}"
