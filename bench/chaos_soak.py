@@ -21,8 +21,9 @@ SIGCONT; the store's connections killed every ``--conn-kill-every`` s (PostgreSQ
 ``pg_terminate_backend``, MariaDB ``KILL``, Redis ``CLIENT KILL TYPE normal``; SQLite has no
 connections to kill); the server restarted every ``--restart-every`` s (crash: SIGKILL of a
 private ``redis-server`` with ``appendfsync always``; ``pg_ctl restart -m immediate`` of a
-private PostgreSQL, bench/private_postgres.py; MariaDB runs on the shared server, which is never
-restarted, so its restarts are skipped and said so; SQLite has no server).
+private PostgreSQL, bench/private_postgres.py; SIGKILL of a private ``mariadbd`` the script
+sets up with ``mariadb-install-db`` -- without those programs MariaDB runs on the shared
+server, never restarted, and its restarts are skipped and said so; SQLite has no server).
 
 Then the faults stop, the workers drain the backlog (``--drain-seconds``), and the checks run
 (see CHECKS). One JSON document goes to stdout; the exit code is 1 on any violation.
@@ -41,6 +42,7 @@ import shutil
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -160,13 +162,54 @@ class SQLiteServer(Server):
 
 
 class MariaDBServer(Server):
-    restart_note = (
-        "MariaDB: the run uses the shared server, never restarted; a private instance is not "
-        "cheap enough here (mariadb-install-db and a server start per run)"
-    )
+    """A private MariaDB server (``mariadb-install-db`` and ``mariadbd`` into the run's
+    directory, on a free port, stock settings: InnoDB flushes its log at every commit), so it
+    may be crashed and restarted; without those programs, the shared server, never
+    restarted."""
 
     def before_setup(self, args: argparse.Namespace, workdir: Path) -> None:
         self.db_name = args.db_name
+        self.process: subprocess.Popen[bytes] | None = None
+        self.server = shutil.which("mariadbd")
+        install = shutil.which("mariadb-install-db")
+        if self.server is None or install is None:
+            self.restart_note = (
+                "MariaDB: no mariadbd/mariadb-install-db here: the run uses the shared server, "
+                "which is never restarted"
+            )
+            return
+        self.directory = workdir / "mariadb"
+        self.directory.mkdir()
+        self.port = free_port()
+        subprocess.run(
+            [install, "--no-defaults", f"--datadir={self.directory / 'data'}", "--user=root",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        os.environ["RE_MARIADB_HOST"] = "127.0.0.1"
+        os.environ["RE_MARIADB_PORT"] = str(self.port)
+        self._start()
+        log(f"private MariaDB on port {self.port}")
+
+    def _start(self) -> None:
+        assert self.server is not None
+        self.process = subprocess.Popen(
+            [self.server, "--no-defaults", f"--datadir={self.directory / 'data'}",
+             f"--port={self.port}", "--bind-address=127.0.0.1", "--user=root",
+             f"--socket={self.directory / 'mariadb.sock'}",
+             f"--log-error={self.directory / 'error.log'}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                throughput.mariadb_server().close()
+                return
+            except throughput.BenchError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def kill_connections(self) -> int:
         conn = throughput.mariadb_server()
@@ -186,6 +229,22 @@ class MariaDBServer(Server):
             return killed
         finally:
             conn.close()
+
+    def restart(self) -> None:
+        """SIGKILL (a crash: InnoDB recovers from its log) and start again on the same data."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        self._start()
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 class PostgresServer(Server):
@@ -223,8 +282,6 @@ class PostgresServer(Server):
             "-w",
             "restart",
         )
-        import subprocess
-
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
     def close(self) -> None:
@@ -573,6 +630,17 @@ class Analysis:
     def store_fault_between(self, after: float, before: float) -> bool:
         return any(begin <= before and end >= after for begin, end in self.chaos.store_faults)
 
+    def held_until(self, run: Any) -> float | None:
+        """Until when a run holds what waits for it to end (a max_concurrency slot, a unique
+        key): its end, its process's kill, or its freeze -- a frozen run's lease lapses and
+        from then it has ended (DESIGN §6.1; counting it until the freeze only under-counts,
+        never raises a false alarm)."""
+        end = self.ended(run)
+        for stopped, _resumed in self.faults.frozen.get(run.pid, []):
+            if stopped >= run.start and (end is None or stopped < end):
+                end = stopped
+        return end
+
     def ended(self, run: Any) -> float | None:
         """When a run stopped: its end record, else its process's kill."""
         return run.end if run.end is not None else self.faults.killed.get(run.pid)
@@ -720,12 +788,7 @@ class Analysis:
         starts = [run.start for run in self.runs_of("rated")]
         intervals = []
         for run in self.runs_of("capped"):
-            end = self.ended(run)
-            for stopped, _resumed in self.faults.frozen.get(run.pid, []):
-                # A frozen run's lease lapses: its slot is free from then (DESIGN §6.1), so it
-                # counts until the freeze only (an under-count, never a false alarm).
-                if stopped >= run.start and (end is None or stopped < end):
-                    end = stopped
+            end = self.held_until(run)
             intervals.append((run.start, end if end is not None else time.time()))
         peak = peak_overlap(intervals) if intervals else 0
         if peak > MAX_CONCURRENCY:
@@ -802,13 +865,17 @@ class Analysis:
             for task_id in task_ids:
                 runs = self.runs.get(task_id, [])
                 if runs:
-                    ends = [self.ended(r) for r in runs]
+                    ends = [self.held_until(r) for r in runs]
                     last = max((e for e in ends if e is not None), default=time.time())
                     spans.append((runs[0].start, last, task_id))
             spans.sort()
             for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
                 if start < end:
-                    self.bad("unique_overlap", f"key {key}: {second} started before {first} ended")
+                    self.bad(
+                        "unique_overlap",
+                        f"key {key}: {second} started at {start:.3f}, "
+                        f"before {first} ended at {end:.3f}: {self.runs.get(first)}",
+                    )
 
     def latency(self, baseline_end: float) -> dict[str, Any]:
         first_start = {}
