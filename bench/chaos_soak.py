@@ -821,9 +821,9 @@ class Analysis:
                 return [
                     (
                         task_id,
-                        round(at, 3),
+                        round(at, 6),
                         self.infos[task_id].attempts,
-                        [round(r.start, 3) for r in self.runs.get(task_id, [])],
+                        [round(r.start, 6) for r in self.runs.get(task_id, [])],
                     )
                     for at, task_id in starts[index : index + limit + 1]
                 ]
