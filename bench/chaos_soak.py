@@ -1130,7 +1130,8 @@ def run(
 
     journal = Journal(workdir / "journal.jsonl")
     faults = Faults()
-    log(f"store: {store.describe()}; code: {throughput.code_version()}")
+    code = throughput.code_version()  # at the start: the code that ran, not the HEAD at the end
+    log(f"store: {store.describe()}; code: {code}")
     load_before = throughput.machine_load()
     log(load_before)
     env = dict(os.environ)
@@ -1191,7 +1192,7 @@ def run(
         "no_faults": args.no_faults,
         "baseline_s": round(baseline, 1),
         "command": "python bench/chaos_soak.py " + " ".join(sys.argv[1:]),
-        "code": throughput.code_version(),
+        "code": code,
         "settings": {
             "workers": WORKERS,
             "threads": THREADS,
