@@ -536,3 +536,59 @@ def fails_on_a_killed_connection(context: TaskContext) -> None:
         except DatabaseError:
             pass  # the server ended the connection under its own statement
     raise NotRetried("failed after the server ended its connection")
+
+
+def _chaos(param: dict | None, context: TaskContext) -> object:
+    """The chaos soak's handlers (bench/chaos_soak.py): a "start" record, then ``sleep`` seconds
+    of work; fails the first ``fail_times`` attempts with ConnectionError (retried), or with
+    ``fail`` every attempt with RuntimeError (not retried); returns the attempt, or a poison
+    value with ``poison``. Always ends with an "end" record naming the ``outcome`` ("return",
+    "retryable", "fatal"), so a re-execution can be told from the handler's own failure."""
+    param = param or {}
+    _journal("start", context)
+    outcome = "fatal"
+    try:
+        if param.get("sleep"):
+            time.sleep(float(param["sleep"]))
+        if context.attempt <= param.get("fail_times", 0):
+            outcome = "retryable"
+            raise ConnectionError(f"attempt {context.attempt}: upstream not reachable")
+        if param.get("fail"):
+            raise RuntimeError("this chaos task fails")
+        result = _result(param, context)
+        outcome = "return"
+        return result
+    finally:
+        _journal("end", context, outcome=outcome)
+
+
+@reliable_task_handler(
+    name="demo.chaos", takes_context=True, retry_on=(ConnectionError,), retry_interval=100
+)
+def chaos(param: dict | None, context: TaskContext) -> object:
+    """The chaos soak's mix (see _chaos)."""
+    return _chaos(param, context)
+
+
+@reliable_task_handler(
+    name="demo.chaos_rated",
+    takes_context=True,
+    retry_on=(ConnectionError,),
+    retry_interval=100,
+    rate_limit="5/s",
+)
+def chaos_rated(param: dict | None, context: TaskContext) -> object:
+    """demo.chaos under a rate limit: at most five start in any second across every worker."""
+    return _chaos(param, context)
+
+
+@reliable_task_handler(
+    name="demo.chaos_capped",
+    takes_context=True,
+    retry_on=(ConnectionError,),
+    retry_interval=100,
+    max_concurrency=2,
+)
+def chaos_capped(param: dict | None, context: TaskContext) -> object:
+    """demo.chaos under max_concurrency: at most two run at once across every worker."""
+    return _chaos(param, context)
