@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -58,36 +59,133 @@ class Submitting(RedisAccess):
                 end += 1
             runs.append((start, end, shard))
             start = end
-        if len(runs) > 1:
-            self._check_dependencies(tasks)  # each run is a call: refuse before the first
+        if len(runs) == 1:
+            return self._enqueue_on(tasks, runs[0][2])
+        # Several runs, each its own write: every unique key the call stores is reserved on
+        # its home first, so no submit takes one between the check and the writes (a later
+        # run's task would then not be stored, and its dependents refused after the earlier
+        # runs were stored). Decided before the first run writes; given back if refused.
+        reserved = self._reserve_keys(tasks, shard_of)
         results: list[tuple[TaskInfo, bool]] = []
-        for start, end, shard in runs:
-            results += self._enqueue_on(tasks[start:end], shard)
+        try:
+            self._check_dependencies(tasks, reserved)
+            for start, end, shard in runs:
+                results += self._enqueue_on(tasks[start:end], shard, set(reserved))
+        except BaseException:
+            self._release_keys(tasks, reserved, shard_of)
+            raise
         return results
 
-    def _check_dependencies(self, tasks: Sequence[NewTask]) -> None:
+    def _reserve_keys(self, tasks: Sequence[NewTask], shard_of: Any) -> dict[str, int]:
+        """Sharded, a call of several runs: unique_reserve.lua (holding the key even on its
+        task's own shard) for each task with a unique key whose id is not stored, the first
+        of the call for each key; the ids whose key this call now holds -> their key's home.
+        A key a live task holds is not taken (its task is not stored: _check_dependencies).
+        A key reserved for a task of another submit not stored yet is not waited for while
+        this call holds others (two calls could each wait for the other's key): every key is
+        given back and the whole reservation tried again a moment later."""
+        candidates = [t for t in tasks if t.unique_key is not None and t.unique_until is not None]
+        if not candidates:
+            return {}
+        stored = set(self.get_many(sorted({t.task_id for t in candidates})))
+        started = time.monotonic()
+        while True:
+            patient = time.monotonic() - started >= UNIQUE_RESERVATION_GRACE_SECONDS
+            reserved: dict[str, int] = {}
+            seen: set[str] = set()
+            busy = False
+            try:
+                for task in candidates:
+                    assert task.unique_key is not None
+                    if task.task_id in stored or task.unique_key in seen:
+                        continue
+                    seen.add(task.unique_key)
+                    home = unique_home(task.unique_key, self.layout.shards)
+                    if patient:  # long past any live submitter's store: wait as one run does
+                        holder = self._take_unique(task, home, shard_of(task), hold=True)
+                        taken = holder is None
+                    else:
+                        holder, taken = self._hold_unique(task, home, shard_of(task))
+                    if taken:
+                        reserved[task.task_id] = home
+                    elif holder is None:
+                        busy = True
+                        break
+            except BaseException:
+                self._release_keys(tasks, reserved, shard_of)
+                raise
+            if not busy:
+                return reserved
+            self._release_keys(tasks, reserved, shard_of)
+            time.sleep(UNIQUE_POLL_SECONDS * (1 + random.random()))
+
+    def _hold_unique(self, task: NewTask, home: int, shard: int) -> tuple[TaskInfo | None, bool]:
+        """unique_reserve.lua on ``home`` holding ``task``'s key for its ``shard``, without
+        waiting: (None, True) once taken, (the live task that holds it, False), or (None,
+        False) while it is reserved for a task of another submit not stored yet."""
+        assert task.unique_key is not None and task.unique_until is not None
+        until = micros(task.unique_until)
+        expected = ""
+        while True:
+            reply = self._run(
+                "unique_reserve",
+                shard,
+                task.unique_key,
+                task.task_id,
+                until,
+                expected,
+                "1",
+                shard=home,
+            )
+            if not text(reply):
+                return None, True
+            holder, settled = self._entry_holder(text(reply), home, None)
+            if holder is not None or not settled:
+                return holder, False
+            expected = text(reply)  # take it over, unless it changed since it was read
+
+    def _release_keys(
+        self, tasks: Sequence[NewTask], reserved: dict[str, int], shard_of: Any
+    ) -> None:
+        """Give back the keys of ``reserved`` (see _reserve_keys) whose task is not stored."""
+        for task in tasks:
+            if task.task_id not in reserved:
+                continue
+            shard = shard_of(task)
+            if not self.client.exists(self._tkey(task.task_id, shard)):
+                self._run(
+                    "unique_release",
+                    shard,
+                    task.unique_key,
+                    task.task_id,
+                    shard=reserved[task.task_id],
+                )
+
+    def _check_dependencies(self, tasks: Sequence[NewTask], reserved: dict[str, int]) -> None:
         """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
         is stored or a task before it in ``tasks`` that this call stores: one whose id is not
-        stored and whose unique key no live task (nor a task before it) holds. Decided from
-        what is stored now, before the first run writes; each run's write checks again."""
+        stored and, if it is unique, whose key the call holds (``reserved``: _reserve_keys).
+        Decided before the first run writes; each run's write checks again."""
         wanted = {d for task in tasks for d in task.depends_on}
         wanted.update(task.task_id for task in tasks)
         stored = set(self.get_many(sorted(wanted)))
-        skipped: set[str] = set()
-        taken: set[str] = set()
-        for task in tasks:
-            key = task.unique_key
-            if key is None or task.unique_until is None or task.task_id in stored:
-                continue
-            if key in taken or self.unique_holder(key) is not None:
-                skipped.add(task.task_id)
-            else:
-                taken.add(key)
+        skipped = {
+            task.task_id
+            for task in tasks
+            if task.unique_key is not None
+            and task.unique_until is not None
+            and task.task_id not in stored
+            and task.task_id not in reserved
+        }
         error = first_missing(tasks, stored, skipped)
         if error is not None:
             raise error
 
-    def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
+    def _enqueue_on(
+        self, tasks: Sequence[NewTask], shard: int, reserved: set[str] | None = None
+    ) -> list[tuple[TaskInfo, bool]]:
+        """Store ``tasks`` of ``shard``; those of ``reserved`` ids hold their unique key on
+        its home already (_reserve_keys), and are stored without it."""
         if not self.sharded:
             return self._store(tasks, shard)
         # Ids whose directory is another shard are reserved there first: an id held there
@@ -101,6 +199,10 @@ class Submitting(RedisAccess):
         same: dict[int, int] = {}  # position -> the earlier one of its key: its task
         for index, task in enumerate(tasks):
             if index in held or task.unique_key is None or task.unique_until is None:
+                continue
+            if reserved and task.task_id in reserved and task.unique_key not in taken:
+                keyless.add(task.task_id)
+                taken[task.unique_key] = index
                 continue
             home = unique_home(task.unique_key, self.layout.shards)
             if home == shard:
@@ -153,17 +255,27 @@ class Submitting(RedisAccess):
                 results.append(next(stored))
         return results
 
-    def _take_unique(self, task: NewTask, home: int, shard: int) -> TaskInfo | None:
+    def _take_unique(
+        self, task: NewTask, home: int, shard: int, hold: bool = False
+    ) -> TaskInfo | None:
         """unique_reserve.lua on ``home``, the home shard of ``task``'s unique key, for the
         task's queue's ``shard``: None once taken (on ``home`` for ``shard``; deleted when
-        ``home`` is ``shard``, for submit.lua to take), or the live task that holds it."""
+        ``home`` is ``shard`` and not ``hold``, for submit.lua to take), or the live task that
+        holds it."""
         assert task.unique_key is not None and task.unique_until is not None
         until = micros(task.unique_until)
         expected = ""
         started = time.monotonic()
         while True:
             reply = self._run(
-                "unique_reserve", shard, task.unique_key, task.task_id, until, expected, shard=home
+                "unique_reserve",
+                shard,
+                task.unique_key,
+                task.task_id,
+                until,
+                expected,
+                "1" if hold else "",
+                shard=home,
             )
             if not text(reply):
                 return None

@@ -1,0 +1,105 @@
+"""Multi-shard submits racing each other for unique keys: each call is all or nothing, one
+task per key, whoever wins."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from django_reliable_executor import InvalidDependencyError, TaskSubmitRequest
+from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.uniqueness import unique_digest
+
+from .conftest import S0, S1, S2, step
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
+
+ROUNDS = 100
+
+
+def _chain(
+    executor: ReliableExecutor,
+    steps: list[TaskSubmitRequest],
+    barrier: threading.Barrier,
+    outcomes: dict[str, str],
+    name: str,
+) -> None:
+    barrier.wait()
+    try:
+        executor.chain(steps)
+        outcomes[name] = "stored"
+    except InvalidDependencyError:
+        outcomes[name] = "refused"
+
+
+def _race(
+    executor: ReliableExecutor, storage: RedisStorage, chains: dict[str, list[TaskSubmitRequest]]
+) -> dict[str, str]:
+    """Submit each chain in a thread of its own, all at once; check none is stored in part."""
+    barrier = threading.Barrier(len(chains))
+    outcomes: dict[str, str] = {}
+    threads = [
+        threading.Thread(target=_chain, args=(executor, steps, barrier, outcomes, name))
+        for name, steps in chains.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for name, steps in chains.items():
+        ids = [one.task_id for one in steps]
+        stored = sorted(storage.get_many(ids))
+        assert stored == (sorted(ids) if outcomes[name] == "stored" else []), (name, stored)
+    return outcomes
+
+
+def test_two_chains_over_three_shards_racing_for_a_unique_key_store_all_or_nothing(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    """Each round two chains of 3 steps on 3 shards whose middle step takes the round's
+    unique key (its home varies with the round, and is sometimes the step's own shard): the
+    one that loses the key is refused, and leaves no step behind."""
+    for n in range(ROUNDS):
+        key = f"k{n}"
+        chains = {
+            name: [
+                step(f"{name}{n}-0", queues[0]),
+                step(f"{name}{n}-1", queues[1], unique_for=60, unique_key=key),
+                step(f"{name}{n}-2", queues[2]),
+            ]
+            for name, queues in (("a", (S0, S1, S2)), ("b", (S2, S0, S1)))
+        }
+        outcomes = _race(executor, storage, chains)
+        assert sorted(outcomes.values()) == ["refused", "stored"], (n, outcomes)
+
+
+def test_two_chains_taking_two_unique_keys_in_opposite_orders_store_all_or_nothing(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    """Each round two chains of 4 steps take the same two keys in opposite orders in their
+    middle steps: neither waits for the other for ever (nor takes a key the other holds), one
+    is stored whole, the other refused whole, and each key has the winner's task."""
+    for n in range(ROUNDS // 2):
+        one, two = f"k{n}", f"j{n}"
+        chains = {
+            "a": [
+                step(f"a{n}-0", S0),
+                step(f"a{n}-1", S1, unique_for=60, unique_key=one),
+                step(f"a{n}-2", S2, unique_for=60, unique_key=two),
+                step(f"a{n}-3", S0),
+            ],
+            "b": [
+                step(f"b{n}-0", S2),
+                step(f"b{n}-1", S0, unique_for=60, unique_key=two),
+                step(f"b{n}-2", S1, unique_for=60, unique_key=one),
+                step(f"b{n}-3", S2),
+            ],
+        }
+        outcomes = _race(executor, storage, chains)
+        assert sorted(outcomes.values()) == ["refused", "stored"], (n, outcomes)
+        winner = "a" if outcomes["a"] == "stored" else "b"
+        for key in (one, two):
+            holder = storage.unique_holder(unique_digest("demo.echo", key, {}))
+            assert holder is not None and holder.task_id.startswith(winner), (n, key, holder)
