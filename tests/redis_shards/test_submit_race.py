@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from django_reliable_executor import InvalidDependencyError, TaskSubmitRequest
+from django_reliable_executor import InvalidDependencyError, TaskSubmitError, TaskSubmitRequest
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.uniqueness import unique_digest
@@ -30,7 +30,7 @@ def _chain(
     try:
         executor.chain(steps)
         outcomes[name] = "stored"
-    except InvalidDependencyError:
+    except (InvalidDependencyError, TaskSubmitError):
         outcomes[name] = "refused"
 
 
@@ -103,3 +103,45 @@ def test_two_chains_taking_two_unique_keys_in_opposite_orders_store_all_or_nothi
         for key in (one, two):
             holder = storage.unique_holder(unique_digest("demo.echo", key, {}))
             assert holder is not None and holder.task_id.startswith(winner), (n, key, holder)
+
+
+def _submit_one(
+    executor: ReliableExecutor,
+    request: TaskSubmitRequest,
+    barrier: threading.Barrier,
+    outcomes: dict[str, str],
+) -> None:
+    barrier.wait()
+    try:
+        executor.submit_many([request])
+        outcomes["one"] = "stored"
+    except TaskSubmitError:
+        outcomes["one"] = "refused"
+
+
+def test_a_chain_over_three_shards_racing_a_submit_of_its_middle_id_elsewhere_is_whole(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    """Each round a chain over 3 shards races a submit of its middle step's task_id to a
+    queue of another shard: the chain is stored whole (its middle step perhaps the other
+    submit's task, which its last step then waits for) or refused whole."""
+    for n in range(ROUNDS):
+        middle = f"x{n}"
+        chain = [step(f"a{n}-0", S0), step(middle, S1), step(f"a{n}-2", S2)]
+        barrier = threading.Barrier(2)
+        outcomes: dict[str, str] = {}
+        threads = [
+            threading.Thread(target=_chain, args=(executor, chain, barrier, outcomes, "a")),
+            threading.Thread(
+                target=_submit_one, args=(executor, step(middle, S2), barrier, outcomes)
+            ),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(outcomes) == 2, (n, outcomes)
+        stored = sorted(storage.get_many([f"a{n}-0", f"a{n}-2"]))
+        expected = [f"a{n}-0", f"a{n}-2"] if outcomes["a"] == "stored" else []
+        assert stored == expected, (n, outcomes, stored)
+        assert storage.get(middle) is not None

@@ -14,7 +14,7 @@
 -- Returns per task 1 (created), {fields, 1} (created with dependencies: as it now stands),
 -- the stored task's fields (its id existed), {holder id, holder's fields} (its unique key
 -- was held), 'elsewhere' (sharded: this shard's directory holds the id for a task of
--- another shard, see id_reserve.lua), or 'ureserved' (sharded: this shard, the unique key's
+-- another shard, see id_reserve.lua; an entry naming this shard is its own reservation), or 'ureserved' (sharded: this shard, the unique key's
 -- home, holds the key for a task of another shard, see unique_reserve.lua; stored nothing).
 -- Returns {'missing', task id, dependency id}, storing nothing, when a dependency of a task
 -- to store neither exists here nor is stored by this call before it (a task of the call
@@ -52,6 +52,14 @@ end
 
 local STRIDE = TASK_ARGS + 4
 
+-- Sharded, on an id's directory shard: whether its entry (id_reserve.lua) names another shard.
+-- One naming this shard is this shard's own reservation (a call of several shards reserves
+-- every id before its first write): the task is stored here, and the entry dropped.
+local function reserved_elsewhere(id)
+  local entry = redis.call('GET', P .. 'i:' .. id)
+  return entry ~= false and string.match(entry, '^(%d+) ') ~= tostring(SHARD)
+end
+
 -- Every task's fate is decided before anything is written, and so is every refusal: a Lua
 -- error or an early return does not undo what the script wrote before it. fate[i] is
 -- 'existing' (its id is stored here, perhaps by a task before it in this call), 'elsewhere',
@@ -65,7 +73,7 @@ for i = 3, #ARGV, STRIDE do
   local holder = ukey and (taken[ukey] or holder_of(ukey))
   if storing[id] or redis.call('EXISTS', tkey(id)) == 1 then
     fate[i] = 'existing'
-  elseif SHARDED and redis.call('EXISTS', P .. 'i:' .. id) == 1 then
+  elseif SHARDED and reserved_elsewhere(id) then
     fate[i] = 'elsewhere' -- this shard is the id's directory: it lives on another
   elseif holder == RESERVED then
     fate[i] = 'ureserved'
@@ -151,6 +159,9 @@ for i = 3, #ARGV, STRIDE do
         string.format('%d', ttl))
     end
     store_task(i, promoted, woken)
+    if SHARDED then
+      redis.call('DEL', P .. 'i:' .. ARGV[i]) -- (only this shard's own: see reserved_elsewhere)
+    end
     local deps = ARGV[i + TASK_ARGS + 2]
     if deps == '' then
       out[#out + 1] = 1

@@ -69,6 +69,16 @@ class Submitting(RedisAccess):
         results: list[tuple[TaskInfo, bool]] = []
         try:
             self._check_dependencies(tasks, reserved)
+            # Every id too, on its directory shard (its own shard's included for a task the
+            # call stores), so no submit of one to another shard's queue makes a later run
+            # refuse it ('being submitted to a queue of shard ...').
+            coming = {
+                task.task_id
+                for task in tasks
+                if task.unique_key is None or task.unique_until is None or task.task_id in reserved
+            }
+            for start, end, shard in runs:
+                self._reserve_ids(tasks[start:end], shard, coming)
             for start, end, shard in runs:
                 results += self._enqueue_on(tasks[start:end], shard, set(reserved))
         except BaseException:
@@ -323,14 +333,16 @@ class Submitting(RedisAccess):
         return info, created
 
     def _reserve_ids(
-        self, tasks: Sequence[NewTask], shard: int
+        self, tasks: Sequence[NewTask], shard: int, own: set[str] | None = None
     ) -> dict[int, tuple[TaskInfo, bool]]:
         """id_reserve.lua on the directory shard of each id not of this shard (positions by
-        directory); the existing task of each id another shard holds, by position."""
+        directory), and of this shard too for the ids of ``own`` (submit.lua drops that entry
+        when it stores the task); the existing task of each id another shard holds, by
+        position."""
         foreign: dict[int, list[int]] = {}
         for index, task in enumerate(tasks):
             directory = directory_of(task.task_id, self.layout.shards)
-            if directory != shard:
+            if directory != shard or (own is not None and task.task_id in own):
                 foreign.setdefault(directory, []).append(index)
         held: dict[int, tuple[TaskInfo, bool]] = {}
         for directory, positions in sorted(foreign.items()):
