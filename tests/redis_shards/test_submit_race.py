@@ -10,9 +10,10 @@ import pytest
 from django_reliable_executor import InvalidDependencyError, TaskSubmitError, TaskSubmitRequest
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.storage.redis.sharding import unique_home
 from django_reliable_executor.uniqueness import unique_digest
 
-from .conftest import S0, S1, S2, step
+from .conftest import S0, S1, S2, complete, step
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
@@ -145,3 +146,25 @@ def test_a_chain_over_three_shards_racing_a_submit_of_its_middle_id_elsewhere_is
         expected = [f"a{n}-0", f"a{n}-2"] if outcomes["a"] == "stored" else []
         assert stored == expected, (n, outcomes, stored)
         assert storage.get(middle) is not None
+
+
+def test_a_key_reserved_on_its_own_shard_is_free_again_once_its_task_ended(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    """A chain over 3 shards holds a unique key on its home, the step's own shard, as a
+    reservation entry; once that task ended, a call of one shard storing the key again and a
+    dependent of it is stored (the entry's ended task does not hold the key)."""
+    key = next(k for k in (f"k{n}" for n in range(100)) if _home(k) == 1)  # S1's shard
+    executor.chain([step("a", S0), step("b", S1, unique_for=60, unique_key=key), step("c", S2)])
+    complete(storage, S0, "a")
+    complete(storage, S1, "b")
+    created = executor.submit_many(
+        [step("d", S1, unique_for=60, unique_key=key), step("e", S1, depends_on=["d"])]
+    )
+    assert [task.task_id for task in created] == ["d", "e"]
+    assert storage.unique_holder(unique_digest("demo.echo", key, {})) == executor.get_task("d")
+    complete(storage, S2, "c")
+
+
+def _home(key: str) -> int:
+    return unique_home(unique_digest("demo.echo", key, {}), 3)

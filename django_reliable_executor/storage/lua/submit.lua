@@ -41,7 +41,14 @@ local function holder_of(ukey)
   end
   local id = string.sub(held, space + 1)
   if SHARDED and string.find(id, ' ', 1, true) then
-    return RESERVED -- held for a task of another shard (unique_reserve.lua): the caller checks
+    -- Reserved (unique_reserve.lua) for a task of another shard, or of this one by a call of
+    -- several shards: one of this shard stored here is read here; else the caller checks.
+    local task_id, shard = string.match(id, '^(%S+) (%d+) ')
+    local status = tonumber(shard) == SHARD and redis.call('HGET', tkey(task_id), 's')
+    if not status then
+      return RESERVED
+    end
+    return not_ended(task_id, status) and task_id or nil
   end
   local status = redis.call('HGET', tkey(id), 's')
   if status and not_ended(id, status) then
