@@ -26,10 +26,11 @@ def _chain(
     barrier: threading.Barrier,
     outcomes: dict[str, str],
     name: str,
+    how: str = "chain",
 ) -> None:
     barrier.wait()
     try:
-        executor.chain(steps)
+        getattr(executor, how)(steps)
         outcomes[name] = "stored"
     except (InvalidDependencyError, TaskSubmitError):
         outcomes[name] = "refused"
@@ -120,19 +121,21 @@ def _submit_one(
         outcomes["one"] = "refused"
 
 
-def test_a_chain_over_three_shards_racing_a_submit_of_its_middle_id_elsewhere_is_whole(
-    executor: ReliableExecutor, storage: RedisStorage
+@pytest.mark.parametrize("how", ["chain", "submit_many"])
+def test_a_call_over_three_shards_racing_a_submit_of_its_middle_id_elsewhere_is_whole(
+    executor: ReliableExecutor, storage: RedisStorage, how: str
 ):
-    """Each round a chain over 3 shards races a submit of its middle step's task_id to a
-    queue of another shard: the chain is stored whole (its middle step perhaps the other
-    submit's task, which its last step then waits for) or refused whole."""
+    """Each round a chain (or a call without dependencies) over 3 shards races a submit of
+    its middle task's task_id to a queue of another shard: the call is stored whole (its
+    middle task perhaps the other submit's, which its last step then waits for) or refused
+    whole."""
     for n in range(ROUNDS):
         middle = f"x{n}"
         chain = [step(f"a{n}-0", S0), step(middle, S1), step(f"a{n}-2", S2)]
         barrier = threading.Barrier(2)
         outcomes: dict[str, str] = {}
         threads = [
-            threading.Thread(target=_chain, args=(executor, chain, barrier, outcomes, "a")),
+            threading.Thread(target=_chain, args=(executor, chain, barrier, outcomes, "a", how)),
             threading.Thread(
                 target=_submit_one, args=(executor, step(middle, S2), barrier, outcomes)
             ),

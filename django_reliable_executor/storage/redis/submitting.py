@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...dependencies import WAITING_RUN_AT, first_missing, missing_error
@@ -49,42 +49,72 @@ class Submitting(RedisAccess):
             return self._store_shard(task.task_name, task.queue, homes)
 
         if not any(task.depends_on for task in tasks):
-            return self._each_shard(tasks, shard_of, self._enqueue_on)
-        runs: list[tuple[int, int, int]] = []  # (start, end, shard)
-        start = 0
-        while start < len(tasks):
-            shard = shard_of(tasks[start])
-            end = start + 1
-            while end < len(tasks) and shard_of(tasks[end]) == shard:
-                end += 1
-            runs.append((start, end, shard))
-            start = end
+            groups: dict[int, list[NewTask]] = {}
+            for task in tasks:
+                groups.setdefault(shard_of(task), []).append(task)
+            if len(groups) == 1:
+                return self._enqueue_on(tasks, next(iter(groups)))
+            # One write per shard: reserved first as below, so no shard refuses after another
+            # stored its part (an id being submitted to another shard's queue).
+            reserved = self._reserve_call(tasks, shard_of, sorted(groups.items()), check=False)
+            try:
+                return self._each_shard(
+                    tasks, shard_of, lambda part, shard: self._enqueue_on(part, shard, reserved)
+                )
+            except BaseException:
+                self._release_keys(tasks, reserved, shard_of)
+                raise
+        runs: list[tuple[int, list[NewTask]]] = []  # (shard, its tasks), in the order given
+        for task in tasks:
+            shard = shard_of(task)
+            if runs and runs[-1][0] == shard:
+                runs[-1][1].append(task)
+            else:
+                runs.append((shard, [task]))
         if len(runs) == 1:
-            return self._enqueue_on(tasks, runs[0][2])
-        # Several runs, each its own write: every unique key the call stores is reserved on
-        # its home first, so no submit takes one between the check and the writes (a later
-        # run's task would then not be stored, and its dependents refused after the earlier
-        # runs were stored). Decided before the first run writes; given back if refused.
-        reserved = self._reserve_keys(tasks, shard_of)
+            return self._enqueue_on(tasks, runs[0][0])
+        # Several runs, each its own write: reserved first (_reserve_call), so no submit takes
+        # a key or id of the call between the check and the writes (a later run's task would
+        # then not be stored, and its dependents refused, after the earlier runs were stored).
+        reserved = self._reserve_call(tasks, shard_of, runs, check=True)
         results: list[tuple[TaskInfo, bool]] = []
         try:
-            self._check_dependencies(tasks, reserved)
-            # Every id too, on its directory shard (its own shard's included for a task the
-            # call stores), so no submit of one to another shard's queue makes a later run
-            # refuse it ('being submitted to a queue of shard ...').
+            for shard, run in runs:
+                results += self._enqueue_on(run, shard, reserved)
+        except BaseException:
+            self._release_keys(tasks, reserved, shard_of)
+            raise
+        return results
+
+    def _reserve_call(
+        self,
+        tasks: Sequence[NewTask],
+        shard_of: Any,
+        parts: Sequence[tuple[int, Sequence[NewTask]]],
+        check: bool,
+    ) -> set[str]:
+        """Sharded, a call written in several ``parts`` (shard, its tasks), before the first
+        is written: every unique key it stores reserved on its home (_reserve_keys); with
+        ``check``, its dependencies checked (_check_dependencies); then the id of every task
+        it stores reserved on its directory shard, its own shard's included (id_reserve.lua;
+        submit.lua drops an entry naming its own shard when it stores the task), so no submit
+        of one to another shard's queue makes a later part refuse it. The ids whose key the
+        call holds; on a refusal, the keys are given back and nothing is stored."""
+        reserved = self._reserve_keys(tasks, shard_of)
+        try:
+            if check:
+                self._check_dependencies(tasks, reserved)
             coming = {
                 task.task_id
                 for task in tasks
                 if task.unique_key is None or task.unique_until is None or task.task_id in reserved
             }
-            for start, end, shard in runs:
-                self._reserve_ids(tasks[start:end], shard, coming)
-            for start, end, shard in runs:
-                results += self._enqueue_on(tasks[start:end], shard, set(reserved))
+            for shard, part in parts:
+                self._reserve_ids(part, shard, coming)
         except BaseException:
             self._release_keys(tasks, reserved, shard_of)
             raise
-        return results
+        return set(reserved)
 
     def _reserve_keys(self, tasks: Sequence[NewTask], shard_of: Any) -> dict[str, int]:
         """Sharded, a call of several runs: unique_reserve.lua (holding the key even on its
@@ -155,21 +185,18 @@ class Submitting(RedisAccess):
             expected = text(reply)  # take it over, unless it changed since it was read
 
     def _release_keys(
-        self, tasks: Sequence[NewTask], reserved: dict[str, int], shard_of: Any
+        self, tasks: Sequence[NewTask], reserved: Collection[str], shard_of: Any
     ) -> None:
-        """Give back the keys of ``reserved`` (see _reserve_keys) whose task is not stored."""
+        """Give back the keys of ``reserved`` ids (see _reserve_keys) whose task is not
+        stored."""
         for task in tasks:
             if task.task_id not in reserved:
                 continue
+            assert task.unique_key is not None
             shard = shard_of(task)
             if not self.client.exists(self._tkey(task.task_id, shard)):
-                self._run(
-                    "unique_release",
-                    shard,
-                    task.unique_key,
-                    task.task_id,
-                    shard=reserved[task.task_id],
-                )
+                home = unique_home(task.unique_key, self.layout.shards)
+                self._run("unique_release", shard, task.unique_key, task.task_id, shard=home)
 
     def _check_dependencies(self, tasks: Sequence[NewTask], reserved: dict[str, int]) -> None:
         """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
