@@ -169,5 +169,21 @@ def test_a_key_reserved_on_its_own_shard_is_free_again_once_its_task_ended(
     complete(storage, S2, "c")
 
 
+def test_a_key_reserved_for_a_task_of_another_shard_is_free_again_once_it_ended(
+    executor: ReliableExecutor, storage: RedisStorage
+):
+    """A key whose home is shard 1 taken by a task of shard 0 (a reservation entry there);
+    once that task ended, a call of shard 1 storing the key again and a dependent of it is
+    stored, not refused as depending on a task it does not store."""
+    key = next(k for k in (f"k{n}" for n in range(100)) if _home(k) == 1)  # S1's shard
+    executor.submit_many([step("a", S0, unique_for=60, unique_key=key)])
+    complete(storage, S0, "a")
+    created = executor.submit_many(
+        [step("d", S1, unique_for=60, unique_key=key), step("e", S1, depends_on=["d"])]
+    )
+    assert [task.task_id for task in created] == ["d", "e"]
+    assert storage.unique_holder(unique_digest("demo.echo", key, {})) == executor.get_task("d")
+
+
 def _home(key: str) -> int:
     return unique_home(unique_digest("demo.echo", key, {}), 3)

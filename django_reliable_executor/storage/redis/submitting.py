@@ -437,6 +437,21 @@ class Submitting(RedisAccess):
                     for value in _args(task, remote.get(task.task_id), keyless)
                 ]
                 replies = self._run("submit", *args, shard=shard)
+                # A dependency in the chunk not stored because its key was 'ureserved' (an
+                # entry of a task of another shard, maybe ended since): settled on this shard,
+                # its home (given back if its task ended), then the chunk again.
+                settled: set[str] = set()
+                while _missing_reply(replies) and text(replies[2]) not in settled:
+                    dependency = text(replies[2])
+                    settled.add(dependency)
+                    task = next((t for t in chunk if t.task_id == dependency), None)
+                    if task is None or task.task_id in keyless or task.unique_key is None:
+                        break
+                    if unique_home(task.unique_key, self.layout.shards) != shard:
+                        break
+                    if self._take_unique(task, shard, shard) is not None:
+                        break  # held by a live task: refused
+                    replies = self._run("submit", *args, shard=shard)
             if self.sharded and any(t.depends_on and t.batch_id for t in chunk):
                 # A member cancelled at once (a dependency failed) told its batch's shard.
                 self._deliver_now(shard)
