@@ -129,7 +129,7 @@ def test_a_call_over_three_shards_racing_a_submit_of_its_middle_id_elsewhere_is_
     its middle task's task_id to a queue of another shard: the call is stored whole (its
     middle task perhaps the other submit's, which its last step then waits for) or refused
     whole."""
-    for n in range(ROUNDS):
+    for n in range(3 * ROUNDS):  # (the window is narrower than the unique key's)
         middle = f"x{n}"
         chain = [step(f"a{n}-0", S0), step(middle, S1), step(f"a{n}-2", S2)]
         barrier = threading.Barrier(2)
