@@ -14,7 +14,7 @@
 -- Returns per task 1 (created), {fields, 1} (created with dependencies: as it now stands),
 -- the stored task's fields (its id existed), {holder id, holder's fields} (its unique key
 -- was held), 'elsewhere' (sharded: this shard's directory holds the id for a task of
--- another shard, see id_reserve.lua), or 'ureserved' (sharded: this shard, the unique key's
+-- another shard, see id_reserve.lua; an entry naming this shard is its own reservation), or 'ureserved' (sharded: this shard, the unique key's
 -- home, holds the key for a task of another shard, see unique_reserve.lua; stored nothing).
 -- Returns {'missing', task id, dependency id}, storing nothing, when a dependency of a task
 -- to store neither exists here nor is stored by this call before it (a task of the call
@@ -41,7 +41,14 @@ local function holder_of(ukey)
   end
   local id = string.sub(held, space + 1)
   if SHARDED and string.find(id, ' ', 1, true) then
-    return RESERVED -- held for a task of another shard (unique_reserve.lua): the caller checks
+    -- Reserved (unique_reserve.lua) for a task of another shard, or of this one by a call of
+    -- several shards: one of this shard stored here is read here; else the caller checks.
+    local task_id, shard = string.match(id, '^(%S+) (%d+) ')
+    local status = tonumber(shard) == SHARD and redis.call('HGET', tkey(task_id), 's')
+    if not status then
+      return RESERVED
+    end
+    return not_ended(task_id, status) and task_id or nil
   end
   local status = redis.call('HGET', tkey(id), 's')
   if status and not_ended(id, status) then
@@ -51,6 +58,14 @@ local function holder_of(ukey)
 end
 
 local STRIDE = TASK_ARGS + 4
+
+-- Sharded, on an id's directory shard: whether its entry (id_reserve.lua) names another shard.
+-- One naming this shard is this shard's own reservation (a call of several shards reserves
+-- every id before its first write): the task is stored here, and the entry dropped.
+local function reserved_elsewhere(id)
+  local entry = redis.call('GET', P .. 'i:' .. id)
+  return entry ~= false and string.match(entry, '^(%d+) ') ~= tostring(SHARD)
+end
 
 -- Every task's fate is decided before anything is written, and so is every refusal: a Lua
 -- error or an early return does not undo what the script wrote before it. fate[i] is
@@ -65,7 +80,7 @@ for i = 3, #ARGV, STRIDE do
   local holder = ukey and (taken[ukey] or holder_of(ukey))
   if storing[id] or redis.call('EXISTS', tkey(id)) == 1 then
     fate[i] = 'existing'
-  elseif SHARDED and redis.call('EXISTS', P .. 'i:' .. id) == 1 then
+  elseif SHARDED and reserved_elsewhere(id) then
     fate[i] = 'elsewhere' -- this shard is the id's directory: it lives on another
   elseif holder == RESERVED then
     fate[i] = 'ureserved'
@@ -151,6 +166,9 @@ for i = 3, #ARGV, STRIDE do
         string.format('%d', ttl))
     end
     store_task(i, promoted, woken)
+    if SHARDED then
+      redis.call('DEL', P .. 'i:' .. ARGV[i]) -- (only this shard's own: see reserved_elsewhere)
+    end
     local deps = ARGV[i + TASK_ARGS + 2]
     if deps == '' then
       out[#out + 1] = 1

@@ -5,14 +5,17 @@
 -- ARGV[3] the queue's shard (its index), ARGV[4] the key digest, ARGV[5] the task id, ARGV[6]
 -- the end of the key's window, ARGV[7] the entry expected ('' to take a free key; else the
 -- entry a caller saw, to replace it: its holder is terminal, or was never stored within the
--- grace the caller applies).
+-- grace the caller applies), ARGV[8] '1' to hold the key as an entry even when the queue's
+-- shard is this one (a call of several shards reserves every key before its first write, so
+-- that no submit takes one between; the task is then submitted without the key) or ''.
 -- P u:<digest>: STRING "<window end> <task id>" (a task of this shard holds it, as submit.lua
 -- writes it) or "<window end> <task id> <shard> <reserved at>" (a task of that shard), expiring
--- with the window (PX). When the queue's shard is this one (a caller taking over an entry
--- before submit.lua), a replaced entry is deleted: submit.lua then takes the key.
+-- with the window (PX). When the queue's shard is this one and ARGV[8] is '' (a caller taking
+-- over an entry before submit.lua), a replaced entry is deleted: submit.lua then takes the key.
 -- Returns '' (taken: store the task, without the key) or the entry found (its task holds the
 -- key, or is being stored; the caller checks which).
 local shard, digest, id, until_, expected = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local hold = ARGV[8] == '1'
 local key = P .. 'u:' .. digest
 local held = redis.call('GET', key)
 if held and held ~= expected then
@@ -23,7 +26,7 @@ if held and held ~= expected then
     return held -- (a repeated or resumed submit of the same task finds its own entry)
   end
 end
-if tonumber(shard) == SHARD then
+if tonumber(shard) == SHARD and not hold then
   redis.call('DEL', key)
 else
   local ttl = math.max(1, math.ceil((tonumber(until_) - NOWN) / 1000))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...dependencies import WAITING_RUN_AT, first_missing, missing_error
@@ -48,46 +49,180 @@ class Submitting(RedisAccess):
             return self._store_shard(task.task_name, task.queue, homes)
 
         if not any(task.depends_on for task in tasks):
-            return self._each_shard(tasks, shard_of, self._enqueue_on)
-        runs: list[tuple[int, int, int]] = []  # (start, end, shard)
-        start = 0
-        while start < len(tasks):
-            shard = shard_of(tasks[start])
-            end = start + 1
-            while end < len(tasks) and shard_of(tasks[end]) == shard:
-                end += 1
-            runs.append((start, end, shard))
-            start = end
-        if len(runs) > 1:
-            self._check_dependencies(tasks)  # each run is a call: refuse before the first
+            groups: dict[int, list[NewTask]] = {}
+            for task in tasks:
+                groups.setdefault(shard_of(task), []).append(task)
+            if len(groups) == 1:
+                return self._enqueue_on(tasks, next(iter(groups)))
+            # One write per shard: reserved first as below, so no shard refuses after another
+            # stored its part (an id being submitted to another shard's queue).
+            reserved = self._reserve_call(tasks, shard_of, sorted(groups.items()), check=False)
+            try:
+                return self._each_shard(
+                    tasks, shard_of, lambda part, shard: self._enqueue_on(part, shard, reserved)
+                )
+            except BaseException:
+                self._release_keys(tasks, reserved, shard_of)
+                raise
+        runs: list[tuple[int, list[NewTask]]] = []  # (shard, its tasks), in the order given
+        for task in tasks:
+            shard = shard_of(task)
+            if runs and runs[-1][0] == shard:
+                runs[-1][1].append(task)
+            else:
+                runs.append((shard, [task]))
+        if len(runs) == 1:
+            return self._enqueue_on(tasks, runs[0][0])
+        # Several runs, each its own write: reserved first (_reserve_call), so no submit takes
+        # a key or id of the call between the check and the writes (a later run's task would
+        # then not be stored, and its dependents refused, after the earlier runs were stored).
+        reserved = self._reserve_call(tasks, shard_of, runs, check=True)
         results: list[tuple[TaskInfo, bool]] = []
-        for start, end, shard in runs:
-            results += self._enqueue_on(tasks[start:end], shard)
+        try:
+            for shard, run in runs:
+                results += self._enqueue_on(run, shard, reserved)
+        except BaseException:
+            self._release_keys(tasks, reserved, shard_of)
+            raise
         return results
 
-    def _check_dependencies(self, tasks: Sequence[NewTask]) -> None:
+    def _reserve_call(
+        self,
+        tasks: Sequence[NewTask],
+        shard_of: Any,
+        parts: Sequence[tuple[int, Sequence[NewTask]]],
+        check: bool,
+    ) -> set[str]:
+        """Sharded, a call written in several ``parts`` (shard, its tasks), before the first
+        is written: every unique key it stores reserved on its home (_reserve_keys); with
+        ``check``, its dependencies checked (_check_dependencies); then the id of every task
+        it stores reserved on its directory shard, its own shard's included (id_reserve.lua;
+        submit.lua drops an entry naming its own shard when it stores the task), so no submit
+        of one to another shard's queue makes a later part refuse it. The ids whose key the
+        call holds; on a refusal, the keys are given back and nothing is stored."""
+        reserved = self._reserve_keys(tasks, shard_of)
+        try:
+            if check:
+                self._check_dependencies(tasks, reserved)
+            coming = {
+                task.task_id
+                for task in tasks
+                if task.unique_key is None or task.unique_until is None or task.task_id in reserved
+            }
+            for shard, part in parts:
+                self._reserve_ids(part, shard, coming)
+        except BaseException:
+            self._release_keys(tasks, reserved, shard_of)
+            raise
+        return set(reserved)
+
+    def _reserve_keys(self, tasks: Sequence[NewTask], shard_of: Any) -> dict[str, int]:
+        """Sharded, a call of several runs: unique_reserve.lua (holding the key even on its
+        task's own shard) for each task with a unique key whose id is not stored, the first
+        of the call for each key; the ids whose key this call now holds -> their key's home.
+        A key a live task holds is not taken (its task is not stored: _check_dependencies).
+        A key reserved for a task of another submit not stored yet is not waited for while
+        this call holds others (two calls could each wait for the other's key): every key is
+        given back and the whole reservation tried again a moment later."""
+        candidates = [t for t in tasks if t.unique_key is not None and t.unique_until is not None]
+        if not candidates:
+            return {}
+        stored = set(self.get_many(sorted({t.task_id for t in candidates})))
+        started = time.monotonic()
+        while True:
+            patient = time.monotonic() - started >= UNIQUE_RESERVATION_GRACE_SECONDS
+            reserved: dict[str, int] = {}
+            seen: set[str] = set()
+            busy = False
+            try:
+                for task in candidates:
+                    assert task.unique_key is not None
+                    if task.task_id in stored or task.unique_key in seen:
+                        continue
+                    seen.add(task.unique_key)
+                    home = unique_home(task.unique_key, self.layout.shards)
+                    if patient:  # long past any live submitter's store: wait as one run does
+                        holder = self._take_unique(task, home, shard_of(task), hold=True)
+                        taken = holder is None
+                    else:
+                        holder, taken = self._hold_unique(task, home, shard_of(task))
+                    if taken:
+                        reserved[task.task_id] = home
+                    elif holder is None:
+                        busy = True
+                        break
+            except BaseException:
+                self._release_keys(tasks, reserved, shard_of)
+                raise
+            if not busy:
+                return reserved
+            self._release_keys(tasks, reserved, shard_of)
+            time.sleep(UNIQUE_POLL_SECONDS * (1 + random.random()))
+
+    def _hold_unique(self, task: NewTask, home: int, shard: int) -> tuple[TaskInfo | None, bool]:
+        """unique_reserve.lua on ``home`` holding ``task``'s key for its ``shard``, without
+        waiting: (None, True) once taken, (the live task that holds it, False), or (None,
+        False) while it is reserved for a task of another submit not stored yet."""
+        assert task.unique_key is not None and task.unique_until is not None
+        until = micros(task.unique_until)
+        expected = ""
+        while True:
+            reply = self._run(
+                "unique_reserve",
+                shard,
+                task.unique_key,
+                task.task_id,
+                until,
+                expected,
+                "1",
+                shard=home,
+            )
+            if not text(reply):
+                return None, True
+            holder, settled = self._entry_holder(text(reply), home, None)
+            if holder is not None or not settled:
+                return holder, False
+            expected = text(reply)  # take it over, unless it changed since it was read
+
+    def _release_keys(
+        self, tasks: Sequence[NewTask], reserved: Collection[str], shard_of: Any
+    ) -> None:
+        """Give back the keys of ``reserved`` ids (see _reserve_keys) whose task is not
+        stored."""
+        for task in tasks:
+            if task.task_id not in reserved:
+                continue
+            assert task.unique_key is not None
+            shard = shard_of(task)
+            if not self.client.exists(self._tkey(task.task_id, shard)):
+                home = unique_home(task.unique_key, self.layout.shards)
+                self._run("unique_release", shard, task.unique_key, task.task_id, shard=home)
+
+    def _check_dependencies(self, tasks: Sequence[NewTask], reserved: dict[str, int]) -> None:
         """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
         is stored or a task before it in ``tasks`` that this call stores: one whose id is not
-        stored and whose unique key no live task (nor a task before it) holds. Decided from
-        what is stored now, before the first run writes; each run's write checks again."""
+        stored and, if it is unique, whose key the call holds (``reserved``: _reserve_keys).
+        Decided before the first run writes; each run's write checks again."""
         wanted = {d for task in tasks for d in task.depends_on}
         wanted.update(task.task_id for task in tasks)
         stored = set(self.get_many(sorted(wanted)))
-        skipped: set[str] = set()
-        taken: set[str] = set()
-        for task in tasks:
-            key = task.unique_key
-            if key is None or task.unique_until is None or task.task_id in stored:
-                continue
-            if key in taken or self.unique_holder(key) is not None:
-                skipped.add(task.task_id)
-            else:
-                taken.add(key)
+        skipped = {
+            task.task_id
+            for task in tasks
+            if task.unique_key is not None
+            and task.unique_until is not None
+            and task.task_id not in stored
+            and task.task_id not in reserved
+        }
         error = first_missing(tasks, stored, skipped)
         if error is not None:
             raise error
 
-    def _enqueue_on(self, tasks: Sequence[NewTask], shard: int) -> list[tuple[TaskInfo, bool]]:
+    def _enqueue_on(
+        self, tasks: Sequence[NewTask], shard: int, reserved: set[str] | None = None
+    ) -> list[tuple[TaskInfo, bool]]:
+        """Store ``tasks`` of ``shard``; those of ``reserved`` ids hold their unique key on
+        its home already (_reserve_keys), and are stored without it."""
         if not self.sharded:
             return self._store(tasks, shard)
         # Ids whose directory is another shard are reserved there first: an id held there
@@ -101,6 +236,10 @@ class Submitting(RedisAccess):
         same: dict[int, int] = {}  # position -> the earlier one of its key: its task
         for index, task in enumerate(tasks):
             if index in held or task.unique_key is None or task.unique_until is None:
+                continue
+            if reserved and task.task_id in reserved and task.unique_key not in taken:
+                keyless.add(task.task_id)
+                taken[task.unique_key] = index
                 continue
             home = unique_home(task.unique_key, self.layout.shards)
             if home == shard:
@@ -153,17 +292,27 @@ class Submitting(RedisAccess):
                 results.append(next(stored))
         return results
 
-    def _take_unique(self, task: NewTask, home: int, shard: int) -> TaskInfo | None:
+    def _take_unique(
+        self, task: NewTask, home: int, shard: int, hold: bool = False
+    ) -> TaskInfo | None:
         """unique_reserve.lua on ``home``, the home shard of ``task``'s unique key, for the
         task's queue's ``shard``: None once taken (on ``home`` for ``shard``; deleted when
-        ``home`` is ``shard``, for submit.lua to take), or the live task that holds it."""
+        ``home`` is ``shard`` and not ``hold``, for submit.lua to take), or the live task that
+        holds it."""
         assert task.unique_key is not None and task.unique_until is not None
         until = micros(task.unique_until)
         expected = ""
         started = time.monotonic()
         while True:
             reply = self._run(
-                "unique_reserve", shard, task.unique_key, task.task_id, until, expected, shard=home
+                "unique_reserve",
+                shard,
+                task.unique_key,
+                task.task_id,
+                until,
+                expected,
+                "1" if hold else "",
+                shard=home,
             )
             if not text(reply):
                 return None
@@ -211,14 +360,16 @@ class Submitting(RedisAccess):
         return info, created
 
     def _reserve_ids(
-        self, tasks: Sequence[NewTask], shard: int
+        self, tasks: Sequence[NewTask], shard: int, own: set[str] | None = None
     ) -> dict[int, tuple[TaskInfo, bool]]:
         """id_reserve.lua on the directory shard of each id not of this shard (positions by
-        directory); the existing task of each id another shard holds, by position."""
+        directory), and of this shard too for the ids of ``own`` (submit.lua drops that entry
+        when it stores the task); the existing task of each id another shard holds, by
+        position."""
         foreign: dict[int, list[int]] = {}
         for index, task in enumerate(tasks):
             directory = directory_of(task.task_id, self.layout.shards)
-            if directory != shard:
+            if directory != shard or (own is not None and task.task_id in own):
                 foreign.setdefault(directory, []).append(index)
         held: dict[int, tuple[TaskInfo, bool]] = {}
         for directory, positions in sorted(foreign.items()):
@@ -286,6 +437,21 @@ class Submitting(RedisAccess):
                     for value in _args(task, remote.get(task.task_id), keyless)
                 ]
                 replies = self._run("submit", *args, shard=shard)
+                # A dependency in the chunk not stored because its key was 'ureserved' (an
+                # entry of a task of another shard, maybe ended since): settled on this shard,
+                # its home (given back if its task ended), then the chunk again.
+                settled: set[str] = set()
+                while _missing_reply(replies) and text(replies[2]) not in settled:
+                    dependency = text(replies[2])
+                    settled.add(dependency)
+                    task = next((t for t in chunk if t.task_id == dependency), None)
+                    if task is None or task.task_id in keyless or task.unique_key is None:
+                        break
+                    if unique_home(task.unique_key, self.layout.shards) != shard:
+                        break
+                    if self._take_unique(task, shard, shard) is not None:
+                        break  # held by a live task: refused
+                    replies = self._run("submit", *args, shard=shard)
             if self.sharded and any(t.depends_on and t.batch_id for t in chunk):
                 # A member cancelled at once (a dependency failed) told its batch's shard.
                 self._deliver_now(shard)
