@@ -243,12 +243,13 @@ def test_a_schedule_paused_or_deleted_after_planning_fires_nothing(executor, clo
     else:
         executor.delete_schedule("late")
     assert executor.storage.fire_schedules([planned], clock.now()) == []
-    assert executor.get_task(task.task_id) is None and executor.list_tasks() == []
+    run_id = stored_id(executor, task)  # sharded, the run's id made native to its queue's shard
+    assert executor.get_task(run_id) is None and executor.list_tasks() == []
     if change == "pause":  # and the schedule did not move on: resuming fires that run
         assert executor.get_schedule("late").next_run_at == schedule.next_run_at
         executor.resume_schedule("late")
         fire(executor)
-        assert [t.task_id for t in fired_tasks(executor, "late")] == [task.task_id]
+        assert [t.task_id for t in fired_tasks(executor, "late")] == [run_id]
 
 
 def test_a_run_fired_but_not_recorded_is_not_fired_again(executor, clock):
