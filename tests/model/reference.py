@@ -15,17 +15,25 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-# Rules of DESIGN.md §6.1 and issue 30 that this branch's storages do not keep yet. While an
-# entry is here, the model follows the code for that one rule (see ``ended`` and ``retry``)
-# so that the test passes; the merger deletes the entry once the fix is merged, and the
-# model then demands the rule.
-KNOWN_UNTIL_MERGED: set[str] = {
+ALL = frozenset({"sqlite", "mariadb", "postgres", "redis"})
+DATABASES = frozenset({"sqlite", "mariadb", "postgres"})
+
+# Rules of DESIGN.md §6.1 and issue 30 that this branch's storages do not keep yet, and on
+# which storages. While an entry is here, the model follows the code for that one rule on
+# those storages (see ``ended``, ``retry`` and ``submit``) so that the test passes; the
+# merger deletes the entry once the fix is merged, and the model then demands the rule.
+KNOWN_UNTIL_MERGED: dict[str, frozenset[str]] = {
     # Issue 30 defect 4: a task timed out while its handler runs (TIMEOUT, lease still held)
     # counts as ended at once for dependencies, batches, unique keys and purge.
-    "timeout-ends-at-once",
+    "timeout-ends-at-once": ALL,
     # Issue 30 defect 13: a retried dependent runs at once, whether or not its dependencies
     # completed (instead of waiting for them, or being refused when one ended otherwise).
-    "retried-dependent-runs-at-once",
+    "retried-dependent-runs-at-once": ALL,
+    # Found by this test, not in issue 30 (the database storages): a unique submit naming an
+    # existing task_id takes the unique key for that existing task (which never had it), or
+    # answers with the key's holder instead of the existing task. Docs: an existing task_id
+    # returns the existing task unchanged, and only a unique task holds a key.
+    "existing-id-takes-unique-key": DATABASES,
 }
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "ERROR"})
@@ -104,13 +112,17 @@ class Spec:
 class Model:
     """The store's promises. Times come from the caller (the test's fake clock)."""
 
-    def __init__(self, lease_s: float) -> None:
+    def __init__(self, lease_s: float, storage: str) -> None:
         self.lease_s = lease_s
+        #: The entries of KNOWN_UNTIL_MERGED that hold for this storage.
+        self.known = {name for name, where in KNOWN_UNTIL_MERGED.items() if storage in where}
         self.tasks: dict[str, Task] = {}
         self.batches: dict[str, Batch] = {}
         self.paused: set[str] = set()
         self.next_claim = 0
         self.purged: set[str] = set()
+        # Keys held by tasks submitted without them ("existing-id-takes-unique-key").
+        self.borrowed_keys: dict[str, tuple[str, dt.datetime]] = {}
 
     # -- what "ended" means (§6.1) -------------------------------------------------------
     def handler_may_run(self, task: Task, now: dt.datetime) -> bool:
@@ -120,12 +132,17 @@ class Model:
     def ended(self, task: Task, now: dt.datetime) -> bool:
         if task.status not in TERMINAL:
             return False
-        if "timeout-ends-at-once" in KNOWN_UNTIL_MERGED:
+        if "timeout-ends-at-once" in self.known:
             return True
         return not self.handler_may_run(task, now)
 
     # -- submitting -----------------------------------------------------------------------
     def unique_holder(self, key: str, now: dt.datetime) -> Task | None:
+        if key in self.borrowed_keys:
+            task_id, until = self.borrowed_keys[key]
+            task = self.tasks.get(task_id)
+            if task is not None and until > now and not self.ended(task, now):
+                return task
         for task in self.tasks.values():
             if (
                 task.unique_key == key
@@ -145,9 +162,28 @@ class Model:
         keys: dict[str, str] = {}  # unique keys taken by this call
         coming: set[str] = set()
         for spec in specs:
+            if spec.task_id in spec.depends_on:
+                raise Refused(f"{spec.task_id} depends on itself")
+        borrowed: dict[str, tuple[str, dt.datetime]] = {}
+        for spec in specs:
             if spec.task_id in self.tasks or spec.task_id in coming:
                 if batch_id is not None:
                     raise Refused(f"batch member {spec.task_id} exists")
+                if (
+                    spec.unique_key is not None
+                    and "existing-id-takes-unique-key" in self.known
+                ):
+                    holder = keys.get(spec.unique_key)
+                    if holder is None:
+                        found = self.unique_holder(spec.unique_key, now)
+                        holder = found.task_id if found is not None else None
+                    if holder is None:
+                        holder = spec.task_id
+                        keys[spec.unique_key] = holder
+                        until = now + dt.timedelta(seconds=spec.unique_for_s)
+                        borrowed[spec.unique_key] = (holder, until)
+                    answers.append(holder)
+                    continue
                 answers.append(spec.task_id)
                 continue
             if spec.unique_key is not None:
@@ -188,6 +224,7 @@ class Model:
             answers.append(spec.task_id)
         for task in stored:
             self.tasks[task.task_id] = task
+        self.borrowed_keys.update(borrowed)
         for task in stored:  # in order: a dependency stored by this call may already wait
             task.waiting_for = set(task.depends_on)
             self._settle_dependent(task, now)
@@ -327,7 +364,7 @@ class Model:
         if self.handler_may_run(task, now):
             raise StillRunning(task_id)
         waiting: set[str] = set()
-        if "retried-dependent-runs-at-once" not in KNOWN_UNTIL_MERGED:
+        if "retried-dependent-runs-at-once" not in self.known:
             for dep_id in task.depends_on:
                 dep = self.tasks.get(dep_id)
                 if dep is None or (self.ended(dep, now) and dep.status == "COMPLETED"):

@@ -36,7 +36,6 @@ from django_reliable_executor.uniqueness import unique_digest
 from tests import contract_support  # noqa: F401 - registers the contract.hook handler
 from tests.conftest import delete_prefix, new_storage, redis_client
 
-from . import reference
 from .reference import TERMINAL, Model, Refused, Spec, StillRunning
 
 LEASE = 60.0
@@ -108,7 +107,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                     cursor.execute(f"DELETE FROM {table}")
         self.storage = new_storage(self.alias, self.prefix, clock=self.clock)
         self.executor = ReliableExecutor(self.storage, clock=self.clock)
-        self.model = Model(LEASE)
+        self.model = Model(LEASE, "sqlite" if self.alias == "default" else self.alias)
         self.claims: list[Held] = []
         self.counter = 0
         self.retried: set[str] = set()  # tasks retried by hand (for the known divergences)
@@ -247,7 +246,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             # A dependent never runs before its dependencies ended.
             if not (
                 claim.task_id in self.retried
-                and "retried-dependent-runs-at-once" in reference.KNOWN_UNTIL_MERGED
+                and "retried-dependent-runs-at-once" in self.model.known
             ):
                 for dep_id in task.depends_on:
                     dep = self.model.tasks.get(dep_id)
@@ -413,7 +412,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             holder = self.model.unique_holder(key, self.now)
             info = self.storage.unique_holder(unique_digest(NAME, key, None))
             got = info.task_id if info is not None else None
-            assert got == (holder.task_id if holder is not None else None), key
+            assert got == (holder.task_id if holder is not None else None), (
+                key,
+                info,
+                self.model.tasks.get(got or ""),
+                self.now,
+            )
 
 
 def test_protocol_against_the_model(alias: str) -> None:
