@@ -121,8 +121,8 @@ class Model:
         self.paused: set[str] = set()
         self.next_claim = 0
         self.purged: set[str] = set()
-        # Keys held by tasks submitted without them ("existing-id-takes-unique-key").
-        self.borrowed_keys: dict[str, tuple[str, dt.datetime]] = {}
+        # Each unique key's last taker and the end of its window.
+        self.keys: dict[str, tuple[str, dt.datetime]] = {}
 
     # -- what "ended" means (§6.1) -------------------------------------------------------
     def handler_may_run(self, task: Task, now: dt.datetime) -> bool:
@@ -138,20 +138,15 @@ class Model:
 
     # -- submitting -----------------------------------------------------------------------
     def unique_holder(self, key: str, now: dt.datetime) -> Task | None:
-        if key in self.borrowed_keys:
-            task_id, until = self.borrowed_keys[key]
-            task = self.tasks.get(task_id)
-            if task is not None and until > now and not self.ended(task, now):
-                return task
-        for task in self.tasks.values():
-            if (
-                task.unique_key == key
-                and task.unique_until is not None
-                and task.unique_until > now
-                and not self.ended(task, now)
-            ):
-                return task
-        return None
+        """The task holding ``key``: the last to take it, while its window lasts and it has
+        not ended (a holder retried by hand is live again, unless another took the key)."""
+        if key not in self.keys:
+            return None
+        task_id, until = self.keys[key]
+        task = self.tasks.get(task_id)
+        if task is None or until <= now or self.ended(task, now):
+            return None
+        return task
 
     def submit(
         self, specs: list[Spec], now: dt.datetime, batch_id: str | None = None
@@ -164,7 +159,7 @@ class Model:
         for spec in specs:
             if spec.task_id in spec.depends_on:
                 raise Refused(f"{spec.task_id} depends on itself")
-        borrowed: dict[str, tuple[str, dt.datetime]] = {}
+        taken: dict[str, tuple[str, dt.datetime]] = {}
         for spec in specs:
             if spec.task_id in self.tasks or spec.task_id in coming:
                 if batch_id is not None:
@@ -181,7 +176,7 @@ class Model:
                         holder = spec.task_id
                         keys[spec.unique_key] = holder
                         until = now + dt.timedelta(seconds=spec.unique_for_s)
-                        borrowed[spec.unique_key] = (holder, until)
+                        taken[spec.unique_key] = (holder, until)
                     answers.append(holder)
                     continue
                 answers.append(spec.task_id)
@@ -210,7 +205,7 @@ class Model:
                 retry_limit=spec.retry_limit,
                 retry_interval_ms=1000,
                 max_duration_ms=spec.max_duration_ms,
-                deadline=deadline,
+                deadline=None if spec.depends_on else deadline,  # counted from its release
                 depends_on=spec.depends_on,
                 on_dependency_failure=spec.on_dependency_failure,
                 batch_id=batch_id,
@@ -219,12 +214,13 @@ class Model:
                 task.unique_key = spec.unique_key
                 task.unique_until = now + dt.timedelta(seconds=spec.unique_for_s)
                 keys[spec.unique_key] = spec.task_id
+                taken[spec.unique_key] = (spec.task_id, task.unique_until)
             stored.append(task)
             coming.add(spec.task_id)
             answers.append(spec.task_id)
         for task in stored:
             self.tasks[task.task_id] = task
-        self.borrowed_keys.update(borrowed)
+        self.keys.update(taken)
         for task in stored:  # in order: a dependency stored by this call may already wait
             task.waiting_for = set(task.depends_on)
             self._settle_dependent(task, now)
@@ -461,7 +457,13 @@ class Model:
                 self._end(task, "CANCELLED", now)
                 return True
         if not task.waiting_for and before:
+            # Released: due now, and its max duration counts from now (docs/workflows.md).
             task.run_at = now
+            task.deadline = (
+                now + dt.timedelta(milliseconds=task.max_duration_ms)
+                if task.max_duration_ms
+                else None
+            )
         return task.waiting_for != before
 
     def _settle_batch(self, batch: Batch, now: dt.datetime) -> bool:

@@ -112,6 +112,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.counter = 0
         self.retried: set[str] = set()  # tasks retried by hand (for the known divergences)
         self.seen_terminal: dict[str, str] = {}
+        self.ended_ever: set[str] = set()  # tasks that ended (§6.1) at some step
         self.callbacks_seen: dict[str, dict[str, str]] = {}  # batch -> kind -> task id
 
     def teardown(self) -> None:
@@ -249,8 +250,9 @@ class ProtocolMachine(RuleBasedStateMachine):
                 and "retried-dependent-runs-at-once" in self.model.known
             ):
                 for dep_id in task.depends_on:
-                    dep = self.model.tasks.get(dep_id)
-                    assert dep is None or self.model.ended(dep, self.now), (claim.task_id, dep_id)
+                    # (A dependency retried by hand after the dependent was let go does not
+                    # hold it back again.)
+                    assert dep_id in self.ended_ever, (claim.task_id, dep_id)
             number = self.model.claim(claim.task_id, worker, self.now)
             self.claims.append(Held(worker, number, claim))
 
@@ -376,6 +378,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert previous is None or previous == info.status.value, (task_id, previous)
             if info.status.value in TERMINAL:
                 self.seen_terminal[task_id] = info.status.value
+            if self.model.ended(task, self.now):
+                self.ended_ever.add(task_id)
         for task_id in self.model.purged:
             assert self.storage.get(task_id) is None or task_id in self.model.tasks, task_id
 
@@ -416,6 +420,8 @@ class ProtocolMachine(RuleBasedStateMachine):
                 key,
                 info,
                 self.model.tasks.get(got or ""),
+                holder,
+                holder and self.storage.get(holder.task_id),
                 self.now,
             )
 
