@@ -200,7 +200,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), n=st.integers(2, 3))
     def chain(self, data: st.DataObject, n: int) -> None:
-        specs = [self.spec(data, allow_unique=False) for _ in range(n)]
+        specs = [self.spec(data) for _ in range(n)]
         for before, step in zip(specs, specs[1:], strict=False):
             step.depends_on = (*step.depends_on, before.task_id)
             step.delay_s = 0
@@ -280,6 +280,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert (started is not None) == expected, (claim.task_id, held.number)
         if started is not None:
             held.claim = started
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        """A worker hands an unstarted claim back (a stop, a failed start)."""
+        held = self.pick(data)
+        assert held is not None
+        if held.claim.is_started:
+            return
+        expected = self.model.release(held.claim.task_id, held.number)
+        assert self.storage.release([held.claim]) == int(expected), held.claim.task_id
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data(), outcome=st.sampled_from(["complete", "retryable", "final"]))
