@@ -153,9 +153,7 @@ class Model:
             return None
         return task
 
-    def submit(
-        self, specs: list[Spec], now: dt.datetime, batch_id: str | None = None
-    ) -> list[str]:
+    def submit(self, specs: list[Spec], now: dt.datetime, batch_id: str | None = None) -> list[str]:
         """Store ``specs`` all or nothing; the id each request answers with, in order."""
         answers: list[str] = []
         stored: list[Task] = []
@@ -169,10 +167,7 @@ class Model:
             if spec.task_id in self.tasks or spec.task_id in coming:
                 if batch_id is not None:
                     raise Refused(f"batch member {spec.task_id} exists")
-                if (
-                    spec.unique_key is not None
-                    and "existing-id-takes-unique-key" in self.known
-                ):
+                if spec.unique_key is not None and "existing-id-takes-unique-key" in self.known:
                     holder = keys.get(spec.unique_key)
                     if holder is None:
                         found = self.unique_holder(spec.unique_key, now)
@@ -242,7 +237,9 @@ class Model:
         if batch_id in self.batches:
             raise Refused(f"batch {batch_id} exists")
         self.submit(specs, now, batch_id=batch_id)
-        self.batches[batch_id] = Batch(batch_id, [s.task_id for s in specs], on_complete, on_success)
+        self.batches[batch_id] = Batch(
+            batch_id, [s.task_id for s in specs], on_complete, on_success
+        )
         self.settle(now)
 
     # -- the worker's path ------------------------------------------------------------------
@@ -286,7 +283,11 @@ class Model:
     def expire_claim(self, task_id: str, claim: int, now: dt.datetime) -> bool:
         """A claim past its deadline before it started: TIMEOUT without running it."""
         task = self.tasks.get(task_id)
-        if task is None or not self.holds(task_id, claim) or task.status not in ("CREATED", "PENDING"):
+        if (
+            task is None
+            or not self.holds(task_id, claim)
+            or task.status not in ("CREATED", "PENDING")
+        ):
             return False
         self._end(task, "TIMEOUT", now)
         return True
@@ -440,11 +441,7 @@ class Model:
 
     def purge(self, before: dt.datetime, now: dt.datetime) -> None:
         for task_id, task in list(self.tasks.items()):
-            if (
-                self.ended(task, now)
-                and task.finished_at is not None
-                and task.finished_at < before
-            ):
+            if self.ended(task, now) and task.finished_at is not None and task.finished_at < before:
                 del self.tasks[task_id]
                 self.purged.add(task_id)
 

@@ -32,7 +32,6 @@ from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.records import Claim
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.uniqueness import unique_digest
-
 from tests import contract_support  # noqa: F401 - registers the contract.hook handler
 from tests.conftest import delete_prefix, new_storage, redis_client
 
@@ -49,8 +48,8 @@ PROFILES = {
     # Bounded for CI (the four storages together take about two minutes on 2 cores), and the
     # same examples on every run: a failure in CI reproduces locally.
     "ci": settings(
-        max_examples=int(os.environ.get("RE_MODEL_EXAMPLES", "12")),
-        stateful_step_count=30,
+        max_examples=int(os.environ.get("RE_MODEL_EXAMPLES", "150")),
+        stateful_step_count=40,
         derandomize=True,
         deadline=None,
         database=None,
@@ -207,7 +206,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.submit_both(specs, lambda: self.executor.chain([self.request(s) for s in specs]))
 
     @rule(data=st.data(), n=st.integers(1, 3), on_complete=st.booleans(), on_success=st.booleans())
-    def submit_batch(self, data: st.DataObject, n: int, on_complete: bool, on_success: bool) -> None:
+    def submit_batch(
+        self, data: st.DataObject, n: int, on_complete: bool, on_success: bool
+    ) -> None:
         specs = [self.spec(data, allow_unique=False) for _ in range(n)]
         if len({s.task_id for s in specs}) < n:
             return  # a repeated id: refused by the service's own check, before any rule
@@ -236,7 +237,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     # -- simulated workers ------------------------------------------------------------------
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 4))
     def claim(self, worker: str, limit: int) -> None:
-        claimable = {t.task_id for t in self.model.tasks.values() if self.model.claimable(t, self.now)}
+        claimable = {
+            t.task_id for t in self.model.tasks.values() if self.model.claimable(t, self.now)
+        }
         claims = self.storage.claim(worker, list(QUEUES), limit, LEASE)
         taken = [c.task_id for c in claims]
         assert len(taken) == len(set(taken))
@@ -322,7 +325,11 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # -- operators, time and the master -----------------------------------------------------
     def some_task(self, data: st.DataObject) -> str:
+        """A task for an operator: often one a worker holds, where races are."""
         known = sorted(self.model.tasks) or ["nobody"]
+        held = sorted(t for t, task in self.model.tasks.items() if task.lease is not None)
+        if held and data.draw(st.booleans()):
+            return data.draw(st.sampled_from(held))
         return data.draw(st.sampled_from(known))
 
     @rule(data=st.data())
@@ -399,7 +406,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         for batch_id, batch in self.model.batches.items():
             info = self.storage.get_batch(batch_id)
             assert info is not None, batch_id
-            counts = {k: getattr(info, k) for k in ("total", "completed", "failed", "cancelled", "pending")}
+            counts = {
+                k: getattr(info, k)
+                for k in ("total", "completed", "failed", "cancelled", "pending")
+            }
             assert counts == self.model.batch_counts(batch), (
                 batch_id,
                 counts,
