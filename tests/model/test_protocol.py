@@ -151,7 +151,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             queue=data.draw(st.sampled_from(QUEUES)),
             delay_s=0 if depends_on else data.draw(st.sampled_from([0, 0, 5])),
             retry_limit=data.draw(st.integers(0, 2)),
-            max_duration_ms=data.draw(st.sampled_from([None, None, 20000])),
+            max_duration_ms=data.draw(st.sampled_from([None, 20000])),
             depends_on=depends_on,
             on_dependency_failure=data.draw(st.sampled_from(["cancel", "run"])),
             unique_key=unique_key,
@@ -236,6 +236,14 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # -- simulated workers ------------------------------------------------------------------
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 4))
+    def claim_and_start(self, worker: str, limit: int) -> None:
+        """What a worker with idle threads does: claim, then start each claim at once."""
+        first = len(self.claims)
+        self.claim(worker, limit)
+        for held in self.claims[first:]:
+            self.start_claim(held)
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 4))
     def claim(self, worker: str, limit: int) -> None:
         claimable = {
             t.task_id for t in self.model.tasks.values() if self.model.claimable(t, self.now)
@@ -272,6 +280,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     def start(self, data: st.DataObject) -> None:
         held = self.pick(data)
         assert held is not None
+        self.start_claim(held)
+
+    def start_claim(self, held: Held) -> None:
         claim = held.claim
         if claim.deadline_at is not None and self.now >= claim.deadline_at:
             # What the worker does with a claim past its deadline: time it out unstarted.
@@ -366,9 +377,25 @@ class ProtocolMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @rule(chore=st.sampled_from(["recover", "expire", "promote", "purge"]))
+    @rule(to=st.sampled_from(["deadline", "lease"]))
+    def advance_past(self, to: str) -> None:
+        """Just past the next deadline or lease expiry: where timeouts and recoveries race."""
+        now = self.now
+        times = [
+            (t.deadline if to == "deadline" else t.lease.until if t.lease else None)
+            for t in self.model.tasks.values()
+            if t.status not in TERMINAL or (to == "lease" and t.lease is not None)
+        ]
+        later = [when for when in times if when is not None and when > now]
+        if later:
+            self.clock.advance((min(later) - now).total_seconds() + 0.5)
+
+    @rule(chore=st.sampled_from(["round", "round", "recover", "expire", "promote", "purge"]))
     def chores(self, chore: str) -> None:
-        if chore == "recover":
+        if chore == "round":  # one round of the master's, in MasterChores' order
+            for each in ("promote", "recover", "expire", "purge"):
+                self.chores(each)
+        elif chore == "recover":
             self.storage.recover_expired(500)
             self.model.recover_expired(self.now)
         elif chore == "expire":
