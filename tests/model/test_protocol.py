@@ -272,7 +272,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         start was recorded for, as a worker reports outcomes only of attempts it ran)."""
         mine = [h for h in self.claims if h.claim.is_started or not started]
         live = [h for h in mine if self.model.holds(h.claim.task_id, h.number)]
-        pool = live if live and data.draw(st.integers(0, 4)) else mine
+        pool = live if live and data.draw(st.integers(0, 2)) else mine
         return data.draw(st.sampled_from(pool)) if pool else None
 
     @precondition(lambda self: self.claims)
@@ -322,12 +322,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         written = self.storage.fail(held.claim, "boom", retryable=outcome == "retryable")
         assert (written.status.value if written is not None else None) == status, task_id
 
-    @rule(worker=st.sampled_from(WORKERS))
-    def heartbeat(self, worker: str) -> None:
+    @rule(worker=st.sampled_from(WORKERS), twin=st.booleans())
+    def heartbeat(self, worker: str, twin: bool) -> None:
+        """The worker renews the newest claim of each task it took; its ``twin`` (a second
+        process with the same worker id, or one restarted) the oldest: stale tokens."""
         latest: dict[str, Held] = {}
         for held in self.claims:
-            if held.worker == worker:
-                latest[held.claim.task_id] = held  # the newest claim of each task it took
+            if held.worker == worker and not (twin and held.claim.task_id in latest):
+                latest[held.claim.task_id] = held
         tokens = {task_id: h.claim.token for task_id, h in latest.items()}
         numbers = {task_id: h.number for task_id, h in latest.items()}
         expected = self.model.heartbeat(worker, numbers, self.now)
