@@ -139,6 +139,18 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "redis-heartbeat-ignores-token",
+        "redis",
+        "a heartbeat renews a lease by worker id alone: a twin keeps a lost claim alive",
+        replace=(
+            (
+                LUA + "heartbeat.lua",
+                "  if task[1] == worker and task[3] == token and",
+                "  if task[1] == worker and",
+            ),
+        ),
+    ),
+    Mutant(
         "fail-ignores-cancel-request",
         "sqlite",
         "a failed attempt of a task whose cancel was requested retries instead of ending CANCELLED",

@@ -49,7 +49,7 @@ PROFILES = {
     # same examples on every run: a failure in CI reproduces locally.
     "ci": settings(
         max_examples=int(os.environ.get("RE_MODEL_EXAMPLES", "150")),
-        stateful_step_count=40,
+        stateful_step_count=int(os.environ.get("RE_MODEL_STEPS", "40")),
         derandomize=True,
         deadline=None,
         database=None,
@@ -351,9 +351,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         expected = self.model.cancel(task_id, self.now)
         assert self.executor.cancel_task(task_id) == expected, task_id
 
-    @rule(data=st.data())
-    def retry(self, data: st.DataObject) -> None:
-        task_id = self.some_task(data)
+    @rule(data=st.data(), which=st.sampled_from(["held", "terminal", "any"]))
+    def retry(self, data: st.DataObject, which: str) -> None:
+        """A retry by hand: of a terminal task whose handler may still run (its lease held),
+        of any terminal task, or of any task at all."""
+        terminal = sorted(t for t, task in self.model.tasks.items() if task.status in TERMINAL)
+        held = [t for t in terminal if self.model.tasks[t].lease is not None]
+        pool = {"held": held, "terminal": terminal}.get(which)
+        task_id = data.draw(st.sampled_from(pool)) if pool else self.some_task(data)
         before = self.model.tasks.get(task_id)
         was_running = before is not None and self.model.handler_may_run(before, self.now)
         try:
@@ -379,18 +384,37 @@ class ProtocolMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @rule(to=st.sampled_from(["deadline", "lease"]))
+    @rule(to=st.sampled_from(["running-deadline", "deadline", "lease"]))
     def advance_past(self, to: str) -> None:
-        """Just past the next deadline or lease expiry: where timeouts and recoveries race."""
+        """Just past the next deadline (of a running task, or of any live one) or lease
+        expiry: where timeouts, recoveries and handlers still running race."""
         now = self.now
-        times = [
-            (t.deadline if to == "deadline" else t.lease.until if t.lease else None)
-            for t in self.model.tasks.values()
-            if t.status not in TERMINAL or (to == "lease" and t.lease is not None)
-        ]
+        tasks = self.model.tasks.values()
+        if to == "lease":
+            times = [t.lease.until for t in tasks if t.lease is not None]
+        else:
+            wanted = ("RUNNING",) if to == "running-deadline" else ("CREATED", "PENDING", "RUNNING")
+            times = [t.deadline for t in tasks if t.status in wanted]
         later = [when for when in times if when is not None and when > now]
         if later:
             self.clock.advance((min(later) - now).total_seconds() + 0.5)
+
+    @rule(data=st.data())
+    def time_out_running(self, data: st.DataObject) -> None:
+        """A running attempt outlives its task's deadline: the clock passes it, the master
+        times the task out while the handler still runs (it keeps its lease)."""
+        running = sorted(
+            t.task_id
+            for t in self.model.tasks.values()
+            if t.status == "RUNNING" and t.deadline is not None
+        )
+        if not running:
+            return
+        deadline = self.model.tasks[data.draw(st.sampled_from(running))].deadline
+        assert deadline is not None
+        if deadline > self.now:
+            self.clock.advance((deadline - self.now).total_seconds() + 0.5)
+        self.chores("expire")
 
     @rule(chore=st.sampled_from(["round", "round", "recover", "expire", "promote", "purge"]))
     def chores(self, chore: str) -> None:
