@@ -25,7 +25,7 @@ DATABASES = frozenset({"sqlite", "mariadb", "postgres"})
 # merger deletes the entry once the fix is merged, and the model then demands the rule.
 KNOWN_UNTIL_MERGED: dict[str, frozenset[str]] = {
     # Issue 30 defect 4: a task timed out while its handler runs (TIMEOUT, lease still held)
-    # counts as ended at once for dependencies, batches, unique keys and purge.
+    # counts as ended at once for dependencies, batches and unique keys (purge waits already).
     "timeout-ends-at-once": ALL,
     # Issue 30 defect 13: a retried dependent runs at once, whether or not its dependencies
     # completed (instead of waiting for them, or being refused when one ended otherwise).
@@ -441,7 +441,9 @@ class Model:
 
     def purge(self, before: dt.datetime, now: dt.datetime) -> None:
         for task_id, task in list(self.tasks.items()):
-            if self.ended(task, now) and task.finished_at is not None and task.finished_at < before:
+            # Purge keeps a timed-out task whose handler runs on every storage already.
+            ended = task.status in TERMINAL and not self.handler_may_run(task, now)
+            if ended and task.finished_at is not None and task.finished_at < before:
                 del self.tasks[task_id]
                 self.purged.add(task_id)
 
