@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+from collections.abc import Callable
 
 ALL = frozenset({"sqlite", "mariadb", "postgres", "redis"})
 DATABASES = frozenset({"sqlite", "mariadb", "postgres"})
@@ -439,10 +440,15 @@ class Model:
             task.waiting_for = set()
             self._end(task, "TIMEOUT", now, keep_lease=running)
 
-    def purge(self, before: dt.datetime, now: dt.datetime) -> None:
+    def purge(self, before: dt.datetime, now: dt.datetime, stored: Callable[[str], bool]) -> None:
+        """Terminal tasks finished before ``before`` whose handler no longer runs. A lease that
+        lapsed but was not recovered yet may keep its task or not (``stored`` says which the
+        storage did): both are safe."""
         for task_id, task in list(self.tasks.items()):
             # Purge keeps a timed-out task whose handler runs on every storage already.
             ended = task.status in TERMINAL and not self.handler_may_run(task, now)
+            if ended and task.lease is not None and stored(task_id):
+                continue
             if ended and task.finished_at is not None and task.finished_at < before:
                 del self.tasks[task_id]
                 self.purged.add(task_id)

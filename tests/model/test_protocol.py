@@ -432,7 +432,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         else:
             before = self.now - dt.timedelta(seconds=RETENTION)
             self.storage.purge_finished(before, 500)
-            self.model.purge(before, self.now)
+            self.model.purge(
+                before, self.now, lambda task_id: self.storage.get(task_id) is not None
+            )
         self.storage.deliver_messages(500)
 
     # -- after every step -------------------------------------------------------------------
