@@ -31,10 +31,10 @@ KNOWN_UNTIL_MERGED: dict[str, frozenset[str]] = {
     # Issue 30 defect 13: a retried dependent runs at once, whether or not its dependencies
     # completed (instead of waiting for them, or being refused when one ended otherwise).
     "retried-dependent-runs-at-once": ALL,
-    # Found by this test, not in issue 30 (the database storages): a unique submit naming an
-    # existing task_id takes the unique key for that existing task (which never had it), or
-    # answers with the key's holder instead of the existing task. Docs: an existing task_id
-    # returns the existing task unchanged, and only a unique task holds a key.
+    # Found by this test, not in issue 30 (the databases, a call without dependencies): a
+    # unique submit naming an existing task_id takes the key for that task (which never had
+    # it), or answers with the key's holder instead of the existing task. Docs: an existing
+    # task_id returns the existing task unchanged, and only a unique task holds a key.
     "existing-id-takes-unique-key": DATABASES,
 }
 # RE_MODEL_STRICT=name,...: demand these rules anyway (bench/mutants.py shows the test
@@ -168,7 +168,11 @@ class Model:
             if spec.task_id in self.tasks or spec.task_id in coming:
                 if batch_id is not None:
                     raise Refused(f"batch member {spec.task_id} exists")
-                if spec.unique_key is not None and "existing-id-takes-unique-key" in self.known:
+                # (the databases' path of a call without dependencies: _enqueue_keyed)
+                borrows = "existing-id-takes-unique-key" in self.known and not any(
+                    other.depends_on for other in specs
+                )
+                if spec.unique_key is not None and borrows:
                     holder = keys.get(spec.unique_key)
                     if holder is None:
                         found = self.unique_holder(spec.unique_key, now)
