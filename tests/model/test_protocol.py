@@ -180,8 +180,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     def submit_both(self, specs: list[Spec], real) -> None:
         """The same call on the model and the storage: both refuse, or both answer the same ids."""
         if len(specs) > 1 and any(s.depends_on for s in specs):
-            # Not yet: on the databases a call with dependencies stores two tasks of one
-            # unique key (found by this test; docs/reliability.md, "Open findings").
+            # Not modelled yet: a task of the call cancelled at once (a dependency already
+            # failed) frees its unique key for the next one (docs/reliability.md, "Open
+            # findings").
             for spec in specs:
                 spec.unique_key = None
         try:
