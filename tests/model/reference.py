@@ -25,12 +25,9 @@ DATABASES = frozenset({"sqlite", "mariadb", "postgres"})
 # those storages (see ``ended``, ``retry`` and ``submit``) so that the test passes; the
 # merger deletes the entry once the fix is merged, and the model then demands the rule.
 KNOWN_UNTIL_MERGED: dict[str, frozenset[str]] = {
-    # Issue 30 defect 4: a task timed out while its handler runs (TIMEOUT, lease still held)
-    # counts as ended at once for dependencies, batches and unique keys (purge waits already).
-    "timeout-ends-at-once": ALL,
-    # Issue 30 defect 13: a retried dependent runs at once, whether or not its dependencies
-    # completed (instead of waiting for them, or being refused when one ended otherwise).
-    "retried-dependent-runs-at-once": ALL,
+    # Issue 30 defects 4 (a TIMEOUT whose handler still runs counted as ended) and 13 (a
+    # retried dependent ran at once) were listed here until their fixes landed; the model now
+    # demands both rules on every storage.
     # Found by this test, not in issue 30 (the databases, a call without dependencies): a
     # unique submit naming an existing task_id takes the key for that task (which never had
     # it), or answers with the key's holder instead of the existing task. Docs: an existing
@@ -136,11 +133,13 @@ class Model:
         return task.lease is not None and task.lease.started and task.lease.until > now
 
     def ended(self, task: Task, now: dt.datetime) -> bool:
+        """Terminal, and its handler returned or its worker is gone (§6.1): a lease kept by a
+        timed-out handler ends when that handler's return is written or, once it lapsed, when
+        the master's recovery finds it (recover_expired), which settles its dependents, batch
+        and unique key in the same step."""
         if task.status not in TERMINAL:
             return False
-        if "timeout-ends-at-once" in self.known:
-            return True
-        return not self.handler_may_run(task, now)
+        return task.lease is None or not task.lease.started
 
     # -- submitting -----------------------------------------------------------------------
     def unique_holder(self, key: str, now: dt.datetime) -> Task | None:
@@ -388,16 +387,20 @@ class Model:
         if "retried-dependent-runs-at-once" not in self.known:
             for dep_id in task.depends_on:
                 dep = self.tasks.get(dep_id)
-                if dep is None or (self.ended(dep, now) and dep.status == "COMPLETED"):
-                    continue
-                if self.ended(dep, now) and task.on_dependency_failure == "cancel":
-                    return False
-                if not self.ended(dep, now):
+                if dep is not None and not self.ended(dep, now):
                     waiting.add(dep_id)
-        task.status = "PENDING"
+                elif (dep is None or dep.status != "COMPLETED") and (
+                    task.on_dependency_failure != "run"
+                ):
+                    return False  # purged, or ended otherwise: refused, saying why
+        # One still to end: it waits again as at its submit (CREATED, its deadline counted
+        # from its release); else due now.
+        task.status = "CREATED" if waiting else "PENDING"
         task.run_at = now
         task.deadline = (
-            now + dt.timedelta(milliseconds=task.max_duration_ms) if task.max_duration_ms else None
+            now + dt.timedelta(milliseconds=task.max_duration_ms)
+            if task.max_duration_ms and not waiting
+            else None
         )
         task.budget = 0
         task.cancel_requested = False

@@ -278,7 +278,12 @@ class ProtocolMachine(RuleBasedStateMachine):
     def pick(self, data: st.DataObject, started: bool = False) -> Held | None:
         """A claim: usually one still held, sometimes a stale one (``started``: of those a
         start was recorded for, as a worker reports outcomes only of attempts it ran)."""
-        mine = [h for h in self.claims if h.claim.is_started or not started]
+        # In a fixed order (not the storage's: which of two equal tasks a claim returns first
+        # may differ between two runs of one example, and Hypothesis replays examples).
+        mine = sorted(
+            (h for h in self.claims if h.claim.is_started or not started),
+            key=lambda h: (h.claim.task_id, h.number),
+        )
         live = [h for h in mine if self.model.holds(h.claim.task_id, h.number)]
         pool = live if live and data.draw(st.integers(0, 2)) else mine
         return data.draw(st.sampled_from(pool)) if pool else None
