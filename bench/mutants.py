@@ -195,15 +195,27 @@ MUTANTS = [
     Mutant(
         "timeout-ended-for-dependencies",
         "sqlite",
-        "issue 30 defect 4: a TIMEOUT whose handler runs counts as ended (still in this code)",
-        strict="timeout-ends-at-once",
+        "issue 30 defect 4: a dependent submitted while a timed-out handler runs counts that "
+        "TIMEOUT as ended",
+        replace=(
+            (
+                DB + "dependencies.py",
+                "            found[pk] = status if lease is None else TaskStatus.RUNNING.value\n",
+                "            found[pk] = status\n",
+            ),
+        ),
     ),
     Mutant(
         "dependent-retried-before-dependency",
         "sqlite",
-        "issue 30 defect 13: a retried dependent runs before its dependency ended (still in this "
-        "code)",
-        strict="retried-dependent-runs-at-once",
+        "issue 30 defect 13: a retried dependent runs at once, before its dependency ended",
+        replace=(
+            (
+                DB + "transitions.py",
+                "        awaited = self._awaited_on_retry(row, depends_on) if depends_on else ()\n",
+                "        awaited = ()\n",
+            ),
+        ),
     ),
 ]
 
