@@ -203,3 +203,37 @@ def test_bad_unique_options_are_refused_and_store_nothing(executor, options, fie
 def test_a_bad_unique_for_fails_at_decoration(value):
     with pytest.raises(HandlerRegistrationError, match="unique_for"):
         reliable_task_handler(name="contract.bad_unique", unique_for=value)(lambda p: p)
+
+
+@pytest.mark.parametrize("call", ["submit", "submit_many", "with_dependency"])
+def test_a_unique_submit_naming_an_existing_task_id_answers_with_that_task_and_takes_no_key(
+    executor, call
+):
+    """Found by the model-based test on the databases: the existing task answers, unchanged,
+    even when another task holds the key, and the key stays with its holder (or free)."""
+    plain = executor.submit("demo.echo", 0, task_id="plain")
+    holder = executor.submit("demo.echo", 1, unique_for=60, unique_key="k-held")
+    dependency = executor.submit("demo.echo", 2, task_id="dependency")
+
+    def again(key: str):
+        request = TaskSubmitRequest(
+            "demo.echo",
+            9,
+            task_id="plain",
+            unique_for=60,
+            unique_key=key,
+            depends_on=["dependency"] if call == "with_dependency" else None,
+        )
+        if call == "submit":
+            return executor.submit("demo.echo", 9, task_id="plain", unique_for=60, unique_key=key)
+        return executor.submit_many([request])[0]
+
+    for key in ("k-held", "k-free"):
+        answer = again(key)
+        assert (answer.task_id, answer.parameter) == ("plain", 0), key
+    assert executor.get_task("plain") == plain
+    # The held key still names its holder; the free one was not taken by "plain".
+    assert executor.submit("demo.echo", 3, unique_for=60, unique_key="k-held") == holder
+    fresh = executor.submit("demo.echo", 4, unique_for=60, unique_key="k-free")
+    assert fresh.task_id not in {"plain", holder.task_id, dependency.task_id}
+    assert total(executor.count_by_status()) == 4

@@ -28,11 +28,9 @@ KNOWN_UNTIL_MERGED: dict[str, frozenset[str]] = {
     # Issue 30 defects 4 (a TIMEOUT whose handler still runs counted as ended) and 13 (a
     # retried dependent ran at once) were listed here until their fixes landed; the model now
     # demands both rules on every storage.
-    # Found by this test, not in issue 30 (the databases, a call without dependencies): a
-    # unique submit naming an existing task_id takes the key for that task (which never had
-    # it), or answers with the key's holder instead of the existing task. Docs: an existing
-    # task_id returns the existing task unchanged, and only a unique task holds a key.
-    "existing-id-takes-unique-key": DATABASES,
+    # Found by this test (the databases, a call without dependencies): a unique submit naming
+    # an existing task_id took the key for that task, or answered with the key's holder;
+    # fixed in Submitting._enqueue_keyed, demanded since.
 }
 # RE_MODEL_STRICT=name,...: demand these rules anyway (bench/mutants.py shows the test
 # catching the defects still in the code this way).
@@ -167,22 +165,6 @@ class Model:
             if spec.task_id in self.tasks or spec.task_id in coming:
                 if batch_id is not None:
                     raise Refused(f"batch member {spec.task_id} exists")
-                # (the databases' path of a call without dependencies: _enqueue_keyed)
-                borrows = "existing-id-takes-unique-key" in self.known and not any(
-                    other.depends_on for other in specs
-                )
-                if spec.unique_key is not None and borrows:
-                    holder = keys.get(spec.unique_key)
-                    if holder is None:
-                        found = self.unique_holder(spec.unique_key, now)
-                        holder = found.task_id if found is not None else None
-                    if holder is None:
-                        holder = spec.task_id
-                        keys[spec.unique_key] = holder
-                        until = now + dt.timedelta(seconds=spec.unique_for_s)
-                        taken[spec.unique_key] = (holder, until)
-                    answers.append(holder)
-                    continue
                 answers.append(spec.task_id)
                 continue
             if spec.unique_key is not None:

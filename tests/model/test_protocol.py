@@ -144,9 +144,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         if odd == "ghost-dep" and deps:
             depends_on += ("ghost",)
         unique_key = None
-        # Not with an existing id yet: how the databases answer that (known divergence
-        # "existing-id-takes-unique-key") depends on the call's path, and is not settled.
-        if allow_unique and odd != "existing" and data.draw(st.integers(0, 3)) == 0:
+        # With an existing id too: that task answers, unchanged, and takes no key.
+        if allow_unique and data.draw(st.integers(0, 3)) == 0:
             unique_key = data.draw(st.sampled_from(["k1", "k2"]))
         return Spec(
             task_id=task_id,

@@ -207,6 +207,13 @@ class DatabaseAccess(TaskStorage):
         """Store one task in the open transaction, or return the stored one (Submitting)."""
 
     @abc.abstractmethod
+    def _enqueue_unique(
+        self, task: NewTask, store: Callable[[], tuple[TaskInfo, bool]]
+    ) -> tuple[TaskInfo, bool]:
+        """A unique task: the stored task of its id, or the key's live holder, or ``store()``
+        with the key taken (Submitting)."""
+
+    @abc.abstractmethod
     def _enqueue_waiting(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         """Store a batch holding dependents, in order, all or nothing (Dependencies)."""
 

@@ -4,6 +4,7 @@ tasks that just ended, in the transaction of the write that ended them."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,19 +51,20 @@ class Dependencies(DatabaseAccess):
         cancelled: list[tuple[str | None, str, str]] = []
         with transaction.atomic(using=self.alias):
             for task in tasks:
+                # A dependent is stored waiting first: on SQLite this write takes the
+                # database's write lock before the dependencies are read, so none can end
+                # unseen in between.
+                row = (
+                    copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
+                    if task.depends_on
+                    else task
+                )
                 if task.unique_key is not None:
-                    holder = self._take_unique_key(task)
-                    if holder is not None:
-                        results.append((holder, False))
-                        continue
-                if not task.depends_on:
-                    results.append(self._enqueue_one(task))
-                    continue
-                # Stored waiting first: on SQLite this write takes the database's write lock
-                # before the dependencies are read, so none can end unseen in between.
-                waiting = copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
-                info, created = self._enqueue_one(waiting)
-                if created:
+                    store = functools.partial(self._enqueue_one, row)
+                    info, created = self._enqueue_unique(task, store)
+                else:
+                    info, created = self._enqueue_one(row)
+                if created and task.depends_on:
                     info = self._wait_for(task)
                     if info.status is TaskStatus.CANCELLED:  # a member counts as ended at once
                         cancelled.append((task.batch_id, task.task_id, info.status.value))

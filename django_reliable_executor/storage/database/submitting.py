@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,14 @@ class Adapted(dict[dt.datetime | None, Any]):
     def __missing__(self, value: dt.datetime | None) -> Any:
         self[value] = adapted = None if value is None else self.adapt(value)
         return adapted
+
+
+class _StoredMeanwhile(Exception):
+    """A unique submit's id was stored by another submitter while this one took the key."""
+
+    def __init__(self, info: TaskInfo) -> None:
+        super().__init__(info.task_id)
+        self.info = info
 
 
 class Submitting(DatabaseAccess):
@@ -103,10 +112,30 @@ class Submitting(DatabaseAccess):
             if task.unique_key is None:
                 results.append(self._enqueue_one(task))
                 continue
+            results.append(self._enqueue_unique(task, functools.partial(self._enqueue_one, task)))
+        return results
+
+    def _enqueue_unique(
+        self, task: NewTask, store: Callable[[], tuple[TaskInfo, bool]]
+    ) -> tuple[TaskInfo, bool]:
+        """A unique task: the stored task of its id, unchanged (it never takes the key, nor
+        answers with the key's holder: only a task stored as unique holds a key), else the
+        key's live holder, else ``store()`` with the key taken in one savepoint."""
+        stored = self.get(task.task_id)
+        if stored is not None:
+            return stored, False
+        try:
             with transaction.atomic(using=self.alias):
                 holder = self._take_unique_key(task)
-                results.append((holder, False) if holder is not None else self._enqueue_one(task))
-        return results
+                if holder is not None:
+                    return holder, False
+                info, created = store()
+                if not created:
+                    # Stored by another submitter since the read above: roll the key back.
+                    raise _StoredMeanwhile(info)
+                return info, True
+        except _StoredMeanwhile as meanwhile:
+            return meanwhile.info, False
 
     def _insert(self, tasks: Sequence[NewTask]) -> None:
         """Multi-row INSERTs, split by rows and by bytes (a few MiB of parameters each: one
