@@ -260,8 +260,10 @@ def workers(tmp_path):
 # Tox's Django 6.0 env (RE_DJANGO_VERSION_SUBSET=1) runs what Django's version can change; what
 # does not runs once, in the Django 5.2 env (CI time, tox.ini says which): the fault suite, the
 # model-based test, and the process tests that race workers against each other, every
-# tests/test_process_*.py but the two that exercise Django's own signal and async paths.
+# tests/test_process_*.py but the two that exercise Django's own signal and async paths, and the
+# ended matrix (real workers on every storage: what it races is the storages' own writes).
 _ONCE_ONLY_DIRS = {"faults", "model", "redis_scripts"}
+_ONCE_ONLY_FILES = {"test_ended_matrix.py"}
 _PROCESS_TESTS_KEPT = {"test_process_shutdown.py", "test_process_async.py"}
 
 
@@ -275,6 +277,8 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
     if below and below[0] in _ONCE_ONLY_DIRS:
         return True
     name = collection_path.name
+    if len(below) == 1 and name in _ONCE_ONLY_FILES:
+        return True
     if len(below) == 1 and name.startswith("test_process_") and name not in _PROCESS_TESTS_KEPT:
         return True
     return None
