@@ -64,7 +64,7 @@ MUTANTS = [
         replace=(
             (
                 DB + "transitions.py",
-                '                    lease_token=F("lease_token") + 1,  # no earlier claim of it'
+                '                lease_token=F("lease_token") + 1,  # no earlier claim of it'
                 " counts any more\n",
                 "",
             ),
@@ -183,6 +183,19 @@ MUTANTS = [
                 DB + "claiming.py",
                 '        return f"AND queue NOT IN (SELECT queue FROM {paused}) "',
                 '        return ""',
+            ),
+        ),
+    ),
+    Mutant(
+        "existing-id-takes-unique-key",
+        "postgres",
+        "found by the model test: a unique submit naming an existing task_id takes the key, "
+        "or answers with the key's holder",
+        replace=(
+            (
+                DB + "submitting.py",
+                "        stored = self.get(task.task_id)\n        if stored is not None:",
+                "        stored = None\n        if stored is not None:",
             ),
         ),
     ),
