@@ -214,6 +214,12 @@ class DatabaseAccess(TaskStorage):
         with the key taken (Submitting)."""
 
     @abc.abstractmethod
+    def _start_at(
+        self, claims: Sequence[Claim], lease_seconds: float, now: dt.datetime
+    ) -> list[Claim | None]:
+        """Start the claims with ``now`` as their start time (Transitions)."""
+
+    @abc.abstractmethod
     def _enqueue_waiting(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
         """Store a batch holding dependents, in order, all or nothing (Dependencies)."""
 

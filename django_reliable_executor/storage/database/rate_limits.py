@@ -440,11 +440,12 @@ class RateLimiting(DatabaseAccess):
         ``fresh_seconds`` start only while their logged claim is in the window, moved to now
         first; the others are handed back. The rest as before, in the same start write."""
         now = self.clock.now()
-        stale = [claim for claim in claims if _stale(claim, now)]
-        if not stale:
-            return super().start_many(claims, lease_seconds)
+        if not any(_stale(claim, now) for claim in claims):
+            # The start time is the one just judged fresh: stored, it is within fresh_seconds
+            # of its entry, as the limit's margin assumes.
+            return self._start_at(claims, lease_seconds, now)
         late, started = self._retrying(
-            functools.partial(self._start_with_stale, claims, stale, now, lease_seconds)
+            functools.partial(self._start_with_stale, claims, lease_seconds)
         )
         if late:
             # Waited in its worker longer than the window: claimed again later, within the
@@ -453,40 +454,52 @@ class RateLimiting(DatabaseAccess):
         return [started.get(claim.task_id) for claim in claims]
 
     def _start_with_stale(
-        self, claims: Sequence[Claim], stale: list[Claim], now: dt.datetime, lease_seconds: float
+        self, claims: Sequence[Claim], lease_seconds: float
     ) -> tuple[list[Claim], dict[str, Claim | None]]:
         """The stale claims' entries moved and every claim still in its window started: the
         late claims, and the start of the others by id. On SQLite in one transaction (one
         write lock taken); elsewhere the moves commit before the start write, so that the
         name locks they take are not held through it (a start that then fails leaves its
         entry moved: counting a little longer for a start that did not happen)."""
+        rated = [claim for claim in claims if claim.rate_limit is not None]
         with transaction.atomic(using=self.alias):
-            moved = self._restamp(stale, now)
+            stale, moved, now = self._restamp(rated)
             late = [claim for claim in stale if claim.task_id not in moved]
             late_ids = {claim.task_id for claim in late}
             going = [claim for claim in claims if claim.task_id not in late_ids]
             if self.vendor == "sqlite":
-                return late, self._started(going, lease_seconds)
-        return late, self._started(going, lease_seconds)
+                return late, self._started(going, lease_seconds, now)
+        return late, self._started(going, lease_seconds, now)
 
-    def _started(self, claims: list[Claim], lease_seconds: float) -> dict[str, Claim | None]:
-        results = super().start_many(claims, lease_seconds) if claims else []
+    def _started(
+        self, claims: list[Claim], lease_seconds: float, now: dt.datetime
+    ) -> dict[str, Claim | None]:
+        results = self._start_at(claims, lease_seconds, now) if claims else []
         return dict(zip((claim.task_id for claim in claims), results, strict=True))
 
-    def _restamp(self, claims: list[Claim], now: dt.datetime) -> set[str]:
-        """Move the logged claims of ``claims`` still in their window to ``now``; return the
-        task ids of those moved. Under the lock of each of their names (taken in name order,
-        so two starts never wait for each other): a claim of the name counts its window
-        before the move or after it, never during it. The claims of one name, key and logged
-        time come out of that time's rows (which count claims, not tasks: any claim logged
-        then is as good as another), and go into one row at ``now`` per name and key."""
+    def _restamp(self, rated: list[Claim]) -> tuple[list[Claim], set[str], dt.datetime]:
+        """Move the logged claims of those of ``rated`` that are stale now and still in their
+        window to now; return the stale ones, the task ids of those moved, and that now,
+        which the start write then stores as every claim's start time.
+
+        Under the lock of each of their names (taken in name order, so two starts never wait
+        for each other): a claim of the name counts its window before the move or after it,
+        never during it. Now is read once the locks are held: a start that waited for them
+        under contention, stamped with the time before, would be stored that wait later than
+        its entry, and two such starts could come closer than the window plus half the
+        margin (seen: 6 stored starts of a "5/s" name within 1.032 s). The claims of one
+        name, key and logged time come out of that time's rows (which count claims, not
+        tasks: any claim logged then is as good as another), and go into one row at now per
+        name and key."""
         connection = connections[self.alias]
         table = connection.ops.quote_name(ReliableRateLog._meta.db_table)
         with connection.cursor() as cursor:
-            for name in sorted({claim.task.task_name for claim in claims}):
+            for name in sorted({claim.task.task_name for claim in rated}):
                 self._lock_name(
                     cursor, connection.ops.quote_name(ReliableNameLock._meta.db_table), name
                 )
+        now = self.clock.now()
+        claims = [claim for claim in rated if _stale(claim, now)]
         groups: dict[tuple[str, str, dt.datetime, float], list[Claim]] = {}
         for claim in claims:
             assert claim.rate_limit is not None and claim.rate_logged_at is not None
@@ -504,7 +517,7 @@ class RateLimiting(DatabaseAccess):
                 keys_by_name.setdefault(claim.task.task_name, []).append(claim.rate_key)
             for name, keys in keys_by_name.items():
                 self._log_entries(cursor, name, _entries(keys, dict.fromkeys(keys, now)))
-        return {claim.task_id for claim in moved}
+        return claims, {claim.task_id for claim in moved}, now
 
     def _take_out(self, cursor: Any, table: str, at: tuple[str, str, dt.datetime], n: int) -> int:
         """Take up to ``n`` claims out of the log rows of (name, rate key, time) ``at``; how

@@ -46,9 +46,15 @@ class Transitions(DatabaseAccess):
         Hand-written SQL: this runs once per task, and building the same statement through the
         ORM cost more CPU than the round trip itself.
         """
+        return self._start_at(claims, lease_seconds, self.clock.now())
+
+    def _start_at(
+        self, claims: Sequence[Claim], lease_seconds: float, now: dt.datetime
+    ) -> list[Claim | None]:
+        """start_many with ``now`` as the start time: a rate-limited start that moved its log
+        entry writes the entry's time, so the stored start is the one the limit counted."""
         if not claims:
             return []
-        now = self.clock.now()
         held_sql, held_params = claimed_by_holders(claims)
         changed = self._execute(
             f"UPDATE {self._table} SET status = %s, attempts = attempts + 1, "
