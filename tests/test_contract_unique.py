@@ -237,3 +237,27 @@ def test_a_unique_submit_naming_an_existing_task_id_answers_with_that_task_and_t
     fresh = executor.submit("demo.echo", 4, unique_for=60, unique_key="k-free")
     assert fresh.task_id not in {"plain", holder.task_id, dependency.task_id}
     assert total(executor.count_by_status()) == 4
+
+
+def test_a_task_of_a_call_cancelled_at_once_frees_its_key_for_a_later_request_of_the_call(
+    executor,
+):
+    """Each request of a multi-task call is settled as if submitted alone after the ones before
+    it: a task cancelled as it is stored (its dependency already failed) has ended, and a later
+    request of the same key is stored, not answered with the cancelled task (found by the
+    model-based test on Redis, whose script decided every key's holder before any cancel)."""
+    executor.submit("demo.echo", 0, task_id="gone")
+    assert executor.cancel_task("gone")
+
+    def unique(task_id: str, **options) -> TaskSubmitRequest:
+        return TaskSubmitRequest(
+            "demo.echo", task_id, task_id=task_id, unique_for=60, unique_key="k", **options
+        )
+
+    answers = executor.submit_many([unique("doomed", depends_on=["gone"]), unique("kept")])
+    assert [(a.task_id, a.status) for a in answers] == [
+        ("doomed", TaskStatus.CANCELLED),
+        ("kept", TaskStatus.CREATED),
+    ]
+    # The key's holder is the task that was stored after the cancelled one.
+    assert executor.submit("demo.echo", 1, unique_for=60, unique_key="k").task_id == "kept"

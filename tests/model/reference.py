@@ -12,6 +12,7 @@ ending (dependencies, batch callbacks, unique keys, manual retry, purge) asks ``
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import os
@@ -152,65 +153,57 @@ class Model:
         return task
 
     def submit(self, specs: list[Spec], now: dt.datetime, batch_id: str | None = None) -> list[str]:
-        """Store ``specs`` all or nothing; the id each request answers with, in order."""
-        answers: list[str] = []
-        stored: list[Task] = []
-        keys: dict[str, str] = {}  # unique keys taken by this call
-        coming: set[str] = set()
+        """Store ``specs`` all or nothing; the id each request answers with, in order. Each
+        request is settled as if submitted alone after the ones before it: a task of the call
+        cancelled at once (a dependency already failed) has ended, and frees its unique key
+        for a later request of the call."""
         for spec in specs:
             if spec.task_id in spec.depends_on:
                 raise Refused(f"{spec.task_id} depends on itself")
-        taken: dict[str, tuple[str, dt.datetime]] = {}
-        for spec in specs:
-            if spec.task_id in self.tasks or spec.task_id in coming:
-                if batch_id is not None:
-                    raise Refused(f"batch member {spec.task_id} exists")
-                answers.append(spec.task_id)
-                continue
-            if spec.unique_key is not None:
-                holder = keys.get(spec.unique_key)
-                if holder is None:
-                    found = self.unique_holder(spec.unique_key, now)
-                    holder = found.task_id if found is not None else None
-                if holder is not None:
-                    answers.append(holder)
-                    continue
-            for dep in spec.depends_on:
-                if dep not in self.tasks and dep not in coming:
-                    raise Refused(f"{spec.task_id} depends on unknown {dep}")
-            deadline = (
-                now + dt.timedelta(milliseconds=spec.max_duration_ms)
-                if spec.max_duration_ms
-                else None
-            )
-            task = Task(
-                task_id=spec.task_id,
-                queue=spec.queue,
-                created_at=now,
-                run_at=now + dt.timedelta(seconds=spec.delay_s),
-                retry_limit=spec.retry_limit,
-                retry_interval_ms=1000,
-                max_duration_ms=spec.max_duration_ms,
-                deadline=None if spec.depends_on else deadline,  # counted from its release
-                depends_on=spec.depends_on,
-                on_dependency_failure=spec.on_dependency_failure,
-                batch_id=batch_id,
-            )
-            if spec.unique_key is not None:
-                task.unique_key = spec.unique_key
-                task.unique_until = now + dt.timedelta(seconds=spec.unique_for_s)
-                keys[spec.unique_key] = spec.task_id
-                taken[spec.unique_key] = (spec.task_id, task.unique_until)
-            stored.append(task)
-            coming.add(spec.task_id)
-            answers.append(spec.task_id)
-        for task in stored:
-            self.tasks[task.task_id] = task
-        self.keys.update(taken)
-        for task in stored:  # in order: a dependency stored by this call may already wait
-            task.waiting_for = set(task.depends_on)
-            self._settle_dependent(task, now)
-        return answers
+        saved = copy.deepcopy(self.__dict__)
+        try:
+            return [self._submit_one(spec, now, batch_id) for spec in specs]
+        except Refused:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
+
+    def _submit_one(self, spec: Spec, now: dt.datetime, batch_id: str | None) -> str:
+        if spec.task_id in self.tasks:
+            if batch_id is not None:
+                raise Refused(f"batch member {spec.task_id} exists")
+            return spec.task_id
+        if spec.unique_key is not None:
+            holder = self.unique_holder(spec.unique_key, now)
+            if holder is not None:
+                return holder.task_id
+        for dep in spec.depends_on:
+            if dep not in self.tasks:
+                raise Refused(f"{spec.task_id} depends on unknown {dep}")
+        deadline = (
+            now + dt.timedelta(milliseconds=spec.max_duration_ms) if spec.max_duration_ms else None
+        )
+        task = Task(
+            task_id=spec.task_id,
+            queue=spec.queue,
+            created_at=now,
+            run_at=now + dt.timedelta(seconds=spec.delay_s),
+            retry_limit=spec.retry_limit,
+            retry_interval_ms=1000,
+            max_duration_ms=spec.max_duration_ms,
+            deadline=None if spec.depends_on else deadline,  # counted from its release
+            depends_on=spec.depends_on,
+            on_dependency_failure=spec.on_dependency_failure,
+            batch_id=batch_id,
+        )
+        if spec.unique_key is not None:
+            task.unique_key = spec.unique_key
+            task.unique_until = now + dt.timedelta(seconds=spec.unique_for_s)
+            self.keys[spec.unique_key] = (spec.task_id, task.unique_until)
+        self.tasks[task.task_id] = task
+        task.waiting_for = set(task.depends_on)
+        self._settle_dependent(task, now)  # a dependency stored by this call may already wait
+        return spec.task_id
 
     def submit_batch(
         self,

@@ -178,12 +178,6 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def submit_both(self, specs: list[Spec], real) -> None:
         """The same call on the model and the storage: both refuse, or both answer the same ids."""
-        if len(specs) > 1 and any(s.depends_on for s in specs):
-            # Not modelled yet: a task of the call cancelled at once (a dependency already
-            # failed) frees its unique key for the next one (docs/reliability.md, "Open
-            # findings").
-            for spec in specs:
-                spec.unique_key = None
         try:
             expected = self.model.submit(specs, self.now)
         except Refused:
@@ -324,6 +318,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         held = self.pick(data, started=True)
         if held is None:
             return
+        self.finish_claim(held, outcome)
+
+    def finish_claim(self, held: Held, outcome: str) -> None:
         task_id = held.claim.task_id
         if outcome == "complete":
             expected = self.model.complete(task_id, held.number, self.now)
@@ -427,6 +424,66 @@ class ProtocolMachine(RuleBasedStateMachine):
         if deadline > self.now:
             self.clock.advance((deadline - self.now).total_seconds() + 0.5)
         self.chores("expire")
+
+    # -- scenarios in one step: the deep interleavings random steps seldom build ------------
+    def live_claims(self, *, started: bool) -> list[Held]:
+        return sorted(
+            (
+                h
+                for h in self.claims
+                if h.claim.is_started == started and self.model.holds(h.claim.task_id, h.number)
+            ),
+            key=lambda h: (h.claim.task_id, h.number),
+        )
+
+    @rule(data=st.data())
+    def start_after_a_reclaim_by_the_same_worker(self, data: st.DataObject) -> None:
+        """A worker hands a claim back, claims the task again (a new token), then starts the
+        old claim: refused, though the worker and the task's claimed state match."""
+        pool = self.live_claims(started=False)
+        if not pool:
+            return
+        old = data.draw(st.sampled_from(pool))
+        expected = self.model.release(old.claim.task_id, old.number)
+        assert self.storage.release([old.claim]) == int(expected), old.claim.task_id
+        claimable = [t for t in self.model.tasks.values() if self.model.claimable(t, self.now)]
+        self.claim(old.worker, max(1, len(claimable)))
+        self.start_claim(old)
+
+    @rule(data=st.data(), outcome=st.sampled_from(["retryable", "final", "complete"]))
+    def finish_past_the_deadline(self, data: st.DataObject, outcome: str) -> None:
+        """A running attempt outlives its task's deadline and reports before the master's
+        expire round: a failure then ends the task TIMEOUT (never a retry)."""
+        pool = [
+            h
+            for h in self.live_claims(started=True)
+            if self.model.tasks[h.claim.task_id].deadline is not None
+        ]
+        if not pool:
+            return
+        held = data.draw(st.sampled_from(pool))
+        deadline = self.model.tasks[held.claim.task_id].deadline
+        assert deadline is not None
+        if deadline > self.now:
+            self.clock.advance((deadline - self.now).total_seconds() + 0.5)
+        self.finish_claim(held, outcome)
+
+    @rule(data=st.data())
+    def depend_on_a_timed_out_running_task(self, data: st.DataObject) -> None:
+        """A task timed out while its handler still runs (its lease kept) has not ended: a
+        dependent submitted then waits for it (DESIGN §6.1)."""
+        self.time_out_running(data)
+        running_out = sorted(
+            t.task_id
+            for t in self.model.tasks.values()
+            if t.status == "TIMEOUT" and self.model.handler_may_run(t, self.now)
+        )
+        if not running_out:
+            return
+        spec = self.spec(data, allow_unique=False, deps=False)
+        spec.depends_on = (data.draw(st.sampled_from(running_out)),)
+        spec.delay_s = 0
+        self.submit_both([spec], lambda: [self.executor.submit_task(self.request(spec))])
 
     @rule(chore=st.sampled_from(["round", "round", "recover", "expire", "promote", "purge"]))
     def chores(self, chore: str) -> None:

@@ -74,6 +74,43 @@ end
 local fate = {}
 local storing = {} -- ids this call stores (only these count as coming for a dependent)
 local taken = {} -- unique keys taken by tasks this call stores -> that task's id
+local cancelled = {} -- ids this call stores that wait_for cancels as they are stored
+
+-- Whether wait_for will cancel a task this call stores, as it stores it: a dependency ended
+-- other than COMPLETED (or is a task of this call so cancelled), and the task does not say
+-- "run". Such a task has ended (DESIGN 6.1): like a task submitted alone before, it holds
+-- no unique key for a later request of the call.
+local function cancelled_at_once(id, deps_json, on_failure)
+  if deps_json == '' or on_failure == 'run' then
+    return false
+  end
+  local told = {}
+  if SHARDED then
+    local xdone = redis.call('HGETALL', P .. 'xdone:' .. id)
+    for j = 1, #xdone, 2 do
+      told[xdone[j]] = string.match(xdone[j + 1], ' (.*)$')
+    end
+  end
+  for _, d in ipairs(cjson.decode(deps_json)) do
+    if type(d) ~= 'string' then
+      local status = told[d[1]] or (d[2] ~= '' and d[2]) or 'CREATED'
+      if not live(status) and status ~= 'COMPLETED' then
+        return true
+      end
+    elseif storing[d] then
+      if cancelled[d] then
+        return true
+      end
+    else
+      local status = redis.call('HGET', tkey(d), 's')
+      if not not_ended(d, status) and status ~= 'COMPLETED' then
+        return true
+      end
+    end
+  end
+  return false
+end
+
 for i = 3, #ARGV, STRIDE do
   local id = ARGV[i]
   local ukey = ARGV[i + TASK_ARGS] ~= '' and (P .. 'u:' .. ARGV[i + TASK_ARGS]) or nil
@@ -97,7 +134,9 @@ for i = 3, #ARGV, STRIDE do
     end
     fate[i] = 'store'
     storing[id] = true
-    if ukey then
+    if cancelled_at_once(id, deps, ARGV[i + TASK_ARGS + 3]) then
+      cancelled[id] = true
+    elseif ukey then
       taken[ukey] = id
     end
   end
