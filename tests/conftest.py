@@ -282,3 +282,14 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
     if len(below) == 1 and name.startswith("test_process_") and name not in _PROCESS_TESTS_KEPT:
         return True
     return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report) -> None:
+    """Under pytest-xdist a worker sends each report to the controller as UTF-8: the tests of
+    text no store can hold capture log lines with lone surrogates, which would crash the
+    worker. They are escaped in the report (the test's own assertions saw the real text)."""
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
