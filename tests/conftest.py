@@ -7,9 +7,11 @@ A service that cannot be reached skips its tests locally and fails them under CI
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import socket
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -293,3 +295,19 @@ def pytest_runtest_logreport(report) -> None:
         (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
         for title, text in report.sections
     ]
+
+
+@pytest.fixture(autouse=True)
+def _shared_servers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist (CI runs two test processes): a test marked ``restarts_servers``
+    restarts the shared MariaDB or PostgreSQL server, so it runs alone. It takes a file lock
+    exclusively, every other test shares it; without xdist, nothing."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("restarts_servers") is not None
+    path = os.path.join(tempfile.gettempdir(), f"re-tests-servers-{run}.lock")
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield

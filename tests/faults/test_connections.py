@@ -230,6 +230,7 @@ def test_connections_killed_every_second_during_a_drain(
     _finish(service, ids, started, workers, journal, faults)
 
 
+@pytest.mark.restarts_servers  # alone under pytest-xdist (tests/conftest.py)
 @pytest.mark.parametrize("alias", db_params(["mariadb", "postgres"]))
 def test_database_server_restarted_during_a_drain(alias, key_prefix, workers, journal, faults):
     require(alias)
