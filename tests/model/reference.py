@@ -358,6 +358,13 @@ class Model:
             return False
         if self.handler_may_run(task, now):
             raise StillRunning(task_id)
+        if task.lease is not None:
+            # A kept lease that lapsed, not yet recovered: its attempt ended (§6.1) before
+            # the retry, and what waited for it learns so first, as after the master's
+            # recovery (a dependent of a TIMEOUT is cancelled, say): the outcome does not
+            # depend on whether the recovery came before the retry.
+            task.lease = None
+            self.settle(now)
         waiting: set[str] = set()
         if "retried-dependent-runs-at-once" not in self.known:
             for dep_id in task.depends_on:
