@@ -539,6 +539,9 @@ class ProtocolMachine(RuleBasedStateMachine):
                 self.ended_ever.add(task_id)
         for task_id in self.model.purged:
             assert self.storage.get(task_id) is None or task_id in self.model.tasks, task_id
+        # Purge takes only ended tasks: one that ended and was purged in the same step (a
+        # master round recovers, then purges) had ended all the same.
+        self.ended_ever.update(self.model.purged)
 
     @invariant()
     def batches_and_callbacks(self) -> None:
