@@ -599,6 +599,8 @@ class _DeferredWrite:
     callback), with what the submit answered: the tasks it will store by id, and the unique
     keys they take (a later submit in the same transaction returns the task holding one)."""
 
+    stores_tasks_at_commit = True  # see submission.stores_tasks_at_commit
+
     def __init__(self, executor: ReliableExecutor, tasks: list[NewTask]) -> None:
         self.executor = executor
         self.tasks = tasks

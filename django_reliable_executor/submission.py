@@ -6,7 +6,9 @@ import datetime as dt
 import unicodedata
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from django.db import transaction
 
 from .conf import ExecutorSettings
 from .dependencies import (
@@ -229,3 +231,20 @@ def check_dependencies_exist(
     error = first_missing(tasks, stored, skipped)
     if error is not None:
         raise error
+
+
+_C = TypeVar("_C", bound=Callable[[], object])
+
+
+def stores_tasks_at_commit(callback: _C) -> _C:
+    """Mark an on_commit callback that stores tasks (a submit to Redis inside atomic()):
+    testing.run_tasks stores them at once, as a TestCase's transaction never commits."""
+    callback.stores_tasks_at_commit = True  # type: ignore[attr-defined]
+    return callback
+
+
+def pending_task_writes(alias: str) -> list[Callable[[], object]]:
+    """The marked on_commit callbacks of the open transaction on ``alias``, in order (those
+    of rolled-back savepoints are gone from Django's list)."""
+    callbacks = getattr(transaction.get_connection(alias), "run_on_commit", ())
+    return [func for _, func, *_ in callbacks if getattr(func, "stores_tasks_at_commit", False)]

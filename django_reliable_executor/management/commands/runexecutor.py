@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
 from django_reliable_executor import metrics
 from django_reliable_executor.management.worker_id import check_worker_id
@@ -114,6 +115,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        refuse_inside_a_transaction()
         queues, queue_limits = parse_queues(options["queues"])
         if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
             raise CommandError("--queue-capacity must be >= 0")
@@ -168,3 +170,19 @@ class Command(BaseCommand):
         code = worker.run()
         if code:
             sys.exit(code)
+
+
+def refuse_inside_a_transaction() -> None:
+    """A worker started inside an open transaction (call_command in a django.test.TestCase)
+    would wait forever: its threads use connections of their own, which do not see the
+    transaction's rows and wait for its locks (SQLite's "database table is locked")."""
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            raise CommandError(
+                f"runexecutor cannot run inside an open transaction (database "
+                f"{connection.alias!r}; django.test.TestCase wraps every test in one): its "
+                "worker threads use connections of their own, which would wait for this "
+                "transaction forever. In a test, run the tasks with "
+                "django_reliable_executor.testing.run_tasks() instead (the docs' Testing page), "
+                "or start the worker from a TransactionTestCase."
+            )
