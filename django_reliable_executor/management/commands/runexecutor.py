@@ -12,6 +12,11 @@ from django.db import connections
 
 from django_reliable_executor import metrics
 from django_reliable_executor.management.worker_id import check_worker_id
+from django_reliable_executor.management.worker_output import (
+    LEVELS,
+    banner_lines,
+    configure_logging,
+)
 from django_reliable_executor.service import executor
 from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
@@ -109,6 +114,15 @@ class Command(BaseCommand):
             help="seconds running handlers get to finish after SIGTERM (default 30)",
         )
         parser.add_argument(
+            "--loglevel",
+            type=str.upper,
+            choices=LEVELS,
+            default=None,
+            help="level of the django_reliable_executor logger (default INFO: a line per task "
+            "transition; -v 0: WARNING, -v 2: DEBUG). Without a LOGGING entry of its own for "
+            "that logger, its lines go to stderr",
+        )
+        parser.add_argument(
             "--burst",
             action="store_true",
             help="exit 0 once nothing of these queues is running or due within 60 s",
@@ -116,6 +130,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_inside_a_transaction()
+        configure_logging(options["verbosity"], options["loglevel"])
         queues, queue_limits = parse_queues(options["queues"])
         if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
             raise CommandError("--queue-capacity must be >= 0")
@@ -166,6 +181,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         described = format_queues(queues, queue_limits)
         self.stdout.write(f"runexecutor {worker.worker_id}: queues {described}")
+        if options["verbosity"] >= 1:
+            for line in banner_lines():
+                self.stdout.write(line)
         self.stdout.flush()
         code = worker.run()
         if code:
