@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_reliable_executor import metrics
+from django_reliable_executor.management.tables import tables_missing
 from django_reliable_executor.management.worker_id import check_worker_id
 from django_reliable_executor.management.worker_output import (
     LEVELS,
@@ -130,6 +131,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_inside_a_transaction()
+        missing = tables_missing(executor.settings)
+        if missing is not None:
+            raise CommandError(f"runexecutor cannot start: {missing}")
         configure_logging(options["verbosity"], options["loglevel"])
         queues, queue_limits = parse_queues(options["queues"])
         if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
