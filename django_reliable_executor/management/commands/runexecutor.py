@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from django_reliable_executor import metrics
+from django_reliable_executor.connections import drop_unusable_connections
+from django_reliable_executor.exceptions import StorageUnavailableError
 from django_reliable_executor.management.tables import tables_missing
 from django_reliable_executor.management.worker_id import check_worker_id
 from django_reliable_executor.management.worker_output import (
@@ -68,8 +71,14 @@ class Command(BaseCommand):
         """Run the database checks (Django 6) on the worker's own database only: an unrelated
         alias that is down must not keep workers from starting."""
         kwargs = super().get_check_kwargs(options)  # Django 6.0+ only calls this
-        settings = executor.settings
-        if settings.STORAGE == "database":
+        try:
+            settings = executor.settings
+        except ImproperlyConfigured:
+            return kwargs  # the checks that follow report every bad key (E001), cleanly
+        if options.get("wait"):
+            kwargs["databases"] = []  # handle() waits for the store instead of refusing
+        else:
+            # The task database's checks: it answers (E006); on Redis, Redis answers (E008).
             kwargs["databases"] = [settings.DATABASE_ALIAS]
         return kwargs
 
@@ -124,6 +133,12 @@ class Command(BaseCommand):
             "that logger, its lines go to stderr",
         )
         parser.add_argument(
+            "--wait",
+            action="store_true",
+            help="wait for the task store (the database or Redis) to answer at start, with one "
+            "line per attempt, instead of refusing to start",
+        )
+        parser.add_argument(
             "--burst",
             action="store_true",
             help="exit 0 once nothing of these queues is running or due within 60 s",
@@ -131,6 +146,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_inside_a_transaction()
+        if options["wait"]:
+            wait_for_the_store(self.stderr)
         missing = tables_missing(executor.settings)
         if missing is not None:
             raise CommandError(f"runexecutor cannot start: {missing}")
@@ -208,3 +225,18 @@ def refuse_inside_a_transaction() -> None:
                 "django_reliable_executor.testing.run_tasks() instead (the docs' Testing page), "
                 "or start the worker from a TransactionTestCase."
             )
+
+
+def wait_for_the_store(out: Any) -> None:
+    """Until the task store answers a read: one line per attempt, every 1 s doubling to 10 s
+    (Ctrl-C or SIGTERM ends the wait, and the command)."""
+    pause = 1.0
+    while True:
+        try:
+            executor.master()
+            return
+        except (StorageUnavailableError, DatabaseError) as exc:
+            drop_unusable_connections()
+            out.write(f"waiting for the task store: {exc}; again in {pause:g}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
