@@ -35,7 +35,9 @@ def test_redis_that_does_not_answer_is_refused_at_start(tmp_path):
     )  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
-    assert "(reliable_executor.E008) Redis at" in output and "--wait" in output, output
+    assert "CommandError: Redis at" in output and "`runexecutor --wait` waits for it" in output, (
+        output
+    )
     assert "Traceback" not in output, output
 
 

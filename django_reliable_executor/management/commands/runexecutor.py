@@ -75,11 +75,13 @@ class Command(BaseCommand):
             settings = executor.settings
         except ImproperlyConfigured:
             return kwargs  # the checks that follow report every bad key (E001), cleanly
-        if options.get("wait"):
-            kwargs["databases"] = []  # handle() waits for the store instead of refusing
+        if settings.STORAGE == "database" and not options.get("wait"):
+            kwargs["databases"] = [settings.DATABASE_ALIAS]  # it answers (E006)
         else:
-            # The task database's checks: it answers (E006); on Redis, Redis answers (E008).
-            kwargs["databases"] = [settings.DATABASE_ALIAS]
+            # Redis is checked in handle() (E008): Django's own checks of a database that a
+            # Redis worker may not even use must not keep it from starting. With --wait,
+            # handle() waits for the store instead of refusing.
+            kwargs["databases"] = []
         return kwargs
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -148,6 +150,8 @@ class Command(BaseCommand):
         refuse_inside_a_transaction()
         if options["wait"]:
             wait_for_the_store(self.stderr)
+        elif executor.settings.STORAGE == "redis":
+            refuse_without_redis()
         missing = tables_missing(executor.settings)
         if missing is not None:
             raise CommandError(f"runexecutor cannot start: {missing}")
@@ -240,3 +244,15 @@ def wait_for_the_store(out: Any) -> None:
             out.write(f"waiting for the task store: {exc}; again in {pause:g}s")
             time.sleep(pause)
             pause = min(pause * 2, 10.0)
+
+
+def refuse_without_redis() -> None:
+    """Redis that does not answer: refused at start, as the database is (E006), in one line
+    rather than a traceback per retry."""
+    try:
+        executor.master()
+    except StorageUnavailableError as exc:
+        raise CommandError(
+            f"{str(exc).rstrip('.')}. Start Redis (or fix REDIS_URL); `runexecutor --wait` "
+            "waits for it instead."
+        ) from None
