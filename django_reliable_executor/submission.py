@@ -68,7 +68,7 @@ def prepare(
     if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
         raise UnknownTaskError(
             f"task_name {name!r} has no registered handler (is its tasks module in an "
-            "installed app?  Set ALLOW_UNKNOWN_TASKS to submit for another service)",
+            "installed app? Set ALLOW_UNKNOWN_TASKS to submit for another service)",
             field="task_name",
         )
     given_id = _task_id(request.task_id)
@@ -181,7 +181,7 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
                 from_json_value(plain, handler.param_type)
             except ConversionError as exc:
                 raise InvalidParameterError(
-                    f"task_parameter does not fit {handler.name!r}'s param_type: {exc}",
+                    f"task_parameter does not fit the param_type of {handler.name!r}: {exc}",
                     field="task_parameter",
                 ) from exc
     return plain
