@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
+from .option_names import guess
 from .options import NAMES as OPTION_NAMES
 from .options import TaskOptions
 from .rate_limits import RateLimit, parse_rate_limit
@@ -173,6 +174,7 @@ def reliable_task_handler(
     unique_for: float | None = None,
     rate_limit: str | None = None,
     schedule: ScheduleSpec | Sequence[ScheduleSpec] | None = None,
+    **unknown: Any,
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
     """Register a function as the handler of ``name`` (default ``module.qualname``).
 
@@ -188,6 +190,13 @@ def reliable_task_handler(
     seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
     updates these schedules when it starts.
     """
+    if unknown:
+        # Caught here rather than as Python's TypeError, to say what was probably meant.
+        known = [p for p in inspect.signature(reliable_task_handler).parameters if p != "unknown"]
+        named = ", ".join(f"{key}{guess(key, known)}" for key in sorted(unknown))
+        raise HandlerRegistrationError(
+            f"@reliable_task_handler(name={name!r}): unknown option(s): {named}"
+        )
     if isinstance(retry_on, type):
         retry_on = (retry_on,)
     retry_on = tuple(retry_on)

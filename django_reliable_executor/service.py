@@ -24,6 +24,7 @@ from .exceptions import (
     InvalidTaskOptionError,
     TaskSubmitError,
 )
+from .option_names import guess
 from .options import is_int
 from .queue_pausing import check_known_queue
 from .records import (
@@ -127,9 +128,8 @@ class ReliableExecutor:
         fields = {f.name for f in dataclasses.fields(TaskSubmitRequest)}
         unknown = sorted(set(options) - fields)
         if unknown:
-            raise InvalidTaskOptionError(
-                f"unknown submit option(s): {', '.join(unknown)}", field=unknown[0]
-            )
+            named = ", ".join(f"{name}{guess(name, fields)}" for name in unknown)
+            raise InvalidTaskOptionError(f"unknown submit option(s): {named}", field=unknown[0])
         return self.submit_task(
             TaskSubmitRequest(task_name=task_name, task_parameter=parameter, **options)
         )

@@ -31,6 +31,7 @@ from django.utils.module_loading import import_string
 from .announcing import on_finished
 from .exceptions import InvalidTaskOptionError, TaskSubmitError
 from .execution import TaskContext as ExecutorContext
+from .option_names import guess
 from .options import RETRY_NAMES, TaskOptions, check_option
 from .progress import Progress
 from .records import TaskInfo, TaskSubmitRequest, Transition
@@ -87,7 +88,8 @@ def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, what is wrong) for every bad OPTIONS entry, in the words submit would use."""
     problems = []
     for key in sorted(set(options) - set(OPTION_KEYS)):
-        problems.append((key, f"unknown option {key!r} (known: {', '.join(OPTION_KEYS)})"))
+        known = ", ".join(OPTION_KEYS)
+        problems.append((key, f"unknown option {key!r}{guess(key, OPTION_KEYS)} (known: {known})"))
     for key in RETRY_NAMES:
         value = options.get(key)
         if value is None:
