@@ -26,7 +26,7 @@ from .exceptions import (
     TaskSubmitError,
     UnknownTaskError,
 )
-from .options import MAX_MILLIS, TaskOptions, is_int
+from .options import MAX_MILLIS, TaskOptions, numeric_durations
 from .options import NAMES as OPTION_NAMES
 from .rate_limits import rate_key_problem
 from .records import NewTask, TaskSubmitRequest
@@ -56,6 +56,7 @@ def prepare(
         raise TaskSubmitError(
             f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
         )
+    request = numeric_durations(request)
     name = request.task_name
     if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
         raise UnknownTaskError(
@@ -188,8 +189,8 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
 
 
 def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
-    delay = request.delay_millis
-    if not is_int(delay) or not 0 <= delay <= MAX_MILLIS:
+    delay = request.delay_millis  # a number by now (numeric_durations)
+    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= MAX_MILLIS:
         raise InvalidTaskOptionError(
             f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
             field="delay_millis",
