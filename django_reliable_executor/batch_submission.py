@@ -20,7 +20,12 @@ from .batches import (
 )
 from .exceptions import TaskSubmitError
 from .records import NewTask, TaskInfo, TaskSubmitRequest
-from .submission import MAX_ID_LENGTH, check_dependencies_exist, prepare
+from .submission import (
+    MAX_ID_LENGTH,
+    check_dependencies_exist,
+    prepare,
+    stores_tasks_at_commit,
+)
 from .tracing import current_trace_context
 
 if TYPE_CHECKING:
@@ -117,7 +122,7 @@ def submit_batch(
     if not storage.supports_transactional_enqueue:
         alias = executor._open_transaction(settings)
         if alias is not None:
-            transaction.on_commit(write, using=alias)
+            transaction.on_commit(stores_tasks_at_commit(write), using=alias)
             # As it will be once written (ids refused by then are not counted in its total).
             total = len(requests)
             return BatchInfo(batch.batch_id, total, 0, 0, 0, total, False, now, sealed=False)

@@ -120,6 +120,8 @@ def check_database(
         return [
             Error(
                 f"the task database {alias!r} cannot be reached: {exc}",
+                hint="Start the database (or fix DATABASES); `runexecutor --wait` waits for "
+                "it instead.",
                 obj="DATABASE_ALIAS",
                 id="reliable_executor.E006",
             )
@@ -163,6 +165,7 @@ def _check_redis() -> list[CheckMessage]:
         return [
             Error(
                 f"Redis at {where} cannot be reached: {type(exc).__name__}: {exc}",
+                hint="Start Redis (or fix REDIS_URL); `runexecutor --wait` waits for it instead.",
                 obj="STORAGE",
                 id="reliable_executor.E008",
             )

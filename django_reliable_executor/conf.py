@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -287,8 +288,10 @@ def validate(raw: Any) -> list[tuple[str, str]]:
     if not isinstance(raw, dict):
         return [(SETTING_NAME, f"{SETTING_NAME} must be a dict, got {type(raw).__name__}")]
     problems = []
-    for key in sorted(set(raw) - KNOWN_KEYS):
-        problems.append((key, f"{SETTING_NAME}[{key!r}] is not a known key"))
+    for key in sorted(set(raw) - KNOWN_KEYS, key=str):
+        near = difflib.get_close_matches(str(key), sorted(KNOWN_KEYS), n=1)
+        guess = f" (did you mean {near[0]!r}?)" if near else ""
+        problems.append((key, f"{SETTING_NAME}[{key!r}] is not a known key{guess}"))
     for key, (test, expected) in _RULES.items():
         if key in raw and not test(raw[key]):
             shown = _shown(key, raw[key])

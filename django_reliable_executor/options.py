@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from types import NoneType
@@ -134,3 +135,30 @@ def _given(source: Any) -> tuple[Any, ...]:
 
 # The options a retry policy reads, apart from where and in what order the task runs.
 RETRY_NAMES = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_millis")
+
+
+# Duration options and their unit: each also takes a datetime.timedelta, converted to it.
+MILLISECOND_OPTIONS = ("retry_interval", "max_duration_millis", "delay_millis")
+SECOND_OPTIONS = ("unique_for",)
+_MILLISECOND = dt.timedelta(milliseconds=1)
+
+
+def as_number(name: str, value: Any) -> Any:
+    """``value`` of duration option ``name`` in its unit when it is a timedelta (milliseconds,
+    rounded; seconds for unique_for); anything else as it is (the option's rule checks it)."""
+    if not isinstance(value, dt.timedelta):
+        return value
+    if name in SECOND_OPTIONS:
+        return value.total_seconds()
+    return round(value / _MILLISECOND)
+
+
+def numeric_durations(source: Any) -> Any:
+    """A dataclass instance (a TaskSubmitRequest) with its timedelta durations converted; the
+    same object when it has none (the usual case, at the cost of four type checks)."""
+    changes = {
+        name: as_number(name, value)
+        for name in (*MILLISECOND_OPTIONS, *SECOND_OPTIONS)
+        if isinstance(value := getattr(source, name, None), dt.timedelta)
+    }
+    return dataclasses.replace(source, **changes) if changes else source

@@ -22,16 +22,17 @@ class TaskSubmitRequest:
     task_parameter: Any = None
     task_id: str | None = None
     retry_limit: int | None = None
-    retry_interval: int | None = None  # milliseconds
+    # Durations: milliseconds (unique_for: seconds), or a datetime.timedelta.
+    retry_interval: int | dt.timedelta | None = None
     retry_backoff: str | None = None  # "fixed" | "exponential"
-    max_duration_millis: int | None = None
+    max_duration_millis: int | dt.timedelta | None = None
     queue: str | None = None
     priority: int | None = None
-    delay_millis: int = 0
+    delay_millis: int | dt.timedelta = 0
     run_at: dt.datetime | None = None
     # Unique tasks: while a task submitted with the same key within ``unique_for`` seconds
     # has not ended (docs/guarantees.md), a submit returns that task and stores nothing.
-    unique_for: float | None = None
+    unique_for: float | dt.timedelta | None = None
     unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
     rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
     # Dependencies (dependencies.py): the task waits, CREATED and unclaimable, until every one

@@ -12,8 +12,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
+from .option_names import guess
 from .options import NAMES as OPTION_NAMES
-from .options import TaskOptions
+from .options import TaskOptions, as_number
 from .rate_limits import RateLimit, parse_rate_limit
 from .schedules.ids import validate_schedule_id
 from .schedules.records import OVERLAP_POLICIES, Schedule
@@ -164,15 +165,16 @@ def reliable_task_handler(
     queue: str = "default",
     priority: int = 0,
     retry_limit: int | None = None,
-    retry_interval: int | None = None,
+    retry_interval: int | dt.timedelta | None = None,
     retry_backoff: str | None = None,
-    max_duration_millis: int | None = None,
+    max_duration_millis: int | dt.timedelta | None = None,
     retry_on: tuple[type[BaseException], ...] = (Exception,),
     takes_context: bool = False,
     max_concurrency: int | None = None,
-    unique_for: float | None = None,
+    unique_for: float | dt.timedelta | None = None,
     rate_limit: str | None = None,
     schedule: ScheduleSpec | Sequence[ScheduleSpec] | None = None,
+    **unknown: Any,
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
     """Register a function as the handler of ``name`` (default ``module.qualname``).
 
@@ -188,9 +190,19 @@ def reliable_task_handler(
     seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
     updates these schedules when it starts.
     """
+    if unknown:
+        # Caught here rather than as Python's TypeError, to say what was probably meant.
+        known = [p for p in inspect.signature(reliable_task_handler).parameters if p != "unknown"]
+        named = ", ".join(f"{key}{guess(key, known)}" for key in sorted(unknown))
+        raise HandlerRegistrationError(
+            f"@reliable_task_handler(name={name!r}): unknown option(s): {named}"
+        )
     if isinstance(retry_on, type):
         retry_on = (retry_on,)
     retry_on = tuple(retry_on)
+    retry_interval = as_number("retry_interval", retry_interval)
+    max_duration_millis = as_number("max_duration_millis", max_duration_millis)
+    unique_for = as_number("unique_for", unique_for)
 
     def decorate(func: Callable[..., R]) -> TaskHandler[R]:
         task_name = name or f"{func.__module__}.{func.__qualname__}"

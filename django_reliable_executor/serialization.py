@@ -61,7 +61,9 @@ def to_json_value(value: Any, path: str = "$") -> Any:
         return out
     if isinstance(value, (list, tuple)):
         return [to_json_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
-    raise ConversionError(f"{path} is a {type(value).__name__}, which is not JSON-serialisable")
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    raise ConversionError(f"{path} is {article} {name}, which is not JSON-serialisable")
 
 
 def _check_text(text: str, path: str) -> None:

@@ -24,6 +24,7 @@ from .exceptions import (
     InvalidTaskOptionError,
     TaskSubmitError,
 )
+from .option_names import guess
 from .options import is_int
 from .queue_pausing import check_known_queue
 from .records import (
@@ -127,9 +128,8 @@ class ReliableExecutor:
         fields = {f.name for f in dataclasses.fields(TaskSubmitRequest)}
         unknown = sorted(set(options) - fields)
         if unknown:
-            raise InvalidTaskOptionError(
-                f"unknown submit option(s): {', '.join(unknown)}", field=unknown[0]
-            )
+            named = ", ".join(f"{name}{guess(name, fields)}" for name in unknown)
+            raise InvalidTaskOptionError(f"unknown submit option(s): {named}", field=unknown[0])
         return self.submit_task(
             TaskSubmitRequest(task_name=task_name, task_parameter=parameter, **options)
         )
@@ -598,6 +598,8 @@ class _DeferredWrite:
     """A submit inside a transaction whose tasks Redis stores when it commits (an on_commit
     callback), with what the submit answered: the tasks it will store by id, and the unique
     keys they take (a later submit in the same transaction returns the task holding one)."""
+
+    stores_tasks_at_commit = True  # see submission.stores_tasks_at_commit
 
     def __init__(self, executor: ReliableExecutor, tasks: list[NewTask]) -> None:
         self.executor = executor

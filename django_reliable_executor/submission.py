@@ -6,7 +6,9 @@ import datetime as dt
 import unicodedata
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from django.db import transaction
 
 from .conf import ExecutorSettings
 from .dependencies import (
@@ -24,7 +26,7 @@ from .exceptions import (
     TaskSubmitError,
     UnknownTaskError,
 )
-from .options import MAX_MILLIS, TaskOptions, is_int
+from .options import MAX_MILLIS, TaskOptions, numeric_durations
 from .options import NAMES as OPTION_NAMES
 from .rate_limits import rate_key_problem
 from .records import NewTask, TaskSubmitRequest
@@ -54,6 +56,7 @@ def prepare(
         raise TaskSubmitError(
             f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
         )
+    request = numeric_durations(request)
     name = request.task_name
     if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
         raise UnknownTaskError(
@@ -66,7 +69,7 @@ def prepare(
     if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
         raise UnknownTaskError(
             f"task_name {name!r} has no registered handler (is its tasks module in an "
-            "installed app?  Set ALLOW_UNKNOWN_TASKS to submit for another service)",
+            "installed app? Set ALLOW_UNKNOWN_TASKS to submit for another service)",
             field="task_name",
         )
     given_id = _task_id(request.task_id)
@@ -179,15 +182,15 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
                 from_json_value(plain, handler.param_type)
             except ConversionError as exc:
                 raise InvalidParameterError(
-                    f"task_parameter does not fit {handler.name!r}'s param_type: {exc}",
+                    f"task_parameter does not fit the param_type of {handler.name!r}: {exc}",
                     field="task_parameter",
                 ) from exc
     return plain
 
 
 def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
-    delay = request.delay_millis
-    if not is_int(delay) or not 0 <= delay <= MAX_MILLIS:
+    delay = request.delay_millis  # a number by now (numeric_durations)
+    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= MAX_MILLIS:
         raise InvalidTaskOptionError(
             f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
             field="delay_millis",
@@ -229,3 +232,20 @@ def check_dependencies_exist(
     error = first_missing(tasks, stored, skipped)
     if error is not None:
         raise error
+
+
+_C = TypeVar("_C", bound=Callable[[], object])
+
+
+def stores_tasks_at_commit(callback: _C) -> _C:
+    """Mark an on_commit callback that stores tasks (a submit to Redis inside atomic()):
+    testing.run_tasks stores them at once, as a TestCase's transaction never commits."""
+    callback.stores_tasks_at_commit = True  # type: ignore[attr-defined]
+    return callback
+
+
+def pending_task_writes(alias: str) -> list[Callable[[], object]]:
+    """The marked on_commit callbacks of the open transaction on ``alias``, in order (those
+    of rolled-back savepoints are gone from Django's list)."""
+    callbacks = getattr(transaction.get_connection(alias), "run_on_commit", ())
+    return [func for _, func, *_ in callbacks if getattr(func, "stores_tasks_at_commit", False)]

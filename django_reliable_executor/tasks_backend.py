@@ -13,6 +13,7 @@ runexecutor, retries, timeouts, cancel, admin and metrics. See docs/django-tasks
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import datetime as dt
 import logging
@@ -30,10 +31,12 @@ from django.utils.module_loading import import_string
 from .announcing import on_finished
 from .exceptions import InvalidTaskOptionError, TaskSubmitError
 from .execution import TaskContext as ExecutorContext
+from .option_names import guess
 from .options import RETRY_NAMES, TaskOptions, check_option
 from .progress import Progress
 from .records import TaskInfo, TaskSubmitRequest, Transition
 from .registry import TaskHandler, get_handler, register, register_resolver
+from .serialization import ConversionError, to_json_value
 from .service import executor
 from .states import TaskStatus
 from .tasks_compat import (
@@ -85,7 +88,8 @@ def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, what is wrong) for every bad OPTIONS entry, in the words submit would use."""
     problems = []
     for key in sorted(set(options) - set(OPTION_KEYS)):
-        problems.append((key, f"unknown option {key!r} (known: {', '.join(OPTION_KEYS)})"))
+        known = ", ".join(OPTION_KEYS)
+        problems.append((key, f"unknown option {key!r}{guess(key, OPTION_KEYS)} (known: {known})"))
     for key in RETRY_NAMES:
         value = options.get(key)
         if value is None:
@@ -108,11 +112,28 @@ def _exception_classes(value: Any) -> tuple[type[BaseException], ...]:
     items = value if isinstance(value, (list, tuple)) else [value]
     classes = []
     for item in items:
-        found = import_string(item) if isinstance(item, str) else item
+        found = _exception_class(item) if isinstance(item, str) else item
         if not (isinstance(found, type) and issubclass(found, BaseException)):
             raise TypeError(f"{item!r} is not an exception class")
         classes.append(found)
     return tuple(classes)
+
+
+def _exception_class(path: str) -> Any:
+    """A dotted path (``requests.ConnectionError``), or a built-in exception's bare name
+    (``ConnectionError``, ``builtins.ConnectionError``)."""
+    if "." not in path:
+        found = getattr(builtins, path, None)
+        if found is None:
+            raise TypeError(
+                f"{path!r} is neither a built-in exception nor a dotted path "
+                "(module.ClassName, e.g. 'requests.ConnectionError')"
+            )
+        return found
+    try:
+        return import_string(path)
+    except ImportError as exc:
+        raise TypeError(f"{path!r} cannot be imported: {exc}") from None
 
 
 class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -176,6 +197,12 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
         self.validate_task(task)
         if self.problems:
             raise InvalidTaskError(f"TASKS[{self.alias!r}]['OPTIONS']: {self.problems[0][1]}")
+        for value, path in ((list(args), "args"), (dict(kwargs), "kwargs")):
+            try:
+                to_json_value(value, path)
+            except ConversionError as exc:
+                # A TypeError, as Django's own backends raise, with the path to the value.
+                raise TypeError(f"{task.module_path}: {exc}") from None
         parameter: dict[str, Any] = {
             "args": normalize_json(list(args)),
             "kwargs": normalize_json(dict(kwargs)),

@@ -25,6 +25,7 @@ from .fetching import Fetcher
 from .heartbeat import Heartbeat
 from .master_lock import MasterLock, ShardLocks
 from .pool import BoundedPool
+from .registry import declared_schedules
 from .service import ReliableExecutor
 from .service import executor as default_executor
 
@@ -406,5 +407,9 @@ class Worker:
             drop_unusable_connections()
             return False
         if written:
-            logger.info("saved %d schedule(s) declared in code", written)
+            logger.info(
+                "saved %d schedule(s) declared in code: %s",
+                written,
+                ", ".join(str(spec.schedule_id) for spec in declared_schedules()),
+            )
         return True

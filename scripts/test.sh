@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite, the same way CI runs it: tox over the matrix in tox.ini
-# (Python 3.11 + Django 5.2 with the django-tasks backport, Python 3.12 + Django 6.0, and
-# Python 3.12 + Django 6.1 for the Django Tasks backend suites), one env after the other. Each
-# env runs ruff, `makemigrations --check` and pytest against SQLite, MariaDB and PostgreSQL.
+# The whole test suite, the same way CI runs it: tox over the matrix in tox.ini, one env after
+# the other: the package check (sdist and wheel built, twine check, the wheel's contents), then
+# Python 3.11 + Django 5.2 with the django-tasks backport, Python 3.12 + Django 6.0, and
+# Python 3.12 + Django 6.1 for the Django Tasks backend suites. Each test env runs ruff, mypy,
+# the import layers, `makemigrations --check` and pytest against SQLite, MariaDB, PostgreSQL
+# and Redis.
 #
 #   bash scripts/test.sh                                  # every env
 #   bash scripts/test.sh -e py311-django52 -- -k cancel   # one env; after -- go pytest arguments

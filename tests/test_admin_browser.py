@@ -114,14 +114,43 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Any:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
-            # Wide enough for every column of the list beside the filters.
-            page = browser.new_page(viewport={"width": 1760, "height": 900})
+            # A laptop's width: every column of the list must fit beside the filters.
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
             # The admin's app sidebar, folded (as its « button would): room for the columns.
             page.add_init_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
             page.set_default_timeout(15_000)
             yield page
         finally:
             browser.close()
+
+
+def assert_filter_beside_the_list(page: Any) -> None:
+    """The layout Django's admin gives a change list, on 5.2 as on 6.x: the filter sidebar to
+    the right of the table (not under it), both within the page's width."""
+    table = page.locator("#result_list").bounding_box()
+    columns = page.evaluate(
+        "[...document.querySelectorAll('#result_list thead th')]"
+        ".map(th => th.innerText.trim() + ' ' + th.offsetWidth)"
+    )
+    side = page.locator("#changelist-filter").bounding_box()
+    width = page.viewport_size["width"]
+    assert side["x"] >= table["x"] + table["width"] - 1, (
+        "filter not beside the table (the table too wide?)",
+        table,
+        side,
+        columns,
+    )
+    assert side["y"] < table["y"] + table["height"], ("filter under the table", table, side)
+    assert table["x"] + table["width"] <= width and side["x"] + side["width"] <= width, (
+        "wider than the page",
+        width,
+        table,
+        side,
+    )
+    # Nothing scrolls sideways: neither the page nor the table's own box.
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    results = "document.querySelector('#changelist-form .results')"
+    assert page.evaluate(f"{results}.scrollWidth <= {results}.clientWidth"), columns
 
 
 @pytest.mark.parametrize("backend", admin_params(["default", "redis"]))
@@ -149,6 +178,7 @@ def test_operate_tasks_in_a_real_browser(backend, live_server, browser_page, tmp
         exporting = page.locator('#result_list tr[data-task-id="export-customers"]')
         assert "1840 of 5000 (36%): customers exported" in exporting.inner_text()
         assert page.locator("#re-throughput svg polyline").count() == 3
+        assert_filter_beside_the_list(page)
         if backend == "default":
             page.screenshot(path=str(shots / "admin-list.png"), full_page=True)
 
@@ -262,6 +292,7 @@ def test_pause_a_schedule_in_a_real_browser(backend, live_server, browser_page, 
         counts = page.locator("#re-schedule-counts")
         assert counts.locator('td[data-state="paused"]').inner_text() == "1"
         assert counts.locator('td[data-state="active"]').inner_text() == "3"
+        assert_filter_beside_the_list(page)
         if backend == "default":
             page.screenshot(path=str(shots / "admin-schedules.png"), full_page=True)
 

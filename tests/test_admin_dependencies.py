@@ -40,6 +40,7 @@ def test_detail_links_dependencies_and_dependents(service, viewer):
     service.submit(HOOK, None, task_id="d-email", depends_on=["d-charge"])
 
     charge = viewer.get(detail_url("d-charge")).content.decode()
+    assert '<th scope="row">Depends on</th>' in charge
     assert f'href="{detail_url("d-order")}" class="re-dependency"' in charge
     assert f'href="{detail_url("t-completed")}" class="re-dependency"' in charge
     assert '<code>d-order</code></a> CREATED <span class="re-muted">(awaited)</span>' in charge

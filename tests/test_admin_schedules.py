@@ -123,8 +123,11 @@ def test_list_shows_schedules_by_id_with_the_last_fire_and_its_task_status(servi
     assert rows["a-hourly"].last_task.status is TaskStatus.FAILED
     # The last fire shows the planned time, in UTC.
     planned = service.get_schedule("a-hourly").last_run_at
-    assert planned.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") in row_html(
-        html, "a-hourly"
+    # (The date and the time are kept whole: the line may break only between them.)
+    utc = planned.astimezone(dt.timezone.utc)
+    assert (
+        f'<span class="re-nowrap">{utc:%Y-%m-%d}</span> '
+        f'<span class="re-nowrap">{utc:%H:%M:%S}</span>' in row_html(html, "a-hourly")
     )
     assert '<span class="re-origin">api</span>' in html
     summary = response.context["summary"]

@@ -13,6 +13,7 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
+from django_reliable_executor.exceptions import InvalidTaskOptionError
 from django_reliable_executor.service import ReliableExecutor
 from tests.contract_support import claim_and_start, recording, total
 
@@ -101,6 +102,40 @@ def test_parameters_round_trip_unchanged(executor, parameter):
     stored = executor.get_task("rt").parameter
     assert stored == parameter
     assert type(stored) is type(parameter)
+
+
+def test_every_duration_option_also_takes_a_timedelta(executor, clock):
+    """Milliseconds (seconds for unique_for) or a timedelta, at submit and in the decorator."""
+    from django_reliable_executor import reliable_task_handler
+    from django_reliable_executor.registry import unregister
+
+    task = executor.submit(
+        "demo.echo",
+        1,
+        retry_interval=dt.timedelta(seconds=2),
+        max_duration_millis=dt.timedelta(minutes=10),
+        delay_millis=dt.timedelta(seconds=30),
+        unique_for=dt.timedelta(minutes=1),
+    )
+    assert (task.retry_interval, task.max_duration_millis) == (2000, 600_000)
+    assert task.run_at == clock.now() + dt.timedelta(seconds=30)
+    clock.advance(59)  # within the unique window of one minute
+    assert executor.submit("demo.echo", 1, unique_for=60).task_id == task.task_id
+
+    @reliable_task_handler(
+        name="tests.timedelta_options",
+        retry_interval=dt.timedelta(milliseconds=1500),
+        max_duration_millis=dt.timedelta(seconds=5),
+    )
+    def handler() -> None: ...
+
+    try:
+        stored = executor.submit("tests.timedelta_options")
+        assert (stored.retry_interval, stored.max_duration_millis) == (1500, 5000)
+    finally:
+        unregister("tests.timedelta_options")
+    with pytest.raises(InvalidTaskOptionError, match="retry_interval must be"):
+        executor.submit("demo.echo", 2, retry_interval=dt.timedelta(seconds=-1))
 
 
 def test_submit_without_task_id_gets_a_fresh_uuid_hex(executor):

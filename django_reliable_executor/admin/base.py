@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import django
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -78,6 +79,9 @@ class ServiceModelAdmin(admin.ModelAdmin):
             "title": title,
             "has_view_permission": True,
             "changelist_url": changelist_url,
+            # Django 6's change list puts the filter inside .changelist-form-container, beside a
+            # <div> holding the rest (its CSS lays them out there); 5.2's, after that container.
+            "filter_inside": django.VERSION >= (6, 0),
             **extra,
         }
 

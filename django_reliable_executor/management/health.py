@@ -10,6 +10,7 @@ from ..conf import ExecutorSettings
 from ..exceptions import StorageUnavailableError
 from ..service import ReliableExecutor
 from .output import format_age
+from .tables import tables_missing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,9 @@ def check_health(service: ReliableExecutor, worker_id: str | None, max_age: floa
     except StorageUnavailableError as exc:
         return _unhealthy(f"storage does not answer ({where}): {exc}")
     except DatabaseError as exc:
+        missing = tables_missing(service.settings)
+        if missing is not None:
+            return _unhealthy(missing)
         return _unhealthy(f"storage does not answer ({where}): {type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 - a probe answers with a line, whatever went wrong
         return _unhealthy(f"storage check failed ({where}): {type(exc).__name__}: {exc}")

@@ -105,8 +105,13 @@ def test_validate_accepts_good_values_and_nothing():
 
 def test_validate_reports_unknown_keys_and_non_dicts():
     assert validate({"LEASE_TIMOUT": 5}) == [
-        ("LEASE_TIMOUT", "RELIABLE_EXECUTOR['LEASE_TIMOUT'] is not a known key")
+        (
+            "LEASE_TIMOUT",
+            "RELIABLE_EXECUTOR['LEASE_TIMOUT'] is not a known key (did you mean 'LEASE_TIMEOUT'?)",
+        )
     ]
+    # Far from every key: no guess.
+    assert validate({"XYZZY": 5}) == [("XYZZY", "RELIABLE_EXECUTOR['XYZZY'] is not a known key")]
     [(key, message)] = validate(["STORAGE"])
     assert key == "RELIABLE_EXECUTOR"
     assert "must be a dict" in message

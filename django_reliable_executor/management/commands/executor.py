@@ -33,6 +33,7 @@ from django_reliable_executor.management.output import (
     storage_label,
     task_text,
 )
+from django_reliable_executor.management.tables import tables_missing
 from django_reliable_executor.management.worker_id import check_worker_id
 from django_reliable_executor.records import task_to_json
 from django_reliable_executor.service import executor
@@ -265,6 +266,18 @@ def _add_shards(actions: Any) -> None:
     )
 
 
+def _accept_django_options(action: Any) -> None:
+    """Django's own options after the action too (``executor status --settings X``), as every
+    other command takes them anywhere: SUPPRESS keeps a value given before the action."""
+    action.add_argument(
+        "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=argparse.SUPPRESS
+    )
+    for name in ("--settings", "--pythonpath"):
+        action.add_argument(name, default=argparse.SUPPRESS)
+    for flag in ("--traceback", "--no-color", "--force-color", "--skip-checks"):
+        action.add_argument(flag, action="store_true", default=argparse.SUPPRESS)
+
+
 class Command(BaseCommand):
     help = (
         "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge, "
@@ -291,6 +304,8 @@ class Command(BaseCommand):
         _add_health(actions)
         _add_pause_and_resume(actions)
         _add_shards(actions)
+        for action in actions.choices.values():
+            _accept_django_options(action)
 
     def handle(self, *args: Any, **options: Any) -> None:
         actions: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -316,6 +331,9 @@ class Command(BaseCommand):
             ) from exc
         except DatabaseError as exc:
             alias = executor.settings.DATABASE_ALIAS
+            missing = tables_missing(executor.settings)
+            if missing is not None:
+                raise CommandError(missing, returncode=EXIT_UNAVAILABLE) from exc
             raise CommandError(
                 f"task store unavailable (database {alias!r}): {type(exc).__name__}: {exc}",
                 returncode=EXIT_UNAVAILABLE,

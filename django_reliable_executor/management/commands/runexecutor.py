@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
 from django_reliable_executor import metrics
+from django_reliable_executor.connections import drop_unusable_connections
+from django_reliable_executor.exceptions import StorageUnavailableError
+from django_reliable_executor.management.tables import tables_missing
 from django_reliable_executor.management.worker_id import check_worker_id
+from django_reliable_executor.management.worker_output import (
+    LEVELS,
+    banner_lines,
+    configure_logging,
+)
 from django_reliable_executor.service import executor
 from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
 
@@ -61,9 +71,17 @@ class Command(BaseCommand):
         """Run the database checks (Django 6) on the worker's own database only: an unrelated
         alias that is down must not keep workers from starting."""
         kwargs = super().get_check_kwargs(options)  # Django 6.0+ only calls this
-        settings = executor.settings
-        if settings.STORAGE == "database":
-            kwargs["databases"] = [settings.DATABASE_ALIAS]
+        try:
+            settings = executor.settings
+        except ImproperlyConfigured:
+            return kwargs  # the checks that follow report every bad key (E001), cleanly
+        if settings.STORAGE == "database" and not options.get("wait"):
+            kwargs["databases"] = [settings.DATABASE_ALIAS]  # it answers (E006)
+        else:
+            # Redis is checked in handle() (E008): Django's own checks of a database that a
+            # Redis worker may not even use must not keep it from starting. With --wait,
+            # handle() waits for the store instead of refusing.
+            kwargs["databases"] = []
         return kwargs
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -108,12 +126,36 @@ class Command(BaseCommand):
             help="seconds running handlers get to finish after SIGTERM (default 30)",
         )
         parser.add_argument(
+            "--loglevel",
+            type=str.upper,
+            choices=LEVELS,
+            default=None,
+            help="level of the django_reliable_executor logger (default INFO: a line per task "
+            "transition; -v 0: WARNING, -v 2: DEBUG). Without a LOGGING entry of its own for "
+            "that logger, its lines go to stderr",
+        )
+        parser.add_argument(
+            "--wait",
+            action="store_true",
+            help="wait for the task store (the database or Redis) to answer at start, with one "
+            "line per attempt, instead of refusing to start",
+        )
+        parser.add_argument(
             "--burst",
             action="store_true",
             help="exit 0 once nothing of these queues is running or due within 60 s",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        refuse_inside_a_transaction()
+        if options["wait"]:
+            wait_for_the_store(self.stderr)
+        elif executor.settings.STORAGE == "redis":
+            refuse_without_redis()
+        missing = tables_missing(executor.settings)
+        if missing is not None:
+            raise CommandError(f"runexecutor cannot start: {missing}")
+        configure_logging(options["verbosity"], options["loglevel"])
         queues, queue_limits = parse_queues(options["queues"])
         if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
             raise CommandError("--queue-capacity must be >= 0")
@@ -164,7 +206,53 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         described = format_queues(queues, queue_limits)
         self.stdout.write(f"runexecutor {worker.worker_id}: queues {described}")
+        if options["verbosity"] >= 1:
+            for line in banner_lines():
+                self.stdout.write(line)
         self.stdout.flush()
         code = worker.run()
         if code:
             sys.exit(code)
+
+
+def refuse_inside_a_transaction() -> None:
+    """A worker started inside an open transaction (call_command in a django.test.TestCase)
+    would wait forever: its threads use connections of their own, which do not see the
+    transaction's rows and wait for its locks (SQLite's "database table is locked")."""
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            raise CommandError(
+                f"runexecutor cannot run inside an open transaction (database "
+                f"{connection.alias!r}; django.test.TestCase wraps every test in one): its "
+                "worker threads use connections of their own, which would wait for this "
+                "transaction forever. In a test, run the tasks with "
+                "django_reliable_executor.testing.run_tasks() instead (the docs' Testing page), "
+                "or start the worker from a TransactionTestCase."
+            )
+
+
+def wait_for_the_store(out: Any) -> None:
+    """Until the task store answers a read: one line per attempt, every 1 s doubling to 10 s
+    (Ctrl-C or SIGTERM ends the wait, and the command)."""
+    pause = 1.0
+    while True:
+        try:
+            executor.master()
+            return
+        except (StorageUnavailableError, DatabaseError) as exc:
+            drop_unusable_connections()
+            out.write(f"waiting for the task store: {exc}; again in {pause:g}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
+
+
+def refuse_without_redis() -> None:
+    """Redis that does not answer: refused at start, as the database is (E006), in one line
+    rather than a traceback per retry."""
+    try:
+        executor.master()
+    except StorageUnavailableError as exc:
+        raise CommandError(
+            f"{str(exc).rstrip('.')}. Start Redis (or fix REDIS_URL); `runexecutor --wait` "
+            "waits for it instead."
+        ) from None
