@@ -148,14 +148,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_inside_a_transaction()
-        if options["wait"]:
-            wait_for_the_store(self.stderr)
-        elif executor.settings.STORAGE == "redis":
-            refuse_without_redis()
-        missing = tables_missing(executor.settings)
-        if missing is not None:
-            raise CommandError(f"runexecutor cannot start: {missing}")
-        configure_logging(options["verbosity"], options["loglevel"])
         queues, queue_limits = parse_queues(options["queues"])
         if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
             raise CommandError("--queue-capacity must be >= 0")
@@ -183,6 +175,15 @@ class Command(BaseCommand):
             and worker_options.max_pool_size < worker_options.core_pool_size
         ):
             worker_options.max_pool_size = worker_options.core_pool_size
+        # The options are good: now the store (bad options are refused without touching it).
+        if options["wait"]:
+            wait_for_the_store(self.stderr)
+        elif executor.settings.STORAGE == "redis":
+            refuse_without_redis()
+        missing = tables_missing(executor.settings)
+        if missing is not None:
+            raise CommandError(f"runexecutor cannot start: {missing}")
+        configure_logging(options["verbosity"], options["loglevel"])
         metrics_port = options["metrics_port"]
         if metrics_port is None:
             metrics_port = executor.settings.METRICS_PORT
