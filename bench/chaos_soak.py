@@ -472,7 +472,7 @@ class Chaos(threading.Thread):
                 pid = worker.pid
                 assert worker.process.process is not None
                 code = worker.process.process.returncode
-                self.faults.killed.setdefault(pid, time.time())
+                self.faults.note_killed(pid, time.time())
                 event = {"t_s": round(time.time() - self.start_time, 2), "fault": "exited",
                          "worker": index, "pid": pid, "code": code}  # fmt: skip
                 worker.start()
@@ -668,7 +668,7 @@ class Analysis:
 
     def ended(self, run: Any) -> float | None:
         """When a run stopped: its end record, else its process's kill."""
-        return run.end if run.end is not None else self.faults.killed.get(run.pid)
+        return run.end if run.end is not None else self.faults.killed_after(run.pid, run.start)
 
     def check_tasks(self) -> None:
         for task_id, (kind, status) in self.submitter.expected.items():
@@ -715,8 +715,8 @@ class Analysis:
                 if outcome == "retryable":
                     self.reexecutions["handler_failed"] += 1
                     continue
-                if later.attempt < earlier.attempt and self.faults.disturbed_before(
-                    later.pid, later.start
+                if later.attempt < earlier.attempt and any(
+                    stopped <= later.start for stopped, _ in self.faults.frozen.get(later.pid, [])
                 ):
                     # An older attempt whose handler began after a newer one: its worker wrote
                     # the start, then was frozen before the handler's first line (which it
@@ -765,7 +765,7 @@ class Analysis:
         took over (MASTER_LOCK_TTL) and settled (1.5 heartbeats) plus the chores interval."""
         args = self.args
         takeover = args.master_lock_ttl + 1.5 * args.lease_timeout / 4
-        faults = [t for t in self.faults.killed.values()]
+        faults = [t for kills in self.faults.kills.values() for t in kills]
         faults += [stopped for spans in self.faults.frozen.values() for stopped, _ in spans]
         # A store fault costs the master its round (and maybe its lock): recovery waits for
         # the settle time once the store answers again, as after a take-over.
@@ -779,8 +779,8 @@ class Analysis:
         """When the run's worker was killed or frozen between the run's start and the next
         run (``again``), or None. After the handler returned too: its outcome may still have
         been waiting in the worker (the completion writer batches) when the fault came."""
-        killed = self.faults.killed.get(run.pid)
-        if killed is not None and run.start <= killed <= again:
+        killed = self.faults.killed_after(run.pid, run.start)
+        if killed is not None and killed <= again:
             return killed
         for stopped, resumed in self.faults.frozen.get(run.pid, []):
             if stopped <= again and (resumed is None or resumed >= run.start):

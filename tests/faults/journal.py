@@ -110,15 +110,28 @@ def freeze_mid_run(
 class Faults:
     """What the test did to its workers, by pid, on the wall clock the journal uses."""
 
-    killed: dict[int, float] = dataclasses.field(default_factory=dict)
+    killed: dict[int, float] = dataclasses.field(default_factory=dict)  # the last kill per pid
+    # Every kill per pid: a long run starts so many processes that the kernel hands a pid out
+    # again (pid_max is 32 768 here), and a later process's kill must not date an earlier one's.
+    kills: dict[int, list[float]] = dataclasses.field(default_factory=lambda: defaultdict(list))
     frozen: dict[int, list[tuple[float, float | None]]] = dataclasses.field(
         default_factory=lambda: defaultdict(list)
     )
 
     def kill(self, process: WorkerProcess) -> None:
         """SIGKILL the process (and reap it)."""
-        self.killed[process.pid] = time.time()
+        self.note_killed(process.pid, time.time())
         process.kill()
+
+    def note_killed(self, pid: int, at: float) -> None:
+        """Record that the process ``pid`` ended at ``at`` (killed, or found gone)."""
+        self.killed[pid] = at
+        self.kills[pid].append(at)
+
+    def killed_after(self, pid: int, moment: float) -> float | None:
+        """When the process that had ``pid`` at ``moment`` was killed: the first kill of that
+        pid at or after ``moment`` (an earlier kill ended an earlier process), or None."""
+        return min((at for at in self.kills.get(pid, []) if at >= moment), default=None)
 
     def freeze(self, process: WorkerProcess) -> None:
         """SIGSTOP: the process keeps its connections but runs nothing."""
