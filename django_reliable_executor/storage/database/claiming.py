@@ -37,11 +37,10 @@ HELD_SQL = "NOT available AND status IN ({}) AND waiting_for IS NULL".format(
 # server crash only frees the task again, and nothing follows from a claim before its start,
 # whose own (synchronous) commit flushes the WAL up to and past the claim's; a start after a
 # lost claim fails its token check. The one-row CTE runs before the first row is claimed.
-ASYNC_COMMIT_WITH = (
-    "WITH relaxed AS MATERIALIZED "
-    "(SELECT set_config('synchronous_commit', 'off', true) AS relaxed_commit) "
+ASYNC_COMMIT_CTE = (
+    "relaxed AS MATERIALIZED "
+    "(SELECT set_config('synchronous_commit', 'off', true) AS relaxed_commit)"
 )
-ASYNC_COMMIT_FROM = "FROM relaxed "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,9 +164,9 @@ class Claiming(RateLimiting):
         second round trip, and no row values passed from here."""
         assert self.vendor == "postgresql" and pick.name is not None
         log_table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
-        update, params = self._claim_update_sql(pick, f"{CLAIM_COLUMNS_SQL}, {RATE_KEY_SQL}")
+        ctes, update, params = self._claim_update_sql(pick, f"{CLAIM_COLUMNS_SQL}, {RATE_KEY_SQL}")
         sql = (
-            f"{ASYNC_COMMIT_WITH}, claimed AS ({update}), logged AS ("
+            f"WITH {ctes}, claimed AS ({update}), logged AS ("
             f"INSERT INTO {log_table} (name, rate_key, claims, claimed_at) "
             "SELECT %s, log_key, COUNT(*), %s FROM claimed GROUP BY log_key) "
             f"SELECT {CLAIM_COLUMNS_SQL}, log_key FROM claimed"
@@ -294,31 +293,50 @@ class Claiming(RateLimiting):
             and connection.settings_dict.get("AUTOCOMMIT", True)
         )
 
-    def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, list[Any]]:
-        """The claiming UPDATE ... RETURNING ``returning`` (on PostgreSQL it reads the
-        ``relaxed`` CTE of ASYNC_COMMIT_WITH)."""
+    def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, str, list[Any]]:
+        """The claiming UPDATE ... RETURNING ``returning``: (the common table expressions it
+        reads, "" on SQLite; the UPDATE; the parameters of both, in that order).
+
+        On PostgreSQL the chosen rows are a MATERIALIZED CTE, read once. Inside ``IN (...)``
+        the LIMIT did not bind: the planner may run that subquery again for each row it
+        joins (a nested-loop semi-join, chosen once the table's statistics say so), and each
+        run skips the rows this statement has already claimed (SKIP LOCKED, and a row this
+        command updated is not locked again) so it returns the next ones: one claim for 1
+        took every due task (tests/test_claim_limit.py; the chaos soak's max_concurrency
+        excess on PostgreSQL)."""
         postgresql = self.vendor == "postgresql"
-        skip_locked = " FOR UPDATE SKIP LOCKED" if postgresql else ""
         chosen, chosen_params = self._pick_sql(pick)
         # available is re-checked outside too: a row may change between pick and lock. On
         # SQLite as ``+available``, which no index serves: else its planner walked the claim
         # index over every waiting task (a held backlog included) to match the few chosen,
         # instead of looking them up by key (4.6 ms against 0.13 with 20 000 waiting).
-        available = "+available" if self.vendor == "sqlite" else "available"
-        sql = (
+        # (SQLite runs an uncorrelated IN subquery once, into a temporary index.)
+        set_claimed = (
             f"UPDATE {self._table} SET available = %s, worker_id = %s, "
             "lease_token = lease_token + 1, lease_expires_at = %s "
-            f"{ASYNC_COMMIT_FROM if postgresql else ''}"
-            f"WHERE task_id IN (SELECT task_id {chosen}{skip_locked}) AND {available} = %s "
+        )
+        claimed = [False, pick.worker_id, self._dt(pick.lease_until)]
+        if postgresql:
+            ctes = (
+                f"{ASYNC_COMMIT_CTE}, chosen AS MATERIALIZED "
+                f"(SELECT task_id AS chosen_id {chosen} FOR UPDATE SKIP LOCKED)"
+            )
+            update = (
+                f"{set_claimed}FROM relaxed, chosen WHERE task_id = chosen_id "
+                f"AND available = %s RETURNING {returning}"
+            )
+            return ctes, update, [*chosen_params, *claimed, True]
+        update = (
+            f"{set_claimed}WHERE task_id IN (SELECT task_id {chosen}) AND +available = %s "
             f"RETURNING {returning}"
         )
-        return sql, [False, pick.worker_id, self._dt(pick.lease_until), *chosen_params, True]
+        return "", update, [*claimed, *chosen_params, True]
 
     def _claim_returning(self, pick: Pick, extra_columns: str) -> list[tuple[Claim, Any]]:
         """One statement: safe on SQLite (writers serialise) and PostgreSQL (SKIP LOCKED)."""
-        sql, params = self._claim_update_sql(pick, f"{CLAIM_COLUMNS_SQL}{extra_columns}")
-        if self.vendor == "postgresql":
-            sql = ASYNC_COMMIT_WITH + sql
+        ctes, sql, params = self._claim_update_sql(pick, f"{CLAIM_COLUMNS_SQL}{extra_columns}")
+        if ctes:
+            sql = f"WITH {ctes} {sql}"
         with connections[self.alias].cursor() as cursor:
             cursor.execute(sql, params)
             width = len(CLAIM_FIELDS)

@@ -230,10 +230,11 @@ class RateLimiting(DatabaseAccess):
             if not reserved:
                 return None
             ids = tuple(task_id for task_id, _ in candidates)
-            claim_sql, params = self._claim_update_sql(
+            ctes, claim_sql, params = self._claim_update_sql(
                 dataclasses.replace(pick, ids=ids, limit=len(ids)),
                 f"{CLAIM_COLUMNS_SQL}, {RATE_KEY_SQL}",
             )
+            assert not ctes  # SQLite's claim reads no CTE
             cursor.execute(claim_sql, params)
             rows = cursor.fetchall()
             if len(rows) < len(ids):
@@ -739,5 +740,5 @@ class RateLimiting(DatabaseAccess):
     def _take_logged(self, pick: Pick, logged_at: dt.datetime) -> tuple[list[Claim], list[str]]:
         raise NotImplementedError
 
-    def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, list[Any]]:
+    def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, str, list[Any]]:
         raise NotImplementedError
