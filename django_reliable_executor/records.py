@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from .progress import Progress, progress_from_json, progress_to_json
 from .rate_limits import RateLimit
+from .schedules.ids import fire_id_pattern
 from .states import TaskStatus
 
 R = TypeVar("R")
@@ -248,6 +250,25 @@ class TaskQuery:
     limit: int
     offset: int
     batch_id: str | None = None
+    # Schedule runs (tasks a schedule fired, ids "<schedule id>@<planned time>"): True only
+    # them, False none of them, None either; ``schedule_id``: only the runs of that schedule.
+    schedule_runs: bool | None = None
+    schedule_id: str | None = None
+
+    @property
+    def by_origin(self) -> bool:
+        """Whether the query chooses tasks by their origin (schedule runs or not)."""
+        return self.schedule_runs is not None or self.schedule_id is not None
+
+    def origin_matches(self, task_id: str) -> bool:
+        """Whether a task of this id passes the query's origin filter (see fire_id_pattern)."""
+        if self.schedule_id is not None:
+            return task_id.startswith(self.schedule_id + "@") and bool(
+                re.match(fire_id_pattern(self.schedule_id), task_id)
+            )
+        if self.schedule_runs is None:
+            return True
+        return bool(re.match(fire_id_pattern(), task_id)) is self.schedule_runs
 
     @property
     def end(self) -> int:

@@ -352,13 +352,17 @@ class ReliableExecutor:
         *,
         statuses: Iterable[TaskStatus | str] | None = None,
         batch_id: str | None = None,
+        schedule_runs: bool | None = None,
+        schedule_id: str | None = None,
     ) -> list[TaskInfo]:
         """Tasks newest first, filtered by any of status, task_name, queue and batch_id (a
         batch's members and its callbacks, which carry its id too).
 
         ``statuses`` lists the tasks of any of several statuses together, e.g. the dead letters
         (``statuses=FAILURE_STATUSES``: FAILED, TIMEOUT and ERROR); give it or ``status``, not
-        both."""
+        both. ``schedule_runs=False`` leaves out the tasks schedules fired (their ids are
+        ``<schedule id>@<planned time>``), ``True`` lists only them; ``schedule_id`` lists
+        the runs of one schedule."""
         if status is not None and statuses is not None:
             raise ValueError("give status or statuses, not both")
         if status is not None:
@@ -372,7 +376,16 @@ class ReliableExecutor:
             raise ValueError("limit and offset must be integers >= 0")
         if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
             raise ValueError("batch_id must be a non-empty string")
-        if any(isinstance(t, str) and unstorable_char(t) for t in (task_name, queue, batch_id)):
+        if schedule_runs is not None and not isinstance(schedule_runs, bool):
+            raise ValueError(f"schedule_runs must be True, False or None, got {schedule_runs!r}")
+        if schedule_id is not None and (not isinstance(schedule_id, str) or not schedule_id):
+            raise ValueError("schedule_id must be a non-empty string")
+        if schedule_id is not None and schedule_runs is False:
+            raise ValueError(
+                "schedule_id lists schedule runs: it cannot go with schedule_runs=False"
+            )
+        texts = (task_name, queue, batch_id, schedule_id)
+        if any(isinstance(t, str) and unstorable_char(t) for t in texts):
             return []  # no stored task holds such text (submits refuse it)
         return self.storage.list(
             status=status,
@@ -382,6 +395,8 @@ class ReliableExecutor:
             limit=limit,
             offset=offset,
             batch_id=batch_id,
+            schedule_runs=schedule_runs,
+            schedule_id=schedule_id,
         )
 
     def count_by_status(self, queue: str | None = None) -> dict[TaskStatus, int]:

@@ -467,3 +467,31 @@ def test_pretty_json_is_what_the_page_shows():
     assert schedule_pages.pages.pretty_json({"b": 1, "a": [1]}) == json.dumps(
         {"a": [1], "b": 1}, indent=2
     )
+
+
+TASK_LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
+
+
+def listed_ids(response) -> set[str]:
+    return {row.task.task_id for row in response.context["rows"]}
+
+
+def test_the_task_list_hides_schedule_runs_or_shows_one_schedule_s(service, client):
+    """Schedules flood the task list: ``?origin=`` leaves their runs out or lists only them,
+    and a schedule's page links to the list of its runs (``?schedule=``)."""
+    client.force_login(make_user("both", "view_reliabletask", "view_reliableschedule"))
+    runs = {task_id for fired in service.fired.values() for task_id in fired}
+    every = listed_ids(client.get(TASK_LIST_URL))
+    assert runs < every and "a-hourly-by-hand" in every
+    submitted = client.get(TASK_LIST_URL, {"origin": "submitted"})
+    assert listed_ids(submitted) == every - runs
+    html = submitted.content.decode()
+    assert "By origin" in html and 'class="selected"><a href="?origin=submitted">Submitted' in html
+    assert listed_ids(client.get(TASK_LIST_URL, {"origin": "schedules"})) == runs
+    detail = client.get(detail_url("a-hourly")).content.decode()
+    link = re.search(r'id="re-all-runs" href="([^"]+)"', detail)
+    assert link is not None and link[1] == TASK_LIST_URL + "?schedule=a-hourly"
+    one = client.get(link[1])
+    assert listed_ids(one) == set(service.fired["a-hourly"])
+    assert "By schedule" in one.content.decode()  # the chosen schedule, with "All" to leave it
+    assert listed_ids(client.get(TASK_LIST_URL, {"origin": "bogus"})) == every  # dropped

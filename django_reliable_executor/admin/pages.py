@@ -28,7 +28,9 @@ from .operations import can_cancel, can_retry
 
 PAGE_SIZE = 100
 # The filters a list URL may carry, in the order they appear in it.
-FILTERS = ("status", "queue", "task_name", "batch_id")
+FILTERS = ("status", "queue", "task_name", "origin", "schedule", "batch_id")
+# ``?origin=``: the tasks submitted (schedule runs left out), or only the schedules' runs.
+ORIGINS = {"submitted": "Submitted", "schedules": "Schedule runs"}
 # ``?status=dead``: the dead letters, tasks that ended FAILED, TIMEOUT or ERROR, listed together.
 DEAD_LETTERS = "dead"
 DEAD_LETTERS_LABEL = "Dead letters"
@@ -90,6 +92,8 @@ class Filters:
     page: int = 1
     dead_letters: bool = False
     batch_id: str | None = None  # a batch's members and callbacks (its page links here)
+    origin: str | None = None  # a key of ORIGINS
+    schedule: str | None = None  # one schedule's runs (its page links here)
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> Filters:
@@ -110,12 +114,28 @@ class Filters:
             page=page,
             dead_letters=dead_letters,
             batch_id=query.get("batch_id", "").strip() or None,
+            origin=query.get("origin") if query.get("origin") in ORIGINS else None,
+            schedule=query.get("schedule", "").strip() or None,
         )
 
     @property
     def active(self) -> bool:
-        values = (self.status_param, self.queue, self.task_name, self.batch_id)
+        values = (
+            self.status_param,
+            self.queue,
+            self.task_name,
+            self.batch_id,
+            self.origin,
+            self.schedule,
+        )
         return any(v is not None for v in values)
+
+    @property
+    def schedule_runs(self) -> bool | None:
+        """``list_tasks(schedule_runs=...)`` of the origin chosen (None: either)."""
+        if self.schedule is not None:
+            return None  # one schedule's runs: schedule_id says it
+        return {"submitted": False, "schedules": True}.get(self.origin or "")
 
     @property
     def status_param(self) -> str | None:
@@ -199,6 +219,8 @@ def task_list(executor: ReliableExecutor, filters: Filters, site_name: str) -> d
         task_name=filters.task_name,
         queue=filters.queue,
         batch_id=filters.batch_id,
+        schedule_runs=filters.schedule_runs,
+        schedule_id=filters.schedule,
         limit=PAGE_SIZE + 1,
         offset=offset,
     )
@@ -389,6 +411,10 @@ def filter_choices(
         ),
         choices("queue", sorted(by_queue)),
         choices("task_name", names),
+        # Schedules can flood the list with their runs: leave them out, or list only them.
+        # One schedule's runs come from its page (no list of schedules here).
+        *([choices("origin", list(ORIGINS), ORIGINS)] if filters.schedule is None else []),
+        *([choices("schedule", [])] if filters.schedule is not None else []),
         # No list of batches: only the one chosen (from its page), with "All" to leave it.
         *([choices("batch_id", [])] if filters.batch_id is not None else []),
     ]

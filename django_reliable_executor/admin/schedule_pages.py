@@ -239,6 +239,8 @@ def schedule_detail(
         if schedule.max_duration_millis
         else None,
         "fires": fires(executor, schedule, site_name),
+        "runs_url": pages.changelist_url(site_name)
+        + pages.query_url({"schedule": schedule.schedule_id}),
         "fires_scanned": FIRES_SCANNED,
         "fires_shown": FIRES_SHOWN,
         "delete_url": delete_url(schedule.schedule_id, site_name),

@@ -20,6 +20,24 @@ _FIRE_TIME = re.compile(r"(\d+)(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)(?:\.(\d{6}))?Z", 
 # The suffix a sharded Redis storage may add to a fire id to store it on its queue's shard
 # (storage/redis/sharding.native_id): "~<k>", k >= 1 without leading zeros.
 _SHARD_SUFFIX = re.compile(r"~[1-9]\d*", re.ASCII)
+# What follows "<schedule id>@" in a fire id, as a regular expression every database's REGEXP
+# and Python's re read alike (no \d, no escapes): the task list's filter of schedule runs
+# (list_tasks(schedule_runs=..., schedule_id=...)), the same on every storage.
+# Microseconds appear only when not zero (fire_task_id_micros).
+_MICROS = (
+    "[.]([1-9][0-9]{5}|0[1-9][0-9]{4}|00[1-9][0-9]{3}|000[1-9][0-9]{2}|0000[1-9][0-9]|00000[1-9])"
+)
+_FIRE_TAIL = f"@[0-9]{{8}}T[0-9]{{6}}({_MICROS})?Z(~[1-9][0-9]*)?$"
+FIRE_ID_PATTERN = "^.+" + _FIRE_TAIL
+
+
+def fire_id_pattern(schedule_id: str | None = None) -> str:
+    """A regular expression matching the ids of the runs of ``schedule_id`` (of any schedule
+    when None). Together with ``startswith(schedule_id + "@")``: the pattern fixes the id's
+    length before the "@" (no escaping of the schedule id, whose characters may be any)."""
+    if schedule_id is None:
+        return FIRE_ID_PATTERN
+    return f"^.{{{len(schedule_id)}}}{_FIRE_TAIL}"
 
 
 def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:

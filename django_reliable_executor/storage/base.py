@@ -359,14 +359,20 @@ class TaskStorage(ScheduleStorage):
         offset: int = 0,
         statuses: Collection[TaskStatus] | None = None,
         batch_id: str | None = None,
+        schedule_runs: bool | None = None,
+        schedule_id: str | None = None,
     ) -> list[TaskInfo]:
         """Newest first (by creation, then task id). ``statuses`` lists the tasks of any of
         these statuses (an empty one: none); it cannot be combined with ``status``.
-        ``batch_id``: the tasks whose ``TaskInfo.batch_id`` it is (members and callbacks)."""
+        ``batch_id``: the tasks whose ``TaskInfo.batch_id`` it is (members and callbacks).
+        ``schedule_runs``: True only the tasks schedules fired, False none of them;
+        ``schedule_id``: only the runs of that schedule (see ``TaskQuery.origin_matches``)."""
         wanted = wanted_statuses(status, statuses)
         if limit <= 0 or wanted == frozenset():
             return []
-        return self._list(TaskQuery(wanted, task_name, queue, limit, offset, batch_id))
+        return self._list(
+            TaskQuery(wanted, task_name, queue, limit, offset, batch_id, schedule_runs, schedule_id)
+        )
 
     @abc.abstractmethod
     def _list(self, query: TaskQuery) -> builtins.list[TaskInfo]:

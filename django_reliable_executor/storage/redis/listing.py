@@ -114,7 +114,7 @@ class Listing(RedisAccess):
         ``accept`` and that match the query. ``exact``: every task in the index matches it but
         for the name and queue (all of a done index without a batch; a batch's group whose
         statuses are all wanted), so without a name or queue the index alone gives the rows."""
-        if exact and query.task_name is None and query.queue is None:
+        if exact and query.task_name is None and query.queue is None and not query.by_origin:
             found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
             return [(int(score), text(task_id)) for task_id, score in found]
         rows: builtins.list[Row] = []
@@ -184,10 +184,12 @@ class Listing(RedisAccess):
     def _matching(
         self, ids: Sequence[str], accept: Collection[str], query: TaskQuery, shard: int
     ) -> builtins.list[Row]:
-        """The rows of these tasks that match the query's name and queue, in the order given:
-        only tasks whose status is now one of ``accept`` (status values). Tasks of ``shard``,
+        """The rows of these tasks that match the query's name, queue and origin, in the order
+        given: only tasks whose status is now one of ``accept`` (status values). Tasks of ``shard``,
         or of whichever shard holds each (ANY_SHARD: a batch's, N reads a task)."""
         rows: builtins.list[Row] = []
+        if query.by_origin:  # told by the id alone: no read for a task left out
+            ids = [task_id for task_id in ids if query.origin_matches(task_id)]
         shards = range(len(self.prefixes)) if shard == ANY_SHARD else [shard]
         for start in range(0, len(ids), READ_CHUNK):
             chunk = ids[start : start + READ_CHUNK]
