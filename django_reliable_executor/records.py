@@ -161,7 +161,7 @@ class Claim:
     has_dependents: bool = False
     # The Redis storage with REDIS_SHARDS > 1: the shard the task was claimed on, where it is
     # stored and every write of the claim goes (a task is not always on its queue's shard:
-    # docs/scaling.md). 0 elsewhere.
+    # docs/redis-shards.md). 0 elsewhere.
     shard: int = 0
 
     @property
