@@ -14,11 +14,17 @@ from django.utils.module_loading import import_string
 from .conf import SETTING_NAME, get_settings, validate
 
 
+def see(page: str, section: str) -> str:
+    """A hint naming the docs page and section that explain the fix: the project has no
+    public documentation URL, so hints name the page of docs/ (also the site's path)."""
+    return f"See docs/{page}, {section}."
+
+
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     raw = getattr(settings, SETTING_NAME, None)
     errors: list[CheckMessage] = [
-        Error(message, hint="See docs/settings.md.", obj=key, id="reliable_executor.E001")
+        Error(message, hint=see("settings.md", "Every key"), obj=key, id="reliable_executor.E001")
         for key, message in validate(raw)
     ]
     if errors:
@@ -30,6 +36,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Error(
                 f"{SETTING_NAME}['DATABASE_ALIAS'] = {alias!r} is not a key of DATABASES",
+                hint=see("settings.md", "Every key"),
                 obj="DATABASE_ALIAS",
                 id="reliable_executor.E002",
             )
@@ -47,6 +54,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Error(
                 "the database storage needs USE_TZ = True: task times are aware UTC datetimes",
+                hint=see("getting-started/install.md", "Add the app"),
                 obj="USE_TZ",
                 id="reliable_executor.E004",
             )
@@ -56,6 +64,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Error(
                 f"{SETTING_NAME}['REDIS_CACHE_ALIAS'] = {cache_alias!r} is not a key of CACHES",
+                hint=see("settings.md", "REDIS_CACHE_ALIAS"),
                 obj="REDIS_CACHE_ALIAS",
                 id="reliable_executor.E003",
             )
@@ -77,6 +86,7 @@ def _check_cache_backend(alias: str) -> list[CheckMessage]:
         return [
             Error(
                 cache_backend_problem(alias, backend),
+                hint=see("settings.md", "REDIS_CACHE_ALIAS"),
                 obj="REDIS_CACHE_ALIAS",
                 id="reliable_executor.E009",
             )
@@ -134,6 +144,7 @@ def check_database(
                 Error(
                     f"SQLite {sqlite3.sqlite_version} is too old for the task table: "
                     "3.35 or newer is needed (UPDATE ... RETURNING)",
+                    hint=see("settings.md", "Validation"),
                     obj="DATABASE_ALIAS",
                     id="reliable_executor.E007",
                 )
@@ -165,7 +176,8 @@ def _check_redis() -> list[CheckMessage]:
         return [
             Error(
                 f"Redis at {where} cannot be reached: {type(exc).__name__}: {exc}",
-                hint="Start Redis (or fix REDIS_URL); `runexecutor --wait` waits for it instead.",
+                hint="Start Redis (or fix REDIS_URL); `runexecutor --wait` waits for it instead. "
+                + see("troubleshooting.md", "Redis cannot be reached"),
                 obj="STORAGE",
                 id="reliable_executor.E008",
             )
@@ -183,7 +195,7 @@ def _redis_server_problems(client: Any, where: str, executor_settings: Any) -> l
     found: list[CheckMessage] = [
         Warning(
             warning,
-            hint="See docs/redis.md, Durability: configure the Redis server.",
+            hint=see("redis.md", "Durability: configure the Redis server"),
             obj="STORAGE",
             id="reliable_executor.W001",
         )
@@ -194,7 +206,7 @@ def _redis_server_problems(client: Any, where: str, executor_settings: Any) -> l
         found.append(
             Error(
                 problem,
-                hint="See docs/scaling.md, Changing the number of shards.",
+                hint=see("scaling.md", "Changing the number of shards"),
                 obj="REDIS_SHARDS",
                 id="reliable_executor.E010",
             )

@@ -18,7 +18,32 @@ R = TypeVar("R")
 
 @dataclasses.dataclass(frozen=True)
 class TaskSubmitRequest:
-    """What a caller asks for. Options left as None take the handler's, then the settings' value."""
+    """What a caller asks for. Options left as None take the handler's, then the settings' value.
+
+    Attributes:
+        task_name: A registered handler's name.
+        task_parameter: A JSON value, or an instance of the handler's ``param_type``.
+        task_id: Your id for the task (1..191 characters, no whitespace); default a uuid4
+            hex. An id that exists returns the stored task and stores nothing.
+        retry_limit: Retries after the first attempt.
+        retry_interval: Milliseconds (or a timedelta) before a retry; the base of
+            exponential backoff.
+        retry_backoff: ``"fixed"`` or ``"exponential"``.
+        max_duration_millis: Milliseconds (or a timedelta) from creation until the task
+            is TIMEOUT.
+        queue: Which workers take it (``runexecutor --queues``).
+        priority: A 32-bit integer; among due tasks of a queue, higher runs first.
+        delay_millis: Run no earlier than this many milliseconds (or a timedelta) from now.
+        run_at: Run no earlier than this aware datetime; not with ``delay_millis``.
+        unique_for: Seconds (or a timedelta) during which a submit of the same key returns
+            the live task already submitted.
+        unique_key: What makes two unique submits the same; default the task name and the
+            parameter's canonical JSON.
+        rate_key: Tasks of a rate-limited name sharing this key share one limit.
+        depends_on: Task ids that must end before this task may start.
+        on_dependency_failure: ``"cancel"`` this task when a dependency ends badly, or
+            ``"run"`` it anyway.
+    """
 
     task_name: str
     task_parameter: Any = None
@@ -45,7 +70,37 @@ class TaskSubmitRequest:
 
 @dataclasses.dataclass(frozen=True)
 class TaskInfo:
-    """A snapshot of one stored task. Datetimes are aware UTC."""
+    """A snapshot of one stored task. Datetimes are aware UTC.
+
+    Attributes:
+        task_id: The task's id.
+        task_name: The handler's name.
+        status: Where the task stands.
+        queue: Its queue.
+        priority: Its priority (higher runs first).
+        parameter: The stored JSON value.
+        attempts: Executions started, over the task's whole life.
+        retry_limit: Retries after the first attempt, as resolved at submit.
+        retry_interval: Milliseconds before a retry (the base of exponential backoff).
+        retry_backoff: ``"fixed"`` or ``"exponential"``.
+        max_duration_millis: Milliseconds from creation until TIMEOUT, or None.
+        created_at: When it was submitted.
+        run_at: When it may next start.
+        started_at: When its last attempt started, or None.
+        finished_at: When it reached a terminal status, or None.
+        last_error: The last failure, with its traceback, or None.
+        result: The JSON value the handler returned, or None.
+        worker_id: The worker that holds or last held it, or None.
+        cancel_requested: A cancel was requested while it ran.
+        progress: The handler's last ``set_progress`` report (``current``, ``total``,
+            ``message``, ``updated_at``), or None.
+        depends_on: The tasks it was submitted to wait for.
+        waiting_for: Those of them it still waits for.
+        trace_context: The W3C trace context of the span that submitted it, or None.
+        batch_id: The batch it is a member or a callback of, or None.
+        handler_running: A handler of the task still runs: RUNNING, or terminal while a
+            timed-out handler runs on. A terminal task has ended only once this is False.
+    """
 
     task_id: str
     task_name: str
@@ -84,6 +139,7 @@ class TaskInfo:
 
     @property
     def is_terminal(self) -> bool:
+        """The status is COMPLETED, FAILED, TIMEOUT, CANCELLED or ERROR."""
         return self.status.is_terminal
 
 
@@ -163,7 +219,7 @@ class Claim:
     has_dependents: bool = False
     # The Redis storage with REDIS_SHARDS > 1: the shard the task was claimed on, where it is
     # stored and every write of the claim goes (a task is not always on its queue's shard:
-    # docs/scaling.md). 0 elsewhere.
+    # docs/redis-shards.md). 0 elsewhere.
     shard: int = 0
 
     @property

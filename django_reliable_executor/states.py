@@ -22,6 +22,8 @@ class TaskStatus(str, enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
+        """COMPLETED, FAILED, TIMEOUT, CANCELLED or ERROR: no worker runs the task again
+        unless it is retried by hand (which COMPLETED cannot be)."""
         return self in TERMINAL_STATUSES
 
 

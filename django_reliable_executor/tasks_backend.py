@@ -70,6 +70,9 @@ STATUS_MAP = {
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
 
+# The docs page and section of the fix, named as the system checks' hints name them.
+SETUP_HINT = "See docs/django-tasks.md, Set-up."
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ReliableTask(Task):  # type: ignore[misc]
@@ -178,6 +181,7 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
         messages: list[checks.CheckMessage] = [
             checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']: {message}",
+                hint=SETUP_HINT,
                 id="django_reliable_executor.E020",
             )
             for _, message in self.problems
@@ -187,6 +191,7 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
                 checks.Error(
                     f"TASKS[{self.alias!r}] uses ReliableExecutorBackend, but "
                     "django_reliable_executor is not in INSTALLED_APPS",
+                    hint=SETUP_HINT,
                     id="django_reliable_executor.E021",
                 )
             )

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, the same way CI runs it: tox over the matrix in tox.ini, one env after
-# the other: the package check (sdist and wheel built, twine check, the wheel's contents), then
-# Python 3.11 + Django 5.2 with the django-tasks backport, Python 3.12 + Django 6.0, and
-# Python 3.12 + Django 6.1 for the Django Tasks backend suites. Each test env runs ruff, mypy,
+# the other: the package check (sdist and wheel built, twine check, the wheel's contents), the
+# documentation site (mkdocs build --strict), then Python 3.11 + Django 5.2 with the
+# django-tasks backport, Python 3.12 + Django 6.0, and Python 3.12 + Django 6.1 for the Django
+# Tasks backend suites. Each test env runs ruff, mypy,
 # the import layers, `makemigrations --check` and pytest against SQLite, MariaDB, PostgreSQL
 # and Redis.
 #

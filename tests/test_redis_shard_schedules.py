@@ -325,7 +325,8 @@ def test_a_copy_left_by_two_racing_saves_is_dropped_by_the_next_save(
     executor: ReliableExecutor, storage: RedisStorage, clock
 ):
     """Two processes saving one schedule at once with queues of two shards may each store a
-    copy (docs/scaling.md): it is listed once, and the next save keeps the copy of its queue."""
+    copy (docs/redis-shards.md): it is listed once, and the next save keeps the copy of its
+    queue."""
     old, new = queue_on(1), queue_on(3)
     info = executor.schedule("raced", "demo.echo", every=60, queue=old)
     # The other process read "not stored yet" and saved its definition on its queue's shard.

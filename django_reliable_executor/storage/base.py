@@ -60,7 +60,7 @@ class TaskStorage(ScheduleStorage):
         #: ``{task_name: its own queue}`` of the same names (the decorator's queue), wired the
         #: same way: a sharded Redis storage keeps every task of such a name on the shard of
         #: that queue, whatever queue it is submitted to, so that its limits are kept in one
-        #: place (docs/scaling.md, "A limited name's home shard").
+        #: place (docs/redis-shards.md, "A limited name's home shard").
         self.limited_homes: Callable[[], Mapping[str, str]] = dict
 
     @property

@@ -227,7 +227,7 @@ def refuse_inside_a_transaction() -> None:
                 f"{connection.alias!r}; django.test.TestCase wraps every test in one): its "
                 "worker threads use connections of their own, which would wait for this "
                 "transaction forever. In a test, run the tasks with "
-                "django_reliable_executor.testing.run_tasks() instead (the docs' Testing page), "
+                "django_reliable_executor.testing.run_tasks() instead (see docs/testing.md), "
                 "or start the worker from a TransactionTestCase."
             )
 

@@ -6,7 +6,8 @@ from django.db import connections
 
 from ...models import ReliableTask
 
-OPERATIONS_DOC = "docs/operations.md, 'Database and Redis care'"
+# The docs page and section of the fix, named as the system checks' hints name them.
+OPERATIONS_DOC = "docs/operations.md, Database and Redis care"
 
 
 def postgresql_warnings(alias: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Waking idle workers on the database storage: LISTEN/NOTIFY, a marker file, or short polls.
 
-Each database has its own way for a commit to reach an idle worker (docs/workers.md):
+Each database has its own way for a commit to reach an idle worker (docs/storage-layouts.md,
+Waking idle workers):
 
 - PostgreSQL: the submitting transaction calls ``pg_notify`` (delivered on commit only, once
   per transaction, channel and queue); the worker LISTENs on a dedicated connection and waits

@@ -89,7 +89,7 @@ class RedisAccess(TaskStorage):
     Every key name starts with the prefix of one shard (sharding.py): ``prefixes[i]`` is shard
     i's, ``p`` the control shard's (what belongs to no queue). With one shard (the default)
     there is one prefix, ``{KEY_PREFIX}:``. ``shards`` (REDIS_SHARDS) above 1 is the sharded
-    layout of docs/scaling.md: each queue's keys on its shard."""
+    layout of docs/redis-shards.md: each queue's keys on its shard."""
 
     def __init__(
         self,

@@ -121,7 +121,7 @@ def save(
     for info, source, target in moves:
         move(storage, info, source, target, keep, anchored, encoded, save_on)
     # Copies on a third shard: a move that stopped half-way, or two saves that raced with
-    # queues of two shards (docs/scaling.md). The schedule is now the target's.
+    # queues of two shards (docs/redis-shards.md). The schedule is now the target's.
     for schedule_id, shard in leftovers:
         storage._run("schedule_delete", schedule_id, shard=shard)
 

@@ -13,7 +13,7 @@ CONTROL_SHARD = 0  # the shard of what belongs to no queue: master lock, workers
 def shard_of(queue: str, shards: int) -> int:
     """The shard of ``queue`` among ``shards``: CRC-32 (zlib.crc32, unsigned) of its UTF-8
     name, modulo ``shards``. Stable across processes, versions and platforms; documented in
-    docs/scaling.md, so changing it is a change of layout."""
+    docs/redis-shards.md, so changing it is a change of layout."""
     if shards == 1:
         return 0
     return zlib.crc32(queue.encode("utf-8")) % shards

@@ -405,7 +405,8 @@ class Command(BaseCommand):
         log = _LogTail(log_path)
         started = time.monotonic()
         while time.monotonic() - started < 60:
-            if any(line.startswith("runexecutor ") for line in log.tail(20)):
+            # The banner's first line; the handler list after it can be long (48 here).
+            if any(line.startswith("runexecutor ") for line in log.head(5)):
                 self._say(f"   worker running (pid {worker.pid}); its log: {log_path}")
                 return
             if worker.poll() is not None:
@@ -645,6 +646,13 @@ class _LogTail:
             if match:
                 events.append(f"worker {match['level']}: {match['message']}")
         return events
+
+    def head(self, n: int) -> list[str]:
+        try:
+            with open(self.path, errors="replace") as log:
+                return [line.rstrip("\n") for line in itertools.islice(log, n)]
+        except OSError:
+            return []
 
     def tail(self, n: int) -> list[str]:
         try:
