@@ -446,8 +446,9 @@ def attempt_timeout_text(task: TaskInfo) -> str | None:
     """The limit each attempt of ``task`` runs under: its own, else its handler's (said so),
     else None."""
     if task.attempt_timeout is not None:
-        return format_duration(dt.timedelta(seconds=task.attempt_timeout))
+        return f"{format_duration(dt.timedelta(seconds=task.attempt_timeout))} per attempt"
     handler = get_handler(task.task_name)
     if handler is not None and handler.attempt_timeout is not None:
-        return f"{format_duration(dt.timedelta(seconds=handler.attempt_timeout))} (its handler's)"
+        limit = format_duration(dt.timedelta(seconds=handler.attempt_timeout))
+        return f"{limit} per attempt (its handler's)"
     return None
