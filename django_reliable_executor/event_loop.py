@@ -18,10 +18,10 @@ from asgiref.sync import sync_to_async
 
 from .connections import tidy_connections
 from .exceptions import StorageUnavailableError
-from .execution import Begun, TaskRunner
+from .execution import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired
 from .observing import Attempt, observe
 from .records import Claim
-from .retries import timeout_message
+from .retries import attempt_timeout_message, timeout_message
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -30,6 +30,7 @@ CANCELLED = (
     "lost its lease"
 )
 TIMED_OUT = "timeout"
+ATTEMPT_TIMED_OUT = "attempt_timeout"
 # Failures are recorded with a blocking storage call, so off the loop, in a few threads.
 BLOCKING_THREADS = 4
 # The loop's timers may fire a hair before the wall clock reaches the deadline; the storage
@@ -80,6 +81,8 @@ class EventLoop:
     the TaskContext) and the task's deadline cancel the handler's asyncio task: it gets
     ``CancelledError`` at its next ``await``, and the failure is recorded as a thread's would
     be, so the storage ends the task CANCELLED or TIMEOUT (or drops an outcome no longer ours).
+    So does its attempt_timeout, and once the coroutine has ended (however it ended) the
+    attempt is recorded as a failed, retryable one.
     """
 
     def __init__(self, runner: TaskRunner, *, stall_seconds: float = 30.0) -> None:
@@ -290,6 +293,9 @@ class EventLoop:
         args, kwargs = runner.arguments(begun, context)
         stopped: list[str] = []  # why the worker cancelled the handler, if it did
         timer: asyncio.TimerHandle | None = None
+        limit: asyncio.TimerHandle | None = None
+        seconds = attempt_timeout_of(claim.task, handler)
+        began = loop.time()
         try:
             handler_task = loop.create_task(_contained(handler.func(*args, **kwargs)))
 
@@ -307,6 +313,17 @@ class EventLoop:
             if claim.deadline_at is not None:
                 left = (claim.deadline_at - runner.executor.clock.now()).total_seconds()
                 timer = loop.call_later(max(left, 0) + DEADLINE_MARGIN, stop, TIMED_OUT)
+            if seconds is not None:
+
+                def expire(seconds: float = seconds) -> None:
+                    if handler_task.done() or stopped:  # returned in time, or stopped already
+                        return
+                    log_attempt_expired(claim, seconds, "cancelling its coroutine")
+                    stop(ATTEMPT_TIMED_OUT)
+                    if context is not None:  # is_cancelled() True (its stop_soon: a no-op)
+                        context.mark_cancelled()
+
+                limit = loop.call_later(seconds, expire)
             value = await handler_task
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
             failure: tuple[str, bool, BaseException | None]
@@ -315,17 +332,24 @@ class EventLoop:
             if stopped == [TIMED_OUT]:
                 await self._past(claim)
                 failure = timeout_message(claim.task.max_duration_millis, None), False, None
+            elif stopped == [ATTEMPT_TIMED_OUT]:
+                assert seconds is not None
+                took = loop.time() - began
+                why = f"its coroutine was cancelled; it ended after {took:.2f} s"
+                failure = attempt_timeout_message(seconds, why), True, None
             elif stopped:
                 failure = CANCELLED, False, None
             else:
                 error = "".join(traceback.format_exception(exc))
                 failure = error, isinstance(exc, handler.retry_on), exc
             if attempt is not None:
-                attempt.failed(None if stopped else exc, error=failure[0])
+                attempt.failed(None if stopped else exc, error=_summary(failure[0], stopped))
             return failure
         finally:
             if timer is not None:
                 timer.cancel()
+            if limit is not None:
+                limit.cancel()
             runner.contexts.pop(claim.task_id, None)
             # The last progress report before the outcome (written after, it is refused); off
             # the loop, and only when one is pending: most tasks pay nothing here.
@@ -333,6 +357,17 @@ class EventLoop:
                 await loop.run_in_executor(self._blocking, runner.finish_progress, claim)
             else:
                 runner.progress.forget(claim.task_id)
+        if stopped == [ATTEMPT_TIMED_OUT]:  # it caught its CancelledError, then returned
+            assert seconds is not None
+            took = loop.time() - began
+            why = (
+                f"its coroutine was cancelled, yet returned after {took:.2f} s; what it "
+                "returned was discarded"
+            )
+            error = attempt_timeout_message(seconds, why)
+            if attempt is not None:
+                attempt.failed(error=_summary(error, stopped))
+            return error, True, None
         writer = runner.writer
         assert writer is not None  # begin_many() refuses to start without it
         refusal = runner.hand_over(claim, value, writer)
@@ -357,6 +392,12 @@ class EventLoop:
             return self.runner.record_failure(begun.claim, error, retryable, exc=exc)
         finally:
             tidy_connections()
+
+
+def _summary(error: str, stopped: list[str]) -> str:
+    """What a failure's span says: an attempt timed out by its first line (what follows says
+    what became of the handler), any other failure as it is."""
+    return error.splitlines()[0] if stopped == [ATTEMPT_TIMED_OUT] else error
 
 
 def _log_error(claims: list[Claim], exc: Exception) -> None:

@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .attempt_limits import AttemptTimer
 from .batching import GroupCommitter
 from .completions import CompletionWriter
 from .connections import close_connections, out_of_reach, with_reconnect
@@ -23,6 +24,7 @@ from .progress import Progress, make_progress
 from .progress_writer import ProgressWriter
 from .records import Claim, TaskInfo, Transition
 from .registry import TaskHandler, get_handler, resolve_handler
+from .retries import attempt_timeout_message
 from .serialization import ConversionError, encode, from_json_value
 from .service import ReliableExecutor
 from .states import TaskStatus
@@ -153,6 +155,29 @@ class Begun:
     parameter: Any
 
 
+def attempt_timeout_of(task: TaskInfo, handler: TaskHandler[Any] | None) -> float | None:
+    """Seconds an attempt of ``task`` may run: its own attempt_timeout, else its handler's
+    (a task stored without one: a schedule's run, a submit from a process without the
+    handler), else None (no limit)."""
+    if task.attempt_timeout is not None:
+        return task.attempt_timeout
+    return handler.attempt_timeout if handler is not None else None
+
+
+def log_attempt_expired(claim: Claim, seconds: float, doing: str) -> None:
+    """The line a worker logs when an attempt passes its attempt_timeout, saying what it does
+    about it (``doing``)."""
+    logger.warning(
+        "task %s (%s): attempt %s ran past its attempt_timeout of %g s; %s. It counts as a "
+        "failed attempt once its handler has ended, and does not run again before",
+        claim.task_id,
+        claim.task.task_name,
+        claim.task.attempts,
+        seconds,
+        doing,
+    )
+
+
 def is_async_handler(handler: TaskHandler[Any] | None) -> bool:
     """An ``async def`` handler: it runs on the worker's event loop, not in a pool thread."""
     return handler is not None and handler.is_async
@@ -165,6 +190,9 @@ class TaskRunner:
         self.executor = executor
         self.lease_seconds = lease_seconds
         self.contexts: dict[str, TaskContext] = {}
+        # The attempt_timeout of handlers run in threads (the event loop and the process pool
+        # keep their own time); its thread starts with the first limit.
+        self.limits = AttemptTimer()
         # Pool threads that start at the same moment share one storage write.
         # A start is fenced by the claim's token, so repeating it on a new connection after
         # the server killed the old one is safe (a start that did commit is not made twice).
@@ -451,6 +479,12 @@ class TaskRunner:
         claim, handler = begun.claim, begun.handler
         context = self.open_context(begun) if handler.takes_context else None
         args = (begun.parameter,) if handler.accepts_parameter else ()
+        seconds = attempt_timeout_of(claim.task, handler)
+        limit = None
+        if seconds is not None:
+            expire = functools.partial(self._attempt_expired, claim, seconds, context)
+            limit = self.limits.arm(seconds, expire)
+        began = time.monotonic()
         try:
             value = handler.func(*args) if context is None else handler.func(*args, context=context)
             if value is not None and inspect.isawaitable(value):
@@ -466,6 +500,10 @@ class TaskRunner:
             # let through they would end this thread and strand its task.
             if context is not None:  # only a handler with a context reports progress
                 self.finish_progress(claim)  # before the outcome: written after, it is refused
+            if limit is not None and self.limits.finish(limit):
+                took = time.monotonic() - began
+                raised = f"the handler raised after {took:.2f} s:\n{traceback.format_exc()}"
+                return self.record_timed_out(claim, limit.seconds, raised, attempt)
             if attempt is not None:
                 attempt.failed(exc)
             retryable = isinstance(exc, handler.retry_on)
@@ -475,12 +513,41 @@ class TaskRunner:
                 self.contexts.pop(claim.task_id, None)
         if context is not None:
             self.finish_progress(claim)
+        if limit is not None and self.limits.finish(limit):
+            took = time.monotonic() - began
+            returned = f"the handler returned after {took:.2f} s; what it returned was discarded"
+            return self.record_timed_out(claim, limit.seconds, returned, attempt)
         refusal = self.hand_over(claim, value, writer)
         if refusal is not None:
             if attempt is not None:
                 attempt.failed(error=refusal)
             return self.record_failure(claim, refusal, False)
         return TaskStatus.COMPLETED  # recorded shortly, by the writer
+
+    def _attempt_expired(self, claim: Claim, seconds: float, context: TaskContext | None) -> None:
+        """The timer's call at a thread's attempt's limit: tell the handler to stop. The claim
+        stays held (lease renewed, slot taken) until the handler returns."""
+        log_attempt_expired(
+            claim,
+            seconds,
+            "asking its handler to stop (context.is_cancelled() is True now)"
+            if context is not None
+            else "its handler takes no context, so it cannot be asked to stop",
+        )
+        if context is not None:
+            context.mark_cancelled()
+
+    def record_timed_out(
+        self, claim: Claim, seconds: float, what_happened: str, attempt: Attempt | None = None
+    ) -> TaskStatus | None:
+        """Record an attempt that ran past its attempt_timeout: a failed attempt, retryable
+        whatever the handler raised (retry_on does not apply: the worker ended it, as a lost
+        worker's attempt); a cancel requested meanwhile, or the task's deadline, still wins
+        (the storage decides, as for any failure)."""
+        error = attempt_timeout_message(seconds, what_happened)
+        if attempt is not None:
+            attempt.failed(error=error.splitlines()[0])
+        return self.record_failure(claim, error, True)
 
     @staticmethod
     def hand_over(claim: Claim, value: Any, writer: CompletionWriter) -> str | None:

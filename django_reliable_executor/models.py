@@ -28,6 +28,10 @@ class ReliableTask(models.Model):
     retry_interval = models.BigIntegerField(default=2000, help_text="Milliseconds.")
     retry_backoff = models.CharField(max_length=16, default="fixed")
     max_duration_millis = models.BigIntegerField(null=True, blank=True)
+    # None: no limit of its own (the handler's attempt_timeout applies, if any).
+    attempt_timeout = models.FloatField(
+        null=True, blank=True, help_text="Seconds each attempt may run."
+    )
     created_at = models.DateTimeField()
     run_at = models.DateTimeField(help_text="Next time the task may start.")
     deadline_at = models.DateTimeField(null=True, blank=True)

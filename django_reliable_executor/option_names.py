@@ -11,6 +11,15 @@ CELERY = {
     "countdown": ("delay_millis", "milliseconds, not seconds"),
     "eta": ("run_at", "an aware datetime"),
     "expires": ("max_duration_millis", "a deadline in milliseconds from the submit"),
+    "time_limit": (
+        "attempt_timeout",
+        "seconds per attempt; the attempt is asked to stop, and terminated only under "
+        "runexecutor --pool process",
+    ),
+    "soft_time_limit": (
+        "attempt_timeout",
+        "seconds per attempt; context.is_cancelled() turns True at the limit",
+    ),
     "autoretry_for": ("retry_on", "a tuple of exception classes"),
     "max_retries": ("retry_limit", ""),
     "default_retry_delay": ("retry_interval", "milliseconds, not seconds"),

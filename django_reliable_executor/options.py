@@ -1,4 +1,5 @@
-"""TaskOptions: a task's retry, deadline, queue and priority options, and the one rule for each."""
+"""TaskOptions: a task's retry, deadline, time limit, queue and priority options, and the one rule
+for each."""
 
 from __future__ import annotations
 
@@ -18,10 +19,20 @@ INT32 = 2**31
 # Longest delay, interval or duration accepted: far beyond any real use, and small enough that
 # now + it stays a valid datetime (a bigger one would overflow when the retry is scheduled).
 MAX_MILLIS = 100 * 365 * 24 * 3600 * 1000  # 100 years
+MAX_SECONDS = MAX_MILLIS // 1000
 
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _seconds_ok(value: Any) -> bool:
+    """A number of seconds (int or float, not bool) above 0 and up to MAX_SECONDS: NaN fails
+    both comparisons, infinity the second (and an int too large for a float is compared as
+    an int, never converted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return 0 < value <= MAX_SECONDS
 
 
 def _queue_ok(value: Any) -> bool:
@@ -34,8 +45,9 @@ def _queue_ok(value: Any) -> bool:
     )
 
 
-# option -> (test, what a good value is). The test sees None too: only max_duration_millis takes
-# it as a value ("no limit"); elsewhere None means "not given" and TaskOptions skips it.
+# option -> (test, what a good value is). The test sees None too: only max_duration_millis and
+# attempt_timeout take it as a value ("no limit"); elsewhere None means "not given" and
+# TaskOptions skips it.
 # retry_limit fits the 32-bit column; the millisecond values keep now + them a valid datetime.
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "retry_limit": (
@@ -50,6 +62,11 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_duration_millis": (
         lambda v: v is None or (is_int(v) and 1 <= v <= MAX_MILLIS),
         f"None or an integer from 1 to {MAX_MILLIS}",
+    ),
+    # Seconds, as Celery's time_limit; a timedelta is converted before (as_number).
+    "attempt_timeout": (
+        lambda v: v is None or _seconds_ok(v),
+        f"None, a number of seconds above 0 and at most {MAX_SECONDS}, or a timedelta",
     ),
     "queue": (
         _queue_ok,
@@ -77,6 +94,7 @@ class TaskOptions:
     max_duration_millis: int | None = None
     queue: str | None = None
     priority: int | None = None
+    attempt_timeout: float | None = None  # seconds each attempt may run
 
     @classmethod
     def of(cls, *sources: Any) -> TaskOptions:
@@ -139,13 +157,14 @@ RETRY_NAMES = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_m
 
 # Duration options and their unit: each also takes a datetime.timedelta, converted to it.
 MILLISECOND_OPTIONS = ("retry_interval", "max_duration_millis", "delay_millis")
-SECOND_OPTIONS = ("unique_for",)
+SECOND_OPTIONS = ("unique_for", "attempt_timeout")
 _MILLISECOND = dt.timedelta(milliseconds=1)
 
 
 def as_number(name: str, value: Any) -> Any:
     """``value`` of duration option ``name`` in its unit when it is a timedelta (milliseconds,
-    rounded; seconds for unique_for); anything else as it is (the option's rule checks it)."""
+    rounded; seconds for unique_for and attempt_timeout); anything else as it is (the option's
+    rule checks it)."""
     if not isinstance(value, dt.timedelta):
         return value
     if name in SECOND_OPTIONS:
@@ -155,7 +174,7 @@ def as_number(name: str, value: Any) -> Any:
 
 def numeric_durations(source: Any) -> Any:
     """A dataclass instance (a TaskSubmitRequest) with its timedelta durations converted; the
-    same object when it has none (the usual case, at the cost of four type checks)."""
+    same object when it has none (the usual case, at the cost of five type checks)."""
     changes = {
         name: as_number(name, value)
         for name in (*MILLISECOND_OPTIONS, *SECOND_OPTIONS)

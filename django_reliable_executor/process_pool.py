@@ -9,6 +9,8 @@ waits. The wait lets the GIL go, so a handler holding the
 GIL in its child costs the worker nothing. Past the task's deadline, or once a cancel is
 requested (or the lease lost), the child gets SIGTERM, then SIGKILL after ``GRACE_SECONDS``, and
 the failed attempt is recorded: the storage ends it TIMEOUT or CANCELLED, as it does a thread's.
+Past the attempt's ``attempt_timeout`` likewise: the attempt then counts as a failed, retryable
+one ("attempt timed out after N s").
 A child that dies is replaced, and its task counts a failed (retryable) attempt.
 
 Children are started with the "spawn" method (fork after threads and open connections is
@@ -32,11 +34,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from . import process_child
-from .execution import Begun, TaskContext, TaskRunner
+from .execution import Begun, TaskContext, TaskRunner, attempt_timeout_of, log_attempt_expired
 from .observing import Attempt, observe
 from .progress import progress_from_json
 from .records import Claim, task_to_json
-from .retries import timeout_message
+from .retries import attempt_timeout_message, timeout_message
 from .serialization import Encoded, dumps
 from .states import TaskStatus
 
@@ -297,8 +299,9 @@ class ProcessPool:
         stop: threading.Event,
         attempt: Attempt | None,
     ) -> dict[str, Any]:
-        """Send the task, wait for the reply; {"status": "timeout" | "cancelled"} once the
-        child had to be stopped, or when the task was over before it got a child."""
+        """Send the task, wait for the reply; {"status": "timeout" | "attempt_timeout" |
+        "cancelled"} once the child had to be stopped, or when the task was over before it got
+        a child."""
         claim = begun.claim
         deadline = claim.deadline_at
         if deadline is not None and self._seconds_to(deadline) <= 0:
@@ -311,11 +314,17 @@ class ProcessPool:
         }
         if attempt is not None:
             message["run_span"] = attempt.child_trace_context()
+        seconds = attempt_timeout_of(claim.task, begun.handler)
         child.send(message)
         started = time.monotonic()
         ends = None if deadline is None else started + self._seconds_to(deadline)
+        limit_ends = None if seconds is None else started + seconds
+        # Woken at whichever comes first (and every WAIT_STEP, for the cancel flag).
+        soonest = min((t for t in (ends, limit_ends) if t is not None), default=None)
         while True:
-            step = WAIT_STEP if ends is None else max(0.0, min(WAIT_STEP, ends - time.monotonic()))
+            step = WAIT_STEP
+            if soonest is not None:
+                step = max(0.0, min(WAIT_STEP, soonest - time.monotonic()))
             reply = child.receive(step)
             if reply is not None and reply["status"] == "progress":  # coalesced in the child
                 progress = progress_from_json(reply["progress"])
@@ -327,6 +336,14 @@ class ProcessPool:
             why = None
             if ends is not None and now >= ends:
                 why = "timeout"
+            elif limit_ends is not None and now >= limit_ends:
+                assert seconds is not None
+                log_attempt_expired(claim, seconds, f"terminating its child process {child.pid}")
+                child.stop()
+                return {
+                    "status": "attempt_timeout",
+                    "error": attempt_timeout_message(seconds, TERMINATED),
+                }
             elif stop.is_set() or (now - started >= READ_CANCEL_AFTER and context.is_cancelled()):
                 why = "cancelled"
             if why is not None:
@@ -349,7 +366,9 @@ class ProcessPool:
         runner, claim = self.runner, begun.claim
         status = reply["status"]
         if attempt is not None and status != "ok":
-            attempt.failed(error=reply.get("error") or status)
+            error = reply.get("error") or status
+            # A timed-out attempt's span says so (its first line), not what became of it.
+            attempt.failed(error=error.splitlines()[0] if status == "attempt_timeout" else error)
         if status == "ok":
             writer = runner.writer
             assert writer is not None  # the worker started it before any claim
@@ -358,6 +377,8 @@ class ProcessPool:
             return TaskStatus.COMPLETED  # recorded shortly, by the writer
         if status == "error":
             return runner.record_failure(claim, reply["error"], bool(reply["retryable"]))
+        if status == "attempt_timeout":  # retried as the task's retry options say
+            return runner.record_failure(claim, reply["error"], True)
         if status == "died":
             logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, reply["error"])
             return runner.record_failure(claim, reply["error"], True)

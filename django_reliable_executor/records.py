@@ -66,6 +66,9 @@ class TaskSubmitRequest:
     # of these task ids has ended; a failed one cancels it unless on_dependency_failure="run".
     depends_on: Sequence[str] | None = None
     on_dependency_failure: str = "cancel"  # "cancel" | "run"
+    # Seconds (or a timedelta) each attempt may run: one running longer is asked to stop
+    # (hard under --pool process) and counts as a failed attempt (docs/retries.md).
+    attempt_timeout: float | dt.timedelta | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +139,9 @@ class TaskInfo:
     # event loop), until the worker reports it returned or its lease lapses. A terminal task
     # has *ended* (docs/guarantees.md) only once this is False.
     handler_running: bool = False
+    # Seconds each attempt may run (None: no limit of its own; a worker then applies its
+    # handler's attempt_timeout, if any).
+    attempt_timeout: float | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -172,6 +178,7 @@ class NewTask:
     # Which batch of that id (NewBatch.generation): a batch id may be used again once its
     # batch was purged, and a member counts only in the batch it was submitted to.
     batch_generation: str | None = None
+    attempt_timeout: float | None = None  # seconds (TaskInfo's field)
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -379,6 +386,7 @@ def created_info(
     run_at: dt.datetime,
     trace_context: dict[str, str] | None = None,
     batch_id: str | None = None,
+    attempt_timeout: float | None = None,
 ) -> TaskInfo:
     """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
@@ -409,6 +417,7 @@ def created_info(
             "trace_context": trace_context,
             "batch_id": batch_id,
             "handler_running": False,
+            "attempt_timeout": attempt_timeout,
         },
     )
 
@@ -429,6 +438,7 @@ def new_info(task: NewTask) -> TaskInfo:
         task.run_at,
         task.trace_context,
         task.batch_id,
+        task.attempt_timeout,
     )
 
 

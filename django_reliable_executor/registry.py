@@ -49,6 +49,7 @@ class TaskHandler(Generic[R]):
         max_concurrency: int | None = None,
         unique_for: float | None = None,
         rate_limit: str | None = None,
+        attempt_timeout: float | None = None,
     ) -> None:
         self.func = func
         # Asked for every claim the worker takes (which pool runs it): looked up once here.
@@ -72,6 +73,9 @@ class TaskHandler(Generic[R]):
         self.rate_limit: RateLimit | None = (
             parse_rate_limit(rate_limit) if rate_limit is not None else None
         )
+        # Seconds each attempt may run (a submit's own attempt_timeout comes first); also
+        # the limit of tasks stored without one (a schedule's runs, say).
+        self.attempt_timeout = None if attempt_timeout is None else float(attempt_timeout)
         # Schedules declared with the decorator's ``schedule=`` (saved by runexecutor).
         self.schedules: tuple[Schedule, ...] = ()
         self.accepts_parameter = param_type is not None or _takes_positional(func)
@@ -173,6 +177,7 @@ def reliable_task_handler(
     max_concurrency: int | None = None,
     unique_for: float | dt.timedelta | None = None,
     rate_limit: str | None = None,
+    attempt_timeout: float | dt.timedelta | None = None,
     schedule: ScheduleSpec | Sequence[ScheduleSpec] | None = None,
     **unknown: Any,
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
@@ -186,6 +191,10 @@ def reliable_task_handler(
     ``rate_limit`` ("N/s", "N/m", "N/h") lets at most N tasks of this name start in any
     window of that length across every worker, one limit per ``rate_key`` given at submit
     (docs/flow-control.md).
+    ``attempt_timeout`` (seconds or a timedelta) limits each attempt: one running longer is
+    asked to stop (``context.is_cancelled()``; its child process is terminated under
+    ``--pool process``) and counts as a failed attempt, retried by the retry options
+    (docs/retries.md).
     ``schedule`` fires the task periodically: a cron string ("0 3 * * *"), an interval in
     seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
     updates these schedules when it starts.
@@ -203,6 +212,7 @@ def reliable_task_handler(
     retry_interval = as_number("retry_interval", retry_interval)
     max_duration_millis = as_number("max_duration_millis", max_duration_millis)
     unique_for = as_number("unique_for", unique_for)
+    attempt_timeout = as_number("attempt_timeout", attempt_timeout)
 
     def decorate(func: Callable[..., R]) -> TaskHandler[R]:
         task_name = name or f"{func.__module__}.{func.__qualname__}"
@@ -219,6 +229,7 @@ def reliable_task_handler(
             max_concurrency=max_concurrency,
             unique_for=unique_for,
             rate_limit=rate_limit,
+            attempt_timeout=attempt_timeout,
         )
         _validate_options(task_name, options)
         handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)

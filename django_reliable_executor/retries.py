@@ -98,3 +98,9 @@ def timeout_message(max_duration_millis: int | None, previous_error: str | None)
     if previous_error:
         message += f"\nLast failure before the deadline:\n{previous_error}"
     return message
+
+
+def attempt_timeout_message(seconds: float, what_happened: str) -> str:
+    """The last_error of an attempt that ran past its attempt_timeout: its first line says so,
+    then what became of its handler (a traceback on the lines after, when it raised)."""
+    return f"attempt timed out after {seconds:g} s (attempt_timeout): {what_happened}"

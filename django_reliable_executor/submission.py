@@ -102,7 +102,8 @@ def prepare(
     return NewTask(
         task_id=task_id,
         task_name=name,
-        # validate(required=...) refused a None in every option but max_duration_millis.
+        # validate(required=...) refused a None in every option but max_duration_millis and
+        # attempt_timeout.
         queue=queue,
         priority=cast(int, options.priority),
         parameter=parameter,
@@ -119,6 +120,8 @@ def prepare(
         depends_on=depends_on,
         on_dependency_failure=request.on_dependency_failure,
         trace_context=trace_context,
+        # Stored as float seconds whatever number was given (TaskInfo reads it back so).
+        attempt_timeout=None if options.attempt_timeout is None else float(options.attempt_timeout),
     )
 
 

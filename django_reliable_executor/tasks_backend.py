@@ -32,7 +32,7 @@ from .announcing import on_finished
 from .exceptions import InvalidTaskOptionError, TaskSubmitError
 from .execution import TaskContext as ExecutorContext
 from .option_names import guess
-from .options import RETRY_NAMES, TaskOptions, check_option
+from .options import RETRY_NAMES, TaskOptions, as_number, check_option
 from .progress import Progress
 from .records import TaskInfo, TaskSubmitRequest, Transition
 from .registry import TaskHandler, get_handler, register, register_resolver
@@ -58,7 +58,9 @@ from .tasks_compat import (
 logger = logging.getLogger("django_reliable_executor")
 _TASK_NAME = operator.attrgetter("task.task_name")
 
-OPTION_KEYS = (*RETRY_NAMES, "retry_on")
+# The task options of @task (Django 6.1, the backport) and of OPTIONS, besides retry_on.
+TASK_OPTION_NAMES = (*RETRY_NAMES, "attempt_timeout")
+OPTION_KEYS = (*TASK_OPTION_NAMES, "retry_on")
 STATUS_MAP = {
     TaskStatus.CREATED: TaskResultStatus.READY,
     TaskStatus.PENDING: TaskResultStatus.READY,
@@ -81,10 +83,18 @@ class ReliableTask(Task):  # type: ignore[misc]
     None takes the backend's OPTIONS, then RELIABLE_EXECUTOR's defaults."""
 
     retry_limit: int | None = None
-    retry_interval: int | None = None  # milliseconds
+    retry_interval: int | dt.timedelta | None = None  # milliseconds
     retry_backoff: str | None = None
-    max_duration_millis: int | None = None
+    max_duration_millis: int | dt.timedelta | None = None
     retry_on: tuple[type[BaseException], ...] | None = None
+    attempt_timeout: float | dt.timedelta | None = None  # seconds each attempt may run
+
+
+def _numbers(source: Any) -> TaskOptions:
+    """The task options of ``source`` (a task), its timedelta durations in their units."""
+    return TaskOptions(
+        **{name: as_number(name, getattr(source, name, None)) for name in TASK_OPTION_NAMES}
+    )
 
 
 def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -93,8 +103,8 @@ def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
     for key in sorted(set(options) - set(OPTION_KEYS)):
         known = ", ".join(OPTION_KEYS)
         problems.append((key, f"unknown option {key!r}{guess(key, OPTION_KEYS)} (known: {known})"))
-    for key in RETRY_NAMES:
-        value = options.get(key)
+    for key in TASK_OPTION_NAMES:
+        value = as_number(key, options.get(key))
         if value is None:
             continue
         try:
@@ -162,7 +172,7 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
         as a handler, so a worker that imported its module can run it."""
         super().validate_task(task)
         try:  # the rule submit applies, so a bad option fails here rather than at every enqueue
-            TaskOptions.of(task, TaskOptions(queue=task.queue_name)).validate()
+            TaskOptions.of(_numbers(task), TaskOptions(queue=task.queue_name)).validate()
         except InvalidTaskOptionError as exc:
             raise InvalidTaskError(str(exc)) from exc
         retry_on = getattr(task, "retry_on", None)
@@ -229,6 +239,7 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
                     retry_interval=option("retry_interval"),
                     retry_backoff=option("retry_backoff"),
                     max_duration_millis=option("max_duration_millis"),
+                    attempt_timeout=option("attempt_timeout"),
                 )
             )
         except TaskSubmitError as exc:
@@ -409,8 +420,16 @@ def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[An
     run.__module__ = func.__module__
     run.__qualname__ = func.__qualname__
     retry_on = getattr(task, "retry_on", None) or backend.defaults["retry_on"] or (Exception,)
+    timeout = getattr(task, "attempt_timeout", None)
+    if timeout is None:
+        timeout = backend.defaults["attempt_timeout"]
     handler: TaskHandler[Any] = TaskHandler(
-        run, name=task.module_path, queue=task.queue_name, retry_on=retry_on, takes_context=True
+        run,
+        name=task.module_path,
+        queue=task.queue_name,
+        retry_on=retry_on,
+        takes_context=True,
+        attempt_timeout=as_number("attempt_timeout", timeout),
     )
     handler.django_task = task  # type: ignore[attr-defined]
     return handler

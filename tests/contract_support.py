@@ -36,6 +36,19 @@ def hook(param: Any, context: TaskContext) -> Any:
     return action(context) if action is not None else None
 
 
+@reliable_task_handler(
+    name="contract.timed",
+    takes_context=True,
+    retry_interval=1000,
+    retry_on=(ConnectionError,),
+    attempt_timeout=0.3,
+)
+def timed(param: Any, context: TaskContext) -> Any:
+    """contract.hook with a decorator attempt_timeout of 0.3 s, retrying ConnectionError only."""
+    action = HOOKS.get(context.task_id)
+    return action(context) if action is not None else None
+
+
 @reliable_task_handler(name="contract.gate")
 def gate(param: Any = None) -> str:
     """Blocks until GATE is set (at most 30 s), so tests can hold a worker's pool busy."""

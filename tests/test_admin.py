@@ -28,7 +28,7 @@ from tests.admin_support import (
     make_user,
     populate,
 )
-from tests.contract_support import claim_and_start, recording
+from tests.contract_support import claim_and_start, new_task, recording
 
 
 @pytest.fixture(params=admin_params())
@@ -322,6 +322,27 @@ def test_detail_shows_json_error_timestamps_worker_and_cancel_flag(service, view
     assert "cancel requested" in running
     assert re.search(r"Cancel requested</th><td>yes</td>", running)
     assert "worker-a" in running
+
+
+def test_detail_shows_the_attempt_timeout_its_own_or_its_handler_s(service, viewer):
+    service.submit("contract.hook", None, task_id="t-limited", attempt_timeout=90)
+    service.submit("contract.timed", None, task_id="t-decorated", attempt_timeout=None)
+    service.storage.enqueue([new_task("t-bare", "contract.timed", None, service.clock.now())])
+
+    def shown(task_id: str) -> str:
+        html = viewer.get(detail_url(task_id)).content.decode()
+        found = re.search(
+            r'id="re-attempt-timeout"><th scope="row">Attempt timeout</th>'
+            r"<td>(.*?)</td>",
+            html,
+        )
+        assert found, html
+        return found.group(1)
+
+    assert shown("t-limited") == "1 min 30 s per attempt"
+    assert shown("t-decorated") == "300 ms per attempt"  # stored from the handler at submit
+    assert shown("t-bare") == "300 ms per attempt (its handler&#x27;s)"
+    assert shown("t-completed") == '<span class="re-muted">none</span>'
 
 
 def test_detail_of_an_unknown_task_goes_back_to_the_list(service, viewer):

@@ -194,6 +194,17 @@ def test_a_submit_with_depends_on_waits_and_shows_what_it_awaits(service, operat
     assert service.get_task("api-c") is None
 
 
+def test_a_submit_with_attempt_timeout_stores_and_shows_it(service, operator):
+    body = {"task_name": HOOK, "task_id": "api-t", "attempt_timeout": 2.5}
+    created = post_json(operator, API, body)
+    assert created.status_code == 201, created.content
+    assert created.json()["attempt_timeout"] == 2.5
+    assert operator.get(f"{API}api-t/").json()["attempt_timeout"] == 2.5
+    assert service.get_task("api-t").attempt_timeout == 2.5
+    plain = post_json(operator, API, {"task_name": HOOK, "task_id": "api-u"})
+    assert plain.json()["attempt_timeout"] is None
+
+
 def test_the_task_json_carries_the_progress(service, operator):
     service.submit(HOOK, None, task_id="api-p")
     assert operator.get(f"{API}api-p/").json()["progress"] is None
@@ -263,6 +274,11 @@ def test_task_ids_with_a_slash_and_unknown_ids(service, operator):
         ({"task_name": HOOK, "run_at": "2030-01-01T00:00:00"}, "run_at", "UTC offset"),
         ({"task_name": HOOK, "run_at": "tomorrow"}, "run_at", "ISO 8601"),
         ({"task_name": HOOK, "run_at": 17}, "run_at", "ISO 8601"),
+        ({"task_name": HOOK, "attempt_timeout": 0}, "attempt_timeout", "got 0"),
+        ({"task_name": HOOK, "attempt_timeout": -1.5}, "attempt_timeout", "got -1.5"),
+        ({"task_name": HOOK, "attempt_timeout": "30"}, "attempt_timeout", "got '30'"),
+        ({"task_name": HOOK, "attempt_timeout": True}, "attempt_timeout", "got True"),
+        ({"task_name": HOOK, "attempt_timeout": 1e300}, "attempt_timeout", "at most"),
     ],
 )
 def test_bad_submits_are_400_naming_the_field(service, operator, body, field, words):

@@ -1,11 +1,13 @@
 """What "ended" means (docs/guarantees.md), as a matrix under real runexecutor processes: every
 way a task's status can become terminal while its handler runs on (a TIMEOUT in the thread pool,
 a TIMEOUT on the event loop, a cancel of a running task, a TIMEOUT whose worker then freezes
-past its lease) against every rule that waits for a task to end (dependents in both
-``on_dependency_failure`` modes, submitted before and during the run; a batch's callback; a
-unique key; ``overlap="skip"``; ``max_concurrency``; ``retry_task``; the purge). Read from the
-handlers' own start and end records: nothing that waits starts before the handler it waits for
-returned, unless that handler's worker is gone (its lease lapsed)."""
+past its lease), and an attempt past its attempt_timeout whose handler runs on (in a thread, on
+the event loop: the task stays RUNNING until it returns, then FAILED), against every rule that
+waits for a task to end (dependents in both ``on_dependency_failure`` modes, submitted before
+and during the run; a batch's callback; a unique key; ``overlap="skip"``; ``max_concurrency``;
+``retry_task``; the purge). Read from the handlers' own start and end records: nothing that
+waits starts before the handler it waits for returned, unless that handler's worker is gone
+(its lease lapsed)."""
 
 from __future__ import annotations
 
@@ -39,11 +41,16 @@ class Ending:
     deadline: bool  # submitted with max_duration_millis
     cancel: bool  # the test cancels them once they run
     freeze: bool  # their worker is frozen (SIGSTOP) past its lease once they timed out
+    # Submitted with this attempt_timeout (seconds; no retries: they end FAILED once the
+    # handler returned), which their handlers run past.
+    attempt_timeout: float | None = None
 
     def first(self, task_id: str, **options) -> TaskSubmitRequest:
         parameter = {"seconds": HOLD, "fail": self.cancel, **options.pop("parameter", {})}
         if self.deadline:
             options.setdefault("max_duration_millis", DEADLINE_MILLIS)
+        if self.attempt_timeout is not None:
+            options.setdefault("attempt_timeout", self.attempt_timeout)
         if self.freeze:
             options.setdefault("queue", FROZEN)
         return TaskSubmitRequest(
@@ -58,6 +65,22 @@ ENDINGS = {
     ),
     "cancel": Ending("cancel", "demo.outlive", deadline=False, cancel=True, freeze=False),
     "lease_lost": Ending("lease_lost", "demo.outlive", deadline=True, cancel=False, freeze=True),
+    "attempt_timeout": Ending(
+        "attempt_timeout",
+        "demo.outlive",
+        deadline=False,
+        cancel=False,
+        freeze=False,
+        attempt_timeout=DEADLINE_MILLIS / 1000,
+    ),
+    "attempt_timeout_async": Ending(
+        "attempt_timeout_async",
+        "demo.async_outlive",
+        deadline=False,
+        cancel=False,
+        freeze=False,
+        attempt_timeout=DEADLINE_MILLIS / 1000,
+    ),
 }
 
 
@@ -144,6 +167,10 @@ class Matrix:
         info = self.service.get_task(task_id)
         if info is None or not self.starts(task_id) or self.ends(task_id):
             return False
+        limit = self.ending.attempt_timeout
+        if limit is not None:  # past its limit (and a margin), still RUNNING: not ended
+            past = time.time() - self.starts(task_id)[0] > limit + 0.3
+            return past and info.status is TaskStatus.RUNNING
         if self.ending.cancel:
             if info.status is TaskStatus.RUNNING and not info.cancel_requested:
                 self.service.cancel_task(task_id)
@@ -173,7 +200,9 @@ class Matrix:
         # The holder has not ended: the submit returns it and stores nothing.
         self.expect("unique_for", again.task_id == "unique", again)
         reason = service.retry_task_or_reason("retry")
-        if not self.ending.cancel:  # (a RUNNING task cannot be retried at all)
+        if self.ending.attempt_timeout is not None:  # RUNNING until its handler returns
+            self.expect("retry_task", reason == "RUNNING cannot be retried", reason)
+        elif not self.ending.cancel:  # (a RUNNING task cannot be retried at all)
             self.expect("retry_task", reason is not None and "still running" in reason, reason)
         service.purge_finished(timezone.now() + dt.timedelta(days=1))
         if not self.ends("purge"):

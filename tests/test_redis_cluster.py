@@ -493,6 +493,50 @@ def test_a_chain_and_a_batch_across_the_masters_of_three_shards(make_executor, p
     assert storage.deliver_messages(500) == 0
 
 
+def test_attempt_timeout_over_the_masters_of_three_shards(make_executor, prefixes):
+    """REDIS_SHARDS = 3 on 3 masters: tasks with an attempt_timeout on each shard keep it (the
+    task hash's field, read by the claim) and are timed out by a worker thread; a chain whose
+    first step times out and is retried releases the next one only after it completed."""
+    prefix = f"xtimeout-{uuid.uuid4().hex[:10]}"
+    prefixes.append(prefix)
+    executor = make_executor(prefix, node=2, shards=3)
+    queues = ("orphan", "default", "prio")  # shards 0, 1, 2
+    for i, queue in enumerate(queues):
+        executor.submit(
+            "demo.slow",
+            {"seconds": 30},
+            task_id=f"slow-{i}",
+            queue=queue,
+            attempt_timeout=0.3,
+            retry_limit=0,
+        )
+    executor.chain(
+        [
+            TaskSubmitRequest(  # its first attempt times out, its second completes
+                "demo.cooperative",
+                {"sleep": 30, "sleep_attempts": 1},
+                task_id="first",
+                queue="orphan",
+                attempt_timeout=dt.timedelta(milliseconds=300),
+                retry_limit=1,
+            ),
+            TaskSubmitRequest("demo.echo", 1, task_id="next", queue="prio"),
+        ]
+    )
+    assert [executor.get_task(f"slow-{i}").attempt_timeout for i in range(3)] == [0.3] * 3
+    assert executor.get_task("first").attempt_timeout == 0.3
+    with running(executor, "xtimeout-worker", queues):
+        wait_for(lambda: live_count(executor) == 0, 60, "every task to end")
+    for i in range(3):
+        slow = executor.get_task(f"slow-{i}")
+        assert slow.status is TaskStatus.FAILED, slow
+        assert slow.last_error.startswith("attempt timed out after 0.3 s (attempt_timeout): ")
+    first, after = executor.get_task("first"), executor.get_task("next")
+    assert (first.status, first.attempts) == (TaskStatus.COMPLETED, 2), first
+    # (finish times, not started_at: see the test above)
+    assert after.status is TaskStatus.COMPLETED and after.finished_at >= first.finished_at
+
+
 def test_a_limited_name_keeps_one_cap_and_one_rate_over_the_masters_of_three_shards(
     make_executor, prefixes, redis_cluster_nodes: list[RedisServer]
 ):

@@ -140,6 +140,9 @@ def test_a_bare_name_that_is_no_builtin_says_to_give_a_dotted_path():
         ({"retry_limit": True}, "retry_limit"),
         ({"retry_interval": 1.5}, "retry_interval"),
         ({"max_duration_millis": -5}, "max_duration_millis"),
+        ({"attempt_timeout": 0}, "attempt_timeout"),
+        ({"attempt_timeout": "30"}, "attempt_timeout"),
+        ({"attempt_timeout": dt.timedelta(seconds=-1)}, "attempt_timeout"),
         ({"retry_backoff": "sideways"}, "retry_backoff"),
         ({"retry_on": "no_such_module.NoSuchError"}, "retry_on"),
         ({"retry_on": "os.path"}, "retry_on"),
@@ -165,6 +168,24 @@ def test_per_task_options_are_validated():
         dataclasses.replace(djtasks.meaning_of_life, retry_backoff="sideways")
     with pytest.raises(InvalidTaskError, match="retry_on"):
         dataclasses.replace(djtasks.meaning_of_life, retry_on=("builtins.len",))
+    with pytest.raises(InvalidTaskError, match="attempt_timeout must be"):
+        dataclasses.replace(djtasks.meaning_of_life, attempt_timeout=0)
+
+
+def test_attempt_timeout_from_options_or_the_task_and_durations_as_timedeltas(backend):
+    """OPTIONS and a task's own options take seconds or a timedelta for attempt_timeout (and a
+    timedelta for the millisecond durations); the task's own comes first."""
+    from django_reliable_executor.service import executor as module_executor
+
+    options = {"attempt_timeout": dt.timedelta(seconds=2.5), "retry_interval": dt.timedelta(0, 1)}
+    configured = ReliableExecutorBackend("x", {"OPTIONS": options})
+    assert list(configured.check()) == []
+    result = configured.enqueue(djtasks.meaning_of_life.using(backend="default"), (), {})
+    info = module_executor.get_task(result.id)
+    assert (info.attempt_timeout, info.retry_interval) == (2.5, 1000)
+    own = dataclasses.replace(djtasks.meaning_of_life, attempt_timeout=dt.timedelta(seconds=0.5))
+    info = module_executor.get_task(configured.enqueue(own, (), {}).id)
+    assert info.attempt_timeout == 0.5
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -647,8 +668,10 @@ def test_task_options_in_the_decorator(backend):
     info = module_executor.get_task(result.id)
     assert (info.retry_limit, info.retry_interval, info.retry_backoff) == (5, 1000, "exponential")
     assert info.max_duration_millis == 60_000
+    assert info.attempt_timeout == 30.0
     handler = get_handler("djtasks.tasks.with_options")
     assert handler.retry_on == (ConnectionError, TimeoutError)
+    assert handler.attempt_timeout == 30.0
     assert djtasks.with_options.get_result(result.id) == result
 
 

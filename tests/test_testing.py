@@ -59,6 +59,17 @@ class RunTasksCases(TaskTestMixin):
         assert ran[failing.task_id].status is TaskStatus.FAILED
         assert "always" in (ran[failing.task_id].last_error or "")
 
+    def test_an_attempt_past_its_attempt_timeout_is_retried_as_in_a_worker(self) -> None:
+        task = executor.submit(
+            "demo.cooperative",
+            {"sleep": 30, "sleep_attempts": 1},
+            attempt_timeout=0.2,
+            retry_interval=0,
+        )
+        [ran] = self.run_tasks()
+        assert (ran.task_id, ran.status, ran.attempts) == (task.task_id, TaskStatus.COMPLETED, 2)
+        assert (ran.last_error or "").startswith("attempt timed out after 0.2 s")
+
     def test_limit_and_queues_bound_what_runs(self) -> None:
         for i in range(3):
             executor.submit("demo.echo", i, queue="mail")

@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from ..progress import percent, progress_summary
 from ..records import TaskInfo, WorkerInfo
-from ..registry import all_handlers
+from ..registry import all_handlers, get_handler
 from ..service import ReliableExecutor
 from ..states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
 from .health import DueThresholds, chart
@@ -463,5 +463,18 @@ def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> d
         if task.max_duration_millis
         else None,
         "retry_interval": format_duration(dt.timedelta(milliseconds=task.retry_interval)),
+        "attempt_timeout": attempt_timeout_text(task),
         "batch_url": batch_url(task.batch_id, site_name) if task.batch_id else None,
     }
+
+
+def attempt_timeout_text(task: TaskInfo) -> str | None:
+    """The limit each attempt of ``task`` runs under: its own, else its handler's (said so),
+    else None."""
+    if task.attempt_timeout is not None:
+        return f"{format_duration(dt.timedelta(seconds=task.attempt_timeout))} per attempt"
+    handler = get_handler(task.task_name)
+    if handler is not None and handler.attempt_timeout is not None:
+        limit = format_duration(dt.timedelta(seconds=handler.attempt_timeout))
+        return f"{limit} per attempt (its handler's)"
+    return None

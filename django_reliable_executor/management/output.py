@@ -267,6 +267,10 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
             "max_duration_millis",
             "none" if info.max_duration_millis is None else f"{info.max_duration_millis} ms",
         ),
+        (
+            "attempt_timeout",
+            "none" if info.attempt_timeout is None else f"{info.attempt_timeout:g} s",
+        ),
         ("created_at", _when(info.created_at, now)),
         ("run_at", _when(info.run_at, now)),
         ("started_at", _when(info.started_at, now)),

@@ -66,6 +66,8 @@ def banner_lines() -> list[str]:
             limits.append(f"rate_limit={rate.count}/{_per(rate.window_seconds)}")
         if handler.max_duration_millis is not None:
             limits.append(f"max_duration={handler.max_duration_millis / 1000:g}s")
+        if handler.attempt_timeout is not None:
+            limits.append(f"attempt_timeout={handler.attempt_timeout:g}s")
         lines.append(f"  {name}  {' '.join(limits)}")
     schedules = declared_schedules()
     lines.append(f"schedules declared in code ({len(schedules)}):")

@@ -242,7 +242,8 @@ def _result(param: dict, context: TaskContext) -> object:
 def journal(param: dict | None, context: TaskContext) -> object:
     """Writes "start" and "end" records to the journal (RE_JOURNAL) around ``sleep`` seconds of
     work (only in the first ``sleep_attempts`` attempts when that is given; cancellation is
-    ignored); ``spin`` seconds instead hold the GIL in one C call; returns ``result`` (a poison
+    ignored); ``spin`` seconds instead hold the GIL in one C call (only in the first
+    ``spin_attempts`` attempts when that is given); returns ``result`` (a poison
     value with ``poison``: "bigint" or "deep"). ``crash`` ends the process right after "start"
     (in the first ``crash_attempts`` attempts when that is given): "exit" with os._exit(3),
     "segv" by a SIGSEGV, as a crash in C code would."""
@@ -255,11 +256,32 @@ def journal(param: dict | None, context: TaskContext) -> object:
         os._exit(3)
     if param.get("sleep") and context.attempt <= param.get("sleep_attempts", context.attempt):
         time.sleep(float(param["sleep"]))
-    if param.get("spin"):
+    if param.get("spin") and context.attempt <= param.get("spin_attempts", context.attempt):
         sum(range(int(float(param["spin"]) * 6 * 10**7)))  # one C call: the GIL is not let go
     result = _result(param, context)
     _journal("end", context)
     return result
+
+
+@reliable_task_handler(
+    name="demo.cooperative", takes_context=True, retry_on=(ConnectionError,), retry_interval=50
+)
+def cooperative(param: dict | None, context: TaskContext) -> object:
+    """demo.journal's cooperative twin: "start", then ``sleep`` seconds in 10 ms steps (only in
+    the first ``sleep_attempts`` attempts when that is given) checking
+    ``context.is_cancelled()``; once it is True, writes "cancelled" and raises InterruptedError
+    (outside its retry_on). Else writes "end" and returns the attempt."""
+    param = param or {}
+    _journal("start", context)
+    if context.attempt <= param.get("sleep_attempts", context.attempt):
+        ends = time.monotonic() + float(param.get("sleep", 0))
+        while time.monotonic() < ends:
+            if context.is_cancelled():
+                _journal("cancelled", context)
+                raise InterruptedError(f"attempt {context.attempt}: asked to stop")
+            time.sleep(0.01)
+    _journal("end", context)
+    return context.attempt
 
 
 @reliable_task_handler(

@@ -84,6 +84,7 @@ if DECORATOR_OPTIONS:  # Django 6.1+ and the backport: this app's options on @ta
         retry_backoff="exponential",
         max_duration_millis=60_000,
         retry_on=(ConnectionError, TimeoutError),
+        attempt_timeout=30,
     )
     def with_options() -> str:
         return "ok"

@@ -66,6 +66,7 @@ def to_info(row: ReliableTask) -> TaskInfo:
         trace_context=row.trace_context,
         batch_id=row.batch_id,
         handler_running=handler_running(row.status, row.lease_expires_at),
+        attempt_timeout=row.attempt_timeout,
     )
 
 

@@ -524,7 +524,7 @@ end
 
 
 -- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
-local TASK_ARGS = 16
+local TASK_ARGS = 17
 
 -- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
@@ -562,6 +562,9 @@ local function store_task(i, promoted, woken, batch, values)
       redis.call('HINCRBY', P .. 'b:' .. A[i + 14], 'n', 1)
       redis.call('ZADD', P .. 'bm:' .. A[i + 14] .. ':LIVE', A[i + 9], id) -- see _batches.lua
     end -- else batch_join.lua counts it on the batch's shard, called right after this
+  end
+  if A[i + 16] and A[i + 16] ~= '' then -- (a callback packed before it existed has none)
+    redis.call('HSET', key, 'at', A[i + 16]) -- attempt_timeout, seconds
   end
   if not promoted[queue] then
     promoted[queue] = true

@@ -23,7 +23,7 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            reply is recognised as done), dp its depends_on (JSON list), wf the
                            ones it
                            still awaits (JSON list; absent once none is), of "run" for
-                           on_dependency_failure="run".
+                           on_dependency_failure="run", at attempt timeout (seconds).
                            Fields without a value are absent.
 ``P deps:<id>``             SET of the dependents of task <id> (depends_on naming it): every
                            script that ends <id> settles them (settle_dependents in

@@ -82,6 +82,7 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         batch_id=values.get("bt") or values.get("bc"),
         # hr: terminal while the handler of its last attempt runs on (expire.lua).
         handler_running=values["s"] == "RUNNING" or "hr" in values,
+        attempt_timeout=float(values["at"]) if "at" in values else None,
     )
 
 
@@ -96,12 +97,12 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 
 # What claim.lua returns for each claimed task, in this order (a waiting task has no start,
 # finish, result or cancel request yet).
-CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc".split()  # noqa: SIM905
+CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc at".split()  # noqa: SIM905
 
 
 # Which of CLAIMED_FIELDS are read as text, which as integers.
-# n q s j rb md c r d e w tc
-_TEXTS = operator.itemgetter(0, 1, 3, 4, 9, 10, 11, 12, 13, 14, 15, 17)
+# n q s j rb md c r d e w tc at
+_TEXTS = operator.itemgetter(0, 1, 3, 4, 9, 10, 11, 12, 13, 14, 15, 17, 18)
 _INTEGERS = operator.itemgetter(2, 5, 6, 7, 8, 16)  # p a b rl ri k
 _DELTA = dt.timedelta  # (days, seconds, microseconds)
 _STATUSES = {status.value: status for status in TaskStatus}  # TaskStatus(s), without enum's call
@@ -113,7 +114,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
     started it, at ``now``; claimed on ``shard``."""
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
-    n, q, s, j, rb, md, c, r, d, e, w, tc = _TEXTS(values)
+    n, q, s, j, rb, md, c, r, d, e, w, tc, at = _TEXTS(values)
     p, a, b, rl, ri, k = map(int, _INTEGERS(values))  # in C, not a call per field
     created_at = EPOCH + _DELTA(0, 0, int(c))
     status = _STATUSES.get(s) or TaskStatus(s)
@@ -145,6 +146,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
             "trace_context": loads(tc) if tc else None,
             "batch_id": None,  # neither is this (context.batch_id reads the task)
             "handler_running": status is TaskStatus.RUNNING,
+            "attempt_timeout": float(at) if at else None,
         }
     )
     claim = object.__new__(Claim)
@@ -159,7 +161,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
 
 
 def submit_args(task: NewTask) -> list[str]:
-    """The 16 values (TASK_ARGS) submit.lua takes per task."""
+    """The 17 values (TASK_ARGS) submit.lua takes per task."""
     return [
         task.task_id,
         task.task_name,
@@ -177,4 +179,6 @@ def submit_args(task: NewTask) -> list[str]:
         "" if task.trace_context is None else dumps(task.trace_context),
         task.batch_id or "",
         task.batch_generation or "",
+        # repr: the shortest text that reads back as the same float
+        "" if task.attempt_timeout is None else repr(float(task.attempt_timeout)),
     ]
