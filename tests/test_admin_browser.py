@@ -114,10 +114,9 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Any:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
-            # A laptop's width: every column of the list must fit beside the filters.
+            # A laptop's width, the admin as a new user first sees it (its app sidebar open
+            # where a page has one): every column of the list must fit beside the filters.
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            # The admin's app sidebar, folded (as its « button would): room for the columns.
-            page.add_init_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
             page.set_default_timeout(15_000)
             yield page
         finally:

@@ -103,6 +103,7 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
             total=pages.matching_total(filters, by_queue),
             summary=pages.summary(self.executor, by_queue, counts_age, self.due_thresholds),
             **pages.task_list(self.executor, filters, self.admin_site.name),
+            **self.WIDE_PAGE,
             **(extra_context or {}),
         )
         return TemplateResponse(request, TEMPLATES + "task_list.html", context)

@@ -85,6 +85,7 @@ class ReliableScheduleAdmin(ServiceModelAdmin):
                 filters=filters,
                 summary=schedule_pages.summary(self.executor, filters),
                 **schedule_pages.schedule_list(self.executor, filters, self.admin_site.name),
+                **self.WIDE_PAGE,
                 **(extra_context or {}),
             )
         except StorageUnavailableError as exc:

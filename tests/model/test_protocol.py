@@ -500,6 +500,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         spec.delay_s = 0
         self.submit_both([spec], lambda: [self.executor.submit_task(self.request(spec))])
 
+    @rule(data=st.data())
+    def retry_a_timed_out_running_task(self, data: st.DataObject) -> None:
+        """A retry by hand of a task timed out while its handler still runs: refused while
+        that handler holds its lease, so the task never runs twice at once (DESIGN §6.1)."""
+        self.time_out_running(data)
+        if any(
+            t.status == "TIMEOUT" and self.model.handler_may_run(t, self.now)
+            for t in self.model.tasks.values()
+        ):
+            self.retry(data, "held")
+
     @rule(chore=st.sampled_from(["round", "round", "recover", "expire", "promote", "purge"]))
     def chores(self, chore: str) -> None:
         if chore == "round":  # one round of the master's, in MasterChores' order
