@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from .progress import Progress, progress_from_json, progress_to_json
 from .rate_limits import RateLimit
-from .schedules.ids import fire_id_pattern
+from .schedules.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
 from .states import TaskStatus
 
 R = TypeVar("R")
@@ -324,14 +324,15 @@ class TaskQuery:
         return self.schedule_runs is not None or self.schedule_id is not None
 
     def origin_matches(self, task_id: str) -> bool:
-        """Whether a task of this id passes the query's origin filter (see fire_id_pattern)."""
+        """Whether a task of this id passes the query's origin filter (see ids.py's patterns)."""
         if self.schedule_id is not None:
-            return task_id.startswith(self.schedule_id + "@") and bool(
-                re.match(fire_id_pattern(self.schedule_id), task_id)
+            head = self.schedule_id + "@"
+            return task_id.startswith(head) and bool(
+                re.match(FIRE_TIME_PATTERN, task_id[len(head) :])
             )
         if self.schedule_runs is None:
             return True
-        return bool(re.match(fire_id_pattern(), task_id)) is self.schedule_runs
+        return bool(re.match(FIRE_ID_PATTERN, task_id)) is self.schedule_runs
 
     @property
     def end(self) -> int:

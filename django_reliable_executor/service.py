@@ -37,6 +37,7 @@ from .records import (
     new_info,
 )
 from .registry import declared_schedules, limited_homes, limited_names, rate_limits
+from .schedules.ids import MAX_SCHEDULE_ID_LENGTH
 from .schedules.operations import ScheduleOperations
 from .schedules.records import Schedule, ScheduleInfo
 from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
@@ -384,6 +385,8 @@ class ReliableExecutor:
             raise ValueError(
                 "schedule_id lists schedule runs: it cannot go with schedule_runs=False"
             )
+        if schedule_id is not None and len(schedule_id) > MAX_SCHEDULE_ID_LENGTH:
+            return []  # no schedule has such an id, so no run either
         texts = (task_name, queue, batch_id, schedule_id)
         if any(isinstance(t, str) and unstorable_char(t) for t in texts):
             return []  # no stored task holds such text (submits refuse it)

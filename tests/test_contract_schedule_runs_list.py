@@ -77,3 +77,19 @@ def test_finished_runs_are_told_apart_too(executor, storage, clock):
 def test_bad_origin_filters_are_refused(executor, kwargs, message):
     with pytest.raises(ValueError, match=message):
         executor.list_tasks(**kwargs)
+
+
+def test_one_schedule_s_runs_are_told_exactly(executor, clock):
+    """The id's head compared exactly: letter case counts (SQLite's LIKE would not), and a
+    schedule id of any characters is found (MariaDB's REGEXP counts bytes); an id longer
+    than any schedule's finds nothing (no error)."""
+    fire_runs(executor, clock, "nightly", 1)
+    fire_runs(executor, clock, "Nightly", 1)
+    fire_runs(executor, clock, "café-😀", 1)
+    nightly = ids(executor.list_tasks(schedule_id="nightly"))
+    assert nightly and all(task_id.startswith("nightly@") for task_id in nightly)
+    assert executor.list_tasks(schedule_id="NIGHTLY") == []
+    assert {t.task_id.split("@")[0] for t in executor.list_tasks(schedule_id="café-😀")} == {
+        "café-😀"
+    }
+    assert executor.list_tasks(schedule_id="x" * 300) == []

@@ -365,8 +365,11 @@ def summary(
 def matching_total(filters: Filters, by_queue: dict[str, dict[TaskStatus, int]]) -> int | None:
     """How many tasks the filters match, when the counters tell (not for a task name filter:
     no storage keeps counts by name, and counting them would read every matching task; nor
-    for a batch filter: the batch's page shows its counts)."""
+    for a batch filter: the batch's page shows its counts; nor by origin: no counter tells
+    schedule runs apart)."""
     if filters.task_name is not None or filters.batch_id is not None:
+        return None
+    if filters.origin is not None or filters.schedule is not None:
         return None
     if filters.queue is not None:
         counts = by_queue.get(filters.queue, {})

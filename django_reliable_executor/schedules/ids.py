@@ -27,17 +27,13 @@ _SHARD_SUFFIX = re.compile(r"~[1-9]\d*", re.ASCII)
 _MICROS = (
     "[.]([1-9][0-9]{5}|0[1-9][0-9]{4}|00[1-9][0-9]{3}|000[1-9][0-9]{2}|0000[1-9][0-9]|00000[1-9])"
 )
-_FIRE_TAIL = f"@[0-9]{{8}}T[0-9]{{6}}({_MICROS})?Z(~[1-9][0-9]*)?$"
-FIRE_ID_PATTERN = "^.+" + _FIRE_TAIL
-
-
-def fire_id_pattern(schedule_id: str | None = None) -> str:
-    """A regular expression matching the ids of the runs of ``schedule_id`` (of any schedule
-    when None). Together with ``startswith(schedule_id + "@")``: the pattern fixes the id's
-    length before the "@" (no escaping of the schedule id, whose characters may be any)."""
-    if schedule_id is None:
-        return FIRE_ID_PATTERN
-    return f"^.{{{len(schedule_id)}}}{_FIRE_TAIL}"
+_FIRE_TIME_TEXT = f"[0-9]{{8}}T[0-9]{{6}}({_MICROS})?Z(~[1-9][0-9]*)?$"
+# Any schedule's run: "<schedule id>@<planned time>".
+FIRE_ID_PATTERN = "^.+@" + _FIRE_TIME_TEXT
+# What follows "<schedule id>@" in a run's id, ASCII only (so the same whether a database's
+# REGEXP counts bytes or characters): with an exact comparison of the id's first characters
+# to "<schedule id>@", the runs of one schedule.
+FIRE_TIME_PATTERN = "^" + _FIRE_TIME_TEXT
 
 
 def fire_task_id(schedule_id: str, planned: dt.datetime) -> str:

@@ -1,7 +1,8 @@
 """DatabaseStorage: tasks as rows of reliable_executor_task, every transition a conditional UPDATE.
 
 Claiming takes a batch with ``SELECT ... FOR UPDATE SKIP LOCKED`` (MariaDB/MySQL, PostgreSQL) or
-with one ``UPDATE ... WHERE task_id IN (SELECT ... LIMIT n) RETURNING`` (SQLite, PostgreSQL), so
+with one ``UPDATE ... RETURNING`` of the rows a ``LIMIT n`` subquery chose (SQLite; on PostgreSQL
+a MATERIALIZED CTE, read once), so
 concurrent workers never block on, or take, the same rows. A claim bumps ``lease_token``; every
 later write by that worker carries the token in its WHERE clause (the fencing token), so a worker
 whose lease expired cannot overwrite what the next holder recorded.
