@@ -113,6 +113,15 @@ class Backend:
         return env
 
 
+def pid_gone(pid: int) -> bool:
+    """Whether no process has this pid (it exited and was reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def wait_until(
     predicate: Callable[[], T],
     timeout: float,

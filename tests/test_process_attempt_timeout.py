@@ -6,7 +6,6 @@ cancelled. Limits of 1 s, so each test takes seconds."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -15,7 +14,7 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
 from .faults.journal import Journal, Run
-from .processes import Backend, service_for, wait_until
+from .processes import Backend, pid_gone, service_for, wait_until
 
 LIMIT = 1.0  # seconds: every timed-out attempt here has this attempt_timeout
 THREADS = ("--core-pool-size", "4", "--max-pool-size", "4", "--queue-capacity", "4")
@@ -41,14 +40,6 @@ def _ended(service, ids, timeout, logs):
         return tasks if done else None
 
     return wait_until(check, timeout, f"tasks {ids} did not all end", logs=logs)
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _one_after_the_other(runs: list[Run], ended: dict[tuple[int, int], float]) -> None:
@@ -198,7 +189,7 @@ def test_the_process_pool_terminates_a_child_at_the_limit_and_replaces_it(
     assert first.end is None and second.end is None
     # Each in a child of its own, gone now; the second began once the first was terminated.
     assert len({first.pid, second.pid, worker.pid}) == 3
-    assert _pid_gone(first.pid) and _pid_gone(second.pid)
+    assert pid_gone(first.pid) and pid_gone(second.pid)
     assert second.start >= first.start + LIMIT
     # Terminated at the limit, not after the minute its spin would take.
     assert spinning.finished_at.timestamp() - second.start < LIMIT + 10

@@ -5,7 +5,6 @@ keeps its lease. Checked against the handlers' own records (journal, Execution r
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -14,19 +13,11 @@ from django.core.management import CommandError, call_command
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from ..conftest import BACKENDS, db_params, require
-from ..processes import Backend, executions, service_for, wait_until
+from ..processes import Backend, executions, pid_gone, service_for, wait_until
 
 CHILDREN = ("--pool", "process", "--max-pool-size", "3")
 DEADLINE_MS = 5000
 JOURNALED = ("overdue", "cancelled", "exit-once", "exit-always", "segv", "poison", "async")
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _finished(service, ids, timeout, logs):
@@ -94,7 +85,7 @@ def test_crashes_timeouts_and_cancels_end_in_the_child_not_the_worker(
     assert time.monotonic() - cancel_asked < 30
     for task_id in ("cancelled", "overdue"):
         (run,) = runs[task_id]
-        assert run.end is None and _pid_gone(run.pid), run
+        assert run.end is None and pid_gone(run.pid), run
         assert run.pid != worker.pid
 
     # A child that dies costs its task one attempt, retried as any failure; the worker lives on.
@@ -193,7 +184,7 @@ def test_a_hard_stop_terminates_running_children_and_records_their_attempts(
     worker.terminate()  # the second signal: stop now
     assert worker.wait(30) == 1, worker.log()
     (run,) = journal.runs()["long"]
-    assert run.end is None and _pid_gone(run.pid), run
+    assert run.end is None and pid_gone(run.pid), run
     task = service.get_task("long")
     assert task.status is TaskStatus.PENDING and task.attempts == 1, task
     assert "the worker stopped" in task.last_error
