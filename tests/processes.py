@@ -3,7 +3,9 @@ database alias or on Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -120,6 +122,31 @@ def pid_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def read_journal(path: Path | str) -> list[dict]:
+    """The records the demo handlers appended to a journal file (RE_JOURNAL), read while
+    workers may still be writing. Only newline-terminated lines count: a reader can catch a
+    write half-copied (a concurrent read is not atomic with a write on a regular file), and
+    the rest of that line arrives with the next read. A complete line that does not parse is
+    a write cut short by SIGKILL with the next record appended to it; that next record is
+    kept, the cut one (which never finished) is not."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text[: text.rfind("\n") + 1].splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            head = line.rfind('{"task"')
+            if head > 0:
+                with contextlib.suppress(ValueError):
+                    records.append(json.loads(line[head:]))
+    return records
 
 
 def wait_until(

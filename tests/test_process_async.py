@@ -3,7 +3,6 @@ storage, more running at once than threads, cancel, timeout, lease renewal, SIGT
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
-from .processes import LEASE, Backend, executions, service_for, wait_until
+from .processes import LEASE, Backend, executions, read_journal, service_for, wait_until
 
 ONE_THREAD = ("--core-pool-size", "1", "--max-pool-size", "1", "--queue-capacity", "0")
 TERMINAL = {
@@ -34,9 +33,7 @@ class Journal:
         return {"RE_JOURNAL": str(self.path)}
 
     def records(self, event: str | None = None) -> list[dict]:
-        if not self.path.exists():
-            return []
-        records = [json.loads(line) for line in self.path.read_text().splitlines()]
+        records = read_journal(self.path)
         return [r for r in records if event is None or r["event"] == event]
 
     def tasks(self, event: str) -> set[str]:

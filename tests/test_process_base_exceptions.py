@@ -5,7 +5,6 @@ is noticed, its task failed (and retried) and the loop started again."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
-from .processes import LEASE, Backend, service_for, wait_until
+from .processes import LEASE, Backend, read_journal, service_for, wait_until
 
 # One pool thread: should it die, nothing after it would ever run.
 ONE_THREAD = ("--core-pool-size", "1", "--max-pool-size", "1", "--queue-capacity", "0")
@@ -22,9 +21,7 @@ ENDED = {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus
 
 
 def journal_records(path: Path, event: str) -> list[dict]:
-    if not path.exists():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = read_journal(path)
     return [r for r in records if r["event"] == event]
 
 

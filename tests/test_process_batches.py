@@ -4,15 +4,12 @@ concurrently — one of them SIGKILLed mid-batch in one repetition (every storag
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
-from .processes import FAST, Backend, service_for, wait_until
+from .processes import FAST, Backend, read_journal, service_for, wait_until
 
 REPETITIONS = 20
 MEMBERS = 50
@@ -20,10 +17,7 @@ KILLED_IN = 7  # the repetition in which a worker is SIGKILLed while it runs mem
 
 
 def journal_lines(path) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as journal:
-        return [json.loads(line) for line in journal if line.strip()]
+    return read_journal(path)
 
 
 @pytest.mark.parametrize("alias", db_params(BACKENDS))

@@ -4,20 +4,18 @@ handlers' own journal), each runs once, and every task completes."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import BACKENDS, db_params, require
-from .processes import FAST, Backend, service_for, wait_until
+from .processes import FAST, Backend, read_journal, service_for, wait_until
 
 POOL = ("--core-pool-size", "2", "--max-pool-size", "2", "--queue-capacity", "4")
 
 
 def _journal(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_journal(path)
 
 
 @pytest.mark.parametrize("alias", db_params(BACKENDS))

@@ -5,7 +5,6 @@ and never runs."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -13,14 +12,14 @@ import pytest
 from django_reliable_executor import TaskStatus
 
 from .conftest import BACKENDS, db_params, require
-from .processes import FAST, Backend, service_for, wait_until
+from .processes import FAST, Backend, read_journal, service_for, wait_until
 from .test_command_executor import manage, process_env
 
 POOL = ("--core-pool-size", "2", "--max-pool-size", "2", "--queue-capacity", "4")
 
 
 def _journal(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_journal(path)
 
 
 def _records(path, task_id: str, event: str) -> list[dict]:

@@ -4,7 +4,6 @@ even when every child is busy as rated tasks come (every storage)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from django_reliable_executor import TaskStatus
 
 from .conftest import BACKENDS, db_params, require
-from .processes import Backend, most_in_a_window, service_for, wait_until
+from .processes import Backend, most_in_a_window, read_journal, service_for, wait_until
 
 CHILDREN = 3
 LIMIT = 5  # demo.rated: rate_limit="5/s"
@@ -52,7 +51,7 @@ def test_rated_handlers_in_children_keep_the_rate(alias, key_prefix, workers, tm
     assert process.returncode == 0, workers.logs()
     infos = [service.get_task(i) for i in busy + rated]
     assert {i.status for i in infos} == {TaskStatus.COMPLETED}, workers.logs()
-    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    records = read_journal(journal)
     began = {r["task"]: r["at"] for r in records if r["event"] == "start" and "at" in r}
     assert sorted(began) == sorted(rated)
     starts = sorted(began.values())

@@ -4,7 +4,6 @@ journal demo.rated_deploy writes as its first step)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from django_reliable_executor import TaskStatus
 
 from .conftest import require
-from .processes import Backend, service_for, wait_until
+from .processes import Backend, read_journal, service_for, wait_until
 
 
 @pytest.mark.parametrize("new_limit", ["none", "100/s"])
@@ -30,9 +29,7 @@ def test_a_deploy_raising_or_removing_a_rate_limit_runs_the_held_backlog(
     ids = [service.submit("demo.rated_deploy", {}).task_id for _ in range(10)]
 
     def started() -> list[str]:
-        if not journal.exists():
-            return []
-        return [json.loads(line)["task"] for line in journal.read_text().splitlines()]
+        return [record["task"] for record in read_journal(journal)]
 
     def first_two_done() -> bool:
         ran = started()

@@ -5,7 +5,6 @@ at once nor start more than five in a second, by the handlers' own records; ever
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,15 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.storage.redis import RedisStorage
 
 from .conftest import own_key_prefix, require
-from .processes import FAST, Backend, most_in_a_window, peak_overlap, service_for, wait_until
+from .processes import (
+    FAST,
+    Backend,
+    most_in_a_window,
+    peak_overlap,
+    read_journal,
+    service_for,
+    wait_until,
+)
 
 # "default", the two names' own queue, is of shard 1: their home. The workers serve only
 # "orphan" (shard 0) and "prio" (shard 2): they claim these queues on the home shard too.
@@ -68,7 +75,7 @@ def test_two_workers_keep_one_cap_and_one_rate_over_queues_of_three_shards(
     intervals = [(r["started"], r["ended"]) for r in results]
     assert peak_overlap(intervals) <= 2, sorted(intervals)
     assert {done[i.task_id].queue for i in capped} == set(QUEUES)
-    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    records = read_journal(journal)
     handler_at = {r["task"]: r["at"] for r in records if r["event"] == "start"}
     assert sorted(handler_at) == sorted(i.task_id for i in rated)
     # As in test_rate_limits.py: the stored starts of any six span more than W + margin / 2;

@@ -5,7 +5,6 @@ counts exactly and its callbacks run once, and no message is left undelivered.""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 
@@ -14,7 +13,7 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 
 from .conftest import own_key_prefix, require
-from .processes import FAST, Backend, service_for, wait_until
+from .processes import FAST, Backend, read_journal, service_for, wait_until
 
 QUEUES = ("orphan", "default", "prio")  # shards 0, 1 and 2 of 3
 WORKER = ("--queues", ",".join(QUEUES), "--core-pool-size", "4", "--max-pool-size", "4")
@@ -32,7 +31,7 @@ def key_prefix() -> Iterator[str]:
 
 
 def _journal(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_journal(path)
 
 
 def test_chains_and_batches_across_shards_through_a_worker_kill(key_prefix, workers, tmp_path):

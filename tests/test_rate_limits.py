@@ -5,7 +5,6 @@ mocks); and the same from the handlers' own records with real worker processes."
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from pathlib import Path
 
@@ -20,7 +19,14 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import db_params, require
 from tests.contract_support import LEASE, at_once
-from tests.processes import FAST, Backend, most_in_a_window, service_for, wait_until
+from tests.processes import (
+    FAST,
+    Backend,
+    most_in_a_window,
+    read_journal,
+    service_for,
+    wait_until,
+)
 
 RATED = "demo.echo"
 OTHER = "demo.noop"
@@ -389,7 +395,7 @@ def test_two_worker_processes_keep_the_rate_in_the_handlers_records(
     assert [p.returncode for p in started] == [0, 0], workers.logs()
     infos = [service.get_task(i) for i in rated + others]
     assert {i.status for i in infos} == {TaskStatus.COMPLETED}, workers.logs()
-    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    records = read_journal(journal)
     handler_at = {r["task"]: r["at"] for r in records if r["event"] == "start"}
     assert sorted(handler_at) == sorted(rated)
     starts = list(handler_at.values())
@@ -440,7 +446,7 @@ def test_a_worker_killed_mid_drain_never_lets_the_rate_through(
         return all(service.get_task(i).status is TaskStatus.COMPLETED for i in rated)
 
     wait_until(all_done, 90, "not every task completed after the kill", logs=workers.logs)
-    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    records = read_journal(journal)
     starts = [r["at"] for r in records if r["event"] == "start"]
     assert {r["task"] for r in records} == set(rated)
     # A window a margin shorter than the limit's: room for a handler begun late on a loaded

@@ -4,7 +4,6 @@ test did to which process, and the checks every fault scenario ends with."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.service import ReliableExecutor
 
-from ..processes import WorkerProcess, wait_until
+from ..processes import WorkerProcess, read_journal, wait_until
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +40,7 @@ class Journal:
         return {"RE_JOURNAL": str(self.path)}
 
     def records(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        lines = self.path.read_text().splitlines()
-        # A process killed mid-write can leave a partial last line: skip what does not parse.
-        records = []
-        for line in lines:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-        return records
+        return read_journal(self.path)
 
     def runs(self) -> dict[str, list[Run]]:
         """Every run of every task, in the order the storage started their attempts (attempt
