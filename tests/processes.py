@@ -124,21 +124,24 @@ def pid_gone(pid: int) -> bool:
     return False
 
 
-def read_journal(path: Path | str) -> list[dict]:
-    """The records the demo handlers appended to a journal file (RE_JOURNAL), read while
-    workers may still be writing. Only newline-terminated lines count: a reader can catch a
-    write half-copied (a concurrent read is not atomic with a write on a regular file), and
-    the rest of that line arrives with the next read. A complete line that does not parse is
-    a write cut short by SIGKILL with the next record appended to it; that next record is
-    kept, the cut one (which never finished) is not."""
+def complete_lines(path: Path | str) -> list[str]:
+    """The newline-terminated lines of a file other processes may still be appending to: a
+    reader can catch a write half-copied (a read is not atomic with a write on a regular
+    file), and the rest of that line arrives with the next read."""
     try:
         text = Path(path).read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return []
+    return [line for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def read_journal(path: Path | str) -> list[dict]:
+    """The records the demo handlers appended to a journal file (RE_JOURNAL), read while
+    workers may still be writing (see complete_lines). A complete line that does not parse is
+    a write cut short by SIGKILL with the next record appended to it; that next record is
+    kept, the cut one (which never finished) is not."""
     records = []
-    for line in text[: text.rfind("\n") + 1].splitlines():
-        if not line.strip():
-            continue
+    for line in complete_lines(path):
         try:
             records.append(json.loads(line))
         except ValueError:

@@ -12,15 +12,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from django_reliable_executor import TaskStatus
 
 from .conftest import db_params, require
-from .processes import Backend, service_for, wait_until
+from .processes import Backend, complete_lines, service_for, wait_until
 
 tracer = TracerProvider().get_tracer("tests")  # a provider of this module's own
 
 
 def json_lines(path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in complete_lines(path)]
 
 
 @pytest.mark.parametrize("alias", db_params(["default", "mariadb", "postgres", "redis"]))

@@ -24,7 +24,7 @@ from django_reliable_executor import TaskStatus
 from django_reliable_executor.records import TaskSubmitRequest
 
 from .conftest import db_params, require
-from .processes import MANAGE, ROOT, Backend, service_for, wait_until
+from .processes import MANAGE, ROOT, Backend, complete_lines, service_for, wait_until
 
 exporter = InMemorySpanExporter()
 provider = TracerProvider()  # this module's own: the global provider stays untouched
@@ -33,9 +33,7 @@ tracer = provider.get_tracer("tests")
 
 
 def read_spans(path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in complete_lines(path)]
 
 
 def ids(span) -> tuple[str, str]:
