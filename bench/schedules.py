@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     """The three phases on the (empty) store."""
     from django_reliable_executor import ReliableExecutor, executor
-    from django_reliable_executor.schedules.firing import ScheduleFiring
+    from django_reliable_executor.master.schedule_firing import ScheduleFiring
 
     rtt = store.rtt_ms(args.rtt_rounds)
     every = args.n / args.rate

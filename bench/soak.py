@@ -294,7 +294,7 @@ class Soak:
             self.submit(min(due, args.batch))
 
     def summary(self) -> dict[str, Any]:
-        from django_reliable_executor.chores import PURGE_EVERY_SECONDS
+        from django_reliable_executor.master.chores import PURGE_EVERY_SECONDS
 
         args = self.args
         claims = [s["claim_ms"] for s in self.samples]

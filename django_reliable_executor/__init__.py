@@ -8,12 +8,12 @@ from .exceptions import (
     TaskSubmitConflictError,
     TaskSubmitError,
 )
-from .execution import TaskContext
 from .records import TaskInfo, TaskSubmitRequest
 from .registry import reliable_task_handler
 from .schedules.records import Schedule, ScheduleInfo
 from .service import ReliableExecutor, executor
 from .states import TaskStatus
+from .worker.context import TaskContext
 
 __version__ = "0.1.0"
 

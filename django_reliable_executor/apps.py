@@ -12,12 +12,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import autodiscover_modules
 
-from . import (
-    checks,  # noqa: F401 - registers the system checks
-    metrics,
-    registry,
-)
+from . import registry
 from .conf import SETTING_NAME
+from .observability import metrics
 from .service import executor
 
 

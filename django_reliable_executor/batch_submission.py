@@ -19,6 +19,7 @@ from .batches import (
     member_chunks,
 )
 from .exceptions import TaskSubmitError
+from .observability.tracing import current_trace_context
 from .records import NewTask, TaskInfo, TaskSubmitRequest
 from .submission import (
     MAX_ID_LENGTH,
@@ -26,7 +27,6 @@ from .submission import (
     prepare,
     stores_tasks_at_commit,
 )
-from .tracing import current_trace_context
 
 if TYPE_CHECKING:
     from .service import ReliableExecutor

@@ -12,7 +12,6 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .announcing import Announcer
 from .batch_submission import submit_batch
 from .batches import BatchInfo
 from .clock import Clock, system_clock
@@ -24,6 +23,8 @@ from .exceptions import (
     InvalidTaskOptionError,
     TaskSubmitError,
 )
+from .observability.announcer import Announcer
+from .observability.tracing import current_trace_context
 from .option_names import guess
 from .options import is_int
 from .queue_pausing import check_known_queue
@@ -45,7 +46,6 @@ from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .submission import check_dependencies_exist, prepare
 from .text import unstorable_char
 from .throughput import CHART_MINUTES, MinuteCounts
-from .tracing import current_trace_context
 
 
 def _status(value: TaskStatus | str) -> TaskStatus:

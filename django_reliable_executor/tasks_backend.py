@@ -28,9 +28,8 @@ from django.apps import apps
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from .announcing import on_finished
 from .exceptions import InvalidTaskOptionError, TaskSubmitError
-from .execution import TaskContext as ExecutorContext
+from .observability.announcer import on_finished
 from .option_names import guess
 from .options import RETRY_NAMES, TaskOptions, as_number, check_option
 from .progress import Progress
@@ -54,6 +53,7 @@ from .tasks_compat import (
     task_finished,
     task_started,
 )
+from .worker.context import TaskContext as ExecutorContext
 
 logger = logging.getLogger("django_reliable_executor")
 _TASK_NAME = operator.attrgetter("task.task_name")

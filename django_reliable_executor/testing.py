@@ -22,15 +22,15 @@ from typing import Any, cast
 
 from django.test.utils import override_settings
 
-from .completions import CompletionWriter
 from .conf import get_settings
 from .exceptions import storage_unavailable
-from .execution import TaskRunner
 from .progress import Progress
 from .records import Claim, TaskInfo
 from .registry import name_limits, rate_limits
 from .service import executor
 from .submission import pending_task_writes
+from .worker.completion_writer import CompletionWriter
+from .worker.runner import TaskRunner
 
 __all__ = ["TaskTestMixin", "reliable_tasks", "run_tasks"]
 

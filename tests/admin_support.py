@@ -135,7 +135,7 @@ def populate(service: ReliableExecutor) -> None:
 def fire_schedule(service: ReliableExecutor, schedule_id: str, planned: dt.datetime) -> str:
     """Store the fire of ``schedule_id`` at ``planned`` as the master's round does (through the
     storage's ``fire_schedules``), leaving its next run as it was. Returns the task id."""
-    from django_reliable_executor.schedules.firing import fire_task
+    from django_reliable_executor.master.schedule_firing import fire_task
     from django_reliable_executor.schedules.records import ScheduleFire
 
     schedule = service.get_schedule(schedule_id)

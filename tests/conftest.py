@@ -23,7 +23,7 @@ from django_reliable_executor.clock import Clock, FakeClock
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
-from django_reliable_executor.worker import Worker, WorkerOptions
+from django_reliable_executor.worker.worker import Worker, WorkerOptions
 
 from .ci import IN_CI
 

@@ -12,11 +12,11 @@ from django.db import connections
 from django.dispatch import Signal
 
 from django_reliable_executor import TaskContext, reliable_task_handler, signals
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.records import Claim, NewTask
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.base import TaskStorage
+from django_reliable_executor.worker.runner import TaskRunner
 
 # Only these apps' tables are flushed after each test: truncating every table of the project
 # costs about a second per test on PostgreSQL, these four a fraction of it.

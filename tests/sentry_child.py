@@ -32,7 +32,7 @@ def main(submits: list[dict]) -> None:
         dsn="https://key@sentry.invalid/1", transport=transport, integrations=[DjangoIntegration()]
     )
     from django_reliable_executor import executor
-    from django_reliable_executor.worker import Worker, WorkerOptions
+    from django_reliable_executor.worker.worker import Worker, WorkerOptions
 
     for submit in submits:
         executor.submit(**submit)

@@ -21,7 +21,7 @@ from django.test import override_settings
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.clock import FakeClock, system_clock
 from django_reliable_executor.management.output import format_age, parse_duration
-from django_reliable_executor.master_lock import MASTER_LOCK_NAME
+from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from django_reliable_executor.progress import make_progress
 from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.registry import rate_limits

@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_reliable_executor.clock import FakeClock, system_clock
-from django_reliable_executor.master_lock import MASTER_LOCK_NAME
+from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.service import executor as module_executor
 from tests import test_command_executor as command

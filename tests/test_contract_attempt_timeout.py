@@ -23,9 +23,9 @@ from django_reliable_executor.exceptions import (
     InvalidTaskOptionError,
     TaskSubmitError,
 )
-from django_reliable_executor.execution import attempt_timeout_of
 from django_reliable_executor.registry import get_handler
 from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.worker.runner import attempt_timeout_of
 from tests.contract_support import (
     HOOKS,
     LEASE,

@@ -13,7 +13,7 @@ from django_reliable_executor import (
     TaskSubmitError,
     TaskSubmitRequest,
 )
-from django_reliable_executor.chores import MasterChores
+from django_reliable_executor.master.chores import MasterChores
 
 from .contract_support import HOOKS, LEASE, raising, run_claims
 

@@ -13,9 +13,9 @@ from django.db import connections
 
 from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.worker import Worker, WorkerOptions
+from django_reliable_executor.worker.runner import TaskRunner
+from django_reliable_executor.worker.worker import Worker, WorkerOptions
 from tests.contract_support import (
     GATE,
     HOOKS,
@@ -696,7 +696,7 @@ def test_claims_carry_exactly_what_get_task_reads(executor, storage, parameter):
 
 def test_completion_writer_records_in_batches_and_announces(executor, storage):
     """The worker's background writer: every put() ends COMPLETED and announced by close()."""
-    from django_reliable_executor.completions import CompletionWriter
+    from django_reliable_executor.worker.completion_writer import CompletionWriter
 
     ids = [executor.submit("demo.echo", {"i": i}, task_id=f"cw-{i}").task_id for i in range(5)]
     started = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
@@ -712,7 +712,7 @@ def test_completion_writer_records_in_batches_and_announces(executor, storage):
 
 
 def test_completion_writer_failure_leaves_tasks_running_for_recovery(executor, storage):
-    from django_reliable_executor.completions import CompletionWriter
+    from django_reliable_executor.worker.completion_writer import CompletionWriter
 
     executor.submit("demo.echo", {}, task_id="cw-fail")
     [claim] = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)

@@ -8,7 +8,7 @@ import pytest
 
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.exceptions import InvalidQueueError
-from django_reliable_executor.schedules.firing import ScheduleFiring
+from django_reliable_executor.master.schedule_firing import ScheduleFiring
 from tests.contract_support import LEASE, claim_and_start
 
 

@@ -8,8 +8,8 @@ import threading
 from django.db import connections
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
-from django_reliable_executor.chores import MasterChores
-from django_reliable_executor.master_lock import MASTER_LOCK_NAME, MasterLock
+from django_reliable_executor.master.chores import MasterChores
+from django_reliable_executor.master.lock import MASTER_LOCK_NAME, MasterLock
 from tests.contract_support import (
     LEASE,
     claim_and_start,

@@ -10,8 +10,8 @@ from django.test import override_settings
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.exceptions import ParameterTooLargeError
-from django_reliable_executor.execution import TaskRunner
 from django_reliable_executor.serialization import encode
+from django_reliable_executor.worker.runner import TaskRunner
 
 from .conftest import db_params, require
 from .contract_support import HOOKS, LEASE, run_claims, run_next

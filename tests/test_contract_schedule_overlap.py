@@ -12,8 +12,8 @@ import pytest
 from django_reliable_executor import InvalidScheduleError, Schedule, TaskStatus
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.exceptions import HandlerRegistrationError
+from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
 from django_reliable_executor.registry import reliable_task_handler
-from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.records import ScheduleFire
 from tests.contract_support import claim_and_start
 

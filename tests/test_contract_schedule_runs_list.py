@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.schedules.firing import ScheduleFiring
+from django_reliable_executor.master.schedule_firing import ScheduleFiring
 
 # Submitted ids that look like runs but are not (is_fire_task_id says so): never a run.
 LOOKALIKES = ("a@b", "nightly@20261129T030000.000000Z", "x@2026112T030000Z", "nightly@")

@@ -11,9 +11,9 @@ import pytest
 from django_reliable_executor import InvalidScheduleError, Schedule, TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.exceptions import ReservedTaskIdError, TaskSubmitError
+from django_reliable_executor.master.schedule_firing import ScheduleFiring
 from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, register, unregister
-from django_reliable_executor.schedules.firing import ScheduleFiring
 from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service import ReliableExecutor
@@ -200,7 +200,7 @@ def test_two_masters_never_fire_one_run_twice(executor, make_storage, clock):
     other = ReliableExecutor(make_storage(clock), clock=clock)
     # Both plan from the same state, then both store their fire.
     schedule = executor.get_schedule("dup")
-    from django_reliable_executor.schedules.firing import fire_task
+    from django_reliable_executor.master.schedule_firing import fire_task
 
     now = clock.now()
     planned = fire_task(schedule, schedule.next_run_at, now)
@@ -224,7 +224,7 @@ def test_two_masters_never_fire_one_run_twice(executor, make_storage, clock):
 def test_a_schedule_paused_or_deleted_after_planning_fires_nothing(executor, clock, change):
     """The master planned the run, then the schedule was paused or deleted before the fire was
     stored: the run must not happen."""
-    from django_reliable_executor.schedules.firing import fire_task
+    from django_reliable_executor.master.schedule_firing import fire_task
 
     executor.schedule("late", "demo.echo", every=60)
     clock.advance(61)
@@ -258,7 +258,7 @@ def test_a_run_fired_but_not_recorded_is_not_fired_again(executor, clock):
     executor.schedule("crash", "demo.echo", every=60)
     clock.advance(60)
     schedule = executor.get_schedule("crash")
-    from django_reliable_executor.schedules.firing import fire_task
+    from django_reliable_executor.master.schedule_firing import fire_task
 
     task = fire_task(schedule, schedule.next_run_at, clock.now())
     executor.storage.enqueue([dataclasses.replace(task, task_id=stored_id(executor, task))])
@@ -422,7 +422,7 @@ def test_fires_and_skips_are_counted_in_metrics(executor, clock):
 def test_a_declared_schedule_the_storage_refuses_never_blocks_the_worker(executor, caplog):
     """A schedule= whose parameter the handler rejects is logged once; the worker goes on."""
     from django_reliable_executor.registry import _schedules
-    from django_reliable_executor.worker import Worker, WorkerOptions
+    from django_reliable_executor.worker.worker import Worker, WorkerOptions
 
     def takes_nothing() -> None:
         return None
@@ -453,7 +453,7 @@ def test_a_schedule_that_cannot_be_planned_is_paused_not_retried_forever(executo
 
 
 def test_a_round_stops_planning_at_the_task_cap(executor, clock, monkeypatch):
-    from django_reliable_executor.schedules import firing
+    from django_reliable_executor.master import schedule_firing as firing
 
     monkeypatch.setattr(firing, "MAX_TASKS_PER_ROUND", 5)
     for i in range(4):

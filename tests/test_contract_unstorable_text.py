@@ -17,8 +17,8 @@ from django_reliable_executor.exceptions import (
     UnknownTaskError,
 )
 from django_reliable_executor.progress import make_progress
-from django_reliable_executor.progress_writer import ProgressWriter
 from django_reliable_executor.text import storable_text
+from django_reliable_executor.worker.progress_writer import ProgressWriter
 
 from . import test_contract_bad_input as bad_input
 from .contract_support import HOOKS, LEASE, run_next

@@ -23,9 +23,10 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_reliable_executor import TaskStatus, TaskSubmitRequest, metrics
-from django_reliable_executor.chores import MasterChores
-from django_reliable_executor.metrics import TaskCountCollector
+from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.master.chores import MasterChores
+from django_reliable_executor.observability import metrics
+from django_reliable_executor.observability.metrics import TaskCountCollector
 from django_reliable_executor.records import NewTask, new_info
 from django_reliable_executor.service import ReliableExecutor
 from tests.contract_support import LEASE, new_task, run_claims
@@ -214,7 +215,7 @@ def test_a_batch_of_samples_fills_the_histogram_as_observing_each_does():
     and sum as one observe() per sample, bounds and the +Inf bucket included."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from django_reliable_executor.collectors import EXECUTION_BUCKETS, observe_many
+    from django_reliable_executor.observability.collectors import EXECUTION_BUCKETS, observe_many
 
     samples = [0.0, 0.004, 0.005, 0.0051, 0.3, 0.3, 1.0, 59.9, 3600.0, 7200.5]
     registry = CollectorRegistry()
@@ -381,7 +382,7 @@ def test_every_hook_is_a_no_op_without_prometheus_client():
         """
         import datetime as dt, sys
         sys.modules["prometheus_client"] = None  # as if the extra were not installed
-        from django_reliable_executor import metrics
+        from django_reliable_executor.observability import metrics
         from django_reliable_executor.records import NewTask, Transition, new_info
         from django_reliable_executor.states import TaskStatus
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-from django_reliable_executor.pool import BoundedPool
 from django_reliable_executor.records import Claim
 from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.worker.pool import BoundedPool
 
 
 def wait_until(condition, timeout: float = 10.0) -> None:

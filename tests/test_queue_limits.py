@@ -15,7 +15,7 @@ from django.db import connections
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.management.commands.runexecutor import parse_queues
 from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
+from django_reliable_executor.worker.worker import Worker, WorkerOptions, format_queues
 from tests.conftest import db_params, require
 from tests.contract_support import GATE
 from tests.processes import Backend, service_for
@@ -189,7 +189,7 @@ def test_unlimited_queues_share_the_pool_beside_a_limited_one(make_storage):
 
 def test_pool_counts_held_claims_per_queue(executor, storage):
     """No threads: the counts follow submit, a lost lease's drop, and the shutdown hand-back."""
-    from django_reliable_executor.pool import BoundedPool
+    from django_reliable_executor.worker.pool import BoundedPool
 
     for queue in ("slow", "slow", "fast"):
         executor.submit("demo.echo", None, queue=queue)

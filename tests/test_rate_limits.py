@@ -347,7 +347,7 @@ def test_the_use_of_each_limit_can_be_read(executor, storage, clock):
 
 
 def test_the_metrics_report_held_back_tasks_and_starts(executor, storage):
-    from django_reliable_executor.task_gauges import TaskCountCollector
+    from django_reliable_executor.observability.task_gauges import TaskCountCollector
 
     for _ in range(7):
         executor.submit("demo.rated", {})

@@ -18,7 +18,7 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.connection import connect, describe
-from django_reliable_executor.worker import Worker, WorkerOptions
+from django_reliable_executor.worker.worker import Worker, WorkerOptions
 from tests.conftest import REDIS_URL, delete_prefix, redis_client, require
 
 pytestmark = pytest.mark.django_db(

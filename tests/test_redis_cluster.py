@@ -22,7 +22,7 @@ from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of
-from django_reliable_executor.worker import Worker, WorkerOptions
+from django_reliable_executor.worker.worker import Worker, WorkerOptions
 from tests.processes import most_in_a_window, peak_overlap
 
 if TYPE_CHECKING:

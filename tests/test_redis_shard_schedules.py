@@ -12,8 +12,8 @@ import pytest
 
 from django_reliable_executor import Schedule, TaskStatus
 from django_reliable_executor.admin.schedule_pages import fires
+from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
 from django_reliable_executor.registry import TaskHandler, _schedules, register, unregister
-from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service import ReliableExecutor

@@ -6,7 +6,7 @@ import threading
 
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.worker import Worker, WorkerOptions
+from django_reliable_executor.worker.worker import Worker, WorkerOptions
 
 
 def test_submit_claim_run_complete(executor, storage, clock):

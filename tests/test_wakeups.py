@@ -24,7 +24,7 @@ from django_reliable_executor.storage.database.wakeups import (
     listen_params,
     marker_state,
 )
-from django_reliable_executor.worker import Worker, WorkerOptions
+from django_reliable_executor.worker.worker import Worker, WorkerOptions
 
 from .conftest import TASK_APPS, db_params, require
 from .processes import Backend, service_for, wait_until

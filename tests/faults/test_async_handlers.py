@@ -25,7 +25,7 @@ import time
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.master_lock import MASTER_LOCK_NAME
+from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 
 from ..conftest import BACKENDS, db_params, require
 from ..processes import FAST, LEASE, MASTER_TTL, Backend, service_for, wait_until

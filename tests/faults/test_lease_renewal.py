@@ -9,7 +9,7 @@ import time
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.chores import MasterChores
+from django_reliable_executor.master.chores import MasterChores
 
 from ..conftest import db_params, require
 from ..processes import Backend, service_for, wait_until

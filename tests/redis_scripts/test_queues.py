@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.chores import MasterChores
+from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage

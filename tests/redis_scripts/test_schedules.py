@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 
 from django_reliable_executor.clock import FakeClock
-from django_reliable_executor.schedules.firing import ScheduleFiring, fire_task
+from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service import ReliableExecutor
 from django_reliable_executor.storage.schedule_base import ScheduleStorage

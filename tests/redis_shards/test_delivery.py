@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.chores import MasterChores
 from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.conftest import REDIS_URL
 

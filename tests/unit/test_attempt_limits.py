@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from django_reliable_executor import attempt_limits
-from django_reliable_executor.attempt_limits import AttemptTimer
+from django_reliable_executor.worker import attempt_limits
+from django_reliable_executor.worker.attempt_limits import AttemptTimer
 
 
 def test_a_limit_expires_at_its_time_and_finish_says_so():

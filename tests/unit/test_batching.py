@@ -9,7 +9,7 @@ def test_group_committer_writes_an_item_the_store_refuses_alone():
     import threading
     import time
 
-    from django_reliable_executor.batching import GroupCommitter
+    from django_reliable_executor.worker.group_commit import GroupCommitter
 
     held = threading.Event()
     flushed: list[list[str]] = []
@@ -69,7 +69,7 @@ def test_submit_many_writes_one_callers_items_in_batches_and_returns_each_outcom
     or its own error, and a lone submit meanwhile still gets its outcome."""
     import threading
 
-    from django_reliable_executor.batching import GroupCommitter
+    from django_reliable_executor.worker.group_commit import GroupCommitter
 
     flushed: list[list[int]] = []
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from django_reliable_executor.process_pool import describe_exit
 from django_reliable_executor.progress import make_progress
 from django_reliable_executor.records import TaskInfo, task_from_json, task_to_json
 from django_reliable_executor.serialization import dumps
 from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.worker.process_pool import describe_exit
 
 NOW = dt.datetime(2026, 12, 1, 12, 30, 15, 123456, tzinfo=dt.timezone.utc)
 

@@ -15,7 +15,7 @@ from django_reliable_executor.progress import (
     progress_summary,
     progress_to_json,
 )
-from django_reliable_executor.progress_writer import ProgressWriter
+from django_reliable_executor.worker.progress_writer import ProgressWriter
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
 

@@ -11,7 +11,6 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from django_reliable_executor import metrics
 from django_reliable_executor.connections import drop_unusable_connections
 from django_reliable_executor.exceptions import StorageUnavailableError
 from django_reliable_executor.management.tables import tables_missing
@@ -21,8 +20,9 @@ from django_reliable_executor.management.worker_output import (
     banner_lines,
     configure_logging,
 )
+from django_reliable_executor.observability import metrics
 from django_reliable_executor.service import executor
-from django_reliable_executor.worker import Worker, WorkerOptions, format_queues
+from django_reliable_executor.worker.worker import Worker, WorkerOptions, format_queues
 
 
 def _positive_int(value: str) -> int:

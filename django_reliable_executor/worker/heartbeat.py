@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 
 from django.db import close_old_connections
 
-from .chores import MasterChores
-from .connections import drop_unusable_connections
-from .execution import TaskRunner
+from ..connections import drop_unusable_connections
+from ..master.chores import MasterChores
+from ..service import ReliableExecutor
 from .pool import BoundedPool
-from .service import ReliableExecutor
+from .runner import TaskRunner
 
 logger = logging.getLogger("django_reliable_executor")
 

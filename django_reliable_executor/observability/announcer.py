@@ -10,9 +10,10 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from . import metrics, signals
-from .records import TaskInfo, Transition
-from .states import FAILURE_STATUSES, TaskStatus
+from .. import signals
+from ..records import TaskInfo, Transition
+from ..states import FAILURE_STATUSES, TaskStatus
+from . import metrics
 from .tracing import current_trace_id, trace_id_of
 
 logger = logging.getLogger("django_reliable_executor")

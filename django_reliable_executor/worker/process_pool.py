@@ -33,14 +33,15 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..observability.attempts import Attempt, observe
+from ..progress import progress_from_json
+from ..records import Claim, task_to_json
+from ..retries import attempt_timeout_message, timeout_message
+from ..serialization import Encoded, dumps
+from ..states import TaskStatus
 from . import process_child
-from .execution import Begun, TaskContext, TaskRunner, attempt_timeout_of, log_attempt_expired
-from .observing import Attempt, observe
-from .progress import progress_from_json
-from .records import Claim, task_to_json
-from .retries import attempt_timeout_message, timeout_message
-from .serialization import Encoded, dumps
-from .states import TaskStatus
+from .context import TaskContext
+from .runner import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired
 
 logger = logging.getLogger("django_reliable_executor")
 

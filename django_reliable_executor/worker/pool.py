@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping
 
 from django.db import connections
 
-from .connections import tidy_connections
-from .exceptions import StorageUnavailableError
+from ..connections import tidy_connections
+from ..exceptions import StorageUnavailableError
+from ..records import Claim
+from ..states import TaskStatus
 from .pool_async import EventLoopSide, RunAsync
-from .records import Claim
-from .states import TaskStatus
 
 logger = logging.getLogger("django_reliable_executor")
 

@@ -8,12 +8,12 @@ import threading
 import time
 from collections.abc import Sequence
 
-from . import registry
-from .connections import drop_unusable_connections
-from .execution import TaskRunner
+from .. import registry
+from ..connections import drop_unusable_connections
+from ..records import Claim
+from ..service import ReliableExecutor
 from .pool import BoundedPool
-from .records import Claim
-from .service import ReliableExecutor
+from .runner import TaskRunner
 
 logger = logging.getLogger("django_reliable_executor")
 

@@ -23,16 +23,17 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from .connections import tidy_connections
-from .execution import RESULT_REFUSED, TaskContext
-from .observing import in_child
-from .progress import Progress, progress_to_json
+from ..connections import tidy_connections
+from ..observability.attempts import in_child
+from ..progress import Progress, progress_to_json
+from ..records import task_from_json
+from ..registry import resolve_handler
+from ..serialization import ConversionError, dumps, encode, from_json_value
+from ..service import executor
+from ..text import storable_text
+from .context import TaskContext
 from .progress_writer import ProgressWriter
-from .records import task_from_json
-from .registry import resolve_handler
-from .serialization import ConversionError, dumps, encode, from_json_value
-from .service import executor
-from .text import storable_text
+from .runner import RESULT_REFUSED
 
 PARENT_CHECK_SECONDS = 1.0
 

@@ -9,9 +9,9 @@ import logging
 import threading
 import time
 
-from .records import Transition
-from .schedules.firing import ScheduleFiring
-from .service import ReliableExecutor
+from ..records import Transition
+from ..service import ReliableExecutor
+from .schedule_firing import ScheduleFiring
 
 logger = logging.getLogger("django_reliable_executor")
 

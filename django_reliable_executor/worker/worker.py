@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, close_old_connections
 
-from . import metrics
-from .chores import MasterChores
-from .connections import drop_unusable_connections
+from ..connections import drop_unusable_connections
+from ..exceptions import ReliableExecutorError, StorageUnavailableError
+from ..master.chores import MasterChores
+from ..master.lock import MasterLock, ShardLocks
+from ..observability import metrics
+from ..registry import declared_schedules
+from ..service import ReliableExecutor
+from ..service import executor as default_executor
 from .event_loop import EventLoop
-from .exceptions import ReliableExecutorError, StorageUnavailableError
-from .execution import TaskRunner
-from .fetching import Fetcher
+from .fetcher import Fetcher
 from .heartbeat import Heartbeat
-from .master_lock import MasterLock, ShardLocks
 from .pool import BoundedPool
-from .registry import declared_schedules
-from .service import ReliableExecutor
-from .service import executor as default_executor
+from .runner import TaskRunner
 
 if TYPE_CHECKING:
     from .process_pool import ProcessPool

@@ -6,9 +6,9 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
-from .. import metrics
+from ..observability import metrics
 from ..records import TaskInfo
-from .planning import fire_task
+from ..schedules.planning import fire_task
 
 __all__ = ["BATCH", "MAX_TASKS_PER_ROUND", "ScheduleFiring", "fire_task"]
 

@@ -3,147 +3,42 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import functools
 import inspect
 import logging
 import operator
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ..connections import close_connections, out_of_reach, with_reconnect
+from ..exceptions import StorageUnavailableError, storage_unavailable
+from ..observability.attempts import Attempt, observe
+from ..progress import Progress
+from ..records import Claim, TaskInfo, Transition
+from ..registry import TaskHandler, get_handler, resolve_handler
+from ..retries import attempt_timeout_message
+from ..serialization import ConversionError, encode, from_json_value
+from ..service import ReliableExecutor
+from ..states import TaskStatus
+from ..text import ascii_text, storable_text
 from .attempt_limits import AttemptTimer
-from .batching import GroupCommitter
-from .completions import CompletionWriter
-from .connections import close_connections, out_of_reach, with_reconnect
-from .exceptions import StorageUnavailableError, storage_unavailable
-from .observing import Attempt, observe
-from .progress import Progress, make_progress
+from .completion_writer import CompletionWriter
+from .context import TaskContext
+from .group_commit import GroupCommitter
 from .progress_writer import ProgressWriter
-from .records import Claim, TaskInfo, Transition
-from .registry import TaskHandler, get_handler, resolve_handler
-from .retries import attempt_timeout_message
-from .serialization import ConversionError, encode, from_json_value
-from .service import ReliableExecutor
-from .states import TaskStatus
-from .text import ascii_text, storable_text
 
 _TASK = operator.attrgetter("task")
 
 logger = logging.getLogger("django_reliable_executor")
 
-CANCEL_CHECK_INTERVAL = 1.0  # seconds between storage reads behind context.is_cancelled()
 RESULT_REFUSED = "result cannot be stored"
 
 
 def _refused(exc: BaseException) -> bool:
     """The storage refused a write (rather than being out of reach)."""
     return isinstance(exc, Exception) and not storage_unavailable(exc)
-
-
-_UNREAD = object()  # context.batch_id not read yet
-
-
-class TaskContext:
-    """Given to handlers declared with ``takes_context=True`` as ``context=``."""
-
-    def __init__(
-        self,
-        task: TaskInfo,
-        deadline_at: dt.datetime | None,
-        executor: ReliableExecutor,
-        report: Callable[[Progress], object] | None = None,
-    ) -> None:
-        self.task = task  # as it started: RUNNING, this attempt counted
-        self.task_id = task.task_id
-        self.task_name = task.task_name
-        self.attempt = task.attempts
-        self.deadline_at = deadline_at
-        self._executor = executor
-        self._token_lock = threading.Lock()
-        self._cancelled = False
-        self._checked_at = 0.0
-        self._on_cancel: Callable[[], object] | None = None
-        self._report = report
-        self._dependency_results: dict[str, Any] | None = None
-        self._batch_id: object = task.batch_id or _UNREAD
-
-    @property
-    def dependency_results(self) -> dict[str, Any]:
-        """Each task id of this task's ``depends_on`` -> the result it returned (None for one
-        that ended without a result, or was purged). Read from the storage on first access."""
-        if self._dependency_results is None:
-            task = self._executor.get_task(self.task_id)
-            ids = list(task.depends_on) if task is not None else []
-            found = self._executor.storage.get_many(ids) if ids else {}
-            self._dependency_results = {d: found[d].result if d in found else None for d in ids}
-        return self._dependency_results
-
-    def set_progress(
-        self, current: int | float, total: int | float | None = None, message: str = ""
-    ) -> None:
-        """Report how far the handler got (``TaskInfo.progress``): ``current`` of ``total``
-        (None: unknown), with a short ``message``. Cheap: the worker writes the latest report
-        at most once a second, off this thread, and the last one before the outcome. Stored
-        only while this attempt still holds its lease. TypeError/ValueError naming the
-        argument when one does not fit (numbers, not bool, 0 or more, current <= total; a
-        message of at most 1000 characters)."""
-        progress = make_progress(current, total, message, self._executor.clock.now())
-        if self._report is None:
-            raise RuntimeError("set_progress: this context belongs to no running task")
-        self._report(progress)
-
-    def is_cancelled(self) -> bool:
-        """True once a cancel was requested, or the task stopped being this attempt's (it timed
-        out or its lease was lost): the handler should stop, its outcome will not count.
-        Reads the storage at most once a second."""
-        with self._token_lock:
-            if self._cancelled:
-                return True
-            if time.monotonic() - self._checked_at < CANCEL_CHECK_INTERVAL:
-                return False
-            self._checked_at = time.monotonic()
-        task = self._executor.get_task(self.task_id)
-        cancelled = (
-            task is None
-            or task.cancel_requested
-            or task.status is not TaskStatus.RUNNING
-            or task.attempts != self.attempt
-        )
-        if cancelled:
-            self.mark_cancelled()
-        return cancelled
-
-    def mark_cancelled(self) -> None:
-        with self._token_lock:
-            first = not self._cancelled
-            self._cancelled = True
-            on_cancel = self._on_cancel
-        if first and on_cancel is not None:
-            on_cancel()
-
-    def on_cancel(self, callback: Callable[[], object]) -> None:
-        """Call ``callback`` (from whichever thread marks it) once this attempt should stop;
-        at once if it already should. The event loop cancels an async handler's coroutine so."""
-        with self._token_lock:
-            self._on_cancel = callback
-            cancelled = self._cancelled
-        if cancelled:
-            callback()
-
-    @property
-    def batch_id(self) -> str | None:
-        """The batch (executor.submit_batch) this task is a member or a callback of, or None.
-        Read from the storage on first use (a claim does not carry it), then kept."""
-        if self._batch_id is _UNREAD:
-            task = self._executor.get_task(self.task_id)
-            self._batch_id = task.batch_id if task is not None else None
-        return self._batch_id  # type: ignore[return-value]
-
-    def __repr__(self) -> str:
-        return f"<TaskContext {self.task_id} attempt={self.attempt}>"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,12 +16,12 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from .connections import tidy_connections
-from .exceptions import StorageUnavailableError
-from .execution import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired
-from .observing import Attempt, observe
-from .records import Claim
-from .retries import attempt_timeout_message, timeout_message
+from ..connections import tidy_connections
+from ..exceptions import StorageUnavailableError
+from ..observability.attempts import Attempt, observe
+from ..records import Claim
+from ..retries import attempt_timeout_message, timeout_message
+from .runner import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired
 
 logger = logging.getLogger("django_reliable_executor")
 

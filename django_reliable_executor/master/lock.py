@@ -7,9 +7,9 @@ import logging
 import random
 import time
 
-from . import metrics
-from .connections import drop_unusable_connections, with_reconnect
-from .storage.base import MASTER_LOCK_NAME, TaskStorage, chore_lock_name
+from ..connections import drop_unusable_connections, with_reconnect
+from ..observability import metrics
+from ..storage.base import MASTER_LOCK_NAME, TaskStorage, chore_lock_name
 
 logger = logging.getLogger("django_reliable_executor")
 
