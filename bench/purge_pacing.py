@@ -71,7 +71,7 @@ def store_finished(n: int) -> None:
 def completed() -> int:
     """The drain's completed tasks (an index range: the finished backlog is CANCELLED)."""
     from django_reliable_executor.models import ReliableTask
-    from django_reliable_executor.service import executor
+    from django_reliable_executor.service.reliable_executor import executor
 
     alias = executor.storage.alias  # type: ignore[attr-defined]
     return ReliableTask.objects.using(alias).filter(status="COMPLETED").count()

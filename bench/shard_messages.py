@@ -52,7 +52,7 @@ def main() -> None:
     import redis.connection
 
     from django_reliable_executor import TaskSubmitRequest
-    from django_reliable_executor.service import ReliableExecutor
+    from django_reliable_executor.service.reliable_executor import ReliableExecutor
     from django_reliable_executor.storage.redis import RedisStorage
     from tests.redis_servers import RedisServer
 

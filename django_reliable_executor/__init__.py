@@ -11,7 +11,7 @@ from .exceptions import (
 from .records import TaskInfo, TaskSubmitRequest
 from .registry import reliable_task_handler
 from .schedules.records import Schedule, ScheduleInfo
-from .service import ReliableExecutor, executor
+from .service.reliable_executor import ReliableExecutor, executor
 from .states import TaskStatus
 from .worker.context import TaskContext
 

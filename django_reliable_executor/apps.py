@@ -15,7 +15,7 @@ from django.utils.module_loading import autodiscover_modules
 from . import registry
 from .conf import SETTING_NAME
 from .observability import metrics
-from .service import executor
+from .service.reliable_executor import executor
 
 
 class ReliableExecutorConfig(AppConfig):

@@ -36,7 +36,7 @@ from .progress import Progress
 from .records import TaskInfo, TaskSubmitRequest, Transition
 from .registry import TaskHandler, get_handler, register, register_resolver
 from .serialization import ConversionError, to_json_value
-from .service import executor
+from .service.reliable_executor import executor
 from .states import TaskStatus
 from .tasks_compat import (
     BaseTaskBackend,

@@ -27,8 +27,8 @@ from .exceptions import storage_unavailable
 from .progress import Progress
 from .records import Claim, TaskInfo
 from .registry import name_limits, rate_limits
-from .service import executor
-from .submission import pending_task_writes
+from .service.on_commit import pending_task_writes
+from .service.reliable_executor import executor
 from .worker.completion_writer import CompletionWriter
 from .worker.runner import TaskRunner
 

@@ -13,7 +13,7 @@ from django.dispatch import Signal
 
 from django_reliable_executor import TaskContext, reliable_task_handler, signals
 from django_reliable_executor.records import Claim, NewTask
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.worker.runner import TaskRunner

@@ -20,7 +20,7 @@ from demo.models import Execution
 from django.db import connections
 from django.db.models import QuerySet
 
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 
 from .conftest import REDIS_SHARDS, REDIS_URL, new_storage

@@ -11,7 +11,7 @@ from typing import Any
 
 from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.records import Claim, TaskInfo
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.codec import micros, text

@@ -19,7 +19,7 @@ import pytest
 
 from django_reliable_executor import Schedule
 from django_reliable_executor.progress import make_progress
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import admin_params, executor_on, fire_schedule, make_user, run_one
 from tests.conftest import IN_CI

@@ -22,7 +22,7 @@ from django.test import Client, override_settings
 
 from django_reliable_executor.api import nonces
 from django_reliable_executor.progress import make_progress
-from django_reliable_executor.service import ReliableExecutor, executor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
 from django_reliable_executor.states import TaskStatus
 from tests.admin_support import ADMIN_APPS, admin_params, boom, make_user, run_one
 from tests.conftest import BACKENDS, REDIS_URL, db_params, delete_prefix, redis_client, require

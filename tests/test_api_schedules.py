@@ -13,7 +13,7 @@ import pytest
 from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client, override_settings
 
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.admin_support import ADMIN_APPS, admin_params
 from tests.test_api import (
     HOOK,

@@ -25,8 +25,8 @@ from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from django_reliable_executor.progress import make_progress
 from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.registry import rate_limits
-from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.service import executor as module_executor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import executor as module_executor
 from tests.conftest import REDIS_URL
 from tests.contract_support import claim_and_start, claim_one, recording, run_claim, run_next
 from tests.processes import _OVERRIDDEN, MANAGE, ROOT, Backend

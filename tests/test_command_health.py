@@ -14,8 +14,8 @@ from django.test import override_settings
 
 from django_reliable_executor.clock import FakeClock, system_clock
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
-from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.service import executor as module_executor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import executor as module_executor
 from tests import test_command_executor as command
 from tests.conftest import REDIS_URL
 from tests.processes import Backend, service_for, wait_until

@@ -18,7 +18,7 @@ from django_reliable_executor.exceptions import (
     UnknownTaskError,
 )
 from django_reliable_executor.options import MAX_MILLIS
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import recording
 
 UTC = dt.timezone.utc

@@ -137,7 +137,7 @@ def test_timeouts_and_lost_workers_count_as_failed(executor, storage, clock):
 def test_a_batch_whose_members_all_ended_before_the_seal_fires_on_seal(executor, storage):
     """Members stored, ended, then the seal: the seal itself finds them all ended."""
     from django_reliable_executor.batches import NewBatch
-    from django_reliable_executor.submission import prepare
+    from django_reliable_executor.service.submitting import prepare
 
     now = executor.clock.now()
     callback = prepare(on_done(), now, executor.settings, 0)

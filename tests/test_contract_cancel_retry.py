@@ -6,7 +6,7 @@ import pytest
 
 from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import (
     HOOKS,
     LEASE,
@@ -71,7 +71,7 @@ def test_running_cancelled_attempt_that_fails_ends_cancelled(executor, storage):
     executor.cancel_task("rf")
     with recording(signals.task_cancelled) as cancelled, recording(signals.task_retrying) as retry:
         transition = storage.fail(started, "stopped", retryable=True)
-        executor.announce(transition)
+        executor.announcer.transition(transition)
     assert transition.status is TaskStatus.CANCELLED
     info = executor.get_task("rf")
     assert (info.status, info.last_error, info.attempts) == (TaskStatus.CANCELLED, "stopped", 1)

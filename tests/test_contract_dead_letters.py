@@ -7,7 +7,7 @@ import pytest
 
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.clock import FakeClock
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.states import FAILURE_STATUSES
 from tests.conftest import db_params
 from tests.contract_support import claim_and_start

@@ -13,7 +13,7 @@ from django.db import connections
 
 from django_reliable_executor import TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.worker.runner import TaskRunner
 from django_reliable_executor.worker.worker import Worker, WorkerOptions
 from tests.contract_support import (
@@ -355,7 +355,7 @@ def test_exponential_backoff_doubles_with_jitter_and_cap(
         for nominal in nominals:
             started = claim_and_start(storage)
             transition = storage.fail(started, "boom", retryable=True)
-            executor.announce(transition)
+            executor.announcer.transition(transition)
             delay = (executor.get_task("exp").run_at - clock.now()) / ms
             assert nominal * 0.9 <= delay <= min(nominal * 1.1, 300000)
             assert transition.task.run_at == executor.get_task("exp").run_at
@@ -428,7 +428,7 @@ def test_expire_overdue_times_out_waiting_and_running_tasks(executor, storage, c
     with recording(signals.task_failed) as failed:
         transitions = storage.expire_overdue(100)
         for transition in transitions:
-            executor.announce(transition)
+            executor.announcer.transition(transition)
     assert {t.task.task_id: t.previous for t in transitions} == {
         "wait": TaskStatus.CREATED,
         "run": TaskStatus.RUNNING,

@@ -46,7 +46,7 @@ def test_started_claim_counts_a_failed_attempt(executor, storage, clock):
     with recording(signals.task_retrying) as retrying:
         transitions = storage.recover_expired(100)
         for transition in transitions:
-            executor.announce(transition)
+            executor.announcer.transition(transition)
     assert [(t.task.task_id, t.previous, t.status) for t in transitions] == [
         ("s", TaskStatus.RUNNING, TaskStatus.PENDING)
     ]

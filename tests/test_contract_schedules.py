@@ -16,7 +16,7 @@ from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, register, unregister
 from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import recording
 
 UTC = dt.timezone.utc

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.exceptions import InvalidTaskOptionError
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import claim_and_start, recording, total
 
 

@@ -145,7 +145,7 @@ def test_oldest_due_by_queue_is_each_queues_longest_waiting_unclaimed_task(
 @pytest.mark.parametrize("alias", ["redis"])
 def test_redis_minute_counters_expire_after_two_hours(alias, clock):
     """Each minute's hash of endings is kept two hours (the chart reads one), then expires."""
-    from django_reliable_executor.service import ReliableExecutor
+    from django_reliable_executor.service.reliable_executor import ReliableExecutor
 
     with own_key_prefix(True) as prefix:
         storage = new_storage("redis", prefix, clock=clock)

@@ -9,7 +9,7 @@ from django.db import connections
 from django.test import override_settings
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.database import DatabaseStorage, rows
 from django_reliable_executor.storage.database.access import value_bytes
 

@@ -19,7 +19,7 @@ import pytest
 from django.utils import timezone
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 
 from .conftest import BACKENDS, db_params, require
 from .faults.journal import Journal

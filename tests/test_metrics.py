@@ -28,7 +28,7 @@ from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.observability import metrics
 from django_reliable_executor.observability.metrics import TaskCountCollector
 from django_reliable_executor.records import NewTask, new_info
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import LEASE, new_task, run_claims
 
 from .conftest import BACKENDS, db_params, require
@@ -521,7 +521,7 @@ def test_runexecutor_serves_the_metrics_over_http(alias, key_prefix, workers):
 # on_commit hooks count them, as in a real request.
 @pytest.mark.django_db(transaction=True)
 def test_the_web_process_metrics_view_shows_the_executor_metrics(client):
-    from django_reliable_executor.service import executor
+    from django_reliable_executor.service.reliable_executor import executor
 
     collector = metrics.register_collectors()
     assert collector is not None
@@ -637,7 +637,7 @@ def test_the_metrics_page_queries_only_our_metrics():
 
 
 def test_the_app_registered_the_task_gauges_reading_the_service():
-    from django_reliable_executor.service import executor
+    from django_reliable_executor.service.reliable_executor import executor
 
     collector = metrics.register_collectors()
     assert collector is not None

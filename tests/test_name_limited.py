@@ -14,7 +14,7 @@ from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.models import ReliableTask
 from django_reliable_executor.rate_limits import parse_rate_limit
 from django_reliable_executor.registry import limited_names
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import DB_ALIASES, db_params, require
 from tests.contract_support import LEASE, new_task

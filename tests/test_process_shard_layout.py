@@ -16,8 +16,8 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_reliable_executor.checks import check_database
-from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.service import executor as module_executor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import executor as module_executor
 from django_reliable_executor.storage.redis.layout import describe_layout
 
 from .conftest import db_params, require

@@ -14,7 +14,7 @@ from django.db import connections
 
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.management.commands.runexecutor import parse_queues
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.worker.worker import Worker, WorkerOptions, format_queues
 from tests.conftest import db_params, require
 from tests.contract_support import GATE

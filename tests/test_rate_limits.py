@@ -15,7 +15,7 @@ from django_reliable_executor.exceptions import HandlerRegistrationError, Invali
 from django_reliable_executor.rate_limits import RateLimit, parse_rate_limit
 from django_reliable_executor.records import Claim
 from django_reliable_executor.registry import get_handler, rate_limits, unregister
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from tests.conftest import db_params, require
 from tests.contract_support import LEASE, at_once

@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.conf import get_settings
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.connection import connect, describe

@@ -18,7 +18,7 @@ import redis.exceptions
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.conf import ExecutorSettings
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of

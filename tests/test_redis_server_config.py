@@ -7,7 +7,7 @@ import pytest
 from django.test import override_settings
 
 from django_reliable_executor.checks import check_database
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.conftest import redis_client, start_warnings
 

@@ -16,7 +16,7 @@ from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire
 from django_reliable_executor.registry import TaskHandler, _schedules, register, unregister
 from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage, schedule_moves
 from django_reliable_executor.storage.redis.codec import fields
 from django_reliable_executor.storage.redis.resharding import check_reshard

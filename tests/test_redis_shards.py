@@ -16,8 +16,8 @@ from redis.crc import key_slot
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
-from django_reliable_executor.service import ReliableExecutor
-from django_reliable_executor.service import executor as module_executor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import executor as module_executor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import (
     CLUSTER_SLOTS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.worker.worker import Worker, WorkerOptions
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, connections, transaction
 
 from django_reliable_executor import TaskStatus, TaskSubmitConflictError, TaskSubmitRequest
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.conftest import db_params, require
 
 SET_SESSION_LEVEL = {

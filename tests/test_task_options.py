@@ -22,7 +22,7 @@ from django_reliable_executor.options import MAX_MILLIS, RETRY_NAMES, TaskOption
 from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import get_handler, reliable_task_handler, unregister
 from django_reliable_executor.schedules.records import Schedule
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.admin_support import admin_params
 
 BAD: list[tuple[str, Any]] = [
@@ -193,7 +193,7 @@ def _echo(*args: Any, **kwargs: Any) -> None:
 @pytest.fixture
 def django_backend(storage, clock, monkeypatch) -> Iterator[Any]:
     """The configured backend, enqueueing through the module executor on the storage under test."""
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     monkeypatch.setattr(module_executor, "_storage", storage)
     monkeypatch.setattr(module_executor, "_clock", clock)

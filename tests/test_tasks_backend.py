@@ -18,7 +18,7 @@ from djtasks.tasks import CustomError
 
 from django_reliable_executor.conf import get_settings
 from django_reliable_executor.registry import get_handler, unregister
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.tasks_backend import ReliableExecutorBackend, exception_path
 from django_reliable_executor.tasks_compat import (
@@ -70,7 +70,7 @@ def takes_no_context(value: int) -> int:
 def backend(storage, clock, monkeypatch) -> ReliableExecutorBackend:
     """The configured backend, submitting through the module executor pointed at the storage
     (and fake clock) under test."""
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     monkeypatch.setattr(module_executor, "_storage", storage)
     monkeypatch.setattr(module_executor, "_clock", clock)
@@ -175,7 +175,7 @@ def test_per_task_options_are_validated():
 def test_attempt_timeout_from_options_or_the_task_and_durations_as_timedeltas(backend):
     """OPTIONS and a task's own options take seconds or a timedelta for attempt_timeout (and a
     timedelta for the millisecond durations); the task's own comes first."""
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     options = {"attempt_timeout": dt.timedelta(seconds=2.5), "retry_interval": dt.timedelta(0, 1)}
     configured = ReliableExecutorBackend("x", {"OPTIONS": options})
@@ -252,7 +252,7 @@ def test_enqueue_returns_a_ready_result(backend, storage, clock):
 
 
 def test_enqueue_stores_a_task_of_this_app(backend, storage):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     result = djtasks.echo.using(priority=7).enqueue(1, two=2)
     info = module_executor.get_task(result.id)
@@ -315,7 +315,7 @@ def test_unknown_result_id_does_not_exist(backend):
 
 
 def test_a_task_not_enqueued_by_django_does_not_exist_as_a_result(backend):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     plain = module_executor.submit("demo.echo", {"args": [], "kwargs": {}}, task_id="plain-1")
     other = module_executor.submit("demo.echo", {"n": 1}, task_id="plain-2")
@@ -349,7 +349,7 @@ def test_arguments_json_cannot_hold_raise_and_store_nothing(backend, storage):
 
 # -- run_after and priority ---------------------------------------------------------------------
 def test_run_after_defers_the_task(backend, storage, clock):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     later = clock.now() + dt.timedelta(hours=1, microseconds=500)
     result = djtasks.meaning_of_life.using(run_after=later).enqueue()
@@ -537,7 +537,7 @@ def test_timeout_while_running_is_failed(backend, storage, clock):
 
 
 def test_cancelled_is_failed(backend):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     result = djtasks.echo.enqueue()
     assert module_executor.cancel_task(result.id)
@@ -595,7 +595,7 @@ def test_exception_path_of_a_stored_traceback(text, path):
 
 # -- running in process -------------------------------------------------------------------------
 def test_a_worker_runs_a_django_task_and_sends_djangos_signals(backend, storage):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     sent: list[tuple[str, Any]] = []
 
@@ -617,7 +617,7 @@ def test_a_worker_runs_a_django_task_and_sends_djangos_signals(backend, storage)
 
 
 def test_a_worker_runs_an_async_task(backend, storage):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     result = djtasks.add_async.enqueue(20, b=22)
     assert run_next(module_executor) is TaskStatus.COMPLETED
@@ -626,7 +626,7 @@ def test_a_worker_runs_an_async_task(backend, storage):
 
 
 def test_a_failing_task_records_its_exception(backend, storage):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     sent: list[Any] = []
     result = djtasks.fails_custom.enqueue()
@@ -646,7 +646,7 @@ def test_a_failing_task_records_its_exception(backend, storage):
 def test_a_stored_django_task_these_settings_would_not_allow_still_reads(backend, option, changed):
     """A Django task's stored queue or priority that this process's TASKS would reject (another
     process's settings, a plain submit under the task's name) still reads as it was stored."""
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     info = module_executor.submit("djtasks.tasks.echo", {"args": [1], "kwargs": {}}, **option)
     result = backend.get_result(info.task_id)
@@ -658,7 +658,7 @@ def test_a_stored_django_task_these_settings_would_not_allow_still_reads(backend
 def test_task_options_in_the_decorator(backend):
     """Django 6.1+ and the backport pass @task's extra keywords to the backend's task class
     (this app's options, stored with the task); Django 6.0's @task refuses them."""
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     if not DECORATOR_OPTIONS:
         with pytest.raises(TypeError):
@@ -711,7 +711,7 @@ def submit_by_name(storage, clock, task_name: str, parameter: Any) -> str:
 
 @pytest.mark.usefixtures("forget_modules")
 def test_a_task_of_an_installed_app_module_nobody_imported_runs(backend, storage, clock):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     task_id = submit_by_name(
         storage, clock, "djtasks.imported_by_name.triple", {"args": [14], "kwargs": {}}
@@ -727,7 +727,7 @@ def test_a_task_of_an_installed_app_module_nobody_imported_runs(backend, storage
     "task_name", ["testproject.outside_apps.squat", "subprocess.run", "os.system"]
 )
 def test_a_task_name_outside_installed_apps_is_not_imported(backend, storage, clock, task_name):
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     module = task_name.rpartition(".")[0]
     was_imported = module in sys.modules  # os and subprocess are, by Python or Django
@@ -750,7 +750,7 @@ def test_exception_path_imports_no_module_outside_installed_apps():
 def test_a_django_task_reports_progress_read_back_on_its_result(backend, storage, clock):
     """This backend's TaskContext has set_progress; its TaskResult a ``progress`` attribute
     (Django's has no field for it), read again by refresh()."""
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     result = djtasks.report_progress.enqueue(2, 4)
     assert result.progress is None

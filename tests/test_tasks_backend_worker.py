@@ -22,7 +22,7 @@ from .processes import Backend, executions, service_for, wait_until
 def backend(alias, key_prefix, monkeypatch) -> Backend:
     """The subprocesses' storage; this process enqueues and reads results on it too."""
     require(alias)
-    from django_reliable_executor.service import executor as module_executor
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
 
     backend = Backend(alias, key_prefix)
     service = service_for(backend)

@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.views.generic import RedirectView
 
-from ..service import ReliableExecutor, executor
+from ..service.reliable_executor import ReliableExecutor, executor
 
 UNAVAILABLE_TEMPLATE = "admin/django_reliable_executor/unavailable.html"
 # At most this many ids per action request (a page shows PAGE_SIZE).

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from ..batches import BatchInfo
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from ..states import DEAD_LETTER_STATUSES, TaskStatus
 from .operations import Outcome, retry_tasks
 from .pages import DEAD_LETTERS, Filters, batch_url, change_url, changelist_url

@@ -11,7 +11,7 @@ from django.contrib import messages
 
 from ..exceptions import InvalidQueueError, StorageUnavailableError
 from ..records import TaskInfo
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from ..states import RETRYABLE_BY_HAND, WAITING_STATUSES, TaskStatus
 
 NOT_FOUND = "not found"

@@ -21,7 +21,7 @@ from django.urls import reverse
 from ..progress import percent, progress_summary
 from ..records import TaskInfo, WorkerInfo
 from ..registry import all_handlers, get_handler
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from ..states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
 from .health import DueThresholds, chart
 from .operations import can_cancel, can_retry

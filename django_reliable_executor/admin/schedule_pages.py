@@ -20,7 +20,7 @@ from django.urls import reverse
 from ..exceptions import StorageUnavailableError
 from ..records import TaskInfo
 from ..schedules.records import ScheduleInfo
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from . import pages
 
 PAGE_SIZE = 100

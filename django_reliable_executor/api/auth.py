@@ -14,7 +14,7 @@ from urllib.parse import quote, unquote_to_bytes
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
 
-from ..service import executor
+from ..service.reliable_executor import executor
 from . import nonces
 
 KEY_HEADER = "X-Executor-Key"

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 
 from ..exceptions import StorageUnavailableError
 from ..models import ReliableApiNonce
-from ..service import executor
+from ..service.reliable_executor import executor
 
 PURGE_EVERY = 60.0  # seconds between purges of expired database rows, per process
 _purge_lock = threading.Lock()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from ..exceptions import InvalidQueueError, UnknownQueueError
-from ..service import executor
+from ..service.reliable_executor import executor
 from .views import OPERATE, VIEW, api_view, error
 
 

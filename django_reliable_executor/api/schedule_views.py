@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from ..exceptions import InvalidScheduleError, TaskSubmitError
 from ..schedules.records import ScheduleInfo
-from ..service import executor
+from ..service.reliable_executor import executor
 from .auth import may
 from .views import BadRequest, api_methods, aware_datetime, error, json_object
 

@@ -16,7 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from ..exceptions import StorageUnavailableError, TaskSubmitError
 from ..records import TaskInfo, TaskSubmitRequest, task_to_json
-from ..service import executor
+from ..service.reliable_executor import executor
 from .auth import Denied, authorize, may
 
 VIEW = "django_reliable_executor.view_reliabletask"

@@ -8,7 +8,7 @@ from django.db import DatabaseError
 
 from ..conf import ExecutorSettings
 from ..exceptions import StorageUnavailableError
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from .output import format_age
 from .tables import tables_missing
 

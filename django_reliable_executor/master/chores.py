@@ -10,7 +10,7 @@ import threading
 import time
 
 from ..records import Transition
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from .schedule_firing import ScheduleFiring
 
 logger = logging.getLogger("django_reliable_executor")

@@ -13,7 +13,7 @@ from ..schedules.planning import fire_task
 __all__ = ["BATCH", "MAX_TASKS_PER_ROUND", "ScheduleFiring", "fire_task"]
 
 if TYPE_CHECKING:
-    from ..service import ReliableExecutor
+    from ..service.reliable_executor import ReliableExecutor
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -79,7 +79,7 @@ class ScheduleFiring:
             metrics.observe_schedule_fired(
                 [(now - task.run_at).total_seconds() for task in created]
             )
-            executor.announce_submitted(created)
+            executor.announcer.submitted(created)
         return created, round_.due
 
     def next_due(self) -> dt.datetime | None:

@@ -13,7 +13,7 @@ from ..records import TaskInfo
 from ..states import TaskStatus
 
 if TYPE_CHECKING:
-    from ..service import ReliableExecutor
+    from ..service.reliable_executor import ReliableExecutor
 
 CANCEL_CHECK_INTERVAL = 1.0  # seconds between storage reads behind context.is_cancelled()
 

@@ -13,7 +13,7 @@ from django.db import close_old_connections
 
 from ..connections import drop_unusable_connections
 from ..master.chores import MasterChores
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from .pool import BoundedPool
 from .runner import TaskRunner
 

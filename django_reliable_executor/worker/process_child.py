@@ -29,7 +29,7 @@ from ..progress import Progress, progress_to_json
 from ..records import task_from_json
 from ..registry import resolve_handler
 from ..serialization import ConversionError, dumps, encode, from_json_value
-from ..service import executor
+from ..service.reliable_executor import executor
 from ..text import storable_text
 from .context import TaskContext
 from .progress_writer import ProgressWriter

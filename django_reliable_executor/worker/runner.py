@@ -20,7 +20,7 @@ from ..records import Claim, TaskInfo, Transition
 from ..registry import TaskHandler, get_handler, resolve_handler
 from ..retries import attempt_timeout_message
 from ..serialization import ConversionError, encode, from_json_value
-from ..service import ReliableExecutor
+from ..service.reliable_executor import ReliableExecutor
 from ..states import TaskStatus
 from ..text import ascii_text, storable_text
 from .attempt_limits import AttemptTimer

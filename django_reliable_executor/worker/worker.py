@@ -21,8 +21,8 @@ from ..master.chores import MasterChores
 from ..master.lock import MasterLock, ShardLocks
 from ..observability import metrics
 from ..registry import declared_schedules
-from ..service import ReliableExecutor
-from ..service import executor as default_executor
+from ..service.reliable_executor import ReliableExecutor
+from ..service.reliable_executor import executor as default_executor
 from .event_loop import EventLoop
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat

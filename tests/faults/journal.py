@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 
 from ..processes import WorkerProcess, read_journal, wait_until
 

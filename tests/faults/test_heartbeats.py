@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 
 from ..conftest import BACKENDS, db_params, new_storage, redis_client, require
 from ..processes import FAST, LEASE, Backend, service_for, wait_until

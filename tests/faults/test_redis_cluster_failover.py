@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.states import LIVE_STATUSES
 from django_reliable_executor.storage.redis import RedisStorage
 

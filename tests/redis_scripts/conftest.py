@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 
 from django_reliable_executor.clock import FakeClock
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 
 from ..conftest import new_storage, own_key_prefix, require

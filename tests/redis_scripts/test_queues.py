@@ -11,7 +11,7 @@ import pytest
 
 from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.master.chores import MasterChores
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.redis_scripts.conftest import redis_storage

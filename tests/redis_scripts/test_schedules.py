@@ -14,7 +14,7 @@ import pytest
 from django_reliable_executor.clock import FakeClock
 from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.records import ScheduleFire
-from django_reliable_executor.service import ReliableExecutor
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.schedule_base import ScheduleStorage
 from tests.conftest import own_key_prefix
 from tests.redis_scripts.conftest import redis_storage

@@ -127,7 +127,7 @@ def test_whether_a_handler_takes_a_parameter(names):
 
 
 def test_submit_goes_through_the_submitter_the_app_connected(names, monkeypatch):
-    from django_reliable_executor.service import executor
+    from django_reliable_executor.service.reliable_executor import executor
 
     # apps.ready() connected the service's submit: the registry never imports the service.
     assert registry._submitter == executor.submit

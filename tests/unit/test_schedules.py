@@ -239,7 +239,7 @@ def test_a_native_fire_id_lands_on_its_shard_the_same_way_every_time(shards):
 
 def test_a_plain_submit_of_a_sharded_fire_id_is_refused_by_name():
     from django_reliable_executor.exceptions import ReservedTaskIdError
-    from django_reliable_executor.submission import _task_id
+    from django_reliable_executor.service.submitting import _task_id
 
     with pytest.raises(ReservedTaskIdError, match="perhaps then '~<k>'"):
         _task_id("nightly@20261129T030000Z~3")

@@ -36,7 +36,7 @@ from django_reliable_executor.management.output import (
 from django_reliable_executor.management.tables import tables_missing
 from django_reliable_executor.management.worker_id import check_worker_id
 from django_reliable_executor.records import task_to_json
-from django_reliable_executor.service import executor
+from django_reliable_executor.service.reliable_executor import executor
 from django_reliable_executor.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 
 EXIT_OK = 0

@@ -21,7 +21,7 @@ from django_reliable_executor.management.worker_output import (
     configure_logging,
 )
 from django_reliable_executor.observability import metrics
-from django_reliable_executor.service import executor
+from django_reliable_executor.service.reliable_executor import executor
 from django_reliable_executor.worker.worker import Worker, WorkerOptions, format_queues
 
 

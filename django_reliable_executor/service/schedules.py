@@ -12,9 +12,9 @@ from django.utils import timezone as django_timezone
 from ..exceptions import InvalidScheduleError
 from ..options import RETRY_NAMES
 from ..records import NewTask, TaskSubmitRequest
-from .ids import validate_schedule_id
-from .records import MISFIRE_POLICIES, ORIGINS, OVERLAP_POLICIES, Schedule, ScheduleInfo
-from .timing import make_timing
+from ..schedules.ids import validate_schedule_id
+from ..schedules.records import MISFIRE_POLICIES, ORIGINS, OVERLAP_POLICIES, Schedule, ScheduleInfo
+from ..schedules.timing import make_timing
 
 if TYPE_CHECKING:
     from ..clock import Clock

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import unicodedata
 import uuid
-from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
-from django.db import transaction
-
-from .conf import ExecutorSettings
-from .dependencies import (
-    ID_FORBIDDEN_CATEGORIES,
-    MAX_ID_LENGTH,
-    check_dependencies,
-    first_missing,
-)
-from .exceptions import (
+from ..conf import ExecutorSettings
+from ..dependencies import ID_FORBIDDEN_CATEGORIES, MAX_ID_LENGTH, check_dependencies, first_missing
+from ..exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
     InvalidTaskOptionError,
@@ -26,18 +20,19 @@ from .exceptions import (
     TaskSubmitError,
     UnknownTaskError,
 )
-from .options import MAX_MILLIS, TaskOptions, numeric_durations
-from .options import NAMES as OPTION_NAMES
-from .rate_limits import rate_key_problem
-from .records import NewTask, TaskSubmitRequest
-from .registry import TaskHandler, get_handler
-from .schedules.ids import is_fire_task_id
-from .serialization import ConversionError, dumps, from_json_value, to_json_value
-from .text import check_caller_text
-from .uniqueness import unique_digest, unique_window
+from ..option_names import guess
+from ..options import MAX_MILLIS, TaskOptions, numeric_durations
+from ..options import NAMES as OPTION_NAMES
+from ..rate_limits import rate_key_problem
+from ..records import NewTask, TaskSubmitRequest
+from ..registry import TaskHandler, get_handler
+from ..schedules.ids import is_fire_task_id
+from ..serialization import ConversionError, dumps, from_json_value, to_json_value
+from ..text import check_caller_text
+from ..uniqueness import unique_digest, unique_window
 
 if TYPE_CHECKING:
-    from .storage.base import TaskStorage
+    from ..storage.base import TaskStorage
 
 
 def prepare(
@@ -237,18 +232,36 @@ def check_dependencies_exist(
         raise error
 
 
-_C = TypeVar("_C", bound=Callable[[], object])
+def request_of(task_name: str, parameter: Any, options: dict[str, Any]) -> TaskSubmitRequest:
+    """The request ``executor.submit(task_name, parameter, **options)`` makes; an unknown
+    option is refused by name, with the closest known one."""
+    fields = {f.name for f in dataclasses.fields(TaskSubmitRequest)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        named = ", ".join(f"{name}{guess(name, fields)}" for name in unknown)
+        raise InvalidTaskOptionError(f"unknown submit option(s): {named}", field=unknown[0])
+    return TaskSubmitRequest(task_name=task_name, task_parameter=parameter, **options)
 
 
-def stores_tasks_at_commit(callback: _C) -> _C:
-    """Mark an on_commit callback that stores tasks (a submit to Redis inside atomic()):
-    testing.run_tasks stores them at once, as a TestCase's transaction never commits."""
-    callback.stores_tasks_at_commit = True  # type: ignore[attr-defined]
-    return callback
-
-
-def pending_task_writes(alias: str) -> list[Callable[[], object]]:
-    """The marked on_commit callbacks of the open transaction on ``alias``, in order (those
-    of rolled-back savepoints are gone from Django's list)."""
-    callbacks = getattr(transaction.get_connection(alias), "run_on_commit", ())
-    return [func for _, func, *_ in callbacks if getattr(func, "stores_tasks_at_commit", False)]
+def chain_steps(requests: Sequence[TaskSubmitRequest]) -> list[TaskSubmitRequest]:
+    """``requests`` as the steps of a chain (``executor.chain``): each depends on the one
+    before it as well as on its own ``depends_on``; steps without a task_id get one."""
+    steps: list[TaskSubmitRequest] = []
+    previous: str | None = None
+    for index, request in enumerate(requests):
+        if not isinstance(request, TaskSubmitRequest):
+            raise TaskSubmitError(
+                f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
+            )
+        task_id = request.task_id if request.task_id is not None else uuid.uuid4().hex
+        own = request.depends_on
+        if own is not None and (
+            isinstance(own, (str, bytes, bytearray, Mapping)) or not isinstance(own, Iterable)
+        ):
+            # No list to add the previous step to (a mapping's keys are none either):
+            # refused as submit_many refuses it, naming the field.
+            check_dependencies(own, request.on_dependency_failure, task_id, delayed=False)
+        depends_on = [*(own or ()), *([previous] if previous is not None else [])]
+        steps.append(dataclasses.replace(request, task_id=task_id, depends_on=depends_on or None))
+        previous = task_id
+    return steps

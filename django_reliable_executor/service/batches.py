@@ -7,34 +7,26 @@ import datetime as dt
 import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 
-from .batches import (
-    BatchInfo,
-    NewBatch,
-    check_callback,
-    check_requests,
-    member_chunks,
-)
-from .exceptions import TaskSubmitError
-from .observability.tracing import current_trace_context
-from .records import NewTask, TaskInfo, TaskSubmitRequest
-from .submission import (
-    MAX_ID_LENGTH,
-    check_dependencies_exist,
-    prepare,
-    stores_tasks_at_commit,
-)
-
-if TYPE_CHECKING:
-    from .service import ReliableExecutor
-    from .storage.base import TaskStorage
+from ..batches import BatchInfo, NewBatch, check_callback, check_requests, member_chunks
+from ..conf import ExecutorSettings
+from ..exceptions import TaskSubmitError
+from ..observability.announcer import Announcer
+from ..observability.tracing import current_trace_context
+from ..records import NewTask, TaskInfo, TaskSubmitRequest
+from ..storage.base import TaskStorage
+from .on_commit import after_commit, open_transaction, stores_tasks_at_commit
+from .submitting import MAX_ID_LENGTH, check_dependencies_exist, prepare
 
 
 def submit_batch(
-    executor: ReliableExecutor,
+    storage: TaskStorage,
+    settings: ExecutorSettings,
+    announcer: Announcer,
+    now: dt.datetime,
     requests: Sequence[TaskSubmitRequest],
     batch_id: str | None,
     on_complete: TaskSubmitRequest | None,
@@ -44,15 +36,12 @@ def submit_batch(
     the field), then open the batch, store the members in chunks of ``BATCH_CHUNK`` (bounded
     memory whatever the batch's size) and seal it. Inside an ``atomic()`` block the database
     storage writes it all in the caller's transaction; Redis storage writes it on commit."""
-    settings = executor.settings
-    storage = executor.storage
-    now = executor.clock.now()
     requests = check_requests(requests)
     batch = NewBatch(
         batch_id=_batch_id(batch_id),
         created_at=now,
-        on_complete=_callback(on_complete, "on_complete", now, executor),
-        on_success=_callback(on_success, "on_success", now, executor),
+        on_complete=_callback(on_complete, "on_complete", now, settings, storage),
+        on_success=_callback(on_success, "on_success", now, settings, storage),
     )
     callback_ids = {t.task_id for t in (batch.on_complete, batch.on_success) if t is not None}
     if batch.on_complete and batch.on_success and len(callback_ids) < 2:
@@ -116,11 +105,11 @@ def submit_batch(
             results = storage.add_to_batch(batch.batch_id, prepared(span))
             created = [info for info, was_created in results if was_created]
             if created:
-                _after_commit(executor, created)
+                after_commit(storage, _announcing(announcer, created))
         return storage.seal_batch(batch.batch_id)
 
     if not storage.supports_transactional_enqueue:
-        alias = executor._open_transaction(settings)
+        alias = open_transaction(settings)
         if alias is not None:
             transaction.on_commit(stores_tasks_at_commit(write), using=alias)
             # As it will be once written (ids refused by then are not counted in its total).
@@ -173,9 +162,9 @@ def _repeated_id(requests: Sequence[TaskSubmitRequest]) -> str | None:
     return None
 
 
-def _after_commit(executor: ReliableExecutor, created: list[TaskInfo]) -> None:
-    announce: Callable[[], None] = lambda: executor.announce_submitted(created)  # noqa: E731
-    executor._after_commit(announce)
+def _announcing(announcer: Announcer, created: list[TaskInfo]) -> Callable[[], None]:
+    """Announces these tasks as submitted, when called (now, or at the caller's commit)."""
+    return lambda: announcer.submitted(created)
 
 
 def _used(batch_id: str) -> TaskSubmitError:
@@ -200,12 +189,12 @@ def _batch_id(batch_id: Any) -> str:
 
 
 def _callback(
-    request: Any, field: str, now: dt.datetime, executor: ReliableExecutor
+    request: Any, field: str, now: dt.datetime, settings: ExecutorSettings, storage: TaskStorage
 ) -> NewTask | None:
     checked = check_callback(request, field)
     if checked is None:
         return None
     try:
-        return prepare(checked, now, executor.settings, 0, None, executor.storage.new_task_id)
+        return prepare(checked, now, settings, 0, None, storage.new_task_id)
     except TaskSubmitError as exc:
         raise TaskSubmitError(f"{field}: {exc}", field=f"{field}.{exc.field}") from exc

@@ -3,62 +3,39 @@ schedule tasks through the storage."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import threading
-import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.db import connections, transaction
-
-from .batch_submission import submit_batch
-from .batches import BatchInfo
-from .clock import Clock, system_clock
-from .conf import ExecutorSettings, get_settings
-from .dependencies import check_dependencies
-from .exceptions import (
+from ..batches import BatchInfo
+from ..clock import Clock, system_clock
+from ..conf import ExecutorSettings, get_settings
+from ..exceptions import (
     AttemptStillRunningError,
     DependencyNotCompletedError,
-    InvalidTaskOptionError,
-    TaskSubmitError,
 )
-from .observability.announcer import Announcer
-from .observability.tracing import current_trace_context
-from .option_names import guess
-from .options import is_int
-from .queue_pausing import check_known_queue
-from .records import (
-    NewTask,
+from ..observability.announcer import Announcer
+from ..observability.tracing import current_trace_context
+from ..records import (
     RateUse,
     TaskInfo,
     TaskSubmitRequest,
     Transition,
     WorkerInfo,
-    new_info,
 )
-from .registry import declared_schedules, limited_homes, limited_names, rate_limits
-from .schedules.ids import MAX_SCHEDULE_ID_LENGTH
-from .schedules.operations import ScheduleOperations
-from .schedules.records import Schedule, ScheduleInfo
-from .states import RETRYABLE_BY_HAND, TERMINAL_STATUSES, TaskStatus
-from .storage import MASTER_LOCK_NAME, TaskStorage, build_storage
-from .submission import check_dependencies_exist, prepare
-from .text import unstorable_char
-from .throughput import CHART_MINUTES, MinuteCounts
-
-
-def _status(value: TaskStatus | str) -> TaskStatus:
-    try:
-        return TaskStatus(value)
-    except ValueError:
-        raise ValueError(f"unknown status {value!r}") from None
-
-
-def _storable_id(value: object) -> bool:
-    """``value`` may be a stored id: a non-empty string without text no storage can hold
-    (submits refuse it, so no task has it: looking it up would only make the storage raise)."""
-    return isinstance(value, str) and bool(value) and unstorable_char(value) is None
+from ..registry import declared_schedules, limited_homes, limited_names, rate_limits
+from ..schedules.records import Schedule, ScheduleInfo
+from ..states import RETRYABLE_BY_HAND, TaskStatus
+from ..storage import MASTER_LOCK_NAME, TaskStorage, build_storage
+from ..throughput import CHART_MINUTES, MinuteCounts
+from .batches import submit_batch
+from .listing import checked_statuses, plausible_filters, storable_id
+from .on_commit import after_commit, open_transaction, submit_on_commit
+from .purging import finished_statuses, in_rounds
+from .queues import check_known_queue
+from .schedules import ScheduleOperations
+from .submitting import chain_steps, prepare, request_of
 
 
 def _wired(storage: TaskStorage) -> TaskStorage:
@@ -126,14 +103,7 @@ class ReliableExecutor:
 
     def submit(self, task_name: str, parameter: Any = None, **options: Any) -> TaskInfo:
         """Shorthand for ``submit_task(TaskSubmitRequest(task_name, parameter, **options))``."""
-        fields = {f.name for f in dataclasses.fields(TaskSubmitRequest)}
-        unknown = sorted(set(options) - fields)
-        if unknown:
-            named = ", ".join(f"{name}{guess(name, fields)}" for name in unknown)
-            raise InvalidTaskOptionError(f"unknown submit option(s): {named}", field=unknown[0])
-        return self.submit_task(
-            TaskSubmitRequest(task_name=task_name, task_parameter=parameter, **options)
-        )
+        return self.submit_task(request_of(task_name, parameter, options))
 
     def submit_many(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
         """Validate every request first (one bad request stores nothing), then store them all
@@ -160,13 +130,13 @@ class ReliableExecutor:
             return []
         storage = self.storage
         if not storage.supports_transactional_enqueue:
-            alias = self._open_transaction(settings)
+            alias = open_transaction(settings)
             if alias is not None:
-                return self._submit_on_commit(new_tasks, alias)
+                return submit_on_commit(storage, self.announcer, new_tasks, alias)
         results = storage.enqueue(new_tasks)
         created = [info for info, was_created in results if was_created]
         if created:
-            self._after_commit(lambda: self.announcer.submitted(created))
+            after_commit(storage, lambda: self.announcer.submitted(created))
         return [(info, bool(was_created)) for info, was_created in results]
 
     def chain(self, requests: Sequence[TaskSubmitRequest]) -> list[TaskInfo]:
@@ -174,95 +144,7 @@ class ReliableExecutor:
         well as on its own ``depends_on``), so they run one after another, and a step that
         fails cancels the rest (unless a step says ``on_dependency_failure="run"``). Steps
         without a task_id get one. All or nothing, like submit_many."""
-        steps: list[TaskSubmitRequest] = []
-        previous: str | None = None
-        for index, request in enumerate(requests):
-            if not isinstance(request, TaskSubmitRequest):
-                raise TaskSubmitError(
-                    f"request #{index} must be a TaskSubmitRequest, got {type(request).__name__}"
-                )
-            task_id = request.task_id if request.task_id is not None else uuid.uuid4().hex
-            own = request.depends_on
-            if own is not None and (
-                isinstance(own, (str, bytes, bytearray, Mapping)) or not isinstance(own, Iterable)
-            ):
-                # No list to add the previous step to (a mapping's keys are none either):
-                # refused as submit_many refuses it, naming the field.
-                check_dependencies(own, request.on_dependency_failure, task_id, delayed=False)
-            depends_on = [*(own or ()), *([previous] if previous is not None else [])]
-            steps.append(
-                dataclasses.replace(request, task_id=task_id, depends_on=depends_on or None)
-            )
-            previous = task_id
-        return self.submit_many(steps)
-
-    def _after_commit(self, callback: Any) -> None:
-        """Run now, or when the caller's transaction on the task database commits."""
-        alias = getattr(self.storage, "alias", None)
-        if alias is not None and transaction.get_connection(alias).in_atomic_block:
-            transaction.on_commit(callback, using=alias)
-        else:
-            callback()
-
-    @staticmethod
-    def _open_transaction(settings: ExecutorSettings) -> str | None:
-        """The database alias whose atomic() block the caller is in, if any: DATABASE_ALIAS
-        first, then any other connection already opened in this thread."""
-        if transaction.get_connection(settings.DATABASE_ALIAS).in_atomic_block:
-            return settings.DATABASE_ALIAS
-        for connection in connections.all(initialized_only=True):
-            if connection.in_atomic_block:
-                return str(connection.alias)
-        return None
-
-    def _submit_on_commit(
-        self, new_tasks: list[NewTask], alias: str
-    ) -> list[tuple[TaskInfo, bool]]:
-        """Storage outside the database (Redis): write when the caller's transaction commits,
-        so a rolled-back transaction leaves no task behind. Ids already stored are returned as
-        stored; the others as they will be, as the databases would answer in the transaction:
-        a unique key held by a live task, or taken by a submit before this one in the same
-        transaction (whose write waits for the commit too), returns that task. Each with
-        whether this submit's write is to store it (see submit_many_created)."""
-        earlier = _deferred_writes(alias)
-        infos: dict[str, TaskInfo] = {}
-        holders: dict[str, TaskInfo | None] = {}
-        for deferred in earlier:  # in the order submitted: the first to take a key keeps it
-            for task_id, info in deferred.stored.items():
-                infos.setdefault(task_id, info)
-            for taken, info in deferred.keys.items():
-                holders.setdefault(taken, info)
-        coming = set(infos)
-        infos.update(self.storage.get_many([task.task_id for task in new_tasks]))
-        write = _DeferredWrite(self, new_tasks)
-        skipped: set[str] = set()
-        for task in new_tasks:
-            if task.task_id in infos:
-                continue
-            key = task.unique_key
-            if key is not None:
-                # The live holder of its key as things stand; the write at commit decides.
-                if key not in holders:
-                    holders[key] = self.storage.unique_holder(key)
-                holder = holders[key]
-                if holder is not None:
-                    infos[task.task_id] = holder
-                    skipped.add(task.task_id)
-                    continue
-                holders[key] = write.keys[key] = new_info(task)  # a later submit meets it
-            infos[task.task_id] = write.stored[task.task_id] = new_info(task)
-        # Refused now rather than at commit (submit.lua checks again when it writes): only
-        # the tasks this transaction will store before these count as stored.
-        check_dependencies_exist(self.storage, new_tasks, coming, skipped)
-        transaction.on_commit(write, using=alias)
-        answered: list[tuple[TaskInfo, bool]] = []
-        seen: set[int] = set()  # the tasks answered so far, by identity
-        for task in new_tasks:
-            info = infos[task.task_id]
-            # Stored by this write only for its own request, not for a later one it answers.
-            answered.append((info, write.stored.get(task.task_id) is info and id(info) not in seen))
-            seen.add(id(info))
-        return answered
+        return self.submit_many(chain_steps(requests))
 
     def submit_batch(
         self,
@@ -275,34 +157,39 @@ class ReliableExecutor:
         submitted exactly once when every member has ended, ``on_success`` only if every one
         COMPLETED (see batches.py and docs/workflows.md). Raises a TaskSubmitError naming the
         field, storing nothing, on a bad member or callback, an empty batch or a used id."""
-        return submit_batch(self, requests, batch_id, on_complete, on_success)
+        return submit_batch(
+            self.storage,
+            self.settings,
+            self.announcer,
+            self.clock.now(),
+            requests,
+            batch_id,
+            on_complete,
+            on_success,
+        )
 
     def get_batch(self, batch_id: str) -> BatchInfo | None:
         """The batch's counts, or None for an unknown id."""
-        if not _storable_id(batch_id):
+        if not storable_id(batch_id):
             return None
         return self.storage.get_batch(batch_id)
-
-    def announce_submitted(self, created: list[TaskInfo]) -> None:
-        """Metrics, log line and ``task_submitted`` signal of tasks just stored."""
-        self.announcer.submitted(created)
 
     # -- querying and operating -----------------------------------------------------------
     def get_task(self, task_id: str) -> TaskInfo | None:
         """The stored task, or None for an unknown id (never a made-up pending state)."""
-        if not _storable_id(task_id):
+        if not storable_id(task_id):
             return None
         return self.storage.get(task_id)
 
     def dependents_of(self, task_id: str) -> list[str]:
         """The ids of the tasks submitted to wait for ``task_id`` (``depends_on``), sorted."""
-        if not _storable_id(task_id):
+        if not storable_id(task_id):
             return []
         return self.storage.dependents_of(task_id)
 
     def cancel_task(self, task_id: str) -> bool:
         """CREATED/PENDING -> CANCELLED (True); RUNNING -> cancel requested (True); else False."""
-        if not _storable_id(task_id):
+        if not storable_id(task_id):
             return False
         result = self.storage.cancel(task_id)
         if result.changed and result.task is not None:
@@ -327,7 +214,7 @@ class ReliableExecutor:
         FAILED, and it runs only after its dependencies completed ..." or "changed
         meanwhile". A dependent retried while a dependency has not ended waits for it again
         (CREATED, ``waiting_for``), as it did after its submit."""
-        if not _storable_id(task_id):
+        if not storable_id(task_id):
             return "not found"
         try:
             transition = self.storage.retry(task_id)
@@ -364,34 +251,13 @@ class ReliableExecutor:
         both. ``schedule_runs=False`` leaves out the tasks schedules fired (their ids are
         ``<schedule id>@<planned time>``), ``True`` lists only them; ``schedule_id`` lists
         the runs of one schedule."""
-        if status is not None and statuses is not None:
-            raise ValueError("give status or statuses, not both")
-        if status is not None:
-            status = _status(status)
-        chosen = None
-        if statuses is not None:
-            if isinstance(statuses, str):  # "FAILED" would be read as "F", "A", ...
-                raise ValueError("statuses must be a collection of statuses, not a string")
-            chosen = frozenset(_status(s) for s in statuses)
-        if not is_int(limit) or limit < 0 or not is_int(offset) or offset < 0:
-            raise ValueError("limit and offset must be integers >= 0")
-        if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
-            raise ValueError("batch_id must be a non-empty string")
-        if schedule_runs is not None and not isinstance(schedule_runs, bool):
-            raise ValueError(f"schedule_runs must be True, False or None, got {schedule_runs!r}")
-        if schedule_id is not None and (not isinstance(schedule_id, str) or not schedule_id):
-            raise ValueError("schedule_id must be a non-empty string")
-        if schedule_id is not None and schedule_runs is False:
-            raise ValueError(
-                "schedule_id lists schedule runs: it cannot go with schedule_runs=False"
-            )
-        if schedule_id is not None and len(schedule_id) > MAX_SCHEDULE_ID_LENGTH:
-            return []  # no schedule has such an id, so no run either
-        texts = (task_name, queue, batch_id, schedule_id)
-        if any(isinstance(t, str) and unstorable_char(t) for t in texts):
-            return []  # no stored task holds such text (submits refuse it)
+        checked, chosen = checked_statuses(status, statuses)
+        if not plausible_filters(
+            limit, offset, task_name, queue, batch_id, schedule_runs, schedule_id
+        ):
+            return []
         return self.storage.list(
-            status=status,
+            status=checked,
             statuses=chosen,
             task_name=task_name,
             queue=queue,
@@ -471,14 +337,12 @@ class ReliableExecutor:
         batch, and a pause of ``pause_seconds`` before the next (pacing: a large purge then
         leaves the database's vacuum, its replicas and the workers room to keep up). Returns
         how many were deleted."""
-        chosen = frozenset(TaskStatus(s) for s in statuses) if statuses is not None else None
-        if chosen is not None and not chosen <= TERMINAL_STATUSES:
-            live = ", ".join(sorted(s.value for s in chosen - TERMINAL_STATUSES))
-            raise ValueError(f"only finished tasks can be purged, not {live}")
-        return self._in_rounds(
+        chosen = finished_statuses(statuses)
+        return in_rounds(
             lambda: self.storage.purge_finished(finished_before, batch, chosen),
             batch,
             pause_seconds,
+            self.clock.sleep,
             progress,
         )
 
@@ -489,39 +353,12 @@ class ReliableExecutor:
         answers None; members still stored keep their ``batch_id``), ``batch`` at a time, with
         a pause of ``pause_seconds`` between rounds as ``purge_finished``. Batches not finished
         are kept. Returns how many were deleted."""
-        return self._in_rounds(
-            lambda: self.storage.purge_batches(finished_before, batch), batch, pause_seconds
+        return in_rounds(
+            lambda: self.storage.purge_batches(finished_before, batch),
+            batch,
+            pause_seconds,
+            self.clock.sleep,
         )
-
-    def _in_rounds(
-        self,
-        purge_round: Callable[[], int],
-        batch: int,
-        pause_seconds: float,
-        progress: Callable[[int], None] | None = None,
-    ) -> int:
-        """Run ``purge_round`` (deleting up to ``batch``) until a round deletes fewer, pausing
-        ``pause_seconds`` between two; the total deleted."""
-        if not is_int(batch) or batch < 1:
-            raise ValueError("batch must be an integer >= 1")
-        if (
-            isinstance(pause_seconds, bool)
-            or not isinstance(pause_seconds, (int, float))
-            or not 0 <= pause_seconds <= 3600
-        ):
-            raise ValueError(
-                f"pause_seconds must be a number of seconds from 0 to 3600, not {pause_seconds!r}"
-            )
-        deleted = 0
-        while True:
-            done = purge_round()
-            deleted += done
-            if progress is not None:
-                progress(deleted)
-            if done < batch:
-                return deleted
-            if pause_seconds:
-                self.clock.sleep(pause_seconds)
 
     # -- schedules (see schedules/operations.py) ------------------------------------------
     def schedule(
@@ -601,40 +438,6 @@ class ReliableExecutor:
         """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.
         Run by every runexecutor at start-up. Returns how many were written."""
         return self._schedules.sync_declared_schedules(declared_schedules())
-
-    # -- announcing (see announcing.py) ----------------------------------------------------
-    def announce(self, transition: Transition, attempt: int | None = None) -> None:
-        """Send the signal, write the log line and count the metrics of a transition."""
-        self.announcer.transition(transition)
-
-    def announce_started(self, task: TaskInfo) -> None:
-        """The same for an attempt that has just started."""
-        self.announcer.started(task)
-
-
-class _DeferredWrite:
-    """A submit inside a transaction whose tasks Redis stores when it commits (an on_commit
-    callback), with what the submit answered: the tasks it will store by id, and the unique
-    keys they take (a later submit in the same transaction returns the task holding one)."""
-
-    stores_tasks_at_commit = True  # see submission.stores_tasks_at_commit
-
-    def __init__(self, executor: ReliableExecutor, tasks: list[NewTask]) -> None:
-        self.executor = executor
-        self.tasks = tasks
-        self.stored: dict[str, TaskInfo] = {}
-        self.keys: dict[str, TaskInfo] = {}
-
-    def __call__(self) -> None:
-        results = self.executor.storage.enqueue(self.tasks)
-        self.executor.announcer.submitted([info for info, created in results if created])
-
-
-def _deferred_writes(alias: str) -> list[_DeferredWrite]:
-    """The submits inside the open transaction on ``alias`` whose write waits for its commit,
-    in order (callbacks of rolled-back savepoints are gone from the list)."""
-    callbacks = getattr(transaction.get_connection(alias), "run_on_commit", ())
-    return [func for _, func, *_ in callbacks if isinstance(func, _DeferredWrite)]
 
 
 #: The module-level executor: builds its storage from settings on first use.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .exceptions import InvalidQueueError, UnknownQueueError
-from .options import RULES
-from .registry import all_handlers, declared_schedules
-from .storage import TaskStorage
+from ..exceptions import InvalidQueueError, UnknownQueueError
+from ..options import RULES
+from ..registry import all_handlers, declared_schedules
+from ..storage import TaskStorage
 
 DEFAULT_QUEUE = "default"
 SCHEDULE_PAGE = 1000

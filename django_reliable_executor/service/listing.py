@@ -1,0 +1,68 @@
+"""The filters of ``executor.list_tasks``, checked: a ValueError names a wrong one, and a
+filter no stored task can match answers "nothing" without asking the storage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..options import is_int
+from ..schedules.ids import MAX_SCHEDULE_ID_LENGTH
+from ..states import TaskStatus
+from ..text import unstorable_char
+
+
+def as_status(value: TaskStatus | str) -> TaskStatus:
+    try:
+        return TaskStatus(value)
+    except ValueError:
+        raise ValueError(f"unknown status {value!r}") from None
+
+
+def checked_statuses(
+    status: TaskStatus | str | None, statuses: Iterable[TaskStatus | str] | None
+) -> tuple[TaskStatus | None, frozenset[TaskStatus] | None]:
+    """``status`` and ``statuses`` as statuses (give one, not both)."""
+    if status is not None and statuses is not None:
+        raise ValueError("give status or statuses, not both")
+    if status is not None:
+        status = as_status(status)
+    chosen = None
+    if statuses is not None:
+        if isinstance(statuses, str):  # "FAILED" would be read as "F", "A", ...
+            raise ValueError("statuses must be a collection of statuses, not a string")
+        chosen = frozenset(as_status(s) for s in statuses)
+    return status, chosen
+
+
+def plausible_filters(
+    limit: int,
+    offset: int,
+    task_name: str | None,
+    queue: str | None,
+    batch_id: str | None,
+    schedule_runs: bool | None,
+    schedule_id: str | None,
+) -> bool:
+    """Check the other filters (ValueError naming a wrong one); False when no stored task can
+    match them."""
+    if not is_int(limit) or limit < 0 or not is_int(offset) or offset < 0:
+        raise ValueError("limit and offset must be integers >= 0")
+    if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
+        raise ValueError("batch_id must be a non-empty string")
+    if schedule_runs is not None and not isinstance(schedule_runs, bool):
+        raise ValueError(f"schedule_runs must be True, False or None, got {schedule_runs!r}")
+    if schedule_id is not None and (not isinstance(schedule_id, str) or not schedule_id):
+        raise ValueError("schedule_id must be a non-empty string")
+    if schedule_id is not None and schedule_runs is False:
+        raise ValueError("schedule_id lists schedule runs: it cannot go with schedule_runs=False")
+    if schedule_id is not None and len(schedule_id) > MAX_SCHEDULE_ID_LENGTH:
+        return False  # no schedule has such an id, so no run either
+    texts = (task_name, queue, batch_id, schedule_id)
+    # No stored task holds such text (submits refuse it).
+    return not any(isinstance(t, str) and unstorable_char(t) for t in texts)
+
+
+def storable_id(value: object) -> bool:
+    """``value`` may be a stored id: a non-empty string without text no storage can hold
+    (submits refuse it, so no task has it: looking it up would only make the storage raise)."""
+    return isinstance(value, str) and bool(value) and unstorable_char(value) is None
