@@ -205,8 +205,8 @@ def fill_database(alias: str, n: int) -> None:
 
 def fill_retry_counts(alias: str) -> None:
     """Automatic retries in each minute of the last two hours (the chart's retried series)."""
+    from django_reliable_executor.core.minute_counts import epoch_minute
     from django_reliable_executor.models import ReliableRetryCount
-    from django_reliable_executor.throughput import epoch_minute
 
     now = epoch_minute(dt.datetime.now(dt.timezone.utc))
     counts = ReliableRetryCount.objects.using(alias)
@@ -219,7 +219,7 @@ def fill_retry_counts(alias: str) -> None:
 # -- filling Redis -----------------------------------------------------------------------------
 def fill_redis(n: int, batch: int = 5000) -> None:
     from django_reliable_executor import executor
-    from django_reliable_executor.records import NewTask
+    from django_reliable_executor.core.records import NewTask
 
     storage = executor.storage
     base = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=n * 0.6)

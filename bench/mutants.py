@@ -156,7 +156,7 @@ MUTANTS = [
         "a failed attempt of a task whose cancel was requested retries instead of ending CANCELLED",
         replace=(
             (
-                "django_reliable_executor/retries.py",
+                "django_reliable_executor/core/retries.py",
                 "    if cancel_requested:\n",
                 "    if False:\n",
             ),
@@ -168,7 +168,7 @@ MUTANTS = [
         "a failure past max duration retries (PENDING) instead of ending TIMEOUT",
         replace=(
             (
-                "django_reliable_executor/retries.py",
+                "django_reliable_executor/core/retries.py",
                 "    if deadline_at is not None and now >= deadline_at:\n",
                 "    if False:\n",
             ),

@@ -466,7 +466,7 @@ class RedisStore(Store):
         """Bytes of Redis memory (INFO used_memory) per queued task beyond its parameter, for
         n queued tasks with a small parameter; and that parameter's size in bytes."""
         from django_reliable_executor import TaskSubmitRequest, executor
-        from django_reliable_executor.serialization import dumps
+        from django_reliable_executor.core.serialization import dumps
 
         self.clear()
         client = self.client()

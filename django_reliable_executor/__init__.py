@@ -1,6 +1,8 @@
 """django-reliable-executor: reliable background tasks on the database or Redis you already run."""
 
-from .batches import BatchInfo
+from .core.batches import BatchInfo
+from .core.records import TaskInfo, TaskSubmitRequest
+from .core.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .exceptions import (
     InvalidDependencyError,
     InvalidQueueError,
@@ -8,17 +10,16 @@ from .exceptions import (
     TaskSubmitConflictError,
     TaskSubmitError,
 )
-from .records import TaskInfo, TaskSubmitRequest
 from .registry import reliable_task_handler
 from .schedules.records import Schedule, ScheduleInfo
 from .service.reliable_executor import ReliableExecutor, executor
-from .states import TaskStatus
 from .worker.context import TaskContext
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BatchInfo",
+    "FAILURE_STATUSES",
     "InvalidDependencyError",
     "InvalidQueueError",
     "InvalidScheduleError",
@@ -31,6 +32,7 @@ __all__ = [
     "TaskSubmitConflictError",
     "TaskSubmitError",
     "TaskSubmitRequest",
+    "TERMINAL_STATUSES",
     "executor",
     "reliable_task_handler",
 ]

@@ -13,8 +13,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from .options import RULES as OPTION_RULES
-from .options import TaskOptions
+from .core.options import RULES as OPTION_RULES
+from .core.options import TaskOptions
 
 SETTING_NAME = "RELIABLE_EXECUTOR"
 

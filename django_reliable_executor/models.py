@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from .states import TaskStatus
+from .core.states import TaskStatus
 
 
 class ReliableTask(models.Model):

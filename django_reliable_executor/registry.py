@@ -11,20 +11,20 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .core.ids import validate_schedule_id
+from .core.option_names import guess
+from .core.options import NAMES as OPTION_NAMES
+from .core.options import TaskOptions, as_number
+from .core.rate_limits import RateLimit, parse_rate_limit
+from .core.uniqueness import check_unique_for
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
-from .option_names import guess
-from .options import NAMES as OPTION_NAMES
-from .options import TaskOptions, as_number
-from .rate_limits import RateLimit, parse_rate_limit
-from .schedules.ids import validate_schedule_id
 from .schedules.records import OVERLAP_POLICIES, Schedule
 from .schedules.timing import make_timing
-from .uniqueness import check_unique_for
 
 ScheduleSpec = Schedule | str | int | float | dt.timedelta
 
 if TYPE_CHECKING:
-    from .records import TaskInfo
+    from .core.records import TaskInfo
 
 R = TypeVar("R")
 

@@ -28,16 +28,16 @@ from django.apps import apps
 from django.core import checks
 from django.utils.module_loading import import_string
 
+from .core.option_names import guess
+from .core.options import RETRY_NAMES, TaskOptions, as_number, check_option
+from .core.progress import Progress
+from .core.records import TaskInfo, TaskSubmitRequest, Transition
+from .core.serialization import ConversionError, to_json_value
+from .core.states import TaskStatus
 from .exceptions import InvalidTaskOptionError, TaskSubmitError
 from .observability.announcer import on_finished
-from .option_names import guess
-from .options import RETRY_NAMES, TaskOptions, as_number, check_option
-from .progress import Progress
-from .records import TaskInfo, TaskSubmitRequest, Transition
 from .registry import TaskHandler, get_handler, register, register_resolver
-from .serialization import ConversionError, to_json_value
 from .service.reliable_executor import executor
-from .states import TaskStatus
 from .tasks_compat import (
     BaseTaskBackend,
     InvalidTaskError,

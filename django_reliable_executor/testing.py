@@ -23,9 +23,9 @@ from typing import Any, cast
 from django.test.utils import override_settings
 
 from .conf import get_settings
+from .core.progress import Progress
+from .core.records import Claim, TaskInfo
 from .exceptions import storage_unavailable
-from .progress import Progress
-from .records import Claim, TaskInfo
 from .registry import name_limits, rate_limits
 from .service.on_commit import pending_task_writes
 from .service.reliable_executor import executor

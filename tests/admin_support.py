@@ -13,8 +13,8 @@ from django.contrib.admin.utils import quote
 from django.test import override_settings
 from django.urls import reverse
 
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
-from django_reliable_executor.states import TaskStatus
 from tests.conftest import BACKENDS, REDIS_URL, TASK_APPS, own_key_prefix, require
 from tests.contract_support import HOOKS, claim_and_start, claim_one, run_claim
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from django_reliable_executor.clock import Clock, FakeClock
+from django_reliable_executor.core.clock import Clock, FakeClock
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage

@@ -12,9 +12,9 @@ from django.db import connections
 from django.dispatch import Signal
 
 from django_reliable_executor import TaskContext, reliable_task_handler, signals
-from django_reliable_executor.records import Claim, NewTask
+from django_reliable_executor.core.records import Claim, NewTask
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.worker.runner import TaskRunner
 

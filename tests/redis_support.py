@@ -9,10 +9,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from django_reliable_executor.clock import FakeClock
-from django_reliable_executor.records import Claim, TaskInfo
+from django_reliable_executor.core.clock import FakeClock
+from django_reliable_executor.core.records import Claim, TaskInfo
+from django_reliable_executor.core.states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.codec import micros, text
 

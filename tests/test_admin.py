@@ -15,9 +15,9 @@ from django.urls import NoReverseMatch, reverse
 
 from django_reliable_executor import signals
 from django_reliable_executor.admin import pages
-from django_reliable_executor.progress import make_progress
+from django_reliable_executor.core.progress import make_progress
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.registry import rate_limits
-from django_reliable_executor.states import TaskStatus
 from tests.admin_support import (
     LIST_URL,
     NEWEST_FIRST,

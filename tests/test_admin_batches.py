@@ -12,7 +12,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.states import TaskStatus
 from tests.admin_support import (
     LIST_URL,
     admin_params,

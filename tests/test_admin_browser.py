@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from django_reliable_executor import Schedule
-from django_reliable_executor.progress import make_progress
+from django_reliable_executor.core.progress import make_progress
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import TaskStatus
 from tests.admin_support import admin_params, executor_on, fire_schedule, make_user, run_one
 from tests.conftest import IN_CI
 from tests.contract_support import claim_and_start

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.admin_support import admin_params, executor_on, make_user
 from tests.contract_support import LEASE, new_task

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.messages import get_messages
 
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.states import TaskStatus
 from tests.admin_support import (
     LIST_URL,
     admin_params,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.test import Client
 
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.states import TaskStatus
 from tests.admin_support import make_user
 from tests.test_admin import LIST_URL, message_texts, operator, service, viewer
 

@@ -17,7 +17,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_reliable_executor.admin import schedule_pages
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.states import TaskStatus
 from tests.admin_support import (
     SCHEDULES,
     admin_params,

@@ -11,7 +11,7 @@ import pytest
 
 from django_reliable_executor.admin import ReliableTaskAdmin
 from django_reliable_executor.admin.health import DueThresholds, chart, nice_ceiling
-from django_reliable_executor.throughput import MinuteCounts
+from django_reliable_executor.core.minute_counts import MinuteCounts
 from tests.admin_support import LIST_URL, admin_params, executor_on, make_user, populate
 
 

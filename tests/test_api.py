@@ -21,9 +21,9 @@ from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client, override_settings
 
 from django_reliable_executor.api import nonces
-from django_reliable_executor.progress import make_progress
+from django_reliable_executor.core.progress import make_progress
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
-from django_reliable_executor.states import TaskStatus
 from tests.admin_support import ADMIN_APPS, admin_params, boom, make_user, run_one
 from tests.conftest import BACKENDS, REDIS_URL, db_params, delete_prefix, redis_client, require
 from tests.contract_support import HOOKS, claim_and_start

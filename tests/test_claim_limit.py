@@ -73,7 +73,7 @@ def test_a_capped_claim_takes_no_more_than_the_free_slots(executor, storage):
 
 
 def test_a_rate_limited_claim_takes_no_more_than_its_window_allows(executor, storage):
-    from django_reliable_executor.rate_limits import RateLimit
+    from django_reliable_executor.core.rate_limits import RateLimit
 
     for _ in range(20):
         executor.submit(RATED, {"sleep": 0})

@@ -19,11 +19,11 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
-from django_reliable_executor.clock import FakeClock, system_clock
+from django_reliable_executor.core.clock import FakeClock, system_clock
+from django_reliable_executor.core.progress import make_progress
+from django_reliable_executor.core.records import TaskInfo
 from django_reliable_executor.management.output import format_age, parse_duration
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
-from django_reliable_executor.progress import make_progress
-from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.service.reliable_executor import executor as module_executor

@@ -12,7 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_reliable_executor.clock import FakeClock, system_clock
+from django_reliable_executor.core.clock import FakeClock, system_clock
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.service.reliable_executor import executor as module_executor

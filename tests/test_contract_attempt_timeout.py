@@ -18,13 +18,13 @@ from django.db import connections
 from prometheus_client import REGISTRY
 
 from django_reliable_executor import TaskContext, TaskSubmitRequest, reliable_task_handler, signals
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.exceptions import (
     HandlerRegistrationError,
     InvalidTaskOptionError,
     TaskSubmitError,
 )
 from django_reliable_executor.registry import get_handler
-from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.worker.runner import attempt_timeout_of
 from tests.contract_support import (
     HOOKS,

@@ -10,6 +10,7 @@ from demo.tasks import OrderParam
 
 from django_reliable_executor import TaskStatus, TaskSubmitError, TaskSubmitRequest, signals
 from django_reliable_executor.conf import ExecutorSettings
+from django_reliable_executor.core.options import MAX_MILLIS
 from django_reliable_executor.exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
@@ -17,7 +18,6 @@ from django_reliable_executor.exceptions import (
     ParameterTooLargeError,
     UnknownTaskError,
 )
-from django_reliable_executor.options import MAX_MILLIS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import recording
 

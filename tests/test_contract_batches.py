@@ -136,7 +136,7 @@ def test_timeouts_and_lost_workers_count_as_failed(executor, storage, clock):
 
 def test_a_batch_whose_members_all_ended_before_the_seal_fires_on_seal(executor, storage):
     """Members stored, ended, then the seal: the seal itself finds them all ended."""
-    from django_reliable_executor.batches import NewBatch
+    from django_reliable_executor.core.batches import NewBatch
     from django_reliable_executor.service.submitting import prepare
 
     now = executor.clock.now()

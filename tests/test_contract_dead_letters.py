@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
+from django_reliable_executor.core.states import FAILURE_STATUSES
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import FAILURE_STATUSES
 from tests.conftest import db_params
 from tests.contract_support import claim_and_start
 

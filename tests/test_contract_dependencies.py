@@ -11,7 +11,7 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor import InvalidDependencyError, TaskStatus, TaskSubmitRequest
-from django_reliable_executor.dependencies import WAITING_RUN_AT
+from django_reliable_executor.core.dependencies import WAITING_RUN_AT
 
 from .contract_support import (
     HOOKS,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.progress import make_progress
+from django_reliable_executor.core.progress import make_progress
 
 from .contract_support import HOOKS, LEASE, claim_and_start, claim_one, run_claim, task_runner
 

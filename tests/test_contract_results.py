@@ -9,8 +9,8 @@ import pytest
 from django.test import override_settings
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.core.serialization import encode
 from django_reliable_executor.exceptions import ParameterTooLargeError
-from django_reliable_executor.serialization import encode
 from django_reliable_executor.worker.runner import TaskRunner
 
 from .conftest import db_params, require

@@ -10,11 +10,11 @@ import pytest
 
 from django_reliable_executor import InvalidScheduleError, Schedule, TaskStatus, signals
 from django_reliable_executor.conf import ExecutorSettings
+from django_reliable_executor.core.ids import fire_task_id
+from django_reliable_executor.core.records import TaskSubmitRequest
 from django_reliable_executor.exceptions import ReservedTaskIdError, TaskSubmitError
 from django_reliable_executor.master.schedule_firing import ScheduleFiring
-from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, register, unregister
-from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import recording

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.throughput import epoch_minute
+from django_reliable_executor.core.minute_counts import epoch_minute
 from tests.conftest import DB_ALIASES, db_params, new_storage, own_key_prefix, redis_client
 from tests.contract_support import claim_and_start, claim_one
 

@@ -6,10 +6,10 @@ import pytest
 from django.db import transaction
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, reliable_task_handler, signals
+from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.exceptions import HandlerRegistrationError, InvalidTaskOptionError
 from django_reliable_executor.registry import unregister
 from django_reliable_executor.storage.redis.sharding import unique_home
-from django_reliable_executor.uniqueness import unique_digest
 from tests.contract_support import claim_and_start, recording, total
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitError, TaskSubmitRequest
+from django_reliable_executor.core.progress import make_progress
+from django_reliable_executor.core.text import storable_text
 from django_reliable_executor.exceptions import (
     InvalidDependencyError,
     InvalidParameterError,
@@ -16,8 +18,6 @@ from django_reliable_executor.exceptions import (
     InvalidTaskOptionError,
     UnknownTaskError,
 )
-from django_reliable_executor.progress import make_progress
-from django_reliable_executor.text import storable_text
 from django_reliable_executor.worker.progress_writer import ProgressWriter
 
 from . import test_contract_bad_input as bad_input

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 from django.db import connections
 
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.database import DatabaseStorage
 from tests.conftest import require, start_warnings
 from tests.contract_support import HOOKS, run_next

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from django_reliable_executor import TaskStatus, reliable_task_handler
+from django_reliable_executor.core.records import Claim
 from django_reliable_executor.exceptions import HandlerRegistrationError
-from django_reliable_executor.records import Claim
 from django_reliable_executor.registry import get_handler, name_limits, unregister
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage

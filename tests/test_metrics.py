@@ -24,10 +24,10 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.core.records import NewTask, new_info
 from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.observability import metrics
 from django_reliable_executor.observability.metrics import TaskCountCollector
-from django_reliable_executor.records import NewTask, new_info
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.contract_support import LEASE, new_task, run_claims
 
@@ -383,8 +383,8 @@ def test_every_hook_is_a_no_op_without_prometheus_client():
         import datetime as dt, sys
         sys.modules["prometheus_client"] = None  # as if the extra were not installed
         from django_reliable_executor.observability import metrics
-        from django_reliable_executor.records import NewTask, Transition, new_info
-        from django_reliable_executor.states import TaskStatus
+        from django_reliable_executor.core.records import NewTask, Transition, new_info
+        from django_reliable_executor.core.states import TaskStatus
 
         now = dt.datetime.now(dt.timezone.utc)
         task = new_info(NewTask("t", "n", "q", 0, None, 0, 0, "fixed", None, now, now, None))

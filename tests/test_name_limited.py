@@ -10,9 +10,9 @@ import pytest
 from django.db import connections
 
 from django_reliable_executor import TaskSubmitRequest
+from django_reliable_executor.core.rate_limits import parse_rate_limit
 from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.models import ReliableTask
-from django_reliable_executor.rate_limits import parse_rate_limit
 from django_reliable_executor.registry import limited_names
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage

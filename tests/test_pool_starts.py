@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from django_reliable_executor.records import Claim
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.records import Claim
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.worker.pool import BoundedPool
 
 

@@ -11,7 +11,7 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.rate_limits import RateLimit
+from django_reliable_executor.core.rate_limits import RateLimit
 from tests.conftest import db_params, require
 from tests.contract_support import LEASE
 

@@ -12,7 +12,7 @@ import pytest
 from django.db import OperationalError, connections, transaction
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.batches import BATCH_CHUNK
+from django_reliable_executor.core.batches import BATCH_CHUNK
 
 from .conftest import BACKENDS, db_params, require
 from .processes import FAST, Backend, service_for, wait_until

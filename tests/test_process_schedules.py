@@ -7,7 +7,7 @@ import datetime as dt
 from django.utils import timezone
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.states import TERMINAL_STATUSES as TERMINAL
+from django_reliable_executor.core.states import TERMINAL_STATUSES as TERMINAL
 
 from .conftest import require
 from .faults.journal import Faults, Journal, check_runs, freeze_mid_run

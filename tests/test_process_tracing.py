@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.records import TaskSubmitRequest
+from django_reliable_executor.core.records import TaskSubmitRequest
 
 from .conftest import db_params, require
 from .processes import MANAGE, ROOT, Backend, complete_lines, service_for, wait_until

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.storage.redis.sharding import shard_of, unique_home
-from django_reliable_executor.uniqueness import unique_digest
 
 from .conftest import own_key_prefix, require
 from .processes import Backend, service_for

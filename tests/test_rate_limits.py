@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from django_reliable_executor import TaskStatus, reliable_task_handler
+from django_reliable_executor.core.rate_limits import RateLimit, parse_rate_limit
+from django_reliable_executor.core.records import Claim
 from django_reliable_executor.exceptions import HandlerRegistrationError, InvalidTaskOptionError
-from django_reliable_executor.rate_limits import RateLimit, parse_rate_limit
-from django_reliable_executor.records import Claim
 from django_reliable_executor.registry import get_handler, rate_limits, unregister
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage

@@ -19,11 +19,11 @@ from django.db import transaction
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.conf import ExecutorSettings
+from django_reliable_executor.core.records import TaskInfo
+from django_reliable_executor.core.states import TERMINAL_STATUSES
 from django_reliable_executor.exceptions import StorageUnavailableError
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
-from django_reliable_executor.records import TaskInfo
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import TERMINAL_STATUSES
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.worker.worker import Worker, WorkerOptions

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.core.rate_limits import RateLimit
 from django_reliable_executor.master.schedule_firing import ScheduleFiring
-from django_reliable_executor.rate_limits import RateLimit
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of, shard_of

@@ -12,9 +12,9 @@ import pytest
 
 from django_reliable_executor import Schedule, TaskStatus
 from django_reliable_executor.admin.schedule_pages import fires
+from django_reliable_executor.core.ids import fire_task_id
 from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
 from django_reliable_executor.registry import TaskHandler, _schedules, register, unregister
-from django_reliable_executor.schedules.ids import fire_task_id
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage, schedule_moves

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.master.lock import MasterLock, ShardLocks
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import MASTER_LOCK_NAME, chore_lock_name

@@ -15,6 +15,7 @@ from django.test import override_settings
 from redis.crc import key_slot
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.service.reliable_executor import executor as module_executor
@@ -31,7 +32,6 @@ from django_reliable_executor.storage.redis.submitting import (
     ID_RESERVATION_GRACE_SECONDS,
     UNIQUE_RESERVATION_GRACE_SECONDS,
 )
-from django_reliable_executor.uniqueness import unique_digest
 from tests.conftest import REDIS_URL, delete_prefix, redis_client, require, sharded_redis_storage
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from django_reliable_executor import tasks_compat
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
+from django_reliable_executor.core.options import MAX_MILLIS, RETRY_NAMES, TaskOptions
+from django_reliable_executor.core.records import TaskSubmitRequest
 from django_reliable_executor.exceptions import (
     HandlerRegistrationError,
     InvalidTaskOptionError,
     TaskSubmitError,
 )
-from django_reliable_executor.options import MAX_MILLIS, RETRY_NAMES, TaskOptions
-from django_reliable_executor.records import TaskSubmitRequest
 from django_reliable_executor.registry import get_handler, reliable_task_handler, unregister
 from django_reliable_executor.schedules.records import Schedule
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
@@ -180,7 +180,7 @@ def test_the_decorator_refuses_none_for_queue_and_priority(handler_name, name, v
 
 
 def _expected_words(name: str) -> str:
-    from django_reliable_executor.options import RULES
+    from django_reliable_executor.core.options import RULES
 
     return RULES[name][1]
 

@@ -17,9 +17,9 @@ from djtasks import tasks as djtasks
 from djtasks.tasks import CustomError
 
 from django_reliable_executor.conf import get_settings
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.registry import get_handler, unregister
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.tasks_backend import ReliableExecutorBackend, exception_path
 from django_reliable_executor.tasks_compat import (
     DECORATOR_OPTIONS,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..batches import BatchInfo
+from ..core.batches import BatchInfo
+from ..core.states import DEAD_LETTER_STATUSES, TaskStatus
 from ..service.reliable_executor import ReliableExecutor
-from ..states import DEAD_LETTER_STATUSES, TaskStatus
 from .operations import Outcome, retry_tasks
 from .pages import DEAD_LETTERS, Filters, batch_url, change_url, changelist_url
 

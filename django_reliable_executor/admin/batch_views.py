@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from ..batches import BatchInfo
+from ..core.batches import BatchInfo
 from ..exceptions import StorageUnavailableError
 from . import batch_pages, pages
 from .base import ServiceModelAdmin

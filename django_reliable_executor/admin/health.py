@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from ..throughput import MinuteCounts
+from ..core.minute_counts import MinuteCounts
 
 # The chart's drawing area, in SVG user units (the image scales to the box's width).
 WIDTH, HEIGHT = 600, 140

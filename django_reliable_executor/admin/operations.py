@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable
 
 from django.contrib import messages
 
+from ..core.records import TaskInfo
+from ..core.states import RETRYABLE_BY_HAND, WAITING_STATUSES, TaskStatus
 from ..exceptions import InvalidQueueError, StorageUnavailableError
-from ..records import TaskInfo
 from ..service.reliable_executor import ReliableExecutor
-from ..states import RETRYABLE_BY_HAND, WAITING_STATUSES, TaskStatus
 
 NOT_FOUND = "not found"
 # The task changed between our read and the service's compare-and-set (a worker took it, another

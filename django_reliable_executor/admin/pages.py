@@ -18,11 +18,11 @@ from urllib.parse import urlencode
 from django.contrib.admin.utils import quote
 from django.urls import reverse
 
-from ..progress import percent, progress_summary
-from ..records import TaskInfo, WorkerInfo
+from ..core.progress import percent, progress_summary
+from ..core.records import TaskInfo, WorkerInfo
+from ..core.states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
 from ..registry import all_handlers, get_handler
 from ..service.reliable_executor import ReliableExecutor
-from ..states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
 from .health import DueThresholds, chart
 from .operations import can_cancel, can_retry
 

@@ -17,8 +17,8 @@ from django.contrib import messages
 from django.contrib.admin.utils import quote
 from django.urls import reverse
 
+from ..core.records import TaskInfo
 from ..exceptions import StorageUnavailableError
-from ..records import TaskInfo
 from ..schedules.records import ScheduleInfo
 from ..service.reliable_executor import ReliableExecutor
 from . import pages

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..conf import ExecutorSettings
-from ..progress import Progress, progress_summary
-from ..records import RateUse, TaskInfo, WorkerInfo
-from ..states import TaskStatus
+from ..core.progress import Progress, progress_summary
+from ..core.records import RateUse, TaskInfo, WorkerInfo
+from ..core.states import TaskStatus
 
 # Units of --older-than, in seconds.
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 
-from ..records import Transition
+from ..core.records import Transition
 from ..service.reliable_executor import ReliableExecutor
 from .schedule_firing import ScheduleFiring
 

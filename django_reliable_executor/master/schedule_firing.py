@@ -6,8 +6,8 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
+from ..core.records import TaskInfo
 from ..observability import metrics
-from ..records import TaskInfo
 from ..schedules.planning import fire_task
 
 __all__ = ["BATCH", "MAX_TASKS_PER_ROUND", "ScheduleFiring", "fire_task"]

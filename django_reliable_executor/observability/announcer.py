@@ -11,8 +11,8 @@ from typing import Any
 from django.dispatch import Signal
 
 from .. import signals
-from ..records import TaskInfo, Transition
-from ..states import FAILURE_STATUSES, TaskStatus
+from ..core.records import TaskInfo, Transition
+from ..core.states import FAILURE_STATUSES, TaskStatus
 from . import metrics
 from .tracing import current_trace_id, trace_id_of
 

@@ -13,7 +13,7 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from ..records import TaskInfo
+from ..core.records import TaskInfo
 from .tracing import parent_context, tracer
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
 
-    from ..records import TaskInfo
+    from ..core.records import TaskInfo
 
 PREFIX = "reliable_executor"
 LABELS = ("task_name", "queue")

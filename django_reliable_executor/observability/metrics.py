@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from ..states import TaskStatus
+from ..core.states import TaskStatus
 from .collectors import LABEL_VALUES, PREFIX, observe_many, process_metrics, unlabelled_gauge
 from .task_gauges import TaskCountCollector, TaskCounts
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from ..records import TaskInfo, Transition
+    from ..core.records import TaskInfo, Transition
 
 logger = logging.getLogger("django_reliable_executor")
 

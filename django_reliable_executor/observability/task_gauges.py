@@ -11,14 +11,14 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from ..states import DEAD_LETTER_STATUSES, TaskStatus
+from ..core.states import DEAD_LETTER_STATUSES, TaskStatus
 from .collectors import PREFIX
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from ..clock import Clock
-    from ..records import RateUse
+    from ..core.clock import Clock
+    from ..core.records import RateUse
 
 logger = logging.getLogger("django_reliable_executor")
 

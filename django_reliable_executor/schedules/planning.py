@@ -6,8 +6,8 @@ import dataclasses
 import datetime as dt
 from typing import TypeVar
 
-from ..records import NewTask, build
-from .ids import fire_task_id
+from ..core.ids import fire_task_id
+from ..core.records import NewTask, build
 from .records import ScheduleInfo
 from .timing import Timing, runs_between
 

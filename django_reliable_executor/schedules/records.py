@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 from typing import Any, Literal
 
-from ..records import NewTask, TaskInfo
+from ..core.records import NewTask, TaskInfo
 from .timing import Timing, make_timing
 
 Misfire = Literal["skip", "run_once", "catch_up"]

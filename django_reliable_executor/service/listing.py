@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..options import is_int
-from ..schedules.ids import MAX_SCHEDULE_ID_LENGTH
-from ..states import TaskStatus
-from ..text import unstorable_char
+from ..core.ids import MAX_SCHEDULE_ID_LENGTH
+from ..core.options import is_int
+from ..core.states import TaskStatus
+from ..core.text import unstorable_char
 
 
 def as_status(value: TaskStatus | str) -> TaskStatus:

@@ -10,8 +10,8 @@ from typing import TypeVar
 from django.db import connections, transaction
 
 from ..conf import ExecutorSettings
+from ..core.records import NewTask, TaskInfo, new_info
 from ..observability.announcer import Announcer
-from ..records import NewTask, TaskInfo, new_info
 from ..storage import TaskStorage
 from .submitting import check_dependencies_exist
 

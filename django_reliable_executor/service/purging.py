@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..options import is_int
-from ..states import TERMINAL_STATUSES, TaskStatus
+from ..core.options import is_int
+from ..core.states import TERMINAL_STATUSES, TaskStatus
 
 
 def finished_statuses(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..core.options import RULES
 from ..exceptions import InvalidQueueError, UnknownQueueError
-from ..options import RULES
 from ..registry import all_handlers, declared_schedules
 from ..storage import TaskStorage
 

@@ -8,27 +8,21 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..batches import BatchInfo
-from ..clock import Clock, system_clock
 from ..conf import ExecutorSettings, get_settings
+from ..core.batches import BatchInfo
+from ..core.clock import Clock, system_clock
+from ..core.minute_counts import CHART_MINUTES, MinuteCounts
+from ..core.records import RateUse, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo
+from ..core.states import RETRYABLE_BY_HAND, TaskStatus
 from ..exceptions import (
     AttemptStillRunningError,
     DependencyNotCompletedError,
 )
 from ..observability.announcer import Announcer
 from ..observability.tracing import current_trace_context
-from ..records import (
-    RateUse,
-    TaskInfo,
-    TaskSubmitRequest,
-    Transition,
-    WorkerInfo,
-)
 from ..registry import declared_schedules, limited_homes, limited_names, rate_limits
 from ..schedules.records import Schedule, ScheduleInfo
-from ..states import RETRYABLE_BY_HAND, TaskStatus
 from ..storage import MASTER_LOCK_NAME, TaskStorage, build_storage
-from ..throughput import CHART_MINUTES, MinuteCounts
 from .batches import submit_batch
 from .listing import checked_statuses, plausible_filters, storable_id
 from .on_commit import after_commit, open_transaction, submit_on_commit
@@ -294,7 +288,7 @@ class ReliableExecutor:
     def throughput(self, minutes: int = CHART_MINUTES) -> list[MinuteCounts]:
         """Tasks completed, failed (FAILED, TIMEOUT, ERROR) and retried (automatic retries
         scheduled) in each of the last ``minutes`` UTC minutes, oldest first, the current
-        minute last (see ``django_reliable_executor.throughput``)."""
+        minute last (see ``django_reliable_executor.core.minute_counts``)."""
         return self.storage.throughput(minutes)
 
     def master(self) -> str | None:

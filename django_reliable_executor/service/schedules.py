@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone as django_timezone
 
+from ..core.ids import validate_schedule_id
+from ..core.options import RETRY_NAMES
+from ..core.records import NewTask, TaskSubmitRequest
 from ..exceptions import InvalidScheduleError
-from ..options import RETRY_NAMES
-from ..records import NewTask, TaskSubmitRequest
-from ..schedules.ids import validate_schedule_id
 from ..schedules.records import MISFIRE_POLICIES, ORIGINS, OVERLAP_POLICIES, Schedule, ScheduleInfo
 from ..schedules.timing import make_timing
 
 if TYPE_CHECKING:
-    from ..clock import Clock
     from ..conf import ExecutorSettings
+    from ..core.clock import Clock
     from ..storage import TaskStorage
 
 _MICRO = dt.timedelta(microseconds=1)

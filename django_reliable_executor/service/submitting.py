@@ -10,7 +10,21 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..conf import ExecutorSettings
-from ..dependencies import ID_FORBIDDEN_CATEGORIES, MAX_ID_LENGTH, check_dependencies, first_missing
+from ..core.dependencies import (
+    ID_FORBIDDEN_CATEGORIES,
+    MAX_ID_LENGTH,
+    check_dependencies,
+    first_missing,
+)
+from ..core.ids import is_fire_task_id
+from ..core.option_names import guess
+from ..core.options import MAX_MILLIS, TaskOptions, numeric_durations
+from ..core.options import NAMES as OPTION_NAMES
+from ..core.rate_limits import rate_key_problem
+from ..core.records import NewTask, TaskSubmitRequest
+from ..core.serialization import ConversionError, dumps, from_json_value, to_json_value
+from ..core.text import check_caller_text
+from ..core.uniqueness import unique_digest, unique_window
 from ..exceptions import (
     InvalidParameterError,
     InvalidTaskIdError,
@@ -20,16 +34,7 @@ from ..exceptions import (
     TaskSubmitError,
     UnknownTaskError,
 )
-from ..option_names import guess
-from ..options import MAX_MILLIS, TaskOptions, numeric_durations
-from ..options import NAMES as OPTION_NAMES
-from ..rate_limits import rate_key_problem
-from ..records import NewTask, TaskSubmitRequest
 from ..registry import TaskHandler, get_handler
-from ..schedules.ids import is_fire_task_id
-from ..serialization import ConversionError, dumps, from_json_value, to_json_value
-from ..text import check_caller_text
-from ..uniqueness import unique_digest, unique_window
 
 if TYPE_CHECKING:
     from ..storage.base import TaskStorage

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..clock import Clock
 from ..conf import ExecutorSettings
+from ..core.clock import Clock
 from .base import MASTER_LOCK_NAME, TaskStorage
 
 

@@ -8,11 +8,12 @@ import datetime as dt
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from ..batches import BatchInfo, NewBatch
-from ..clock import Clock, system_clock
-from ..progress import Progress
-from ..rate_limits import RateLimit
-from ..records import (
+from ..core.batches import BatchInfo, NewBatch
+from ..core.clock import Clock, system_clock
+from ..core.minute_counts import CHART_MINUTES, MinuteCounts, epoch_minute, minute_start
+from ..core.progress import Progress
+from ..core.rate_limits import RateLimit
+from ..core.records import (
     CancelResult,
     Claim,
     ClaimRequest,
@@ -23,8 +24,7 @@ from ..records import (
     Transition,
     WorkerInfo,
 )
-from ..states import TERMINAL_STATUSES, TaskStatus
-from ..throughput import CHART_MINUTES, MinuteCounts, epoch_minute, minute_start
+from ..core.states import TERMINAL_STATUSES, TaskStatus
 from .schedule_base import ScheduleStorage
 
 #: The lock whose holder is the master (runs the chores); the service reports who holds it.
@@ -398,7 +398,7 @@ class TaskStorage(ScheduleStorage):
     def throughput(self, minutes: int = CHART_MINUTES) -> builtins.list[MinuteCounts]:
         """Tasks that ended in each of the last ``minutes`` UTC minutes, oldest first, the
         current (partial) minute last: completed, failed (FAILED, TIMEOUT, ERROR) and retried
-        (automatic retries scheduled). See ``django_reliable_executor.throughput``."""
+        (automatic retries scheduled). See ``django_reliable_executor.core.minute_counts``."""
         if minutes <= 0:
             raise ValueError("minutes must be positive")
         last = epoch_minute(self.clock.now())

@@ -7,7 +7,7 @@ import builtins
 import datetime as dt
 from collections.abc import Collection, Sequence
 
-from ..records import TaskInfo, build
+from ..core.records import TaskInfo, build
 from ..schedules.planning import fire_task, overlap_runs, plan
 from ..schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 

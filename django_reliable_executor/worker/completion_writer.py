@@ -11,8 +11,8 @@ from typing import Any
 
 from django.db import connections
 
+from ..core.records import Claim, Transition
 from ..exceptions import storage_unavailable
-from ..records import Claim, Transition
 
 logger = logging.getLogger("django_reliable_executor")
 _FIRST = operator.itemgetter(0)

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..progress import Progress, make_progress
-from ..records import TaskInfo
-from ..states import TaskStatus
+from ..core.progress import Progress, make_progress
+from ..core.records import TaskInfo
+from ..core.states import TaskStatus
 
 if TYPE_CHECKING:
     from ..service.reliable_executor import ReliableExecutor

@@ -17,10 +17,10 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from ..connections import tidy_connections
+from ..core.records import Claim
+from ..core.retries import attempt_timeout_message, timeout_message
 from ..exceptions import StorageUnavailableError
 from ..observability.attempts import Attempt, observe
-from ..records import Claim
-from ..retries import attempt_timeout_message, timeout_message
 from .runner import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired
 
 logger = logging.getLogger("django_reliable_executor")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from .. import registry
 from ..connections import drop_unusable_connections
-from ..records import Claim
+from ..core.records import Claim
 from ..service.reliable_executor import ReliableExecutor
 from .pool import BoundedPool
 from .runner import TaskRunner

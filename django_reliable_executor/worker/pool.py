@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 from django.db import connections
 
 from ..connections import tidy_connections
+from ..core.records import Claim
+from ..core.states import TaskStatus
 from ..exceptions import StorageUnavailableError
-from ..records import Claim
-from ..states import TaskStatus
 from .pool_async import EventLoopSide, RunAsync
 
 logger = logging.getLogger("django_reliable_executor")

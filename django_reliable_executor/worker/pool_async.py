@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
-from ..records import Claim
+from ..core.records import Claim
 
 logger = logging.getLogger("django_reliable_executor")
 

@@ -24,13 +24,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..connections import tidy_connections
+from ..core.progress import Progress, progress_to_json
+from ..core.records import task_from_json
+from ..core.serialization import ConversionError, dumps, encode, from_json_value
+from ..core.text import storable_text
 from ..observability.attempts import in_child
-from ..progress import Progress, progress_to_json
-from ..records import task_from_json
 from ..registry import resolve_handler
-from ..serialization import ConversionError, dumps, encode, from_json_value
 from ..service.reliable_executor import executor
-from ..text import storable_text
 from .context import TaskContext
 from .progress_writer import ProgressWriter
 from .runner import RESULT_REFUSED

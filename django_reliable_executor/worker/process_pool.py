@@ -33,12 +33,12 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..core.progress import progress_from_json
+from ..core.records import Claim, task_to_json
+from ..core.retries import attempt_timeout_message, timeout_message
+from ..core.serialization import Encoded, dumps
+from ..core.states import TaskStatus
 from ..observability.attempts import Attempt, observe
-from ..progress import progress_from_json
-from ..records import Claim, task_to_json
-from ..retries import attempt_timeout_message, timeout_message
-from ..serialization import Encoded, dumps
-from ..states import TaskStatus
 from . import process_child
 from .context import TaskContext
 from .runner import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired

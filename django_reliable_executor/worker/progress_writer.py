@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from ..core.progress import WRITE_INTERVAL_SECONDS
 from ..exceptions import storage_unavailable
-from ..progress import WRITE_INTERVAL_SECONDS
 
 logger = logging.getLogger("django_reliable_executor")
 

@@ -13,16 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..connections import close_connections, out_of_reach, with_reconnect
+from ..core.progress import Progress
+from ..core.records import Claim, TaskInfo, Transition
+from ..core.retries import attempt_timeout_message
+from ..core.serialization import ConversionError, encode, from_json_value
+from ..core.states import TaskStatus
+from ..core.text import ascii_text, storable_text
 from ..exceptions import StorageUnavailableError, storage_unavailable
 from ..observability.attempts import Attempt, observe
-from ..progress import Progress
-from ..records import Claim, TaskInfo, Transition
 from ..registry import TaskHandler, get_handler, resolve_handler
-from ..retries import attempt_timeout_message
-from ..serialization import ConversionError, encode, from_json_value
 from ..service.reliable_executor import ReliableExecutor
-from ..states import TaskStatus
-from ..text import ascii_text, storable_text
 from .attempt_limits import AttemptTimer
 from .completion_writer import CompletionWriter
 from .context import TaskContext

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.core.states import LIVE_STATUSES
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import LIVE_STATUSES
 from django_reliable_executor.storage.redis import RedisStorage
 
 from ..processes import MASTER_TTL, Backend, service_for, wait_until

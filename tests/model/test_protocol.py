@@ -28,10 +28,10 @@ from hypothesis.stateful import (
 )
 
 from django_reliable_executor import TaskSubmitError, TaskSubmitRequest
-from django_reliable_executor.clock import FakeClock
-from django_reliable_executor.records import Claim
+from django_reliable_executor.core.clock import FakeClock
+from django_reliable_executor.core.records import Claim
+from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.uniqueness import unique_digest
 from tests import contract_support  # noqa: F401 - registers the contract.hook handler
 from tests.conftest import delete_prefix, new_storage, redis_client
 

@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 

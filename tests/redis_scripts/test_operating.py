@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
+from django_reliable_executor.core.records import Claim
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.exceptions import AttemptStillRunningError
-from django_reliable_executor.records import Claim
-from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.codec import micros
 from tests.redis_support import (

@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from django_reliable_executor import TaskSubmitRequest
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.states import TaskStatus
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.redis_scripts.conftest import redis_storage
 from tests.redis_support import (

@@ -11,7 +11,7 @@ from functools import partial
 
 import pytest
 
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service.reliable_executor import ReliableExecutor

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.storage.redis.codec import micros
 from tests.redis_support import (
     LEASE,

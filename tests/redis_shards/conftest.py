@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-from django_reliable_executor.dependencies import WAITING_RUN_AT
-from django_reliable_executor.records import Claim
+from django_reliable_executor.core.dependencies import WAITING_RUN_AT
+from django_reliable_executor.core.records import Claim
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.conftest import sharded_redis_storage

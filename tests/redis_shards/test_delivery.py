@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.conftest import REDIS_URL
@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHILD = """
 import os, signal, sys, datetime as dt
 import redis
-from django_reliable_executor.clock import FakeClock
+from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis import access
 

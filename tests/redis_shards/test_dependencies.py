@@ -9,10 +9,10 @@ import zlib
 import pytest
 
 from django_reliable_executor import InvalidDependencyError, TaskStatus
+from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of, unique_home
-from django_reliable_executor.uniqueness import unique_digest
 from tests.conftest import delete_prefix, redis_client, require
 
 from .conftest import (

@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from django_reliable_executor import InvalidDependencyError, TaskSubmitError, TaskSubmitRequest
+from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import unique_home
-from django_reliable_executor.uniqueness import unique_digest
 
 from .conftest import S0, S1, S2, complete, step
 

@@ -10,8 +10,8 @@ import pytest
 from django.contrib import messages
 
 from django_reliable_executor.admin import operations, pages
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.exceptions import StorageUnavailableError
-from django_reliable_executor.states import TaskStatus
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import json
 import logging
 import sys
 
+from django_reliable_executor.core.records import copy_with, created_info
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.observability.announcer import transition_fields
 from django_reliable_executor.observability.json_logs import JsonFormatter
 from django_reliable_executor.observability.tracing import trace_id_of
-from django_reliable_executor.records import copy_with, created_info
-from django_reliable_executor.states import TaskStatus
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from django_reliable_executor import executor, reliable_task_handler
+from django_reliable_executor.core.option_names import guess
 from django_reliable_executor.exceptions import HandlerRegistrationError, InvalidTaskOptionError
-from django_reliable_executor.option_names import guess
 
 KNOWN = ["delay_millis", "retry_limit", "retry_on", "run_at"]
 

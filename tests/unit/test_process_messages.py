@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from django_reliable_executor.progress import make_progress
-from django_reliable_executor.records import TaskInfo, task_from_json, task_to_json
-from django_reliable_executor.serialization import dumps
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.progress import make_progress
+from django_reliable_executor.core.records import TaskInfo, task_from_json, task_to_json
+from django_reliable_executor.core.serialization import dumps
+from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.worker.process_pool import describe_exit
 
 NOW = dt.datetime(2026, 12, 1, 12, 30, 15, 123456, tzinfo=dt.timezone.utc)

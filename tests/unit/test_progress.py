@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from django_reliable_executor.progress import (
+from django_reliable_executor.core.progress import (
     make_progress,
     percent,
     progress_from_json,

@@ -7,8 +7,8 @@ import datetime as dt
 
 import pytest
 
-from django_reliable_executor.records import Claim, TaskInfo, copy_with
-from django_reliable_executor.states import TaskStatus
+from django_reliable_executor.core.records import Claim, TaskInfo, copy_with
+from django_reliable_executor.core.states import TaskStatus
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.retries import JITTER, after_failure, backoff_millis
+from django_reliable_executor.core.retries import JITTER, after_failure, backoff_millis
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2030, 1, 1, tzinfo=UTC)

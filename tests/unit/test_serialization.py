@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from django_reliable_executor.serialization import (
+from django_reliable_executor.core.serialization import (
     ConversionError,
     dumps,
     from_json_value,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.states import (
+from django_reliable_executor.core.states import (
     FAILURE_STATUSES,
     RETRYABLE_BY_HAND,
     TERMINAL_STATUSES,

@@ -19,6 +19,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_reliable_executor.conf import MAX_REDIS_SHARDS
+from django_reliable_executor.core.records import task_to_json
+from django_reliable_executor.core.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from django_reliable_executor.exceptions import (
     InvalidQueueError,
     StorageUnavailableError,
@@ -35,9 +37,7 @@ from django_reliable_executor.management.output import (
 )
 from django_reliable_executor.management.tables import tables_missing
 from django_reliable_executor.management.worker_id import check_worker_id
-from django_reliable_executor.records import task_to_json
 from django_reliable_executor.service.reliable_executor import executor
-from django_reliable_executor.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1  # an id not found or skipped, or a purge not confirmed

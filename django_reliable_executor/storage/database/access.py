@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 
-from ...clock import Clock
+from ...core.clock import Clock
+from ...core.records import Claim, NewTask, TaskInfo
+from ...core.states import TaskStatus
 from ...models import ReliableTask
-from ...records import Claim, NewTask, TaskInfo
-from ...states import TaskStatus
 from ..base import TaskStorage
 from .rows import TERMINAL, lock_conflict, spans, to_info
 from .wakeups import Wakeups

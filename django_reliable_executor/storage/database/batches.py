@@ -11,10 +11,10 @@ from typing import TypeVar
 from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 
-from ...batches import BatchInfo, NewBatch, batch_info, callback_from_json, counter_of
+from ...core.batches import BatchInfo, NewBatch, batch_info, callback_from_json, counter_of
+from ...core.records import NewTask, TaskInfo, copy_with
+from ...core.states import TaskStatus
 from ...models import ReliableBatch
-from ...records import NewTask, TaskInfo, copy_with
-from ...states import TaskStatus
 from .access import DatabaseAccess
 from .rows import chunks
 

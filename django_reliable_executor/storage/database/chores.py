@@ -9,10 +9,10 @@ from typing import Any
 from django.db import connections
 from django.db.models import F, Q, QuerySet
 
+from ...core.records import Transition
+from ...core.retries import failure_outcome, timeout_message
+from ...core.states import TaskStatus
 from ...models import ReliableTask
-from ...records import Transition
-from ...retries import failure_outcome, timeout_message
-from ...states import TaskStatus
 from .access import DatabaseAccess
 from .retry_counts import add_retries, purge_retry_counts
 from .rows import (

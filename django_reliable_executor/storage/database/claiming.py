@@ -12,9 +12,9 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import F
 
+from ...core.records import Claim, ClaimRequest, copy_with
+from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliablePausedQueue, ReliableRateLog
-from ...records import Claim, ClaimRequest, copy_with
-from ...states import TaskStatus
 from .rate_limits import RateLimiting
 from .rows import (
     CLAIM_COLUMNS_SQL,

@@ -12,10 +12,10 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import F
 
-from ...dependencies import WAITING_RUN_AT, failure_message, missing_error
+from ...core.dependencies import WAITING_RUN_AT, failure_message, missing_error
+from ...core.records import NewTask, TaskInfo, copy_with
+from ...core.states import TERMINAL_STATUSES, TaskStatus
 from ...models import ReliableDependency
-from ...records import NewTask, TaskInfo, copy_with
-from ...states import TERMINAL_STATUSES, TaskStatus
 from .access import DatabaseAccess
 from .rows import chunks
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...progress import Progress, progress_to_json
-from ...records import Claim
-from ...serialization import dumps
-from ...states import TaskStatus
+from ...core.progress import Progress, progress_to_json
+from ...core.records import Claim
+from ...core.serialization import dumps
+from ...core.states import TaskStatus
 from .access import DatabaseAccess
 from .rows import chunks, claimed_by_holders
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from django.db.models import Count
 from django.db.models.functions import Left, Substr
 
-from ...records import TaskInfo, TaskQuery
-from ...schedules.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
-from ...states import TaskStatus
+from ...core.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
+from ...core.records import TaskInfo, TaskQuery
+from ...core.states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (
     WAITING,

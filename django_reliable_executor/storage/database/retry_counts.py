@@ -8,8 +8,8 @@ from contextlib import nullcontext
 
 from django.db import DatabaseError, connections, transaction
 
+from ...core.minute_counts import COUNTER_RETENTION_SECONDS, epoch_minute
 from ...models import ReliableRetryCount
-from ...throughput import COUNTER_RETENTION_SECONDS, epoch_minute
 
 logger = logging.getLogger("django_reliable_executor")
 

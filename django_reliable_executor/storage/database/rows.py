@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
+from ...core.progress import progress_from_json
+from ...core.records import Claim, TaskInfo
+from ...core.states import LIVE_STATUSES, TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 from ...models import ReliableTask
-from ...progress import progress_from_json
-from ...records import Claim, TaskInfo
-from ...states import LIVE_STATUSES, TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 
 T = TypeVar("T")
 # The status sets of states.py as the stored values a query takes.

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 
+from ...core.records import TaskInfo
 from ...models import ReliableSchedule
-from ...records import TaskInfo
 from ...schedules.records import DEFINITION_FIELDS, ScheduleFire, ScheduleInfo
 from .access import DatabaseAccess
 from .rows import LIVE, chunks

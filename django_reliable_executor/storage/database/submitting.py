@@ -10,10 +10,10 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
+from ...core.records import NewTask, TaskInfo, new_info
+from ...core.serialization import dumps
 from ...exceptions import ParameterTooLargeError, TaskSubmitConflictError
 from ...models import ReliableTask
-from ...records import NewTask, TaskInfo, new_info
-from ...serialization import dumps
 from .access import DatabaseAccess
 from .rows import (
     chunks,

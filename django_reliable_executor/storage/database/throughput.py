@@ -7,9 +7,9 @@ import datetime as dt
 from django.db.models import Count, Min
 from django.db.models.functions import TruncMinute
 
+from ...core.minute_counts import UTC, MinuteCounts, epoch_minute, minute_start
+from ...core.states import DEAD_LETTER_STATUSES, TaskStatus
 from ...models import ReliableRetryCount
-from ...states import DEAD_LETTER_STATUSES, TaskStatus
-from ...throughput import UTC, MinuteCounts, epoch_minute, minute_start
 from .access import DatabaseAccess
 
 COUNTED_STATUSES = sorted([TaskStatus.COMPLETED.value, *(s.value for s in DEAD_LETTER_STATUSES)])

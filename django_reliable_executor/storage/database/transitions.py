@@ -11,13 +11,13 @@ from collections.abc import Mapping, Sequence
 from django.db import connections
 from django.db.models import F, Q
 
-from ...dependencies import WAITING_RUN_AT, awaited_on_retry
+from ...core.dependencies import WAITING_RUN_AT, awaited_on_retry
+from ...core.records import CancelResult, Claim, TaskInfo, Transition
+from ...core.retries import failure_outcome, timeout_message
+from ...core.serialization import encoded
+from ...core.states import RETRYABLE_BY_HAND, TaskStatus
 from ...exceptions import AttemptStillRunningError
 from ...models import ReliableTask
-from ...records import CancelResult, Claim, TaskInfo, Transition
-from ...retries import failure_outcome, timeout_message
-from ...serialization import encoded
-from ...states import RETRYABLE_BY_HAND, TaskStatus
 from .access import DatabaseAccess
 from .dependencies import json_ids
 from .retry_counts import add_retries

@@ -6,9 +6,9 @@ import datetime as dt
 
 from django.db import connections
 
+from ...core.records import NewTask, TaskInfo
+from ...core.states import LIVE_STATUSES
 from ...models import ReliableTask, ReliableUniqueKey
-from ...records import NewTask, TaskInfo
-from ...states import LIVE_STATUSES
 from .access import DatabaseAccess
 from .rows import to_info
 

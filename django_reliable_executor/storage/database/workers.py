@@ -6,8 +6,8 @@ import datetime as dt
 
 from django.db import IntegrityError, transaction
 
+from ...core.records import WorkerInfo
 from ...models import ReliableWorker
-from ...records import WorkerInfo
 from .access import DatabaseAccess
 
 

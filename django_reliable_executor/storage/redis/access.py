@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ...clock import Clock
+from ...core.clock import Clock
+from ...core.records import TaskInfo
+from ...core.states import LIVE_STATUSES, WAITING_STATUSES
 from ...exceptions import StorageUnavailableError
-from ...records import TaskInfo
-from ...states import LIVE_STATUSES, WAITING_STATUSES
 from ..base import TaskStorage
 from .codec import micros, text, to_info
 from .layout import layout_problem

@@ -7,8 +7,8 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 
-from ...batches import BatchInfo, NewBatch, batch_info
-from ...records import NewTask, TaskInfo
+from ...core.batches import BatchInfo, NewBatch, batch_info
+from ...core.records import NewTask, TaskInfo
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text
 from .sharding import CONTROL_SHARD

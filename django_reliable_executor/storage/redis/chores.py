@@ -6,9 +6,9 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from ...records import TaskInfo, Transition
-from ...retries import failure_outcome, timeout_message
-from ...states import TERMINAL_STATUSES, TaskStatus
+from ...core.records import TaskInfo, Transition
+from ...core.retries import failure_outcome, timeout_message
+from ...core.states import TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, RedisAccess, guarded
 from .codec import micros, text, to_claim, to_info
 from .sharding import directory_of

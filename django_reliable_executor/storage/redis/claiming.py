@@ -8,8 +8,8 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 
-from ...records import Claim, ClaimRequest
-from ...states import TaskStatus
+from ...core.records import Claim, ClaimRequest
+from ...core.states import TaskStatus
 from .access import RedisAccess, guarded
 from .codec import claimed, micros, text
 from .sharding import CONTROL_SHARD, directory_of

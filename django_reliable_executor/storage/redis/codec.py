@@ -9,10 +9,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ...progress import progress_from_json
-from ...records import Claim, NewTask, TaskInfo
-from ...serialization import dumps, loads
-from ...states import TaskStatus
+from ...core.progress import progress_from_json
+from ...core.records import Claim, NewTask, TaskInfo
+from ...core.serialization import dumps, loads
+from ...core.states import TaskStatus
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 MICROSECOND = dt.timedelta(microseconds=1)

@@ -20,8 +20,8 @@ import builtins
 import json
 from collections.abc import Collection, Sequence
 
-from ...records import TaskInfo, TaskQuery
-from ...states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
+from ...core.records import TaskInfo, TaskQuery
+from ...core.states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
 from .sharding import CONTROL_SHARD

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...progress import Progress, progress_to_json
-from ...records import Claim
-from ...serialization import dumps
+from ...core.progress import Progress, progress_to_json
+from ...core.records import Claim
+from ...core.serialization import dumps
 from .access import RedisAccess, guarded
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from ...records import TaskInfo
-from ...states import DEAD_LETTER_STATUSES, TaskStatus
-from ...throughput import MinuteCounts, minute_start
+from ...core.minute_counts import MinuteCounts, minute_start
+from ...core.records import TaskInfo
+from ...core.states import DEAD_LETTER_STATUSES, TaskStatus
 from .access import LIVE, RedisAccess, guarded
 from .codec import from_micros, micros, text, to_info
 

@@ -7,7 +7,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING
 
-from ...states import LIVE_STATUSES
+from ...core.states import LIVE_STATUSES
 from .codec import text
 from .layout import describe_layout, layout_key, recorded_layout
 from .sharding import ShardLayout

@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from ...records import TaskInfo, created_info, new_info
-from ...schedules.ids import fire_task_id_micros
+from ...core.ids import fire_task_id_micros
+from ...core.records import TaskInfo, created_info, new_info
 from ...schedules.planning import overlap_runs, plan, plan_interval
 from ...schedules.records import FiringRound, ScheduleFire
 from . import schedule_moves

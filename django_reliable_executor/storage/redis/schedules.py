@@ -9,9 +9,9 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ...records import build
+from ...core.records import build
+from ...core.serialization import dumps
 from ...schedules.records import ScheduleInfo
-from ...serialization import dumps
 from . import schedule_moves
 from .access import READ_CHUNK, RedisAccess, guarded
 from .codec import MICROSECOND, fields, from_micros, micros, text

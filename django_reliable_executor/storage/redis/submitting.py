@@ -7,11 +7,11 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from ...dependencies import WAITING_RUN_AT, first_missing, missing_error
+from ...core.dependencies import WAITING_RUN_AT, first_missing, missing_error
+from ...core.records import NewTask, TaskInfo, copy_with, new_info
+from ...core.serialization import dumps
+from ...core.states import LIVE_STATUSES
 from ...exceptions import InvalidDependencyError, TaskSubmitError
-from ...records import NewTask, TaskInfo, copy_with, new_info
-from ...serialization import dumps
-from ...states import LIVE_STATUSES
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
 from .sharding import CONTROL_SHARD, directory_of, unique_home

@@ -10,12 +10,12 @@ import operator
 from collections.abc import Sequence
 from itertools import chain, repeat
 
-from ...dependencies import WAITING_RUN_AT
+from ...core.dependencies import WAITING_RUN_AT
+from ...core.records import CancelResult, Claim, Transition
+from ...core.retries import failure_outcome, timeout_message
+from ...core.serialization import Encoded, encoded
+from ...core.states import LIVE_STATUSES, RETRYABLE_BY_HAND, TaskStatus
 from ...exceptions import AttemptStillRunningError, DependencyNotCompletedError
-from ...records import CancelResult, Claim, Transition
-from ...retries import failure_outcome, timeout_message
-from ...serialization import Encoded, encoded
-from ...states import LIVE_STATUSES, RETRYABLE_BY_HAND, TaskStatus
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, nonce, text, to_info
 from .sharding import CONTROL_SHARD

@@ -6,7 +6,7 @@ import builtins
 import datetime as dt
 import json
 
-from ...records import WorkerInfo
+from ...core.records import WorkerInfo
 from .access import RedisAccess, guarded
 from .codec import from_micros, micros, text
 

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .exceptions import InvalidDependencyError, InvalidTaskOptionError, TaskSubmitError
+from ..exceptions import InvalidDependencyError, InvalidTaskOptionError, TaskSubmitError
 from .records import NewTask, TaskSubmitRequest, copy_with
 from .states import TaskStatus
 

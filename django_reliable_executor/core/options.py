@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import NoneType
 from typing import Any
 
-from .exceptions import InvalidTaskOptionError
+from ..exceptions import InvalidTaskOptionError
 from .retries import BACKOFF_CHOICES
 from .text import unstorable_char
 

@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import DependencyNotCompletedError, InvalidDependencyError
+from ..exceptions import DependencyNotCompletedError, InvalidDependencyError
 from .states import TERMINAL_STATUSES, TaskStatus
 
 if TYPE_CHECKING:

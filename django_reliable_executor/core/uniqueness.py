@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from .exceptions import InvalidTaskOptionError
+from ..exceptions import InvalidTaskOptionError
 from .text import check_caller_text
 
 MAX_UNIQUE_KEY_LENGTH = 191

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .exceptions import TaskSubmitError
+from ..exceptions import TaskSubmitError
 
 # NUL: PostgreSQL refuses it in text and in jsonb. A surrogate code point (lone, or two of them
 # standing for a pair, as some decoders leave them): no UTF-8 encoder writes it, so SQLite,

@@ -8,9 +8,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from .ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
 from .progress import Progress, progress_from_json, progress_to_json
 from .rate_limits import RateLimit
-from .schedules.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
 from .states import TaskStatus
 
 R = TypeVar("R")
