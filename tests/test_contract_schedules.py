@@ -432,7 +432,7 @@ def test_a_declared_schedule_the_storage_refuses_never_blocks_the_worker(executo
     register(handler)
     try:
         worker = Worker(WorkerOptions(worker_id="w-sync"), executor)
-        assert worker._sync_declared_schedules() is True  # not retried every round
+        assert worker.master_loop.sync_declared_schedules() is True  # not retried every round
         assert "were not saved" in caplog.text and "task_parameter" in caplog.text
         assert executor.get_schedule("tests.no_param") is None
     finally:

@@ -4,19 +4,158 @@ batches past retention."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import threading
 import time
+from typing import Literal, Protocol
 
 from ..core.records import Transition
 from ..service.reliable_executor import ReliableExecutor
+from ..storage.base import TaskStorage
 from .schedule_firing import ScheduleFiring
 
 logger = logging.getLogger("django_reliable_executor")
 
 BATCH = 500
 PURGE_EVERY_SECONDS = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """What one round of chores runs on."""
+
+    storage: TaskStorage  # the shards this worker holds the chore locks of (all: not sharded)
+    everything: TaskStorage  # the whole storage, for the master's control duties
+    shards: frozenset[int] | None  # None: every shard (or not sharded)
+    master: bool  # this worker holds the master lock
+
+
+class Chore(Protocol):
+    """One chore: idempotent and bounded per round; True when a batch was full."""
+
+    def run(self, work: Round) -> bool: ...
+
+
+class FireSchedules:
+    """Fire the schedules that are due (the master only)."""
+
+    def __init__(self, firing: ScheduleFiring) -> None:
+        self.firing = firing
+
+    def run(self, work: Round) -> bool:
+        return self.firing.run_once() if work.master else False
+
+
+class PromoteDue:
+    """Make due the delayed tasks and retries whose time came (PENDING to claimable)."""
+
+    def run(self, work: Round) -> bool:
+        return work.storage.promote_due(BATCH) >= BATCH
+
+
+class DeliverMessages:
+    """Messages between a sharded Redis's shards that the writer could not deliver itself (it
+    died, or the target was unreachable): at least once, applied once. One that cannot be
+    applied stays in its outbox and holds up none of the other chores."""
+
+    def run(self, work: Round) -> bool:
+        try:
+            return work.storage.deliver_messages(BATCH) >= BATCH
+        except Exception:
+            logger.exception("delivering messages between shards failed; they stay queued")
+            return False
+
+
+class RecoverExpired:
+    """Take back the tasks whose lease expired (their worker died or froze), once settling
+    allows it (MasterChores.settle)."""
+
+    def __init__(self, chores: MasterChores) -> None:
+        self.chores = chores
+
+    def run(self, work: Round) -> bool:
+        self.chores.storage_reached()  # may settle: then recovery waits, from this round on
+        settled = self.chores.recoverable(work.shards)
+        if settled is False:
+            return False
+        if settled is None or settled == work.shards:
+            recovered = work.storage.recover_expired(BATCH)
+        else:
+            recovered = work.everything.chores_on(settled).recover_expired(BATCH)
+        for transition in recovered:
+            self.chores.executor.announcer.transition(transition)
+        return len(recovered) >= BATCH
+
+
+class ExpireOverdue:
+    """Time out the running tasks past their max duration."""
+
+    def __init__(self, executor: ReliableExecutor) -> None:
+        self.executor = executor
+
+    def run(self, work: Round) -> bool:
+        expired: list[Transition] = work.storage.expire_overdue(BATCH)
+        for transition in expired:
+            self.executor.announcer.transition(transition)
+        return len(expired) >= BATCH
+
+
+class PurgeFinished:
+    """Every PURGE_EVERY_SECONDS (at once again while batches come full): delete finished
+    tasks past retention, then (the master) finished batches, and forget silent workers."""
+
+    def __init__(
+        self, executor: ReliableExecutor, retention_seconds: float, worker_ttl_seconds: float
+    ) -> None:
+        self.executor = executor
+        self.retention_seconds = retention_seconds
+        self.worker_ttl_seconds = worker_ttl_seconds
+        self._next_purge = 0.0
+
+    def run(self, work: Round) -> bool:
+        if time.monotonic() < self._next_purge:
+            return False
+        cutoff = self.executor.clock.now() - dt.timedelta(seconds=self.retention_seconds)
+        purged = work.storage.purge_finished(cutoff, BATCH)
+        if purged:
+            logger.info("purged %d finished tasks older than %s", purged, cutoff.isoformat())
+        # Batches once the tasks are caught up: their members, finished before them, are
+        # gone first, so a batch's member index is empty (or nearly) when it is dropped.
+        everything = work.everything
+        batches = everything.purge_batches(cutoff, BATCH) if work.master and purged < BATCH else 0
+        if batches:
+            logger.info("purged %d finished batches older than %s", batches, cutoff.isoformat())
+        if work.master:
+            silent_since = self.executor.clock.now() - dt.timedelta(seconds=self.worker_ttl_seconds)
+            everything.forget_workers(silent_since)
+        if purged >= BATCH or batches >= BATCH:
+            return True
+        self._next_purge = time.monotonic() + PURGE_EVERY_SECONDS
+        return False
+
+
+class MarkLimited:
+    """Every PURGE_EVERY_SECONDS (the master): waiting tasks of a name that gained or lost its
+    rate_limit or max_concurrency since they were stored (this process's registry says
+    which) set right, so that the claim that takes them (by name, or of all other names)
+    sees them."""
+
+    def __init__(self) -> None:
+        self._next_mark = 0.0
+
+    def run(self, work: Round) -> bool:
+        if not work.master or time.monotonic() < self._next_mark:
+            return False
+        everything = work.everything
+        marked = everything.mark_limited(everything.limited_names(), BATCH)
+        if marked:
+            logger.info("%d waiting tasks moved between the claims by name", marked)
+        if marked >= BATCH:
+            return True
+        self._next_mark = time.monotonic() + PURGE_EVERY_SECONDS
+        return False
 
 
 class MasterChores:
@@ -37,8 +176,6 @@ class MasterChores:
         self.retention_seconds = retention_seconds
         self.worker_ttl_seconds = worker_ttl_seconds
         self.settle_seconds = settle_seconds
-        self._next_purge = 0.0
-        self._next_mark = 0.0
         self._recover_from = 0.0
         self._shard_recover_from: dict[int, float] = {}  # settle() of some shards only
         # Storage outages as this worker's lease writes (heartbeat, master lock) saw them.
@@ -47,6 +184,15 @@ class MasterChores:
         self._reached_at: float | None = None
         self._failing = False
         self.firing = ScheduleFiring(executor)
+        self.chores: list[Chore] = [
+            FireSchedules(self.firing),
+            PromoteDue(),
+            DeliverMessages(),
+            RecoverExpired(self),
+            ExpireOverdue(executor),
+            PurgeFinished(executor, retention_seconds, worker_ttl_seconds),
+            MarkLimited(),
+        ]
 
     def settle(self, shards: frozenset[int] | None = None) -> None:
         """Hold lease recovery back for ``settle_seconds`` from now (on ``shards`` only, when
@@ -84,70 +230,30 @@ class MasterChores:
             self.settle()
 
     def run_once(self, shards: frozenset[int] | None = None, *, master: bool = True) -> bool:
-        """One round of every chore. Returns True when a batch was full (more work waits).
+        """One round of every chore, in order. Returns True when a batch was full (more work
+        waits).
 
         ``shards``: those of the storage's ``chore_shards`` whose lock this worker holds (None:
         all of them); ``master``: it holds the master lock, so it runs the control duties too
         (schedules, batches, the worker registry)."""
         everything = self.executor.storage
         storage = everything if shards is None else everything.chores_on(shards)
-        busy = self.firing.run_once() if master else False
-        busy = storage.promote_due(BATCH) >= BATCH or busy
-        # Messages between a sharded Redis's shards that the writer could not deliver itself
-        # (it died, or the target was unreachable): at least once, applied once. One that
-        # cannot be applied stays in its outbox and holds up none of the other chores.
-        try:
-            busy = storage.deliver_messages(BATCH) >= BATCH or busy
-        except Exception:
-            logger.exception("delivering messages between shards failed; they stay queued")
-        self.storage_reached()  # may settle: then recovery waits, from this round on
-        recovered: list[Transition] = []
-        now = time.monotonic()
-        if now >= self._recover_from:
-            settled = shards
-            if shards is not None and self._shard_recover_from:
-                settled = frozenset(s for s in shards if now >= self._shard_recover_from.get(s, 0))
-            if settled is None or settled == shards:
-                recovered = storage.recover_expired(BATCH)
-            elif settled:
-                recovered = everything.chores_on(settled).recover_expired(BATCH)
-        for transition in recovered:
-            self.executor.announcer.transition(transition)
-        expired = storage.expire_overdue(BATCH)
-        for transition in expired:
-            self.executor.announcer.transition(transition)
-        busy = busy or len(recovered) >= BATCH or len(expired) >= BATCH
-        if time.monotonic() >= self._next_purge:
-            cutoff = self.executor.clock.now() - dt.timedelta(seconds=self.retention_seconds)
-            purged = storage.purge_finished(cutoff, BATCH)
-            if purged:
-                logger.info("purged %d finished tasks older than %s", purged, cutoff.isoformat())
-            # Batches once the tasks are caught up: their members, finished before them, are
-            # gone first, so a batch's member index is empty (or nearly) when it is dropped.
-            batches = everything.purge_batches(cutoff, BATCH) if master and purged < BATCH else 0
-            if batches:
-                logger.info("purged %d finished batches older than %s", batches, cutoff.isoformat())
-            if master:
-                silent_since = self.executor.clock.now() - dt.timedelta(
-                    seconds=self.worker_ttl_seconds
-                )
-                everything.forget_workers(silent_since)
-            if purged >= BATCH or batches >= BATCH:
-                busy = True
-            else:
-                self._next_purge = time.monotonic() + PURGE_EVERY_SECONDS
-        if master and time.monotonic() >= self._next_mark:
-            # Waiting tasks of a name that gained or lost its rate_limit or max_concurrency
-            # since they were stored (this process's registry says which): set right, so
-            # that the claim that takes them (by name, or of all other names) sees them.
-            marked = everything.mark_limited(everything.limited_names(), BATCH)
-            if marked:
-                logger.info("%d waiting tasks moved between the claims by name", marked)
-            if marked >= BATCH:
-                busy = True
-            else:
-                self._next_mark = time.monotonic() + PURGE_EVERY_SECONDS
+        work = Round(storage, everything, shards, master)
+        busy = False
+        for chore in self.chores:
+            busy = chore.run(work) or busy  # every chore runs, whatever the ones before found
         return busy
+
+    def recoverable(self, shards: frozenset[int] | None) -> frozenset[int] | None | Literal[False]:
+        """Which of ``shards`` lease recovery may run on now that settling is over: ``shards``
+        itself (all of them), a part of them, or False for none (see settle)."""
+        now = time.monotonic()
+        if now < self._recover_from:
+            return False
+        if shards is None or not self._shard_recover_from:
+            return shards
+        settled = frozenset(s for s in shards if now >= self._shard_recover_from.get(s, 0))
+        return settled if settled else False
 
     def seconds_to_next_schedule(self, longest: float) -> float:
         """How long the master may sleep before a schedule is due (at most ``longest``): the

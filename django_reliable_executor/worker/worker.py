@@ -13,14 +13,12 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, close_old_connections
+from django.db import close_old_connections
 
 from ..connections import drop_unusable_connections
-from ..exceptions import ReliableExecutorError, StorageUnavailableError
-from ..master.chores import MasterChores
-from ..master.lock import MasterLock, ShardLocks
+from ..exceptions import StorageUnavailableError
+from ..master.loop import MasterLoop
 from ..observability import metrics
-from ..registry import declared_schedules
 from ..service.reliable_executor import ReliableExecutor
 from ..service.reliable_executor import executor as default_executor
 from .event_loop import EventLoop
@@ -115,57 +113,28 @@ class Worker:
             else None
         )
         self.processes = process_pool(self.runner, options)
-        threads = options.max_pool_size if self.processes is None else self.processes.threads
-        self.pool = BoundedPool(
-            self.runner.run if self.processes is None else self.processes.run,
-            core_size=options.core_pool_size if self.processes is None else threads,
-            max_size=threads,
-            queue_capacity=options.queue_capacity,
-            queue_limits=options.queue_limits,
-            # A slot of a limited queue freed: the fetcher (built below) may be waiting for it.
-            on_freed=lambda: self.fetcher.on_freed(),
-            async_capacity=options.async_concurrency,
-            run_async=self.event_loop.run if self.event_loop is not None else None,
-            is_async=self.runner.is_async,
-            # Threads start claims for each other (see pool.py); under --pool process each
-            # starts its own, as it may then wait for a child.
-            start=self.runner.start_many if self.processes is None else None,
-            lost=self.runner.lose,
-        )
+        self.pool = self._build_pool(options)
         metrics.track_pool(lambda: self.pool.queued)
-        self.master = MasterLock(self.executor.storage, self.worker_id, options.master_lock_ttl)
         # A worker silent for several heartbeats (which come every lease/4) is dead.
         self.heartbeat_interval = max(options.lease_timeout / 4, 0.05)
-        # Chores split into shards (a sharded Redis storage): the other shards' chore locks.
-        self.shard_locks = (
-            ShardLocks(
-                self.executor.storage,
-                self.worker_id,
-                options.master_lock_ttl,
-                live_seconds=self.heartbeat_interval * 3,
-            )
-            if self.executor.storage.chore_shards > 1
-            else None
-        )
-        self.chores = MasterChores(
-            self.executor,
-            options.finished_retention,
-            max(options.lease_timeout * 2, 60.0),
-            # Long enough for every live worker's heartbeat to come round once more.
-            settle_seconds=self.heartbeat_interval * 1.5,
-            # An outage this long can let a live worker's lease lapse (its last renewal came
-            # up to a heartbeat interval before the outage, its next one up to one after).
-            outage_seconds=options.lease_timeout / 2,
-        )
         self.stopping = threading.Event()  # quiet: stop claiming, drain
+        self._threads_done = threading.Event()
+        self.master_loop = MasterLoop(
+            self.executor,
+            self.worker_id,
+            lease_timeout=options.lease_timeout,
+            master_lock_ttl=options.master_lock_ttl,
+            finished_retention=options.finished_retention,
+            heartbeat_interval=self.heartbeat_interval,
+            done=self._threads_done,
+        )
         self._layout_checked = False  # _check_layout passed
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
-        self._threads_done = threading.Event()
         self.heartbeat = Heartbeat(
             self.executor,
             self.pool,
             self.runner,
-            self.chores,
+            self.master_loop.chores,
             self._threads_done,
             worker_id=self.worker_id,
             queues=options.queues,
@@ -188,6 +157,27 @@ class Worker:
             poll_interval=options.poll_interval,
             burst=options.burst,
             start_at_claim=self.processes is None,
+        )
+
+    def _build_pool(self, options: WorkerOptions) -> BoundedPool:
+        """The bounded pool that runs the claims: its threads run handlers, or wait for the
+        process pool's children to (``--pool process``)."""
+        threads = options.max_pool_size if self.processes is None else self.processes.threads
+        return BoundedPool(
+            self.runner.run if self.processes is None else self.processes.run,
+            core_size=options.core_pool_size if self.processes is None else threads,
+            max_size=threads,
+            queue_capacity=options.queue_capacity,
+            queue_limits=options.queue_limits,
+            # A slot of a limited queue freed: the fetcher (built below) may be waiting for it.
+            on_freed=lambda: self.fetcher.on_freed(),
+            async_capacity=options.async_concurrency,
+            run_async=self.event_loop.run if self.event_loop is not None else None,
+            is_async=self.runner.is_async,
+            # Threads start claims for each other (see pool.py); under --pool process each
+            # starts its own, as it may then wait for a child.
+            start=self.runner.start_many if self.processes is None else None,
+            lost=self.runner.lose,
         )
 
     @property
@@ -254,7 +244,7 @@ class Worker:
                 target=self.heartbeat.run, name="reliable-executor-heartbeat", daemon=True
             ),
             threading.Thread(
-                target=self._chores_loop, name="reliable-executor-chores", daemon=True
+                target=self.master_loop.run, name="reliable-executor-chores", daemon=True
             ),
         ]
         try:
@@ -282,9 +272,7 @@ class Worker:
             self._threads_done.set()
             for thread in background:
                 thread.join(timeout=5)
-            self.master.release()
-            if self.shard_locks is not None:
-                self.shard_locks.release()
+            self.master_loop.release()
             try:
                 self.executor.storage.worker_gone(self.worker_id)
             except Exception:
@@ -346,70 +334,3 @@ class Worker:
                 len(left),
                 ", ".join(sorted(left)),
             )
-
-    # -- background threads ---------------------------------------------------------------
-    def _chores_loop(self) -> None:
-        tick = min(1.0, self.options.master_lock_ttl / 4)
-        was_master = False
-        had: frozenset[int] = frozenset()  # the chore shards whose locks were held last round
-        synced = False
-        while not self._threads_done.is_set():
-            busy = False
-            wait = tick
-            if not synced:
-                synced = self._sync_declared_schedules()
-            try:
-                is_master = self.master.hold()
-                if not self.master.reachable:
-                    self.chores.storage_failed()
-                if self.shard_locks is None:
-                    if is_master and not was_master:
-                        self.chores.settle()
-                    was_master = is_master
-                    if is_master:
-                        busy = self.chores.run_once()
-                        wait = self.chores.seconds_to_next_schedule(tick)
-                else:
-                    held = self.shard_locks.hold(is_master)
-                    if not self.shard_locks.reachable:
-                        self.chores.storage_failed()
-                    shards = held | {0} if is_master else held
-                    if shards - had:  # recovery on a shard just taken waits for heartbeats
-                        self.chores.settle(shards - had)
-                    had = shards
-                    if shards:
-                        busy = self.chores.run_once(shards, master=is_master)
-                    if is_master:
-                        wait = self.chores.seconds_to_next_schedule(tick)
-            except Exception:
-                logger.exception("chores round failed")
-                # No settle here: recovery is held back once the storage is reached again
-                # (storage_reached), so errors that keep coming cannot postpone it forever.
-                self.chores.storage_failed()
-                drop_unusable_connections()
-            self._threads_done.wait(0.01 if busy else max(wait, 0.001))
-        close_old_connections()
-
-    def _sync_declared_schedules(self) -> bool:
-        """Save the schedules declared in code, once per start. False to try again next round
-        (the storage could not be reached); a definition the storage refuses is logged and
-        not tried again — it must never keep this worker from its chores."""
-        try:
-            written = self.executor.sync_declared_schedules()
-        except ReliableExecutorError as exc:
-            if isinstance(exc, StorageUnavailableError):
-                logger.warning("cannot save the schedules declared in code yet: %s", exc)
-                return False
-            logger.error("the schedules declared in code were not saved: %s", exc)
-            return True
-        except DatabaseError as exc:
-            logger.warning("cannot save the schedules declared in code yet: %s", exc)
-            drop_unusable_connections()
-            return False
-        if written:
-            logger.info(
-                "saved %d schedule(s) declared in code: %s",
-                written,
-                ", ".join(str(spec.schedule_id) for spec in declared_schedules()),
-            )
-        return True
