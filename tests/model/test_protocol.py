@@ -74,6 +74,9 @@ if os.environ.get("RE_MODEL_SHRINK") == "0":
         for name, profile in PROFILES.items()
     }
 PROFILE = os.environ.get("RE_MODEL_PROFILE", "ci")
+# What a run did, printed at its end (pytest -s shows it): the long profile's counts in
+# docs/reliability.md come from here.
+RUNS = {"examples": 0, "checks": 0}
 
 
 def task_tables() -> list[str]:
@@ -98,6 +101,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        RUNS["examples"] += 1
         self.clock = FakeClock()
         self.prefix = f"model-{uuid.uuid4().hex[:12]}"
         if self.alias != "redis":
@@ -585,6 +589,10 @@ class ProtocolMachine(RuleBasedStateMachine):
                 assert seen.setdefault(kind, ids[0]) == ids[0], "a callback stored twice"
 
     @invariant()
+    def counted(self) -> None:
+        RUNS["checks"] += 1  # after the start and after every step: the report's count
+
+    @invariant()
     def unique_keys(self) -> None:
         for key in ("k1", "k2"):
             holder = self.model.unique_holder(key, self.now)
@@ -603,4 +611,9 @@ class ProtocolMachine(RuleBasedStateMachine):
 def test_protocol_against_the_model(alias: str) -> None:
     """The storage under test agrees with the reference model over random interleavings."""
     machine = type(f"Protocol_{alias}", (ProtocolMachine,), {"alias": alias})
+    RUNS.update(examples=0, checks=0)
     run_state_machine_as_test(machine, settings=PROFILES[PROFILE])
+    print(
+        f"\nmodel test, {alias}, profile {PROFILE}: {RUNS['examples']} examples, "
+        f"{RUNS['checks']} checks of the storage against the model (one after each step)"
+    )
