@@ -25,7 +25,7 @@ from django_reliable_executor.exceptions import (
     TaskSubmitError,
 )
 from django_reliable_executor.registry import get_handler
-from django_reliable_executor.worker.runner import attempt_timeout_of
+from django_reliable_executor.worker.attempt_limits import attempt_timeout_of
 from tests.contract_support import (
     HOOKS,
     LEASE,

@@ -15,6 +15,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from ..core.records import Claim, TaskInfo
+from ..registry import TaskHandler
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -110,3 +114,26 @@ class AttemptTimer:
                 if due:
                     return due
                 self._changed.wait(heap[0][0] - now if heap else None)
+
+
+def attempt_timeout_of(task: TaskInfo, handler: TaskHandler[Any] | None) -> float | None:
+    """Seconds an attempt of ``task`` may run: its own attempt_timeout, else its handler's
+    (a task stored without one: a schedule's run, a submit from a process without the
+    handler), else None (no limit)."""
+    if task.attempt_timeout is not None:
+        return task.attempt_timeout
+    return handler.attempt_timeout if handler is not None else None
+
+
+def log_attempt_expired(claim: Claim, seconds: float, doing: str) -> None:
+    """The line a worker logs when an attempt passes its attempt_timeout, saying what it does
+    about it (``doing``)."""
+    logger.warning(
+        "task %s (%s): attempt %s ran past its attempt_timeout of %g s; %s. It counts as a "
+        "failed attempt once its handler has ended, and does not run again before",
+        claim.task_id,
+        claim.task.task_name,
+        claim.task.attempts,
+        seconds,
+        doing,
+    )

@@ -21,7 +21,8 @@ from ..core.records import Claim
 from ..core.retries import attempt_timeout_message, timeout_message
 from ..exceptions import StorageUnavailableError
 from ..observability.attempts import Attempt, observe
-from .runner import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired
+from .attempt_limits import attempt_timeout_of, log_attempt_expired
+from .runner import Begun, TaskRunner
 
 logger = logging.getLogger("django_reliable_executor")
 

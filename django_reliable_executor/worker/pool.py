@@ -1,6 +1,6 @@
 """A bounded thread pool with core/max threads and a local queue, in task priority order.
 
-Semantics follow the seed's (Java ThreadPoolExecutor): core threads start at once; claims wait
+Semantics follow Java's ThreadPoolExecutor: core threads start at once; claims wait
 in the local queue; only when more than ``queue_capacity`` wait does the pool grow towards
 ``max_size`` threads, and extra threads retire after a minute idle. The fetcher asks
 ``free_slots()`` before claiming, so nothing is ever rejected and nothing waits unseen.

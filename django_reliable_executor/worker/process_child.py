@@ -32,8 +32,8 @@ from ..observability.attempts import in_child
 from ..registry import resolve_handler
 from ..service.reliable_executor import executor
 from .context import TaskContext
+from .failures import RESULT_REFUSED
 from .progress_writer import ProgressWriter
-from .runner import RESULT_REFUSED
 
 PARENT_CHECK_SECONDS = 1.0
 

@@ -40,8 +40,9 @@ from ..core.serialization import Encoded, dumps
 from ..core.states import TaskStatus
 from ..observability.attempts import Attempt, observe
 from . import process_child
+from .attempt_limits import attempt_timeout_of, log_attempt_expired
 from .context import TaskContext
-from .runner import Begun, TaskRunner, attempt_timeout_of, log_attempt_expired
+from .runner import Begun, TaskRunner
 
 logger = logging.getLogger("django_reliable_executor")
 

@@ -12,28 +12,25 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..connections import close_connections, out_of_reach, with_reconnect
+from ..connections import close_connections, with_reconnect
 from ..core.progress import Progress
-from ..core.records import Claim, TaskInfo, Transition
-from ..core.retries import attempt_timeout_message
+from ..core.records import Claim, Transition
 from ..core.serialization import ConversionError, encode, from_json_value
 from ..core.states import TaskStatus
-from ..core.text import ascii_text, storable_text
 from ..exceptions import StorageUnavailableError, storage_unavailable
 from ..observability.attempts import Attempt, observe
 from ..registry import TaskHandler, get_handler, resolve_handler
 from ..service.reliable_executor import ReliableExecutor
-from .attempt_limits import AttemptTimer
+from .attempt_limits import AttemptTimer, attempt_timeout_of, log_attempt_expired
 from .completion_writer import CompletionWriter
 from .context import TaskContext
+from .failures import RESULT_REFUSED, FailureRecorder
 from .group_commit import GroupCommitter
 from .progress_writer import ProgressWriter
 
 _TASK = operator.attrgetter("task")
 
 logger = logging.getLogger("django_reliable_executor")
-
-RESULT_REFUSED = "result cannot be stored"
 
 
 def _refused(exc: BaseException) -> bool:
@@ -48,29 +45,6 @@ class Begun:
     claim: Claim  # as started: RUNNING, this attempt counted
     handler: TaskHandler[Any]
     parameter: Any
-
-
-def attempt_timeout_of(task: TaskInfo, handler: TaskHandler[Any] | None) -> float | None:
-    """Seconds an attempt of ``task`` may run: its own attempt_timeout, else its handler's
-    (a task stored without one: a schedule's run, a submit from a process without the
-    handler), else None (no limit)."""
-    if task.attempt_timeout is not None:
-        return task.attempt_timeout
-    return handler.attempt_timeout if handler is not None else None
-
-
-def log_attempt_expired(claim: Claim, seconds: float, doing: str) -> None:
-    """The line a worker logs when an attempt passes its attempt_timeout, saying what it does
-    about it (``doing``)."""
-    logger.warning(
-        "task %s (%s): attempt %s ran past its attempt_timeout of %g s; %s. It counts as a "
-        "failed attempt once its handler has ended, and does not run again before",
-        claim.task_id,
-        claim.task.task_name,
-        claim.task.attempts,
-        seconds,
-        doing,
-    )
 
 
 def is_async_handler(handler: TaskHandler[Any] | None) -> bool:
@@ -88,6 +62,7 @@ class TaskRunner:
         # The attempt_timeout of handlers run in threads (the event loop and the process pool
         # keep their own time); its thread starts with the first limit.
         self.limits = AttemptTimer()
+        self.failures = FailureRecorder(executor, lease_seconds)
         # Pool threads that start at the same moment share one storage write.
         # A start is fenced by the claim's token, so repeating it on a new connection after
         # the server killed the old one is safe (a start that did commit is not made twice).
@@ -135,12 +110,6 @@ class TaskRunner:
     @property
     def storage(self) -> Any:
         return self.executor.storage
-
-    @property
-    def _alias(self) -> str | None:
-        """The task database's alias (see connections.out_of_reach); None on Redis."""
-        alias = getattr(self.storage, "alias", None)
-        return alias if isinstance(alias, str) else None
 
     @staticmethod
     def is_async(claim: Claim) -> bool:
@@ -432,18 +401,6 @@ class TaskRunner:
         if context is not None:
             context.mark_cancelled()
 
-    def record_timed_out(
-        self, claim: Claim, seconds: float, what_happened: str, attempt: Attempt | None = None
-    ) -> TaskStatus | None:
-        """Record an attempt that ran past its attempt_timeout: a failed attempt, retryable
-        whatever the handler raised (retry_on does not apply: the worker ended it, as a lost
-        worker's attempt); a cancel requested meanwhile, or the task's deadline, still wins
-        (the storage decides, as for any failure)."""
-        error = attempt_timeout_message(seconds, what_happened)
-        if attempt is not None:
-            attempt.failed(error=error.splitlines()[0])
-        return self.record_failure(claim, error, True)
-
     @staticmethod
     def hand_over(claim: Claim, value: Any, writer: CompletionWriter) -> str | None:
         """Give a handler's return value to the completion writer; or, when no storage could
@@ -460,59 +417,7 @@ class TaskRunner:
         writer.put(claim, result)
         return None
 
-    def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
-        """The storage refused this task's result (too large for it, say): the task fails
-        alone, without retries, and the other completions are written."""
-        error = storable_text(f"{RESULT_REFUSED}: {exc}")  # the refusal may quote the result
-        logger.error("task %s (%s): %s", claim.task_id, claim.task.task_name, error)
-        return self._fail(claim, error, retryable=False)
-
-    def _fail(
-        self, claim: Claim, error: str, *, retryable: bool, is_error: bool = False
-    ) -> Transition | None:
-        """``storage.fail`` with ``error`` made storable first (text.storable_text: a
-        handler's message may hold a NUL, say), never lost for its text."""
-        error = storable_text(error)
-        try:
-            return self._fail_while_in_reach(claim, error, retryable, is_error)
-        except Exception as exc:
-            if error.isascii() or out_of_reach(exc, self._alias):
-                raise
-            # Perhaps refused for its text (MySQL says OperationalError when a column not in
-            # utf8mb4 meets an emoji): record the failure with the text escaped rather than
-            # lose it and run the task again. Out of reach, the storage refuses this one too.
-            logger.warning(
-                "task %s: could not record its failure (%s); trying with its text in ASCII",
-                claim.task_id,
-                exc,
-            )
-            error = ascii_text(error)
-            return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
-
-    def _fail_while_in_reach(
-        self, claim: Claim, error: str, retryable: bool, is_error: bool
-    ) -> Transition | None:
-        """``storage.fail``, made again on a new connection while the storage is out of reach
-        (a connection the server ended, a server restarting), for up to half a lease: the
-        write is fenced by the claim's token, so making it twice is safe, while giving it up
-        would leave the task to lease recovery, which runs its handler again. The heartbeat
-        keeps the lease meanwhile."""
-        give_up_at = time.monotonic() + self.lease_seconds / 2
-        pause = 0.05
-        while True:
-            try:
-                return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
-            except Exception as exc:
-                if not out_of_reach(exc, self._alias) or time.monotonic() + pause > give_up_at:
-                    raise
-                logger.warning(
-                    "task %s: its failure could not be recorded (%s); trying again",
-                    claim.task_id,
-                    exc,
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 1.0)
-
+    # -- failures (see failures.py) -------------------------------------------------------
     def record_failure(
         self,
         claim: Claim,
@@ -522,46 +427,20 @@ class TaskRunner:
         is_error: bool = False,
         exc: BaseException | None = None,
     ) -> TaskStatus | None:
-        """Record a failed attempt (retry, final failure, TIMEOUT or CANCELLED: the storage
-        decides) and announce it; None when the claim was no longer ours. ``exc``: the
-        handler's exception, logged with the final failure's line. ``error`` is made
-        storable first (see ``_fail``)."""
-        transition = self._fail(claim, error, retryable=retryable, is_error=is_error)
-        if transition is None:
-            self._discarded(claim)
-            return None
-        self.executor.announcer.transition(transition, exc=exc)
-        return transition.status
+        """See FailureRecorder.record_failure."""
+        return self.failures.record_failure(claim, error, retryable, is_error=is_error, exc=exc)
+
+    def record_timed_out(
+        self, claim: Claim, seconds: float, what_happened: str, attempt: Attempt | None = None
+    ) -> TaskStatus | None:
+        """See FailureRecorder.record_timed_out."""
+        return self.failures.record_timed_out(claim, seconds, what_happened, attempt)
+
+    def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
+        return self.failures.refuse_result(claim, exc)
 
     def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:
-        """ERROR: the task cannot run here at all (no handler, unconvertible parameter). Its
-        span (when spans are recorded) is a short one, marked ERROR."""
-        attempt = observe(claim.task)
-        if attempt is None:
-            return self.record_failure(claim, error, False, is_error=True)
-        with attempt:
-            attempt.failed(error=error)
-            return self.record_failure(claim, error, False, is_error=True)
+        return self.failures.record_error(claim, error)
 
     def _discarded(self, claim: Claim) -> None:
-        """The outcome of ``claim`` was not recorded: the task changed meanwhile. If it ended
-        while this handler ran (a TIMEOUT), the handler's return is reported now, so that the
-        task ends (its lease let go, its dependents and batch settled, see
-        ``TaskStorage.handler_returned``); if this write fails, the lease lapses and the
-        master's recovery does the same."""
-        logger.warning(
-            "task %s (%s): outcome of attempt %s discarded: the task changed meanwhile "
-            "(lease lost, timed out or cancelled)",
-            claim.task_id,
-            claim.task.task_name,
-            claim.task.attempts,
-        )
-        try:
-            with_reconnect(lambda: self.storage.handler_returned([claim]))
-        except Exception:
-            logger.warning(
-                "task %s: could not report that its handler returned; its lease lapses "
-                "within LEASE_TIMEOUT instead",
-                claim.task_id,
-                exc_info=True,
-            )
+        self.failures.discarded(claim)
