@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import datetime as dt
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from ..core.retries import attempt_timeout_message, timeout_message
 from ..exceptions import StorageUnavailableError
 from ..observability.attempts import Attempt, observe
 from .attempt_limits import attempt_timeout_of, log_attempt_expired
+from .context import TaskContext
 from .runner import Begun, TaskRunner
 
 logger = logging.getLogger("django_reliable_executor")
@@ -293,64 +295,24 @@ class EventLoop:
         context = runner.open_context(begun, always=True)
         args, kwargs = runner.arguments(begun, context)
         stopped: list[str] = []  # why the worker cancelled the handler, if it did
-        timer: asyncio.TimerHandle | None = None
-        limit: asyncio.TimerHandle | None = None
+        timers: list[asyncio.TimerHandle] = []
         seconds = attempt_timeout_of(claim.task, handler)
         began = loop.time()
         try:
             handler_task = loop.create_task(_contained(handler.func(*args, **kwargs)))
-
-            def stop(why: str) -> None:
-                if not handler_task.done() and not stopped:
-                    stopped.append(why)
-                    handler_task.cancel()
-
-            def stop_soon() -> None:  # from the heartbeat's thread, say
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(stop, CANCELLED)
-
-            if context is not None:
-                context.on_cancel(stop_soon)
-            if claim.deadline_at is not None:
-                left = (claim.deadline_at - runner.executor.clock.now()).total_seconds()
-                timer = loop.call_later(max(left, 0) + DEADLINE_MARGIN, stop, TIMED_OUT)
-            if seconds is not None:
-
-                def expire(seconds: float = seconds) -> None:
-                    if handler_task.done() or stopped:  # returned in time, or stopped already
-                        return
-                    log_attempt_expired(claim, seconds, "cancelling its coroutine")
-                    stop(ATTEMPT_TIMED_OUT)
-                    if context is not None:  # is_cancelled() True (its stop_soon: a no-op)
-                        context.mark_cancelled()
-
-                limit = loop.call_later(seconds, expire)
+            now = runner.executor.clock.now()
+            _arm(loop, handler_task, begun, context, seconds, stopped, timers, now)
             value = await handler_task
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
-            failure: tuple[str, bool, BaseException | None]
             if isinstance(exc, HandlerExit):  # the handler's own SystemExit, say
                 exc = exc.original
-            if stopped == [TIMED_OUT]:
-                await self._past(claim)
-                failure = timeout_message(claim.task.max_duration_millis, None), False, None
-            elif stopped == [ATTEMPT_TIMED_OUT]:
-                assert seconds is not None
-                took = loop.time() - began
-                why = f"its coroutine was cancelled; it ended after {took:.2f} s"
-                failure = attempt_timeout_message(seconds, why), True, None
-            elif stopped:
-                failure = CANCELLED, False, None
-            else:
-                error = "".join(traceback.format_exception(exc))
-                failure = error, isinstance(exc, handler.retry_on), exc
+            failure = await self._failure(exc, stopped, begun, seconds, loop.time() - began)
             if attempt is not None:
                 attempt.failed(None if stopped else exc, error=_summary(failure[0], stopped))
             return failure
         finally:
-            if timer is not None:
+            for timer in timers:
                 timer.cancel()
-            if limit is not None:
-                limit.cancel()
             runner.contexts.pop(claim.task_id, None)
             # The last progress report before the outcome (written after, it is refused); off
             # the loop, and only when one is pending: most tasks pay nothing here.
@@ -378,6 +340,29 @@ class EventLoop:
             attempt.failed(error=refusal)
         return refusal, False, None
 
+    async def _failure(
+        self,
+        exc: BaseException,
+        stopped: list[str],
+        begun: Begun,
+        seconds: float | None,
+        took: float,
+    ) -> tuple[str, bool, BaseException | None]:
+        """The failure to record for a handler that raised ``exc`` (after ``took`` seconds):
+        stopped at its deadline, at its attempt_timeout, by a cancel, or its own error."""
+        claim = begun.claim
+        if stopped == [TIMED_OUT]:
+            await self._past(claim)
+            return timeout_message(claim.task.max_duration_millis, None), False, None
+        if stopped == [ATTEMPT_TIMED_OUT]:
+            assert seconds is not None
+            why = f"its coroutine was cancelled; it ended after {took:.2f} s"
+            return attempt_timeout_message(seconds, why), True, None
+        if stopped:
+            return CANCELLED, False, None
+        error = "".join(traceback.format_exception(exc))
+        return error, isinstance(exc, begun.handler.retry_on), exc
+
     async def _past(self, claim: Claim) -> None:
         """Wait until the storage's clock, too, has passed the claim's deadline."""
         assert claim.deadline_at is not None
@@ -393,6 +378,48 @@ class EventLoop:
             return self.runner.record_failure(begun.claim, error, retryable, exc=exc)
         finally:
             tidy_connections()
+
+
+def _arm(
+    loop: asyncio.AbstractEventLoop,
+    handler_task: asyncio.Task[Any],
+    begun: Begun,
+    context: TaskContext | None,
+    seconds: float | None,
+    stopped: list[str],
+    timers: list[asyncio.TimerHandle],
+    now: dt.datetime,
+) -> None:
+    """Have the handler's coroutine cancelled on a cancel request (from any thread), at the
+    task's deadline and at its attempt_timeout, noting why in ``stopped``; the timers go to
+    ``timers``, for the caller to cancel once the handler ended."""
+    claim = begun.claim
+
+    def stop(why: str) -> None:
+        if not handler_task.done() and not stopped:
+            stopped.append(why)
+            handler_task.cancel()
+
+    def stop_soon() -> None:  # from the heartbeat's thread, say
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(stop, CANCELLED)
+
+    if context is not None:
+        context.on_cancel(stop_soon)
+    if claim.deadline_at is not None:
+        left = (claim.deadline_at - now).total_seconds()
+        timers.append(loop.call_later(max(left, 0) + DEADLINE_MARGIN, stop, TIMED_OUT))
+    if seconds is not None:
+
+        def expire(seconds: float = seconds) -> None:
+            if handler_task.done() or stopped:  # returned in time, or stopped already
+                return
+            log_attempt_expired(claim, seconds, "cancelling its coroutine")
+            stop(ATTEMPT_TIMED_OUT)
+            if context is not None:  # is_cancelled() True (its stop_soon: a no-op)
+                context.mark_cancelled()
+
+        timers.append(loop.call_later(seconds, expire))
 
 
 def _summary(error: str, stopped: list[str]) -> str:
