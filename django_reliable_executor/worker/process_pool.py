@@ -21,14 +21,10 @@ a handler that uses the database opens its own connection there.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import multiprocessing
-import os
-import signal
 import threading
 import time
-from multiprocessing.connection import wait
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -39,14 +35,13 @@ from ..core.retries import attempt_timeout_message, timeout_message
 from ..core.serialization import Encoded, dumps
 from ..core.states import TaskStatus
 from ..observability.attempts import Attempt, observe
-from . import process_child
 from .attempt_limits import attempt_timeout_of, log_attempt_expired
+from .children import GRACE_SECONDS, Child, ChildDied
 from .context import TaskContext
 from .runner import Begun, TaskRunner
 
 logger = logging.getLogger("django_reliable_executor")
 
-GRACE_SECONDS = 1.0  # between SIGTERM and SIGKILL of a child that is stopped
 WAIT_STEP = 0.1  # how often a waiting pool thread looks at the cancel flag and the clock
 # A handler running longer than this: read the task's cancel flag from the storage too (at
 # most once a second, TaskContext.is_cancelled), not only when the heartbeat brings it.
@@ -55,103 +50,7 @@ READ_CANCEL_AFTER = 1.0
 DEADLINE_MARGIN = 0.005
 RECORD_SECONDS = 5.0  # most close() waits for the attempts of the children it stopped
 STARTUP_SECONDS = 120.0  # most a child may take to set Django up when the worker starts
-CHILD_DIED = "the child process running the handler died"
 TERMINATED = "the child process running the handler was terminated"
-
-
-class ChildDied(Exception):
-    """The child exited (or its pipe broke) before it answered."""
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """How a child ended: ``killed by signal SIGSEGV (exit code -11)``, ``exit code 3``."""
-    if exitcode is None:
-        return "exit status unknown"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"killed by signal {name} (exit code {exitcode})"
-    return f"exit code {exitcode}"
-
-
-class Child:
-    """One child process and the worker's end of its pipe."""
-
-    def __init__(self, context: Any, settings_module: str) -> None:
-        parent_end, child_end = context.Pipe()
-        self.process = context.Process(
-            target=process_child.main,
-            args=(child_end, settings_module, os.getpid()),
-            name="reliable-executor-child",
-        )
-        self.process.start()
-        child_end.close()  # the child holds it: EOF here once the child is gone
-        self.conn = parent_end
-        self.tasks = 0  # tasks sent to it
-        self.ready = False  # it said so: Django is set up there
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.is_alive()
-
-    def send(self, message: dict[str, Any]) -> None:
-        try:
-            self.conn.send_bytes(dumps(message).encode())
-        except OSError as exc:
-            raise ChildDied(f"{CHILD_DIED} before it got the task: {self._exit()}") from exc
-        self.tasks += 1
-
-    def receive(self, timeout: float) -> dict[str, Any] | None:
-        """The child's reply, or None if none came within ``timeout``; ChildDied if it died.
-        The message a new child sends once set up is taken here, as no reply."""
-        if not wait([self.conn, self.process.sentinel], timeout):
-            return None
-        if self.conn.poll(0):  # a reply sent just before the child exited still counts
-            try:
-                reply: dict[str, Any] = json.loads(self.conn.recv_bytes())
-            except (EOFError, OSError):
-                pass
-            else:
-                if reply["status"] != "ready":
-                    return reply
-                self.ready = True
-                return None
-        raise ChildDied(f"{CHILD_DIED}: {self._exit()}")
-
-    def wait_ready(self, timeout: float) -> None:
-        """Block until the child has set Django up; ChildDied if it could not."""
-        ends = time.monotonic() + timeout
-        while not self.ready:
-            left = ends - time.monotonic()
-            if left <= 0:
-                raise ChildDied(f"the child process {self.pid} was not set up in {timeout:g}s")
-            if self.receive(left) is not None:
-                raise ChildDied(f"the child process {self.pid} answered before it was set up")
-
-    def _exit(self) -> str:
-        self.process.join(GRACE_SECONDS)
-        return describe_exit(self.process.exitcode)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after GRACE_SECONDS; reaped either way."""
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(GRACE_SECONDS)
-            if self.process.is_alive():
-                self.process.kill()
-        self.process.join()
-        self.conn.close()
-
-    def retire(self) -> None:
-        """An idle child: close its pipe, which it takes as the sign to exit."""
-        self.conn.close()
-        self.process.join(GRACE_SECONDS)
-        self.stop()
 
 
 class ProcessPool:
@@ -318,6 +217,20 @@ class ProcessPool:
             message["run_span"] = attempt.child_trace_context()
         seconds = attempt_timeout_of(claim.task, begun.handler)
         child.send(message)
+        return self._await_reply(child, claim, context, stop, seconds)
+
+    def _await_reply(
+        self,
+        child: Child,
+        claim: Claim,
+        context: TaskContext,
+        stop: threading.Event,
+        seconds: float | None,
+    ) -> dict[str, Any]:
+        """Wait for the child's reply to the task just sent, passing on its progress reports;
+        stop the child at the task's deadline, at its attempt_timeout (``seconds``), or on a
+        cancel request or a lost lease."""
+        deadline = claim.deadline_at
         started = time.monotonic()
         ends = None if deadline is None else started + self._seconds_to(deadline)
         limit_ends = None if seconds is None else started + seconds
