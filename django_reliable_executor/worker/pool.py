@@ -71,9 +71,6 @@ class BoundedPool(EventLoopSide):
         self._lost = lost
         self.thread_deaths = 0  # pool threads that died (and were replaced) so far
         self._start = start
-        self._run_async = run_async
-        self._is_async = is_async
-        self.async_capacity = async_capacity if run_async is not None and is_async else 0
         # Per-queue limits (absent: unlimited). The fetcher claims no more of a queue than its
         # limit minus what is held of it here (counted when it asks, not at every task).
         self.queue_limits = dict(queue_limits or {})
@@ -105,10 +102,7 @@ class BoundedPool(EventLoopSide):
         self._promised = 0
         self._closed = False
         self._thread_ids = itertools.count(1)
-        # Async claims: waiting for a slot on the event loop, and handed to it (running).
-        self._async_heap: list[tuple[int, int, Claim]] = []
-        self._async_running: dict[str, Claim] = {}
-        self._async_work = threading.Condition(self._cond)  # the feeder waits on it
+        self._init_event_loop_side(async_capacity, run_async, is_async)
         for _ in range(core_size):
             self._spawn(core=True)
         if self.async_capacity:

@@ -40,6 +40,21 @@ class EventLoopSide:
     _run_async: RunAsync | None
     _is_async: Callable[[Claim], bool] | None
 
+    def _init_event_loop_side(
+        self,
+        capacity: int,
+        run_async: RunAsync | None,
+        is_async: Callable[[Claim], bool] | None,
+    ) -> None:
+        """Set up the async side (the pool's lock ``_cond`` exists already)."""
+        self._run_async = run_async
+        self._is_async = is_async
+        self.async_capacity = capacity if run_async is not None and is_async else 0
+        # Async claims: waiting for a slot on the event loop, and handed to it (running).
+        self._async_heap = []
+        self._async_running = {}
+        self._async_work = threading.Condition(self._cond)  # the feeder waits on it
+
     # The pool's own (see pool.py).
     def _release(self, claims: list[Claim]) -> bool:
         raise NotImplementedError
