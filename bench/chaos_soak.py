@@ -716,12 +716,11 @@ class Analysis:
                 if outcome == "retryable":
                     self.reexecutions["handler_failed"] += 1
                     continue
-                if later.attempt < earlier.attempt and any(
-                    stopped <= later.start for stopped, _ in self.faults.frozen.get(later.pid, [])
-                ):
-                    # An older attempt whose handler began after a newer one: its worker wrote
-                    # the start, then was frozen before the handler's first line (which it
-                    # wrote after the thaw). The freeze caused the newer attempt.
+                if later.start < earlier.start and self.faults.frozen_at(earlier.pid, later.start):
+                    # The older attempt's handler began after the newer one's (runs are in
+                    # attempt order): its worker wrote the start, then was frozen before the
+                    # handler's first line (written after the thaw), and the newer attempt
+                    # began meanwhile. The freeze caused the newer attempt.
                     self.reexecutions["worker_killed_or_frozen"] += 1
                     continue
                 fault_at = self._worker_fault(earlier, later.start)

@@ -108,9 +108,11 @@ class Faults:
     )
 
     def kill(self, process: WorkerProcess) -> None:
-        """SIGKILL the process (and reap it)."""
-        self.note_killed(process.pid, time.time())
+        """SIGKILL the process (and reap it). The time is taken once it is gone: until then
+        it may still write."""
+        pid = process.pid
         process.kill()
+        self.note_killed(pid, time.time())
 
     def note_killed(self, pid: int, at: float) -> None:
         """Record that the process ``pid`` ended at ``at`` (killed, or found gone)."""
@@ -132,9 +134,12 @@ class Faults:
         stopped, _ = self.frozen[process.pid][-1]
         self.frozen[process.pid][-1] = (stopped, time.time())
 
-    def disturbed_before(self, pid: int, moment: float) -> bool:
-        """Was the process killed or frozen at some time before ``moment``?"""
-        if pid in self.killed and self.killed[pid] <= moment:
+    def disturbed_before(self, pid: int, since: float, moment: float) -> bool:
+        """Was the process that had ``pid`` at ``since`` killed after ``since`` and before
+        ``moment``, or frozen before ``moment``? (A kill before ``since`` ended an earlier
+        process with that pid.)"""
+        killed = self.killed_after(pid, since)
+        if killed is not None and killed <= moment:
             return True
         return any(stopped <= moment for stopped, _ in self.frozen.get(pid, []))
 
@@ -178,14 +183,18 @@ def check_runs(
         if expected is TaskStatus.COMPLETED and not any(r.end is not None for r in task_runs):
             problems.append(f"{task_id}: COMPLETED without any run that returned ({task_runs})")
         for earlier, later in zip(task_runs, task_runs[1:], strict=False):
-            ended = earlier.end if earlier.end is not None else faults.killed.get(earlier.pid)
+            ended = (
+                earlier.end
+                if earlier.end is not None
+                else faults.killed_after(earlier.pid, earlier.start)
+            )
             if (
                 (ended is None or ended > later.start)
                 and not faults.frozen_at(earlier.pid, later.start)
                 and not (overlap_allowed is not None and overlap_allowed(earlier, later))
             ):
                 problems.append(f"{task_id}: runs overlapped: {earlier} and {later}")
-            if not faults.disturbed_before(earlier.pid, later.start) and not (
+            if not faults.disturbed_before(earlier.pid, earlier.start, later.start) and not (
                 repeat_allowed is not None and repeat_allowed(earlier, later)
             ):
                 problems.append(f"{task_id}: ran again while its worker lived: {earlier}, {later}")
