@@ -118,7 +118,7 @@ def steady(
         stored = clock.now()
         fired += len(created)
         lags.extend((stored - task.run_at).total_seconds() for task in created)
-        if due >= firing.batch:
+        if due >= firing.per_round:
             continue
         next_due = firing.next_due()
         wait = 1.0 if next_due is None else (next_due - clock.now()).total_seconds()

@@ -18,7 +18,7 @@ from .schedule_firing import ScheduleFiring
 
 logger = logging.getLogger("django_reliable_executor")
 
-BATCH = 500
+ROWS_PER_ROUND = 500  # most tasks one chore handles per round (the rest: the next round)
 PURGE_EVERY_SECONDS = 60.0
 
 
@@ -33,7 +33,7 @@ class Round:
 
 
 class Chore(Protocol):
-    """One chore: idempotent and bounded per round; True when a batch was full."""
+    """One chore: idempotent and bounded per round; True when it had more to do (a full round)."""
 
     def run(self, work: Round) -> bool: ...
 
@@ -52,7 +52,7 @@ class PromoteDue:
     """Make due the delayed tasks and retries whose time came (PENDING to claimable)."""
 
     def run(self, work: Round) -> bool:
-        return work.storage.promote_due(BATCH) >= BATCH
+        return work.storage.promote_due(ROWS_PER_ROUND) >= ROWS_PER_ROUND
 
 
 class DeliverMessages:
@@ -62,7 +62,7 @@ class DeliverMessages:
 
     def run(self, work: Round) -> bool:
         try:
-            return work.storage.deliver_messages(BATCH) >= BATCH
+            return work.storage.deliver_messages(ROWS_PER_ROUND) >= ROWS_PER_ROUND
         except Exception:
             logger.exception("delivering messages between shards failed; they stay queued")
             return False
@@ -81,12 +81,12 @@ class RecoverExpired:
         if settled is False:
             return False
         if settled is None or settled == work.shards:
-            recovered = work.storage.recover_expired(BATCH)
+            recovered = work.storage.recover_expired(ROWS_PER_ROUND)
         else:
-            recovered = work.everything.chores_on(settled).recover_expired(BATCH)
+            recovered = work.everything.chores_on(settled).recover_expired(ROWS_PER_ROUND)
         for transition in recovered:
             self.chores.executor.announcer.transition(transition)
-        return len(recovered) >= BATCH
+        return len(recovered) >= ROWS_PER_ROUND
 
 
 class ExpireOverdue:
@@ -96,14 +96,14 @@ class ExpireOverdue:
         self.executor = executor
 
     def run(self, work: Round) -> bool:
-        expired: list[Transition] = work.storage.expire_overdue(BATCH)
+        expired: list[Transition] = work.storage.expire_overdue(ROWS_PER_ROUND)
         for transition in expired:
             self.executor.announcer.transition(transition)
-        return len(expired) >= BATCH
+        return len(expired) >= ROWS_PER_ROUND
 
 
 class PurgeFinished:
-    """Every PURGE_EVERY_SECONDS (at once again while batches come full): delete finished
+    """Every PURGE_EVERY_SECONDS (at once again while rounds come full): delete finished
     tasks past retention, then (the master) finished batches, and forget silent workers."""
 
     def __init__(
@@ -118,19 +118,23 @@ class PurgeFinished:
         if time.monotonic() < self._next_purge:
             return False
         cutoff = self.executor.clock.now() - dt.timedelta(seconds=self.retention_seconds)
-        purged = work.storage.purge_finished(cutoff, BATCH)
+        purged = work.storage.purge_finished(cutoff, ROWS_PER_ROUND)
         if purged:
             logger.info("purged %d finished tasks older than %s", purged, cutoff.isoformat())
         # Batches once the tasks are caught up: their members, finished before them, are
         # gone first, so a batch's member index is empty (or nearly) when it is dropped.
         everything = work.everything
-        batches = everything.purge_batches(cutoff, BATCH) if work.master and purged < BATCH else 0
+        batches = (
+            everything.purge_batches(cutoff, ROWS_PER_ROUND)
+            if work.master and purged < ROWS_PER_ROUND
+            else 0
+        )
         if batches:
             logger.info("purged %d finished batches older than %s", batches, cutoff.isoformat())
         if work.master:
             silent_since = self.executor.clock.now() - dt.timedelta(seconds=self.worker_ttl_seconds)
             everything.forget_workers(silent_since)
-        if purged >= BATCH or batches >= BATCH:
+        if purged >= ROWS_PER_ROUND or batches >= ROWS_PER_ROUND:
             return True
         self._next_purge = time.monotonic() + PURGE_EVERY_SECONDS
         return False
@@ -149,10 +153,10 @@ class MarkLimited:
         if not work.master or time.monotonic() < self._next_mark:
             return False
         everything = work.everything
-        marked = everything.mark_limited(everything.limited_names(), BATCH)
+        marked = everything.mark_limited(everything.limited_names(), ROWS_PER_ROUND)
         if marked:
             logger.info("%d waiting tasks moved between the claims by name", marked)
-        if marked >= BATCH:
+        if marked >= ROWS_PER_ROUND:
             return True
         self._next_mark = time.monotonic() + PURGE_EVERY_SECONDS
         return False
@@ -230,7 +234,7 @@ class MasterChores:
             self.settle()
 
     def run_once(self, shards: frozenset[int] | None = None, *, master: bool = True) -> bool:
-        """One round of every chore, in order. Returns True when a batch was full (more work
+        """One round of every chore, in order. Returns True when a chore had a full round (more work
         waits).
 
         ``shards``: those of the storage's ``chore_shards`` whose lock this worker holds (None:

@@ -1,4 +1,4 @@
-"""The master's schedule chore: fire due schedules in bounded batches, as ordinary tasks."""
+"""The master's schedule chore: fire due schedules in bounded rounds, as ordinary tasks."""
 
 from __future__ import annotations
 
@@ -10,39 +10,39 @@ from ..core.records import TaskInfo
 from ..observability import metrics
 from ..schedules.planning import fire_task
 
-__all__ = ["BATCH", "MAX_TASKS_PER_ROUND", "ScheduleFiring", "fire_task"]
+__all__ = ["SCHEDULES_PER_ROUND", "MAX_TASKS_PER_ROUND", "ScheduleFiring", "fire_task"]
 
 if TYPE_CHECKING:
     from ..service.reliable_executor import ReliableExecutor
 
 logger = logging.getLogger("django_reliable_executor")
 
-BATCH = 1000  # schedules planned and fired per round
+SCHEDULES_PER_ROUND = 1000  # schedules planned and fired per round
 MAX_TASKS_PER_ROUND = 5000  # catch-ups can plan many runs per schedule: the rest waits a round
 
 
 class ScheduleFiring:
-    """One round: read up to BATCH due schedules, plan each by its misfire policy, store the
-    runs' tasks and move the schedules on. Safe to run on two masters at once (see
+    """One round: read up to SCHEDULES_PER_ROUND due schedules, plan each by its misfire
+    policy, store the runs' tasks and move the schedules on. Safe to run on two masters at once (see
     ``fire_schedules``); only the master runs it."""
 
-    def __init__(self, executor: ReliableExecutor, batch: int = BATCH) -> None:
+    def __init__(self, executor: ReliableExecutor, per_round: int = SCHEDULES_PER_ROUND) -> None:
         self.executor = executor
-        self.batch = batch
+        self.per_round = per_round
 
     def run_once(self) -> bool:
-        """Fire what is due. True when the batch was full (more is due: go again at once)."""
-        return self.fire_due()[1] >= self.batch
+        """Fire what is due. True when the round was full (more is due: go again at once)."""
+        return self.fire_due()[1] >= self.per_round
 
     def fire_due(self) -> tuple[list[TaskInfo], int]:
         """One round: the tasks it newly stored, and how many schedules were due (reported
-        as a full batch when the round stopped early at MAX_TASKS_PER_ROUND)."""
+        as a full round when it stopped early at MAX_TASKS_PER_ROUND)."""
         executor = self.executor
         settings = executor.settings
         now = executor.clock.now()
         round_ = executor.storage.fire_due(
             now,
-            self.batch,
+            self.per_round,
             grace=dt.timedelta(seconds=settings.SCHEDULE_MISFIRE_GRACE),
             catch_up_limit=settings.SCHEDULE_CATCH_UP_LIMIT,
             max_tasks=MAX_TASKS_PER_ROUND,
