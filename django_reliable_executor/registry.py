@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .core.ids import validate_schedule_id
+from .core.ids import MAX_ID_LENGTH, validate_schedule_id
+from .core.numbers import is_int, is_number
 from .core.option_names import guess
 from .core.options import NAMES as OPTION_NAMES
 from .core.options import TaskOptions, as_number
@@ -131,8 +132,8 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
     def bad(message: str) -> HandlerRegistrationError:
         return HandlerRegistrationError(f"@reliable_task_handler(name={name!r}): {message}")
 
-    if not isinstance(name, str) or not name or len(name) > 191:
-        raise bad("name must be a non-empty string of at most 191 characters")
+    if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
+        raise bad(f"name must be a non-empty string of at most {MAX_ID_LENGTH} characters")
     # The rule every entry point applies, so a bad option fails at import rather than at every
     # submit; queue and priority have no "not given" here (None is refused).
     try:
@@ -147,7 +148,7 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
     ):
         raise bad("retry_on must be a tuple of exception classes")
     cap = options.get("max_concurrency")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+    if cap is not None and (not is_int(cap) or cap < 1):
         raise bad(f"max_concurrency must be an integer >= 1 or None, got {cap!r}")
     if options.get("unique_for") is not None:
         try:
@@ -354,7 +355,7 @@ def _schedules(
     for item in items:
         if isinstance(item, str):
             spec = Schedule(cron=item)
-        elif isinstance(item, (int, float, dt.timedelta)) and not isinstance(item, bool):
+        elif is_number(item) or isinstance(item, dt.timedelta):
             spec = Schedule(every=item)
         elif isinstance(item, Schedule):
             spec = item

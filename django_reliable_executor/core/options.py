@@ -11,6 +11,7 @@ from types import NoneType
 from typing import Any
 
 from ..exceptions import InvalidTaskOptionError
+from .numbers import is_int, is_number
 from .retries import BACKOFF_CHOICES
 from .text import unstorable_char
 
@@ -22,15 +23,11 @@ MAX_MILLIS = 100 * 365 * 24 * 3600 * 1000  # 100 years
 MAX_SECONDS = MAX_MILLIS // 1000
 
 
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _seconds_ok(value: Any) -> bool:
     """A number of seconds (int or float, not bool) above 0 and up to MAX_SECONDS: NaN fails
     both comparisons, infinity the second (and an int too large for a float is compared as
     an int, never converted)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         return False
     return 0 < value <= MAX_SECONDS
 

@@ -13,13 +13,14 @@ from django.db import transaction
 
 from ..conf import ExecutorSettings
 from ..core.batches import BatchInfo, NewBatch, check_callback, check_requests, member_chunks
+from ..core.ids import MAX_ID_LENGTH
 from ..core.records import NewTask, TaskInfo, TaskSubmitRequest
 from ..exceptions import TaskSubmitError
 from ..observability.announcer import Announcer
 from ..observability.tracing import current_trace_context
 from ..storage.base import TaskStorage
 from .on_commit import after_commit, open_transaction, stores_tasks_at_commit
-from .submitting import MAX_ID_LENGTH, check_dependencies_exist, prepare
+from .submitting import check_dependencies_exist, prepare
 
 
 def submit_batch(

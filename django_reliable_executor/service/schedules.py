@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone as django_timezone
 
 from ..core.ids import validate_schedule_id
+from ..core.numbers import is_int
 from ..core.options import RETRY_NAMES
 from ..core.records import NewTask, TaskSubmitRequest
 from ..exceptions import InvalidScheduleError
@@ -193,7 +194,7 @@ class ScheduleOperations:
     ) -> list[ScheduleInfo]:
         """Schedules by id; ``paused=True`` only the paused, ``False`` only the active ones."""
         for name, value in (("limit", limit), ("offset", offset)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         return self._storage().list_schedules(limit=limit, offset=offset, paused=paused)
 

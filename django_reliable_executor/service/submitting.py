@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, cast
 from ..conf import ExecutorSettings
 from ..core.dependencies import (
     ID_FORBIDDEN_CATEGORIES,
-    MAX_ID_LENGTH,
     check_dependencies,
     first_missing,
 )
-from ..core.ids import is_fire_task_id
+from ..core.ids import MAX_ID_LENGTH, is_fire_task_id
+from ..core.numbers import is_int
 from ..core.option_names import guess
 from ..core.options import MAX_MILLIS, TaskOptions, numeric_durations
 from ..core.options import NAMES as OPTION_NAMES
@@ -193,7 +193,7 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
 
 def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
     delay = request.delay_millis  # a number by now (numeric_durations)
-    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= MAX_MILLIS:
+    if not is_int(delay) or not 0 <= delay <= MAX_MILLIS:
         raise InvalidTaskOptionError(
             f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
             field="delay_millis",
