@@ -12,10 +12,10 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .core.ids import MAX_ID_LENGTH, validate_schedule_id
-from .core.numbers import is_int, is_number
+from .core.numbers import is_number
 from .core.option_names import guess
 from .core.options import NAMES as OPTION_NAMES
-from .core.options import TaskOptions, as_number
+from .core.options import TaskOptions, as_number, check_option
 from .core.rate_limits import RateLimit, parse_rate_limit
 from .core.uniqueness import check_unique_for
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
@@ -51,8 +51,12 @@ class TaskHandler(Generic[R]):
         unique_for: float | None = None,
         rate_limit: str | None = None,
         attempt_timeout: float | None = None,
+        origin: Any = None,
     ) -> None:
         self.func = func
+        # What the handler was made from when not from a decorated function: the Django Task
+        # of the Tasks backend (tasks_backend), which its results and signals are reported for.
+        self.origin = origin
         # Asked for every claim the worker takes (which pool runs it): looked up once here.
         self.is_async = inspect.iscoroutinefunction(func)
         self.name = name
@@ -147,9 +151,10 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
         isinstance(t, type) and issubclass(t, BaseException) for t in retry_on
     ):
         raise bad("retry_on must be a tuple of exception classes")
-    cap = options.get("max_concurrency")
-    if cap is not None and (not is_int(cap) or cap < 1):
-        raise bad(f"max_concurrency must be an integer >= 1 or None, got {cap!r}")
+    try:
+        check_option("max_concurrency", options.get("max_concurrency"))
+    except InvalidTaskOptionError as exc:
+        raise bad(str(exc)) from exc
     if options.get("unique_for") is not None:
         try:
             check_unique_for(options["unique_for"])

@@ -29,7 +29,8 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 from .core.option_names import guess
-from .core.options import RETRY_NAMES, TaskOptions, as_number, check_option
+from .core.options import NAMES as OPTION_NAMES
+from .core.options import TASKS_BACKEND, TaskOptions, as_number, check_option, options_of
 from .core.progress import Progress
 from .core.records import TaskInfo, TaskSubmitRequest, Transition
 from .core.serialization import ConversionError, to_json_value
@@ -58,9 +59,10 @@ from .worker.context import TaskContext as ExecutorContext
 logger = logging.getLogger("django_reliable_executor")
 _TASK_NAME = operator.attrgetter("task.task_name")
 
-# The task options of @task (Django 6.1, the backport) and of OPTIONS, besides retry_on.
-TASK_OPTION_NAMES = (*RETRY_NAMES, "attempt_timeout")
-OPTION_KEYS = (*TASK_OPTION_NAMES, "retry_on")
+# The task options of @task (Django 6.1, the backport) and of OPTIONS (the option table's), and
+# those of them TaskOptions holds (all but retry_on).
+OPTION_KEYS = options_of(TASKS_BACKEND)
+TASK_OPTION_NAMES = tuple(name for name in OPTION_KEYS if name in OPTION_NAMES)
 STATUS_MAP = {
     TaskStatus.CREATED: TaskResultStatus.READY,
     TaskStatus.PENDING: TaskResultStatus.READY,
@@ -182,7 +184,7 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
             except (ImportError, TypeError, ValueError) as exc:
                 raise InvalidTaskError(f"retry_on: {exc}") from exc
         handler = get_handler(task.module_path)
-        if handler is None or getattr(handler, "django_task", None) is None:
+        if handler is None or not isinstance(handler.origin, Task):
             register(_handler_for(task, self))
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -277,8 +279,8 @@ def django_task_of(info: TaskInfo) -> Task | None:
     }:
         return None
     handler = get_handler(info.task_name)
-    base = getattr(handler, "django_task", None)
-    if base is None:
+    base = handler.origin if handler is not None else None
+    if not isinstance(base, Task):
         return None
     run_after = parameter.get("run_after")
     changes: dict[str, Any] = {"priority": info.priority, "queue_name": info.queue}
@@ -430,8 +432,8 @@ def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[An
         retry_on=retry_on,
         takes_context=True,
         attempt_timeout=as_number("attempt_timeout", timeout),
+        origin=task,
     )
-    handler.django_task = task  # type: ignore[attr-defined]
     return handler
 
 
@@ -478,7 +480,8 @@ def _send(signal: Any, task_id: str) -> None:
 
 
 def _is_django_task(task_name: str) -> bool:
-    return getattr(get_handler(task_name), "django_task", None) is not None
+    handler = get_handler(task_name)
+    return handler is not None and isinstance(handler.origin, Task)
 
 
 def _on_finished(transitions: list[Transition]) -> None:

@@ -16,10 +16,9 @@ from ..core.dependencies import (
     first_missing,
 )
 from ..core.ids import MAX_ID_LENGTH, is_fire_task_id
-from ..core.numbers import is_int
 from ..core.option_names import guess
-from ..core.options import MAX_MILLIS, TaskOptions, numeric_durations
 from ..core.options import NAMES as OPTION_NAMES
+from ..core.options import TaskOptions, check_option, numeric_durations
 from ..core.rate_limits import rate_key_problem
 from ..core.records import NewTask, TaskSubmitRequest
 from ..core.serialization import ConversionError, dumps, from_json_value, to_json_value
@@ -192,12 +191,8 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
 
 
 def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
-    delay = request.delay_millis  # a number by now (numeric_durations)
-    if not is_int(delay) or not 0 <= delay <= MAX_MILLIS:
-        raise InvalidTaskOptionError(
-            f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
-            field="delay_millis",
-        )
+    check_option("delay_millis", request.delay_millis)  # a number by now (numeric_durations)
+    delay = cast(int, request.delay_millis)
     if request.run_at is None:
         return now + dt.timedelta(milliseconds=delay)
     if delay:
