@@ -206,44 +206,60 @@ def reliable_task_handler(
     updates these schedules when it starts.
     """
     if unknown:
-        # Caught here rather than as Python's TypeError, to say what was probably meant.
-        known = [p for p in inspect.signature(reliable_task_handler).parameters if p != "unknown"]
-        named = ", ".join(f"{key}{guess(key, known)}" for key in sorted(unknown))
-        raise HandlerRegistrationError(
-            f"@reliable_task_handler(name={name!r}): unknown option(s): {named}"
-        )
-    if isinstance(retry_on, type):
-        retry_on = (retry_on,)
-    retry_on = tuple(retry_on)
-    retry_interval = as_number("retry_interval", retry_interval)
-    max_duration_millis = as_number("max_duration_millis", max_duration_millis)
-    unique_for = as_number("unique_for", unique_for)
-    attempt_timeout = as_number("attempt_timeout", attempt_timeout)
+        _refuse_unknown(name, unknown)
+    options = _normalized(
+        param_type=param_type,
+        queue=queue,
+        priority=priority,
+        retry_limit=retry_limit,
+        retry_interval=retry_interval,
+        retry_backoff=retry_backoff,
+        max_duration_millis=max_duration_millis,
+        retry_on=retry_on,
+        takes_context=takes_context,
+        max_concurrency=max_concurrency,
+        unique_for=unique_for,
+        rate_limit=rate_limit,
+        attempt_timeout=attempt_timeout,
+    )
 
     def decorate(func: Callable[..., R]) -> TaskHandler[R]:
-        task_name = name or f"{func.__module__}.{func.__qualname__}"
-        options = dict(
-            param_type=param_type,
-            queue=queue,
-            priority=priority,
-            retry_limit=retry_limit,
-            retry_interval=retry_interval,
-            retry_backoff=retry_backoff,
-            max_duration_millis=max_duration_millis,
-            retry_on=retry_on,
-            takes_context=takes_context,
-            max_concurrency=max_concurrency,
-            unique_for=unique_for,
-            rate_limit=rate_limit,
-            attempt_timeout=attempt_timeout,
-        )
-        _validate_options(task_name, options)
-        handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
-        handler.schedules = _schedules(task_name, schedule)
-        register(handler)
-        return handler
+        return _registered(func, name, options, schedule)
 
     return decorate
+
+
+def _refuse_unknown(name: str | None, unknown: Mapping[str, Any]) -> None:
+    """Raised here rather than as Python's TypeError, to say what was probably meant."""
+    known = [p for p in inspect.signature(reliable_task_handler).parameters if p != "unknown"]
+    named = ", ".join(f"{key}{guess(key, known)}" for key in sorted(unknown))
+    raise HandlerRegistrationError(
+        f"@reliable_task_handler(name={name!r}): unknown option(s): {named}"
+    )
+
+
+def _normalized(**options: Any) -> dict[str, Any]:
+    """The decorator's options with retry_on a tuple and durations numbers (as_number)."""
+    retry_on = options["retry_on"]
+    options["retry_on"] = tuple((retry_on,) if isinstance(retry_on, type) else retry_on)
+    for key in ("retry_interval", "max_duration_millis", "unique_for", "attempt_timeout"):
+        options[key] = as_number(key, options[key])
+    return options
+
+
+def _registered(
+    func: Callable[..., R],
+    name: str | None,
+    options: dict[str, Any],
+    schedule: ScheduleSpec | Sequence[ScheduleSpec] | None,
+) -> TaskHandler[R]:
+    """The handler of ``func`` with these options, validated and registered."""
+    task_name = name or f"{func.__module__}.{func.__qualname__}"
+    _validate_options(task_name, options)
+    handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
+    handler.schedules = _schedules(task_name, schedule)
+    register(handler)
+    return handler
 
 
 def register(handler: TaskHandler[Any]) -> None:
