@@ -16,7 +16,8 @@ from django_reliable_executor.core import options
 from django_reliable_executor.core.records import NewTask, TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, reliable_task_handler
 from django_reliable_executor.schedules.records import Schedule
-from django_reliable_executor.tasks_backend import OPTION_KEYS
+from django_reliable_executor.tasks_backend import OPTION_KEYS, ReliableTask
+from django_reliable_executor.tasks_compat import Task
 
 # What each signature names that is no task option: what the task is, and (for a schedule)
 # when it fires.
@@ -54,6 +55,7 @@ def _fields(cls: type) -> set[str]:
         (options.SCHEDULE, _fields(Schedule), SCHEDULE_OTHERS),
         (options.SCHEDULE, set(DEFINE_FIELDS), SCHEDULE_OTHERS),
         (options.TASKS_BACKEND, set(OPTION_KEYS), set()),
+        (options.TASKS_BACKEND, _fields(ReliableTask) - _fields(Task), set()),
     ],
     ids=[
         "TaskSubmitRequest",
@@ -62,7 +64,8 @@ def _fields(cls: type) -> set[str]:
         "TaskHandler",
         "Schedule",
         "api-schedules",
-        "tasks_backend",
+        "tasks_backend-OPTIONS",
+        "ReliableTask",
     ],
 )
 def test_each_entry_point_takes_exactly_the_options_of_the_table(
