@@ -25,12 +25,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import NoneType
 from typing import Any
 
 from ..exceptions import InvalidTaskOptionError
 from .numbers import is_int, is_number
+from .option_names import guess
 from .retries import BACKOFF_CHOICES
 from .text import unstorable_char
 
@@ -239,6 +240,29 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 def options_of(entry_point: str) -> tuple[str, ...]:
     """The names of the options ``entry_point`` (one of ENTRY_POINTS) takes, in table order."""
     return tuple(name for name, option in OPTIONS.items() if entry_point in option.takes)
+
+
+def problems(
+    values: Mapping[str, Any], entry_point: str, *, own: Collection[str] = ()
+) -> list[tuple[str, str]]:
+    """(name, what is wrong) for each name of ``values`` that ``entry_point`` does not take
+    (sorted, with what it probably meant), then for each option given (not None) that breaks
+    its rule, in table order; durations may be timedeltas. The options in ``own`` are the
+    caller's to check (a form the rule does not read, such as dotted paths)."""
+    known = options_of(entry_point)
+    found = []
+    for name in sorted(set(values) - set(known)):
+        found.append(
+            (name, f"unknown option {name!r}{guess(name, known)} (known: {', '.join(known)})")
+        )
+    for name in known:
+        value = as_number(name, values.get(name))
+        if name not in own and value is not None:
+            try:
+                check_option(name, value)
+            except InvalidTaskOptionError as exc:
+                found.append((name, str(exc)))
+    return found
 
 
 def check_option(name: str, value: Any) -> None:

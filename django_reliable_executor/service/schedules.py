@@ -11,7 +11,7 @@ from django.utils import timezone as django_timezone
 
 from ..core.ids import validate_schedule_id
 from ..core.numbers import is_int
-from ..core.options import RETRY_NAMES
+from ..core.options import SCHEDULE, options_of
 from ..core.records import NewTask, TaskSubmitRequest
 from ..exceptions import InvalidScheduleError
 from ..schedules.records import MISFIRE_POLICIES, ORIGINS, OVERLAP_POLICIES, Schedule, ScheduleInfo
@@ -64,7 +64,7 @@ class ScheduleOperations:
         **task_options: Any,
     ) -> ScheduleInfo:
         """One schedule, as ``ReliableExecutor.schedule`` documents."""
-        unknown = sorted(set(task_options) - set(RETRY_NAMES))
+        unknown = sorted(set(task_options) - set(options_of(SCHEDULE)))
         if unknown:
             raise InvalidScheduleError(
                 f"unknown schedule option(s): {', '.join(unknown)}", field=unknown[0]

@@ -26,9 +26,9 @@ from django.apps import apps
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from ..core.option_names import guess
 from ..core.options import NAMES as OPTION_NAMES
-from ..core.options import TASKS_BACKEND, TaskOptions, as_number, check_option, options_of
+from ..core.options import TASKS_BACKEND, TaskOptions, as_number, options_of
+from ..core.options import problems as option_problems
 from ..core.records import TaskSubmitRequest, Transition
 from ..core.serialization import ConversionError, to_json_value
 from ..exceptions import InvalidTaskOptionError, TaskSubmitError
@@ -96,18 +96,7 @@ def _numbers(source: Any) -> TaskOptions:
 
 def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, what is wrong) for every bad OPTIONS entry, in the words submit would use."""
-    problems = []
-    for key in sorted(set(options) - set(OPTION_KEYS)):
-        known = ", ".join(OPTION_KEYS)
-        problems.append((key, f"unknown option {key!r}{guess(key, OPTION_KEYS)} (known: {known})"))
-    for key in TASK_OPTION_NAMES:
-        value = as_number(key, options.get(key))
-        if value is None:
-            continue
-        try:
-            check_option(key, value)
-        except InvalidTaskOptionError as exc:
-            problems.append((key, str(exc)))
+    problems = option_problems(options, TASKS_BACKEND, own=("retry_on",))
     retry_on = options.get("retry_on")
     if retry_on is not None:
         try:
