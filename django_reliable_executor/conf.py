@@ -13,6 +13,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
+from .core.numbers import is_int, is_number
 from .core.options import RULES as OPTION_RULES
 from .core.options import TaskOptions
 
@@ -78,24 +79,16 @@ KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(ExecutorSettings))
 MAX_REDIS_SHARDS = 16384
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _nonneg_int(v: Any) -> bool:
-    return _is_int(v) and v >= 0
+    return is_int(v) and v >= 0
 
 
 def _pos_int(v: Any) -> bool:
-    return _is_int(v) and v > 0
+    return is_int(v) and v > 0
 
 
 def _pos_number(v: Any) -> bool:
-    return _is_number(v) and v > 0
+    return is_number(v) and v > 0
 
 
 def _nonempty_str(v: Any) -> bool:
@@ -128,7 +121,7 @@ def _sentinel_problem(v: Any) -> str | None:
             isinstance(node, (list, tuple))
             and len(node) == 2
             and _nonempty_str(node[0])
-            and _is_int(node[1])
+            and is_int(node[1])
             and 0 < node[1] <= 65535
         ):
             return f"sentinel {node!r} is not a [host, port] pair"
@@ -212,18 +205,18 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "DEFAULT_RETRY_BACKOFF": OPTION_RULES["retry_backoff"],
     "DEFAULT_RETRY_BACKOFF_MAX": (_nonneg_int, "an integer number of milliseconds >= 0"),
     "DEFAULT_MAX_DURATION": OPTION_RULES["max_duration_millis"],
-    "FINISHED_RETENTION": (lambda v: _is_number(v) and v >= 0, "a number of seconds >= 0"),
+    "FINISHED_RETENTION": (lambda v: is_number(v) and v >= 0, "a number of seconds >= 0"),
     "MAX_PARAMETER_BYTES": (_pos_int, "an integer number of bytes >= 1"),
     "ALLOW_UNKNOWN_TASKS": (lambda v: isinstance(v, bool), "True or False"),
-    "METRICS_PORT": (lambda v: v is None or (_is_int(v) and 0 <= v <= 65535), "None or 0-65535"),
+    "METRICS_PORT": (lambda v: v is None or (is_int(v) and 0 <= v <= 65535), "None or 0-65535"),
     "API_KEYS": (
         lambda v: _api_keys_problem(v) is None,
         "a dict {key id: shared secret of at least 32 characters}",
     ),
-    "SCHEDULE_MISFIRE_GRACE": (lambda v: _is_number(v) and v >= 0, "a number of seconds >= 0"),
+    "SCHEDULE_MISFIRE_GRACE": (lambda v: is_number(v) and v >= 0, "a number of seconds >= 0"),
     "SCHEDULE_CATCH_UP_LIMIT": (_pos_int, "an integer > 0"),
     "API_SIGNATURE_WINDOW": (
-        lambda v: _is_number(v) and 1 <= v <= 3600,
+        lambda v: is_number(v) and 1 <= v <= 3600,
         "a number of seconds from 1 to 3600",
     ),
 }

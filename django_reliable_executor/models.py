@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from django.db import models
 
+from .core.ids import MAX_ID_LENGTH
 from .core.states import TaskStatus
 
 
 class ReliableTask(models.Model):
     """One task. Only DatabaseStorage writes these rows; all else goes through the service."""
 
-    task_id = models.CharField(max_length=191, primary_key=True)
-    task_name = models.CharField(max_length=191)
+    task_id = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
+    task_name = models.CharField(max_length=MAX_ID_LENGTH)
     status = models.CharField(
         max_length=16, choices=[(s.value, s.value) for s in TaskStatus], default="CREATED"
     )
@@ -38,7 +39,7 @@ class ReliableTask(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(null=True, blank=True)  # noqa: DJ001 - None: no error yet
-    worker_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
+    worker_id = models.CharField(max_length=MAX_ID_LENGTH, null=True, blank=True)  # noqa: DJ001
     cancel_requested = models.BooleanField(default=False)
     # The handler's last set_progress() (progress.Progress as JSON); None before any.
     progress = models.JSONField(null=True, blank=True)
@@ -52,12 +53,12 @@ class ReliableTask(models.Model):
     # each from its name's own range, and the claim of all other names reads the "" range
     # only, never past a name's backlog held at its limit. Put right by the master's chores
     # when a name gains or loses its limits (storage/database/chores.py).
-    limited_name = models.CharField(max_length=191, default="", db_default="", blank=True)
+    limited_name = models.CharField(max_length=MAX_ID_LENGTH, default="", db_default="", blank=True)
     # Fencing token: bumped by every claim; every write by the claimer must match it.
     lease_token = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # rate_limit: tasks of one name sharing this key share one limit (None: the name's own).
-    rate_key = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
+    rate_key = models.CharField(max_length=MAX_ID_LENGTH, null=True, blank=True)  # noqa: DJ001
     # Dependencies (dependencies.py): the ids it was submitted to wait for, those still awaited
     # (None once none is: released, or never had any), and what a failed one does to it.
     depends_on = models.JSONField(null=True, blank=True)
@@ -69,7 +70,7 @@ class ReliableTask(models.Model):
     # in the database too: the hand-written INSERTs of the submits leave it out.
     has_dependents = models.BooleanField(default=False, db_default=False)
     # The batch this task is a member or a callback of (ReliableBatch); None for most tasks.
-    batch_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
+    batch_id = models.CharField(max_length=MAX_ID_LENGTH, null=True, blank=True)  # noqa: DJ001
     # Which batch of that id (ReliableBatch.generation): a member counts only in the batch it
     # was submitted to, not in a later one reusing the id of its purged batch.
     batch_generation = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
@@ -117,8 +118,8 @@ class ReliableDependency(models.Model):
     the tasks when they are purged."""
 
     id = models.BigAutoField(primary_key=True)
-    dependency_id = models.CharField(max_length=191)
-    dependent_id = models.CharField(max_length=191)
+    dependency_id = models.CharField(max_length=MAX_ID_LENGTH)
+    dependent_id = models.CharField(max_length=MAX_ID_LENGTH)
 
     class Meta:
         db_table = "reliable_executor_dependency"
@@ -136,7 +137,7 @@ class ReliableLock(models.Model):
     """A named lease (the master lock): taken and renewed by conditional UPDATE, never held open."""
 
     name = models.CharField(max_length=100, primary_key=True)
-    owner = models.CharField(max_length=191, default="")
+    owner = models.CharField(max_length=MAX_ID_LENGTH, default="")
     expires_at = models.DateTimeField()
 
     class Meta:
@@ -151,7 +152,7 @@ class ReliableNameLock(models.Model):
     or a write on SQLite) for the length of their transaction, so two workers never both see
     the same free slot. It holds no state of its own."""
 
-    name = models.CharField(max_length=191, primary_key=True)
+    name = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
 
     class Meta:
         db_table = "reliable_executor_name_lock"
@@ -185,8 +186,8 @@ class ReliableRateLog(models.Model):
     under the name's ReliableNameLock row."""
 
     id = models.BigAutoField(primary_key=True)
-    name = models.CharField(max_length=191)
-    rate_key = models.CharField(max_length=191, default="")  # "": the name's own limit
+    name = models.CharField(max_length=MAX_ID_LENGTH)
+    rate_key = models.CharField(max_length=MAX_ID_LENGTH, default="")  # "": the name's own limit
     claims = models.PositiveIntegerField(default=1)  # how many claims the entry counts
     claimed_at = models.DateTimeField()
 
@@ -221,8 +222,8 @@ class ReliableRetryCount(models.Model):
 class ReliableWorker(models.Model):
     """A runexecutor process, kept fresh by its heartbeat; stale rows are dead workers."""
 
-    worker_id = models.CharField(max_length=191, primary_key=True)
-    hostname = models.CharField(max_length=191, default="")
+    worker_id = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
+    hostname = models.CharField(max_length=MAX_ID_LENGTH, default="")
     pid = models.IntegerField(default=0)
     queues = models.TextField(default="")  # comma-separated: any number of queues
     started_at = models.DateTimeField()
@@ -238,7 +239,7 @@ class ReliableWorker(models.Model):
 class ReliableApiNonce(models.Model):
     """A nonce of a signed API request, kept until its signature window has passed."""
 
-    key = models.CharField(max_length=191, primary_key=True)  # "<key id>:<nonce>"
+    key = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)  # "<key id>:<nonce>"
     expires_at = models.DateTimeField(db_index=True)
 
     class Meta:
@@ -256,7 +257,7 @@ class ReliableUniqueKey(models.Model):
     the master's purge."""
 
     key = models.CharField(max_length=64, primary_key=True)  # uniqueness.unique_digest
-    task_id = models.CharField(max_length=191)
+    task_id = models.CharField(max_length=MAX_ID_LENGTH)
     expires_at = models.DateTimeField(db_index=True)
 
     class Meta:
@@ -270,8 +271,8 @@ class ReliableUniqueKey(models.Model):
 class ReliableSchedule(models.Model):
     """A periodic schedule (database storage): its definition, and when it fires next."""
 
-    schedule_id = models.CharField(max_length=191, primary_key=True)
-    task_name = models.CharField(max_length=191)
+    schedule_id = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
+    task_name = models.CharField(max_length=MAX_ID_LENGTH)
     parameter = models.JSONField(null=True, blank=True)
     every_micros = models.BigIntegerField(null=True, blank=True, help_text="Interval schedules.")
     cron = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - None: interval
@@ -287,7 +288,7 @@ class ReliableSchedule(models.Model):
     paused = models.BooleanField(default=False)
     next_run_at = models.DateTimeField()
     last_run_at = models.DateTimeField(null=True, blank=True)
-    last_task_id = models.CharField(max_length=191, null=True, blank=True)  # noqa: DJ001
+    last_task_id = models.CharField(max_length=MAX_ID_LENGTH, null=True, blank=True)  # noqa: DJ001
     origin = models.CharField(max_length=16, default="api")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -315,7 +316,7 @@ class ReliableBatch(models.Model):
     """One batch (executor.submit_batch): counters of its members' endings, kept by each
     member's ending write, and its callbacks until it finishes (see batches.py)."""
 
-    batch_id = models.CharField(max_length=191, primary_key=True)
+    batch_id = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
     total = models.PositiveIntegerField(default=0, help_text="Members stored.")
     completed = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0, help_text="FAILED, TIMEOUT and ERROR.")

@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .core.ids import validate_schedule_id
+from .core.ids import MAX_ID_LENGTH, validate_schedule_id
+from .core.numbers import is_number
 from .core.option_names import guess
 from .core.options import NAMES as OPTION_NAMES
-from .core.options import TaskOptions, as_number
+from .core.options import TaskOptions, as_number, check_option
 from .core.rate_limits import RateLimit, parse_rate_limit
 from .core.uniqueness import check_unique_for
 from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
@@ -50,8 +51,12 @@ class TaskHandler(Generic[R]):
         unique_for: float | None = None,
         rate_limit: str | None = None,
         attempt_timeout: float | None = None,
+        origin: Any = None,
     ) -> None:
         self.func = func
+        # What the handler was made from when not from a decorated function: the Django Task
+        # of the Tasks backend (tasks_backend), which its results and signals are reported for.
+        self.origin = origin
         # Asked for every claim the worker takes (which pool runs it): looked up once here.
         self.is_async = inspect.iscoroutinefunction(func)
         self.name = name
@@ -131,8 +136,8 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
     def bad(message: str) -> HandlerRegistrationError:
         return HandlerRegistrationError(f"@reliable_task_handler(name={name!r}): {message}")
 
-    if not isinstance(name, str) or not name or len(name) > 191:
-        raise bad("name must be a non-empty string of at most 191 characters")
+    if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
+        raise bad(f"name must be a non-empty string of at most {MAX_ID_LENGTH} characters")
     # The rule every entry point applies, so a bad option fails at import rather than at every
     # submit; queue and priority have no "not given" here (None is refused).
     try:
@@ -146,9 +151,10 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
         isinstance(t, type) and issubclass(t, BaseException) for t in retry_on
     ):
         raise bad("retry_on must be a tuple of exception classes")
-    cap = options.get("max_concurrency")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        raise bad(f"max_concurrency must be an integer >= 1 or None, got {cap!r}")
+    try:
+        check_option("max_concurrency", options.get("max_concurrency"))
+    except InvalidTaskOptionError as exc:
+        raise bad(str(exc)) from exc
     if options.get("unique_for") is not None:
         try:
             check_unique_for(options["unique_for"])
@@ -200,44 +206,60 @@ def reliable_task_handler(
     updates these schedules when it starts.
     """
     if unknown:
-        # Caught here rather than as Python's TypeError, to say what was probably meant.
-        known = [p for p in inspect.signature(reliable_task_handler).parameters if p != "unknown"]
-        named = ", ".join(f"{key}{guess(key, known)}" for key in sorted(unknown))
-        raise HandlerRegistrationError(
-            f"@reliable_task_handler(name={name!r}): unknown option(s): {named}"
-        )
-    if isinstance(retry_on, type):
-        retry_on = (retry_on,)
-    retry_on = tuple(retry_on)
-    retry_interval = as_number("retry_interval", retry_interval)
-    max_duration_millis = as_number("max_duration_millis", max_duration_millis)
-    unique_for = as_number("unique_for", unique_for)
-    attempt_timeout = as_number("attempt_timeout", attempt_timeout)
+        _refuse_unknown(name, unknown)
+    options = _normalized(
+        param_type=param_type,
+        queue=queue,
+        priority=priority,
+        retry_limit=retry_limit,
+        retry_interval=retry_interval,
+        retry_backoff=retry_backoff,
+        max_duration_millis=max_duration_millis,
+        retry_on=retry_on,
+        takes_context=takes_context,
+        max_concurrency=max_concurrency,
+        unique_for=unique_for,
+        rate_limit=rate_limit,
+        attempt_timeout=attempt_timeout,
+    )
 
     def decorate(func: Callable[..., R]) -> TaskHandler[R]:
-        task_name = name or f"{func.__module__}.{func.__qualname__}"
-        options = dict(
-            param_type=param_type,
-            queue=queue,
-            priority=priority,
-            retry_limit=retry_limit,
-            retry_interval=retry_interval,
-            retry_backoff=retry_backoff,
-            max_duration_millis=max_duration_millis,
-            retry_on=retry_on,
-            takes_context=takes_context,
-            max_concurrency=max_concurrency,
-            unique_for=unique_for,
-            rate_limit=rate_limit,
-            attempt_timeout=attempt_timeout,
-        )
-        _validate_options(task_name, options)
-        handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
-        handler.schedules = _schedules(task_name, schedule)
-        register(handler)
-        return handler
+        return _registered(func, name, options, schedule)
 
     return decorate
+
+
+def _refuse_unknown(name: str | None, unknown: Mapping[str, Any]) -> None:
+    """Raised here rather than as Python's TypeError, to say what was probably meant."""
+    known = [p for p in inspect.signature(reliable_task_handler).parameters if p != "unknown"]
+    named = ", ".join(f"{key}{guess(key, known)}" for key in sorted(unknown))
+    raise HandlerRegistrationError(
+        f"@reliable_task_handler(name={name!r}): unknown option(s): {named}"
+    )
+
+
+def _normalized(**options: Any) -> dict[str, Any]:
+    """The decorator's options with retry_on a tuple and durations numbers (as_number)."""
+    retry_on = options["retry_on"]
+    options["retry_on"] = tuple((retry_on,) if isinstance(retry_on, type) else retry_on)
+    for key in ("retry_interval", "max_duration_millis", "unique_for", "attempt_timeout"):
+        options[key] = as_number(key, options[key])
+    return options
+
+
+def _registered(
+    func: Callable[..., R],
+    name: str | None,
+    options: dict[str, Any],
+    schedule: ScheduleSpec | Sequence[ScheduleSpec] | None,
+) -> TaskHandler[R]:
+    """The handler of ``func`` with these options, validated and registered."""
+    task_name = name or f"{func.__module__}.{func.__qualname__}"
+    _validate_options(task_name, options)
+    handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
+    handler.schedules = _schedules(task_name, schedule)
+    register(handler)
+    return handler
 
 
 def register(handler: TaskHandler[Any]) -> None:
@@ -354,7 +376,7 @@ def _schedules(
     for item in items:
         if isinstance(item, str):
             spec = Schedule(cron=item)
-        elif isinstance(item, (int, float, dt.timedelta)) and not isinstance(item, bool):
+        elif is_number(item) or isinstance(item, dt.timedelta):
             spec = Schedule(every=item)
         elif isinstance(item, Schedule):
             spec = item

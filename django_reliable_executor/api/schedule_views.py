@@ -4,10 +4,12 @@ service's schedule methods, with the task views' authentication and error answer
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from ..core.numbers import is_int, is_number
 from ..exceptions import InvalidScheduleError, TaskSubmitError
 from ..schedules.records import ScheduleInfo
 from ..service.reliable_executor import executor
@@ -45,6 +47,12 @@ DEFINE_FIELDS: dict[str, tuple[type, ...] | None] = {
 }
 REQUIRED = ("schedule_id", "task_name")
 _TYPE_NAMES = {_STRING: "a string", _INTEGER: "an integer", _NUMBER: "a number"}
+# JSON's true and false are no numbers here (Python's bool is an int).
+_TYPE_TESTS: dict[tuple[type, ...], Callable[[Any], bool]] = {
+    _STRING: lambda value: isinstance(value, str),
+    _INTEGER: is_int,
+    _NUMBER: is_number,
+}
 _JSON_NAMES = {
     bool: "a boolean",
     int: "an integer",
@@ -109,7 +117,7 @@ def parse_definition(body: bytes) -> dict[str, Any]:
         value = data.get(name)
         if types is None or value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, types):
+        if not _TYPE_TESTS[types](value):
             got = _JSON_NAMES.get(type(value), type(value).__name__)
             raise BadRequest(f"{name} must be {_TYPE_NAMES[types]} or null, got {got}", name)
     if data.get("start_at") is not None:

@@ -17,13 +17,12 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import DependencyNotCompletedError, InvalidDependencyError
+from .ids import MAX_ID_LENGTH
 from .states import TERMINAL_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from .records import NewTask
 
-#: The longest task id (the id columns' width).
-MAX_ID_LENGTH = 191
 #: The character categories no task id holds (controls, format characters, lone surrogates,
 #: line and paragraph separators), beside whitespace.
 ID_FORBIDDEN_CATEGORIES = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))

@@ -13,7 +13,11 @@ from ..exceptions import InvalidScheduleError
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MICROSECOND = dt.timedelta(microseconds=1)
 _DAY = 86_400_000_000  # microseconds
-# Leaves room for "@<planned time>" and a Redis shard's "~<k>" within a 191-character task id.
+#: The longest id or name a task, batch, worker, schedule, lock, unique key or rate key has: the
+#: width of every id and name column (191 characters of 4 bytes fit MySQL's 767-byte index key).
+#: Shipped migrations keep the literal.
+MAX_ID_LENGTH = 191
+# Leaves room for "@<planned time>" and a Redis shard's "~<k>" within a MAX_ID_LENGTH task id.
 MAX_SCHEDULE_ID_LENGTH = 160
 # The planned-time part of a fire id: date, time, microseconds only when not zero, "Z".
 _FIRE_TIME = re.compile(r"(\d+)(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)(?:\.(\d{6}))?Z", re.ASCII)

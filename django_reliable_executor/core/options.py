@@ -1,16 +1,37 @@
-"""TaskOptions: a task's retry, deadline, time limit, queue and priority options, and the one rule
-for each."""
+"""The task option table (OPTIONS: each option's rule, the entry points taking it, its stored
+field) and TaskOptions, the options a submit merges from itself, its handler and the settings.
+
+Every entry point checks an option through its rule here: the decorator (registry), submit
+(service/submitting.prepare), schedules (service/schedules), the API (api/views,
+api/schedule_views), the Django Tasks backend (tasks_backend._option_problems) and the
+settings (conf). tests/unit/test_option_table.py keeps each entry point's signature equal to
+the options the table gives it.
+
+Adding a task option:
+
+1. Add an ``Option`` to OPTIONS: its name, its rule (a test and the words of a good value:
+   errors read "<name> must be <expected>, got <value>"), the entry points taking it and the
+   NewTask field storing it (None when the handler keeps it in the process), plus its
+   ``DEFAULT_*`` setting if the settings give a default (and the key in conf).
+2. Run tests/unit/test_option_table.py: it names each signature still lacking it
+   (TaskSubmitRequest, reliable_task_handler, TaskHandler, Schedule, the API's fields). A
+   merged option (one a handler or the settings may give) is also a TaskOptions field.
+3. Store it: a NewTask and TaskInfo field, a column (and a migration) in models.py, the
+   Redis hash field, and both backends' reads and writes (storage/); then docs/submitting.md.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import NoneType
 from typing import Any
 
 from ..exceptions import InvalidTaskOptionError
+from .numbers import is_int, is_number
+from .option_names import guess
 from .retries import BACKOFF_CHOICES
 from .text import unstorable_char
 
@@ -22,17 +43,25 @@ MAX_MILLIS = 100 * 365 * 24 * 3600 * 1000  # 100 years
 MAX_SECONDS = MAX_MILLIS // 1000
 
 
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _seconds_ok(value: Any) -> bool:
     """A number of seconds (int or float, not bool) above 0 and up to MAX_SECONDS: NaN fails
     both comparisons, infinity the second (and an int too large for a float is compared as
     an int, never converted)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         return False
     return 0 < value <= MAX_SECONDS
+
+
+def _aware_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, dt.datetime) and value.utcoffset() is not None)
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
 
 
 def _queue_ok(value: Any) -> bool:
@@ -45,35 +74,195 @@ def _queue_ok(value: Any) -> bool:
     )
 
 
-# option -> (test, what a good value is). The test sees None too: only max_duration_millis and
+# Where an option is given: the entry points of the table below.
+DECORATOR = "decorator"  # @reliable_task_handler(...) and TaskHandler(...)
+SUBMIT = "submit"  # executor.submit, TaskSubmitRequest, handler.submit, POST /tasks
+SCHEDULE = "schedule"  # Schedule, executor.schedule(_many), the schedules API
+TASKS_BACKEND = "tasks_backend"  # TASKS[...]["OPTIONS"] of the Django Tasks backend
+SETTINGS = "settings"  # RELIABLE_EXECUTOR's DEFAULT_* (Option.setting)
+ENTRY_POINTS = (DECORATOR, SUBMIT, SCHEDULE, TASKS_BACKEND, SETTINGS)
+_ALL = frozenset(ENTRY_POINTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One task option: its rule (``test`` and the words of ``expected``), the entry points
+    that take it, the NewTask field it is stored in (None: the handler keeps it, in the
+    process) and the setting that gives its default."""
+
+    name: str
+    test: Callable[[Any], bool]
+    expected: str
+    takes: frozenset[str]
+    stored: str | None
+    setting: str | None = None
+
+
+def _table(*options: Option) -> dict[str, Option]:
+    return {option.name: option for option in options}
+
+
+# Every task option, once. The test sees None too: only max_duration_millis and
 # attempt_timeout take it as a value ("no limit"); elsewhere None means "not given" and
-# TaskOptions skips it.
-# retry_limit fits the 32-bit column; the millisecond values keep now + them a valid datetime.
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "retry_limit": (
+# TaskOptions skips it. retry_limit fits the 32-bit column; the millisecond values keep
+# now + them a valid datetime. Options whose rule needs more than one value (rate_key,
+# unique_for, depends_on, ...) are checked where they are read: their test here is the rule of
+# their type only, and tests/unit/test_option_table.py keeps every signature in step.
+OPTIONS: dict[str, Option] = _table(
+    Option(
+        "retry_limit",
         lambda v: is_int(v) and 0 <= v <= INT32 - 1,
         f"an integer from 0 to {INT32 - 1}",
+        _ALL,
+        "retry_limit",
+        "DEFAULT_RETRY_LIMIT",
     ),
-    "retry_interval": (
+    Option(
+        "retry_interval",
         lambda v: is_int(v) and 0 <= v <= MAX_MILLIS,
         f"an integer from 0 to {MAX_MILLIS}",
+        _ALL,
+        "retry_interval",
+        "DEFAULT_RETRY_INTERVAL",
     ),
-    "retry_backoff": (lambda v: v in BACKOFF_CHOICES, f"one of {BACKOFF_CHOICES}"),
-    "max_duration_millis": (
+    Option(
+        "retry_backoff",
+        lambda v: v in BACKOFF_CHOICES,
+        f"one of {BACKOFF_CHOICES}",
+        _ALL,
+        "retry_backoff",
+        "DEFAULT_RETRY_BACKOFF",
+    ),
+    Option(
+        "max_duration_millis",
         lambda v: v is None or (is_int(v) and 1 <= v <= MAX_MILLIS),
         f"None or an integer from 1 to {MAX_MILLIS}",
+        _ALL,
+        "max_duration_millis",
+        "DEFAULT_MAX_DURATION",
     ),
     # Seconds, as Celery's time_limit; a timedelta is converted before (as_number).
-    "attempt_timeout": (
+    Option(
+        "attempt_timeout",
         lambda v: v is None or _seconds_ok(v),
         f"None, a number of seconds above 0 and at most {MAX_SECONDS}, or a timedelta",
+        frozenset((DECORATOR, SUBMIT, TASKS_BACKEND)),
+        "attempt_timeout",
     ),
-    "queue": (
+    Option(
+        "queue",
         _queue_ok,
         f"1..{MAX_QUEUE_LENGTH} characters without whitespace or commas (nor NUL or surrogates)",
+        frozenset((DECORATOR, SUBMIT, SCHEDULE)),
+        "queue",
     ),
-    "priority": (lambda v: is_int(v) and -INT32 <= v < INT32, "a 32-bit integer"),
+    Option(
+        "priority",
+        lambda v: is_int(v) and -INT32 <= v < INT32,
+        "a 32-bit integer",
+        frozenset((DECORATOR, SUBMIT, SCHEDULE)),
+        "priority",
+    ),
+    Option(
+        "delay_millis",
+        lambda v: is_int(v) and 0 <= v <= MAX_MILLIS,
+        f"an integer from 0 to {MAX_MILLIS}",
+        frozenset((SUBMIT,)),
+        "run_at",
+    ),
+    Option("run_at", _aware_or_none, "None or an aware datetime", frozenset((SUBMIT,)), "run_at"),
+    Option(
+        "unique_for",
+        lambda v: v is None or is_number(v),
+        "None or a number of seconds (core/uniqueness.check_unique_for)",
+        frozenset((DECORATOR, SUBMIT)),
+        "unique_until",
+    ),
+    Option(
+        "unique_key",
+        _text_or_none,
+        "None or a string (core/uniqueness.unique_window)",
+        frozenset((SUBMIT,)),
+        "unique_key",
+    ),
+    Option(
+        "rate_key",
+        _text_or_none,
+        "None or a string (core/rate_limits.rate_key_problem)",
+        frozenset((SUBMIT,)),
+        "rate_key",
+    ),
+    Option(
+        "depends_on",
+        lambda v: v is None or not isinstance(v, str),
+        "None or task ids (core/dependencies.check_dependencies)",
+        frozenset((SUBMIT,)),
+        "depends_on",
+    ),
+    Option(
+        "on_dependency_failure",
+        lambda v: v in ("cancel", "run"),
+        "'cancel' or 'run'",
+        frozenset((SUBMIT,)),
+        "on_dependency_failure",
+    ),
+    Option(
+        "max_concurrency",
+        lambda v: v is None or (is_int(v) and v >= 1),
+        "an integer >= 1 or None",
+        frozenset((DECORATOR,)),
+        None,
+    ),
+    Option(
+        "rate_limit",
+        _text_or_none,
+        'None or "N/s", "N/m" or "N/h" (core/rate_limits.parse_rate_limit)',
+        frozenset((DECORATOR,)),
+        None,
+    ),
+    Option(
+        "retry_on",
+        lambda v: isinstance(v, tuple),
+        "a tuple of exception classes",
+        frozenset((DECORATOR, TASKS_BACKEND)),
+        None,
+    ),
+    Option("takes_context", _is_bool, "True or False", frozenset((DECORATOR,)), None),
+    Option("param_type", lambda v: True, "any type, or None", frozenset((DECORATOR,)), None),
+)
+
+# option -> (test, what a good value is): every option's rule, as check_option reads it.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    name: (option.test, option.expected) for name, option in OPTIONS.items()
 }
+
+
+def options_of(entry_point: str) -> tuple[str, ...]:
+    """The names of the options ``entry_point`` (one of ENTRY_POINTS) takes, in table order."""
+    return tuple(name for name, option in OPTIONS.items() if entry_point in option.takes)
+
+
+def problems(
+    values: Mapping[str, Any], entry_point: str, *, own: Collection[str] = ()
+) -> list[tuple[str, str]]:
+    """(name, what is wrong) for each name of ``values`` that ``entry_point`` does not take
+    (sorted, with what it probably meant), then for each option given (not None) that breaks
+    its rule, in table order; durations may be timedeltas. The options in ``own`` are the
+    caller's to check (a form the rule does not read, such as dotted paths)."""
+    known = options_of(entry_point)
+    found = []
+    for name in sorted(set(values) - set(known)):
+        found.append(
+            (name, f"unknown option {name!r}{guess(name, known)} (known: {', '.join(known)})")
+        )
+    for name in known:
+        value = as_number(name, values.get(name))
+        if name not in own and value is not None:
+            try:
+                check_option(name, value)
+            except InvalidTaskOptionError as exc:
+                found.append((name, str(exc)))
+    return found
 
 
 def check_option(name: str, value: Any) -> None:

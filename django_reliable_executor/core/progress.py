@@ -6,6 +6,7 @@ import datetime as dt
 import math
 from typing import Any, TypedDict
 
+from .numbers import is_number
 from .text import storable_text
 
 MAX_MESSAGE_CHARS = 1000
@@ -25,7 +26,7 @@ class Progress(TypedDict):
 
 def _number(name: str, value: object) -> int | float:
     # bool is an int to Python, never a count to a caller.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TypeError(f"set_progress: {name} must be a number, not {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"set_progress: {name} must be a finite number, not {value!r}")

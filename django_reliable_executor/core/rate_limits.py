@@ -30,10 +30,11 @@ import dataclasses
 import re
 from typing import Any
 
+from .ids import MAX_ID_LENGTH
 from .text import unstorable_char
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-MAX_RATE_KEY_LENGTH = 191
+MAX_RATE_KEY_LENGTH = MAX_ID_LENGTH  # the rate key column's width
 MAX_MARGIN_SECONDS = 1.0
 _PATTERN = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
 

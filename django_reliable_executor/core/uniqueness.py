@@ -9,21 +9,18 @@ import math
 from typing import Any
 
 from ..exceptions import InvalidTaskOptionError
+from .ids import MAX_ID_LENGTH
+from .numbers import is_number
 from .text import check_caller_text
 
-MAX_UNIQUE_KEY_LENGTH = 191
+MAX_UNIQUE_KEY_LENGTH = MAX_ID_LENGTH  # the unique key column's width
 # Longest window accepted: a year is far beyond any real use and keeps now + it a valid datetime.
 MAX_UNIQUE_SECONDS = 365 * 24 * 3600
 
 
 def check_unique_for(value: Any) -> float:
     """``value`` as seconds, or InvalidTaskOptionError (``field="unique_for"``)."""
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 < value <= MAX_UNIQUE_SECONDS
-    )
+    ok = is_number(value) and math.isfinite(value) and 0 < value <= MAX_UNIQUE_SECONDS
     if not ok:
         raise InvalidTaskOptionError(
             f"unique_for must be a number of seconds above 0 and at most {MAX_UNIQUE_SECONDS}, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from django_reliable_executor.service.submitting import MAX_ID_LENGTH
+from django_reliable_executor.core.ids import MAX_ID_LENGTH
 
 
 def check_worker_id(worker_id: str | None) -> None:

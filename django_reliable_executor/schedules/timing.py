@@ -8,6 +8,7 @@ import functools
 import math
 import zoneinfo
 
+from ..core.numbers import is_number
 from ..exceptions import InvalidScheduleError
 from .cron import CronSpec, parse_cron
 
@@ -209,7 +210,7 @@ def make_timing(
     validate_timezone(timezone)
     if cron is not None:
         return CronTiming(cron, timezone)
-    if isinstance(every, bool) or not isinstance(every, (int, float, dt.timedelta)):
+    if not (is_number(every) or isinstance(every, dt.timedelta)):
         raise InvalidScheduleError(
             f"every must be seconds (int or float) or a timedelta, not {type(every).__name__}",
             field="every",

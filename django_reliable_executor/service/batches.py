@@ -13,13 +13,14 @@ from django.db import transaction
 
 from ..conf import ExecutorSettings
 from ..core.batches import BatchInfo, NewBatch, check_callback, check_requests, member_chunks
+from ..core.ids import MAX_ID_LENGTH
 from ..core.records import NewTask, TaskInfo, TaskSubmitRequest
 from ..exceptions import TaskSubmitError
 from ..observability.announcer import Announcer
 from ..observability.tracing import current_trace_context
 from ..storage.base import TaskStorage
 from .on_commit import after_commit, open_transaction, stores_tasks_at_commit
-from .submitting import MAX_ID_LENGTH, check_dependencies_exist, prepare
+from .submitting import check_dependencies_exist, prepare
 
 
 def submit_batch(
@@ -59,6 +60,38 @@ def submit_batch(
         ]
 
     spans = member_chunks(requests)
+    _check_members(storage, requests, spans, prepared, callback_ids)
+    _check_new(storage, batch)
+
+    def write() -> BatchInfo:
+        if not storage.open_batch(batch):
+            raise _used(batch.batch_id)
+        for span in spans:
+            results = storage.add_to_batch(batch.batch_id, prepared(span))
+            created = [info for info, was_created in results if was_created]
+            if created:
+                after_commit(storage, _announcing(announcer, created))
+        return storage.seal_batch(batch.batch_id)
+
+    if not storage.supports_transactional_enqueue:
+        alias = open_transaction(settings)
+        if alias is not None:
+            transaction.on_commit(stores_tasks_at_commit(write), using=alias)
+            # As it will be once written (ids refused by then are not counted in its total).
+            total = len(requests)
+            return BatchInfo(batch.batch_id, total, 0, 0, 0, total, False, now, sealed=False)
+    return write()
+
+
+def _check_members(
+    storage: TaskStorage,
+    requests: Sequence[TaskSubmitRequest],
+    spans: Sequence[slice],
+    prepared: Callable[[slice], list[NewTask]],
+    callback_ids: set[str],
+) -> None:
+    """The first pass: no id given twice, every member valid, new, and no callback's id
+    (nothing is kept: the memory stays bounded by a chunk)."""
     repeated = _repeated_id(requests)
     if repeated is not None:
         raise TaskSubmitError(f"task_id {repeated!r} is repeated in the batch", field="task_id")
@@ -66,7 +99,6 @@ def submit_batch(
     # are kept for that check, only when some member has dependencies.
     earlier: set[str] | None = set() if any(r.depends_on for r in requests) else None
     keys: set[str] = set()  # the unique keys members take, when some member has dependencies
-    # First pass: every member valid, new, and no callback's id (nothing is kept: bounded).
     for span in spans:
         tasks = prepared(span)
         ids = [task.task_id for task in tasks]
@@ -87,6 +119,10 @@ def submit_batch(
                 f"task_id {existing[0]!r} already exists: a batch member must be a new task",
                 field="task_id",
             )
+
+
+def _check_new(storage: TaskStorage, batch: NewBatch) -> None:
+    """Neither callback's task nor the batch is stored already."""
     for field, callback in (("on_complete", batch.on_complete), ("on_success", batch.on_success)):
         if callback is not None and storage.existing_ids([callback.task_id]):
             # Stored when the batch finishes, it would find that task and store nothing.
@@ -97,25 +133,6 @@ def submit_batch(
             )
     if storage.get_batch(batch.batch_id) is not None:
         raise _used(batch.batch_id)
-
-    def write() -> BatchInfo:
-        if not storage.open_batch(batch):
-            raise _used(batch.batch_id)
-        for span in spans:
-            results = storage.add_to_batch(batch.batch_id, prepared(span))
-            created = [info for info, was_created in results if was_created]
-            if created:
-                after_commit(storage, _announcing(announcer, created))
-        return storage.seal_batch(batch.batch_id)
-
-    if not storage.supports_transactional_enqueue:
-        alias = open_transaction(settings)
-        if alias is not None:
-            transaction.on_commit(stores_tasks_at_commit(write), using=alias)
-            # As it will be once written (ids refused by then are not counted in its total).
-            total = len(requests)
-            return BatchInfo(batch.batch_id, total, 0, 0, 0, total, False, now, sealed=False)
-    return write()
 
 
 def _held_members(storage: TaskStorage, tasks: Sequence[NewTask], keys: set[str]) -> set[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..core.ids import MAX_SCHEDULE_ID_LENGTH
-from ..core.options import is_int
+from ..core.numbers import is_int
 from ..core.states import TaskStatus
 from ..core.text import unstorable_char
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..core.options import is_int
+from ..core.numbers import is_int, is_number
 from ..core.states import TERMINAL_STATUSES, TaskStatus
 
 
@@ -31,11 +31,7 @@ def in_rounds(
     ``pause_seconds`` between two; the total deleted."""
     if not is_int(batch) or batch < 1:
         raise ValueError("batch must be an integer >= 1")
-    if (
-        isinstance(pause_seconds, bool)
-        or not isinstance(pause_seconds, (int, float))
-        or not 0 <= pause_seconds <= 3600
-    ):
+    if not is_number(pause_seconds) or not 0 <= pause_seconds <= 3600:
         raise ValueError(
             f"pause_seconds must be a number of seconds from 0 to 3600, not {pause_seconds!r}"
         )

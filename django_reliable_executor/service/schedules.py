@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone as django_timezone
 
 from ..core.ids import validate_schedule_id
-from ..core.options import RETRY_NAMES
+from ..core.numbers import is_int
+from ..core.options import SCHEDULE, options_of
 from ..core.records import NewTask, TaskSubmitRequest
 from ..exceptions import InvalidScheduleError
 from ..schedules.records import MISFIRE_POLICIES, ORIGINS, OVERLAP_POLICIES, Schedule, ScheduleInfo
@@ -63,7 +64,7 @@ class ScheduleOperations:
         **task_options: Any,
     ) -> ScheduleInfo:
         """One schedule, as ``ReliableExecutor.schedule`` documents."""
-        unknown = sorted(set(task_options) - set(RETRY_NAMES))
+        unknown = sorted(set(task_options) - set(options_of(SCHEDULE)))
         if unknown:
             raise InvalidScheduleError(
                 f"unknown schedule option(s): {', '.join(unknown)}", field=unknown[0]
@@ -193,7 +194,7 @@ class ScheduleOperations:
     ) -> list[ScheduleInfo]:
         """Schedules by id; ``paused=True`` only the paused, ``False`` only the active ones."""
         for name, value in (("limit", limit), ("offset", offset)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         return self._storage().list_schedules(limit=limit, offset=offset, paused=paused)
 

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any, cast
 from ..conf import ExecutorSettings
 from ..core.dependencies import (
     ID_FORBIDDEN_CATEGORIES,
-    MAX_ID_LENGTH,
     check_dependencies,
     first_missing,
 )
-from ..core.ids import is_fire_task_id
+from ..core.ids import MAX_ID_LENGTH, is_fire_task_id
 from ..core.option_names import guess
-from ..core.options import MAX_MILLIS, TaskOptions, numeric_durations
 from ..core.options import NAMES as OPTION_NAMES
+from ..core.options import TaskOptions, check_option, numeric_durations
 from ..core.rate_limits import rate_key_problem
 from ..core.records import NewTask, TaskSubmitRequest
 from ..core.serialization import ConversionError, dumps, from_json_value, to_json_value
@@ -58,20 +57,7 @@ def prepare(
         )
     request = numeric_durations(request)
     name = request.task_name
-    if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
-        raise UnknownTaskError(
-            f"task_name must be a non-empty string of at most {MAX_ID_LENGTH} characters, "
-            f"got {name!r}",
-            field="task_name",
-        )
-    check_caller_text(name, "task_name", UnknownTaskError)
-    handler = get_handler(name)
-    if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
-        raise UnknownTaskError(
-            f"task_name {name!r} has no registered handler (is its tasks module in an "
-            "installed app? Set ALLOW_UNKNOWN_TASKS to submit for another service)",
-            field="task_name",
-        )
+    handler = _handler(name, settings)
     given_id = _task_id(request.task_id)
     parameter = _parameter(request.task_parameter, handler, settings)
 
@@ -87,18 +73,8 @@ def prepare(
     # A task naming no id gets one from the storage, which may choose by queue (new_task_id).
     queue = cast(str, options.queue)
     task_id = given_id if given_id is not None else (new_id or _new_id)(queue, name)
-    rate_key = request.rate_key
-    problem = rate_key_problem(rate_key)
-    if problem is not None:
-        raise InvalidTaskOptionError(problem, field="rate_key")
-    depends_on: tuple[str, ...] = ()
-    if request.depends_on is not None or request.on_dependency_failure != "cancel":
-        depends_on = check_dependencies(
-            request.depends_on,
-            request.on_dependency_failure,
-            task_id,
-            delayed=bool(request.delay_millis) or request.run_at is not None,
-        )
+    rate_key = _rate_key(request.rate_key)
+    depends_on = _depends_on(request, task_id)
     return NewTask(
         task_id=task_id,
         task_name=name,
@@ -122,6 +98,45 @@ def prepare(
         trace_context=trace_context,
         # Stored as float seconds whatever number was given (TaskInfo reads it back so).
         attempt_timeout=None if options.attempt_timeout is None else float(options.attempt_timeout),
+    )
+
+
+def _handler(name: Any, settings: ExecutorSettings) -> TaskHandler[Any] | None:
+    """The handler of task name ``name``, checked (None for an unknown name the settings
+    allow)."""
+    if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
+        raise UnknownTaskError(
+            f"task_name must be a non-empty string of at most {MAX_ID_LENGTH} characters, "
+            f"got {name!r}",
+            field="task_name",
+        )
+    check_caller_text(name, "task_name", UnknownTaskError)
+    handler = get_handler(name)
+    if handler is None and not settings.ALLOW_UNKNOWN_TASKS:
+        raise UnknownTaskError(
+            f"task_name {name!r} has no registered handler (is its tasks module in an "
+            "installed app? Set ALLOW_UNKNOWN_TASKS to submit for another service)",
+            field="task_name",
+        )
+    return handler
+
+
+def _rate_key(rate_key: Any) -> str | None:
+    problem = rate_key_problem(rate_key)
+    if problem is not None:
+        raise InvalidTaskOptionError(problem, field="rate_key")
+    return cast("str | None", rate_key)
+
+
+def _depends_on(request: TaskSubmitRequest, task_id: str) -> tuple[str, ...]:
+    """The request's dependencies, checked (none given: ``()``)."""
+    if request.depends_on is None and request.on_dependency_failure == "cancel":
+        return ()
+    return check_dependencies(
+        request.depends_on,
+        request.on_dependency_failure,
+        task_id,
+        delayed=bool(request.delay_millis) or request.run_at is not None,
     )
 
 
@@ -192,12 +207,8 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
 
 
 def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:
-    delay = request.delay_millis  # a number by now (numeric_durations)
-    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= MAX_MILLIS:
-        raise InvalidTaskOptionError(
-            f"delay_millis must be an integer from 0 to {MAX_MILLIS}, got {delay!r}",
-            field="delay_millis",
-        )
+    check_option("delay_millis", request.delay_millis)  # a number by now (numeric_durations)
+    delay = cast(int, request.delay_millis)
     if request.run_at is None:
         return now + dt.timedelta(milliseconds=delay)
     if delay:

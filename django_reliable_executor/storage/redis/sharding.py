@@ -6,6 +6,8 @@ import dataclasses
 import functools
 import zlib
 
+from ...core.numbers import is_int
+
 CLUSTER_SLOTS = 16384  # Redis Cluster's hash slots
 CONTROL_SHARD = 0  # the shard of what belongs to no queue: master lock, workers, named locks
 
@@ -90,7 +92,7 @@ class ShardLayout:
     shards: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.shards, int) or isinstance(self.shards, bool) or self.shards < 1:
+        if not is_int(self.shards) or self.shards < 1:
             raise ValueError(f"shards must be an integer >= 1, not {self.shards!r}")
         if self.shards > CLUSTER_SLOTS:
             raise ValueError(f"shards must be at most {CLUSTER_SLOTS}, not {self.shards!r}")

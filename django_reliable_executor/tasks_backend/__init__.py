@@ -18,59 +18,56 @@ import dataclasses
 import datetime as dt
 import logging
 import operator
-import sys
 import threading
 from collections.abc import Callable, Mapping
-from importlib import import_module
 from typing import Any
 
 from django.apps import apps
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from .core.option_names import guess
-from .core.options import RETRY_NAMES, TaskOptions, as_number, check_option
-from .core.progress import Progress
-from .core.records import TaskInfo, TaskSubmitRequest, Transition
-from .core.serialization import ConversionError, to_json_value
-from .core.states import TaskStatus
-from .exceptions import InvalidTaskOptionError, TaskSubmitError
-from .observability.announcer import on_finished
-from .registry import TaskHandler, get_handler, register, register_resolver
-from .service.reliable_executor import executor
-from .tasks_compat import (
+from ..core.options import NAMES as OPTION_NAMES
+from ..core.options import TASKS_BACKEND, TaskOptions, as_number, options_of
+from ..core.options import problems as option_problems
+from ..core.records import TaskSubmitRequest, Transition
+from ..core.serialization import ConversionError, to_json_value
+from ..exceptions import InvalidTaskOptionError, TaskSubmitError
+from ..observability.announcer import on_finished
+from ..registry import TaskHandler, get_handler, register, register_resolver
+from ..service.reliable_executor import executor
+from ..tasks_compat import (
     BaseTaskBackend,
     InvalidTaskError,
     Task,
-    TaskContext,
-    TaskError,
     TaskResult,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     normalize_json,
     task_backends,
     task_enqueued,
     task_finished,
     task_started,
 )
-from .worker.context import TaskContext as ExecutorContext
+from ..worker.context import TaskContext as ExecutorContext
+from .results import (
+    STATUS_MAP as STATUS_MAP,
+)
+from .results import (
+    ReliableTaskContext,
+    django_task_of,
+    in_installed_app,
+    to_result,
+)
+from .results import (
+    exception_path as exception_path,
+)
 
 logger = logging.getLogger("django_reliable_executor")
 _TASK_NAME = operator.attrgetter("task.task_name")
 
-# The task options of @task (Django 6.1, the backport) and of OPTIONS, besides retry_on.
-TASK_OPTION_NAMES = (*RETRY_NAMES, "attempt_timeout")
-OPTION_KEYS = (*TASK_OPTION_NAMES, "retry_on")
-STATUS_MAP = {
-    TaskStatus.CREATED: TaskResultStatus.READY,
-    TaskStatus.PENDING: TaskResultStatus.READY,
-    TaskStatus.RUNNING: TaskResultStatus.RUNNING,
-    TaskStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
-    TaskStatus.FAILED: TaskResultStatus.FAILED,
-    TaskStatus.TIMEOUT: TaskResultStatus.FAILED,
-    TaskStatus.ERROR: TaskResultStatus.FAILED,
-    TaskStatus.CANCELLED: TaskResultStatus.FAILED,
-}
+# The task options of @task (Django 6.1, the backport) and of OPTIONS (the option table's), and
+# those of them TaskOptions holds (all but retry_on).
+OPTION_KEYS = options_of(TASKS_BACKEND)
+TASK_OPTION_NAMES = tuple(name for name in OPTION_KEYS if name in OPTION_NAMES)
 
 # The docs page and section of the fix, named as the system checks' hints name them.
 SETUP_HINT = "See docs/django-tasks.md, Set-up."
@@ -99,18 +96,7 @@ def _numbers(source: Any) -> TaskOptions:
 
 def _option_problems(options: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, what is wrong) for every bad OPTIONS entry, in the words submit would use."""
-    problems = []
-    for key in sorted(set(options) - set(OPTION_KEYS)):
-        known = ", ".join(OPTION_KEYS)
-        problems.append((key, f"unknown option {key!r}{guess(key, OPTION_KEYS)} (known: {known})"))
-    for key in TASK_OPTION_NAMES:
-        value = as_number(key, options.get(key))
-        if value is None:
-            continue
-        try:
-            check_option(key, value)
-        except InvalidTaskOptionError as exc:
-            problems.append((key, str(exc)))
+    problems = option_problems(options, TASKS_BACKEND, own=("retry_on",))
     retry_on = options.get("retry_on")
     if retry_on is not None:
         try:
@@ -182,11 +168,10 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
             except (ImportError, TypeError, ValueError) as exc:
                 raise InvalidTaskError(f"retry_on: {exc}") from exc
         handler = get_handler(task.module_path)
-        if handler is None or getattr(handler, "django_task", None) is None:
+        if handler is None or not isinstance(handler.origin, Task):
             register(_handler_for(task, self))
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        from django.apps import apps
 
         messages: list[checks.CheckMessage] = [
             checks.Error(
@@ -264,138 +249,6 @@ class ReliableExecutorBackend(BaseTaskBackend):  # type: ignore[misc]
         return to_result(info, task, self.alias)
 
 
-# -- TaskInfo -> TaskResult ---------------------------------------------------------------------
-def django_task_of(info: TaskInfo) -> Task | None:
-    """The Django task a stored task was enqueued for, as it was enqueued (priority, queue,
-    run_after), or None when it is not a Django task."""
-    parameter = info.parameter
-    if not isinstance(parameter, dict) or set(parameter) - {
-        "args",
-        "kwargs",
-        "backend",
-        "run_after",
-    }:
-        return None
-    handler = get_handler(info.task_name)
-    base = getattr(handler, "django_task", None)
-    if base is None:
-        return None
-    run_after = parameter.get("run_after")
-    changes: dict[str, Any] = {"priority": info.priority, "queue_name": info.queue}
-    if run_after:
-        changes["run_after"] = dt.datetime.fromisoformat(run_after)
-    if parameter.get("backend"):
-        changes["backend"] = parameter["backend"]
-    try:
-        return base.using(**changes)
-    except InvalidTaskError:
-        # Stored under a queue or priority this process's settings would not allow now: the
-        # task as it was stored, without validating it again (replace() would).
-        return _unvalidated(base, changes)
-
-
-def _unvalidated(base: Task, changes: dict[str, Any]) -> Task:
-    copy = object.__new__(type(base))
-    for field in dataclasses.fields(base):
-        object.__setattr__(copy, field.name, changes.get(field.name, getattr(base, field.name)))
-    return copy
-
-
-def _errors(info: TaskInfo) -> list[TaskError]:
-    if not info.last_error or STATUS_MAP[info.status] is TaskResultStatus.SUCCESSFUL:
-        return []
-    return [
-        TaskError(exception_class_path=exception_path(info.last_error), traceback=info.last_error)
-    ]
-
-
-def exception_path(error: str) -> str:
-    """The dotted path of the exception a stored traceback ends with ("builtins.ValueError");
-    a failure recorded by the app itself (worker lost, timeout) has none of its own."""
-    lines = error.rstrip("\n").splitlines()
-    start = max((i for i, line in enumerate(lines) if line.startswith("  File ")), default=-1)
-    for line in lines[start + 1 :]:
-        if line and not line[0].isspace():
-            name = line.split(":", 1)[0].strip()
-            path = name if "." in name else f"builtins.{name}"
-            found = _imported(path)
-            if isinstance(found, type) and issubclass(found, BaseException):
-                return path
-            break
-    return "builtins.RuntimeError"
-
-
-def _imported(path: str) -> Any:
-    """The object at a dotted path, from a module already imported or of an installed app,
-    else None: the path comes from stored text, which must not import any other module."""
-    module_name, _, attribute = path.rpartition(".")
-    module = sys.modules.get(module_name)
-    if module is None and in_installed_app(path):
-        try:
-            module = import_module(module_name)
-        except ImportError:
-            return None
-    return getattr(module, attribute, None) if module is not None else None
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ReliableTaskResult(TaskResult):  # type: ignore[type-arg,misc]
-    """Django's TaskResult, with the task's ``progress`` (``TaskInfo.progress``: None before
-    the handler's first ``set_progress``), which Django's has no field for; ``refresh()``
-    reads it again too."""
-
-    progress: Progress | None = None
-
-    # TaskResult's own methods by name: super() without arguments fails in a slots dataclass.
-    def refresh(self) -> None:
-        TaskResult.refresh(self)
-        self._refresh_progress(self.task.get_backend().get_result(self.id))
-
-    async def arefresh(self) -> None:
-        await TaskResult.arefresh(self)
-        self._refresh_progress(await self.task.get_backend().aget_result(self.id))
-
-    def _refresh_progress(self, refreshed: TaskResult) -> None:
-        object.__setattr__(self, "progress", getattr(refreshed, "progress", None))
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ReliableTaskContext(TaskContext):  # type: ignore[misc]
-    """Django's TaskContext, with ``set_progress`` (see this app's TaskContext)."""
-
-    executor_context: ExecutorContext | None = None
-
-    def set_progress(
-        self, current: int | float, total: int | float | None = None, message: str = ""
-    ) -> None:
-        if self.executor_context is None:
-            raise RuntimeError("set_progress: this context belongs to no running task")
-        self.executor_context.set_progress(current, total, message)
-
-
-def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:
-    parameter = info.parameter if isinstance(info.parameter, dict) else {}
-    result: TaskResult = ReliableTaskResult(
-        task=task,
-        id=info.task_id,
-        status=STATUS_MAP[info.status],
-        enqueued_at=info.created_at,
-        started_at=info.started_at,
-        finished_at=info.finished_at if info.status.is_terminal else None,
-        last_attempted_at=info.started_at,
-        args=parameter.get("args", []),
-        kwargs=parameter.get("kwargs", {}),
-        backend=parameter.get("backend", alias),
-        errors=_errors(info),
-        # One entry per attempt (Django counts attempts so); only the last worker is stored.
-        worker_ids=[info.worker_id or ""] * info.attempts,
-        progress=info.progress,
-    )
-    if info.status is TaskStatus.COMPLETED:
-        object.__setattr__(result, "_return_value", info.result)
-    return result
-
-
 # -- the worker's side ---------------------------------------------------------------------------
 def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[Any]:
     """A handler running the Django task: args and kwargs from the parameter, Django's
@@ -430,15 +283,9 @@ def _handler_for(task: Task, backend: ReliableExecutorBackend) -> TaskHandler[An
         retry_on=retry_on,
         takes_context=True,
         attempt_timeout=as_number("attempt_timeout", timeout),
+        origin=task,
     )
-    handler.django_task = task  # type: ignore[attr-defined]
     return handler
-
-
-def in_installed_app(module_path: str) -> bool:
-    """True when ``module_path`` (a module, or an object in one) lies in an installed app's
-    package: the only modules a worker imports because a stored task names them."""
-    return any(module_path.startswith(config.name + ".") for config in apps.get_app_configs())
 
 
 def _resolve(name: str) -> TaskHandler[Any] | None:
@@ -478,7 +325,8 @@ def _send(signal: Any, task_id: str) -> None:
 
 
 def _is_django_task(task_name: str) -> bool:
-    return getattr(get_handler(task_name), "django_task", None) is not None
+    handler = get_handler(task_name)
+    return handler is not None and isinstance(handler.origin, Task)
 
 
 def _on_finished(transitions: list[Transition]) -> None:
