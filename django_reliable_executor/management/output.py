@@ -12,7 +12,8 @@ from typing import Any
 
 from ..conf import ExecutorSettings
 from ..core.progress import Progress, progress_summary
-from ..core.records import RateUse, TaskInfo, WorkerInfo
+from ..core.queries import RateUse
+from ..core.records import TaskInfo, WorkerInfo
 from ..core.states import TaskStatus
 
 # Units of --older-than, in seconds.

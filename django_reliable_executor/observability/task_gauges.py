@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from ..core.clock import Clock
-    from ..core.records import RateUse
+    from ..core.queries import RateUse
 
 logger = logging.getLogger("django_reliable_executor")
 

@@ -12,7 +12,8 @@ from ..conf import ExecutorSettings, get_settings
 from ..core.batches import BatchInfo
 from ..core.clock import Clock, system_clock
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts
-from ..core.records import RateUse, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo
+from ..core.queries import RateUse
+from ..core.records import TaskInfo, TaskSubmitRequest, Transition, WorkerInfo
 from ..core.states import RETRYABLE_BY_HAND, TaskStatus
 from ..exceptions import (
     AttemptStillRunningError,

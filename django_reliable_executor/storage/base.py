@@ -12,18 +12,9 @@ from ..core.batches import BatchInfo, NewBatch
 from ..core.clock import Clock, system_clock
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts, epoch_minute, minute_start
 from ..core.progress import Progress
+from ..core.queries import ClaimRequest, RateUse, TaskQuery
 from ..core.rate_limits import RateLimit
-from ..core.records import (
-    CancelResult,
-    Claim,
-    ClaimRequest,
-    NewTask,
-    RateUse,
-    TaskInfo,
-    TaskQuery,
-    Transition,
-    WorkerInfo,
-)
+from ..core.records import CancelResult, Claim, NewTask, TaskInfo, Transition, WorkerInfo
 from ..core.states import TERMINAL_STATUSES, TaskStatus
 from .schedule_base import ScheduleStorage
 

@@ -12,7 +12,8 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import F
 
-from ...core.records import Claim, ClaimRequest, copy_with
+from ...core.queries import ClaimRequest
+from ...core.records import Claim, copy_with
 from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliablePausedQueue, ReliableRateLog
 from .rate_limits import RateLimiting

@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
+from ...core.queries import ClaimRequest, RateUse
 from ...core.rate_limits import RateLimit
-from ...core.records import Claim, ClaimRequest, RateUse, copy_with
+from ...core.records import Claim, copy_with
 from ...models import ReliableNameLock, ReliableRateLog
 from .access import DatabaseAccess
 from .rows import CLAIM_COLUMNS_SQL, CLAIM_FIELDS, RATE_KEY_SQL, claim_from_row

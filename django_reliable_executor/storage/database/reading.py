@@ -9,7 +9,8 @@ from django.db.models import Count
 from django.db.models.functions import Left, Substr
 
 from ...core.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
-from ...core.records import TaskInfo, TaskQuery
+from ...core.queries import TaskQuery
+from ...core.records import TaskInfo
 from ...core.states import TaskStatus
 from .access import DatabaseAccess
 from .rows import (

@@ -8,7 +8,8 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 
-from ...core.records import Claim, ClaimRequest
+from ...core.queries import ClaimRequest
+from ...core.records import Claim
 from ...core.states import TaskStatus
 from .access import RedisAccess, guarded
 from .codec import claimed, micros, text

@@ -20,7 +20,8 @@ import builtins
 import json
 from collections.abc import Collection, Sequence
 
-from ...core.records import TaskInfo, TaskQuery
+from ...core.queries import TaskQuery
+from ...core.records import TaskInfo
 from ...core.states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info

@@ -11,8 +11,8 @@ from __future__ import annotations
 import builtins
 from collections.abc import Mapping
 
+from ...core.queries import RateUse
 from ...core.rate_limits import RateLimit
-from ...core.records import RateUse
 from .access import RedisAccess, guarded
 from .codec import micros
 

@@ -1,0 +1,81 @@
+"""What a worker's claim and a task listing ask of the storage, and what a rate limit's use
+reads back: values checked once by the storage interface, then handed to a backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+from .ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
+from .rate_limits import RateLimit
+from .states import TaskStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker's claim asks of the storage (see ``TaskStorage.claim``): up to ``limit``
+    due tasks of ``queues`` under a lease of ``lease_seconds``, never more held at once of a
+    name in ``name_limits`` (``{task_name: cap}``) than its cap; up to ``start`` of them
+    started at once where the storage can. Of a name in ``rate_limits``, no more claimed
+    than its limit allows (see ``TaskStorage.claim``)."""
+
+    worker_id: str
+    queues: tuple[str, ...]
+    limit: int
+    lease_seconds: float
+    name_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    start: int = 0
+    rate_limits: Mapping[str, RateLimit] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RateUse:
+    """How much of one task name's rate limit is in use now (``TaskStorage.rate_use``)."""
+
+    task_name: str
+    limit: RateLimit
+    started: int  # claims (starts) in the last window, every rate key together
+    busiest: int  # the most of them of one rate key: the key nearest its limit
+    keys: int  # rate keys with a claim in the last window
+    held_back: int  # waiting tasks held back because their key's window is full
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskQuery:
+    """One page of a task listing (see ``TaskStorage.list``), newest first: the tasks of any
+    of ``statuses`` (None: any status; never empty), of ``task_name``, ``queue`` and
+    ``batch_id`` (a batch's members and callbacks) where given, ``limit`` of them after the
+    first ``offset``."""
+
+    statuses: frozenset[TaskStatus] | None
+    task_name: str | None
+    queue: str | None
+    limit: int
+    offset: int
+    batch_id: str | None = None
+    # Schedule runs (tasks a schedule fired, ids "<schedule id>@<planned time>"): True only
+    # them, False none of them, None either; ``schedule_id``: only the runs of that schedule.
+    schedule_runs: bool | None = None
+    schedule_id: str | None = None
+
+    @property
+    def by_origin(self) -> bool:
+        """Whether the query chooses tasks by their origin (schedule runs or not)."""
+        return self.schedule_runs is not None or self.schedule_id is not None
+
+    def origin_matches(self, task_id: str) -> bool:
+        """Whether a task of this id passes the query's origin filter (see ids.py's patterns)."""
+        if self.schedule_id is not None:
+            head = self.schedule_id + "@"
+            return task_id.startswith(head) and bool(
+                re.match(FIRE_TIME_PATTERN, task_id[len(head) :])
+            )
+        if self.schedule_runs is None:
+            return True
+        return bool(re.match(FIRE_ID_PATTERN, task_id)) is self.schedule_runs
+
+    @property
+    def end(self) -> int:
+        """How many of the newest matches the page reaches down to."""
+        return self.offset + self.limit
