@@ -1,7 +1,7 @@
 """What the task list and task detail pages show, read through the service (any storage).
 
 Nothing here touches the ORM or Redis: the pages work the same on every storage. Each function
-returns the template context of one part of a page.
+returns the template context of one part of a page; the list's summary is ``task_summary``.
 """
 
 from __future__ import annotations
