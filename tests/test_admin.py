@@ -14,7 +14,7 @@ from django.contrib.messages import get_messages
 from django.urls import NoReverseMatch, reverse
 
 from django_reliable_executor import signals
-from django_reliable_executor.admin import pages
+from django_reliable_executor.admin import task_pages as pages
 from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.registry import rate_limits

@@ -464,7 +464,7 @@ def test_relative(seconds, text):
 
 
 def test_pretty_json_is_what_the_page_shows():
-    assert schedule_pages.pages.pretty_json({"b": 1, "a": [1]}) == json.dumps(
+    assert schedule_pages.task_pages.pretty_json({"b": 1, "a": [1]}) == json.dumps(
         {"a": [1], "b": 1}, indent=2
     )
 

@@ -186,7 +186,7 @@ def test_list_pages_by_id(service, client):
 def test_the_json_of_a_schedule_that_has_fired(service):
     import dataclasses
 
-    from django_reliable_executor.api.schedule_views import schedule_json
+    from django_reliable_executor.api.schedules import schedule_json
 
     info = service.schedule("f", HOOK, every=90.5, timezone="Asia/Tokyo")
     last = dt.datetime(2031, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone(dt.timedelta(hours=9)))

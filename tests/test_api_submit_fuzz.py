@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_reliable_executor.api.views import SUBMIT_FIELDS
+from django_reliable_executor.api.tasks import SUBMIT_FIELDS
 from django_reliable_executor.core.records import TaskSubmitRequest
 from django_reliable_executor.exceptions import InvalidDependencyError
 from django_reliable_executor.service.reliable_executor import ReliableExecutor

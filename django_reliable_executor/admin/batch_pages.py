@@ -10,7 +10,7 @@ from ..core.batches import BatchInfo
 from ..core.states import DEAD_LETTER_STATUSES, TaskStatus
 from ..service.reliable_executor import ReliableExecutor
 from .operations import Outcome, retry_tasks
-from .pages import DEAD_LETTERS, Filters, batch_url, change_url, changelist_url
+from .task_pages import DEAD_LETTERS, Filters, batch_url, change_url, changelist_url
 
 # The members' ids are read this many at a time for a bulk retry.
 READ_PAGE = 1000

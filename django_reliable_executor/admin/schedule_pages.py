@@ -1,7 +1,7 @@
 """What the schedule list and schedule detail pages show, and the pause/resume/delete actions,
 read and done through the service (any storage).
 
-Like the task pages (``pages``), nothing here touches the ORM or Redis: ``ReliableSchedule``
+Like the task pages (``task_pages``), nothing here touches the ORM or Redis: ``ReliableSchedule``
 only carries the admin's URLs and permissions, and on Redis storage its table is empty.
 """
 
@@ -21,7 +21,7 @@ from ..core.records import TaskInfo
 from ..exceptions import StorageUnavailableError
 from ..schedules.records import ScheduleInfo
 from ..service.reliable_executor import ReliableExecutor
-from . import pages
+from . import task_pages
 
 PAGE_SIZE = 100
 # The detail page lists the schedule's fires among this many newest tasks of its task name
@@ -59,7 +59,7 @@ def relative(moment: dt.datetime | None, now: dt.datetime) -> str:
     seconds = round((moment - now).total_seconds())
     if seconds == 0:
         return "now"
-    text = pages.format_duration(dt.timedelta(seconds=abs(seconds)))
+    text = task_pages.format_duration(dt.timedelta(seconds=abs(seconds)))
     text = text.removesuffix(".0 s") + " s" if text.endswith(".0 s") else text
     return f"in {text}" if seconds > 0 else f"{text} late"
 
@@ -90,7 +90,7 @@ class Filters:
         if "state" in changes:
             values["page"] = None
         values.update(changes)
-        return pages.query_url(values)
+        return task_pages.query_url(values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ def row(
         next_run_in=relative(schedule.next_run_at, now),
         late=not schedule.paused and schedule.next_run_at < now,
         last_task=last,
-        last_task_url=pages.change_url(schedule.last_task_id, site_name)
+        last_task_url=task_pages.change_url(schedule.last_task_id, site_name)
         if schedule.last_task_id
         else None,
     )
@@ -215,7 +215,7 @@ def fires(executor: ReliableExecutor, schedule: ScheduleInfo, site_name: str) ->
     return [
         Fire(
             task=task,
-            url=pages.change_url(task.task_id, site_name),
+            url=task_pages.change_url(task.task_id, site_name),
             # less the "~<k>" a sharded Redis storage may add to keep it on its queue's shard
             planned=task.task_id[len(prefix) :].partition("~")[0],
         )
@@ -231,16 +231,18 @@ def schedule_detail(
     return {
         "schedule": schedule,
         "row": row(schedule, tasks, now, site_name),
-        "parameter_json": pages.pretty_json(schedule.parameter),
-        "retry_interval": pages.format_duration(dt.timedelta(milliseconds=schedule.retry_interval)),
-        "max_duration": pages.format_duration(
+        "parameter_json": task_pages.pretty_json(schedule.parameter),
+        "retry_interval": task_pages.format_duration(
+            dt.timedelta(milliseconds=schedule.retry_interval)
+        ),
+        "max_duration": task_pages.format_duration(
             dt.timedelta(milliseconds=schedule.max_duration_millis)
         )
         if schedule.max_duration_millis
         else None,
         "fires": fires(executor, schedule, site_name),
-        "runs_url": pages.changelist_url(site_name)
-        + pages.query_url({"schedule": schedule.schedule_id}),
+        "runs_url": task_pages.changelist_url(site_name)
+        + task_pages.query_url({"schedule": schedule.schedule_id}),
         "fires_scanned": FIRES_SCANNED,
         "fires_shown": FIRES_SHOWN,
         "delete_url": delete_url(schedule.schedule_id, site_name),

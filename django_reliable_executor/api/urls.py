@@ -2,21 +2,21 @@
 
 from django.urls import path
 
-from . import queue_views, schedule_views, views
+from . import queues, schedules, tasks
 
 app_name = "reliable_executor_api"
 
 urlpatterns = [
-    path("tasks/", views.submit, name="submit"),
-    path("tasks/<path:task_id>/cancel/", views.cancel, name="cancel"),
-    path("tasks/<path:task_id>/retry/", views.retry, name="retry"),
-    path("tasks/<path:task_id>/", views.detail, name="detail"),
-    path("queues/paused/", queue_views.paused, name="queues-paused"),
-    path("queues/<path:queue>/pause/", queue_views.pause, name="queue-pause"),
-    path("queues/<path:queue>/resume/", queue_views.resume, name="queue-resume"),
-    path("schedules/", schedule_views.schedules, name="schedules"),
-    path("schedules/<path:schedule_id>/pause/", schedule_views.pause, name="schedule-pause"),
-    path("schedules/<path:schedule_id>/resume/", schedule_views.resume, name="schedule-resume"),
-    path("schedules/<path:schedule_id>/delete/", schedule_views.delete, name="schedule-delete"),
-    path("schedules/<path:schedule_id>/", schedule_views.detail, name="schedule-detail"),
+    path("tasks/", tasks.submit, name="submit"),
+    path("tasks/<path:task_id>/cancel/", tasks.cancel, name="cancel"),
+    path("tasks/<path:task_id>/retry/", tasks.retry, name="retry"),
+    path("tasks/<path:task_id>/", tasks.detail, name="detail"),
+    path("queues/paused/", queues.paused, name="queues-paused"),
+    path("queues/<path:queue>/pause/", queues.pause, name="queue-pause"),
+    path("queues/<path:queue>/resume/", queues.resume, name="queue-resume"),
+    path("schedules/", schedules.schedules, name="schedules"),
+    path("schedules/<path:schedule_id>/pause/", schedules.pause, name="schedule-pause"),
+    path("schedules/<path:schedule_id>/resume/", schedules.resume, name="schedule-resume"),
+    path("schedules/<path:schedule_id>/delete/", schedules.delete, name="schedule-delete"),
+    path("schedules/<path:schedule_id>/", schedules.detail, name="schedule-detail"),
 ]

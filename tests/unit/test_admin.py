@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from django.contrib import messages
 
-from django_reliable_executor.admin import operations, pages
+from django_reliable_executor.admin import operations, task_summary
+from django_reliable_executor.admin import task_pages as pages
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.exceptions import StorageUnavailableError
 
@@ -110,13 +111,13 @@ def test_an_unreachable_storage_stops_the_action_and_says_what_was_done():
 
 def test_slow_counts_are_reused_for_a_while_fast_ones_never(monkeypatch):
     service: Any = FakeExecutor()
-    fast = pages.SlowCounts(max_age=10, slow_seconds=60)
+    fast = task_summary.SlowCounts(max_age=10, slow_seconds=60)
     assert fast.get(service)[0]["default"][TaskStatus.CREATED] == 1
     assert fast.get(service)[0]["default"][TaskStatus.CREATED] == 2  # read again
 
     clock = iter([100.0, 100.5, 103.0, 120.0, 120.5])
-    monkeypatch.setattr(pages.time, "monotonic", lambda: next(clock))
-    slow = pages.SlowCounts(max_age=10, slow_seconds=0.1)
+    monkeypatch.setattr(task_summary.time, "monotonic", lambda: next(clock))
+    slow = task_summary.SlowCounts(max_age=10, slow_seconds=0.1)
     assert slow.get(service) == ({"default": {TaskStatus.CREATED: 3}}, 0.0)  # took 0.5 s
     assert slow.get(service) == ({"default": {TaskStatus.CREATED: 3}}, 3.0)  # reused
     assert slow.get(service)[0]["default"][TaskStatus.CREATED] == 4  # 20 s old: read again
@@ -124,5 +125,5 @@ def test_slow_counts_are_reused_for_a_while_fast_ones_never(monkeypatch):
     assert slow._saved is None
     # Counts of another storage (settings changed) are never reused.
     service.storage = object()
-    monkeypatch.setattr(pages.time, "monotonic", lambda: 121.0)
+    monkeypatch.setattr(task_summary.time, "monotonic", lambda: 121.0)
     assert slow.get(service)[0]["default"][TaskStatus.CREATED] == 5

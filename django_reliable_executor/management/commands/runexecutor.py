@@ -91,30 +91,7 @@ class Command(BaseCommand):
             help="comma-separated queue names, each optionally with its own concurrency limit: "
             "mail:2,reports:1,default",
         )
-        parser.add_argument("--core-pool-size", type=_positive_int, default=None)
-        parser.add_argument("--max-pool-size", type=_positive_int, default=None)
-        parser.add_argument("--queue-capacity", type=int, default=None)
-        parser.add_argument(
-            "--async-concurrency",
-            type=_non_negative_int,
-            default=None,
-            help="most async handlers running at once on the worker's event loop "
-            "(default ASYNC_CONCURRENCY, 100); 0: each takes a pool thread",
-        )
-        parser.add_argument(
-            "--pool",
-            choices=("thread", "process"),
-            default=None,
-            help="where synchronous handlers run: pool threads (default POOL, thread), or "
-            "--max-pool-size child processes (for CPU-bound handlers; hard time limits)",
-        )
-        parser.add_argument(
-            "--max-tasks-per-child",
-            type=_positive_int,
-            default=None,
-            help="--pool process: replace a child after N tasks (default MAX_TASKS_PER_CHILD: "
-            "never)",
-        )
+        add_pool_arguments(parser)
         parser.add_argument("--worker-id", default=None, help="default: hostname-pid-random")
         parser.add_argument(
             "--metrics-port", type=int, default=None, help="serve Prometheus metrics"
@@ -148,33 +125,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_inside_a_transaction()
-        queues, queue_limits = parse_queues(options["queues"])
-        if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
-            raise CommandError("--queue-capacity must be >= 0")
-        if options["shutdown_timeout"] < 0:
-            raise CommandError("--shutdown-timeout must be >= 0")
-        check_worker_id(options["worker_id"])
-        worker_options = WorkerOptions.from_settings(
-            executor,
-            queues=queues,
-            queue_limits=queue_limits,
-            core_pool_size=options["core_pool_size"],
-            max_pool_size=options["max_pool_size"],
-            queue_capacity=options["queue_capacity"],
-            async_concurrency=options["async_concurrency"],
-            pool=options["pool"],
-            max_tasks_per_child=options["max_tasks_per_child"],
-            worker_id=options["worker_id"],
-            shutdown_timeout=options["shutdown_timeout"],
-            burst=options["burst"],
-        )
-        if options["max_tasks_per_child"] is not None and worker_options.pool != "process":
-            raise CommandError("--max-tasks-per-child needs --pool process")
-        if (
-            worker_options.pool == "thread"
-            and worker_options.max_pool_size < worker_options.core_pool_size
-        ):
-            worker_options.max_pool_size = worker_options.core_pool_size
+        worker_options = worker_options_from(options)
         # The options are good: now the store (bad options are refused without touching it).
         if options["wait"]:
             wait_for_the_store(self.stderr)
@@ -205,7 +156,7 @@ class Command(BaseCommand):
             worker.prepare()
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from None
-        described = format_queues(queues, queue_limits)
+        described = format_queues(worker_options.queues, worker_options.queue_limits)
         self.stdout.write(f"runexecutor {worker.worker_id}: queues {described}")
         if options["verbosity"] >= 1:
             for line in banner_lines():
@@ -214,6 +165,65 @@ class Command(BaseCommand):
         code = worker.run()
         if code:
             sys.exit(code)
+
+
+def add_pool_arguments(parser: CommandParser) -> None:
+    """The options of the worker's pools: threads, the event loop, child processes."""
+    parser.add_argument("--core-pool-size", type=_positive_int, default=None)
+    parser.add_argument("--max-pool-size", type=_positive_int, default=None)
+    parser.add_argument("--queue-capacity", type=int, default=None)
+    parser.add_argument(
+        "--async-concurrency",
+        type=_non_negative_int,
+        default=None,
+        help="most async handlers running at once on the worker's event loop "
+        "(default ASYNC_CONCURRENCY, 100); 0: each takes a pool thread",
+    )
+    parser.add_argument(
+        "--pool",
+        choices=("thread", "process"),
+        default=None,
+        help="where synchronous handlers run: pool threads (default POOL, thread), or "
+        "--max-pool-size child processes (for CPU-bound handlers; hard time limits)",
+    )
+    parser.add_argument(
+        "--max-tasks-per-child",
+        type=_positive_int,
+        default=None,
+        help="--pool process: replace a child after N tasks (default MAX_TASKS_PER_CHILD: never)",
+    )
+
+
+def worker_options_from(options: dict[str, Any]) -> WorkerOptions:
+    """The command's options checked (CommandError names a bad one) into the worker's."""
+    queues, queue_limits = parse_queues(options["queues"])
+    if options["queue_capacity"] is not None and options["queue_capacity"] < 0:
+        raise CommandError("--queue-capacity must be >= 0")
+    if options["shutdown_timeout"] < 0:
+        raise CommandError("--shutdown-timeout must be >= 0")
+    check_worker_id(options["worker_id"])
+    worker_options = WorkerOptions.from_settings(
+        executor,
+        queues=queues,
+        queue_limits=queue_limits,
+        core_pool_size=options["core_pool_size"],
+        max_pool_size=options["max_pool_size"],
+        queue_capacity=options["queue_capacity"],
+        async_concurrency=options["async_concurrency"],
+        pool=options["pool"],
+        max_tasks_per_child=options["max_tasks_per_child"],
+        worker_id=options["worker_id"],
+        shutdown_timeout=options["shutdown_timeout"],
+        burst=options["burst"],
+    )
+    if options["max_tasks_per_child"] is not None and worker_options.pool != "process":
+        raise CommandError("--max-tasks-per-child needs --pool process")
+    if (
+        worker_options.pool == "thread"
+        and worker_options.max_pool_size < worker_options.core_pool_size
+    ):
+        worker_options.max_pool_size = worker_options.core_pool_size
+    return worker_options
 
 
 def refuse_inside_a_transaction() -> None:

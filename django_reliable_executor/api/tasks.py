@@ -1,5 +1,5 @@
 """JSON views: submit, get, cancel and retry one task through the service (the schedule
-views are in ``schedule_views``)."""
+views are in ``schedules``, the queue views in ``queues``)."""
 
 from __future__ import annotations
 

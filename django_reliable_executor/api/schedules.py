@@ -14,7 +14,7 @@ from ..exceptions import InvalidScheduleError, TaskSubmitError
 from ..schedules.records import ScheduleInfo
 from ..service.reliable_executor import executor
 from .auth import may
-from .views import BadRequest, api_methods, aware_datetime, error, json_object
+from .tasks import BadRequest, api_methods, aware_datetime, error, json_object
 
 PERMISSION = "django_reliable_executor.{}_reliableschedule"
 VIEW = PERMISSION.format("view")

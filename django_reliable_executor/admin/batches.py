@@ -12,7 +12,7 @@ from django.urls import URLPattern, path
 
 from ..core.batches import BatchInfo
 from ..exceptions import StorageUnavailableError
-from . import batch_pages, pages
+from . import batch_pages, task_pages
 from .base import ServiceModelAdmin
 
 TEMPLATE = "admin/django_reliable_executor/reliabletask/batch_detail.html"
@@ -41,7 +41,7 @@ class BatchViews(ServiceModelAdmin):
             batch = self.executor.get_batch(batch_id)
             if batch is None:
                 messages.warning(request, f"No batch has the id {batch_id!r}.")
-                return HttpResponseRedirect(pages.changelist_url(site))
+                return HttpResponseRedirect(task_pages.changelist_url(site))
             if request.method == "POST":
                 return self._retry_batch(request, batch)
             context = self._context(
@@ -56,7 +56,7 @@ class BatchViews(ServiceModelAdmin):
     def _retry_batch(self, request: HttpRequest, batch: BatchInfo) -> HttpResponse:
         if not self.has_operate_permission(request):
             raise PermissionDenied
-        back = pages.batch_url(batch.batch_id, self.admin_site.name)
+        back = task_pages.batch_url(batch.batch_id, self.admin_site.name)
         if request.POST.get("action") != "retry_failed":
             messages.error(request, "Choose an action: retry_failed.")
             return HttpResponseRedirect(back)

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from ..exceptions import InvalidQueueError, UnknownQueueError
 from ..service.reliable_executor import executor
-from .views import OPERATE, VIEW, api_view, error
+from .tasks import OPERATE, VIEW, api_view, error
 
 
 @api_view("GET", VIEW)

@@ -1,0 +1,158 @@
+"""The tasks in Django's admin: a list with a summary, a detail page, retry and cancel, pausing
+and resuming queues.
+
+``ReliableTask`` stays registered for its admin URLs and its permissions (which live in the auth
+tables, whatever the storage), but every page reads and acts through the service, never the ORM:
+the same pages work on the database and on Redis storage.
+
+Permissions: viewing needs ``view_reliabletask``; retry, cancel, pause and resume need
+``operate_reliabletask``. Nothing can be added, edited or deleted by hand.
+
+What the pages show is built in ``task_pages`` (the list and a task's page) and
+``task_summary`` (the list's summary). A batch's page and the bulk retry of its failed members
+live in ``batches`` and ``batch_pages``. The schedule pages (``ReliableScheduleAdmin``, for
+``ReliableSchedule``) live in ``schedules`` and ``schedule_pages``, built the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern
+
+from ..exceptions import StorageUnavailableError
+from ..models import ReliableTask
+from . import operations, task_pages, task_summary
+from .base import ServiceModelAdmin
+from .batches import BatchViews
+from .health import DueThresholds
+
+OPERATE_PERMISSION = "django_reliable_executor.operate_reliabletask"
+TEMPLATES = "admin/django_reliable_executor/reliabletask/"
+
+
+@admin.register(ReliableTask)
+class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
+    """Read-only task pages backed by the service, with retry and cancel for operators."""
+
+    noun = "task"
+    #: The summary's counts by queue and status, reused for a few seconds where counting is
+    #: slow (a big task table); see task_summary.SlowCounts.
+    counts_cache = task_summary.SlowCounts()
+    #: When the summary's oldest due task ages turn amber and red (seconds waited); see
+    #: docs/admin.md. Subclass and set another ``health.DueThresholds`` to change them.
+    due_thresholds = DueThresholds()
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """May retry and cancel tasks, pause and resume queues (``operate_reliabletask``)."""
+        user: Any = request.user
+        return bool(user.has_perm(OPERATE_PERMISSION))
+
+    def get_urls(self) -> list[URLPattern]:
+        # First: "batch/<id>/" must not be read as the bare URL of a task whose id is "batch/...".
+        return [self._batch_url(), *self._service_urls()]
+
+    # -- pages ----------------------------------------------------------------------------
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return self._base_context(
+            request,
+            title,
+            task_pages.changelist_url(self.admin_site.name),
+            can_operate=self.has_operate_permission(request),
+            **extra,
+        )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            if "queue_action" in request.POST:
+                return self._change_queue(request)
+            return self._act(
+                request, request.POST.getlist("_selected_action"), request.get_full_path()
+            )
+        try:
+            return self._changelist(request, extra_context)
+        except StorageUnavailableError as exc:
+            return self._unavailable(request, exc, "Reliable tasks")
+
+    def _changelist(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None
+    ) -> HttpResponse:
+        search = request.GET.get("q", "").strip()
+        if search:
+            if self.executor.get_task(search) is not None:
+                return HttpResponseRedirect(task_pages.change_url(search, self.admin_site.name))
+            messages.warning(request, f"No task has the id {search!r}.")
+        filters = task_pages.Filters.from_query(request.GET)
+        by_queue, counts_age = self.counts_cache.get(self.executor)
+        context = self._context(
+            request,
+            "Reliable tasks",
+            filters=filters,
+            search=search,
+            task_names=sorted(task_pages.all_handlers()),
+            filter_choices=task_pages.filter_choices(filters, by_queue),
+            total=task_pages.matching_total(filters, by_queue),
+            summary=task_summary.summary(self.executor, by_queue, counts_age, self.due_thresholds),
+            **task_pages.task_list(self.executor, filters, self.admin_site.name),
+            **self.WIDE_PAGE,
+            **(extra_context or {}),
+        )
+        return TemplateResponse(request, TEMPLATES + "task_list.html", context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        task_id = unquote(object_id)
+        if request.method == "POST":
+            return self._act(
+                request, [task_id], task_pages.change_url(task_id, self.admin_site.name)
+            )
+        try:
+            task = self.executor.get_task(task_id)
+            if task is None:
+                messages.warning(request, f"No task has the id {task_id!r}.")
+                return HttpResponseRedirect(task_pages.changelist_url(self.admin_site.name))
+            context = self._context(
+                request,
+                f"Task {task_id}",
+                subtitle=task.task_name,
+                **task_pages.task_detail(self.executor, task, self.admin_site.name),
+                **(extra_context or {}),
+            )
+        except StorageUnavailableError as exc:
+            return self._unavailable(request, exc, f"Task {task_id}")
+        return TemplateResponse(request, TEMPLATES + "task_detail.html", context)
+
+    # -- actions --------------------------------------------------------------------------
+    def _act(self, request: HttpRequest, task_ids: list[str], back: str) -> HttpResponse:
+        allowed = self.has_operate_permission(request)
+        return self._run_action(request, task_ids, back, operations.ACTIONS, allowed)
+
+    def _change_queue(self, request: HttpRequest) -> HttpResponse:
+        """The summary's pause/resume button of one queue."""
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        level, text = operations.change_queue(
+            self.executor, request.POST["queue_action"], request.POST.get("queue", "")
+        )
+        messages.add_message(request, level, text)
+        self._acted()
+        return HttpResponseRedirect(request.get_full_path())
+
+    def _acted(self) -> None:
+        self.counts_cache.forget()
