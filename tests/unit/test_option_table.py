@@ -8,8 +8,8 @@ import inspect
 
 import pytest
 
-from django_reliable_executor.api.schedule_views import DEFINE_FIELDS
-from django_reliable_executor.api.views import SUBMIT_FIELDS
+from django_reliable_executor.api.schedules import DEFINE_FIELDS
+from django_reliable_executor.api.tasks import SUBMIT_FIELDS
 from django_reliable_executor.conf import _RULES as SETTING_RULES
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.core import options
