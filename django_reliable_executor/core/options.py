@@ -2,8 +2,8 @@
 field) and TaskOptions, the options a submit merges from itself, its handler and the settings.
 
 Every entry point checks an option through its rule here: the decorator (registry), submit
-(service/submitting.prepare), schedules (service/schedules), the API (api/views,
-api/schedule_views), the Django Tasks backend (tasks_backend._option_problems) and the
+(service/submitting.prepare), schedules (service/schedules), the API (api/tasks,
+api/schedules), the Django Tasks backend (tasks_backend._option_problems) and the
 settings (conf). tests/unit/test_option_table.py keeps each entry point's signature equal to
 the options the table gives it.
 
