@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import pytest
 from demo.tasks import OrderParam
 
-from django_reliable_executor import TaskStatus, TaskSubmitError, TaskSubmitRequest, signals
+from django_reliable_executor import TaskStatus, TaskSubmitError, TaskSubmitRequest
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.core.options import MAX_MILLIS
 from django_reliable_executor.exceptions import (
@@ -19,35 +18,9 @@ from django_reliable_executor.exceptions import (
     UnknownTaskError,
 )
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from tests.support.contract_support import recording
+from tests.support.contract_support import assert_refused
 
 UTC = dt.timezone.utc
-
-
-@pytest.fixture
-def seeded(executor, clock):
-    """An executor holding one valid task, so "stores nothing" is checked against real state."""
-    executor.submit("demo.echo", {"keep": True}, task_id="existing", queue="q")
-    clock.advance(1)
-    return executor
-
-
-def assert_refused(
-    executor: ReliableExecutor, error: type[TaskSubmitError], field: str, submit: Any
-) -> TaskSubmitError:
-    """``submit()`` raises ``error`` naming ``field``; the stored tasks are exactly as before."""
-    tasks_before = executor.list_tasks()
-    counts_before = executor.count_by_status()
-    with recording(signals.task_submitted) as submitted, pytest.raises(error) as raised:
-        submit()
-    assert isinstance(raised.value, TaskSubmitError)
-    assert isinstance(raised.value, ValueError)
-    assert raised.value.field == field
-    assert field in str(raised.value)
-    assert executor.list_tasks() == tasks_before
-    assert executor.count_by_status() == counts_before
-    assert submitted.calls == []
-    return raised.value
 
 
 def circular() -> list:

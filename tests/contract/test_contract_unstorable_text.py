@@ -19,12 +19,7 @@ from django_reliable_executor.exceptions import (
     UnknownTaskError,
 )
 from django_reliable_executor.worker.progress_writer import ProgressWriter
-from tests.support.contract_support import HOOKS, LEASE, run_next
-
-from . import test_contract_bad_input as bad_input
-from .test_contract_bad_input import assert_refused
-
-seeded = bad_input.seeded  # the fixture: an executor holding one task
+from tests.support.contract_support import HOOKS, LEASE, assert_refused, run_next
 
 NUL = "\x00"
 SURROGATE = "\udc80"

@@ -271,7 +271,7 @@ def test_the_django_tasks_backend_options_are_refused_with_submits_message(
 # -- the HTTP API -------------------------------------------------------------------------------
 @pytest.fixture(params=admin_params(["default"]))
 def api_service(request: pytest.FixtureRequest) -> Iterator[ReliableExecutor]:
-    from tests.integration.api.test_api import api_executor
+    from tests.support.api_support import api_executor
 
     with api_executor(request.param) as service:
         yield service
@@ -279,7 +279,7 @@ def api_service(request: pytest.FixtureRequest) -> Iterator[ReliableExecutor]:
 
 @pytest.mark.parametrize(("name", "value"), BAD, ids=BAD_IDS)
 def test_the_http_api_answers_400_with_submits_message(api_service, client, name, value):
-    from tests.integration.api.test_api import API, login
+    from tests.support.api_support import API, login
 
     expected = reference(name, value)
     operator = login(client, "view_reliabletask", "add_reliabletask", "operate_reliabletask")

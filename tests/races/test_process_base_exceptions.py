@@ -175,7 +175,7 @@ def test_health_reports_a_worker_whose_event_loop_runs_nothing(
     LEASE_TIMEOUT / 2 the heartbeat finds the loop answering nothing, and the worker stops
     registering (its leases still renewed), so `executor health --worker-id` fails once
     --max-age passes, naming the worker; it is healthy again once the loop runs."""
-    from tests.integration.commands.test_command_executor import manage, process_env
+    from tests.support.commands import manage, process_env
 
     require(alias)
     backend = Backend(alias, key_prefix)

@@ -14,9 +14,7 @@ from django.db import OperationalError, connections, transaction
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.core.batches import BATCH_CHUNK
 from tests.conftest import BACKENDS, db_params, require
-from tests.support.processes import FAST, Backend, service_for, wait_until
-
-from .test_process_batches import journal_lines
+from tests.support.processes import FAST, Backend, journal_lines, service_for, wait_until
 
 REPETITIONS = 2
 GROUP = 10  # each dependent of the second chunk waits for 10 members of the first

@@ -8,15 +8,17 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from tests.conftest import BACKENDS, db_params, require
-from tests.support.processes import FAST, Backend, read_journal, service_for, wait_until
+from tests.support.processes import (
+    FAST,
+    Backend,
+    journal_lines,
+    service_for,
+    wait_until,
+)
 
 REPETITIONS = 20
 MEMBERS = 50
 KILLED_IN = 7  # the repetition in which a worker is SIGKILLed while it runs members
-
-
-def journal_lines(path) -> list[dict]:
-    return read_journal(path)
 
 
 @pytest.mark.parametrize("alias", db_params(BACKENDS))

@@ -11,7 +11,7 @@ import pytest
 
 from django_reliable_executor import TaskStatus
 from tests.conftest import BACKENDS, db_params, require
-from tests.integration.commands.test_command_executor import manage, process_env
+from tests.support.commands import manage, process_env
 from tests.support.processes import FAST, Backend, read_journal, service_for, wait_until
 
 POOL = ("--core-pool-size", "2", "--max-pool-size", "2", "--queue-capacity", "4")

@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.admin.utils import quote
+from django.contrib.messages import get_messages
 from django.test import override_settings
 from django.urls import reverse
 
+from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
-from tests.conftest import BACKENDS, REDIS_URL, TASK_APPS, own_key_prefix, require
-from tests.support.contract_support import HOOKS, claim_and_start, claim_one, run_claim
+from tests.conftest import BACKENDS, IN_CI, REDIS_URL, TASK_APPS, own_key_prefix, require
+from tests.support.contract_support import (
+    HOOKS,
+    claim_and_start,
+    claim_one,
+    run_claim,
+)
 
 # The task pages of the admin, shared by the admin test modules.
 LIST_URL = reverse("admin:django_reliable_executor_reliabletask_changelist")
@@ -196,3 +205,90 @@ def populate_schedules(service: ReliableExecutor) -> dict[str, list[str]]:
     # A task of the same name that no schedule fired: never listed as a fire.
     service.submit(hook, None, task_id="a-hourly-by-hand", queue="elsewhere")
     return fired
+
+
+def message_texts(response: Any) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+
+LIST_PATH = "/admin/django_reliable_executor/reliabletask/"
+
+
+def showcase(service: ReliableExecutor) -> None:
+    """Tasks an operator would meet, run through the demo's real handlers where they finish."""
+    service.submit(
+        "demo.process_order", {"order_id": 1041, "amount": 59.9}, task_id="order-1041-pay"
+    )
+    assert run_one(service, worker="web-1:4242") is TaskStatus.COMPLETED
+    service.submit(
+        "demo.echo",
+        {"to": "ada@example.com", "template": "receipt", "order_id": 1041},
+        task_id="email-receipt-1041",
+        queue="emails",
+    )
+    assert run_one(service, "emails", "web-2:5150") is TaskStatus.COMPLETED
+    service.submit(
+        "demo.process_order", {"order_id": 1042, "amount": -5.0}, task_id="order-1042-pay"
+    )
+    assert run_one(service, worker="web-1:4242") is TaskStatus.FAILED  # PaymentDeclined
+    service.submit(
+        "demo.always_fails",
+        {"week": "2024-W18"},
+        task_id="report-2024-w18",
+        queue="reports",
+        retry_limit=0,
+    )
+    assert run_one(service, "reports", "web-1:4242") is TaskStatus.FAILED
+    service.submit(
+        "demo.flaky",
+        {"fail_times": 3},
+        task_id="sync-inventory-17",
+        retry_limit=5,
+        retry_interval=600_000,
+        retry_backoff="exponential",
+    )
+    assert run_one(service, worker="web-1:4242") is TaskStatus.PENDING
+    service.submit("demo.slow", {"seconds": 30}, task_id="export-customers", priority=5)
+    exporting = claim_and_start(service.storage, worker="web-1:4242")
+    report = make_progress(1840, 5000, "customers exported", service.clock.now())
+    assert service.storage.record_progress([(exporting, report)]) == 1
+    service.submit(
+        "demo.echo", {"order_id": 1040}, task_id="order-1040-refund", delay_millis=60_000
+    )
+    assert service.cancel_task("order-1040-refund")
+    service.submit(
+        "demo.echo",
+        {"to": "grace@example.com", "template": "welcome"},
+        task_id="email-welcome-88",
+        queue="emails",
+        delay_millis=600_000,
+    )
+    service.submit(
+        "demo.process_order", {"order_id": 1044, "amount": 18.0}, task_id="order-1044-pay"
+    )
+    storage = service.storage
+    storage.worker_seen(
+        "web-1:4242", {"hostname": "web-1", "pid": 4242, "queues": ["default", "reports"]}
+    )
+    storage.worker_seen("web-2:5150", {"hostname": "web-2", "pid": 5150, "queues": ["emails"]})
+    assert storage.acquire_lock("master", "web-1:4242", 60)
+
+
+CHROMIUM = os.environ.get("RE_CHROMIUM", "/usr/bin/chromium")
+
+
+def require_browser() -> Any:
+    """The Playwright entry point; skips locally, fails under CI, without it or the browser."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing = "the playwright package (pip install -e '.[test]')"
+    else:
+        if os.path.exists(CHROMIUM):
+            return sync_playwright
+        missing = f"Chromium at {CHROMIUM} (apt-get install chromium)"
+    if IN_CI:
+        pytest.fail(f"browser test needs {missing}")
+    pytest.skip(f"browser test needs {missing}")

@@ -8,12 +8,18 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from django.db import connections
 from django.dispatch import Signal
 
-from django_reliable_executor import TaskContext, reliable_task_handler, signals
+from django_reliable_executor import (
+    TaskContext,
+    TaskStatus,
+    TaskSubmitError,
+    reliable_task_handler,
+    signals,
+)
 from django_reliable_executor.core.records import Claim, NewTask
-from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.worker.runner import TaskRunner
@@ -210,3 +216,21 @@ def new_task(
 
 def total(counts: dict[TaskStatus, int]) -> int:
     return sum(counts.values())
+
+
+def assert_refused(
+    executor: ReliableExecutor, error: type[TaskSubmitError], field: str, submit: Any
+) -> TaskSubmitError:
+    """``submit()`` raises ``error`` naming ``field``; the stored tasks are exactly as before."""
+    tasks_before = executor.list_tasks()
+    counts_before = executor.count_by_status()
+    with recording(signals.task_submitted) as submitted, pytest.raises(error) as raised:
+        submit()
+    assert isinstance(raised.value, TaskSubmitError)
+    assert isinstance(raised.value, ValueError)
+    assert raised.value.field == field
+    assert field in str(raised.value)
+    assert executor.list_tasks() == tasks_before
+    assert executor.count_by_status() == counts_before
+    assert submitted.calls == []
+    return raised.value

@@ -337,3 +337,7 @@ def most_in_a_window(times: list[float], window: float) -> int:
             first += 1
         most = max(most, last - first + 1)
     return most
+
+
+def journal_lines(path) -> list[dict]:
+    return read_journal(path)

@@ -26,37 +26,13 @@ from tests.support.admin_support import (
     detail_url,
     executor_on,
     make_user,
-    populate,
+    message_texts,
 )
 from tests.support.contract_support import claim_and_start, new_task, recording
 
 
-@pytest.fixture(params=admin_params())
-def service(request: pytest.FixtureRequest):
-    """The module executor on the backend under test, holding the POPULATED tasks."""
-    with executor_on(request.param) as service:
-        populate(service)
-        yield service
-
-
-@pytest.fixture
-def viewer(client):
-    client.force_login(make_user("viewer", "view_reliabletask"))
-    return client
-
-
-@pytest.fixture
-def operator(client):
-    client.force_login(make_user("operator", "view_reliabletask", "operate_reliabletask"))
-    return client
-
-
 def listed(response: Any) -> list[str]:
     return [row.task.task_id for row in response.context["rows"]]
-
-
-def message_texts(response: Any) -> list[str]:
-    return [str(m) for m in get_messages(response.wsgi_request)]
 
 
 def status_of(service: Any, task_id: str) -> TaskStatus:

@@ -15,12 +15,9 @@ from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.core.states import TaskStatus
 from tests.support.admin_support import (
     LIST_URL,
-    admin_params,
     boom,
     detail_url,
-    executor_on,
     make_user,
-    populate,
 )
 from tests.support.contract_support import HOOKS, LEASE, run_claims
 
@@ -53,39 +50,26 @@ def member(task_id: str, **options: Any) -> TaskSubmitRequest:
     return TaskSubmitRequest("contract.hook", None, task_id=task_id, queue="batch", **options)
 
 
-@pytest.fixture(params=admin_params())
-def service(request: pytest.FixtureRequest):
+@pytest.fixture
+def service(service):
     """The module executor on the backend under test: the admin's usual tasks and a finished
     batch "imp/1" (an odd id) of one completed, two failed and one cancelled member, whose
-    on_complete callback "cb-done" waits to run (on_success "cb-ok" never is submitted)."""
-    with executor_on(request.param) as service:
-        populate(service)
-        service.submit_batch(
-            [member(i, retry_limit=0) for i in MEMBERS],
-            batch_id="imp/1",
-            on_complete=member("cb-done"),
-            on_success=member("cb-ok"),
-        )
-        for task_id in FAILED:
-            HOOKS[task_id] = boom
-        assert service.cancel_task("m-cancel")
-        run_all(service)
-        assert service.get_batch("imp/1").finished
-        yield service
-        for task_id in FAILED:
-            HOOKS.pop(task_id, None)
-
-
-@pytest.fixture
-def viewer(client):
-    client.force_login(make_user("viewer", "view_reliabletask"))
-    return client
-
-
-@pytest.fixture
-def operator(client):
-    client.force_login(make_user("operator", "view_reliabletask", "operate_reliabletask"))
-    return client
+    on_complete callback "cb-done" waits to run (on_success "cb-ok" never is submitted): the
+    folder's ``service`` (tests/integration/admin/conftest.py), with the batch added."""
+    service.submit_batch(
+        [member(i, retry_limit=0) for i in MEMBERS],
+        batch_id="imp/1",
+        on_complete=member("cb-done"),
+        on_success=member("cb-ok"),
+    )
+    for task_id in FAILED:
+        HOOKS[task_id] = boom
+    assert service.cancel_task("m-cancel")
+    run_all(service)
+    assert service.get_batch("imp/1").finished
+    yield service
+    for task_id in FAILED:
+        HOOKS.pop(task_id, None)
 
 
 def test_batch_page_shows_counts_progress_and_callbacks(service, viewer):

@@ -12,115 +12,23 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from django_reliable_executor import Schedule
-from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from tests.conftest import IN_CI
-from tests.support.admin_support import admin_params, executor_on, fire_schedule, make_user, run_one
-from tests.support.contract_support import claim_and_start
-
-CHROMIUM = os.environ.get("RE_CHROMIUM", "/usr/bin/chromium")
-DOCS_IMAGES = Path(__file__).resolve().parents[3] / "docs" / "images"
-LIST_PATH = "/admin/django_reliable_executor/reliabletask/"
-
-
-def require_browser() -> Any:
-    """The Playwright entry point; skips locally, fails under CI, without it or the browser."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing = "the playwright package (pip install -e '.[test]')"
-    else:
-        if os.path.exists(CHROMIUM):
-            return sync_playwright
-        missing = f"Chromium at {CHROMIUM} (apt-get install chromium)"
-    if IN_CI:
-        pytest.fail(f"browser test needs {missing}")
-    pytest.skip(f"browser test needs {missing}")
-
-
-def showcase(service: ReliableExecutor) -> None:
-    """Tasks an operator would meet, run through the demo's real handlers where they finish."""
-    service.submit(
-        "demo.process_order", {"order_id": 1041, "amount": 59.9}, task_id="order-1041-pay"
-    )
-    assert run_one(service, worker="web-1:4242") is TaskStatus.COMPLETED
-    service.submit(
-        "demo.echo",
-        {"to": "ada@example.com", "template": "receipt", "order_id": 1041},
-        task_id="email-receipt-1041",
-        queue="emails",
-    )
-    assert run_one(service, "emails", "web-2:5150") is TaskStatus.COMPLETED
-    service.submit(
-        "demo.process_order", {"order_id": 1042, "amount": -5.0}, task_id="order-1042-pay"
-    )
-    assert run_one(service, worker="web-1:4242") is TaskStatus.FAILED  # PaymentDeclined
-    service.submit(
-        "demo.always_fails",
-        {"week": "2024-W18"},
-        task_id="report-2024-w18",
-        queue="reports",
-        retry_limit=0,
-    )
-    assert run_one(service, "reports", "web-1:4242") is TaskStatus.FAILED
-    service.submit(
-        "demo.flaky",
-        {"fail_times": 3},
-        task_id="sync-inventory-17",
-        retry_limit=5,
-        retry_interval=600_000,
-        retry_backoff="exponential",
-    )
-    assert run_one(service, worker="web-1:4242") is TaskStatus.PENDING
-    service.submit("demo.slow", {"seconds": 30}, task_id="export-customers", priority=5)
-    exporting = claim_and_start(service.storage, worker="web-1:4242")
-    report = make_progress(1840, 5000, "customers exported", service.clock.now())
-    assert service.storage.record_progress([(exporting, report)]) == 1
-    service.submit(
-        "demo.echo", {"order_id": 1040}, task_id="order-1040-refund", delay_millis=60_000
-    )
-    assert service.cancel_task("order-1040-refund")
-    service.submit(
-        "demo.echo",
-        {"to": "grace@example.com", "template": "welcome"},
-        task_id="email-welcome-88",
-        queue="emails",
-        delay_millis=600_000,
-    )
-    service.submit(
-        "demo.process_order", {"order_id": 1044, "amount": 18.0}, task_id="order-1044-pay"
-    )
-    storage = service.storage
-    storage.worker_seen(
-        "web-1:4242", {"hostname": "web-1", "pid": 4242, "queues": ["default", "reports"]}
-    )
-    storage.worker_seen("web-2:5150", {"hostname": "web-2", "pid": 5150, "queues": ["emails"]})
-    assert storage.acquire_lock("master", "web-1:4242", 60)
-
-
-@pytest.fixture
-def browser_page(monkeypatch: pytest.MonkeyPatch) -> Any:
-    sync_playwright = require_browser()
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
-    # between browser steps are still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            # A laptop's width, the admin as a new user first sees it (its app sidebar open
-            # where a page has one): every column of the list must fit beside the filters.
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.set_default_timeout(15_000)
-            yield page
-        finally:
-            browser.close()
+from tests.support.admin_support import (
+    DOCS_IMAGES,
+    LIST_PATH,
+    admin_params,
+    executor_on,
+    fire_schedule,
+    make_user,
+    run_one,
+    showcase,
+)
 
 
 def assert_filter_beside_the_list(page: Any) -> None:

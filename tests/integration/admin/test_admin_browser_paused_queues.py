@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.admin.test_admin_browser import LIST_PATH, browser_page, showcase
-from tests.support.admin_support import admin_params, executor_on, make_user
-
-__all__ = ["browser_page"]  # the fixture, used by name
+from tests.support.admin_support import LIST_PATH, admin_params, executor_on, make_user, showcase
 
 
 @pytest.mark.parametrize("backend", admin_params(["default", "redis"]))

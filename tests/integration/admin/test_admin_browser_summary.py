@@ -15,16 +15,15 @@ import pytest
 
 from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from tests.integration.admin.test_admin_browser import (
+from tests.support.admin_support import (
     DOCS_IMAGES,
     LIST_PATH,
-    browser_page,
+    admin_params,
+    executor_on,
+    make_user,
     showcase,
 )
-from tests.support.admin_support import admin_params, executor_on, make_user
 from tests.support.contract_support import LEASE, new_task
-
-__all__ = ["browser_page"]  # the fixture, used by name
 
 
 def an_hour_of_endings(service: ReliableExecutor) -> dict[str, int]:

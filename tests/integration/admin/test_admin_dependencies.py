@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
 from django.contrib.messages import get_messages
 
 from django_reliable_executor.core.states import TaskStatus
 from tests.support.admin_support import (
     LIST_URL,
-    admin_params,
     boom,
     detail_url,
-    executor_on,
     make_user,
-    populate,
     run_one,
 )
 from tests.support.contract_support import HOOKS
 
 HOOK = "contract.hook"
-
-
-@pytest.fixture(params=admin_params())
-def service(request: pytest.FixtureRequest):
-    with executor_on(request.param) as service:
-        populate(service)
-        yield service
-
-
-@pytest.fixture
-def viewer(client):
-    client.force_login(make_user("viewer", "view_reliabletask"))
-    return client
 
 
 def test_detail_links_dependencies_and_dependents(service, viewer):

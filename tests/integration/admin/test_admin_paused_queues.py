@@ -6,10 +6,7 @@ from __future__ import annotations
 from django.test import Client
 
 from django_reliable_executor.core.states import TaskStatus
-from tests.integration.admin.test_admin import LIST_URL, message_texts, operator, service, viewer
-from tests.support.admin_support import make_user
-
-__all__ = ["operator", "service", "viewer"]  # the fixtures, used by name
+from tests.support.admin_support import LIST_URL, make_user, message_texts
 
 
 def queue_rows(response):

@@ -12,20 +12,7 @@ import pytest
 from django_reliable_executor.admin import ReliableTaskAdmin
 from django_reliable_executor.admin.health import DueThresholds, chart, nice_ceiling
 from django_reliable_executor.core.minute_counts import MinuteCounts
-from tests.support.admin_support import LIST_URL, admin_params, executor_on, make_user, populate
-
-
-@pytest.fixture(params=admin_params())
-def service(request: pytest.FixtureRequest):
-    with executor_on(request.param) as service:
-        populate(service)
-        yield service
-
-
-@pytest.fixture
-def viewer(client):
-    client.force_login(make_user("viewer", "view_reliabletask"))
-    return client
+from tests.support.admin_support import LIST_URL
 
 
 def test_the_chart_shows_the_last_hours_endings(service, viewer):

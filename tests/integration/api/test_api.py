@@ -4,7 +4,6 @@ CSRF, HMAC-signed requests and their nonce stores (a table, or Redis under the k
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import hmac
@@ -12,9 +11,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote
 
 import pytest
 from django.middleware.csrf import _get_new_csrf_string
@@ -23,104 +21,24 @@ from django.test import Client, override_settings
 from django_reliable_executor.api import nonces
 from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
-from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
-from tests.conftest import BACKENDS, REDIS_URL, db_params, delete_prefix, redis_client, require
-from tests.support.admin_support import ADMIN_APPS, admin_params, boom, make_user, run_one
+from django_reliable_executor.service.reliable_executor import ReliableExecutor
+from tests.conftest import BACKENDS, db_params, redis_client
+from tests.support.admin_support import ADMIN_APPS, boom, run_one
+from tests.support.api_support import (
+    API,
+    HOOK,
+    KEY_ID,
+    SECRET,
+    api_executor,
+    canonical,
+    login,
+    post_json,
+    rejected,
+    signed_get,
+    signed_headers,
+    signed_post,
+)
 from tests.support.contract_support import HOOKS, claim_and_start
-
-KEY_ID = "ops-1"
-SECRET = "s3cret-" + "x" * 40
-API = "/executor/api/tasks/"
-HOOK = "contract.hook"
-
-
-@contextlib.contextmanager
-def api_executor(backend: str, **extra: Any) -> Iterator[ReliableExecutor]:
-    """The module executor on ``backend`` with one API key (Redis: a key prefix of its own)."""
-    require(backend)
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    config: dict[str, Any] = {"API_KEYS": {KEY_ID: SECRET}, **extra}
-    if backend == "redis":
-        config.update(STORAGE="redis", REDIS_URL=REDIS_URL, KEY_PREFIX=prefix)
-    else:
-        config["DATABASE_ALIAS"] = backend
-    try:
-        with override_settings(RELIABLE_EXECUTOR=config):
-            yield executor
-    finally:
-        if backend == "redis":
-            client = redis_client()
-            delete_prefix(client, prefix)
-            client.close()
-
-
-@pytest.fixture(params=admin_params())
-def service(request: pytest.FixtureRequest) -> Iterator[ReliableExecutor]:
-    with api_executor(request.param) as service:
-        yield service
-
-
-def login(client: Client, *permissions: str, staff: bool = True) -> Client:
-    user = make_user(f"u-{uuid.uuid4().hex[:8]}", *permissions)
-    if not staff:
-        user.is_staff = False
-        user.save()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    return login(client, "view_reliabletask", "add_reliabletask", "operate_reliabletask")
-
-
-def canonical(target: str) -> str:
-    """The path and query string to sign, from either encoding: docs/api.md's client function."""
-    path, _, query = target.partition("?")
-    pairs = [
-        "=".join(quote(unquote_to_bytes(p.replace("+", " ")), safe="") for p in part.split("=", 1))
-        for part in query.split("&")
-        if part
-    ]
-    return quote(unquote_to_bytes(path), safe="/") + ("?" + "&".join(pairs) if pairs else "")
-
-
-def signed_headers(
-    method: str,
-    path: str,
-    body: bytes = b"",
-    *,
-    key_id: str = KEY_ID,
-    secret: str = SECRET,
-    timestamp: int | None = None,
-    nonce: str | None = None,
-) -> dict[str, str]:
-    """The four headers, computed as docs/api.md tells a client to."""
-    ts = str(int(time.time()) if timestamp is None else timestamp)
-    nonce = nonce or uuid.uuid4().hex
-    target = canonical(path)
-    text = "\n".join([key_id, method, target, ts, nonce, hashlib.sha256(body).hexdigest()])
-    signature = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
-    return {
-        "X-Executor-Key": key_id,
-        "X-Executor-Timestamp": ts,
-        "X-Executor-Nonce": nonce,
-        "X-Executor-Signature": signature,
-    }
-
-
-def post_json(client: Client, path: str, data: Any = None, **headers: str) -> Any:
-    body = data if isinstance(data, bytes) else json.dumps(data).encode() if data else b""
-    return client.post(path, body, content_type="application/json", headers=headers)
-
-
-def signed_post(client: Client, path: str, data: Any = None, **kwargs: Any) -> Any:
-    body = json.dumps(data).encode() if data is not None else b""
-    return post_json(client, path, body, **signed_headers("POST", path, body, **kwargs))
-
-
-def signed_get(client: Client, path: str, **kwargs: Any) -> Any:
-    return client.get(path, headers=signed_headers("GET", path, **kwargs))
 
 
 # -- happy paths (session) --------------------------------------------------------------------
@@ -513,11 +431,6 @@ def test_an_unknown_key_id_is_answered_like_a_bad_signature(service, client, cap
     assert len(logged) == 2
     assert "unknown key id 'ops-2'" in logged[0] and "POST /executor/api/tasks/" in logged[0]
     assert f"bad signature for key id {KEY_ID!r}" in logged[1]
-
-
-def rejected(response: Any, reason: str) -> None:
-    assert response.status_code == 401, response.content
-    assert reason in response.json()["error"], response.json()
 
 
 def test_bad_signatures_are_401(service, client):

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from django.test import Client
 
-from tests.integration.api.test_api import login, post_json, service, signed_get, signed_post
-
-__all__ = ["service"]  # the fixture, used by name
+from tests.support.api_support import login, post_json, signed_get, signed_post
 
 QUEUES = "/executor/api/queues/"
 HOOK = "contract.hook"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,11 +13,11 @@ from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client, override_settings
 
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from tests.integration.api.test_api import (
+from tests.support.admin_support import ADMIN_APPS
+from tests.support.api_support import (
     HOOK,
     KEY_ID,
     SECRET,
-    api_executor,
     login,
     post_json,
     rejected,
@@ -26,17 +25,10 @@ from tests.integration.api.test_api import (
     signed_headers,
     signed_post,
 )
-from tests.support.admin_support import ADMIN_APPS, admin_params
 
 API = "/executor/api/schedules/"
 UTC = dt.timezone.utc
 PERM = "django_reliable_executor.{}_reliableschedule"
-
-
-@pytest.fixture(params=admin_params())
-def service(request: pytest.FixtureRequest) -> Iterator[ReliableExecutor]:
-    with api_executor(request.param) as service:
-        yield service
 
 
 def signed_delete(client: Client, path: str, **kwargs: Any) -> Any:

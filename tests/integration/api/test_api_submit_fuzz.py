@@ -5,7 +5,6 @@ nothing (fixed odd values per field, then random bodies); and the Python submit 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +16,7 @@ from django_reliable_executor.core.records import TaskSubmitRequest
 from django_reliable_executor.exceptions import InvalidDependencyError
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.conftest import redis_client
-from tests.integration.api.test_api import API, HOOK, api_executor, login, post_json
-from tests.support.admin_support import admin_params
+from tests.support.api_support import API, HOOK, login, post_json
 
 # Values no field takes as they are, or only some do: every JSON type, edges of each.
 ODD_VALUES: list[Any] = [
@@ -99,12 +97,6 @@ def body_with(field: str, raw_value: str) -> bytes:
     rest = {} if field == "task_name" else {"task_name": HOOK}
     text = json.dumps(rest)[:-1] + (", " if rest else "") + f"{json.dumps(field)}: {raw_value}}}"
     return text.encode()
-
-
-@pytest.fixture(params=admin_params())
-def service(request: pytest.FixtureRequest) -> Iterator[ReliableExecutor]:
-    with api_executor(request.param) as service:
-        yield service
 
 
 @pytest.fixture

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from . import test_api
-
-API = test_api.API
-HOOK = test_api.HOOK
-service = test_api.service  # the fixtures: the module executor on each storage, a user
-operator = test_api.operator
+from tests.support.api_support import API, HOOK
 
 
 @pytest.mark.parametrize("escape", ["\\u0000", "\\udc80"], ids=["nul", "surrogate"])

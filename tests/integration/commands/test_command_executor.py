@@ -8,15 +8,10 @@ import datetime as dt
 import io
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.test import override_settings
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.core.clock import FakeClock, system_clock
@@ -26,8 +21,7 @@ from django_reliable_executor.management.output import format_age, parse_duratio
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.service.reliable_executor import executor as module_executor
-from tests.conftest import REDIS_URL
+from tests.support.commands import Result, Terminal, manage, process_env, run
 from tests.support.contract_support import (
     claim_and_start,
     claim_one,
@@ -35,63 +29,13 @@ from tests.support.contract_support import (
     run_claim,
     run_next,
 )
-from tests.support.processes import _OVERRIDDEN, MANAGE, ROOT, Backend
+from tests.support.processes import Backend
 
 TEN_DAYS = 10 * 86400
 
 
-@dataclasses.dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def lines(self) -> list[str]:
-        return self.out.splitlines()
-
-
-class Terminal(io.StringIO):
-    """A StringIO that says it is a terminal (stderr for the progress line, stdin to answer)."""
-
-    def isatty(self) -> bool:
-        return True
-
-
-def run(*args: str, stderr: io.StringIO | None = None, stdin: io.StringIO | None = None) -> Result:
-    """call_command("executor", *args); a CommandError becomes its exit code and message, as
-    manage.py turns it into them."""
-    out, err = io.StringIO(), stderr or io.StringIO()
-    extra = {"stdin": stdin} if stdin is not None else {}
-    try:
-        call_command("executor", *args, stdout=out, stderr=err, **extra)
-        code = 0
-    except CommandError as exc:
-        code = exc.returncode
-        err.write(f"CommandError: {exc}\n")
-    return Result(code, out.getvalue(), err.getvalue())
-
-
 def words(line: str) -> str:
     return " ".join(line.split())
-
-
-@pytest.fixture
-def live(alias: str, key_prefix: str) -> Iterator[ReliableExecutor]:
-    """The module-level executor call_command uses, pointed at the backend under test."""
-    if alias == "redis":
-        setting = {"STORAGE": "redis", "REDIS_URL": REDIS_URL, "KEY_PREFIX": key_prefix}
-    else:
-        setting = {"DATABASE_ALIAS": alias}
-    with override_settings(RELIABLE_EXECUTOR=setting):
-        yield module_executor
-        module_executor.storage.close()
-
-
-@pytest.fixture
-def now_ex(live, make_storage) -> ReliableExecutor:
-    """A second service over the same tasks, on the real clock (like the command's)."""
-    return ReliableExecutor(make_storage(), clock=system_clock)
 
 
 @pytest.fixture
@@ -587,26 +531,6 @@ def test_format_age():
         "3h 05m",
         "10d 04h",
     ]
-
-
-# -- as a real process: the exit codes a shell sees ------------------------------------------
-def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(MANAGE), "executor", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def process_env(backend: Backend | None = None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _OVERRIDDEN}
-    env.update(DJANGO_SETTINGS_MODULE="testproject.settings", RE_DEBUG="0", **extra)
-    if backend is not None:
-        env.update(backend.environment())
-    return env
 
 
 def test_exit_codes_of_a_real_process(live, now_ex, alias, key_prefix):

@@ -17,13 +17,8 @@ from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.service.reliable_executor import executor as module_executor
 from tests.conftest import REDIS_URL
-from tests.integration.commands import test_command_executor as command
+from tests.support.commands import manage, process_env
 from tests.support.processes import Backend, service_for, wait_until
-
-# The fixtures of the other subcommands' tests: the command's executor on the backend under test,
-# and a second service over the same store on the real clock.
-live, now_ex = command.live, command.now_ex
-manage, process_env = command.manage, command.process_env
 
 WORKER_INFO = {"hostname": "web1", "pid": 4242, "queues": ["default"]}
 

@@ -7,9 +7,7 @@ import json
 
 import pytest
 
-from tests.integration.commands.test_command_executor import live, run
-
-__all__ = ["live"]  # the fixture, used by name
+from tests.support.commands import run
 
 
 def test_pause_and_resume_a_queue_and_see_it_in_status(live):

@@ -34,11 +34,6 @@ def storage(clock) -> Iterator[RedisStorage]:
         yield made
 
 
-@pytest.fixture
-def executor(storage: RedisStorage, clock) -> ReliableExecutor:
-    return ReliableExecutor(storage, clock=clock)
-
-
 def stored_on(storage: RedisStorage, task_id: str) -> list[int]:
     """The shards holding a hash of this task."""
     return [s for s in range(SHARDS) if storage.client.exists(storage._tkey(task_id, s))]

@@ -65,11 +65,6 @@ def storage(clock) -> Iterator[RedisStorage]:
         yield made
 
 
-@pytest.fixture
-def executor(storage: RedisStorage, clock) -> ReliableExecutor:
-    return ReliableExecutor(storage, clock=clock)
-
-
 def test_a_schedule_of_shard_2_fires_there_on_time_and_skips_while_its_run_is_live(
     executor: ReliableExecutor, storage: RedisStorage, clock
 ):

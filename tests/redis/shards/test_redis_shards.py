@@ -47,11 +47,6 @@ def storage(clock) -> Iterator[RedisStorage]:
         yield made
 
 
-@pytest.fixture
-def executor(storage: RedisStorage, clock) -> ReliableExecutor:
-    return ReliableExecutor(storage, clock=clock)
-
-
 def keys_of(storage: RedisStorage, shard: int) -> set[str]:
     pattern = storage.prefixes[shard].replace("{", "\\{").replace("}", "\\}") + "*"
     return set(storage.client.scan_iter(match=pattern, count=1000))
