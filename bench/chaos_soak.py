@@ -293,11 +293,11 @@ class PostgresServer(Server):
 
 
 class RedisChaosServer(Server):
-    """A private redis-server (tests/redis_servers.py) with ``appendfsync always``: a crash
+    """A private redis-server (tests/support/redis_servers.py) with ``appendfsync always``: a crash
     loses nothing it acknowledged."""
 
     def before_setup(self, args: argparse.Namespace, workdir: Path) -> None:
-        from tests.redis_servers import RedisServer
+        from tests.support.redis_servers import RedisServer
 
         self.server = RedisServer(
             workdir / "redis", ["--appendonly", "yes", "--appendfsync", "always"]
@@ -806,13 +806,14 @@ class Analysis:
         ]
 
     def check_limits(self) -> dict[str, Any]:
-        from tests.processes import most_in_a_window, peak_overlap
+        from tests.support.processes import most_in_a_window, peak_overlap
 
         limit, window = RATE_LIMIT
-        # As tests/test_rate_limits.py: the stored starts of any six span more than W + half
-        # the limiter's margin (1.05 s, less 2 ms of rounding); the handlers' own first lines
-        # the same, less the longest delay from a start write to its handler (a loaded
-        # machine's). Tasks run once only: a re-run's start overwrites the stored one.
+        # As tests/integration/flow_control/test_rate_limits.py: the stored starts of any six
+        # span more than W + half the limiter's margin (1.05 s, less 2 ms of rounding); the
+        # handlers' own first lines the same, less the longest delay from a start write to its
+        # handler (a loaded machine's). Tasks run once only: a re-run's start overwrites the
+        # stored one.
         handler_at, written = [], []
         for task_id, (kind, _) in self.submitter.expected.items():
             runs, info = self.runs.get(task_id, []), self.infos.get(task_id)

@@ -4,7 +4,7 @@
     python bench/cluster.py --n 20000 [--masters 3] [--threads 8] [--queues 1] [--shards 1]
 
 Starts a throw-away Redis Cluster (``--masters`` masters, ``--replicas`` replicas each, on free
-ports in a temporary directory, with tests/redis_servers.py; stopped at the end: never the
+ports in a temporary directory, with tests/support/redis_servers.py; stopped at the end: never the
 shared server on 6379), then, under a key prefix of its own:
 
 1. ``submit``: N ``demo.noop`` tasks with ``executor.submit_many`` (batches of ``--batch``),
@@ -363,7 +363,7 @@ def rtt_ms(node: Any, rounds: int = 200) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sys.path[:0] = [str(ROOT), str(ROOT / "testproject")]
     check_shards(args.shards)
-    from tests.redis_servers import SpareServers
+    from tests.support.redis_servers import SpareServers
 
     workdir = Path(tempfile.mkdtemp(prefix="re-bench-cluster-"))
     servers = SpareServers(workdir)

@@ -3,7 +3,7 @@
 
     python bench/idle_polls.py --shards 4 [--queues 4] [--workers 1] [--seconds 20]
 
-Starts a throw-away redis-server (tests/redis_servers.py, on a free port in a temporary
+Starts a throw-away redis-server (tests/support/redis_servers.py, on a free port in a temporary
 directory: never the shared server on 6379) and ``--workers`` idle ``runexecutor`` processes
 (``REDIS_SHARDS = --shards``, ``POLL_INTERVAL = 1``, default lease and master lock TTL), each
 serving ``--queues`` queues, which are picked so that they fall on the shards in turn (queue i
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from cluster import script_names  # noqa: E402 - bench/ is on sys.path when run as a script
 
-from tests.redis_servers import RedisServer  # noqa: E402
+from tests.support.redis_servers import RedisServer  # noqa: E402
 
 POLL_INTERVAL = 1.0
 SETTLE_SECONDS = 5.0  # after the workers are ready: their start-up commands are not counted

@@ -3,7 +3,7 @@
 
     python bench/shard_messages.py --n 2000
 
-Starts a private ``redis-server`` (tests/redis_servers.py) on a free port in a temporary
+Starts a private ``redis-server`` (tests/support/redis_servers.py) on a free port in a temporary
 directory, and stops it at the end: it touches no other Redis. On a storage of REDIS_SHARDS = 3
 (one server serves every shard's hash tag; on a Cluster the same commands run, each on its
 shard's master), for N edges of each kind:
@@ -54,7 +54,7 @@ def main() -> None:
     from django_reliable_executor import TaskSubmitRequest
     from django_reliable_executor.service.reliable_executor import ReliableExecutor
     from django_reliable_executor.storage.redis import RedisStorage
-    from tests.redis_servers import RedisServer
+    from tests.support.redis_servers import RedisServer
 
     trips = [0]
     send = redis.connection.AbstractConnection.send_packed_command

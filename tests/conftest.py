@@ -24,8 +24,7 @@ from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
 from django_reliable_executor.worker.worker import Worker, WorkerOptions
-
-from .ci import IN_CI
+from tests.support.ci import IN_CI
 
 if TYPE_CHECKING:
     from django_reliable_executor.storage.redis import RedisStorage
@@ -195,8 +194,8 @@ def key_prefix(alias: str) -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def _clear_hooks():
-    """Per-task behaviour set by contract tests (tests/contract_support.py) never leaks."""
-    from tests.contract_support import HOOKS
+    """Per-task behaviour set by contract tests (tests/support/contract_support.py) never leaks."""
+    from tests.support.contract_support import HOOKS
 
     HOOKS.clear()
     yield
@@ -250,9 +249,9 @@ def executor(storage: TaskStorage, clock: FakeClock) -> ReliableExecutor:
 
 @pytest.fixture
 def workers(tmp_path):
-    """Starts ``runexecutor`` subprocesses (tests/processes.py); kills every leftover at teardown,
-    before the test database is flushed."""
-    from tests.processes import Workers
+    """Starts ``runexecutor`` subprocesses (tests/support/processes.py); kills every leftover at
+    teardown, before the test database is flushed."""
+    from tests.support.processes import Workers
 
     started = Workers(tmp_path)
     yield started
@@ -261,12 +260,11 @@ def workers(tmp_path):
 
 # Tox's Django 6.0 env (RE_DJANGO_VERSION_SUBSET=1) runs what Django's version can change; what
 # does not runs once, in the Django 5.2 env (CI time, tox.ini says which): the fault suite, the
-# model-based test, and the process tests that race workers against each other, every
-# tests/test_process_*.py but the two that exercise Django's own signal and async paths, and the
-# ended matrix (real workers on every storage: what it races is the storages' own writes).
-_ONCE_ONLY_DIRS = {"faults", "model", "redis_scripts"}
-_ONCE_ONLY_FILES = {"test_ended_matrix.py"}
-_PROCESS_TESTS_KEPT = {"test_process_shutdown.py", "test_process_async.py"}
+# model-based test, the Redis scripts, and tests/races/ (the process tests that race workers
+# against each other, and the ended matrix: real workers on every storage, what it races is the
+# storages' own writes). tests/process/ holds the ones that exercise Django's own signal and
+# async paths: they run on every Django.
+_ONCE_ONLY_DIRS = {("faults",), ("model",), ("races",), ("redis", "scripts")}
 
 
 def pytest_ignore_collect(collection_path, config) -> bool | None:
@@ -276,12 +274,7 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
     if "tests" not in parts:
         return None
     below = parts[parts.index("tests") + 1 :]
-    if below and below[0] in _ONCE_ONLY_DIRS:
-        return True
-    name = collection_path.name
-    if len(below) == 1 and name in _ONCE_ONLY_FILES:
-        return True
-    if len(below) == 1 and name.startswith("test_process_") and name not in _PROCESS_TESTS_KEPT:
+    if any(below[: len(folder)] == folder for folder in _ONCE_ONLY_DIRS):
         return True
     return None
 

@@ -489,7 +489,7 @@ def _outlive_seconds(param: dict, context: TaskContext) -> float:
 
 
 def outlive(param: dict | None, context: TaskContext) -> int:
-    """Outlives its attempt (tests/test_ended_matrix.py): writes "start" to the journal
+    """Outlives its attempt (tests/races/test_ended_matrix.py): writes "start" to the journal
     (RE_JOURNAL), runs ``seconds`` whatever ``context.is_cancelled()`` says (neither a
     TIMEOUT nor a cancel stops it), writes "end", then raises with ``fail``, else returns."""
     param = param or {}

@@ -1,5 +1,6 @@
 """A Django task outside every installed app: a worker must never import it because a stored
-task names it (tests/test_tasks_backend.py checks it stays out of sys.modules)."""
+task names it (tests/integration/tasks_backend/test_tasks_backend.py checks it stays out of
+sys.modules)."""
 
 from django_reliable_executor.tasks_compat import task
 

@@ -1,5 +1,5 @@
 """The test project's settings without a LOGGING entry, as a project made by startproject has
-(tests/test_process_worker_output.py: what runexecutor shows such a project)."""
+(tests/races/test_process_worker_output.py: what runexecutor shows such a project)."""
 
 from .settings import *  # noqa: F403
 

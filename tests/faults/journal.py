@@ -13,8 +13,7 @@ from pathlib import Path
 
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-
-from ..processes import WorkerProcess, read_journal, wait_until
+from tests.support.processes import WorkerProcess, read_journal, wait_until
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from tests.conftest import BACKENDS, db_params, require
+from tests.support.processes import FAST, LEASE, Backend, service_for, wait_until
 
-from ..conftest import BACKENDS, db_params, require
-from ..processes import FAST, LEASE, Backend, service_for, wait_until
 from .journal import Run, check_runs
 
 TASKS = 120

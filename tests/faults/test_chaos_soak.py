@@ -8,8 +8,8 @@ import json
 import subprocess
 import sys
 
-from ..conftest import require
-from ..processes import ROOT
+from tests.conftest import require
+from tests.support.processes import ROOT
 
 STORAGES = {"sqlite": "default", "mariadb": "mariadb", "postgres": "postgres", "redis": "redis"}
 # One minute each, the faults' intervals shortened to fit one (the published runs use the

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from django_reliable_executor import TaskStatus
-
-from ..conftest import BACKENDS, db_params, require
-from ..processes import Backend, executions, service_for, wait_until
+from tests.conftest import BACKENDS, db_params, require
+from tests.support.processes import Backend, executions, service_for, wait_until
 
 
 @pytest.mark.parametrize("alias", db_params(BACKENDS))

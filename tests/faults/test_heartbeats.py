@@ -27,13 +27,13 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
+from tests.conftest import BACKENDS, db_params, new_storage, redis_client, require
+from tests.support.processes import FAST, LEASE, Backend, service_for, wait_until
 
-from ..conftest import BACKENDS, db_params, new_storage, redis_client, require
-from ..processes import FAST, LEASE, Backend, service_for, wait_until
 from .journal import Run, check_runs
 from .refusals import HEARTBEAT, refused
 
-pytest_plugins = ["tests.redis_servers"]
+pytest_plugins = ["tests.support.redis_servers"]
 
 WINDOW = 2 * LEASE
 TASKS = 60

@@ -10,9 +10,9 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.master.chores import MasterChores
+from tests.conftest import db_params, require
+from tests.support.processes import Backend, service_for, wait_until
 
-from ..conftest import db_params, require
-from ..processes import Backend, service_for, wait_until
 from .journal import check_runs
 from .refusals import refused
 

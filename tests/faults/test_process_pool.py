@@ -11,9 +11,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
-
-from ..conftest import BACKENDS, db_params, require
-from ..processes import Backend, executions, pid_gone, service_for, wait_until
+from tests.conftest import BACKENDS, db_params, require
+from tests.support.processes import Backend, executions, pid_gone, service_for, wait_until
 
 CHILDREN = ("--pool", "process", "--max-pool-size", "3")
 DEADLINE_MS = 5000

@@ -18,15 +18,15 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.core.states import LIVE_STATUSES
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
+from tests.support.processes import MASTER_TTL, Backend, service_for, wait_until
+from tests.support.redis_support import index_problems
 
-from ..processes import MASTER_TTL, Backend, service_for, wait_until
-from ..redis_support import index_problems
 from .journal import Faults, Journal, Run, check_runs
 
 if TYPE_CHECKING:
-    from tests.redis_clusters import Cluster
+    from tests.support.redis_clusters import Cluster
 
-pytest_plugins = ["tests.redis_servers"]  # redis_replicated_cluster
+pytest_plugins = ["tests.support.redis_servers"]  # redis_replicated_cluster
 
 # Far longer than anything a failover makes a worker wait (a manual failover switches in well
 # under a second, a forced one in about one), so no lease lapses while the workers live: a

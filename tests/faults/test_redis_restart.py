@@ -11,16 +11,16 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.storage.redis import RedisStorage
+from tests.conftest import db_params
+from tests.support.processes import MASTER_TTL, Backend, service_for, wait_until
+from tests.support.redis_support import index_problems
 
-from ..conftest import db_params
-from ..processes import MASTER_TTL, Backend, service_for, wait_until
-from ..redis_support import index_problems
 from .journal import Run, check_runs
 
 if TYPE_CHECKING:
-    from tests.redis_servers import SpareServers
+    from tests.support.redis_servers import SpareServers
 
-pytest_plugins = ["tests.redis_servers"]  # spare_redis
+pytest_plugins = ["tests.support.redis_servers"]  # spare_redis
 
 LEASE = 8.0  # seconds: far longer than the outage, so no lease can lapse during it
 FAST = {"lease_timeout": LEASE, "master_lock_ttl": MASTER_TTL}

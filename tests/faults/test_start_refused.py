@@ -8,9 +8,9 @@ import time
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from tests.conftest import DB_ALIASES, db_params, require
+from tests.support.processes import Backend, service_for, wait_until
 
-from ..conftest import DB_ALIASES, db_params, require
-from ..processes import Backend, service_for, wait_until
 from .journal import check_runs
 from .refusals import refused
 

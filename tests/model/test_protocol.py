@@ -32,8 +32,8 @@ from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.core.records import Claim
 from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from tests import contract_support  # noqa: F401 - registers the contract.hook handler
 from tests.conftest import delete_prefix, new_storage, redis_client
+from tests.support import contract_support  # noqa: F401 - registers the contract.hook handler
 
 from .reference import TERMINAL, Model, Refused, Spec, StillRunning
 

@@ -6,8 +6,7 @@ import pytest
 from django.test import override_settings
 
 from django_reliable_executor.checks import check_settings
-
-from .test_conf import BAD_SETTINGS
+from tests.support.bad_settings import BAD_SETTINGS
 
 
 @pytest.mark.parametrize("key", sorted(BAD_SETTINGS))

@@ -9,40 +9,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_reliable_executor.conf import KNOWN_KEYS, ExecutorSettings, get_settings, validate
+from tests.support.bad_settings import BAD_SETTINGS
 
-BAD_SETTINGS = {
-    "STORAGE": ["mongo", None],
-    "DATABASE_ALIAS": ["", "   ", 3],
-    "REDIS_URL": ["http://localhost", 6379],
-    "REDIS_CACHE_ALIAS": ["", 5],
-    "REDIS_CLUSTER": ["yes", 1, None],
-    "REDIS_SENTINEL": ["mymaster", {}, {"sentinels": [], "service_name": "m"}],
-    "REDIS_OPTIONS": [None, [], {1: 2}],
-    "KEY_PREFIX": ["", "a b", "with{brace}", None],
-    "REDIS_SHARDS": [0, -1, 16385, 2.0, True, "4", None],
-    "CORE_POOL_SIZE": [0, -1, True, 2.0],
-    "MAX_POOL_SIZE": [0, "10"],
-    "QUEUE_CAPACITY": [-1, 1.5],
-    "ASYNC_CONCURRENCY": [-1, 2.5, True, "100"],
-    "POOL": ["threads", "", None, 2],
-    "MAX_TASKS_PER_CHILD": [0, -1, 2.5, True, "100"],
-    "POLL_INTERVAL": [0, -0.5, "1", False],
-    "LEASE_TIMEOUT": [0, None],
-    "MASTER_LOCK_TTL": [0, "10"],
-    "DEFAULT_RETRY_LIMIT": [-1, 2.0, True],
-    "DEFAULT_RETRY_INTERVAL": [-1, 0.5],
-    "DEFAULT_RETRY_BACKOFF": ["linear", None],
-    "DEFAULT_RETRY_BACKOFF_MAX": [-1, "300000"],
-    "DEFAULT_MAX_DURATION": [0, -1, 1.5, True],
-    "FINISHED_RETENTION": [-1, "7d"],
-    "MAX_PARAMETER_BYTES": [0, 1.5],
-    "ALLOW_UNKNOWN_TASKS": ["yes", 1, None],
-    "METRICS_PORT": [-1, 65536, "9100", True],
-    "API_KEYS": [["k"], {"k": "short"}, {"bad id": "s" * 32}, {"": "s" * 32}, {"k": 123}],
-    "API_SIGNATURE_WINDOW": [0, -5, 3601, "300", True, None],
-    "SCHEDULE_MISFIRE_GRACE": [-1, "60", True, None],
-    "SCHEDULE_CATCH_UP_LIMIT": [0, -1, 1.5, True],
-}
 GOOD_SETTINGS = {
     "STORAGE": "redis",
     "DATABASE_ALIAS": "other",

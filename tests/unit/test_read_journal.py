@@ -1,6 +1,6 @@
 """The journal reader the process tests share: half-written and cut lines."""
 
-from tests.processes import read_journal
+from tests.support.processes import read_journal
 
 
 def test_a_half_written_last_line_waits_for_the_next_read(tmp_path):

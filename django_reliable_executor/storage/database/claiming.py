@@ -303,7 +303,7 @@ class Claiming(RateLimiting):
         joins (a nested-loop semi-join, chosen once the table's statistics say so), and each
         run skips the rows this statement has already claimed (SKIP LOCKED, and a row this
         command updated is not locked again) so it returns the next ones: one claim for 1
-        took every due task (tests/test_claim_limit.py; the chaos soak's max_concurrency
+        took every due task (tests/contract/test_claim_limit.py; the chaos soak's max_concurrency
         excess on PostgreSQL)."""
         postgresql = self.vendor == "postgresql"
         chosen, chosen_params = self._pick_sql(pick)

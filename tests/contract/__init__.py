@@ -1,0 +1,1 @@
+"""The storage contract: every transition's rules, on SQLite, MariaDB, PostgreSQL and Redis."""

@@ -1,0 +1,1 @@
+"""The admin: pages, actions and permissions (the browser tests drive Chromium)."""

@@ -1,0 +1,1 @@
+"""The HTTP API: endpoints, signatures, permissions and input checks."""

@@ -1,0 +1,1 @@
+"""The management commands: runexecutor, the health check, paused queues."""

@@ -1,0 +1,2 @@
+"""The database storage's surroundings: connections, server settings, indexes,
+migrations, isolation."""

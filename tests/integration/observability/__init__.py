@@ -1,0 +1,1 @@
+"""What the executor emits: metrics and Sentry scopes."""

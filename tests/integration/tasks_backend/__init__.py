@@ -1,0 +1,1 @@
+"""The Django Tasks backend, in process and under a worker."""

@@ -1,0 +1,2 @@
+"""The Redis storage: connections, Cluster, outages, server settings;
+Lua scripts and shards below."""
