@@ -57,7 +57,7 @@ class DatabaseStorage(
     conversions and the SQL fragments the parts share."""
 
     supports_transactional_enqueue = True
-    #: Idle workers wait in wait_for_work (wakeups.py): woken by a NOTIFY (PostgreSQL) or the
+    #: Idle workers wait in wait_for_work (waiting.py): woken by a NOTIFY (PostgreSQL) or the
     #: marker file (SQLite), after a short wait growing with idleness (MariaDB/MySQL).
     blocking_wait = True
 

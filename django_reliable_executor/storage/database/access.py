@@ -21,7 +21,7 @@ from ...core.states import TaskStatus
 from ...models import ReliableTask
 from ..base import TaskStorage
 from .rows import TERMINAL, lock_conflict, spans, to_info
-from .wakeups import Wakeups
+from .waiting import Wakeups
 
 logger = logging.getLogger("django_reliable_executor")
 T = TypeVar("T")
@@ -149,7 +149,7 @@ class DatabaseAccess(TaskStorage):
             )
             return {row[0] for row in cursor.fetchall()}
 
-    # -- waking idle workers (wakeups.py) -----------------------------------------------------
+    # -- waking idle workers (waiting.py) -----------------------------------------------------
     @functools.cached_property
     def _wakeups(self) -> Wakeups:
         return Wakeups(self.alias, self.vendor, ReliableTask._meta.db_table)
