@@ -24,6 +24,7 @@ from django_reliable_executor.api import nonces
 from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
+from django_reliable_executor.storage.database import locks as nonce_rows
 from tests.admin_support import ADMIN_APPS, admin_params, boom, make_user, run_one
 from tests.conftest import BACKENDS, REDIS_URL, db_params, delete_prefix, redis_client, require
 from tests.contract_support import HOOKS, claim_and_start
@@ -632,7 +633,7 @@ def test_database_nonces_expire_and_are_purged():
         ReliableApiNonce.objects.filter(key=f"{KEY_ID}:{'n' * 16}").update(expires_at=past)
         assert nonces.claim(KEY_ID, "n" * 16, 60)
         ReliableApiNonce.objects.create(key="old:x", expires_at=past)
-        nonces._last_purge = 0.0  # the next claim purges
+        nonce_rows._last_purge = 0.0  # the next claim purges
         assert nonces.claim(KEY_ID, "m" * 16, 60)
         assert not ReliableApiNonce.objects.filter(key="old:x").exists()
 

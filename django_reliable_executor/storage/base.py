@@ -64,6 +64,12 @@ class TaskStorage(ScheduleStorage):
         self.limited_homes: Callable[[], Mapping[str, str]] = dict
 
     @property
+    def transaction_alias(self) -> str | None:
+        """The Django database alias whose transactions the tasks' writes join (the database
+        storage's); None when the tasks live outside Django's databases (Redis)."""
+        return None
+
+    @property
     def chore_shards(self) -> int:
         """How many parts the chores split into, each run by the holder of its own lock
         (chore_lock_name); 1 (the master's alone) but on a sharded Redis storage."""
@@ -454,6 +460,11 @@ class TaskStorage(ScheduleStorage):
     def lock_owners(self, names: Sequence[str]) -> dict[str, str | None]:
         """lock_owner of each name."""
         return {name: self.lock_owner(name) for name in names}
+
+    @abc.abstractmethod
+    def spend_nonce(self, name: str, ttl_seconds: float) -> bool:
+        """Remember the one-time ``name`` for ``ttl_seconds``; False if it is already
+        remembered (a replayed signed request: api/nonces.py)."""
 
     @abc.abstractmethod
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:

@@ -139,8 +139,8 @@ class TaskRunner:
     @property
     def _alias(self) -> str | None:
         """The task database's alias (see connections.out_of_reach); None on Redis."""
-        alias = getattr(self.storage, "alias", None)
-        return alias if isinstance(alias, str) else None
+        alias: str | None = self.storage.transaction_alias
+        return alias
 
     @staticmethod
     def is_async(claim: Claim) -> bool:

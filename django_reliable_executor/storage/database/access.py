@@ -48,6 +48,10 @@ class DatabaseAccess(TaskStorage):
         self._max_packet: int | None = None
 
     @property
+    def transaction_alias(self) -> str | None:
+        return self.alias
+
+    @property
     def backoff_cap_millis(self) -> int:
         if self._backoff_cap_millis is None:
             from ...conf import get_settings
