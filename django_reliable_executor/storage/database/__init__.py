@@ -54,7 +54,9 @@ class DatabaseStorage(
     (``_retrying``) and the retry backoff cap; it declares ``_enqueue``, which Submitting
     implements and Schedules fires through, and ``_take_unique_key``, which UniqueKeys
     implements and Submitting takes unique tasks' keys with. rows.py holds the row/record
-    conversions and the SQL fragments the parts share."""
+    conversions and the SQL fragments the parts share. The rate limits are not a part but
+    the RateLog collaborator that Claiming holds (rate_log.py), and the module rate_starts.py
+    that Transitions.start_many calls."""
 
     supports_transactional_enqueue = True
     #: Idle workers wait in wait_for_work (waiting.py): woken by a NOTIFY (PostgreSQL) or the

@@ -1,16 +1,19 @@
-"""Reading tasks from the database storage: get, list, count, has_work."""
+"""Reading tasks from the database storage: get, list, count, has_work, rate_use."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from django.db import connections
 from django.db.models import Count
 from django.db.models.functions import Left, Substr
 
 from ...core.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
-from ...core.records import TaskInfo, TaskQuery
+from ...core.rate_limits import RateLimit
+from ...core.records import RateUse, TaskInfo, TaskQuery
 from ...core.states import TaskStatus
+from ...models import ReliableRateLog
 from .access import DatabaseAccess
 from .rows import (
     WAITING,
@@ -94,3 +97,34 @@ class Reading(DatabaseAccess):
             qs.filter(status=TaskStatus.RUNNING.value).exists()
             or qs.filter(status__in=WAITING, run_at__lte=horizon).exists()
         )
+
+    def rate_use(self, limits: Mapping[str, RateLimit]) -> list[RateUse]:
+        now = self.clock.now()
+        table = connections[self.alias].ops.quote_name(ReliableRateLog._meta.db_table)
+        uses = []
+        with connections[self.alias].cursor() as cursor:
+            for name, rate in limits.items():
+                window_start = now - dt.timedelta(seconds=rate.window_seconds)
+                log_start = now - dt.timedelta(seconds=rate.log_window_seconds)
+                cursor.execute(
+                    "SELECT rate_key, SUM(CASE WHEN claimed_at > %s THEN claims ELSE 0 END), "
+                    f"SUM(claims) FROM {table} WHERE name = %s AND claimed_at > %s "
+                    "GROUP BY rate_key",
+                    [self._dt(window_start), name, self._dt(log_start)],
+                )
+                rows = [(key, int(recent or 0), int(n)) for key, recent, n in cursor.fetchall()]
+                full = [key for key, _, n in rows if n >= rate.count]
+                held = 0
+                if full:
+                    cursor.execute(
+                        f"SELECT COUNT(*) FROM {self._table} WHERE available = %s "
+                        "AND task_name = %s AND run_at <= %s AND COALESCE(rate_key, '') "
+                        f"IN ({', '.join(['%s'] * len(full))})",
+                        [True, name, self._dt(now), *full],
+                    )
+                    (held,) = cursor.fetchone()
+                recent = [r for _, r, _ in rows]
+                busiest = max(recent, default=0)
+                keys = sum(1 for r in recent if r)
+                uses.append(RateUse(name, rate, sum(recent), busiest, keys, int(held)))
+        return uses
