@@ -19,11 +19,10 @@ from .dependencies import Dependencies
 from .locks import Locks
 from .pausing import Pausing
 from .progress import ProgressReports
-from .reading import Reading
+from .reading import Reading, ThroughputReading
 from .schedules import Schedules
 from .server_config import mysql_warnings, postgresql_warnings
 from .submitting import Submitting
-from .throughput import ThroughputReading
 from .transitions import Transitions
 from .unique_keys import UniqueKeys
 from .workers import Workers

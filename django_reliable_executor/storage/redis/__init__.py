@@ -126,8 +126,7 @@ from .listing import Listing
 from .locks import Locks
 from .pausing import Pausing
 from .progress import ProgressReports
-from .rate_limits import RateReading
-from .reading import Reading
+from .reading import RateReading, Reading
 from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .submitting import Submitting
