@@ -84,7 +84,7 @@ class Claiming(DatabaseAccess):
         parts: list[Sequence[Claim]] = []
         if self.vendor == "sqlite" and due & request.rate_limits.keys():
             # SQLite: the rate-limited names far below their limits first, each without a
-            # transaction (_claim_reserving).
+            # transaction (rate_reserve.claim_reserving).
             parts, due = claim_reserving(self._rate_log, request, whole, due)
             request = dataclasses.replace(request, limit=request.limit - sum(map(len, parts)))
         if request.limit > 0 and self.vendor == "sqlite" and due & request.rate_limits.keys():

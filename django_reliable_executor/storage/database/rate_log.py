@@ -13,7 +13,7 @@ has room for the whole batch, the tasks are claimed in one statement that reads 
 too (no candidates read first; on PostgreSQL the same statement writes their log rows).
 
 On SQLite a name far below its limit (its last claim here found the window at most half full
-with its batch) takes no transaction (``_reserve_and_take``): its tasks are read, logged by one
+with its batch) takes no transaction (rate_reserve.py): its tasks are read, logged by one
 statement that counts the window itself and logs nothing unless they leave it at most half
 full, then claimed by id. The log counts them before they are claimed, which is safe.
 
@@ -127,7 +127,7 @@ class RateLog:
         *,
         joined: bool = False,
     ) -> list[Sequence[Claim]]:
-        """Claims of the rate-limited names of ``request`` that ``_due_names`` found due, each
+        """Claims of the rate-limited names of ``request`` that ``due_names`` found due, each
         name within its limit (and its cap), a sequence per name; ``joined``: in the caller's
         transaction."""
         claims: list[Sequence[Claim]] = []
@@ -160,7 +160,7 @@ class RateLog:
         ``wait_for_work``.
 
         On SQLite the same read returns the tasks a name far below its limit would take
-        (``_reserve_and_take``'s candidates, kept in ``_candidates``): one statement fewer."""
+        (rate_reserve.py's candidates, kept in ``candidates``): one statement fewer."""
         names = list(dict.fromkeys([*request.rate_limits, *request.name_limits]))
         known_full: dict[str, dict[str, float]] = {}
         selects, params = [], []
@@ -244,7 +244,7 @@ class RateLog:
                 self.storage._lock_name(cursor, quote(ReliableNameLock._meta.db_table), name)
                 self.trim(cursor, quote(ReliableRateLog._meta.db_table), name, now, rate)
                 used = self._window_use(cursor, name, now, rate, pick.limit)
-                # SQLite: the next round tries _claim_reserving first only if this one is
+                # SQLite: the next round tries rate_reserve.py first only if this one is
                 # far below the limit.
                 self.far_below[name] = used is None
                 limit = pick.limit
@@ -269,7 +269,7 @@ class RateLog:
         limit: int,
     ) -> tuple[list[Claim], list[str], bool]:
         """Up to ``limit`` claims of ``pick.name`` within each key's room, their keys, and
-        whether their log rows are written already (at ``_stamps``' times). ``used`` None:
+        whether their log rows are written already (at ``stamp_times``). ``used`` None:
         every key stays at most half full with the whole batch (``_window_use``)."""
         if limit <= 0:
             return [], [], False
@@ -280,7 +280,7 @@ class RateLog:
             whole = dataclasses.replace(pick, limit=limit)
             leads = used is None or rate.has_room_to_lead(busiest + limit)
             if self.storage.vendor == "postgresql" and leads:
-                # Every key's entries are logged ahead (_stamps): by the same statement.
+                # Every key's entries are logged ahead (stamp_times): by the same statement.
                 lead = pick.now + dt.timedelta(seconds=rate.lead_seconds)
                 return (*self.storage._take_logged(whole, lead), True)
             return (*self.storage._take_keyed(whole), False)

@@ -48,7 +48,7 @@ def claim_reserving(
 def _reserve_and_take(log: RateLog, pick: Pick, rate: RateLimit) -> Sequence[Claim] | None:
     """SQLite: up to ``pick.limit`` due tasks of ``pick.name`` while the window stays at
     most half full with them, without a transaction: read the tasks to take and their
-    keys (unless the round's first read did: ``_due_names``); log them ahead, in one
+    keys (unless the round's first read did: ``RateLog.due_names``); log them ahead, in one
     statement that counts the window itself and writes nothing unless they leave it at
     most half full (None then: not far below its limit); claim them by id; and take out
     of the log the tasks another worker claimed meanwhile. Each statement holds the
