@@ -20,7 +20,7 @@ The worker's CPU per task is its process's user + system time over the drain (/p
 A second drain of the same size (``--per-script``, default on) runs with ``SLOWLOG`` recording
 every command (``slowlog-log-slower-than 0``): EVALSHA names only a script's SHA1 in
 commandstats, the slowlog has its arguments, so each script's calls and microseconds are
-summed by SHA1 (mapped to the script names of storage/lua/). It is a separate pass because the
+summed by SHA1 (mapped to the script names of storage/redis/lua/). It is a separate pass because the
 slowlog costs Redis time of its own; its figures are for the split between scripts only.
 
 ``--shards N`` sets ``REDIS_SHARDS`` (the queues spread over N hash tags) and ``--queues Q``

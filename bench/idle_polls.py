@@ -10,7 +10,7 @@ serving ``--queues`` queues, which are picked so that they fall on the shards in
 on shard i mod N). No task is submitted. Once every worker is ready and a few seconds have
 passed (its start-up writes are not counted), it records every command the workers send for
 ``--seconds`` seconds with MONITOR (not those the scripts run) and sorts them: scripts by name
-(SHA1 of storage/lua/), other commands by name, and each by the shard whose keys it names.
+(SHA1 of storage/redis/lua/), other commands by name, and each by the shard whose keys it names.
 
 Prints one JSON line: ``per_poll`` is the count divided by the polls (``--seconds`` over
 POLL_INTERVAL, times the workers): ``claim`` is the fetchers' claim.lua, ``blpop`` their waits,

@@ -42,7 +42,7 @@ class Mutant:
 
 
 DB = "django_reliable_executor/storage/database/"
-LUA = "django_reliable_executor/storage/lua/"
+LUA = "django_reliable_executor/storage/redis/lua/"
 
 MUTANTS = [
     Mutant(

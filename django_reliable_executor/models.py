@@ -181,7 +181,7 @@ class ReliableRateLog(models.Model):
     """rate_limit's sliding log: one row per claim round, rate key and time of a rate-limited
     task name, counting that round's claims (``claims``), at the claim's time; a start that
     waited too long moves its claim out of the row to one at the start's time. Counted for the
-    limit's window (plus its margin, see rate_limits.py), then trimmed by a claim of the name
+    limit's window (plus its margin, see core/rate_limits.py), then trimmed by a claim of the name
     (at most once per margin in each process). Claims and starts of the name read and write it
     under the name's ReliableNameLock row."""
 

@@ -17,7 +17,7 @@ PACKAGE = "django_reliable_executor"
 # Patterns the wheel must match at least once each (fnmatch-style, by path inside the wheel).
 REQUIRED = {
     "py.typed": f"{PACKAGE}/py.typed",
-    "a Lua script": f"{PACKAGE}/storage/lua/",
+    "a Lua script": f"{PACKAGE}/storage/redis/lua/",
     "an admin template": f"{PACKAGE}/templates/",
     "a migration": f"{PACKAGE}/migrations/0001_initial.py",
     "the licence": ".dist-info/licenses/LICENSE",

@@ -204,7 +204,7 @@ def _clear_hooks():
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_wake_marker() -> Iterator[None]:
-    """The SQLite test database's wake-up marker file (storage/database/wakeups.py) outlives the
+    """The SQLite test database's wake-up marker file (storage/database/waiting.py) outlives the
     database file Django deletes at the end: remove it too."""
     yield
     from django.db import connections

@@ -214,7 +214,7 @@ class Claim:
     deadline_at: dt.datetime | None
     # A claim of a rate-limited name on the database storage: its limit, and the time and
     # rate key ("" for none) it was logged under, which its start checks (see
-    # storage/database/rate_limits.py).
+    # storage/database/rate_log.py and rate_starts.py).
     rate_limit: RateLimit | None = None
     rate_logged_at: dt.datetime | None = None
     rate_key: str = ""

@@ -31,7 +31,7 @@ def open_transaction(settings: ExecutorSettings) -> str | None:
 
 def after_commit(storage: TaskStorage, callback: Callable[[], object]) -> None:
     """Run now, or when the caller's transaction on the task database commits."""
-    alias = getattr(storage, "alias", None)
+    alias = storage.transaction_alias
     if alias is not None and transaction.get_connection(alias).in_atomic_block:
         transaction.on_commit(callback, using=alias)
     else:

@@ -1,4 +1,44 @@
-"""The storage interface: one method per state change, each atomic, taking and returning records."""
+"""The storage interface: one method per state change, each atomic, taking and returning records.
+
+Where each method lives in the two backends, as ``<module of storage/database/> / <module of
+storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``: that module's;
+``access``: the backend's access base; ``__init__``: the backend's package). The same module
+on both sides is the rule; ``_list`` is the one exception meant to stay (Redis's listing.py
+holds the walks of its list indexes); the other rows that differ are still to align.
+tests/unit/test_storage_modules.py keeps the table true.
+
+    submitting / submitting: enqueue
+    reading / submitting: unique_holder
+    base / access: new_task_id
+    batches / batches: add_to_batch existing_ids get_batch open_batch purge_batches seal_batch
+    base / base: claim list purge_finished throughput
+    claiming / claiming: _claim
+    transitions / transitions: start start_many complete complete_many fail expire_claim
+    transitions / transitions: release handler_returned cancel retry
+    transitions / claiming: heartbeat
+    progress / progress: record_progress
+    pausing / pausing: pause_queue paused_queues resume_queue
+    chores / chores: _purge_finished expire_overdue recover_expired
+    base / chores: promote_due
+    base / access: deliver_messages
+    chores / base: mark_limited
+    reading / reading: _minute_counts count count_by_queue dependents_of get_many has_work
+    reading / reading: oldest_due oldest_due_by_queue rate_use
+    reading / listing: _list
+    access / access: close get
+    access / claiming: wait_for_work wake
+    access / base: stop_waiting
+    locks / locks: acquire_lock lock_owner release_lock spend_nonce
+    base / locks: lock_owners
+    workers / workers: forget_workers worker_gone worker_last_seen worker_seen workers
+    base / access: check_layout chores_on
+    __init__ / access: server_warnings
+    schedules / schedules: count_schedules delete_schedule due_schedules get_schedules
+    schedules / schedules: list_schedules next_schedule_due set_schedule_paused
+    schedule_base / schedule_base: save_schedules
+    schedule_base / schedule_fires: fire_due
+    schedules / schedule_fires: fire_schedules
+"""
 
 from __future__ import annotations
 
@@ -53,6 +93,12 @@ class TaskStorage(ScheduleStorage):
         #: that queue, whatever queue it is submitted to, so that its limits are kept in one
         #: place (docs/redis-shards.md, "A limited name's home shard").
         self.limited_homes: Callable[[], Mapping[str, str]] = dict
+
+    @property
+    def transaction_alias(self) -> str | None:
+        """The Django database alias whose transactions the tasks' writes join (the database
+        storage's); None when the tasks live outside Django's databases (Redis)."""
+        return None
 
     @property
     def chore_shards(self) -> int:
@@ -445,6 +491,11 @@ class TaskStorage(ScheduleStorage):
     def lock_owners(self, names: Sequence[str]) -> dict[str, str | None]:
         """lock_owner of each name."""
         return {name: self.lock_owner(name) for name in names}
+
+    @abc.abstractmethod
+    def spend_nonce(self, name: str, ttl_seconds: float) -> bool:
+        """Remember the one-time ``name`` for ``ttl_seconds``; False if it is already
+        remembered (a replayed signed request: api/nonces.py)."""
 
     @abc.abstractmethod
     def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:

@@ -36,8 +36,8 @@ class FailureRecorder:
     @property
     def _alias(self) -> str | None:
         """The task database's alias (see connections.out_of_reach); None on Redis."""
-        alias = getattr(self.storage, "alias", None)
-        return alias if isinstance(alias, str) else None
+        alias: str | None = self.storage.transaction_alias
+        return alias
 
     def record_timed_out(
         self, claim: Claim, seconds: float, what_happened: str, attempt: Attempt | None = None

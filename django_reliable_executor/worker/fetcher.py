@@ -66,7 +66,7 @@ class Fetcher:
         # max_concurrency of the registered handlers: enforced by the storage at each claim.
         self.name_limits = registry.name_limits()
         # rate_limit of the registered handlers: enforced by the storage at each claim (and
-        # at each start, see rate_limits.py).
+        # at each start, see storage/database/rate_starts.py).
         self.rate_limits = registry.rate_limits()
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT

@@ -18,7 +18,7 @@ from django.db.backends.signals import connection_created
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, registry
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.database import DatabaseStorage
-from django_reliable_executor.storage.database.wakeups import (
+from django_reliable_executor.storage.database.waiting import (
     IDLE_FRACTION,
     MIN_WAIT,
     listen_params,

@@ -19,11 +19,10 @@ from .dependencies import Dependencies
 from .locks import Locks
 from .pausing import Pausing
 from .progress import ProgressReports
-from .reading import Reading
+from .reading import Reading, ThroughputReading
 from .schedules import Schedules
 from .server_config import mysql_warnings, postgresql_warnings
 from .submitting import Submitting
-from .throughput import ThroughputReading
 from .transitions import Transitions
 from .unique_keys import UniqueKeys
 from .workers import Workers
@@ -54,10 +53,12 @@ class DatabaseStorage(
     (``_retrying``) and the retry backoff cap; it declares ``_enqueue``, which Submitting
     implements and Schedules fires through, and ``_take_unique_key``, which UniqueKeys
     implements and Submitting takes unique tasks' keys with. rows.py holds the row/record
-    conversions and the SQL fragments the parts share."""
+    conversions and the SQL fragments the parts share. The rate limits are not a part but
+    the RateLog collaborator that Claiming holds (rate_log.py), and the module rate_starts.py
+    that Transitions.start_many calls."""
 
     supports_transactional_enqueue = True
-    #: Idle workers wait in wait_for_work (wakeups.py): woken by a NOTIFY (PostgreSQL) or the
+    #: Idle workers wait in wait_for_work (waiting.py): woken by a NOTIFY (PostgreSQL) or the
     #: marker file (SQLite), after a short wait growing with idleness (MariaDB/MySQL).
     blocking_wait = True
 

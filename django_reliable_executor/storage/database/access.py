@@ -18,10 +18,10 @@ from django.db.models import Q, QuerySet
 from ...core.clock import Clock
 from ...core.records import Claim, NewTask, TaskInfo
 from ...core.states import TaskStatus
-from ...models import ReliableTask
+from ...models import ReliableNameLock, ReliableTask
 from ..base import TaskStorage
 from .rows import TERMINAL, lock_conflict, spans, to_info
-from .wakeups import Wakeups
+from .waiting import Wakeups
 
 logger = logging.getLogger("django_reliable_executor")
 T = TypeVar("T")
@@ -46,6 +46,10 @@ class DatabaseAccess(TaskStorage):
         self.alias = alias
         self._backoff_cap_millis = backoff_cap_millis
         self._max_packet: int | None = None
+
+    @property
+    def transaction_alias(self) -> str | None:
+        return self.alias
 
     @property
     def backoff_cap_millis(self) -> int:
@@ -149,7 +153,11 @@ class DatabaseAccess(TaskStorage):
             )
             return {row[0] for row in cursor.fetchall()}
 
-    # -- waking idle workers (wakeups.py) -----------------------------------------------------
+    # -- waking idle workers (waiting.py) -----------------------------------------------------
+    #: time.time() at which the earliest window that held back a due task frees (set by each
+    #: claim, rate_log.py; ``wait_for_work`` ends then at the latest).
+    rate_free_at: float | None = None
+
     @functools.cached_property
     def _wakeups(self) -> Wakeups:
         return Wakeups(self.alias, self.vendor, ReliableTask._meta.db_table)
@@ -161,9 +169,12 @@ class DatabaseAccess(TaskStorage):
         return self._wakeups.wait(queues, self._rate_timeout(timeout, self.clock.now().timestamp()))
 
     def _rate_timeout(self, timeout: float, now: float) -> float:
-        """rate_limit (rate_limits.py): the wait ends when a window that held a task back
-        frees, at the latest."""
-        return timeout
+        """rate_limit (rate_log.py): ``timeout`` shortened to end when a window that held a
+        task back in the last claim frees."""
+        free_at = self.rate_free_at
+        if free_at is None:
+            return timeout
+        return max(0.001, min(timeout, free_at - now))
 
     def wake(self, queues: Sequence[str]) -> None:
         # Local: every waiting thread of this process looks again (stop, a freed slot).
@@ -309,6 +320,49 @@ class DatabaseAccess(TaskStorage):
     def close(self) -> None:
         self.stop_waiting()
         connections[self.alias].close()
+
+    # -- serialising on a task name (max_concurrency, rate_limit) --------------------------
+    def _lock_name(self, cursor: Any, table: str, name: str) -> None:
+        """Hold the name's lock row until the transaction ends, creating it on first use. On
+        SQLite with ``transaction_mode`` IMMEDIATE or EXCLUSIVE, nothing: the transaction's
+        BEGIN took the database's write lock, which serialises more than the row would."""
+        connection = connections[self.alias]
+        if self.vendor == "sqlite" and self._begins_writing(connection):
+            return
+        column = connection.ops.quote_name("name")
+        for _ in range(2):
+            if self.vendor == "sqlite":
+                # SQLite: the first write of the transaction takes the database's write lock,
+                # so everything read after it is read alone.
+                cursor.execute(
+                    f"UPDATE {table} SET {column} = {column} WHERE {column} = %s", [name]
+                )
+                if cursor.rowcount:
+                    return
+            else:
+                cursor.execute(
+                    f"SELECT {column} FROM {table} WHERE {column} = %s FOR UPDATE", [name]
+                )
+                if cursor.fetchone() is not None:
+                    return
+            ReliableNameLock.objects.using(self.alias).bulk_create(
+                [ReliableNameLock(name=name)], ignore_conflicts=True
+            )
+            if self.vendor == "sqlite":
+                return  # the INSERT (or the conflict it ignored) took the write lock
+        raise AssertionError(f"the lock row of task name {name!r} cannot be created")
+
+    @staticmethod
+    def _begins_writing(connection: Any) -> bool:
+        """SQLite: the open transaction took the write lock at its BEGIN (Django 5.1's
+        ``transaction_mode`` IMMEDIATE or EXCLUSIVE, which ``atomic`` begins with under
+        autocommit), so everything it reads is read alone."""
+        mode = getattr(connection, "transaction_mode", None)
+        return (
+            connection.in_atomic_block
+            and mode in ("IMMEDIATE", "EXCLUSIVE")
+            and connection.settings_dict.get("AUTOCOMMIT", True)
+        )
 
     def _retrying(self, operation: Callable[[], T]) -> T:
         """Run a short transaction again when the database rolled it back as a deadlock

@@ -16,12 +16,15 @@ from ...core.queries import ClaimRequest
 from ...core.records import Claim, copy_with
 from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliablePausedQueue, ReliableRateLog
-from .rate_limits import RateLimiting
+from .access import DatabaseAccess
+from .rate_log import RateLog
+from .rate_reserve import claim_reserving
 from .rows import (
     CLAIM_COLUMNS_SQL,
     CLAIM_FIELDS,
     LIVE,
     RATE_KEY_SQL,
+    Pick,
     claim_from_row,
 )
 
@@ -44,23 +47,7 @@ ASYNC_COMMIT_CTE = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Pick:
-    """One claiming statement's choice: up to ``limit`` due tasks of ``queues`` for
-    ``worker_id`` under a lease until ``lease_until``, leaving out the ``excluded`` task
-    names, or only those of ``name`` (and of ``ids``, where given)."""
-
-    worker_id: str
-    queues: tuple[str, ...]
-    limit: int
-    now: dt.datetime
-    lease_until: dt.datetime
-    excluded: tuple[str, ...] = ()
-    name: str | None = None
-    ids: tuple[str, ...] = ()  # only these tasks (rate_limit's choice)
-
-
-class Claiming(RateLimiting):
+class Claiming(DatabaseAccess):
     """claim: SKIP LOCKED batches, or one UPDATE ... RETURNING on SQLite.
 
     With ``name_limits``, the tasks of each capped name are claimed first, each name in its
@@ -70,7 +57,16 @@ class Claiming(RateLimiting):
     slot. The rest of the batch is claimed as before with the capped names left out, so a
     capped name never holds up the others. On SQLite, a round with rate-limited names due
     runs whole in one write transaction (see ``_claim``).
+
+    The rate-limited names are claimed by the storage's RateLog (rate_log.py; on SQLite, the
+    names far below their limits by rate_reserve.py), which takes the tasks with the
+    statements here.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Made here, not on first use: the worker's threads share the storage object.
+        self._rate_log = RateLog(self)
 
     def _claim(self, request: ClaimRequest) -> list[Claim]:
         now = self.clock.now()
@@ -85,12 +81,12 @@ class Claiming(RateLimiting):
         probed = request.rate_limits or request.name_limits
         # The names with tasks due, None standing for every other name (not probed: no
         # limited name, so only the others, claimed in one statement).
-        due: set[str | None] = self._due_names(whole, request) if probed else {None}
+        due: set[str | None] = self._rate_log.due_names(whole, request) if probed else {None}
         parts: list[Sequence[Claim]] = []
         if self.vendor == "sqlite" and due & request.rate_limits.keys():
             # SQLite: the rate-limited names far below their limits first, each without a
-            # transaction (_claim_reserving).
-            parts, due = self._claim_reserving(request, whole, due)
+            # transaction (rate_reserve.claim_reserving).
+            parts, due = claim_reserving(self._rate_log, request, whole, due)
             request = dataclasses.replace(request, limit=request.limit - sum(map(len, parts)))
         if request.limit > 0 and self.vendor == "sqlite" and due & request.rate_limits.keys():
             # SQLite, a rate-limited name left: the rest of the round is one write
@@ -117,16 +113,16 @@ class Claiming(RateLimiting):
         joined: bool = False,
     ) -> list[Sequence[Claim]]:
         """The claims of a round, a sequence per statement: the rate-limited and capped names
-        ``_due_names`` found due, then, when it found them due (None), the rest in one
+        ``RateLog.due_names`` found due, then, when it found them due (None), the rest in one
         statement; ``joined``: all in the caller's transaction."""
-        parts = self._claim_rate_limited(request, whole, due, joined=joined)
+        parts = self._rate_log.claim_rate_limited(request, whole, due, joined=joined)
         taken = sum(map(len, parts))
         for name, cap in request.name_limits.items():
             room = request.limit - taken
             if room <= 0:
                 break
             if name in request.rate_limits or name not in due:
-                continue  # claimed by _claim_rate_limited (its cap included), or none due
+                continue  # claimed by claim_rate_limited (its cap included), or none due
             pick = dataclasses.replace(whole, limit=room, name=name)
             claim = functools.partial(self._claim_capped, pick, cap, joined=joined)
             parts.append(self._retrying(claim))
@@ -221,7 +217,7 @@ class Claiming(RateLimiting):
         return f"AND queue NOT IN (SELECT queue FROM {paused}) "
 
     def _claim_capped(self, pick: Pick, cap: int, *, joined: bool = False) -> list[Claim]:
-        """Up to ``pick.limit`` due tasks of ``pick.name`` (which ``_due_names`` found due),
+        """Up to ``pick.limit`` due tasks of ``pick.name`` (which ``RateLog.due_names`` found due),
         never more than its free slots, serialised on the name's lock row, in a transaction of
         its own or, ``joined``, in the caller's (no savepoint: a failure rolls the caller's
         back)."""
@@ -251,48 +247,6 @@ class Claiming(RateLimiting):
         )
         (held,) = cursor.fetchone()
         return int(held)
-
-    def _lock_name(self, cursor: Any, table: str, name: str) -> None:
-        """Hold the name's lock row until the transaction ends, creating it on first use. On
-        SQLite with ``transaction_mode`` IMMEDIATE or EXCLUSIVE, nothing: the transaction's
-        BEGIN took the database's write lock, which serialises more than the row would."""
-        connection = connections[self.alias]
-        if self.vendor == "sqlite" and self._begins_writing(connection):
-            return
-        column = connection.ops.quote_name("name")
-        for _ in range(2):
-            if self.vendor == "sqlite":
-                # SQLite: the first write of the transaction takes the database's write lock,
-                # so everything read after it is read alone.
-                cursor.execute(
-                    f"UPDATE {table} SET {column} = {column} WHERE {column} = %s", [name]
-                )
-                if cursor.rowcount:
-                    return
-            else:
-                cursor.execute(
-                    f"SELECT {column} FROM {table} WHERE {column} = %s FOR UPDATE", [name]
-                )
-                if cursor.fetchone() is not None:
-                    return
-            ReliableNameLock.objects.using(self.alias).bulk_create(
-                [ReliableNameLock(name=name)], ignore_conflicts=True
-            )
-            if self.vendor == "sqlite":
-                return  # the INSERT (or the conflict it ignored) took the write lock
-        raise AssertionError(f"the lock row of task name {name!r} cannot be created")
-
-    @staticmethod
-    def _begins_writing(connection: Any) -> bool:
-        """SQLite: the open transaction took the write lock at its BEGIN (Django 5.1's
-        ``transaction_mode`` IMMEDIATE or EXCLUSIVE, which ``atomic`` begins with under
-        autocommit), so everything it reads is read alone."""
-        mode = getattr(connection, "transaction_mode", None)
-        return (
-            connection.in_atomic_block
-            and mode in ("IMMEDIATE", "EXCLUSIVE")
-            and connection.settings_dict.get("AUTOCOMMIT", True)
-        )
 
     def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, str, list[Any]]:
         """The claiming UPDATE ... RETURNING ``returning``: (the common table expressions it

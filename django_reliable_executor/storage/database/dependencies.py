@@ -280,12 +280,6 @@ class Dependencies(DatabaseAccess):
             self._execute(sql, params)
         return [] if postgresql else [queue for _, queue in released]
 
-    def dependents_of(self, task_id: str) -> list[str]:
-        """The tasks that were submitted to wait for ``task_id``, by id."""
-        return sorted(
-            self._edges().filter(dependency_id=task_id).values_list("dependent_id", flat=True)
-        )
-
     def _purge_dependencies(self, task_ids: Sequence[str]) -> None:
         """Forget the edges of purged tasks (either end)."""
         table = connections[self.alias].ops.quote_name(ReliableDependency._meta.db_table)

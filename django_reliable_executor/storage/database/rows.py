@@ -231,3 +231,19 @@ def failure_changes(
         "lease_expires_at": None,
         "deadline_at": None,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """One claiming statement's choice: up to ``limit`` due tasks of ``queues`` for
+    ``worker_id`` under a lease until ``lease_until``, leaving out the ``excluded`` task
+    names, or only those of ``name`` (and of ``ids``, where given)."""
+
+    worker_id: str
+    queues: tuple[str, ...]
+    limit: int
+    now: dt.datetime
+    lease_until: dt.datetime
+    excluded: tuple[str, ...] = ()
+    name: str | None = None
+    ids: tuple[str, ...] = ()  # only these tasks (rate_limit's choice)

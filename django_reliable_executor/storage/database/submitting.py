@@ -19,7 +19,7 @@ from .rows import (
     chunks,
     to_info,
 )
-from .wakeups import due_queues
+from .waiting import due_queues
 
 
 class Adapted(dict[dt.datetime | None, Any]):

@@ -18,6 +18,7 @@ from ...core.serialization import encoded
 from ...core.states import RETRYABLE_BY_HAND, TaskStatus
 from ...exceptions import AttemptStillRunningError
 from ...models import ReliableTask
+from . import rate_starts
 from .access import DatabaseAccess
 from .dependencies import json_ids
 from .retry_counts import add_retries
@@ -44,9 +45,10 @@ class Transitions(DatabaseAccess):
         """One UPDATE for the batch; which rows it changed is read back only on a partial hit.
 
         Hand-written SQL: this runs once per task, and building the same statement through the
-        ORM cost more CPU than the round trip itself.
+        ORM cost more CPU than the round trip itself. Claims of rate-limited names that waited
+        long in their worker move their log entries first (rate_starts.py).
         """
-        return self._start_at(claims, lease_seconds, self.clock.now())
+        return rate_starts.start_many(self, claims, lease_seconds)
 
     def _start_at(
         self, claims: Sequence[Claim], lease_seconds: float, now: dt.datetime

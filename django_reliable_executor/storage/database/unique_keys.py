@@ -80,18 +80,6 @@ class UniqueKeys(DatabaseAccess):
         )
         return next((to_info(row) for row in rows), None)
 
-    def unique_holder(self, unique_key: str) -> TaskInfo | None:
-        now = self.clock.now()
-        row = (
-            ReliableUniqueKey.objects.using(self.alias)
-            .filter(key=unique_key, expires_at__gt=now)
-            .first()
-        )
-        holder = self.get(row.task_id) if row is not None else None
-        if holder is None or not (holder.status in LIVE_STATUSES or holder.handler_running):
-            return None
-        return holder
-
     def _purge_unique_keys(self, now: dt.datetime) -> int:
         """Delete the key rows whose window has passed, PURGE_BATCH at a time (short
         statements: a submit of one of them waits for none for long), up to PURGE_BATCHES."""

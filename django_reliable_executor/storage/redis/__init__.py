@@ -112,7 +112,7 @@ A waiting task is in exactly one of a ready list, its queue's schedule, a parked
 name and priority) or (claimed) the leases; a running task is in the leases; a terminal one in
 the finished index and its done index (and, timed out while running, in the leases until
 its holder's lease ends). ``held`` equals the leased tasks of each name.
-Each script in storage/lua/ is a compare-and-set on the status (and the claim's token) it
+Each script in storage/redis/lua/ is a compare-and-set on the status (and the claim's token) it
 expects, so a lost race changes nothing. Nothing read back is ever unpickled: parameters and
 results are JSON.
 """
@@ -126,8 +126,7 @@ from .listing import Listing
 from .locks import Locks
 from .pausing import Pausing
 from .progress import ProgressReports
-from .rate_limits import RateReading
-from .reading import Reading
+from .reading import RateReading, Reading
 from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .submitting import Submitting

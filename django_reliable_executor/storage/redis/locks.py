@@ -1,10 +1,12 @@
-"""The named leases of the Redis storage (master and chore locks): a key per name, set by Lua."""
+"""The named leases of the Redis storage (master and chore locks): a key per name, set by Lua;
+and the API's one-time nonces, a key each that expires with them."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
 
+from ...exceptions import StorageUnavailableError
 from .access import RedisAccess, guarded
 from .codec import from_micros, micros, text
 
@@ -37,3 +39,15 @@ class Locks(RedisAccess):
             expires, _, owner = text(value).partition(":") if value is not None else ("", "", "")
             owners[name] = owner if value is not None and from_micros(expires) >= now else None
         return owners
+
+    def spend_nonce(self, name: str, ttl_seconds: float) -> bool:
+        from redis.exceptions import RedisError  # redis is an optional dependency
+
+        try:
+            return bool(
+                self.client.set(
+                    self.p + "api-nonce:" + name, "1", nx=True, px=max(1, int(ttl_seconds * 1000))
+                )
+            )
+        except RedisError as exc:
+            raise StorageUnavailableError(f"Redis nonce store: {exc}") from exc

@@ -1,4 +1,4 @@
-"""The Lua transition scripts: read from storage/lua/, prefixed with _common.lua, run by EVALSHA."""
+"""The Lua transition scripts of storage/redis/lua/, prefixed with _common.lua, run by EVALSHA."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
-LUA_PACKAGE = "django_reliable_executor.storage"
+LUA_PACKAGE = "django_reliable_executor.storage.redis"
 # Most connections kept idle for run(): a worker's fetcher, start batches, completion writer,
 # heartbeat and chores. More callers at once borrow more, given back to the pool after the
 # call, so a small pool shared with a cache is never drained by connections kept here.

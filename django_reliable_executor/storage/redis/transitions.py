@@ -1,5 +1,5 @@
 """The task transitions of the Redis storage: start, heartbeat, complete, fail, expire, release,
-cancel and retry, each one Lua script (storage/lua/<name>.lua) fenced by the claim's token."""
+cancel and retry, each one Lua script (storage/redis/lua/<name>.lua) fenced by the claim's token."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from django_reliable_executor.api import nonces
 from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
+from django_reliable_executor.storage.database import locks as nonce_rows
 from tests.conftest import BACKENDS, db_params, redis_client
 from tests.support.admin_support import ADMIN_APPS, boom, run_one
 from tests.support.api_support import (
@@ -545,7 +546,7 @@ def test_database_nonces_expire_and_are_purged():
         ReliableApiNonce.objects.filter(key=f"{KEY_ID}:{'n' * 16}").update(expires_at=past)
         assert nonces.claim(KEY_ID, "n" * 16, 60)
         ReliableApiNonce.objects.create(key="old:x", expires_at=past)
-        nonces._last_purge = 0.0  # the next claim purges
+        nonce_rows._last_purge = 0.0  # the next claim purges
         assert nonces.claim(KEY_ID, "m" * 16, 60)
         assert not ReliableApiNonce.objects.filter(key="old:x").exists()
 

@@ -141,7 +141,7 @@ local function wake_parked(name)
   end
 end
 
--- rate_limit (rate_limits.py): the sliding log of the claims of one task name and rate key, a
+-- rate_limit (core/rate_limits.py): the sliding log of the claims of one task name and rate key, a
 -- sorted set `rate:<bucket>` of claim times (microseconds) kept for the limit's log window
 -- (window + margin, microseconds) and expiring with it once idle. The bucket is
 -- `<length of name>:<name>:<rate key>`: the length keeps names holding ':' apart.
