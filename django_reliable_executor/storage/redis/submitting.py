@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...core.dependencies import WAITING_RUN_AT, first_missing, missing_error
@@ -14,18 +12,18 @@ from ...core.states import LIVE_STATUSES
 from ...exceptions import InvalidDependencyError, TaskSubmitError
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
-from .sharding import CONTROL_SHARD, directory_of, unique_home
+from .reservations import (
+    ID_RESERVATION_GRACE_SECONDS,
+    entry_holder,
+    release_keys,
+    reserve_ids,
+    reserve_keys,
+    take_foreign_keys,
+    take_unique,
+)
+from .sharding import CONTROL_SHARD, unique_home
 
 LIVE_VALUES = frozenset(status.value for status in LIVE_STATUSES)
-# Sharded: how long a task id reserved for a shard that has not stored it (its submitter is
-# on its way there, or crashed) stays reserved before a submit to another shard may take it.
-ID_RESERVATION_GRACE_SECONDS = 300
-# Sharded: how long a unique key reserved on its home shard for a task that is not stored yet
-# (its submitter is one round trip from storing it, or crashed) makes a submit of the same key
-# wait for that task before taking the key over. A submit waits instead of failing, so this is
-# short: a live submitter stores the task within milliseconds of reserving the key.
-UNIQUE_RESERVATION_GRACE_SECONDS = 10
-UNIQUE_POLL_SECONDS = 0.005
 SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, short enough not
 # to hold Redis up (a script blocks every other client while it runs)
 
@@ -62,7 +60,7 @@ class Submitting(RedisAccess):
                     tasks, shard_of, lambda part, shard: self._enqueue_on(part, shard, reserved)
                 )
             except BaseException:
-                self._release_keys(tasks, reserved, shard_of)
+                release_keys(self, tasks, reserved, shard_of)
                 raise
         runs: list[tuple[int, list[NewTask]]] = []  # (shard, its tasks), in the order given
         for task in tasks:
@@ -82,7 +80,7 @@ class Submitting(RedisAccess):
             for shard, run in runs:
                 results += self._enqueue_on(run, shard, reserved)
         except BaseException:
-            self._release_keys(tasks, reserved, shard_of)
+            release_keys(self, tasks, reserved, shard_of)
             raise
         return results
 
@@ -94,13 +92,13 @@ class Submitting(RedisAccess):
         check: bool,
     ) -> set[str]:
         """Sharded, a call written in several ``parts`` (shard, its tasks), before the first
-        is written: every unique key it stores reserved on its home (_reserve_keys); with
+        is written: every unique key it stores reserved on its home (reserve_keys); with
         ``check``, its dependencies checked (_check_dependencies); then the id of every task
         it stores reserved on its directory shard, its own shard's included (id_reserve.lua;
         submit.lua drops an entry naming its own shard when it stores the task), so no submit
         of one to another shard's queue makes a later part refuse it. The ids whose key the
         call holds; on a refusal, the keys are given back and nothing is stored."""
-        reserved = self._reserve_keys(tasks, shard_of)
+        reserved = reserve_keys(self, tasks, shard_of)
         try:
             if check:
                 self._check_dependencies(tasks, reserved)
@@ -110,98 +108,16 @@ class Submitting(RedisAccess):
                 if task.unique_key is None or task.unique_until is None or task.task_id in reserved
             }
             for shard, part in parts:
-                self._reserve_ids(part, shard, coming)
+                reserve_ids(self, part, shard, coming)
         except BaseException:
-            self._release_keys(tasks, reserved, shard_of)
+            release_keys(self, tasks, reserved, shard_of)
             raise
         return set(reserved)
-
-    def _reserve_keys(self, tasks: Sequence[NewTask], shard_of: Any) -> dict[str, int]:
-        """Sharded, a call of several runs: unique_reserve.lua (holding the key even on its
-        task's own shard) for each task with a unique key whose id is not stored, the first
-        of the call for each key; the ids whose key this call now holds -> their key's home.
-        A key a live task holds is not taken (its task is not stored: _check_dependencies).
-        A key reserved for a task of another submit not stored yet is not waited for while
-        this call holds others (two calls could each wait for the other's key): every key is
-        given back and the whole reservation tried again a moment later."""
-        candidates = [t for t in tasks if t.unique_key is not None and t.unique_until is not None]
-        if not candidates:
-            return {}
-        stored = set(self.get_many(sorted({t.task_id for t in candidates})))
-        started = time.monotonic()
-        while True:
-            patient = time.monotonic() - started >= UNIQUE_RESERVATION_GRACE_SECONDS
-            reserved: dict[str, int] = {}
-            seen: set[str] = set()
-            busy = False
-            try:
-                for task in candidates:
-                    assert task.unique_key is not None
-                    if task.task_id in stored or task.unique_key in seen:
-                        continue
-                    seen.add(task.unique_key)
-                    home = unique_home(task.unique_key, self.layout.shards)
-                    if patient:  # long past any live submitter's store: wait as one run does
-                        holder = self._take_unique(task, home, shard_of(task), hold=True)
-                        taken = holder is None
-                    else:
-                        holder, taken = self._hold_unique(task, home, shard_of(task))
-                    if taken:
-                        reserved[task.task_id] = home
-                    elif holder is None:
-                        busy = True
-                        break
-            except BaseException:
-                self._release_keys(tasks, reserved, shard_of)
-                raise
-            if not busy:
-                return reserved
-            self._release_keys(tasks, reserved, shard_of)
-            time.sleep(UNIQUE_POLL_SECONDS * (1 + random.random()))
-
-    def _hold_unique(self, task: NewTask, home: int, shard: int) -> tuple[TaskInfo | None, bool]:
-        """unique_reserve.lua on ``home`` holding ``task``'s key for its ``shard``, without
-        waiting: (None, True) once taken, (the live task that holds it, False), or (None,
-        False) while it is reserved for a task of another submit not stored yet."""
-        assert task.unique_key is not None and task.unique_until is not None
-        until = micros(task.unique_until)
-        expected = ""
-        while True:
-            reply = self._run(
-                "unique_reserve",
-                shard,
-                task.unique_key,
-                task.task_id,
-                until,
-                expected,
-                "1",
-                shard=home,
-            )
-            if not text(reply):
-                return None, True
-            holder, settled = self._entry_holder(text(reply), home, None)
-            if holder is not None or not settled:
-                return holder, False
-            expected = text(reply)  # take it over, unless it changed since it was read
-
-    def _release_keys(
-        self, tasks: Sequence[NewTask], reserved: Collection[str], shard_of: Any
-    ) -> None:
-        """Give back the keys of ``reserved`` ids (see _reserve_keys) whose task is not
-        stored."""
-        for task in tasks:
-            if task.task_id not in reserved:
-                continue
-            assert task.unique_key is not None
-            shard = shard_of(task)
-            if not self.client.exists(self._tkey(task.task_id, shard)):
-                home = unique_home(task.unique_key, self.layout.shards)
-                self._run("unique_release", shard, task.unique_key, task.task_id, shard=home)
 
     def _check_dependencies(self, tasks: Sequence[NewTask], reserved: dict[str, int]) -> None:
         """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
         is stored or a task before it in ``tasks`` that this call stores: one whose id is not
-        stored and, if it is unique, whose key the call holds (``reserved``: _reserve_keys).
+        stored and, if it is unique, whose key the call holds (``reserved``: reserve_keys).
         Decided before the first run writes; each run's write checks again."""
         wanted = {d for task in tasks for d in task.depends_on}
         wanted.update(task.task_id for task in tasks)
@@ -222,49 +138,13 @@ class Submitting(RedisAccess):
         self, tasks: Sequence[NewTask], shard: int, reserved: set[str] | None = None
     ) -> list[tuple[TaskInfo, bool]]:
         """Store ``tasks`` of ``shard``; those of ``reserved`` ids hold their unique key on
-        its home already (_reserve_keys), and are stored without it."""
+        its home already (reserve_keys), and are stored without it."""
         if not self.sharded:
             return self._store(tasks, shard)
         # Ids whose directory is another shard are reserved there first: an id held there
         # for another shard is that shard's task, returned unchanged, never stored twice.
-        held = self._reserve_ids(tasks, shard)
-        # Unique keys whose home is another shard are taken there first: a key a live task
-        # holds returns that task; a key taken is not taken again on this shard.
-        keyless: set[str] = set()
-        released: list[str] = []
-        taken: dict[str, int] = {}  # key digest -> the position that took it in this call
-        same: dict[int, int] = {}  # position -> the earlier one of its key: its task
-        for index, task in enumerate(tasks):
-            if index in held or task.unique_key is None or task.unique_until is None:
-                continue
-            if reserved and task.task_id in reserved and task.unique_key not in taken:
-                keyless.add(task.task_id)
-                taken[task.unique_key] = index
-                continue
-            home = unique_home(task.unique_key, self.layout.shards)
-            if home == shard:
-                continue
-            if task.unique_key in taken:
-                same[index] = taken[task.unique_key]
-                holder = None
-            else:
-                holder = self._take_unique(task, home, shard)
-                if holder is None:
-                    keyless.add(task.task_id)
-                    taken[task.unique_key] = index
-                    continue
-            if holder is not None:
-                held[index] = (holder, False)
-            if directory_of(task.task_id, self.layout.shards) != shard:
-                released.append(task.task_id)
-        if released:  # ids reserved above for tasks not stored after all
-            by_directory: dict[int, list[str]] = {}
-            for task_id in released:
-                by_directory.setdefault(directory_of(task_id, self.layout.shards), []).append(
-                    task_id
-                )
-            for directory, ids in sorted(by_directory.items()):
-                self._run("id_release", shard, *ids, shard=directory)
+        held = reserve_ids(self, tasks, shard)
+        keyless, same = take_foreign_keys(self, tasks, shard, held, reserved)
         rest = [t for i, t in enumerate(tasks) if i not in held and i not in same]
         try:
             stored = iter(self._store(rest, shard, keyless))
@@ -292,126 +172,15 @@ class Submitting(RedisAccess):
                 results.append(next(stored))
         return results
 
-    def _take_unique(
-        self, task: NewTask, home: int, shard: int, hold: bool = False
-    ) -> TaskInfo | None:
-        """unique_reserve.lua on ``home``, the home shard of ``task``'s unique key, for the
-        task's queue's ``shard``: None once taken (on ``home`` for ``shard``; deleted when
-        ``home`` is ``shard`` and not ``hold``, for submit.lua to take), or the live task that
-        holds it."""
-        assert task.unique_key is not None and task.unique_until is not None
-        until = micros(task.unique_until)
-        expected = ""
-        started = time.monotonic()
-        while True:
-            reply = self._run(
-                "unique_reserve",
-                shard,
-                task.unique_key,
-                task.task_id,
-                until,
-                expected,
-                "1" if hold else "",
-                shard=home,
-            )
-            if not text(reply):
-                return None
-            holder, _settled = self._entry_holder(text(reply), home, started)  # waits: settled
-            if holder is not None:
-                return holder
-            expected = text(reply)  # take it over, unless it changed since it was read
-
-    def _entry_holder(
-        self, entry: str, home: int, started: float | None
-    ) -> tuple[TaskInfo | None, bool]:
-        """The live task a unique key's ``entry`` (on ``home``) names, and whether that is
-        settled. A reserved task not stored yet is waited for (``started``: when the waiting
-        began, monotonic) until it is stored or the reservation is older than the grace; with
-        ``started`` None it is not waited for: (None, False)."""
-        parts = entry.split(" ")
-        task_id = parts[1]
-        where = home if len(parts) == 2 else int(parts[2])
-        while True:
-            values = self.client.hgetall(self._tkey(task_id, where))
-            if values:
-                info = to_info(task_id, {text(k): text(v) for k, v in values.items()})
-                # Not ended: live, or its timed-out handler still runs (docs/guarantees.md).
-                ended = info.status not in LIVE_STATUSES and not info.handler_running
-                return (None if ended else info), True
-            if len(parts) == 2:
-                return None, True  # its holder was purged
-            age = (self.clock.now() - from_micros(parts[3])).total_seconds()
-            if age >= UNIQUE_RESERVATION_GRACE_SECONDS:
-                return None, True  # its submitter died between reserving and storing
-            if started is None:
-                return None, False
-            if time.monotonic() - started >= UNIQUE_RESERVATION_GRACE_SECONDS:
-                return None, True
-            time.sleep(UNIQUE_POLL_SECONDS)
-
     def _unique_reserved(self, task: NewTask, shard: int) -> tuple[TaskInfo, bool]:
         """``task``, whose unique key's home is its queue's ``shard``, where submit.lua found
         the key reserved for a task of another shard: that task if it holds the key, else
         ``task`` stored here once the key is taken over."""
-        holder = self._take_unique(task, shard, shard)
+        holder = take_unique(self, task, shard, shard)
         if holder is not None:
             return holder, False
         ((info, created),) = self._store([task], shard)
         return info, created
-
-    def _reserve_ids(
-        self, tasks: Sequence[NewTask], shard: int, own: set[str] | None = None
-    ) -> dict[int, tuple[TaskInfo, bool]]:
-        """id_reserve.lua on the directory shard of each id not of this shard (positions by
-        directory), and of this shard too for the ids of ``own`` (submit.lua drops that entry
-        when it stores the task); the existing task of each id another shard holds, by
-        position."""
-        foreign: dict[int, list[int]] = {}
-        for index, task in enumerate(tasks):
-            directory = directory_of(task.task_id, self.layout.shards)
-            if directory != shard or (own is not None and task.task_id in own):
-                foreign.setdefault(directory, []).append(index)
-        held: dict[int, tuple[TaskInfo, bool]] = {}
-        for directory, positions in sorted(foreign.items()):
-            args = [value for p in positions for value in (tasks[p].task_id, "")]
-            replies = self._run("id_reserve", shard, *args, shard=directory)
-            for position, reply in zip(positions, replies, strict=True):
-                if text(reply):
-                    existing = self._held_elsewhere(tasks[position], directory, text(reply), shard)
-                    if existing is not None:
-                        held[position] = (existing, False)
-        return held
-
-    def _held_elsewhere(
-        self, task: NewTask, directory: int, entry: str, shard: int
-    ) -> TaskInfo | None:
-        """The task of ``task``'s id that another shard holds (``entry``: id_reserve's reply),
-        or None once the id is reserved for this shard after all: its reservation named a
-        shard that never stored it, and is older than the grace."""
-        home = directory if entry == "here" else int(entry.split(" ", 1)[0])
-        values = self.client.hgetall(self._tkey(task.task_id, home))
-        if values:
-            return to_info(task.task_id, {text(k): text(v) for k, v in values.items()})
-        if entry != "here":
-            reserved_at = from_micros(entry.split(" ", 1)[1])
-            age = (self.clock.now() - reserved_at).total_seconds()
-            if age < ID_RESERVATION_GRACE_SECONDS:
-                raise TaskSubmitError(
-                    f"task_id {task.task_id!r} is being submitted to a queue of shard {home} "
-                    f"(reserved {age:.0f} s ago); submit it to that shard's queue, or again "
-                    f"after {ID_RESERVATION_GRACE_SECONDS} s",
-                    field="task_id",
-                )
-        # A reservation past its grace (or a task purged meanwhile): take it over, unless it
-        # changed since it was read.
-        expected = "" if entry == "here" else entry
-        reply = self._run("id_reserve", shard, task.task_id, expected, shard=directory)
-        if text(reply[0]):
-            raise TaskSubmitError(
-                f"task_id {task.task_id!r} is being submitted to another shard's queue",
-                field="task_id",
-            )
-        return None
 
     def _store(
         self, tasks: Sequence[NewTask], shard: int, keyless: set[str] | None = None
@@ -449,7 +218,7 @@ class Submitting(RedisAccess):
                         break
                     if unique_home(task.unique_key, self.layout.shards) != shard:
                         break
-                    if self._take_unique(task, shard, shard) is not None:
+                    if take_unique(self, task, shard, shard) is not None:
                         break  # held by a live task: refused
                     replies = self._run("submit", *args, shard=shard)
             if self.sharded and any(t.depends_on and t.batch_id for t in chunk):
@@ -573,7 +342,7 @@ class Submitting(RedisAccess):
         if from_micros(until) <= self.clock.now():
             return None
         if " " in task_id:  # sharded: reserved for a task of another shard
-            holder, _settled = self._entry_holder(text(held), home, None)
+            holder, _settled = entry_holder(self, text(held), home, None)
             return holder
         holder = self.get(task_id)
         if holder is None or (holder.status not in LIVE_STATUSES and not holder.handler_running):

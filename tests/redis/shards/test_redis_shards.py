@@ -20,6 +20,10 @@ from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubm
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.service.reliable_executor import executor as module_executor
 from django_reliable_executor.storage.redis import RedisStorage
+from django_reliable_executor.storage.redis.reservations import (
+    ID_RESERVATION_GRACE_SECONDS,
+    UNIQUE_RESERVATION_GRACE_SECONDS,
+)
 from django_reliable_executor.storage.redis.sharding import (
     CLUSTER_SLOTS,
     ShardLayout,
@@ -27,10 +31,6 @@ from django_reliable_executor.storage.redis.sharding import (
     shard_of,
     shard_prefix,
     unique_home,
-)
-from django_reliable_executor.storage.redis.submitting import (
-    ID_RESERVATION_GRACE_SECONDS,
-    UNIQUE_RESERVATION_GRACE_SECONDS,
 )
 from tests.conftest import REDIS_URL, delete_prefix, redis_client, require, sharded_redis_storage
 
