@@ -11,17 +11,15 @@ from collections.abc import Mapping, Sequence
 from django.db import connections
 from django.db.models import F, Q
 
-from ...core.dependencies import WAITING_RUN_AT, awaited_on_retry
 from ...core.records import CancelResult, Claim, TaskInfo, Transition
 from ...core.retries import failure_outcome, timeout_message
 from ...core.serialization import encoded
 from ...core.states import RETRYABLE_BY_HAND, TaskStatus
-from ...exceptions import AttemptStillRunningError
-from ...models import ReliableTask
 from . import rate_starts
 from .access import DatabaseAccess
 from .dependencies import json_ids
 from .retry_counts import add_retries
+from .retrying import retry_row
 from .rows import (
     NOT_WAITING,
     WAITING,
@@ -31,7 +29,6 @@ from .rows import (
     failure_changes,
     held_by_claims,
     holding_sql,
-    to_info,
 )
 
 
@@ -412,94 +409,6 @@ class Transitions(DatabaseAccess):
         if depends_on:
             # A dependent reads its dependencies and waits again in one transaction, so an
             # ending of one either came before (read here) or settles it after.
-            return self._ending(lambda: self._retry(row, depends_on))
+            return self._ending(lambda: retry_row(self, row, depends_on))
         with self._counted([row.batch_id]):
-            return self._retry(row, [])
-
-    def _retry(self, row: ReliableTask, depends_on: list[str]) -> Transition | None:
-        """Retry ``row`` as it was read; a dependent (``depends_on``) in the open transaction."""
-        task_id = row.task_id
-        now = self.clock.now()
-        deadline = (
-            now + dt.timedelta(milliseconds=row.max_duration_millis)
-            if row.max_duration_millis
-            else None
-        )
-        changes: dict[str, object] = {
-            "status": TaskStatus.PENDING.value,
-            "available": True,
-            "run_at": now,
-            "deadline_at": deadline,
-            "waiting_for": None,
-        }
-        awaited = self._awaited_on_retry(row, depends_on) if depends_on else ()
-        if awaited:
-            # Waits again as at its submit: CREATED, out of every claim's way, until its
-            # dependencies' endings release it (they still have its edges).
-            changes.update(
-                status=TaskStatus.CREATED.value,
-                available=False,
-                run_at=WAITING_RUN_AT,
-                deadline_at=None,
-                waiting_for=list(awaited),
-            )
-        # Refused while the previous attempt's holder still holds its lease (a timed-out
-        # handler still running, see expire_overdue): both would run at once. A lease that
-        # lapsed ends the task first (dependents and batch settled), as its recovery would.
-        if row.lease_expires_at is not None and row.lease_expires_at <= now:
-            self._handler_ended(Q(pk=task_id, lease_expires_at__lte=now))
-        lease_gone = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
-        changed = (
-            self._tasks()
-            .filter(lease_gone, pk=task_id, status=row.status)
-            .update(
-                **changes,
-                budget_attempts=0,
-                cancel_requested=False,
-                finished_at=None,
-                result=None,
-                progress=None,  # a fresh run reports afresh
-                lease_expires_at=None,
-                lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
-            )
-        )
-        if changed and row.batch_id is not None:
-            self._reopen_batch_member(row.batch_id, task_id, row.status)
-        if not changed:
-            holder = (
-                self._tasks()
-                .filter(pk=task_id, status=row.status, lease_expires_at__gt=now)
-                .values_list("worker_id", "lease_expires_at")
-                .first()
-            )
-            if holder is not None and holder[1] is not None:
-                raise AttemptStillRunningError(task_id, holder[0], holder[1])
-            return None
-        if not awaited:
-            self._work_committed([row.queue])
-        previous = TaskStatus(row.status)
-        row.status = TaskStatus.CREATED.value if awaited else TaskStatus.PENDING.value
-        row.run_at, row.finished_at = (WAITING_RUN_AT if awaited else now), None
-        row.waiting_for = list(awaited) or None
-        row.cancel_requested, row.result, row.progress = False, None, None
-        return Transition(task=to_info(row), previous=previous)
-
-    def _awaited_on_retry(self, row: ReliableTask, depends_on: list[str]) -> tuple[str, ...]:
-        """The dependencies of ``row`` not ended, read with a locking read in the open
-        transaction (as a dependent's submit reads them: dependency rows before the
-        dependent's, the order of an ending write); raises DependencyNotCompletedError when
-        one ended otherwise than COMPLETED (see dependencies.awaited_on_retry)."""
-        if self.vendor == "sqlite":
-            # The first write takes the database's write lock: what follows is read alone.
-            self._tasks().filter(pk=row.task_id).update(status=F("status"))
-        found = {
-            # Terminal with its lease kept: its timed-out handler still runs, so it has not
-            # ended (as in Dependencies._wait_for); its handler's return settles the dependent.
-            pk: status if lease is None else TaskStatus.RUNNING.value
-            for pk, status, lease in self._tasks()
-            .select_for_update()
-            .filter(pk__in=depends_on)
-            .order_by("pk")
-            .values_list("pk", "status", "lease_expires_at")
-        }
-        return awaited_on_retry(row.task_id, depends_on, found, row.on_dependency_failure)
+            return retry_row(self, row, [])
