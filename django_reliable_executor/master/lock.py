@@ -9,7 +9,8 @@ import time
 
 from ..connections import drop_unusable_connections, with_reconnect
 from ..observability import metrics
-from ..storage.base import MASTER_LOCK_NAME, TaskStorage, chore_lock_name
+from ..storage.base import TaskStorage
+from ..storage.lock_names import MASTER_LOCK_NAME, chore_lock_name
 
 logger = logging.getLogger("django_reliable_executor")
 

@@ -6,7 +6,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import ExecutorSettings
 from ..core.clock import Clock
-from .base import MASTER_LOCK_NAME, TaskStorage
+from .base import TaskStorage
+from .lock_names import MASTER_LOCK_NAME
 
 
 def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> TaskStorage:

@@ -50,22 +50,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from ..core.batches import BatchInfo, NewBatch
 from ..core.clock import Clock, system_clock
-from ..core.minute_counts import CHART_MINUTES, MinuteCounts, epoch_minute, minute_start
+from ..core.minute_counts import CHART_MINUTES, MinuteCounts
 from ..core.progress import Progress
 from ..core.queries import ClaimRequest, RateUse, TaskQuery
 from ..core.rate_limits import RateLimit
 from ..core.records import CancelResult, Claim, NewTask, TaskInfo, Transition, WorkerInfo
-from ..core.states import TERMINAL_STATUSES, TaskStatus
+from ..core.states import TaskStatus
+from .checks import claim_request, every_minute, minute_span, purged_statuses, task_query
 from .schedule_base import ScheduleStorage
-
-#: The lock whose holder is the master (runs the chores); the service reports who holds it.
-MASTER_LOCK_NAME = "master"
-
-
-def chore_lock_name(shard: int) -> str:
-    """The lock of the chores of ``shard`` (TaskStorage.chore_shards): shard 0's is the master
-    lock, whose holder also runs the control duties (schedules, batches, worker registry)."""
-    return MASTER_LOCK_NAME if shard == 0 else f"{MASTER_LOCK_NAME}:shard-{shard}"
 
 
 class TaskStorage(ScheduleStorage):
@@ -193,19 +185,10 @@ class TaskStorage(ScheduleStorage):
         of them per call (the claims go to idle threads, so they start at once). Tasks over
         their limit stay waiting, unclaimed, and do not hold up other names; the storage
         makes an idle worker's ``wait_for_work`` end when their window frees."""
-        if limit <= 0 or not queues:
-            return []
-        return self._claim(
-            ClaimRequest(
-                worker_id,
-                tuple(queues),
-                limit,
-                lease_seconds,
-                dict(name_limits or {}),
-                max(start, 0),
-                dict(rate_limits or {}),
-            )
+        request = claim_request(
+            worker_id, queues, limit, lease_seconds, name_limits, start, rate_limits
         )
+        return [] if request is None else self._claim(request)
 
     @abc.abstractmethod
     def rate_use(self, limits: Mapping[str, RateLimit]) -> builtins.list[RateUse]:
@@ -351,8 +334,7 @@ class TaskStorage(ScheduleStorage):
         """Delete up to ``limit`` terminal tasks (of ``statuses``, default any terminal one)
         finished before the given time. Only finished tasks are ever purged: a status that
         is not terminal selects nothing."""
-        chosen = TERMINAL_STATUSES if statuses is None else frozenset(statuses) & TERMINAL_STATUSES
-        return self._purge_finished(finished_before, limit, chosen)
+        return self._purge_finished(finished_before, limit, purged_statuses(statuses))
 
     @abc.abstractmethod
     def _purge_finished(
@@ -404,12 +386,10 @@ class TaskStorage(ScheduleStorage):
         ``batch_id``: the tasks whose ``TaskInfo.batch_id`` it is (members and callbacks).
         ``schedule_runs``: True only the tasks schedules fired, False none of them;
         ``schedule_id``: only the runs of that schedule (see ``TaskQuery.origin_matches``)."""
-        wanted = wanted_statuses(status, statuses)
-        if limit <= 0 or wanted == frozenset():
-            return []
-        return self._list(
-            TaskQuery(wanted, task_name, queue, limit, offset, batch_id, schedule_runs, schedule_id)
+        query = task_query(
+            status, statuses, task_name, queue, limit, offset, batch_id, schedule_runs, schedule_id
         )
+        return [] if query is None else self._list(query)
 
     @abc.abstractmethod
     def _list(self, query: TaskQuery) -> builtins.list[TaskInfo]:
@@ -436,15 +416,8 @@ class TaskStorage(ScheduleStorage):
         """Tasks that ended in each of the last ``minutes`` UTC minutes, oldest first, the
         current (partial) minute last: completed, failed (FAILED, TIMEOUT, ERROR) and retried
         (automatic retries scheduled). See ``django_reliable_executor.core.minute_counts``."""
-        if minutes <= 0:
-            raise ValueError("minutes must be positive")
-        last = epoch_minute(self.clock.now())
-        first = last - minutes + 1
-        counted = self._minute_counts(first, last)
-        return [
-            counted.get(minute) or MinuteCounts(minute=minute_start(minute))
-            for minute in range(first, last + 1)
-        ]
+        first, last = minute_span(self.clock, minutes)
+        return every_minute(self._minute_counts(first, last), first, last)
 
     @abc.abstractmethod
     def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
@@ -524,14 +497,3 @@ class TaskStorage(ScheduleStorage):
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections held by this storage object."""
-
-
-def wanted_statuses(
-    status: TaskStatus | None, statuses: Collection[TaskStatus] | None
-) -> frozenset[TaskStatus] | None:
-    """The statuses ``list`` keeps from its ``status``/``statuses`` arguments (None: any)."""
-    if status is not None and statuses is not None:
-        raise ValueError("list by status or by statuses, not both")
-    if statuses is not None:
-        return frozenset(TaskStatus(s) for s in statuses)
-    return frozenset({TaskStatus(status)}) if status is not None else None

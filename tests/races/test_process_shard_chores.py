@@ -8,7 +8,7 @@ import time
 import pytest
 
 from django_reliable_executor import TaskStatus
-from django_reliable_executor.storage.base import MASTER_LOCK_NAME, chore_lock_name
+from django_reliable_executor.storage.lock_names import MASTER_LOCK_NAME, chore_lock_name
 from django_reliable_executor.storage.redis.sharding import shard_of
 from tests.conftest import db_params, require
 from tests.support.processes import Backend, executions, service_for, wait_until

@@ -15,7 +15,7 @@ from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.master.lock import MasterLock, ShardLocks
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from django_reliable_executor.storage.base import MASTER_LOCK_NAME, chore_lock_name
+from django_reliable_executor.storage.lock_names import MASTER_LOCK_NAME, chore_lock_name
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.claiming import SWEEP_SECONDS
 from django_reliable_executor.storage.redis.sharding import shard_of
