@@ -1,10 +1,11 @@
 """The storage interface: one method per state change, each atomic, taking and returning records.
 
 Where each method lives in the two backends, as ``<module of storage/database/> / <module of
-storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``: that module's;
-``access``: the backend's access base; ``__init__``: the backend's package). The same module
-on both sides is the rule; ``_list`` is the one exception meant to stay (Redis's listing.py
-holds the walks of its list indexes); the other rows that differ are still to align.
+storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``,
+``lease_base``: those modules' defaults; ``access``: the backend's access base; ``__init__``:
+the backend's package). The same module on both sides is the rule; ``_list`` is the one
+exception meant to stay (Redis's listing.py holds the walks of its list indexes); the other
+rows that differ are still to align.
 tests/unit/test_storage_modules.py keeps the table true.
 
     submitting / submitting: enqueue
@@ -29,7 +30,7 @@ tests/unit/test_storage_modules.py keeps the table true.
     access / claiming: wait_for_work wake
     access / base: stop_waiting
     locks / locks: acquire_lock lock_owner release_lock spend_nonce
-    base / locks: lock_owners
+    lease_base / locks: lock_owners
     workers / workers: forget_workers worker_gone worker_last_seen worker_seen workers
     base / access: check_layout chores_on
     __init__ / access: server_warnings
@@ -54,13 +55,14 @@ from ..core.minute_counts import CHART_MINUTES, MinuteCounts
 from ..core.progress import Progress
 from ..core.queries import ClaimRequest, RateUse, TaskQuery
 from ..core.rate_limits import RateLimit
-from ..core.records import CancelResult, Claim, NewTask, TaskInfo, Transition, WorkerInfo
+from ..core.records import CancelResult, Claim, NewTask, TaskInfo, Transition
 from ..core.states import TaskStatus
 from .checks import claim_request, every_minute, minute_span, purged_statuses, task_query
+from .lease_base import LeaseStorage
 from .schedule_base import ScheduleStorage
 
 
-class TaskStorage(ScheduleStorage):
+class TaskStorage(ScheduleStorage, LeaseStorage):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
     the claim's fencing token where a worker writes): a lost race changes nothing and returns
     None/False. Implementations know SQL or Redis; nothing above them does.
@@ -75,15 +77,11 @@ class TaskStorage(ScheduleStorage):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or system_clock
-        #: The task names that workers claim one name at a time (a rate_limit or a
-        #: max_concurrency): the registry's, wired by the service, which sits above the
-        #: storage. A storage may keep their waiting tasks apart from the rest (the database
-        #: storage does: see claiming.py).
+        #: The names claimed one name at a time (a rate_limit or max_concurrency), wired by
+        #: the service from the registry: the database storage keeps their tasks apart.
         self.limited_names: Callable[[], Collection[str]] = frozenset
-        #: ``{task_name: its own queue}`` of the same names (the decorator's queue), wired the
-        #: same way: a sharded Redis storage keeps every task of such a name on the shard of
-        #: that queue, whatever queue it is submitted to, so that its limits are kept in one
-        #: place (docs/redis-shards.md, "A limited name's home shard").
+        #: ``{task_name: its own queue}`` of those names: a sharded Redis storage keeps their
+        #: tasks on that queue's shard (docs/redis-shards.md, "A limited name's home shard").
         self.limited_homes: Callable[[], Mapping[str, str]] = dict
 
     @property
@@ -447,53 +445,6 @@ class TaskStorage(ScheduleStorage):
     @abc.abstractmethod
     def has_work(self, queues: Sequence[str], horizon_seconds: float) -> bool:
         """True while a task of these queues is running or due within ``horizon_seconds``."""
-
-    # -- the master lock and workers ------------------------------------------------------
-    @abc.abstractmethod
-    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
-        """Take or renew the named lease for ``owner``; False while someone else holds it."""
-
-    @abc.abstractmethod
-    def release_lock(self, name: str, owner: str) -> None:
-        """Give the lease up if ``owner`` holds it."""
-
-    @abc.abstractmethod
-    def lock_owner(self, name: str) -> str | None:
-        """Who holds the named lease now, or None."""
-
-    def lock_owners(self, names: Sequence[str]) -> dict[str, str | None]:
-        """lock_owner of each name."""
-        return {name: self.lock_owner(name) for name in names}
-
-    @abc.abstractmethod
-    def spend_nonce(self, name: str, ttl_seconds: float) -> bool:
-        """Remember the one-time ``name`` for ``ttl_seconds``; False if it is already
-        remembered (a replayed signed request: api/nonces.py)."""
-
-    @abc.abstractmethod
-    def worker_seen(self, worker_id: str, info: dict[str, object]) -> None:
-        """Record that a worker is alive (its heartbeat)."""
-
-    @abc.abstractmethod
-    def worker_gone(self, worker_id: str) -> None:
-        """Forget a worker that stopped cleanly."""
-
-    @abc.abstractmethod
-    def workers(self) -> builtins.list[WorkerInfo]:
-        """The workers seen recently and not yet forgotten, by worker id."""
-
-    def worker_last_seen(self, worker_id: str) -> dt.datetime | None:
-        """When ``worker_id`` last heartbeated, or None when it is not registered (never seen,
-        stopped cleanly, or forgotten after a long silence). The shipped storages read that one
-        worker; this default reads them all."""
-        for worker in self.workers():
-            if worker.worker_id == worker_id:
-                return worker.last_seen_at
-        return None
-
-    @abc.abstractmethod
-    def forget_workers(self, seen_before: dt.datetime) -> int:
-        """Forget workers whose last heartbeat is older than ``seen_before`` (they died)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections held by this storage object."""
