@@ -16,15 +16,18 @@ from django.contrib.messages import get_messages
 from django.test import override_settings
 from django.urls import reverse
 
+from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
 from tests.conftest import BACKENDS, IN_CI, REDIS_URL, TASK_APPS, own_key_prefix, require
 from tests.support.contract_support import (
     HOOKS,
+    LEASE,
     claim_and_start,
     claim_one,
     run_claim,
+    run_claims,
 )
 
 # The task pages of the admin, shared by the admin test modules.
@@ -205,6 +208,38 @@ def populate_schedules(service: ReliableExecutor) -> dict[str, list[str]]:
     # A task of the same name that no schedule fired: never listed as a fire.
     service.submit(hook, None, task_id="a-hourly-by-hand", queue="elsewhere")
     return fired
+
+
+BATCH_MEMBERS = ["m-ok", "m-fail", "m-timeout-like", "m-cancel"]
+BATCH_FAILED = ["m-fail", "m-timeout-like"]
+
+
+def batch_member(task_id: str, **options: Any) -> TaskSubmitRequest:
+    """A task of the batch's own queue (the admin's usual tasks are in "default" and "emails")."""
+    return TaskSubmitRequest("contract.hook", None, task_id=task_id, queue="batch", **options)
+
+
+@contextlib.contextmanager
+def finished_batch(service: ReliableExecutor) -> Iterator[ReliableExecutor]:
+    """Add a finished batch "imp/1" (an odd id) of one completed, two failed and one cancelled
+    member, whose on_complete callback "cb-done" waits to run (on_success "cb-ok" never is
+    submitted); the failing hooks are removed afterwards."""
+    service.submit_batch(
+        [batch_member(i, retry_limit=0) for i in BATCH_MEMBERS],
+        batch_id="imp/1",
+        on_complete=batch_member("cb-done"),
+        on_success=batch_member("cb-ok"),
+    )
+    for task_id in BATCH_FAILED:
+        HOOKS[task_id] = boom
+    try:
+        assert service.cancel_task("m-cancel")
+        run_claims(service, service.storage.claim("w1", ["batch"], 50, LEASE))
+        assert service.get_batch("imp/1").finished
+        yield service
+    finally:
+        for task_id in BATCH_FAILED:
+            HOOKS.pop(task_id, None)
 
 
 def message_texts(response: Any) -> list[str]:

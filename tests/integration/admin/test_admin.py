@@ -222,14 +222,6 @@ def test_retry_the_dead_letters_page_button(service, operator, monkeypatch):
     assert listed(operator.get(url)) == ["t-failed"]  # the next one moved up
 
 
-def test_viewers_cannot_retry_dead_letters(service, viewer):
-    response = viewer.post(
-        LIST_URL + "?status=dead", {"action": "retry", "_selected_action": ["t-failed"]}
-    )
-    assert response.status_code == 403
-    assert status_of(service, "t-failed") is TaskStatus.FAILED
-
-
 # -- search -----------------------------------------------------------------------------------
 def test_search_by_exact_task_id_opens_the_task(service, viewer):
     response = viewer.get(LIST_URL, {"q": " t-failed "})
@@ -407,36 +399,7 @@ def test_detail_page_buttons_retry_and_cancel_one_task(service, operator):
     assert "No action applies to a COMPLETED task" in completed
 
 
-# -- permissions ------------------------------------------------------------------------------
-def test_anonymous_users_are_sent_to_the_login_page(service, client):
-    response = client.get(LIST_URL)
-    assert response.status_code == 302 and "/login/" in response["Location"]
-
-
-def test_staff_without_the_view_permission_get_403(service, client):
-    client.force_login(make_user("nobody"))
-    assert client.get(LIST_URL).status_code == 403
-    assert client.get(detail_url("t-failed")).status_code == 403
-
-
-def test_viewers_see_but_cannot_act(service, viewer):
-    page = viewer.get(LIST_URL).content.decode()
-    assert 'name="_selected_action"' not in page and 'name="action"' not in page
-    assert 'id="re-retry"' not in viewer.get(detail_url("t-failed")).content.decode()
-    response = viewer.post(LIST_URL, {"action": "retry", "_selected_action": ["t-failed"]})
-    assert response.status_code == 403
-    assert viewer.post(detail_url("t-failed"), {"action": "retry"}).status_code == 403
-    assert status_of(service, "t-failed") is TaskStatus.FAILED
-
-
-def test_operators_see_the_actions(service, operator):
-    page = operator.get(LIST_URL).content.decode()
-    assert page.count('name="_selected_action"') == len(POPULATED)
-    # Labelled as docs/admin.md names them.
-    assert re.search(r'<option value="retry"[^>]*>Retry selected tasks</option>', page)
-    assert re.search(r'<option value="cancel"[^>]*>Cancel selected tasks</option>', page)
-
-
+# -- the superuser (every role's cells: tests/integration/test_permissions.py) ----------------
 def test_nothing_can_be_added_edited_or_deleted(service, client):
     client.force_login(make_user("root", superuser=True))
     index = client.get(reverse("admin:index")).content.decode()

@@ -11,18 +11,19 @@ from django.contrib.admin.utils import quote
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.core.states import TaskStatus
 from tests.support.admin_support import (
+    BATCH_FAILED,
+    BATCH_MEMBERS,
     LIST_URL,
-    boom,
     detail_url,
+    finished_batch,
     make_user,
 )
 from tests.support.contract_support import HOOKS, LEASE, run_claims
 
-MEMBERS = ["m-ok", "m-fail", "m-timeout-like", "m-cancel"]
-FAILED = ["m-fail", "m-timeout-like"]
+MEMBERS = BATCH_MEMBERS
+FAILED = BATCH_FAILED
 
 
 def batch_url(batch_id: str) -> str:
@@ -45,31 +46,13 @@ def listed(response: Any) -> list[str]:
     return sorted(row.task.task_id for row in response.context["rows"])
 
 
-def member(task_id: str, **options: Any) -> TaskSubmitRequest:
-    """A task of the batch's own queue (the admin's usual tasks are in "default" and "emails")."""
-    return TaskSubmitRequest("contract.hook", None, task_id=task_id, queue="batch", **options)
-
-
 @pytest.fixture
 def service(service):
-    """The module executor on the backend under test: the admin's usual tasks and a finished
-    batch "imp/1" (an odd id) of one completed, two failed and one cancelled member, whose
-    on_complete callback "cb-done" waits to run (on_success "cb-ok" never is submitted): the
-    folder's ``service`` (tests/integration/admin/conftest.py), with the batch added."""
-    service.submit_batch(
-        [member(i, retry_limit=0) for i in MEMBERS],
-        batch_id="imp/1",
-        on_complete=member("cb-done"),
-        on_success=member("cb-ok"),
-    )
-    for task_id in FAILED:
-        HOOKS[task_id] = boom
-    assert service.cancel_task("m-cancel")
-    run_all(service)
-    assert service.get_batch("imp/1").finished
-    yield service
-    for task_id in FAILED:
-        HOOKS.pop(task_id, None)
+    """The module executor on the backend under test: the admin's usual tasks and the finished
+    batch "imp/1" of ``finished_batch`` (tests/support/admin_support.py): the folder's
+    ``service`` (tests/integration/admin/conftest.py), with the batch added."""
+    with finished_batch(service):
+        yield service
 
 
 def test_batch_page_shows_counts_progress_and_callbacks(service, viewer):
@@ -117,18 +100,6 @@ def test_an_unknown_batch_goes_back_to_the_list(service, viewer):
     response = viewer.get(batch_url("nope"), follow=True)
     assert response.redirect_chain[-1][0] == LIST_URL
     assert message_texts(response) == ["No batch has the id 'nope'."]
-
-
-def test_viewers_see_no_button_and_cannot_retry(service, viewer):
-    assert b'id="re-retry-failed"' not in viewer.get(batch_url("imp/1")).content
-    response = viewer.post(batch_url("imp/1"), {"action": "retry_failed"})
-    assert response.status_code == 403
-    assert set(statuses(service, FAILED).values()) == {TaskStatus.FAILED}
-
-
-def test_staff_without_the_view_permission_get_403(service, client):
-    client.force_login(make_user("staff", "operate_reliabletask"))
-    assert client.get(batch_url("imp/1")).status_code == 403
 
 
 def test_bulk_retry_moves_exactly_the_failed_members_back_to_pending(service, operator):

@@ -369,44 +369,7 @@ def test_delete_asks_for_confirmation_then_deletes_and_keeps_the_tasks(service, 
     assert message_texts(again)[-1] == "No schedule has the id 'a-hourly'."
 
 
-def test_delete_needs_its_permission(service, pauser):
-    assert pauser.get(delete_url("a-hourly")).status_code == 403
-    assert pauser.post(delete_url("a-hourly")).status_code == 403
-    assert service.get_schedule("a-hourly") is not None
-
-
-# -- permissions ------------------------------------------------------------------------------
-def test_anonymous_users_are_sent_to_the_login_page(service, client):
-    response = client.get(LIST_URL)
-    assert response.status_code == 302 and "/login/" in response["Location"]
-
-
-def test_staff_without_the_view_permission_get_403(service, client):
-    client.force_login(make_user("nobody", "view_reliabletask"))
-    assert client.get(LIST_URL).status_code == 403
-    assert client.get(detail_url("a-hourly")).status_code == 403
-    assert client.post(LIST_URL, {"action": "pause", "_selected_action": ["a"]}).status_code == 403
-
-
-def test_viewers_see_but_cannot_act(service, viewer):
-    page = viewer.get(LIST_URL).content.decode()
-    assert 'name="_selected_action"' not in page and 'name="action"' not in page
-    detail = viewer.get(detail_url("a-hourly")).content.decode()
-    assert 'id="re-pause"' not in detail and 'id="re-delete"' not in detail
-    response = viewer.post(LIST_URL, {"action": "pause", "_selected_action": ["a-hourly"]})
-    assert response.status_code == 403
-    assert viewer.post(detail_url("a-hourly"), {"action": "pause"}).status_code == 403
-    assert viewer.get(delete_url("a-hourly")).status_code == 403
-    assert viewer.post(delete_url("a-hourly")).status_code == 403
-    assert not paused(service, "a-hourly") and service.get_schedule("a-hourly") is not None
-
-
-def test_pausers_see_the_actions(service, pauser):
-    page = pauser.get(LIST_URL).content.decode()
-    assert page.count('name="_selected_action"') == len(SCHEDULES)
-    assert '<option value="pause">' in page and '<option value="resume">' in page
-
-
+# -- the superuser (every role's cells: tests/integration/test_permissions.py) ----------------
 def test_the_admin_index_lists_the_schedules_and_superusers_do_everything(service, client):
     client.force_login(make_user("root", superuser=True))
     index = client.get(reverse("admin:index")).content.decode()

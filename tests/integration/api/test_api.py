@@ -231,36 +231,6 @@ def test_wrong_methods_are_405(service, operator):
         assert response["Allow"] == allowed and "not allowed" in response.json()["error"]
 
 
-# -- sessions: permissions and CSRF ------------------------------------------------------------
-def test_anonymous_is_401(service, client):
-    for response in (client.get(f"{API}x/"), post_json(client, API, {"task_name": HOOK})):
-        assert response.status_code == 401
-        assert "authentication required" in response.json()["error"]
-        assert response["WWW-Authenticate"] == "Executor-HMAC-SHA256"
-
-
-def test_staff_without_the_permission_is_403(service, client):
-    service.submit(HOOK, task_id="t1", delay_millis=60_000)
-    login(client)  # staff, no permission
-    assert client.get(f"{API}t1/").status_code == 403
-    assert post_json(client, API, {"task_name": HOOK}).status_code == 403
-    assert post_json(client, f"{API}t1/cancel/").status_code == 403
-
-
-def test_each_endpoint_needs_its_own_permission(service, client):
-    service.submit(HOOK, task_id="t1", delay_millis=60_000)
-    login(client, "view_reliabletask")
-    assert client.get(f"{API}t1/").status_code == 200
-    response = post_json(client, f"{API}t1/cancel/")
-    assert response.status_code == 403
-    assert "django_reliable_executor.operate_reliabletask" in response.json()["error"]
-    assert post_json(client, f"{API}t1/retry/").status_code == 403
-    response = post_json(client, API, {"task_name": HOOK})
-    assert response.status_code == 403
-    assert "django_reliable_executor.add_reliabletask" in response.json()["error"]
-    assert service.get_task("t1").status is TaskStatus.CREATED
-
-
 # -- permission to submit is not permission to read -------------------------------------------
 SECRET_PARAMETER = {"card": "4111-secret-parameter"}
 
@@ -347,11 +317,7 @@ def test_operating_without_view_permission_answers_only_id_and_status(service, c
         assert b"secret" not in answer.content
 
 
-def test_non_staff_user_with_permissions_is_403(service, client):
-    login(client, "view_reliabletask", "operate_reliabletask", staff=False)
-    assert client.get(f"{API}t1/").status_code == 403
-
-
+# -- sessions: CSRF (each role's cells: tests/integration/test_permissions.py) ----------------
 def test_session_posts_need_the_csrf_token(service):
     client = login(Client(enforce_csrf_checks=True), "add_reliabletask")
     response = post_json(client, API, {"task_name": HOOK, "task_id": "c1"})

@@ -1,9 +1,7 @@
 """The HTTP API's paused queues on every storage: list, pause, resume; bad and unknown names;
-the view and operate permissions; signed requests."""
+signed requests (who may list or pause: tests/integration/test_permissions.py)."""
 
 from __future__ import annotations
-
-from django.test import Client
 
 from tests.support.api_support import login, post_json, signed_get, signed_post
 
@@ -41,19 +39,6 @@ def test_unknown_queue_is_404_and_a_bad_name_400_naming_the_field(service, clien
         assert response.json()["field"] == "queue"
         assert "1..100 characters without whitespace or commas" in response.json()["error"]
     assert service.paused_queues() == set()
-
-
-def test_pausing_needs_the_operate_permission_and_listing_view(service, client):
-    service.submit(HOOK, task_id="t1", queue="emails")
-    viewer = login(client, "view_reliabletask")
-    assert viewer.get(f"{QUEUES}paused/").status_code == 200
-    for action in ("pause", "resume"):
-        response = post_json(viewer, f"{QUEUES}emails/{action}/")
-        assert response.status_code == 403
-        assert "operate_reliabletask" in response.json()["error"]
-    assert service.paused_queues() == set()
-    assert Client().get(f"{QUEUES}paused/").status_code == 401
-    assert viewer.get(f"{QUEUES}emails/pause/").status_code == 405
 
 
 def test_signed_pause_and_list(service, client):

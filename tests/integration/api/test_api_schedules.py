@@ -190,7 +190,7 @@ def test_the_json_of_a_schedule_that_has_fired(service):
     json.dumps(data)  # JSON as it is
 
 
-# -- sessions: permissions and CSRF ------------------------------------------------------------
+# -- sessions: CSRF ---------------------------------------------------------------------------
 @pytest.fixture
 def operator_of_schedules(client: Client) -> Client:
     return login(
@@ -205,70 +205,6 @@ def operator_of_schedules(client: Client) -> Client:
 def forbidden(response: Any, permission: str) -> None:
     assert response.status_code == 403, response.content
     assert PERM.format(permission) in response.json()["error"]
-
-
-def test_each_endpoint_needs_its_own_permission(service, client):
-    definition = {"schedule_id": "p1", "task_name": HOOK, "every": 60}
-    service.schedule("p1", HOOK, every=60)
-    before = service.get_schedule("p1")
-
-    login(client)  # staff, no permission
-    forbidden(client.get(API), "view")
-    forbidden(client.get(f"{API}p1/"), "view")
-    forbidden(post_json(client, API, definition), "add")
-    forbidden(post_json(client, f"{API}p1/pause/"), "change")
-    forbidden(post_json(client, f"{API}p1/resume/"), "change")
-    forbidden(client.delete(f"{API}p1/"), "delete")
-    forbidden(post_json(client, f"{API}p1/delete/"), "delete")
-
-    # The task permissions grant nothing here.
-    login(client, "view_reliabletask", "add_reliabletask", "operate_reliabletask")
-    forbidden(client.get(f"{API}p1/"), "view")
-    forbidden(post_json(client, API, definition), "add")
-
-    login(client, "view_reliableschedule")
-    assert ids(client.get(API)) == ["p1"]
-    assert client.get(f"{API}p1/").json()["schedule_id"] == "p1"
-    forbidden(post_json(client, API, {**definition, "every": 30}), "add")
-    forbidden(post_json(client, f"{API}p1/pause/"), "change")
-    forbidden(client.delete(f"{API}p1/"), "delete")
-    forbidden(post_json(client, f"{API}p1/delete/"), "delete")
-    assert service.get_schedule("p1") == before
-
-    login(client, "add_reliableschedule")
-    forbidden(client.get(f"{API}p1/"), "view")
-    response = post_json(client, API, {**definition, "every": 30})
-    assert response.status_code == 200 and response.json()["every"] == 30
-    response = post_json(client, API, {**definition, "schedule_id": "p2"})
-    assert response.status_code == 201
-    forbidden(post_json(client, f"{API}p1/pause/"), "change")
-
-    login(client, "change_reliableschedule")
-    forbidden(client.get(API), "view")
-    # Changing a schedule is no permission to read it: its id and pause only.
-    assert post_json(client, f"{API}p1/pause/").json() == {"schedule_id": "p1", "paused": True}
-    assert service.get_schedule("p1").paused
-    assert post_json(client, f"{API}p1/resume/").json()["paused"] is False
-    forbidden(client.delete(f"{API}p1/"), "delete")
-
-    login(client, "delete_reliableschedule")
-    forbidden(client.get(f"{API}p1/"), "view")
-    forbidden(post_json(client, f"{API}p1/pause/"), "change")
-    assert client.delete(f"{API}p1/").json() == {"deleted": True, "schedule_id": "p1"}
-    assert post_json(client, f"{API}p2/delete/").json()["deleted"] is True
-    assert nothing_stored(service)
-
-
-def test_anonymous_and_non_staff_are_refused(service, client):
-    for response in (client.get(API), post_json(client, API, {"schedule_id": "x"})):
-        assert response.status_code == 401
-        assert "authentication required" in response.json()["error"]
-        assert response["WWW-Authenticate"] == "Executor-HMAC-SHA256"
-    login(client, "view_reliableschedule", "add_reliableschedule", staff=False)
-    assert client.get(API).status_code == 403
-    definition = {"schedule_id": "x", "task_name": HOOK, "every": 60}
-    assert post_json(client, API, definition).status_code == 403
-    assert nothing_stored(service)
 
 
 def test_session_posts_and_deletes_need_the_csrf_token(service):
