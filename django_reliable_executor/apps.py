@@ -12,7 +12,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import autodiscover_modules
 
-from . import registry
+from . import (
+    checks,  # noqa: F401 - registers the system checks
+    registry,
+)
 from .conf import SETTING_NAME
 from .observability import metrics
 from .service.reliable_executor import executor
