@@ -3,20 +3,20 @@
 Where each method lives in the two backends, as ``<module of storage/database/> / <module of
 storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``,
 ``lease_base``: those modules' defaults; ``access``: the backend's access base; ``__init__``:
-the backend's package). The same module on both sides is the rule; ``_list`` is the one
-exception meant to stay (Redis's listing.py holds the walks of its list indexes); the other
-rows that differ are still to align.
+the backend's package). The same module on both sides is the rule. A default module on one
+side means that backend keeps the interface's default where the other needs its own (a sharded
+Redis picks ids, checks its layout and splits its chores; the database marks limited names).
+``_list`` is the one other exception: Redis's listing.py holds the walks of its list indexes.
 tests/unit/test_storage_modules.py keeps the table true.
 
     submitting / submitting: enqueue
-    reading / submitting: unique_holder
+    reading / reading: unique_holder
     base / access: new_task_id
     batches / batches: add_to_batch existing_ids get_batch open_batch purge_batches seal_batch
     base / base: claim list purge_finished throughput
     claiming / claiming: _claim
     transitions / transitions: start start_many complete complete_many fail expire_claim
-    transitions / transitions: release handler_returned cancel retry
-    transitions / claiming: heartbeat
+    transitions / transitions: release handler_returned cancel retry heartbeat
     progress / progress: record_progress
     pausing / pausing: pause_queue paused_queues resume_queue
     chores / chores: _purge_finished expire_overdue recover_expired
@@ -27,18 +27,18 @@ tests/unit/test_storage_modules.py keeps the table true.
     reading / reading: oldest_due oldest_due_by_queue rate_use
     reading / listing: _list
     access / access: close get
-    access / claiming: wait_for_work wake
-    access / base: stop_waiting
+    claiming / claiming: wait_for_work wake
+    claiming / base: stop_waiting
     locks / locks: acquire_lock lock_owner release_lock spend_nonce
     lease_base / locks: lock_owners
     workers / workers: forget_workers worker_gone worker_last_seen worker_seen workers
     base / access: check_layout chores_on
-    __init__ / access: server_warnings
+    __init__ / __init__: server_warnings
     schedules / schedules: count_schedules delete_schedule due_schedules get_schedules
     schedules / schedules: list_schedules next_schedule_due set_schedule_paused
     schedule_base / schedule_base: save_schedules
     schedule_base / schedule_fires: fire_due
-    schedules / schedule_fires: fire_schedules
+    schedule_fires / schedule_fires: fire_schedules
 """
 
 from __future__ import annotations

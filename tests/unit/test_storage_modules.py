@@ -63,3 +63,14 @@ def test_each_method_lives_where_the_table_says(backend, method):
     database, redis = table()[method]
     expected = database if backend == "database" else redis
     assert home(BACKENDS[backend], method) == expected
+
+
+DEFAULTS = {"base", "schedule_base", "lease_base"}
+
+
+@pytest.mark.parametrize("method", sorted(table()))
+def test_a_method_lives_in_the_same_module_on_both_sides_or_keeps_a_default(method):
+    database, redis = table()[method]
+    assert database == redis or {database, redis} & DEFAULTS or method == "_list", (
+        f"{method} lives in database/{database}.py but redis/{redis}.py"
+    )

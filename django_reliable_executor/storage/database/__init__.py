@@ -20,6 +20,7 @@ from .locks import Locks
 from .pausing import Pausing
 from .progress import ProgressReports
 from .reading import Reading, ThroughputReading
+from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .server_config import mysql_warnings, postgresql_warnings
 from .submitting import Submitting
@@ -35,6 +36,7 @@ class DatabaseStorage(
     Claiming,
     Transitions,
     ProgressReports,
+    ScheduleFires,
     Schedules,
     Chores,
     Locks,

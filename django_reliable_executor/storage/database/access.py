@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 from ...core.clock import Clock
 from ...core.records import Claim, NewTask, TaskInfo
 from ...core.states import TaskStatus
-from ...models import ReliableNameLock, ReliableTask
+from ...models import ReliableNameLock, ReliableSchedule, ReliableTask
 from ..base import TaskStorage
 from .rows import TERMINAL, lock_conflict, spans, to_info
 from .waiting import Wakeups
@@ -161,27 +161,6 @@ class DatabaseAccess(TaskStorage):
     @functools.cached_property
     def _wakeups(self) -> Wakeups:
         return Wakeups(self.alias, self.vendor, ReliableTask._meta.db_table)
-
-    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
-        """Block until a commit of new work in ``queues`` may have happened (a NOTIFY on
-        PostgreSQL, the marker file on SQLite; after a short wait that grows with idleness on
-        MariaDB), ``wake`` is called, or ``timeout`` passes. True when woken early."""
-        return self._wakeups.wait(queues, self._rate_timeout(timeout, self.clock.now().timestamp()))
-
-    def _rate_timeout(self, timeout: float, now: float) -> float:
-        """rate_limit (rate_log.py): ``timeout`` shortened to end when a window that held a
-        task back in the last claim frees."""
-        free_at = self.rate_free_at
-        if free_at is None:
-            return timeout
-        return max(0.001, min(timeout, free_at - now))
-
-    def wake(self, queues: Sequence[str]) -> None:
-        # Local: every waiting thread of this process looks again (stop, a freed slot).
-        self._wakeups.wake()
-
-    def stop_waiting(self) -> None:
-        self._wakeups.stop_waiting()
 
     def _work_committed(self, queues: Sequence[str]) -> None:
         """Work due now in ``queues`` was just written (a retry, a hand-back): wake idle
@@ -376,6 +355,13 @@ class DatabaseAccess(TaskStorage):
                     raise
                 time.sleep(0.005 * 2**attempt)
         raise AssertionError("unreachable")
+
+    def _schedules(self) -> QuerySet[ReliableSchedule]:
+        return ReliableSchedule.objects.using(self.alias)
+
+    @property
+    def _schedule_table(self) -> str:
+        return connections[self.alias].ops.quote_name(ReliableSchedule._meta.db_table)
 
 
 def value_bytes(text: str | None, mysql: bool) -> int:

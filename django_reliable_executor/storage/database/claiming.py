@@ -333,3 +333,24 @@ class Claiming(DatabaseAccess):
             )
             for claim, row in zip(claims, rows, strict=True)
         ]
+
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until a commit of new work in ``queues`` may have happened (a NOTIFY on
+        PostgreSQL, the marker file on SQLite; after a short wait that grows with idleness on
+        MariaDB), ``wake`` is called, or ``timeout`` passes. True when woken early."""
+        return self._wakeups.wait(queues, self._rate_timeout(timeout, self.clock.now().timestamp()))
+
+    def _rate_timeout(self, timeout: float, now: float) -> float:
+        """rate_limit (rate_log.py): ``timeout`` shortened to end when a window that held a
+        task back in the last claim frees."""
+        free_at = self.rate_free_at
+        if free_at is None:
+            return timeout
+        return max(0.001, min(timeout, free_at - now))
+
+    def wake(self, queues: Sequence[str]) -> None:
+        # Local: every waiting thread of this process looks again (stop, a freed slot).
+        self._wakeups.wake()
+
+    def stop_waiting(self) -> None:
+        self._wakeups.stop_waiting()

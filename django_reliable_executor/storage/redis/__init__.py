@@ -119,6 +119,9 @@ results are JSON.
 
 from __future__ import annotations
 
+import builtins
+
+from .access import guarded
 from .batches import Batches
 from .chores import Chores
 from .claiming import Claiming
@@ -129,6 +132,7 @@ from .progress import ProgressReports
 from .reading import RateReading, Reading
 from .schedule_fires import ScheduleFires
 from .schedules import Schedules
+from .server_config import config_warnings
 from .submitting import Submitting
 from .transitions import Transitions
 from .workers import Workers
@@ -161,6 +165,12 @@ class RedisStorage(
 
     #: Idle workers may block in wait_for_work instead of sleeping.
     blocking_wait = True
+
+    @guarded
+    def server_warnings(self) -> builtins.list[str]:
+        """What is wrong with the Redis server's configuration for holding tasks: an evicting
+        maxmemory-policy, appendonly no, an appendfsync weaker than everysec."""
+        return config_warnings(self.client, self.where, self._unavailable)
 
 
 __all__ = ["RedisStorage"]

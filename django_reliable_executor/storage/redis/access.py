@@ -25,7 +25,6 @@ from .codec import micros, text, to_info
 from .layout import layout_problem
 from .outbox import DELIVERY_CHUNK, deliver
 from .scripts import Scripts
-from .server_config import config_warnings
 from .sharding import CONTROL_SHARD, ShardLayout, directory_of
 from .waiting import ShardWaiters
 
@@ -387,12 +386,6 @@ class RedisAccess(TaskStorage):
         if problem is not None:
             raise ImproperlyConfigured(problem)
         self._layout_checked = True
-
-    @guarded
-    def server_warnings(self) -> builtins.list[str]:
-        """What is wrong with the Redis server's configuration for holding tasks: an evicting
-        maxmemory-policy, appendonly no, an appendfsync weaker than everysec."""
-        return config_warnings(self.client, self.where, self._unavailable)
 
     def _queues(self) -> builtins.list[str]:
         """Every queue that holds a task (the ``queues`` set of every shard)."""

@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from ...core.queries import ClaimRequest
 from ...core.records import Claim
@@ -173,65 +173,6 @@ class Claiming(RedisAccess):
                 continue
             quiet += [(shard, name) for name in names]
         return frozenset(quiet)
-
-    @guarded
-    def heartbeat(
-        self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
-    ) -> dict[str, tuple[int, bool]]:
-        if not tokens:
-            return {}
-        now = self.clock.now()
-        lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
-        if self.sharded:
-            return self._heartbeat_shards(worker_id, tokens, lease_until, now)
-        return self._beat(worker_id, tokens, lease_until, now, {CONTROL_SHARD: list(tokens)})
-
-    def _heartbeat_shards(
-        self, worker_id: str, tokens: Mapping[str, int], lease_until: str, now: dt.datetime
-    ) -> dict[str, tuple[int, bool]]:
-        """Sharded heartbeat: each task to the shard it was claimed on, not to every shard.
-        That is its id's directory shard (a generated id's is its queue's), or for a given id
-        stored off it the shard noted when it was claimed here; a task that shard does not
-        hold (a lost lease, a note dropped) is asked of the other shards in a second step."""
-        with self._held_lock:
-            foreign = {t: self._held_on[t] for t in tokens if t in self._held_on}
-            self._held_on = foreign  # the claims no longer beaten are gone
-        guessed: dict[int, list[str]] = {}
-        for task_id in tokens:
-            shard = foreign.get(task_id, directory_of(task_id, self.layout.shards))
-            guessed.setdefault(shard, []).append(task_id)
-        held = self._beat(worker_id, tokens, lease_until, now, guessed)
-        missing = [task_id for task_id in tokens if task_id not in held]
-        if missing:
-            tried = {t: s for s, ids in guessed.items() for t in ids}
-            others: dict[int, list[str]] = {}
-            for task_id in missing:
-                for shard in range(len(self.prefixes)):
-                    if shard != tried[task_id]:
-                        others.setdefault(shard, []).append(task_id)
-            held.update(self._beat(worker_id, tokens, lease_until, now, others))
-        return held
-
-    def _beat(
-        self,
-        worker_id: str,
-        tokens: Mapping[str, int],
-        lease_until: str,
-        now: dt.datetime,
-        by_shard: dict[int, list[str]],
-    ) -> dict[str, tuple[int, bool]]:
-        return {
-            text(task_id): (int(token), text(cancel) == "1")
-            for shard, ids in sorted(by_shard.items())
-            for task_id, token, cancel in self._run(
-                "heartbeat",
-                worker_id,
-                lease_until,
-                *(value for task_id in ids for value in (task_id, tokens[task_id])),
-                now=now,
-                shard=shard,
-            )
-        }
 
     @guarded
     def wake(self, queues: Sequence[str]) -> None:

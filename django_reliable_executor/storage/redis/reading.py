@@ -10,9 +10,11 @@ from ...core.minute_counts import MinuteCounts, minute_start
 from ...core.queries import RateUse
 from ...core.rate_limits import RateLimit
 from ...core.records import TaskInfo
-from ...core.states import DEAD_LETTER_STATUSES, TaskStatus
+from ...core.states import DEAD_LETTER_STATUSES, LIVE_STATUSES, TaskStatus
 from .access import LIVE, RedisAccess, guarded
 from .codec import from_micros, micros, text, to_info
+from .reservations import entry_holder
+from .sharding import unique_home
 
 # The fields of a ``tput:<minute>`` hash the chart reads: the statuses it shows, and retries.
 RETRIED = "RETRIED"
@@ -160,6 +162,23 @@ class Reading(RedisAccess):
         replies = pipe.execute()
         unfinished = sum(int(v) for counts in replies[::2] for v in counts if v is not None)
         return unfinished > sum(replies[1::2])
+
+    @guarded
+    def unique_holder(self, unique_key: str) -> TaskInfo | None:
+        home = unique_home(unique_key, self.layout.shards)
+        held = self.client.get(self.prefixes[home] + "u:" + unique_key)
+        if held is None:
+            return None
+        until, task_id = text(held).split(" ", 1)
+        if from_micros(until) <= self.clock.now():
+            return None
+        if " " in task_id:  # sharded: reserved for a task of another shard
+            holder, _settled = entry_holder(self, text(held), home, None)
+            return holder
+        holder = self.get(task_id)
+        if holder is None or (holder.status not in LIVE_STATUSES and not holder.handler_running):
+            return None
+        return holder
 
 
 def bucket(name: str, rate_key: str) -> str:

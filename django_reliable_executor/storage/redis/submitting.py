@@ -14,7 +14,6 @@ from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
 from .reservations import (
     ID_RESERVATION_GRACE_SECONDS,
-    entry_holder,
     release_keys,
     reserve_ids,
     reserve_keys,
@@ -331,23 +330,6 @@ class Submitting(RedisAccess):
             self._run("id_release", shard, task.task_id, shard=shard)
         ((info, created),) = self._store([task], shard, keyless)
         return info, created
-
-    @guarded
-    def unique_holder(self, unique_key: str) -> TaskInfo | None:
-        home = unique_home(unique_key, self.layout.shards)
-        held = self.client.get(self.prefixes[home] + "u:" + unique_key)
-        if held is None:
-            return None
-        until, task_id = text(held).split(" ", 1)
-        if from_micros(until) <= self.clock.now():
-            return None
-        if " " in task_id:  # sharded: reserved for a task of another shard
-            holder, _settled = entry_holder(self, text(held), home, None)
-            return holder
-        holder = self.get(task_id)
-        if holder is None or (holder.status not in LIVE_STATUSES and not holder.handler_running):
-            return None
-        return holder
 
 
 def _missing_reply(replies: list[Any]) -> bool:
