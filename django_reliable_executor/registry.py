@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .core.flow_limits import FlowLimits
 from .core.ids import MAX_ID_LENGTH, validate_schedule_id
 from .core.numbers import is_number
 from .core.option_names import guess
@@ -362,6 +363,10 @@ def _forget_limited_homes() -> None:
     """Drop limited_homes' copy (the caller holds the registry's lock)."""
     global _limited_homes
     _limited_homes = None
+
+
+#: The registry's limited names, as the service builds its storage with them.
+FLOW_LIMITS = FlowLimits(names=limited_names, homes=limited_homes)
 
 
 def _schedules(

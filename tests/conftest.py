@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from django_reliable_executor.core.clock import Clock, FakeClock
+from django_reliable_executor.core.flow_limits import FlowLimits
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database import DatabaseStorage
@@ -138,7 +140,9 @@ def sharded_redis_storage(name: str, shards: int, clock: Clock) -> Iterator[Redi
 
     require("redis")
     with own_key_prefix(True, name) as prefix:
-        made = RedisStorage(redis_client(), prefix, clock=clock, shards=shards)
+        made = RedisStorage(
+            redis_client(), prefix, clock=clock, shards=shards, flow_limits=FLOW_LIMITS
+        )
         try:
             yield made
         finally:
@@ -165,24 +169,35 @@ def new_storage(
     backoff_cap_millis: int | None = None,
     redis_url: str = REDIS_URL,
     shards: int = REDIS_SHARDS,
+    flow_limits: FlowLimits = FLOW_LIMITS,
 ) -> TaskStorage:
     """The one storage builder of the tests: over a database alias, or over Redis ("redis")
-    under ``key_prefix`` (``shards``: its REDIS_SHARDS). Without ``backoff_cap_millis`` each
-    storage keeps its own default (the database one reads the settings). Close a Redis storage
-    when done."""
+    under ``key_prefix`` (``shards``: its REDIS_SHARDS), told the registry's limited names
+    (``FLOW_LIMITS``, as the service's own storage is) unless given others. Without
+    ``backoff_cap_millis`` each storage keeps its own default (the database one reads the
+    settings). Close a Redis storage when done."""
     if alias == "redis":
         from django_reliable_executor.storage.redis import RedisStorage
 
         if backoff_cap_millis is None:
-            return RedisStorage(redis_client(redis_url), key_prefix, clock=clock, shards=shards)
+            return RedisStorage(
+                redis_client(redis_url),
+                key_prefix,
+                clock=clock,
+                shards=shards,
+                flow_limits=flow_limits,
+            )
         return RedisStorage(
             redis_client(redis_url),
             key_prefix,
             clock=clock,
             backoff_cap_millis=backoff_cap_millis,
             shards=shards,
+            flow_limits=flow_limits,
         )
-    return DatabaseStorage(alias=alias, clock=clock, backoff_cap_millis=backoff_cap_millis)
+    return DatabaseStorage(
+        alias=alias, clock=clock, backoff_cap_millis=backoff_cap_millis, flow_limits=flow_limits
+    )
 
 
 @pytest.fixture
@@ -225,8 +240,12 @@ def make_storage(alias: str, key_prefix: str) -> Iterator[Callable[..., TaskStor
     """Builds storage objects on the backend under test (one per thread, like workers do)."""
     made: list[TaskStorage] = []
 
-    def make(clock: FakeClock | None = None) -> TaskStorage:
-        storage = new_storage(alias, key_prefix, clock=clock, backoff_cap_millis=300000)
+    def make(
+        clock: FakeClock | None = None, flow_limits: FlowLimits = FLOW_LIMITS
+    ) -> TaskStorage:
+        storage = new_storage(
+            alias, key_prefix, clock=clock, backoff_cap_millis=300000, flow_limits=flow_limits
+        )
         made.append(storage)
         return storage
 

@@ -153,7 +153,7 @@ class MarkLimited:
         if not work.master or time.monotonic() < self._next_mark:
             return False
         everything = work.everything
-        marked = everything.mark_limited(everything.limited_names(), ROWS_PER_ROUND)
+        marked = everything.mark_limited(everything.flow_limits.names(), ROWS_PER_ROUND)
         if marked:
             logger.info("%d waiting tasks moved between the claims by name", marked)
         if marked >= ROWS_PER_ROUND:

@@ -21,7 +21,7 @@ from ..exceptions import (
 )
 from ..observability.announcer import Announcer
 from ..observability.tracing import current_trace_context
-from ..registry import declared_schedules, limited_homes, limited_names, rate_limits
+from ..registry import FLOW_LIMITS, declared_schedules, rate_limits
 from ..schedules.records import Schedule, ScheduleInfo
 from ..storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .batches import submit_batch
@@ -31,13 +31,6 @@ from .purging import finished_statuses, in_rounds
 from .queues import check_known_queue
 from .schedules import ScheduleOperations
 from .submitting import chain_steps, prepare, request_of
-
-
-def _wired(storage: TaskStorage) -> TaskStorage:
-    """``storage`` told which task names the registry limits (it cannot import the registry)."""
-    storage.limited_names = limited_names
-    storage.limited_homes = limited_homes
-    return storage
 
 
 class ReliableExecutor:
@@ -50,7 +43,7 @@ class ReliableExecutor:
         clock: Clock | None = None,
         settings: ExecutorSettings | None = None,
     ) -> None:
-        self._storage = storage if storage is None else _wired(storage)
+        self._storage = storage
         self._clock = clock
         self._settings = settings
         self._lock = threading.Lock()
@@ -79,7 +72,7 @@ class ReliableExecutor:
         if self._storage is None:
             with self._lock:
                 if self._storage is None:
-                    self._storage = _wired(build_storage(self.settings, self._clock))
+                    self._storage = build_storage(self.settings, self._clock, FLOW_LIMITS)
         return self._storage
 
     def reset(self) -> None:

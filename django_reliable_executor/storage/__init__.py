@@ -6,12 +6,18 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import ExecutorSettings
 from ..core.clock import Clock
+from ..core.flow_limits import NO_FLOW_LIMITS, FlowLimits
 from .base import TaskStorage
 from .lock_names import MASTER_LOCK_NAME
 
 
-def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> TaskStorage:
-    """A new storage object for ``settings``."""
+def build_storage(
+    settings: ExecutorSettings,
+    clock: Clock | None = None,
+    flow_limits: FlowLimits = NO_FLOW_LIMITS,
+) -> TaskStorage:
+    """A new storage object for ``settings``, told which task names are limited (the service
+    passes the registry's ``FLOW_LIMITS``)."""
     if settings.STORAGE == "database":
         from .database import DatabaseStorage
 
@@ -19,6 +25,7 @@ def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> Tas
             alias=settings.DATABASE_ALIAS,
             clock=clock,
             backoff_cap_millis=settings.DEFAULT_RETRY_BACKOFF_MAX,
+            flow_limits=flow_limits,
         )
     if settings.STORAGE == "redis":
         from .redis import RedisStorage
@@ -32,6 +39,7 @@ def build_storage(settings: ExecutorSettings, clock: Clock | None = None) -> Tas
             where=describe(settings),
             owns_client=settings.REDIS_CACHE_ALIAS is None,
             shards=settings.REDIS_SHARDS,
+            flow_limits=flow_limits,
         )
     raise ImproperlyConfigured(
         f"RELIABLE_EXECUTOR['STORAGE'] = {settings.STORAGE!r} is not available in this version"

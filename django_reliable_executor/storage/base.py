@@ -47,10 +47,11 @@ import abc
 import builtins
 import datetime as dt
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ..core.batches import BatchInfo, NewBatch
 from ..core.clock import Clock, system_clock
+from ..core.flow_limits import NO_FLOW_LIMITS, FlowLimits
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts
 from ..core.progress import Progress
 from ..core.queries import ClaimRequest, RateUse, TaskQuery
@@ -75,14 +76,13 @@ class TaskStorage(ScheduleStorage, LeaseStorage):
     #: otherwise idle workers poll.
     blocking_wait: bool = False
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(
+        self, clock: Clock | None = None, flow_limits: FlowLimits = NO_FLOW_LIMITS
+    ) -> None:
         self.clock = clock or system_clock
-        #: The names claimed one name at a time (a rate_limit or max_concurrency), wired by
-        #: the service from the registry: the database storage keeps their tasks apart.
-        self.limited_names: Callable[[], Collection[str]] = frozenset
-        #: ``{task_name: its own queue}`` of those names: a sharded Redis storage keeps their
-        #: tasks on that queue's shard (docs/redis-shards.md, "A limited name's home shard").
-        self.limited_homes: Callable[[], Mapping[str, str]] = dict
+        #: The task names claimed one name at a time, and their home queues (the service
+        #: passes the registry's).
+        self.flow_limits = flow_limits
 
     @property
     def transaction_alias(self) -> str | None:
@@ -343,7 +343,7 @@ class TaskStorage(ScheduleStorage, LeaseStorage):
     def mark_limited(self, names: Collection[str], limit: int) -> int:
         """Where the storage keeps the waiting tasks of limited names apart (the database
         storage), put right, for up to ``limit`` tasks each way, which are kept apart: those of
-        the names in ``names`` (``limited_names``: claimed one name at a time), and no others.
+        the names in ``names`` (``flow_limits.names()``: claimed one name at a time), and no others.
         Needed after a name gained or lost its limits, or when a task was stored by a process
         that did not know them. How many tasks changed (0 on storages that keep none apart)."""
         return 0

@@ -16,6 +16,7 @@ from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, registry
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.database import DatabaseStorage
 from django_reliable_executor.storage.database.waiting import (
@@ -83,7 +84,7 @@ def test_mariadb_worker_that_just_had_work_looks_again_soon(alias, key_prefix, w
 def listener() -> Iterator[psycopg.Connection]:
     """A connection LISTENing on the task table's channel of the postgres test database."""
     connection = psycopg.connect(**listen_params("postgres"), autocommit=True)
-    storage = DatabaseStorage("postgres")
+    storage = DatabaseStorage("postgres", flow_limits=FLOW_LIMITS)
     channel = connection.execute(f"SELECT {storage._wakeups.channel}").fetchone()[0]
     connection.execute(f'LISTEN "{channel}"')
     yield connection
@@ -105,7 +106,7 @@ def received(connection: psycopg.Connection, wait: float = 0.5) -> list[str]:
 
 @pytest.mark.django_db(transaction=True, databases=["postgres"], available_apps=TASK_APPS)
 def test_postgres_notifies_on_commit_only_once_per_queue_and_never_for_a_rollback(listener):
-    service = ReliableExecutor(DatabaseStorage("postgres"))
+    service = ReliableExecutor(DatabaseStorage("postgres", flow_limits=FLOW_LIMITS))
     with transaction.atomic(using="postgres"):
         service.submit("demo.noop", task_id="in-tx", queue="a")
         assert received(listener, 0.3) == []  # not before the commit
@@ -141,7 +142,7 @@ def test_postgres_notifies_on_commit_only_once_per_queue_and_never_for_a_rollbac
 
 @pytest.mark.django_db(transaction=True, databases=["default"], available_apps=TASK_APPS)
 def test_sqlite_touches_the_marker_on_commit_and_never_for_a_rollback():
-    storage = DatabaseStorage("default")
+    storage = DatabaseStorage("default", flow_limits=FLOW_LIMITS)
     service = ReliableExecutor(storage)
     marker = storage._wakeups.marker
     assert marker == f"{connections['default'].settings_dict['NAME']}-executor-wake"
@@ -252,7 +253,7 @@ def test_an_idle_worker_queries_once_per_poll_interval(alias):
     limited = set(registry.name_limits()) | set(registry.rate_limits())
     assert len(limited) >= 2  # the demo app's, so that one read per name would show here
     per_claim = 2
-    service = ReliableExecutor(DatabaseStorage(alias))
+    service = ReliableExecutor(DatabaseStorage(alias, flow_limits=FLOW_LIMITS))
     worker = Worker(WorkerOptions(poll_interval=poll, worker_id=f"idle-{alias}"), service)
     log = QueryLog(alias, "claim-loop-under-test")
     connection_created.connect(log.attach, weak=False)
@@ -291,7 +292,7 @@ def test_an_idle_worker_queries_once_per_poll_interval(alias):
 @pytest.mark.parametrize("alias", db_params())
 def test_request_stop_ends_a_long_idle_wait_at_once(alias):
     require(alias)
-    service = ReliableExecutor(DatabaseStorage(alias))
+    service = ReliableExecutor(DatabaseStorage(alias, flow_limits=FLOW_LIMITS))
     worker = Worker(WorkerOptions(poll_interval=30.0, worker_id="stop-me"), service)
     thread = threading.Thread(target=worker.run)
     thread.start()

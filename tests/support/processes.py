@@ -82,6 +82,7 @@ class Backend:
         """A storage over the same tasks the subprocesses see (real clock)."""
         if self.redis_cluster:
             from django_reliable_executor.conf import ExecutorSettings
+            from django_reliable_executor.registry import FLOW_LIMITS
             from django_reliable_executor.storage import build_storage
 
             settings = ExecutorSettings(
@@ -90,7 +91,7 @@ class Backend:
                 REDIS_CLUSTER=True,
                 KEY_PREFIX=self.key_prefix,
             )
-            return build_storage(settings)
+            return build_storage(settings, flow_limits=FLOW_LIMITS)
         return new_storage(self.name, self.key_prefix, redis_url=self.redis_url, shards=self.shards)
 
     def environment(self) -> dict[str, str]:

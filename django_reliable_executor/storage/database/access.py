@@ -16,6 +16,7 @@ from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 
 from ...core.clock import Clock
+from ...core.flow_limits import NO_FLOW_LIMITS, FlowLimits
 from ...core.records import Claim, NewTask, TaskInfo
 from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliableSchedule, ReliableTask
@@ -41,8 +42,9 @@ class DatabaseAccess(TaskStorage):
         alias: str = "default",
         clock: Clock | None = None,
         backoff_cap_millis: int | None = None,
+        flow_limits: FlowLimits = NO_FLOW_LIMITS,
     ) -> None:
-        super().__init__(clock)
+        super().__init__(clock, flow_limits)
         self.alias = alias
         self._backoff_cap_millis = backoff_cap_millis
         self._max_packet: int | None = None

@@ -182,7 +182,7 @@ class Claiming(DatabaseAccess):
         lane_sql, lane = "AND limited_name = %s ", [""]
         if pick.name is not None:
             names_sql, names = "AND task_name = %s ", [pick.name]
-            if pick.name in self.limited_names():
+            if pick.name in self.flow_limits.names():
                 # A limited name's claim reads its own range of the claim index. (Its tasks
                 # stored without it, by a process that did not know the limits, wait for the
                 # master's chores to move them there: mark_limited.)

@@ -160,7 +160,7 @@ class Submitting(DatabaseAccess):
         """One multi-row INSERT. Hand-written: preparing 24 model fields per row through
         bulk_create cost several times the database's own work."""
         when = Adapted(self._dt)  # a batch shares created_at, and mostly run_at
-        limited = self.limited_names()
+        limited = self.flow_limits.names()
         rows = [
             (
                 task.task_id,

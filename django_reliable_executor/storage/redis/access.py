@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 
 from ...core.clock import Clock
+from ...core.flow_limits import NO_FLOW_LIMITS, FlowLimits
 from ...core.records import TaskInfo
 from ...core.states import LIVE_STATUSES, WAITING_STATUSES
 from ...exceptions import StorageUnavailableError
@@ -100,8 +101,9 @@ class RedisAccess(TaskStorage):
         where: str = "redis",
         owns_client: bool = True,
         shards: int = 1,
+        flow_limits: FlowLimits = NO_FLOW_LIMITS,
     ) -> None:
-        super().__init__(clock)
+        super().__init__(clock, flow_limits)
         self.client = client
         self.key_prefix = key_prefix
         self.layout = ShardLayout(key_prefix, shards)
@@ -268,17 +270,17 @@ class RedisAccess(TaskStorage):
         self, task_name: str, queue: str, homes: Mapping[str, str] | None = None
     ) -> int:
         """The shard a task of ``task_name`` submitted to ``queue`` is stored on: its queue's,
-        or for a limited name (``homes``: limited_homes, read now when not given) the shard
+        or for a limited name (``homes``: flow_limits.homes(), read now when not given) the shard
         of the name's own queue, its *home shard*, which keeps all of the name's limits."""
         if not self.sharded:
             return CONTROL_SHARD
         if homes is None:
-            homes = self.limited_homes()
+            homes = self.flow_limits.homes()
         return self.layout.shard_of(homes.get(task_name, queue))
 
     def _home_shards(self) -> frozenset[int]:
         """Sharded: the home shards of the limited names (see _store_shard)."""
-        return frozenset(self.layout.shard_of(queue) for queue in self.limited_homes().values())
+        return frozenset(self.layout.shard_of(queue) for queue in self.flow_limits.homes().values())
 
     def _queue_shards(self, queue: str, homes: frozenset[int] | None = None) -> list[int]:
         """The shards that may hold tasks of ``queue``: its own shard, first, then the home

@@ -27,7 +27,7 @@ class Batches(RedisAccess):
         # Sharded: a batch lives on the control shard; a callback of another shard's queue is
         # sent there to be stored when the batch finishes (batch_open.lua keeps its shard).
         if self.sharded:
-            homes = self.limited_homes()
+            homes = self.flow_limits.homes()
             shards = [
                 None if task is None else self._store_shard(task.task_name, task.queue, homes)
                 for task in callbacks
@@ -46,7 +46,7 @@ class Batches(RedisAccess):
         if self.sharded:
             # Members of other shards were stored counted nowhere: counted in the batch's total
             # now, before the batch is sealed (their endings, maybe first, come as messages).
-            homes = self.limited_homes()
+            homes = self.flow_limits.homes()
             joined = [
                 value
                 for info, created in results

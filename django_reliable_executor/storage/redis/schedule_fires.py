@@ -106,7 +106,7 @@ class ScheduleFires(RedisAccess):
         """The fires by the shard they go to, each made native to it (a fire of a schedule
         no longer stored left out)."""
         shards = self.layout.shards
-        homes = self.limited_homes()
+        homes = self.flow_limits.homes()
         # A schedule lives on the shard its tasks are stored on (_store_shard); one of a
         # limited name whose home shard is not its queue's is looked up, as one without tasks
         # is: saved before its name was limited, it is still on its queue's shard.

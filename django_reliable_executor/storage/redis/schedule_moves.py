@@ -103,7 +103,7 @@ def save(
     on (its queue's, or its limited name's home shard: ``_store_shard``); one stored on another
     shard (its queue or its home changed shard) is moved there (``move``)."""
     held = copies(storage, [info.schedule_id for info in schedules])
-    homes = storage.limited_homes()
+    homes = storage.flow_limits.homes()
     in_place: dict[int, list[Any]] = {}
     moves: list[tuple[Any, int, int]] = []
     leftovers: list[tuple[str, int]] = []

@@ -40,7 +40,7 @@ class Submitting(RedisAccess):
         # is stored first.
         if not self.sharded:
             return self._enqueue_on(tasks, CONTROL_SHARD)
-        homes = self.limited_homes()
+        homes = self.flow_limits.homes()
 
         def shard_of(task: NewTask) -> int:
             return self._store_shard(task.task_name, task.queue, homes)

@@ -10,6 +10,7 @@ import pytest
 from django.db import connections
 
 from django_reliable_executor import TaskSubmitRequest
+from django_reliable_executor.core.flow_limits import NO_FLOW_LIMITS
 from django_reliable_executor.core.rate_limits import parse_rate_limit
 from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.models import ReliableTask
@@ -84,10 +85,11 @@ def test_the_claims_by_name_take_marked_tasks(executor: ReliableExecutor, storag
     assert claimed(storage, **limits) == ["c0", "c1", "r0", "r1", "r2"]
 
 
-def test_mark_limited_sets_the_mark_right_both_ways(storage: TaskStorage, alias: str, clock):
+def test_mark_limited_sets_the_mark_right_both_ways(make_storage, alias: str, clock):
     now = clock.now()
     # Stored by a process that did not know the limits (another service's submit, an older
     # version): unmarked.
+    storage = make_storage(clock, flow_limits=NO_FLOW_LIMITS)
     storage.enqueue([new_task(f"c{n}", CAPPED, {"x": n}, now) for n in range(3)])
     storage.enqueue([new_task(f"r{n}", RATED, {"n": n}, now) for n in range(2)])
     storage.enqueue([new_task("p1", PLAIN, {"x": 1}, now)])
@@ -103,7 +105,8 @@ def test_mark_limited_sets_the_mark_right_both_ways(storage: TaskStorage, alias:
     assert marks(alias) == {**expected, "c0": "", "c1": "", "c2": ""}
 
 
-def test_only_waiting_tasks_are_marked(storage: TaskStorage, alias: str, clock):
+def test_only_waiting_tasks_are_marked(make_storage, alias: str, clock):
+    storage = make_storage(clock, flow_limits=NO_FLOW_LIMITS)
     storage.enqueue([new_task("c1", CAPPED, {"x": 1}, clock.now())])
     assert claimed(storage, name_limits={CAPPED: 2}) == ["c1"]  # claimed: not waiting
     assert storage.mark_limited({CAPPED}, 500) == 0
@@ -113,7 +116,7 @@ def test_only_waiting_tasks_are_marked(storage: TaskStorage, alias: str, clock):
 def test_the_master_chores_mark_the_tasks_of_limited_names(
     executor: ReliableExecutor, make_storage, alias: str, clock
 ):
-    unwired = make_storage(clock)  # stores as a process that knows no limits would
+    unwired = make_storage(clock, NO_FLOW_LIMITS)  # stores as a process knowing no limits
     unwired.enqueue([new_task("c1", CAPPED, {"x": 1}, clock.now())])
     unwired.enqueue([new_task("p1", PLAIN, {"x": 1}, clock.now())])
     chores = MasterChores(executor, retention_seconds=3600)
@@ -159,7 +162,7 @@ def test_a_limited_name_s_task_stored_without_it_waits_for_the_chores(
 ):
     """Its claim reads the name's own range only: a task stored by a process that did not know
     the cap is claimed once the master's chores moved it there (at most a minute)."""
-    make_storage(clock).enqueue([new_task("c1", CAPPED, {"x": 1}, clock.now())])
+    make_storage(clock, NO_FLOW_LIMITS).enqueue([new_task("c1", CAPPED, {"x": 1}, clock.now())])
     # Neither by the name's claim nor by the claim of all other names (left out by name).
     assert claimed(storage, name_limits={CAPPED: 2}) == []
     assert storage.mark_limited({CAPPED}, 500) == 1

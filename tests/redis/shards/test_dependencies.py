@@ -10,6 +10,7 @@ import pytest
 
 from django_reliable_executor import InvalidDependencyError, TaskStatus
 from django_reliable_executor.core.uniqueness import unique_digest
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of, unique_home
@@ -164,7 +165,7 @@ def test_one_shard_writes_no_outbox(clock):
     require("redis")
     client = redis_client()
     prefix = f"xshards1-{zlib.crc32(str(id(client)).encode()):08x}"
-    one = RedisStorage(client, prefix, clock=clock)
+    one = RedisStorage(client, prefix, clock=clock, flow_limits=FLOW_LIMITS)
     try:
         executor = ReliableExecutor(one, clock=clock)
         executor.submit("demo.echo", {}, task_id="a", queue=S0)

@@ -10,8 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
+from django_reliable_executor.core.flow_limits import NO_FLOW_LIMITS
 from django_reliable_executor.core.rate_limits import RateLimit
 from django_reliable_executor.master.schedule_firing import ScheduleFiring
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of, shard_of
@@ -156,14 +158,14 @@ def test_a_schedule_of_a_limited_name_lives_and_fires_on_its_home_shard(executor
 def test_a_task_stored_by_a_submitter_without_the_limit_is_claimed_on_its_queue_s_shard(
     storage, clock
 ):
-    # A storage no service wired (as an ALLOW_UNKNOWN_TASKS submitter that does not know the
-    # name's limit) stores it on its queue's shard; a worker of the queue still claims it,
-    # under that shard's own accounting.
+    # A storage not told the name's limit (as an ALLOW_UNKNOWN_TASKS submitter that does not
+    # know it) stores it on its queue's shard; a worker of the queue still claims it, under
+    # that shard's own accounting.
     unaware = ReliableExecutor(storage, clock=clock)
-    storage.limited_homes = dict
+    storage.flow_limits = NO_FLOW_LIMITS
     task = unaware.submit("demo.capped", {}, queue=ORPHAN)
     assert stored_on(storage, task.task_id) == [0]
-    ReliableExecutor(storage, clock=clock)  # wired again: a worker's view
+    storage.flow_limits = FLOW_LIMITS  # told again: a worker's view
     (claimed,) = claim(storage, "w-orphan", (ORPHAN,))
     assert claimed.task_id == task.task_id and claimed.shard == 0
     assert storage.complete(storage.start(claimed, LEASE), None) is not None
@@ -176,7 +178,7 @@ def test_tasks_left_on_a_home_shard_after_the_limit_is_gone_are_still_claimed(
     assert stored_on(storage, task.task_id) == [HOME]
     # A worker whose registry has no limited name any more (the limit removed in a deploy):
     # the home shard's queue set names "orphan", so it claims there all the same.
-    storage.limited_homes = dict
+    storage.flow_limits = NO_FLOW_LIMITS
     fresh = RedisStorage(
         storage.client, storage.key_prefix, clock=clock, shards=SHARDS, owns_client=False
     )

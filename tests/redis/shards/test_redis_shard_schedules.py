@@ -14,7 +14,13 @@ from django_reliable_executor import Schedule, TaskStatus
 from django_reliable_executor.admin.schedule_pages import fires
 from django_reliable_executor.core.ids import fire_task_id
 from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
-from django_reliable_executor.registry import TaskHandler, _schedules, register, unregister
+from django_reliable_executor.registry import (
+    FLOW_LIMITS,
+    TaskHandler,
+    _schedules,
+    register,
+    unregister,
+)
 from django_reliable_executor.schedules.records import ScheduleFire
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage, schedule_moves
@@ -239,7 +245,7 @@ def test_a_fired_task_is_found_with_one_read_of_its_shard(spare_redis: SpareServ
     the directory entry's GET), not one per shard as for an id stored off its directory."""
     server = spare_redis()
     client = server.client(decode_responses=True)
-    storage = RedisStorage(client, "count", clock=clock, shards=SHARDS)
+    storage = RedisStorage(client, "count", clock=clock, shards=SHARDS, flow_limits=FLOW_LIMITS)
     executor = ReliableExecutor(storage, clock=clock)
     # A schedule whose plain fire id has its directory on another shard than its queue's.
     queue = queue_on(0)
@@ -293,7 +299,13 @@ def test_declared_schedules_are_saved_on_their_queues_shards_and_follow_their_qu
             ],
         )
         other = ReliableExecutor(
-            RedisStorage(redis_client(), storage.key_prefix, clock=clock, shards=SHARDS),
+            RedisStorage(
+                redis_client(),
+                storage.key_prefix,
+                clock=clock,
+                shards=SHARDS,
+                flow_limits=FLOW_LIMITS,
+            ),
             clock=clock,
         )
         assert executor.sync_declared_schedules() == 1

@@ -14,6 +14,7 @@ import pytest
 from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.master.lock import MasterLock, ShardLocks
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.lock_names import MASTER_LOCK_NAME, chore_lock_name
 from django_reliable_executor.storage.redis import RedisStorage
@@ -41,7 +42,9 @@ def server(spare_redis: SpareServers) -> RedisServer:
 
 @pytest.fixture
 def storage(server: RedisServer, clock: FakeClock) -> Iterator[RedisStorage]:
-    made = RedisStorage(server.client(), "traffic", clock=clock, shards=SHARDS)
+    made = RedisStorage(
+        server.client(), "traffic", clock=clock, shards=SHARDS, flow_limits=FLOW_LIMITS
+    )
     yield made
     made.close()
 
@@ -187,7 +190,7 @@ def test_a_shard_not_claimed_on_for_the_sweep_time_is_claimed_on_again(server, s
 
 
 def test_one_shard_claims_and_beats_as_before(server, clock):
-    storage = RedisStorage(server.client(), "traffic-one", clock=clock)
+    storage = RedisStorage(server.client(), "traffic-one", clock=clock, flow_limits=FLOW_LIMITS)
     try:
         executor = ReliableExecutor(storage, clock=clock)
         assert claim(storage) == []

@@ -17,6 +17,7 @@ from redis.crc import key_slot
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.core.uniqueness import unique_digest
 from django_reliable_executor.exceptions import InvalidDependencyError, TaskSubmitError
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.service.reliable_executor import executor as module_executor
 from django_reliable_executor.storage.redis import RedisStorage
@@ -57,7 +58,7 @@ def test_one_shard_is_the_single_hash_tag_layout():
     layout = ShardLayout("reliable_executor")
     assert layout.prefixes == ("{reliable_executor}:",)
     assert layout.shard_of("anything") == 0
-    storage = RedisStorage(redis_client(), "reliable_executor")
+    storage = RedisStorage(redis_client(), "reliable_executor", flow_limits=FLOW_LIMITS)
     try:
         assert storage.p == "{reliable_executor}:"
         assert storage._tkey("x") == "{reliable_executor}:t:x"
@@ -405,7 +406,7 @@ def test_one_shard_keeps_the_unique_key_and_round_trip_of_before(clock, monkeypa
     other command, and leaves one key P u:<digest> = "<window end> <task id>"."""
     require("redis")
     prefix = f"shards1-{zlib.crc32(str(id(clock)).encode()):08x}"
-    storage = RedisStorage(redis_client(), prefix, clock=clock)
+    storage = RedisStorage(redis_client(), prefix, clock=clock, flow_limits=FLOW_LIMITS)
     scripts: list[str] = []
     commands: list[object] = []
     run = storage._scripts.run

@@ -1,0 +1,23 @@
+"""FlowLimits: which task names are claimed one name at a time, as a storage is told it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowLimits:
+    """The task names with a ``rate_limit`` or ``max_concurrency`` (the database storage keeps
+    their tasks apart, to claim them one name at a time), and ``{name: its own queue}`` of
+    them (a sharded Redis storage keeps their tasks on that queue's shard:
+    docs/redis-shards.md, "A limited name's home shard"). Functions, asked at each use: a
+    handler may register after the storage is built. The registry's are
+    ``registry.FLOW_LIMITS``; the service builds its storage with them."""
+
+    names: Callable[[], Collection[str]] = frozenset
+    homes: Callable[[], Mapping[str, str]] = dict
+
+
+#: No name limited: a storage built on its own (a tool, a test of the storage alone).
+NO_FLOW_LIMITS = FlowLimits()
