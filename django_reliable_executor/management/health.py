@@ -9,7 +9,7 @@ from django.db import DatabaseError
 from ..conf import ExecutorSettings
 from ..exceptions import StorageUnavailableError
 from ..service.reliable_executor import ReliableExecutor
-from .output import format_age
+from .output import format_age, where_text
 from .tables import tables_missing
 
 
@@ -31,14 +31,14 @@ def default_max_age(settings: ExecutorSettings) -> float:
 def check_health(service: ReliableExecutor, worker_id: str | None, max_age: float) -> Health:
     """Read the master lock (and ``worker_id``'s last heartbeat) once. Never raises for a
     storage that cannot be reached or used: that is the probe's answer, not a traceback."""
-    where = _where(service.settings)
+    where = where_text(service.storage.location())
     try:
         master = service.master()
         seen = service.storage.worker_last_seen(worker_id) if worker_id is not None else None
     except StorageUnavailableError as exc:
         return _unhealthy(f"storage does not answer ({where}): {exc}")
     except DatabaseError as exc:
-        missing = tables_missing(service.settings)
+        missing = tables_missing(service.storage)
         if missing is not None:
             return _unhealthy(missing)
         return _unhealthy(f"storage does not answer ({where}): {type(exc).__name__}: {exc}")
@@ -67,12 +67,6 @@ def check_health(service: ReliableExecutor, worker_id: str | None, max_age: floa
     if failed:
         return _unhealthy(f"{'; '.join(failed)} (checked: {', '.join(passed)})")
     return Health(True, "ok: " + ", ".join(passed))
-
-
-def _where(settings: ExecutorSettings) -> str:
-    if settings.STORAGE == "redis":
-        return f"redis, key prefix {settings.KEY_PREFIX!r}"
-    return f"database {settings.DATABASE_ALIAS!r}"
 
 
 def _unhealthy(text: str) -> Health:

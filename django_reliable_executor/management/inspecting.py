@@ -13,7 +13,7 @@ from ..core.records import task_to_json
 from ..service.reliable_executor import executor
 from .exit_codes import EXIT_INCOMPLETE, EXIT_USAGE
 from .health import check_health, default_max_age
-from .output import StatusReport, storage_label, task_text
+from .output import StatusReport, task_text
 from .worker_id import check_worker_id
 
 
@@ -86,7 +86,7 @@ class Inspecting(BaseCommand):
         report = StatusReport(
             # Read after the store, so no heartbeat read above lies in the future.
             checked_at=executor.clock.now(),
-            storage=storage_label(settings),
+            storage=executor.storage.location(),
             queues=queues,
             oldest_due_at=oldest_due_at,
             master=master,

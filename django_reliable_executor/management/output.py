@@ -10,7 +10,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..conf import ExecutorSettings
 from ..core.progress import Progress, progress_summary
 from ..core.queries import RateUse
 from ..core.records import TaskInfo, WorkerInfo
@@ -74,11 +73,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: set
     return "\n".join(lines)
 
 
-def storage_label(settings: ExecutorSettings) -> dict[str, str]:
-    """Which store the command reads: it is easy to point a shell at the wrong one."""
-    if settings.STORAGE == "redis":
-        return {"backend": "redis", "key_prefix": settings.KEY_PREFIX}
-    return {"backend": "database", "database_alias": settings.DATABASE_ALIAS}
+def where_text(location: Mapping[str, str]) -> str:
+    """A storage's ``location()`` in words: "database 'default'", "redis, key prefix 'x'"."""
+    if "key_prefix" in location:
+        return f"{location['backend']}, key prefix {location['key_prefix']!r}"
+    return f"database {location.get('database_alias', '')!r}"
 
 
 # -- status --------------------------------------------------------------------------------

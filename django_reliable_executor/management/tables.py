@@ -7,18 +7,19 @@ from __future__ import annotations
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from django_reliable_executor.conf import ExecutorSettings
+from django_reliable_executor.storage import TaskStorage
 
 APP_LABEL = "django_reliable_executor"
 
 
-def unapplied_migrations(settings: ExecutorSettings) -> list[str]:
-    """This app's migrations not applied on the task database (``app.name``, in order);
-    empty on Redis, and when the database cannot be read (its own error comes elsewhere)."""
-    if settings.STORAGE != "database":
+def unapplied_migrations(alias: str | None) -> list[str]:
+    """This app's migrations not applied on database ``alias`` (``app.name``, in order);
+    empty without one (Redis), and when the database cannot be read (its own error comes
+    elsewhere)."""
+    if alias is None:
         return []
     try:
-        executor = MigrationExecutor(connections[settings.DATABASE_ALIAS])
+        executor = MigrationExecutor(connections[alias])
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP_LABEL]
         plan = executor.migration_plan(targets)
     except DatabaseError:
@@ -28,21 +29,21 @@ def unapplied_migrations(settings: ExecutorSettings) -> list[str]:
     ]
 
 
-def migrate_command(settings: ExecutorSettings) -> str:
-    alias = settings.DATABASE_ALIAS
+def migrate_command(alias: str) -> str:
     return "python manage.py migrate" + ("" if alias == "default" else f" --database {alias}")
 
 
-def tables_missing(settings: ExecutorSettings) -> str | None:
+def tables_missing(storage: TaskStorage) -> str | None:
     """One line for a task database without this app's tables (or with some missing), or
     None: "tables missing: run python manage.py migrate (unapplied: ...)"."""
-    unapplied = unapplied_migrations(settings)
-    if not unapplied:
+    alias = storage.transaction_alias
+    unapplied = unapplied_migrations(alias)
+    if alias is None or not unapplied:
         return None
     shown = ", ".join(unapplied[:3]) + (
         f" and {len(unapplied) - 3} more" if len(unapplied) > 3 else ""
     )
     return (
-        f"tables missing on database {settings.DATABASE_ALIAS!r}: run {migrate_command(settings)} "
+        f"tables missing on database {alias!r}: run {migrate_command(alias)} "
         f"(unapplied: {shown})"
     )

@@ -33,7 +33,7 @@ tests/unit/test_storage_modules.py keeps the table true.
     lease_base / locks: lock_owners
     workers / workers: forget_workers worker_gone worker_last_seen worker_seen workers
     base / access: check_layout chores_on
-    __init__ / __init__: server_warnings
+    __init__ / __init__: location server_warnings
     schedules / schedules: count_schedules delete_schedule due_schedules get_schedules
     schedules / schedules: list_schedules next_schedule_due set_schedule_paused
     schedule_base / schedule_base: save_schedules
@@ -83,6 +83,12 @@ class TaskStorage(ScheduleStorage, LeaseStorage):
         #: The task names claimed one name at a time, and their home queues (the service
         #: passes the registry's).
         self.flow_limits = flow_limits
+
+    @abc.abstractmethod
+    def location(self) -> dict[str, str]:
+        """Which store this is, for commands to name (it is easy to point a shell at the
+        wrong one): ``backend`` ("database" or "redis") and ``database_alias`` or
+        ``key_prefix``."""
 
     @property
     def transaction_alias(self) -> str | None:

@@ -109,7 +109,7 @@ class Command(Inspecting, Operating, Purging, Sharding):
             ) from exc
         except DatabaseError as exc:
             alias = executor.settings.DATABASE_ALIAS
-            missing = tables_missing(executor.settings)
+            missing = tables_missing(executor.storage)
             if missing is not None:
                 raise CommandError(missing, returncode=EXIT_UNAVAILABLE) from exc
             raise CommandError(

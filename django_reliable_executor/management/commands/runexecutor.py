@@ -75,6 +75,8 @@ class Command(BaseCommand):
             settings = executor.settings
         except ImproperlyConfigured:
             return kwargs  # the checks that follow report every bad key (E001), cleanly
+        # From the settings, not the storage: Django runs these before handle(), and building
+        # a Redis Cluster client already connects.
         if settings.STORAGE == "database" and not options.get("wait"):
             kwargs["databases"] = [settings.DATABASE_ALIAS]  # it answers (E006)
         else:
@@ -131,7 +133,7 @@ class Command(BaseCommand):
             wait_for_the_store(self.stderr)
         elif executor.settings.STORAGE == "redis":
             refuse_without_redis()
-        missing = tables_missing(executor.settings)
+        missing = tables_missing(executor.storage)
         if missing is not None:
             raise CommandError(f"runexecutor cannot start: {missing}")
         configure_logging(options["verbosity"], options["loglevel"])

@@ -64,6 +64,9 @@ class DatabaseStorage(
     #: marker file (SQLite), after a short wait growing with idleness (MariaDB/MySQL).
     blocking_wait = True
 
+    def location(self) -> dict[str, str]:
+        return {"backend": "database", "database_alias": self.alias}
+
     def server_warnings(self) -> builtins.list[str]:
         """What is wrong with the database server's configuration for the task table."""
         if self.vendor == "postgresql":

@@ -166,6 +166,9 @@ class RedisStorage(
     #: Idle workers may block in wait_for_work instead of sleeping.
     blocking_wait = True
 
+    def location(self) -> dict[str, str]:
+        return {"backend": "redis", "key_prefix": self.key_prefix}
+
     @guarded
     def server_warnings(self) -> builtins.list[str]:
         """What is wrong with the Redis server's configuration for holding tasks: an evicting
