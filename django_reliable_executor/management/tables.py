@@ -44,6 +44,5 @@ def tables_missing(storage: TaskStorage) -> str | None:
         f" and {len(unapplied) - 3} more" if len(unapplied) > 3 else ""
     )
     return (
-        f"tables missing on database {alias!r}: run {migrate_command(alias)} "
-        f"(unapplied: {shown})"
+        f"tables missing on database {alias!r}: run {migrate_command(alias)} (unapplied: {shown})"
     )

@@ -24,7 +24,7 @@ import logging
 import operator
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 
 from django.db import connections
@@ -33,7 +33,8 @@ from ..connections import tidy_connections
 from ..core.records import Claim
 from ..core.states import TaskStatus
 from ..exceptions import StorageUnavailableError
-from .pool_async import EventLoopSide, RunAsync
+from .pool_async import EventLoopSide
+from .pool_state import RunAsync
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -51,6 +52,8 @@ StartMany = Callable[[list[Claim]], list[Claim | None]]
 
 
 class BoundedPool(EventLoopSide):
+    """Core and extra threads running claims from the local queue (see the module's doc)."""
+
     def __init__(
         self,
         run: Callable[[Claim], object],
@@ -67,136 +70,42 @@ class BoundedPool(EventLoopSide):
         start: StartMany | None = None,
         lost: Lost | None = None,
     ) -> None:
+        super().__init__(
+            max_size=max(max_size, core_size),
+            queue_capacity=queue_capacity,
+            queue_limits=queue_limits,
+            on_freed=on_freed,
+            async_capacity=async_capacity,
+            run_async=run_async,
+            is_async=is_async,
+        )
         self._run = run
         self._lost = lost
         self.thread_deaths = 0  # pool threads that died (and were replaced) so far
         self._start = start
-        # Per-queue limits (absent: unlimited). The fetcher claims no more of a queue than its
-        # limit minus what is held of it here (counted when it asks, not at every task).
-        self.queue_limits = dict(queue_limits or {})
-        # Bumped whenever a claim of a limited queue leaves the pool; on_freed then runs
-        # (outside the lock) so a fetcher blocked elsewhere can be woken.
-        self.version = 0
-        self._on_freed = on_freed
         self.core_size = core_size
-        self.max_size = max(max_size, core_size)
-        self.queue_capacity = queue_capacity
         self._name = name
-        self._heap: list[tuple[int, int, Claim]] = []
-        self._order = itertools.count()
-        # One lock, two conditions: pool threads wait on _work for claims; the fetcher and
-        # shutdown wait on _changed for room or idleness. Waking only the side concerned
-        # matters: a wake-up per finished task costs a thread switch on a busy worker.
-        self._cond = threading.Lock()
-        self._work = threading.Condition(self._cond)
-        self._changed = threading.Condition(self._cond)
-        self._watching = 0  # threads waiting on _changed: a finished task notifies only them
         self._threads = 0
         self._idle = 0  # threads waiting on _work
         self._wake_sent = False  # one of them was woken and has not looked for work yet
-        self._running: dict[str, Claim] = {}  # taken by a thread: starting, ready or running
         # Claims a thread started for the threads waiting here, in priority order; and while a
         # start is written, how many of its claims are meant for other threads than its writer.
         self._ready: deque[Claim] = deque()
         self._starting = False
         self._promised = 0
-        self._closed = False
         self._thread_ids = itertools.count(1)
-        self._init_event_loop_side(async_capacity, run_async, is_async)
         for _ in range(core_size):
             self._spawn(core=True)
         if self.async_capacity:
             threading.Thread(target=self._feed, name=f"{name}-async-feeder", daemon=True).start()
 
     # -- the fetcher's side ---------------------------------------------------------------
-    def free_slots(self) -> int:
-        """How many more claims the pool can take: max threads + queue capacity - held, plus
-        the free async slots while async claims are held."""
-        with self._cond:
-            return self._free()
-
-    def room(self) -> int:
-        """Claims worth asking for now: the free slots once the local queue has drained to half
-        its capacity, else 0. Refilling in batches keeps claims to one round trip per many
-        tasks instead of one per finished task."""
-        with self._cond:
-            return self._room()
-
-    def wait_for_room(self, timeout: float) -> None:
-        """Block until ``room()`` is positive (a claim finished), or ``timeout``."""
-        with self._cond:
-            if not self._room():
-                self._wait_changed(timeout)
 
     def idle_threads(self) -> int:
         """Threads waiting for a claim that none queued here is meant for yet: claims handed to
         the pool now would run at once (the fetcher has those started as it claims them)."""
         with self._cond:
             return max(0, self._idle - len(self._heap) - len(self._ready) - self._promised)
-
-    def held_by_queue(self) -> dict[str, int]:
-        """Claims queued or running here, per queue."""
-        with self._cond:
-            held = [item[2] for heap in (self._heap, self._async_heap) for item in heap]
-            held += [*self._running.values(), *self._async_running.values()]
-            return dict(Counter(map(_QUEUE, held)))
-
-    def wait_for_change(self, version: int, timeout: float) -> None:
-        """Block until a claim of a limited queue left the pool since ``version``, or
-        ``timeout``."""
-        with self._cond:
-            if self.version == version:
-                self._wait_changed(timeout)
-
-    def freed_elsewhere(self, claims: list[Claim]) -> None:
-        """Claims held outside the pool (completions being written) are gone: when one is of a
-        limited queue, wake the fetcher as if it had left the pool."""
-        if not any(claim.task.queue in self.queue_limits for claim in claims):
-            return
-        with self._cond:
-            self.version += 1
-            self._changed.notify_all()
-        self._notify_freed(True)
-
-    def _release(self, claims: list[Claim]) -> bool:
-        """Claims left the pool (lock held); True when one of a limited queue did, which gave
-        it room (the fetcher's waits on ``_changed`` are then woken)."""
-        limits = self.queue_limits
-        freed = bool(limits) and any(queue in limits for queue in map(_QUEUE, claims))
-        if freed:
-            self.version += 1
-            self._changed.notify_all()
-        return freed
-
-    def _notify_freed(self, freed: bool) -> None:
-        if freed and self._on_freed is not None:
-            try:
-                self._on_freed()
-            except Exception:
-                logger.exception("could not wake the claim loop")
-
-    def _thread_free(self) -> int:
-        """Below zero when claims taken for async slots turned out to be for threads."""
-        return self.max_size + self.queue_capacity - len(self._heap) - len(self._running)
-
-    def _free(self) -> int:
-        return max(0, self._thread_free() + self._async_free())
-
-    def _may_have_room(self) -> bool:
-        """False when ``_room()`` is 0 for sure: the threads' queue is still over half full and
-        no async slot is held (the usual case of a busy worker, checked for every task)."""
-        return (
-            len(self._heap) <= self.queue_capacity // 2
-            or bool(self._async_heap)
-            or bool(self._async_running)
-        )
-
-    def _room(self) -> int:
-        if not self._may_have_room():
-            return 0
-        thread_free, async_free = self._thread_free(), self._async_free()
-        threads = thread_free if len(self._heap) <= self.queue_capacity // 2 else 0
-        return min(max(0, thread_free + async_free), max(threads, 0) + max(async_free, 0))
 
     def submit(self, claim: Claim) -> None:
         self.submit_many([claim])
@@ -223,68 +132,6 @@ class BoundedPool(EventLoopSide):
                     self._spawn(core=False)
             self._wake_next()  # one thread: it wakes the next as it takes its claim
 
-    def take_queued(self) -> list[Claim]:
-        """Remove and return every claim not yet started (shutdown: hand them back). Claims
-        the storage started as it claimed them stay, and the threads run them."""
-        with self._cond:
-            unstarted = []
-            for heap in (self._heap, self._async_heap):
-                unstarted += [item for item in heap if not item[2].is_started]
-                heap[:] = [item for item in heap if item[2].is_started]
-                heapq.heapify(heap)
-            claims = [item[2] for item in sorted(unstarted)]  # by priority, then claim order
-            self._release(claims)
-            return claims
-
-    def drop(self, task_ids: set[str]) -> list[Claim]:
-        """Remove queued claims whose lease was lost, so they are never started here."""
-        with self._cond:
-            dropped = []
-            for heap in (self._heap, self._async_heap):
-                gone = [item for item in heap if item[2].task_id in task_ids]
-                if gone:
-                    heap[:] = [item for item in heap if item[2].task_id not in task_ids]
-                    heapq.heapify(heap)
-                    dropped += [item[2] for item in gone]
-            freed = self._release(dropped) if dropped else False
-        self._notify_freed(freed)
-        return dropped
-
-    def held(self) -> list[Claim]:
-        """Every claim queued or running here (for the heartbeat)."""
-        with self._cond:
-            return [item[2] for heap in (self._heap, self._async_heap) for item in heap] + [
-                *self._running.values(),
-                *self._async_running.values(),
-            ]
-
-    def running_ids(self) -> set[str]:
-        with self._cond:
-            return set(self._running) | set(self._async_running)
-
-    @property
-    def queued(self) -> int:
-        with self._cond:
-            return len(self._heap) + len(self._async_heap)
-
-    def is_idle(self) -> bool:
-        with self._cond:
-            return self._idle_now()
-
-    def _idle_now(self) -> bool:
-        return not (self._heap or self._running or self._async_heap or self._async_running)
-
-    def wait_idle(self, timeout: float | None) -> bool:
-        """Wait until nothing is queued or running; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not self._idle_now():
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._wait_changed(remaining if remaining is None else min(remaining, 0.5))
-            return True
-
     def close(self) -> None:
         """Let threads exit once the queue is empty (running tasks are not interrupted)."""
         with self._cond:
@@ -292,14 +139,6 @@ class BoundedPool(EventLoopSide):
             self._work.notify_all()
             self._async_work.notify_all()
             self._changed.notify_all()
-
-    def _wait_changed(self, timeout: float | None) -> None:
-        """Wait on ``_changed`` (lock held), counted in ``_watching``."""
-        self._watching += 1
-        try:
-            self._changed.wait(timeout)
-        finally:
-            self._watching -= 1
 
     # -- the threads' side ----------------------------------------------------------------
     def _spawn(self, *, core: bool) -> None:

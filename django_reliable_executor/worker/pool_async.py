@@ -11,75 +11,24 @@ from __future__ import annotations
 import heapq
 import logging
 import operator
-import threading
-from collections.abc import Callable
 
 from django.db import connections
 
 from ..core.records import Claim
+from .pool_state import PoolState
 
 logger = logging.getLogger("django_reliable_executor")
 
 _TASK_NAME = operator.attrgetter("task.task_name")
 
-# run_async(claims, done): run these claims' handlers; done(claim) once each has finished.
-RunAsync = Callable[[list[Claim], Callable[[Claim], None]], None]
 
-
-class EventLoopSide:
-    """BoundedPool's async claims, under the pool's lock (its state is set by the pool)."""
-
-    _cond: threading.Lock
-    _changed: threading.Condition
-    _async_work: threading.Condition  # the feeder waits on it
-    _async_heap: list[tuple[int, int, Claim]]  # waiting for a slot on the event loop
-    _async_running: dict[str, Claim]  # handed to it
-    _closed: bool
-    _watching: int
-    async_capacity: int
-    _run_async: RunAsync | None
-    _is_async: Callable[[Claim], bool] | None
-
-    def _init_event_loop_side(
-        self,
-        capacity: int,
-        run_async: RunAsync | None,
-        is_async: Callable[[Claim], bool] | None,
-    ) -> None:
-        """Set up the async side (the pool's lock ``_cond`` exists already)."""
-        self._run_async = run_async
-        self._is_async = is_async
-        self.async_capacity = capacity if run_async is not None and is_async else 0
-        # Async claims: waiting for a slot on the event loop, and handed to it (running).
-        self._async_heap = []
-        self._async_running = {}
-        self._async_work = threading.Condition(self._cond)  # the feeder waits on it
-
-    # The pool's own (see pool.py).
-    def _release(self, claims: list[Claim]) -> bool:
-        raise NotImplementedError
-
-    def _room(self) -> int:
-        raise NotImplementedError
-
-    def _idle_now(self) -> bool:
-        raise NotImplementedError
-
-    def _notify_freed(self, freed: bool) -> None:
-        raise NotImplementedError
+class EventLoopSide(PoolState):
+    """BoundedPool's async claims: handed to the event loop by a feeder thread."""
 
     def async_running_ids(self) -> set[str]:
         """The running tasks that are on the event loop (not in a pool thread)."""
         with self._cond:
             return set(self._async_running)
-
-    def _async_free(self) -> int:
-        """Free async slots, counted only while async claims are held: a worker whose tasks
-        are all synchronous claims exactly as without an event loop. Below zero when claims
-        taken for threads turned out to be async."""
-        if not (self._async_heap or self._async_running):
-            return 0
-        return self.async_capacity - len(self._async_heap) - len(self._async_running)
 
     def _to_event_loop_many(self, claims: list[Claim]) -> list[bool]:
         """``_to_event_loop`` of each claim, asked once per task name of the batch (the answer
