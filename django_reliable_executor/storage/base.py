@@ -2,11 +2,12 @@
 
 Where each method lives in the two backends, as ``<module of storage/database/> / <module of
 storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``,
-``lease_base``: those modules' defaults; ``access``: the backend's access base; ``__init__``:
-the backend's package). The same module on both sides is the rule. A default module on one
-side means that backend keeps the interface's default where the other needs its own (a sharded
-Redis picks ids, checks its layout and splits its chores; the database marks limited names).
-``_list`` is the one other exception: Redis's listing.py holds the walks of its list indexes.
+``lease_base``, ``batch_base``: those modules' defaults; ``access``: the backend's access
+base; ``__init__``: the backend's package). The same module on both sides is the rule. A
+default module on one side means that backend keeps the interface's default where the other
+needs its own (a sharded Redis picks ids, checks its layout and splits its chores; the
+database marks limited names). ``_list`` is the one other exception: Redis's listing.py holds
+the walks of its list indexes.
 tests/unit/test_storage_modules.py keeps the table true.
 
     submitting / submitting: enqueue
@@ -49,7 +50,6 @@ import datetime as dt
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 
-from ..core.batches import BatchInfo, NewBatch
 from ..core.clock import Clock, system_clock
 from ..core.flow_limits import NO_FLOW_LIMITS, FlowLimits
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts
@@ -58,12 +58,13 @@ from ..core.queries import ClaimRequest, RateUse, TaskQuery
 from ..core.rate_limits import RateLimit
 from ..core.records import CancelResult, Claim, NewTask, TaskInfo, Transition
 from ..core.states import TaskStatus
+from .batch_base import BatchStorage
 from .checks import claim_request, every_minute, minute_span, purged_statuses, task_query
 from .lease_base import LeaseStorage
 from .schedule_base import ScheduleStorage
 
 
-class TaskStorage(ScheduleStorage, LeaseStorage):
+class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
     the claim's fencing token where a worker writes): a lost race changes nothing and returns
     None/False. Implementations know SQL or Redis; nothing above them does.
@@ -123,37 +124,6 @@ class TaskStorage(ScheduleStorage, LeaseStorage):
     def unique_holder(self, unique_key: str) -> TaskInfo | None:
         """The task holding a unique task's key (``NewTask.unique_key``), while its window
         lasts and it is not terminal; else None (a submit of the key would store a task)."""
-
-    # -- batches (batches.py holds the rule) ---------------------------------------------
-    def open_batch(self, batch: NewBatch) -> bool:
-        """Store a new, open batch (no member yet, not sealed); False when its id is taken."""
-        raise NotImplementedError
-
-    def add_to_batch(self, batch_id: str, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
-        """``enqueue`` of members of an open batch (their ``batch_id`` set), adding the ones
-        created to its total in the same transaction (script). Existing ids are left as they
-        are and are not members."""
-        raise NotImplementedError
-
-    def seal_batch(self, batch_id: str) -> BatchInfo:
-        """Mark the batch complete (every member stored): from now on the ending write that
-        brings its ended members to its total submits its callbacks; if they all ended already,
-        this call does. Atomic, and a no-op on a sealed batch."""
-        raise NotImplementedError
-
-    def purge_batches(self, finished_before: dt.datetime, limit: int) -> int:
-        """Delete up to ``limit`` batches that finished before the given time, oldest first
-        (the batch's record and indexes; its members are tasks, purged on their own).
-        A batch not finished is kept, however old. Each batch is deleted atomically."""
-        raise NotImplementedError
-
-    def existing_ids(self, task_ids: Sequence[str]) -> builtins.list[str]:
-        """Which of these task ids are stored (a batch's members must be new)."""
-        return builtins.list(self.get_many(task_ids))
-
-    def get_batch(self, batch_id: str) -> BatchInfo | None:
-        """The batch's counters, or None for an unknown id."""
-        raise NotImplementedError
 
     # -- the worker's path ----------------------------------------------------------------
     def claim(
