@@ -9,7 +9,7 @@ import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
 from .core.flow_limits import FlowLimits
 from .core.ids import MAX_ID_LENGTH, validate_schedule_id
@@ -26,7 +26,7 @@ from .schedules.timing import make_timing
 ScheduleSpec = Schedule | str | int | float | dt.timedelta
 
 if TYPE_CHECKING:
-    from .core.records import TaskInfo
+    from .core.records import SubmitOptions, TaskInfo
 
 R = TypeVar("R")
 
@@ -90,7 +90,7 @@ class TaskHandler(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.func(*args, **kwargs)
 
-    def submit(self, parameter: Any = None, **options: Any) -> TaskInfo:
+    def submit(self, parameter: Any = None, **options: Unpack[SubmitOptions]) -> TaskInfo:
         """Queue this handler with ``parameter``; options as for ``executor.submit``."""
         if _submitter is None:
             raise RuntimeError(

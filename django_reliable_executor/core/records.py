@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from .progress import Progress, progress_from_json, progress_to_json
 from .rate_limits import RateLimit
@@ -67,6 +67,28 @@ class TaskSubmitRequest:
     # Seconds (or a timedelta) each attempt may run: one running longer is asked to stop
     # (hard under --pool process) and counts as a failed attempt (docs/retries.md).
     attempt_timeout: float | dt.timedelta | None = None
+
+
+class SubmitOptions(TypedDict, total=False):
+    """The keyword options of ``executor.submit`` and ``handler.submit``: the fields of
+    TaskSubmitRequest but its task name and parameter (a type checker then names a misspelled
+    one; at run time it is refused by name all the same)."""
+
+    task_id: str | None
+    retry_limit: int | None
+    retry_interval: int | dt.timedelta | None
+    retry_backoff: str | None
+    max_duration_millis: int | dt.timedelta | None
+    queue: str | None
+    priority: int | None
+    delay_millis: int | dt.timedelta
+    run_at: dt.datetime | None
+    unique_for: float | dt.timedelta | None
+    unique_key: str | None
+    rate_key: str | None
+    depends_on: Sequence[str] | None
+    on_dependency_failure: str
+    attempt_timeout: float | dt.timedelta | None
 
 
 @dataclasses.dataclass(frozen=True)

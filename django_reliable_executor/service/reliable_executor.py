@@ -6,14 +6,14 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from ..conf import ExecutorSettings, get_settings
 from ..core.batches import BatchInfo
 from ..core.clock import Clock, system_clock
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts
 from ..core.queries import RateUse
-from ..core.records import TaskInfo, TaskSubmitRequest, Transition, WorkerInfo
+from ..core.records import SubmitOptions, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo
 from ..core.states import RETRYABLE_BY_HAND, TaskStatus
 from ..exceptions import (
     AttemptStillRunningError,
@@ -89,7 +89,9 @@ class ReliableExecutor:
         """
         return self.submit_many([request])[0]
 
-    def submit(self, task_name: str, parameter: Any = None, **options: Any) -> TaskInfo:
+    def submit(
+        self, task_name: str, parameter: Any = None, **options: Unpack[SubmitOptions]
+    ) -> TaskInfo:
         """Shorthand for ``submit_task(TaskSubmitRequest(task_name, parameter, **options))``."""
         return self.submit_task(request_of(task_name, parameter, options))
 

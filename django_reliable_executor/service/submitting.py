@@ -248,7 +248,7 @@ def check_dependencies_exist(
         raise error
 
 
-def request_of(task_name: str, parameter: Any, options: dict[str, Any]) -> TaskSubmitRequest:
+def request_of(task_name: str, parameter: Any, options: Mapping[str, Any]) -> TaskSubmitRequest:
     """The request ``executor.submit(task_name, parameter, **options)`` makes; an unknown
     option is refused by name, with the closest known one."""
     fields = {f.name for f in dataclasses.fields(TaskSubmitRequest)}

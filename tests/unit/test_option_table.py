@@ -13,7 +13,7 @@ from django_reliable_executor.api.tasks import SUBMIT_FIELDS
 from django_reliable_executor.conf import _RULES as SETTING_RULES
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.core import options
-from django_reliable_executor.core.records import NewTask, TaskSubmitRequest
+from django_reliable_executor.core.records import NewTask, SubmitOptions, TaskSubmitRequest
 from django_reliable_executor.registry import TaskHandler, reliable_task_handler
 from django_reliable_executor.schedules.records import Schedule
 from django_reliable_executor.tasks_backend import OPTION_KEYS, ReliableTask
@@ -50,6 +50,7 @@ def _fields(cls: type) -> set[str]:
     [
         (options.SUBMIT, _fields(TaskSubmitRequest), SUBMIT_OTHERS),
         (options.SUBMIT, set(SUBMIT_FIELDS), SUBMIT_OTHERS),
+        (options.SUBMIT, set(SubmitOptions.__annotations__), {"task_id"}),
         (options.DECORATOR, _parameters(reliable_task_handler), DECORATOR_OTHERS),
         (options.DECORATOR, _parameters(TaskHandler.__init__), HANDLER_OTHERS),
         (options.SCHEDULE, _fields(Schedule), SCHEDULE_OTHERS),
@@ -60,6 +61,7 @@ def _fields(cls: type) -> set[str]:
     ids=[
         "TaskSubmitRequest",
         "api-submit",
+        "SubmitOptions",
         "reliable_task_handler",
         "TaskHandler",
         "Schedule",
