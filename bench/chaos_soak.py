@@ -403,7 +403,7 @@ class Chaos(threading.Thread):
         self.plan = plan
         self.workers = workers
         self.server = server
-        self.faults = faults  # tests.faults.journal.Faults: kills and freezes by pid
+        self.faults = faults  # tests.support.journal.Faults: kills and freezes by pid
         self.start_time = start
         self.done = threading.Event()  # stop doing faults
         self.release = threading.Event()  # the workers are stopped: end the thread
@@ -1195,7 +1195,7 @@ def run(
     from django_reliable_executor import executor
 
     # Only now: these import pytest, which the test project's settings must not see at setup.
-    from tests.faults.journal import Faults, Journal
+    from tests.support.journal import Faults, Journal
 
     journal = Journal(workdir / "journal.jsonl")
     faults = Faults()

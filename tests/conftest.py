@@ -240,9 +240,7 @@ def make_storage(alias: str, key_prefix: str) -> Iterator[Callable[..., TaskStor
     """Builds storage objects on the backend under test (one per thread, like workers do)."""
     made: list[TaskStorage] = []
 
-    def make(
-        clock: FakeClock | None = None, flow_limits: FlowLimits = FLOW_LIMITS
-    ) -> TaskStorage:
+    def make(clock: FakeClock | None = None, flow_limits: FlowLimits = FLOW_LIMITS) -> TaskStorage:
         storage = new_storage(
             alias, key_prefix, clock=clock, backoff_cap_millis=300000, flow_limits=flow_limits
         )

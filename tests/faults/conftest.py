@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .journal import Faults, Journal
+from tests.support.journal import Faults, Journal
 
 
 @pytest.fixture

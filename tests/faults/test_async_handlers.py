@@ -27,9 +27,8 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from tests.conftest import BACKENDS, db_params, require
+from tests.support.journal import Journal, check_runs, freeze_mid_run
 from tests.support.processes import FAST, LEASE, MASTER_TTL, Backend, service_for, wait_until
-
-from .journal import Journal, check_runs, freeze_mid_run
 
 ASYNC = "demo.async_journal"
 # Few threads, a few async slots: both workers hold async handlers whoever polls first.

@@ -15,9 +15,8 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from tests.conftest import BACKENDS, db_params, require
+from tests.support.journal import Run, check_runs
 from tests.support.processes import FAST, LEASE, Backend, service_for, wait_until
-
-from .journal import Run, check_runs
 
 TASKS = 120
 ASYNC = "demo.async_journal"

@@ -18,9 +18,8 @@ from django.db import connections
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from tests.conftest import IN_CI, SERVERS, db_params, require
+from tests.support.journal import check_runs
 from tests.support.processes import MASTER_TTL, Backend, executions, service_for, wait_until
-
-from .journal import check_runs
 
 # Longer than the shared LEASE: a heartbeat lost to a killed connection must not let a lease
 # lapse, since nothing may run twice here.

@@ -12,9 +12,8 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
 from tests.conftest import BACKENDS, db_params, require
+from tests.support.journal import check_runs, freeze_mid_run
 from tests.support.processes import MASTER_TTL, Backend, service_for, wait_until
-
-from .journal import check_runs, freeze_mid_run
 
 # Longer than the shared LEASE and the master lock TTL: the frozen master's lock is taken over
 # before its tasks' leases lapse.

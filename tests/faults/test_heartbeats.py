@@ -28,10 +28,9 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.conftest import BACKENDS, db_params, new_storage, redis_client, require
+from tests.support.journal import Run, check_runs
 from tests.support.processes import FAST, LEASE, Backend, service_for, wait_until
-
-from .journal import Run, check_runs
-from .refusals import HEARTBEAT, refused
+from tests.support.refusals import HEARTBEAT, refused
 
 pytest_plugins = ["tests.support.redis_servers"]
 

@@ -11,9 +11,8 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from tests.conftest import BACKENDS, db_params, require
+from tests.support.journal import check_runs, unfinished_runs
 from tests.support.processes import FAST, LEASE, Backend, service_for, wait_until
-
-from .journal import check_runs, unfinished_runs
 
 TASKS = 600
 EVERY = 5  # every fifth task of the drain is async: ASYNC_TASKS of TASKS

@@ -11,10 +11,9 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.master.chores import MasterChores
 from tests.conftest import db_params, require
+from tests.support.journal import check_runs
 from tests.support.processes import Backend, service_for, wait_until
-
-from .journal import check_runs
-from .refusals import refused
+from tests.support.refusals import refused
 
 LEASE = 1.5  # seconds: shorter than the shared LEASE; a renewal that stops shows sooner
 

@@ -11,9 +11,8 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from tests.conftest import BACKENDS, db_params, require
+from tests.support.journal import check_runs
 from tests.support.processes import Backend, service_for, wait_until
-
-from .journal import check_runs
 
 LEASE = 30.0  # recovery cannot rescue anything within the test: every outcome is the worker's
 PROMPT = 20.0  # seconds in which every task must be terminal

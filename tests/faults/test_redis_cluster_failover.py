@@ -18,10 +18,9 @@ from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.core.states import LIVE_STATUSES
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
+from tests.support.journal import Faults, Journal, Run, check_runs
 from tests.support.processes import MASTER_TTL, Backend, service_for, wait_until
 from tests.support.redis_support import index_problems
-
-from .journal import Faults, Journal, Run, check_runs
 
 if TYPE_CHECKING:
     from tests.support.redis_clusters import Cluster

@@ -12,10 +12,9 @@ import pytest
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.storage.redis import RedisStorage
 from tests.conftest import db_params
+from tests.support.journal import Run, check_runs
 from tests.support.processes import MASTER_TTL, Backend, service_for, wait_until
 from tests.support.redis_support import index_problems
-
-from .journal import Run, check_runs
 
 if TYPE_CHECKING:
     from tests.support.redis_servers import SpareServers

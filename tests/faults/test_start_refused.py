@@ -9,10 +9,9 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from tests.conftest import DB_ALIASES, db_params, require
+from tests.support.journal import check_runs
 from tests.support.processes import Backend, service_for, wait_until
-
-from .journal import check_runs
-from .refusals import refused
+from tests.support.refusals import refused
 
 LEASE = 30.0  # a task left to its lease would wait this long: far beyond what is waited here
 WINDOW = 2.0

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.conftest import BACKENDS, db_params, require
-from tests.faults.journal import Journal
+from tests.support.journal import Journal
 from tests.support.processes import (
     FAST,
     LEASE,

@@ -12,7 +12,7 @@ import pytest
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from tests.conftest import BACKENDS, db_params, require
-from tests.faults.journal import Journal, Run
+from tests.support.journal import Journal, Run
 from tests.support.processes import Backend, pid_gone, service_for, wait_until
 
 LIMIT = 1.0  # seconds: every timed-out attempt here has this attempt_timeout

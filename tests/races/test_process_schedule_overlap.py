@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from django_reliable_executor import TaskStatus
 from tests.conftest import require
-from tests.faults.journal import Journal
+from tests.support.journal import Journal
 from tests.support.processes import FAST, Backend, service_for, wait_until
 
 RUNS = 3  # runs that must complete

@@ -9,7 +9,7 @@ from django.utils import timezone
 from django_reliable_executor import TaskStatus
 from django_reliable_executor.core.states import TERMINAL_STATUSES as TERMINAL
 from tests.conftest import require
-from tests.faults.journal import Faults, Journal, check_runs, freeze_mid_run
+from tests.support.journal import Faults, Journal, check_runs, freeze_mid_run
 from tests.support.processes import FAST, Backend, service_for, wait_until
 
 
