@@ -61,6 +61,12 @@ class ExecutorSettings:
     SCHEDULE_MISFIRE_GRACE: float = 60.0
     SCHEDULE_CATCH_UP_LIMIT: int = 100
 
+    @property
+    def task_database(self) -> str | None:
+        """The Django database alias the tasks live in (DATABASE_ALIAS), or None when they
+        live outside Django's databases (Redis), where Django's database checks do not look."""
+        return self.DATABASE_ALIAS if self.STORAGE == "database" else None
+
     @functools.cached_property  # kept in the instance's __dict__: frozen fields stay as they are
     def task_options(self) -> TaskOptions:
         """The options a task takes when neither its submit nor its handler gives them."""

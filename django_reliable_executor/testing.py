@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.test.utils import override_settings
 
@@ -31,6 +31,9 @@ from .service.on_commit import pending_task_writes
 from .service.reliable_executor import executor
 from .worker.completion_writer import CompletionWriter
 from .worker.runner import TaskRunner
+
+if TYPE_CHECKING:
+    from .storage.redis import RedisStorage
 
 __all__ = ["TaskTestMixin", "reliable_tasks", "run_tasks"]
 
@@ -185,7 +188,7 @@ class TaskTestMixin:
 def _own_keys() -> _RedisKeys | contextlib.nullcontext[None]:
     """A context in which the executor stores tasks apart from every other test's: on Redis,
     under a KEY_PREFIX of its own (its keys deleted at the end); on the databases, as it is."""
-    return _RedisKeys() if get_settings().STORAGE == "redis" else contextlib.nullcontext()
+    return _RedisKeys() if get_settings().task_database is None else contextlib.nullcontext()
 
 
 class _RedisKeys:
@@ -204,13 +207,10 @@ class _RedisKeys:
 
     def __exit__(self, *exc: object) -> None:
         try:
+            from .storage.redis.wiping import delete_every_key
+
             storage = executor.storage
-            client = storage.client  # type: ignore[attr-defined]
-            # "{prefix}:..." and, sharded, "{prefix:shard-...}..." (storage/redis/__init__.py)
-            for pattern in ("{" + self.prefix + "}:*", "{" + self.prefix + ":shard-*"):
-                keys = list(client.scan_iter(match=pattern, count=1000))
-                for start in range(0, len(keys), 500):
-                    client.delete(*keys[start : start + 500])
+            delete_every_key(cast("RedisStorage", storage))
             storage.close()
         finally:
             self.override.__exit__(None, None, None)

@@ -63,7 +63,7 @@ class ScheduleFiring:
                 now.isoformat(),
                 misfire,
             )
-            metrics.observe_schedule_skipped(count)
+            metrics.count_schedule_skipped(count)
         for schedule_id, task_id, count in round_.overlapped:
             logger.warning(
                 "schedule %s: %d run(s) due at %s not fired: its previous run %s is not "
@@ -73,12 +73,10 @@ class ScheduleFiring:
                 now.isoformat(),
                 task_id,
             )
-            metrics.observe_schedule_overlap_skipped(count)
+            metrics.count_schedule_overlap_skipped(count)
         created = round_.created
         if created:
-            metrics.observe_schedule_fired(
-                [(now - task.run_at).total_seconds() for task in created]
-            )
+            metrics.count_schedule_fired([(now - task.run_at).total_seconds() for task in created])
             executor.announcer.submitted(created)
         return created, round_.due
 

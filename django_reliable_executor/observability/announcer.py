@@ -44,7 +44,7 @@ class Announcer:
 
     def submitted(self, created: list[TaskInfo]) -> None:
         """Tasks just stored."""
-        metrics.observe_submitted(created)
+        metrics.count_submitted(created)
         if logger.isEnabledFor(logging.INFO):
             for info in created:
                 log_transition(logging.INFO, info, "new", f"queue {info.queue}")
@@ -54,14 +54,14 @@ class Announcer:
 
     def started(self, task: TaskInfo) -> None:
         """An attempt that has just started (RUNNING, this attempt counted)."""
-        metrics.observe_started(task)
+        metrics.count_started(task)
         self.starting(task)
 
     @staticmethod
     def starts_recorded(tasks: list[TaskInfo]) -> None:
         """The metrics of attempts whose start was just recorded together (one start write, or
         one claim that started them); each is announced with ``starting`` as it runs."""
-        metrics.observe_started_many(tasks)
+        metrics.count_started_many(tasks)
 
     def starting(self, task: TaskInfo) -> None:
         """``started`` but the metrics, already counted by ``starts_recorded``: the log line
@@ -91,7 +91,7 @@ class Announcer:
                     self.transition(transition)
         if not completed:
             return
-        metrics.observe_completed(completed)
+        metrics.count_completed(completed)
         if logger.isEnabledFor(logging.INFO):
             for transition in completed:
                 log_transition(logging.INFO, transition.task, transition.previous)
@@ -112,7 +112,7 @@ class Announcer:
         failure's ERROR line (its traceback in the log, and Sentry's logging integration
         reports it as an exception, grouped by its stack, not as one message for all
         tasks)."""
-        metrics.observe_transition(transition)
+        metrics.count_transition(transition)
         task = transition.task
         status = task.status
         if status is TaskStatus.COMPLETED:

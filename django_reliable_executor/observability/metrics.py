@@ -44,7 +44,7 @@ _task_collector: TaskCountCollector | None = None
 
 
 # -- hooks the service and the worker call (each cheap, and a no-op without prometheus_client) --
-def observe_submitted(tasks: list[TaskInfo]) -> None:
+def count_submitted(tasks: list[TaskInfo]) -> None:
     """Tasks just stored (after the caller's transaction committed, where there was one)."""
     collectors = process_metrics()
     if collectors is None:
@@ -53,12 +53,12 @@ def observe_submitted(tasks: list[TaskInfo]) -> None:
         collectors.child(collectors.scheduled, task).inc()
 
 
-def observe_started(task: TaskInfo) -> None:
+def count_started(task: TaskInfo) -> None:
     """An attempt started (status RUNNING, ``task.attempts`` counts it)."""
-    observe_started_many([task])
+    count_started_many([task])
 
 
-def observe_started_many(tasks: list[TaskInfo]) -> None:
+def count_started_many(tasks: list[TaskInfo]) -> None:
     """Attempts started together (one start write, or one claim that started them):
     ``executed_total`` goes up once per task name and queue, their start times are noted
     under one lock."""
@@ -70,7 +70,7 @@ def observe_started_many(tasks: list[TaskInfo]) -> None:
     collectors.attempts_started(tasks)
 
 
-def observe_transition(transition: Transition) -> None:
+def count_transition(transition: Transition) -> None:
     """A recorded outcome: COMPLETED, PENDING (a retry), FAILED, TIMEOUT, ERROR, CANCELLED.
 
     The execution-time histogram gets one sample per attempt started in this process, at the
@@ -95,8 +95,8 @@ def observe_transition(transition: Transition) -> None:
             collectors.child(collectors.execution_seconds, task).observe(seconds)
 
 
-def observe_completed(transitions: list[Transition]) -> None:
-    """``observe_transition`` for a batch of completions (RUNNING -> COMPLETED) recorded
+def count_completed(transitions: list[Transition]) -> None:
+    """``count_transition`` for a batch of completions (RUNNING -> COMPLETED) recorded
     together: ``completed_total`` goes up once per task name and queue, the start times of the
     attempts are looked up under one lock, and the histogram takes each label's samples at
     once."""
@@ -131,7 +131,7 @@ def _schedule_collectors() -> tuple[Any, Any, Any] | None:
     return (collectors.schedule_fired, collectors.schedule_skipped, collectors.schedule_lag)
 
 
-def observe_schedule_fired(lags: Iterable[float]) -> None:
+def count_schedule_fired(lags: Iterable[float]) -> None:
     """Runs just fired (their tasks newly stored), each this many seconds after its plan."""
     collectors = _schedule_collectors()
     if collectors is None:
@@ -144,14 +144,14 @@ def observe_schedule_fired(lags: Iterable[float]) -> None:
     fired.inc(count)
 
 
-def observe_schedule_skipped(count: int) -> None:
+def count_schedule_skipped(count: int) -> None:
     """Missed runs a misfire policy dropped."""
     collectors = _schedule_collectors()
     if collectors is not None:
         collectors[1].inc(count)
 
 
-def observe_schedule_overlap_skipped(count: int) -> None:
+def count_schedule_overlap_skipped(count: int) -> None:
     """Runs not fired because their schedule's previous run was not terminal. Unlabelled as
     the other schedule counters; each schedule stores its own count (``overlap_skipped``)."""
     collectors = process_metrics()
@@ -237,11 +237,11 @@ def serve(port: int) -> None:
 __all__: list[Any] = [
     "TaskCountCollector",
     "TaskCounts",
-    "observe_started",
-    "observe_started_many",
-    "observe_completed",
-    "observe_submitted",
-    "observe_transition",
+    "count_started",
+    "count_started_many",
+    "count_completed",
+    "count_submitted",
+    "count_transition",
     "register_collectors",
     "serve",
     "set_master",

@@ -77,8 +77,8 @@ class Command(BaseCommand):
             return kwargs  # the checks that follow report every bad key (E001), cleanly
         # From the settings, not the storage: Django runs these before handle(), and building
         # a Redis Cluster client already connects.
-        if settings.STORAGE == "database" and not options.get("wait"):
-            kwargs["databases"] = [settings.DATABASE_ALIAS]  # it answers (E006)
+        if settings.task_database is not None and not options.get("wait"):
+            kwargs["databases"] = [settings.task_database]  # it answers (E006)
         else:
             # Redis is checked in handle() (E008): Django's own checks of a database that a
             # Redis worker may not even use must not keep it from starting. With --wait,
@@ -131,7 +131,7 @@ class Command(BaseCommand):
         # The options are good: now the store (bad options are refused without touching it).
         if options["wait"]:
             wait_for_the_store(self.stderr)
-        elif executor.settings.STORAGE == "redis":
+        elif executor.settings.task_database is None:  # not one Django's checks looked at
             refuse_without_redis()
         missing = tables_missing(executor.storage)
         if missing is not None:

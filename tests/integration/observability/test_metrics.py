@@ -368,10 +368,10 @@ def test_register_collectors_is_idempotent_and_survives_a_reimport():
     queue = fresh_queue()
     now = dt.datetime.now(dt.timezone.utc)
     info = new_info(NewTask("t", "demo.echo", queue, 0, None, 0, 0, "fixed", None, now, now, None))
-    metrics.observe_submitted([info])
+    metrics.count_submitted([info])
     reloaded = importlib.reload(metrics)  # a second import must not register anything twice
     assert reloaded.register_collectors() is collector
-    reloaded.observe_submitted([info])
+    reloaded.count_submitted([info])
     labels = {"task_name": "demo.echo", "queue": queue}
     assert REGISTRY.get_sample_value("reliable_executor_tasks_scheduled_total", labels) == 2
 
@@ -387,9 +387,9 @@ def test_every_hook_is_a_no_op_without_prometheus_client():
 
         now = dt.datetime.now(dt.timezone.utc)
         task = new_info(NewTask("t", "n", "q", 0, None, 0, 0, "fixed", None, now, now, None))
-        metrics.observe_submitted([task])
-        metrics.observe_started(task)
-        metrics.observe_transition(Transition(task=task, previous=TaskStatus.RUNNING))
+        metrics.count_submitted([task])
+        metrics.count_started(task)
+        metrics.count_transition(Transition(task=task, previous=TaskStatus.RUNNING))
         metrics.set_master(True)
         metrics.track_pool(lambda: 0)
         assert metrics.register_collectors() is None
