@@ -153,7 +153,7 @@ def check_database(
 
 
 def _check_redis() -> list[CheckMessage]:
-    """Redis answers a PING through the client the storage would use (E008)."""
+    """Redis answers a PING through the client the storage would use (W002)."""
     if not redis_installed():
         return []  # E005 says so
     from .storage.redis.connection import connect, describe
@@ -173,13 +173,16 @@ def _check_redis() -> list[CheckMessage]:
         finally:
             client.close()
     except Exception as exc:
+        # A warning, not an error: Redis is not needed to migrate the SQL database or to open a
+        # shell, and Django 6 runs these checks before every command. runexecutor refuses to
+        # start without Redis on its own, and a submit raises StorageUnavailableError.
         return [
-            Error(
+            Warning(
                 f"Redis at {where} cannot be reached: {type(exc).__name__}: {exc}",
                 hint="Start Redis (or fix REDIS_URL); `runexecutor --wait` waits for it instead. "
                 + see("troubleshooting.md", "Redis cannot be reached"),
                 obj="STORAGE",
-                id="reliable_executor.E008",
+                id="reliable_executor.W002",
             )
         ]
     return found

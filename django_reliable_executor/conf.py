@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from .core.numbers import is_int, is_number
+from .core.option_names import guess
 from .core.options import RULES as OPTION_RULES
 from .core.options import TaskOptions
 
@@ -288,9 +288,9 @@ def validate(raw: Any) -> list[tuple[str, str]]:
         return [(SETTING_NAME, f"{SETTING_NAME} must be a dict, got {type(raw).__name__}")]
     problems = []
     for key in sorted(set(raw) - KNOWN_KEYS, key=str):
-        near = difflib.get_close_matches(str(key), sorted(KNOWN_KEYS), n=1)
-        guess = f" (did you mean {near[0]!r}?)" if near else ""
-        problems.append((key, f"{SETTING_NAME}[{key!r}] is not a known key{guess}"))
+        problems.append(
+            (key, f"{SETTING_NAME}[{key!r}] is not a known key{guess(key, KNOWN_KEYS)}")
+        )
     for key, (test, expected) in _RULES.items():
         if key in raw and not test(raw[key]):
             shown = _shown(key, raw[key])
@@ -298,8 +298,18 @@ def validate(raw: Any) -> list[tuple[str, str]]:
             reason = _REASONS[key](raw[key]) if key in _REASONS else None
             problems.append((key, f"{message} ({reason})" if reason else message))
     if not problems:
-        problems.extend(_combination_problems({**dataclasses.asdict(ExecutorSettings()), **raw}))
+        problems.extend(_combination_problems(_with_defaults(raw)))
     return problems
+
+
+def _with_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` over the defaults. A CORE_POOL_SIZE above the default MAX_POOL_SIZE, without a
+    MAX_POOL_SIZE of its own, raises the maximum with it (as runexecutor --core-pool-size
+    does)."""
+    merged = {**dataclasses.asdict(ExecutorSettings()), **raw}
+    if "MAX_POOL_SIZE" not in raw and merged["CORE_POOL_SIZE"] > merged["MAX_POOL_SIZE"]:
+        merged["MAX_POOL_SIZE"] = merged["CORE_POOL_SIZE"]
+    return merged
 
 
 def _combination_problems(merged: dict[str, Any]) -> list[tuple[str, str]]:
@@ -307,7 +317,11 @@ def _combination_problems(merged: dict[str, Any]) -> list[tuple[str, str]]:
     problems = []
     if merged["MAX_POOL_SIZE"] < merged["CORE_POOL_SIZE"]:
         problems.append(
-            ("MAX_POOL_SIZE", f"{SETTING_NAME}['MAX_POOL_SIZE'] must be >= CORE_POOL_SIZE")
+            (
+                "MAX_POOL_SIZE",
+                f"{SETTING_NAME}['MAX_POOL_SIZE'] = {merged['MAX_POOL_SIZE']} must be >= "
+                f"CORE_POOL_SIZE ({merged['CORE_POOL_SIZE']})",
+            )
         )
     if merged["REDIS_CACHE_ALIAS"] and (merged["REDIS_SENTINEL"] or merged["REDIS_CLUSTER"]):
         problems.append(
@@ -363,6 +377,8 @@ def get_settings() -> ExecutorSettings:
         if problems:
             raise ImproperlyConfigured(problems[0][1])
         values = dict(raw)
+        if "MAX_POOL_SIZE" not in raw:
+            values["MAX_POOL_SIZE"] = _with_defaults(raw)["MAX_POOL_SIZE"]
         values["REDIS_OPTIONS"] = dict(values.get("REDIS_OPTIONS") or {})
         values["API_KEYS"] = dict(values.get("API_KEYS") or {})
         if values.get("REDIS_SENTINEL"):

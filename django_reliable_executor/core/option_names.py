@@ -30,6 +30,16 @@ CELERY = {
     "bind": ("takes_context", "the handler then gets context=, a TaskContext"),
 }
 
+# Short names a newcomer tries, too far from the real one for difflib -> (the name, a note).
+SHORT = {
+    "delay": ("delay_millis", "milliseconds"),
+    "retries": ("retry_limit", "retries after the first attempt"),
+    "timeout": ("attempt_timeout", "seconds per attempt"),
+}
+
+# Options that another entry point takes -> where they belong.
+ELSEWHERE = {"retry_on": "the decorator's", "takes_context": "the decorator's"}
+
 
 def guess(name: object, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)``, `` (Celery's countdown is delay_millis here: ...)``, or ''."""
@@ -40,5 +50,14 @@ def guess(name: object, known: Iterable[str]) -> str:
     if celery is not None and celery[0] in known:
         how = f": {celery[1]}" if celery[1] else ""
         return f" (Celery's {name} is {celery[0]!r} here{how})"
+    if celery is not None and celery[0] in ELSEWHERE:
+        where = ELSEWHERE[celery[0]]
+        return f" (Celery's {name} is {where} {celery[0]!r} here, not an option of this call)"
+    same_but_case = [option for option in known if option.lower() == name.lower()]
+    if same_but_case:
+        return f" (did you mean {same_but_case[0]!r}?)"
+    short = SHORT.get(name.lower())
+    if short is not None and short[0] in known:
+        return f" (did you mean {short[0]!r}? {short[1]})"
     near = difflib.get_close_matches(name, known, n=1)
     return f" (did you mean {near[0]!r}?)" if near else ""

@@ -88,3 +88,20 @@ def _per(window_seconds: float) -> str:
 def _every(every: Any) -> str:
     seconds = every.total_seconds() if hasattr(every, "total_seconds") else float(every)
     return f"{seconds:g}s"
+
+
+def log_stop_request(signal_name: str, again: bool, shutdown_timeout: float) -> None:
+    """The line a worker logs as a stop signal arrives: what it does now, and what a second
+    signal does (call it outside the signal handler: logging takes locks)."""
+    logger = logging.getLogger(LOGGER)
+    if again:
+        logger.warning("%s again: stopping now, without waiting for running handlers", signal_name)
+        return
+    logger.info(
+        "%s received: stopping; no new claims, unstarted ones handed back, running handlers get "
+        "up to %gs (--shutdown-timeout) to finish, after which their tasks are recovered once "
+        "their lease expires. %s again stops at once",
+        signal_name,
+        shutdown_timeout,
+        signal_name,
+    )

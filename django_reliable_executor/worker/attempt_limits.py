@@ -130,7 +130,7 @@ def log_attempt_expired(claim: Claim, seconds: float, doing: str) -> None:
     about it (``doing``)."""
     logger.warning(
         "task %s (%s): attempt %s ran past its attempt_timeout of %g s; %s. It counts as a "
-        "failed attempt once its handler has ended, and does not run again before",
+        "failed attempt once its handler has ended, and does not run again before then",
         claim.task_id,
         claim.task.task_name,
         claim.task.attempts,

@@ -1,6 +1,6 @@
 """runexecutor's refusals at start, each one clear message without a traceback: Redis that
-does not answer (E008; --wait waits for it, a line per attempt), a misspelled settings key
-(the system check report, naming the key it probably meant)."""
+does not answer (refused by runexecutor itself; --wait waits for it, a line per attempt), a
+misspelled settings key (the system check report, naming the key it probably meant)."""
 
 from __future__ import annotations
 

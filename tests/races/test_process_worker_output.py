@@ -44,3 +44,13 @@ def test_a_bad_loglevel_is_refused_naming_the_choices(alias, workers):
     worker = workers.start(backend, "--burst", *NEWCOMER, "--loglevel", "loud", wait_ready=False)
     assert worker.wait(60) != 0
     assert "--loglevel" in worker.log() and "DEBUG" in worker.log(), worker.log()
+
+
+def test_a_stop_signal_is_logged_as_it_arrives_saying_what_happens_next(alias, workers):
+    backend = Backend("default", "unused")
+    worker = workers.start(backend, *NEWCOMER, "--shutdown-timeout", "7")
+    worker.terminate()
+    assert worker.wait(60) == 0, worker.log()
+    output = worker.log()
+    assert "INFO SIGTERM received: stopping; no new claims" in output, output
+    assert "up to 7s (--shutdown-timeout)" in output, output

@@ -486,14 +486,14 @@ def test_e005_not_raised_for_the_database_storage(monkeypatch):
     assert check_settings() == []
 
 
-def test_e008_redis_cannot_be_reached(spare_redis: SpareServers):
+def test_w002_redis_cannot_be_reached(spare_redis: SpareServers):
     gone = spare_redis(password="s3cret")
     gone.stop()  # nothing listens on its port any more
     url = f"redis://:s3cret@127.0.0.1:{gone.port}/0"
     with configured(REDIS_URL=url):
         assert check_database() == []  # only with --database, like the database check
         errors = check_database(databases=["default"])
-    assert [(e.id, e.obj) for e in errors] == [("reliable_executor.E008", "STORAGE")]
+    assert [(e.id, e.obj) for e in errors] == [("reliable_executor.W002", "STORAGE")]
     assert errors[0].msg.startswith(
         f"Redis at redis://:***@127.0.0.1:{gone.port}/0 cannot be reached: ConnectionError: "
     )
@@ -501,20 +501,20 @@ def test_e008_redis_cannot_be_reached(spare_redis: SpareServers):
     assert "s3cret" not in errors[0].msg
 
 
-def test_e008_wrong_acl_password(redis_acl: AclServer):
+def test_w002_wrong_acl_password(redis_acl: AclServer):
     with configured(REDIS_URL=redis_acl.url(password="not-the-password")):
         [error] = check_database(databases=["default"])
-    assert error.id == "reliable_executor.E008"
+    assert error.id == "reliable_executor.W002"
     assert "AuthenticationError: invalid username-password pair" in error.msg
     assert "not-the-password" not in error.msg
     assert "executor:***@" in error.msg
 
 
-def test_e008_through_sentinel(redis_sentinel: SentinelSetup):
+def test_w002_through_sentinel(redis_sentinel: SentinelSetup):
     setting = sentinel_setting(redis_sentinel, service_name="nosuchmaster")
     with configured(REDIS_SENTINEL=setting):
         [error] = check_database(databases=["default"])
-    assert error.id == "reliable_executor.E008"
+    assert error.id == "reliable_executor.W002"
     assert "sentinel nosuchmaster via 127.0.0.1:" in error.msg
 
 

@@ -88,9 +88,16 @@ def test_validate_reports_unknown_keys_and_non_dicts():
 def test_validate_max_pool_size_below_core_pool_size():
     [(key, message)] = validate({"CORE_POOL_SIZE": 8, "MAX_POOL_SIZE": 4})
     assert key == "MAX_POOL_SIZE"
-    assert "CORE_POOL_SIZE" in message
-    [(key, _)] = validate({"CORE_POOL_SIZE": 11})  # the default MAX_POOL_SIZE is 10
-    assert key == "MAX_POOL_SIZE"
+    assert message == "RELIABLE_EXECUTOR['MAX_POOL_SIZE'] = 4 must be >= CORE_POOL_SIZE (8)"
+
+
+def test_a_core_pool_size_alone_raises_the_maximum_with_it(settings):
+    # As runexecutor --core-pool-size does: the default MAX_POOL_SIZE is 10.
+    assert validate({"CORE_POOL_SIZE": 11}) == []
+    settings.RELIABLE_EXECUTOR = {"CORE_POOL_SIZE": 11}
+    assert (get_settings().CORE_POOL_SIZE, get_settings().MAX_POOL_SIZE) == (11, 11)
+    settings.RELIABLE_EXECUTOR = {"CORE_POOL_SIZE": 4}
+    assert (get_settings().CORE_POOL_SIZE, get_settings().MAX_POOL_SIZE) == (4, 10)
 
 
 def test_validate_reports_every_problem():

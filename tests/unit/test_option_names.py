@@ -18,6 +18,9 @@ KNOWN = ["delay_millis", "retry_limit", "retry_on", "run_at"]
         ("countdown", " (Celery's countdown is 'delay_millis' here: milliseconds, not seconds)"),
         ("eta", " (Celery's eta is 'run_at' here: an aware datetime)"),
         ("max_retries", " (Celery's max_retries is 'retry_limit' here)"),
+        ("RETRY_LIMIT", " (did you mean 'retry_limit'?)"),
+        ("delay", " (did you mean 'delay_millis'? milliseconds)"),
+        ("retries", " (did you mean 'retry_limit'? retries after the first attempt)"),
         ("xyzzy", ""),
         (3, ""),
     ],
@@ -33,6 +36,12 @@ def test_an_unknown_submit_option_says_what_it_probably_meant():
         "unknown submit option(s): countdown (Celery's countdown is 'delay_millis' here: "
         "milliseconds, not seconds), retry_limt (did you mean 'retry_limit'?)"
     )
+
+
+def test_a_decorator_option_given_to_submit_says_where_it_belongs():
+    with pytest.raises(InvalidTaskOptionError) as caught:
+        executor.submit("demo.echo", 1, autoretry_for=(ValueError,))
+    assert "(Celery's autoretry_for is the decorator's 'retry_on' here" in str(caught.value)
 
 
 def test_an_unknown_decorator_option_says_what_it_probably_meant():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from django_reliable_executor.management.worker_output import (
     LEVELS,
     banner_lines,
     configure_logging,
+    log_stop_request,
 )
 from django_reliable_executor.observability import metrics
 from django_reliable_executor.service.reliable_executor import executor
@@ -148,7 +150,14 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
 
         def on_signal(signum: int, frame: Any) -> None:
+            again = worker.stopping.is_set()
             worker.request_stop()
+            # Logged from a thread: the handler may have interrupted the main thread anywhere.
+            threading.Thread(
+                target=log_stop_request,
+                args=(signal.Signals(signum).name, again, worker_options.shutdown_timeout),
+                daemon=True,
+            ).start()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
