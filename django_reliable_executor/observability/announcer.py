@@ -245,7 +245,15 @@ def transition_fields(task: TaskInfo, source: TaskStatus | str) -> dict[str, Any
 
 
 def _first_line(text: str | None) -> str:
+    """A failure in one line: a traceback's exception line; a message of the worker's own put
+    before a traceback ("attempt timed out after 1 s ...: the handler raised ...:") with the
+    exception line after it, so the log says why as well as what."""
     if not text:
         return ""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    if not lines:
+        return ""
+    first, last = lines[0], lines[-1]
+    if len(lines) == 1 or first.startswith("Traceback (most recent call last)"):
+        return last
+    return f"{first} {last.strip()}"
