@@ -9,12 +9,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.admin.utils import quote
 from django.urls import reverse
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 from ..core.progress import percent, progress_summary
 from ..core.records import TaskInfo
@@ -179,6 +182,13 @@ class Row:
     can_cancel: bool
     progress: str  # "3 of 10 (30%): copying"; "" before any report
     percent: int | None  # of the progress bar; None without a report or its total
+
+    @property
+    def task_name_html(self) -> str:
+        """The task name, escaped, with a break allowed after each "." and "_": a long name
+        wraps between its words ("orders." / "send_" / "confirmation"), not inside one."""
+        escaped = str(escape(self.task.task_name))
+        return mark_safe(re.sub(r"([._])", r"\1<wbr>", escaped))  # noqa: S308 - escaped above
 
 
 def task_duration(task: TaskInfo, now: dt.datetime) -> str:
