@@ -424,7 +424,9 @@ def task_to_json(task: TaskInfo) -> dict[str, Any]:
         elif field.name == "progress":
             value = progress_to_json(value)
         elif field.name == "steps":
-            value = [[step.name, step.finished_at.isoformat()] for step in value]
+            value = [
+                {"name": step.name, "finished_at": step.finished_at.isoformat()} for step in value
+            ]
         elif isinstance(value, tuple):
             value = list(value)
         plain[field.name] = value
@@ -443,6 +445,7 @@ def task_from_json(plain: dict[str, Any]) -> TaskInfo:
     for name in ("depends_on", "waiting_for"):
         values[name] = tuple(values.get(name) or ())
     values["steps"] = tuple(
-        StepInfo(name, dt.datetime.fromisoformat(at)) for name, at in values.get("steps") or ()
+        StepInfo(step["name"], dt.datetime.fromisoformat(step["finished_at"]))
+        for step in values.get("steps") or ()
     )
     return TaskInfo(**values)
