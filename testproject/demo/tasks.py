@@ -623,9 +623,10 @@ STEP_NAMES = ("one", "two", "three")
 def _step(param: dict, context: TaskContext, name: str) -> str:
     """One step of demo.steps: a "step" journal record; in step ``hang`` of the first
     ``hang_attempts`` attempts (default 1), a "hang" record, then ``sleep`` seconds (the test
-    kills the process meanwhile, before the step's checkpoint). With ``atomic``, step "two"
-    first writes an Execution row (task id "<task>:two") on the task database's alias: an
-    ``atomic=True`` step, whose row commits only with its checkpoint."""
+    kills the process meanwhile, before the step's checkpoint); step ``fail`` of the first
+    attempt raises ConnectionError. With ``atomic``, step "two" first writes an Execution row
+    (task id "<task>:two") on the task database's alias: an ``atomic=True`` step, whose row
+    commits only with its checkpoint."""
     _journal("step", context, step=name)
     if param.get("atomic") and name == "two":
         Execution.objects.using(get_settings().DATABASE_ALIAS).create(
@@ -634,6 +635,8 @@ def _step(param: dict, context: TaskContext, name: str) -> str:
     if name == param.get("hang") and context.attempt <= param.get("hang_attempts", 1):
         _journal("hang", context, step=name)
         time.sleep(float(param.get("sleep", 60)))
+    if name == param.get("fail") and context.attempt == 1:
+        raise ConnectionError(f"step {name} failed in attempt 1")
     return f"{name}@{context.attempt}"
 
 
