@@ -5,8 +5,10 @@ process does all of that, so whatever a handler does here (hold the GIL, crash, 
 cost the worker its leases. The one write made here is a durable step's checkpoint
 (``context.step``), on the child's own connection: under the claim's token, which the task
 message carries, so that an ``atomic=True`` step's checkpoint commits in the transaction of the
-handler's own ORM writes (a child terminated meanwhile rolls both back). Everything crossing the pipe is JSON text, both ways (never pickle):
-the task (a TaskInfo, its parameter as stored), then the outcome (the result as JSON, or the
+handler's own ORM writes (a child terminated meanwhile rolls both back).
+
+Everything crossing the pipe is JSON text, both ways (never pickle): the task (a TaskInfo, its
+parameter as stored, and the claim's token), then the outcome (the result as JSON, or the
 error with its traceback). Before the outcome, the handler's progress reports: coalesced here
 as the worker does (at most one a second, the last one always sent before the outcome).
 """
