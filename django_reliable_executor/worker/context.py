@@ -94,17 +94,23 @@ class TaskContext:
         written in that transaction, so the ORM writes ``fn`` makes on that alias commit
         exactly when its checkpoint does (a refused checkpoint rolls them back).
 
-        In an ``async def`` handler, or with an ``async def`` ``fn``, it returns an awaitable:
-        ``await context.step(name, fn, ...)`` (a synchronous ``fn`` then runs through
-        ``sync_to_async``). DuplicateStepError for a name this run used already; TypeError or
-        ValueError for a bad name."""
+        In an ``async def`` handler it returns an awaitable: ``await context.step(name, fn,
+        ...)``, ``fn`` an ``async def`` function or a synchronous one (run through
+        ``sync_to_async``, off the event loop); an ``async def`` ``fn`` in a synchronous
+        handler raises TypeError. DuplicateStepError for a name this run used already;
+        TypeError or ValueError for a bad name."""
         check_step_name(name)
         if not callable(fn):
             raise TypeError(f"step {name!r}: fn must be callable, not {type(fn).__name__}")
         if self._checkpoints is None:
             raise RuntimeError("step: this context belongs to no running task")
-        if inspect.iscoroutinefunction(fn) or _in_event_loop():
+        if _in_event_loop():
             return self._checkpoints.run_async(name, fn, args, kwargs, atomic)
+        if inspect.iscoroutinefunction(fn):  # its coroutine would never be awaited
+            raise TypeError(
+                f"step {name!r}: fn is an async def function: a step of an async def handler, "
+                "awaited there (`await context.step(...)`)"
+            )
         return self._checkpoints.run(name, fn, args, kwargs, atomic)
 
     def is_cancelled(self) -> bool:

@@ -146,6 +146,12 @@ def test_a_step_name_used_twice_in_one_run_is_refused_naming_it(executor):
             context.step("", lambda: 3)
         with pytest.raises(TypeError):
             context.step(7, lambda: 3)
+
+        async def coroutine_function():
+            return 1
+
+        with pytest.raises(TypeError, match="async def"):  # a sync handler cannot await it
+            context.step("async", coroutine_function)
         return "done"
 
     HOOKS["dup"] = handler
