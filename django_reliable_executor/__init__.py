@@ -1,14 +1,17 @@
 """django-reliable-executor: reliable background tasks on the database or Redis you already run."""
 
 from .core.batches import BatchInfo
-from .core.records import TaskInfo, TaskSubmitRequest
+from .core.records import StepInfo, TaskInfo, TaskSubmitRequest
 from .core.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .exceptions import (
+    DuplicateStepError,
     InvalidDependencyError,
     InvalidQueueError,
     InvalidScheduleError,
+    LeaseLostError,
     TaskSubmitConflictError,
     TaskSubmitError,
+    UnknownStepError,
 )
 from .registry import reliable_task_handler
 from .schedules.records import Schedule, ScheduleInfo
@@ -19,13 +22,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchInfo",
+    "DuplicateStepError",
     "FAILURE_STATUSES",
     "InvalidDependencyError",
     "InvalidQueueError",
     "InvalidScheduleError",
+    "LeaseLostError",
     "ReliableExecutor",
     "Schedule",
     "ScheduleInfo",
+    "StepInfo",
     "TaskContext",
     "TaskInfo",
     "TaskStatus",
@@ -33,6 +39,7 @@ __all__ = [
     "TaskSubmitError",
     "TaskSubmitRequest",
     "TERMINAL_STATUSES",
+    "UnknownStepError",
     "executor",
     "reliable_task_handler",
 ]

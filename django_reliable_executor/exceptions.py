@@ -99,6 +99,47 @@ class DependencyNotCompletedError(ReliableExecutorError):
         self.status = status
 
 
+class LeaseLostError(ReliableExecutorError):
+    """Raised in a handler whose attempt no longer holds its task: a write of the attempt
+    (a durable step's checkpoint, ``context.step``) was refused because the task's lease was
+    lost (it expired and the task was recovered, claimed again, cancelled or timed out), so
+    what the write carried was not stored. Another attempt owns the task now, or will."""
+
+    def __init__(self, task_id: str, what: str) -> None:
+        super().__init__(
+            f"task {task_id}: {what} was refused: this attempt no longer holds the task's lease "
+            "(it was recovered, timed out or cancelled meanwhile)"
+        )
+        self.task_id = task_id
+
+
+class DuplicateStepError(ReliableExecutorError, ValueError):
+    """``context.step`` was called twice with one name in one run of a handler: a task's steps
+    are keyed by name, so the second call would get the first one's checkpoint back."""
+
+    def __init__(self, task_id: str, step: str) -> None:
+        super().__init__(
+            f"task {task_id}: step {step!r} already ran in this run of the handler; "
+            "each step of a task needs a name of its own"
+        )
+        self.task_id = task_id
+        self.step = step
+
+
+class UnknownStepError(ReliableExecutorError, ValueError):
+    """``executor.retry_task(task_id, from_step=...)`` names a step the task has no stored
+    checkpoint of (never finished, discarded, or misspelled). Nothing was changed."""
+
+    def __init__(self, task_id: str, step: str, known: list[str]) -> None:
+        stored = ", ".join(repr(name) for name in known) if known else "none"
+        super().__init__(
+            f"task {task_id} has no checkpoint of step {step!r} (stored steps, in the order "
+            f"they finished: {stored}); nothing was changed"
+        )
+        self.task_id = task_id
+        self.step = step
+
+
 class InvalidScheduleError(ReliableExecutorError, ValueError):
     """A schedule definition was refused (bad cron, interval, time zone, ...); nothing was
     stored. ``field`` names what was wrong."""

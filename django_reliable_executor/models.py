@@ -1,5 +1,5 @@
-"""Tables of the database storage: tasks, unique keys, the master lock, the worker registry,
-paused queues, retries per minute."""
+"""Tables of the database storage: tasks, their durable steps, unique keys, the master lock, the
+worker registry, paused queues, retries per minute."""
 
 from __future__ import annotations
 
@@ -131,6 +131,31 @@ class ReliableDependency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dependent_id} waits for {self.dependency_id}"
+
+
+class ReliableTaskStep(models.Model):
+    """A durable step's checkpoint (``context.step``): the result step ``name`` of task
+    ``task_id`` returned, stored by the attempt holding ``token`` (the task's fencing token
+    then). The id orders a task's steps as they finished: a step stored again is deleted and
+    inserted anew. Written and read only by storage/database/steps.py; deleted with the task
+    by the purge, and from a step on by a manual retry ``from_step``."""
+
+    id = models.BigAutoField(primary_key=True)
+    task_id = models.CharField(max_length=MAX_ID_LENGTH)
+    name = models.CharField(max_length=MAX_ID_LENGTH)
+    result = models.JSONField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    token = models.BigIntegerField()
+
+    class Meta:
+        db_table = "reliable_executor_task_step"
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["task_id", "name"], name="rexec_step_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} step {self.name}"
 
 
 class ReliableLock(models.Model):

@@ -92,6 +92,14 @@ class SubmitOptions(TypedDict, total=False):
 
 
 @dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """A durable step's stored checkpoint (``context.step``): its name and when it finished."""
+
+    name: str
+    finished_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskInfo:
     """A snapshot of one stored task. Datetimes are aware UTC.
 
@@ -123,6 +131,12 @@ class TaskInfo:
         batch_id: The batch it is a member or a callback of, or None.
         handler_running: A handler of the task still runs: RUNNING, or terminal while a
             timed-out handler runs on. A terminal task has ended only once this is False.
+        attempt_timeout: Seconds each attempt may run, or None.
+        steps: The durable steps (``context.step``) whose checkpoints are stored, in the
+            order they finished. Read by ``get_task``, ``storage.get_many`` and
+            ``list_tasks`` (one more query per page of tasks on the database, one more round
+            trip on Redis for the tasks that stored any); the worker's own records (claims,
+            transitions) leave it empty.
     """
 
     task_id: str
@@ -162,6 +176,8 @@ class TaskInfo:
     # Seconds each attempt may run (None: no limit of its own; a worker then applies its
     # handler's attempt_timeout, if any).
     attempt_timeout: float | None = None
+    # The durable steps stored, in finishing order (empty in claims and transitions).
+    steps: tuple[StepInfo, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -370,6 +386,7 @@ def created_info(
             "batch_id": batch_id,
             "handler_running": False,
             "attempt_timeout": attempt_timeout,
+            "steps": (),
         },
     )
 
@@ -406,6 +423,10 @@ def task_to_json(task: TaskInfo) -> dict[str, Any]:
             value = value.value
         elif field.name == "progress":
             value = progress_to_json(value)
+        elif field.name == "steps":
+            value = [
+                {"name": step.name, "finished_at": step.finished_at.isoformat()} for step in value
+            ]
         elif isinstance(value, tuple):
             value = list(value)
         plain[field.name] = value
@@ -423,4 +444,8 @@ def task_from_json(plain: dict[str, Any]) -> TaskInfo:
     values["progress"] = progress_from_json(values.get("progress"))
     for name in ("depends_on", "waiting_for"):
         values[name] = tuple(values.get(name) or ())
+    values["steps"] = tuple(
+        StepInfo(step["name"], dt.datetime.fromisoformat(step["finished_at"]))
+        for step in values.get("steps") or ()
+    )
     return TaskInfo(**values)

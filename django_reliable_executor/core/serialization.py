@@ -21,6 +21,11 @@ _UNION_ORIGINS = (typing.Union, getattr(types, "UnionType", typing.Union))
 _LONG_INT_BITS = 2000
 
 
+# How a result (a task's, a durable step's) no storage can take is refused: the start of the
+# error recorded, or raised.
+RESULT_REFUSED = "result cannot be stored"
+
+
 class ConversionError(ValueError):
     """A value could not be turned into JSON, or JSON into the wanted type."""
 

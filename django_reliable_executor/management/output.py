@@ -285,6 +285,8 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         # The submitter's trace: its traceparent holds the trace id to look the spans up by.
         ("trace_context", _trace_text(info.trace_context)),
         ("batch_id", info.batch_id or "-"),
+        # The durable steps stored, in the order they finished.
+        ("steps", ", ".join(step.name for step in info.steps) or "-"),
     ]
     width = max(len(name) for name, _ in fields)
     lines = [f"{name.ljust(width)}  {value}" for name, value in fields]

@@ -15,6 +15,7 @@ from ..core.minute_counts import CHART_MINUTES, MinuteCounts
 from ..core.queries import RateUse
 from ..core.records import SubmitOptions, TaskInfo, TaskSubmitRequest, Transition, WorkerInfo
 from ..core.states import RETRYABLE_BY_HAND, TaskStatus
+from ..core.steps import check_step_name
 from ..exceptions import (
     AttemptStillRunningError,
     DependencyNotCompletedError,
@@ -189,25 +190,34 @@ class ReliableExecutor:
                 self.announcer.transition(Transition(task=result.task, previous=TaskStatus.PENDING))
         return result.changed
 
-    def retry_task(self, task_id: str) -> bool:
+    def retry_task(self, task_id: str, from_step: str | None = None) -> bool:
         """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, with a fresh retry budget (a
         dependent whose dependencies have not all ended waits for them again instead). False
         when the status forbids it, while the handler of a timed-out attempt still runs, or
         for a dependent whose dependency ended otherwise than COMPLETED unless it runs on
-        failure (``retry_task_or_reason`` says which)."""
-        return self.retry_task_or_reason(task_id) is None
+        failure (``retry_task_or_reason`` says which).
 
-    def retry_task_or_reason(self, task_id: str) -> str | None:
+        ``from_step``: the name of a durable step (``context.step``) whose checkpoint is
+        stored: that checkpoint and those of every step that finished after it are deleted
+        in the same atomic step as the retry, so the task runs those steps again (the
+        earlier ones return their stored results). UnknownStepError (a ValueError) when the
+        task has no checkpoint of that step: nothing is changed."""
+        return self.retry_task_or_reason(task_id, from_step) is None
+
+    def retry_task_or_reason(self, task_id: str, from_step: str | None = None) -> str | None:
         """Retry like ``retry_task``; None when retried, else why not, in words for the admin,
         the API and the command: "not found", "COMPLETED cannot be retried", "its previous
         attempt is still running on worker ... (lease until ...)", "its dependency ... ended
         FAILED, and it runs only after its dependencies completed ..." or "changed
         meanwhile". A dependent retried while a dependency has not ended waits for it again
-        (CREATED, ``waiting_for``), as it did after its submit."""
+        (CREATED, ``waiting_for``), as it did after its submit. ``from_step`` as in
+        ``retry_task``: its UnknownStepError is raised, not returned."""
+        if from_step is not None:
+            check_step_name(from_step, "from_step")
         if not storable_id(task_id):
             return "not found"
         try:
-            transition = self.storage.retry(task_id)
+            transition = self.storage.retry(task_id, from_step)
         except (AttemptStillRunningError, DependencyNotCompletedError) as exc:
             return str(exc)
         if transition is not None:

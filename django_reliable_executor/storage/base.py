@@ -2,10 +2,10 @@
 
 Where each method lives in the two backends, as ``<module of storage/database/> / <module of
 storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``,
-``lease_base``, ``batch_base``: those modules' defaults; ``access``: the backend's access
-base; ``__init__``: the backend's package). The same module on both sides is the rule. A
-default module on one side means that backend keeps the interface's default where the other
-needs its own (a sharded Redis picks ids, checks its layout and splits its chores; the
+``lease_base``, ``batch_base``, ``step_base``: those modules' defaults; ``access``: the
+backend's access base; ``__init__``: the backend's package). The same module on both sides is
+the rule. A default module on one side means that backend keeps the interface's default where
+the other needs its own (a sharded Redis picks ids, checks its layout and splits its chores; the
 database marks limited names). ``_list`` is the one other exception: Redis's listing.py holds
 the walks of its list indexes.
 tests/unit/test_storage_modules.py keeps the table true.
@@ -19,6 +19,7 @@ tests/unit/test_storage_modules.py keeps the table true.
     transitions / transitions: start start_many complete complete_many fail expire_claim
     transitions / transitions: release handler_returned cancel retry heartbeat
     progress / progress: record_progress
+    steps / steps: record_step step_results
     pausing / pausing: pause_queue paused_queues resume_queue
     chores / chores: _purge_finished expire_overdue recover_expired
     base / chores: promote_due
@@ -62,9 +63,10 @@ from .batch_base import BatchStorage
 from .checks import claim_request, every_minute, minute_span, purged_statuses, task_query
 from .lease_base import LeaseStorage
 from .schedule_base import ScheduleStorage
+from .step_base import StepStorage
 
 
-class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage):
+class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
     the claim's fencing token where a worker writes): a lost race changes nothing and returns
     None/False. Implementations know SQL or Redis; nothing above them does.
@@ -243,9 +245,12 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage):
         """CREATED/PENDING -> CANCELLED; RUNNING -> cancel_requested; terminal -> unchanged."""
 
     @abc.abstractmethod
-    def retry(self, task_id: str) -> Transition | None:
+    def retry(self, task_id: str, from_step: str | None = None) -> Transition | None:
         """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, fresh retry budget and deadline,
-        any outstanding claim fenced off. None when the status forbids it. Raises
+        any outstanding claim fenced off. None when the status forbids it. With
+        ``from_step``, the task's checkpoints of that step and of every step that finished
+        after it are deleted in the same atomic step (a refused retry deletes none); a step
+        with no stored checkpoint raises UnknownStepError, changing nothing. Raises
         AttemptStillRunningError while the previous attempt's holder still holds its lease
         (a timed-out handler still running): a retry then would run the task twice at once.
         A dependent (``depends_on``) is decided against its dependencies in the same atomic

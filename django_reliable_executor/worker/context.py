@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..core.progress import Progress, make_progress
 from ..core.records import TaskInfo
 from ..core.states import TaskStatus
+from ..core.steps import check_step_name
+from .steps import Checkpoints
 
 if TYPE_CHECKING:
     from ..service.reliable_executor import ReliableExecutor
@@ -29,6 +33,7 @@ class TaskContext:
         deadline_at: dt.datetime | None,
         executor: ReliableExecutor,
         report: Callable[[Progress], object] | None = None,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self.task = task  # as it started: RUNNING, this attempt counted
         self.task_id = task.task_id
@@ -41,6 +46,7 @@ class TaskContext:
         self._checked_at = 0.0
         self._on_cancel: Callable[[], object] | None = None
         self._report = report
+        self._checkpoints = checkpoints
         self._dependency_results: dict[str, Any] | None = None
         self._batch_id: object = task.batch_id or _UNREAD
 
@@ -68,6 +74,44 @@ class TaskContext:
         if self._report is None:
             raise RuntimeError("set_progress: this context belongs to no running task")
         self._report(progress)
+
+    def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, atomic: bool = False, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once per task, as the durable step ``name`` (a non-empty
+        string, unique within one run of the handler): its result, a JSON value checked as a
+        task's result is, is stored under the task as a checkpoint, and a later attempt of the
+        task gets the stored value back without calling ``fn``. Returns the result as stored
+        (the JSON value: a tuple comes back a list), the same in every attempt. A failing
+        ``fn`` stores nothing and its exception goes on as usual.
+
+        The checkpoint is written under this attempt's fencing token and renews its lease;
+        when the attempt no longer holds the task (its lease was lost: it was recovered,
+        timed out or cancelled), nothing is stored and LeaseLostError is raised.
+
+        ``atomic=True`` (database storage only; InvalidTaskOptionError on Redis): ``fn`` runs
+        inside ``transaction.atomic(using=<the task database's alias>)`` and the checkpoint is
+        written in that transaction, so the ORM writes ``fn`` makes on that alias commit
+        exactly when its checkpoint does (a refused checkpoint rolls them back).
+
+        In an ``async def`` handler it returns an awaitable: ``await context.step(name, fn,
+        ...)``, ``fn`` an ``async def`` function or a synchronous one (run through
+        ``sync_to_async``, off the event loop); an ``async def`` ``fn`` in a synchronous
+        handler raises TypeError. DuplicateStepError for a name this run used already;
+        TypeError or ValueError for a bad name."""
+        check_step_name(name)
+        if not callable(fn):
+            raise TypeError(f"step {name!r}: fn must be callable, not {type(fn).__name__}")
+        if self._checkpoints is None:
+            raise RuntimeError("step: this context belongs to no running task")
+        if _in_event_loop():
+            return self._checkpoints.run_async(name, fn, args, kwargs, atomic)
+        if inspect.iscoroutinefunction(fn):  # its coroutine would never be awaited
+            raise TypeError(
+                f"step {name!r}: fn is an async def function: a step of an async def handler, "
+                "awaited there (`await context.step(...)`)"
+            )
+        return self._checkpoints.run(name, fn, args, kwargs, atomic)
 
     def is_cancelled(self) -> bool:
         """True once a cancel was requested, or the task stopped being this attempt's (it timed
@@ -118,3 +162,12 @@ class TaskContext:
 
     def __repr__(self) -> str:
         return f"<TaskContext {self.task_id} attempt={self.attempt}>"
+
+
+def _in_event_loop() -> bool:
+    """This thread runs an event loop (an async def handler calls): a step must not block it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

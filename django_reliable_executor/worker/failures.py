@@ -12,14 +12,14 @@ from typing import Any
 from ..connections import out_of_reach, with_reconnect
 from ..core.records import Claim, Transition
 from ..core.retries import attempt_timeout_message
+from ..core.serialization import RESULT_REFUSED
 from ..core.states import TaskStatus
 from ..core.text import ascii_text, storable_text
 from ..observability.attempts import Attempt, observe
 from ..service.reliable_executor import ReliableExecutor
 
 logger = logging.getLogger("django_reliable_executor")
-
-RESULT_REFUSED = "result cannot be stored"
+__all__ = ["RESULT_REFUSED", "FailureRecorder"]
 
 
 class FailureRecorder:

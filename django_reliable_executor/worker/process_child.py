@@ -2,8 +2,13 @@
 
 The child only runs handlers. It never claims, starts, heartbeats or records a task: the worker
 process does all of that, so whatever a handler does here (hold the GIL, crash, hang) cannot
-cost the worker its leases. Everything crossing the pipe is JSON text, both ways (never pickle):
-the task (a TaskInfo, its parameter as stored), then the outcome (the result as JSON, or the
+cost the worker its leases. The one write made here is a durable step's checkpoint
+(``context.step``), on the child's own connection: under the claim's token, which the task
+message carries, so that an ``atomic=True`` step's checkpoint commits in the transaction of the
+handler's own ORM writes (a child terminated meanwhile rolls both back).
+
+Everything crossing the pipe is JSON text, both ways (never pickle): the task (a TaskInfo, its
+parameter as stored, and the claim's token), then the outcome (the result as JSON, or the
 error with its traceback). Before the outcome, the handler's progress reports: coalesced here
 as the worker does (at most one a second, the last one always sent before the outcome).
 """
@@ -25,7 +30,7 @@ from typing import Any
 
 from ..connections import tidy_connections
 from ..core.progress import Progress, progress_to_json
-from ..core.records import task_from_json
+from ..core.records import Claim, TaskInfo, task_from_json
 from ..core.serialization import ConversionError, dumps, encode, from_json_value
 from ..core.text import storable_text
 from ..observability.attempts import in_child
@@ -34,6 +39,7 @@ from ..service.reliable_executor import executor
 from .context import TaskContext
 from .failures import RESULT_REFUSED
 from .progress_writer import ProgressWriter
+from .steps import Checkpoints
 
 PARENT_CHECK_SECONDS = 1.0
 
@@ -120,7 +126,9 @@ def run_task(
     if handler.takes_context:
         deadline = message.get("deadline_at")
         deadline_at = dt.datetime.fromisoformat(deadline) if deadline else None
-        kwargs["context"] = TaskContext(task, deadline_at, executor, report)
+        kwargs["context"] = TaskContext(
+            task, deadline_at, executor, report, _checkpoints(message, task, deadline_at)
+        )
     try:
         with in_child(task, message.get("run_span")):
             value = handler.func(*args, **kwargs)
@@ -138,6 +146,24 @@ def run_task(
         return _error(f"{RESULT_REFUSED}: {exc}")
     except Exception as exc:  # a model_dump() that raises, say
         return _error(f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}")
+
+
+def _checkpoints(
+    message: dict[str, Any], task: TaskInfo, deadline_at: dt.datetime | None
+) -> Checkpoints | None:
+    """The durable steps of the task's attempt, written under the claim the message names (a
+    worker of an earlier version sends none: its handlers' steps then raise)."""
+    claim = message.get("claim")
+    if claim is None:
+        return None
+    held = Claim(
+        task=task,
+        token=int(claim["token"]),
+        budget_attempts=0,  # not read by a checkpoint's write
+        deadline_at=deadline_at,
+        shard=int(claim.get("shard", 0)),
+    )
+    return Checkpoints(held, executor, float(message["lease_seconds"]))
 
 
 def _error(error: str, *, retryable: bool = False) -> dict[str, Any]:

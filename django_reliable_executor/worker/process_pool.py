@@ -212,6 +212,9 @@ class ProcessPool:
         message = {
             "task": task_to_json(claim.task),
             "deadline_at": deadline.isoformat() if deadline is not None else None,
+            # What the child's durable steps write their checkpoints under (process_child.py).
+            "claim": {"token": claim.token, "shard": claim.shard},
+            "lease_seconds": self.runner.lease_seconds,
         }
         if attempt is not None:
             message["run_span"] = attempt.child_trace_context()

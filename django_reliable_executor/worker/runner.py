@@ -27,6 +27,7 @@ from .context import TaskContext
 from .failures import RESULT_REFUSED, FailureRecorder
 from .group_commit import GroupCommitter
 from .progress_writer import ProgressWriter
+from .steps import Checkpoints
 
 _TASK = operator.attrgetter("task")
 
@@ -314,6 +315,7 @@ class TaskRunner:
             claim.deadline_at,
             self.executor,
             lambda progress: self.report_progress(claim, progress),
+            Checkpoints(claim, self.executor, self.lease_seconds),
         )
         self.contexts[claim.task_id] = context
         return context

@@ -614,3 +614,65 @@ def chaos_rated(param: dict | None, context: TaskContext) -> object:
 def chaos_capped(param: dict | None, context: TaskContext) -> object:
     """demo.chaos under max_concurrency: at most two run at once across every worker."""
     return _chaos(param, context)
+
+
+# The durable steps of demo.steps and demo.async_steps, in order.
+STEP_NAMES = ("one", "two", "three")
+
+
+def _step(param: dict, context: TaskContext, name: str) -> str:
+    """One step of demo.steps: a "step" journal record; in step ``hang`` of the first
+    ``hang_attempts`` attempts (default 1), a "hang" record, then ``sleep`` seconds (the test
+    kills the process meanwhile, before the step's checkpoint); step ``fail`` of the first
+    attempt raises ConnectionError. With ``atomic``, step "two" first writes an Execution row
+    (task id "<task>:two") on the task database's alias: an ``atomic=True`` step, whose row
+    commits only with its checkpoint."""
+    _journal("step", context, step=name)
+    if param.get("atomic") and name == "two":
+        Execution.objects.using(get_settings().DATABASE_ALIAS).create(
+            task_id=f"{context.task_id}:{name}", attempt=context.attempt, pid=os.getpid()
+        )
+    if name == param.get("hang") and context.attempt <= param.get("hang_attempts", 1):
+        _journal("hang", context, step=name)
+        time.sleep(float(param.get("sleep", 60)))
+    if name == param.get("fail") and context.attempt == 1:
+        raise ConnectionError(f"step {name} failed in attempt 1")
+    return f"{name}@{context.attempt}"
+
+
+@reliable_task_handler(name="demo.steps", takes_context=True, retry_interval=100)
+def steps(param: dict | None, context: TaskContext) -> list[str]:
+    """Three durable steps (STEP_NAMES, see _step), with journal records around and between
+    them (RE_JOURNAL): "start", "after" each step (code between steps runs in every attempt),
+    "end". Returns each step's result: "<name>@<attempt that ran it>"."""
+    param = param or {}
+    _journal("start", context)
+    done = []
+    for name in STEP_NAMES:
+        atomic = bool(param.get("atomic")) and name == "two"
+        done.append(context.step(name, _step, param, context, name, atomic=atomic))
+        _journal("after", context, step=name)
+    _journal("end", context)
+    return done
+
+
+async def _async_step(param: dict, context: TaskContext, name: str) -> str:
+    """_step of demo.async_steps: the hang awaited (asyncio.sleep)."""
+    _journal("step", context, step=name)
+    if name == param.get("hang") and context.attempt <= param.get("hang_attempts", 1):
+        _journal("hang", context, step=name)
+        await asyncio.sleep(float(param.get("sleep", 60)))
+    return f"{name}@{context.attempt}"
+
+
+@reliable_task_handler(name="demo.async_steps", takes_context=True, retry_interval=100)
+async def async_steps(param: dict | None, context: TaskContext) -> list[str]:
+    """The ``async def`` twin of demo.steps: ``await context.step(...)`` of async steps."""
+    param = param or {}
+    _journal("start", context)
+    done = []
+    for name in STEP_NAMES:
+        done.append(await context.step(name, _async_step, param, context, name))
+        _journal("after", context, step=name)
+    _journal("end", context)
+    return done

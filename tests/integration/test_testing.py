@@ -70,6 +70,23 @@ class RunTasksCases(TaskTestMixin):
         assert (ran.task_id, ran.status, ran.attempts) == (task.task_id, TaskStatus.COMPLETED, 2)
         assert (ran.last_error or "").startswith("attempt timed out after 0.2 s")
 
+    def test_durable_steps_run_once_across_attempts(self) -> None:
+        # On a database step "two" is atomic=True: its row of the failed attempt rolls back
+        # (a savepoint of the test's transaction).
+        atomic = executor.settings.STORAGE != "redis"
+        task = executor.submit("demo.steps", {"fail": "two", "atomic": atomic}, retry_interval=0)
+        (ran,) = self.run_tasks()
+        assert (ran.status, ran.attempts) == (TaskStatus.COMPLETED, 2), ran.last_error
+        assert ran.result == ["one@1", "two@2", "three@2"]
+        assert [step.name for step in executor.get_task(task.task_id).steps] == [
+            "one",
+            "two",
+            "three",
+        ]
+        if atomic:
+            rows = Execution.objects.using(self.alias).filter(task_id=f"{task.task_id}:two")
+            assert [row.attempt for row in rows] == [2]
+
     def test_limit_and_queues_bound_what_runs(self) -> None:
         for i in range(3):
             executor.submit("demo.echo", i, queue="mail")

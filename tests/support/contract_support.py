@@ -42,6 +42,13 @@ def hook(param: Any, context: TaskContext) -> Any:
     return action(context) if action is not None else None
 
 
+@reliable_task_handler(name="contract.async_hook", takes_context=True, retry_interval=1000)
+async def async_hook(param: Any, context: TaskContext) -> Any:
+    """The ``async def`` twin of contract.hook: awaits the test's hook (a coroutine function)."""
+    action = HOOKS.get(context.task_id)
+    return await action(context) if action is not None else None
+
+
 @reliable_task_handler(
     name="contract.timed",
     takes_context=True,

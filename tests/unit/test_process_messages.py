@@ -6,7 +6,12 @@ import datetime as dt
 import json
 
 from django_reliable_executor.core.progress import make_progress
-from django_reliable_executor.core.records import TaskInfo, task_from_json, task_to_json
+from django_reliable_executor.core.records import (
+    StepInfo,
+    TaskInfo,
+    task_from_json,
+    task_to_json,
+)
 from django_reliable_executor.core.serialization import dumps
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.worker.children import describe_exit
@@ -41,6 +46,23 @@ def test_a_task_with_progress_survives_json_both_ways():
         "message": "half",
         "updated_at": NOW.isoformat(),
     }
+    assert task_from_json(plain) == task
+
+
+def test_a_task_with_steps_survives_json_both_ways():
+    task = TaskInfo(
+        task_id="t1", task_name="demo.steps", status=TaskStatus.FAILED, queue="default",
+        priority=0, parameter=None, attempts=1, retry_limit=0, retry_interval=1000,
+        retry_backoff="fixed", max_duration_millis=None, created_at=NOW, run_at=NOW,
+        started_at=NOW, finished_at=NOW, last_error="x", result=None, worker_id="w1",
+        cancel_requested=False,
+        steps=(StepInfo("one", NOW), StepInfo("two", NOW + dt.timedelta(seconds=1))),
+    )  # fmt: skip
+    plain = json.loads(dumps(task_to_json(task)))
+    assert plain["steps"] == [
+        {"name": "one", "finished_at": NOW.isoformat()},
+        {"name": "two", "finished_at": (NOW + dt.timedelta(seconds=1)).isoformat()},
+    ]
     assert task_from_json(plain) == task
 
 

@@ -65,7 +65,7 @@ def test_each_method_lives_where_the_table_says(backend, method):
     assert home(BACKENDS[backend], method) == expected
 
 
-DEFAULTS = {"base", "schedule_base", "lease_base", "batch_base"}
+DEFAULTS = {"base", "schedule_base", "lease_base", "batch_base", "step_base"}
 
 
 @pytest.mark.parametrize("method", sorted(table()))

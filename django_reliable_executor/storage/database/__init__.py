@@ -23,6 +23,7 @@ from .reading import Reading, ThroughputReading
 from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .server_config import mysql_warnings, postgresql_warnings
+from .steps import Steps
 from .submitting import Submitting
 from .transitions import Transitions
 from .unique_keys import UniqueKeys
@@ -36,6 +37,7 @@ class DatabaseStorage(
     Claiming,
     Transitions,
     ProgressReports,
+    Steps,
     ScheduleFires,
     Schedules,
     Chores,

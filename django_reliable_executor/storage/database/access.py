@@ -17,11 +17,12 @@ from django.db.models import Q, QuerySet
 
 from ...core.clock import Clock
 from ...core.flow_limits import NO_FLOW_LIMITS, FlowLimits
-from ...core.records import Claim, NewTask, TaskInfo
+from ...core.records import Claim, NewTask, TaskInfo, copy_with
 from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliableSchedule, ReliableTask
 from ..base import TaskStorage
 from .rows import TERMINAL, lock_conflict, spans, to_info
+from .step_rows import steps_of
 from .waiting import Wakeups
 
 logger = logging.getLogger("django_reliable_executor")
@@ -73,7 +74,11 @@ class DatabaseAccess(TaskStorage):
     def get(self, task_id: str) -> TaskInfo | None:
         # Here rather than in Reading: submitting and the transitions read a task back too.
         row = self._tasks().filter(pk=task_id).first()
-        return to_info(row) if row is not None else None
+        if row is None:
+            return None
+        info = to_info(row)
+        steps = steps_of(self.alias, [task_id]).get(task_id)  # durable steps: one more query
+        return copy_with(info, steps=steps) if steps else info
 
     @property
     def _table(self) -> str:

@@ -23,6 +23,7 @@ from .rows import (
     failure_changes,
     to_info,
 )
+from .step_rows import purge_steps
 
 
 class Chores(DatabaseAccess):
@@ -215,4 +216,5 @@ class Chores(DatabaseAccess):
                 [*id_params, *status_params],
             )
             self._purge_dependencies(chunk)
+            purge_steps(self.alias, chunk, self._table)  # their durable steps' checkpoints
         return deleted

@@ -13,7 +13,7 @@ from ...core.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
 from ...core.minute_counts import UTC, MinuteCounts, epoch_minute, minute_start
 from ...core.queries import RateUse, TaskQuery
 from ...core.rate_limits import RateLimit
-from ...core.records import TaskInfo
+from ...core.records import TaskInfo, copy_with
 from ...core.states import DEAD_LETTER_STATUSES, LIVE_STATUSES, TaskStatus
 from ...models import ReliableDependency, ReliableRateLog, ReliableRetryCount, ReliableUniqueKey
 from .access import DatabaseAccess
@@ -22,6 +22,7 @@ from .rows import (
     chunks,
     to_info,
 )
+from .step_rows import steps_of
 
 COUNTED_STATUSES = sorted([TaskStatus.COMPLETED.value, *(s.value for s in DEAD_LETTER_STATUSES)])
 
@@ -53,6 +54,9 @@ class Reading(DatabaseAccess):
         found: dict[str, TaskInfo] = {}
         for chunk in chunks(list(task_ids)):
             found.update((row.pk, to_info(row)) for row in self._tasks().filter(pk__in=chunk))
+        # Their durable steps: one more query per chunk (a listing leaves them out).
+        for task_id, steps in steps_of(self.alias, list(found)).items():
+            found[task_id] = copy_with(found[task_id], steps=steps)
         return found
 
     def _list(self, query: TaskQuery) -> list[TaskInfo]:

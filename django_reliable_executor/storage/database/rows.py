@@ -147,8 +147,9 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 
 # A claim does not read the task's progress: a worker has no use for it (None in its TaskInfo).
 # Nor its dependencies (a claimed task waits for none; context.dependency_results reads them).
-# It reads the batch_id: a member's ending write counts it in its batch (batches.py).
-NOT_CLAIMED = ("progress", "depends_on", "waiting_for", "handler_running")
+# It reads the batch_id: a member's ending write counts it in its batch (batches.py). Its
+# durable steps are another table's (context.step reads them at the attempt's first step).
+NOT_CLAIMED = ("progress", "depends_on", "waiting_for", "handler_running", "steps")
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at", "has_dependents"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names

@@ -15,6 +15,7 @@ from ...core.records import CancelResult, Claim, TaskInfo, Transition
 from ...core.retries import failure_outcome, timeout_message
 from ...core.serialization import encoded
 from ...core.states import RETRYABLE_BY_HAND, TaskStatus
+from ...models import ReliableTask
 from . import rate_starts
 from .access import DatabaseAccess
 from .dependencies import json_ids
@@ -30,6 +31,7 @@ from .rows import (
     held_by_claims,
     holding_sql,
 )
+from .step_rows import discard_steps, first_discarded
 
 
 class Transitions(DatabaseAccess):
@@ -401,11 +403,26 @@ class Transitions(DatabaseAccess):
             return CancelResult(changed=True, task=self.get(task_id), requested_only=True)
         return CancelResult(changed=False, task=self.get(task_id))
 
-    def retry(self, task_id: str) -> Transition | None:
+    def _retry_from(
+        self, row: ReliableTask, depends_on: list[str], from_step: str
+    ) -> Transition | None:
+        """retry() discarding the checkpoints from step ``from_step`` on, in the open
+        transaction; UnknownStepError, before anything is written, when it has none."""
+        first = first_discarded(self.alias, row.task_id, from_step)
+        retried = retry_row(self, row, depends_on)  # its batch counted in this transaction too
+        if retried is not None:
+            discard_steps(self.alias, row.task_id, first)
+        return retried
+
+    def retry(self, task_id: str, from_step: str | None = None) -> Transition | None:
         row = self._tasks().filter(pk=task_id).first()
         if row is None or TaskStatus(row.status) not in RETRYABLE_BY_HAND:
             return None
         depends_on = json_ids(row.depends_on)
+        if from_step is not None:
+            # The steps read, the task reset and its checkpoints deleted in one transaction:
+            # a retry refused (its status changed meanwhile, a lease still held) deletes none.
+            return self._ending(lambda: self._retry_from(row, depends_on, from_step))
         if depends_on:
             # A dependent reads its dependencies and waits again in one transaction, so an
             # ending of one either came before (read here) or settles it after.

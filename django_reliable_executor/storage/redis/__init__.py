@@ -23,8 +23,14 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            reply is recognised as done), dp its depends_on (JSON list), wf the
                            ones it
                            still awaits (JSON list; absent once none is), of "run" for
-                           on_dependency_failure="run", at attempt timeout (seconds).
+                           on_dependency_failure="run", at attempt timeout (seconds), sn
+                           how many durable step checkpoints it wrote (step.lua; their
+                           order; absent: it stored none).
                            Fields without a value are absent.
+``P steps:<id>``            HASH of the durable steps of task <id> (context.step): step name ->
+                           "<order> <finished at> <result JSON>", order from the task's
+                           ``sn``. On the task's shard; deleted when <id> is purged, from a
+                           step on by a manual retry ``from_step`` (retry.lua).
 ``P deps:<id>``             SET of the dependents of task <id> (depends_on naming it): every
                            script that ends <id> settles them (settle_dependents in
                            _common.lua). A waiting dependent sits in its queue's schedule at
@@ -133,6 +139,7 @@ from .reading import RateReading, Reading
 from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .server_config import config_warnings
+from .steps import Steps
 from .submitting import Submitting
 from .transitions import Transitions
 from .workers import Workers
@@ -143,6 +150,7 @@ class RedisStorage(
     Claiming,
     Transitions,
     ProgressReports,
+    Steps,
     Schedules,
     ScheduleFires,
     Chores,

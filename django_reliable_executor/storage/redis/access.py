@@ -18,11 +18,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ...core.clock import Clock
 from ...core.flow_limits import NO_FLOW_LIMITS, FlowLimits
-from ...core.records import TaskInfo
+from ...core.records import StepInfo, TaskInfo, copy_with
 from ...core.states import LIVE_STATUSES, WAITING_STATUSES
 from ...exceptions import StorageUnavailableError
 from ..base import TaskStorage
-from .codec import micros, text, to_info
+from .codec import micros, step_infos, text, to_info
 from .layout import layout_problem
 from .outbox import DELIVERY_CHUNK, deliver
 from .scripts import Scripts
@@ -229,12 +229,17 @@ class RedisAccess(TaskStorage):
     def get(self, task_id: str) -> TaskInfo | None:
         # Here rather than in Reading: a retry reads the task first too.
         if not self.sharded:
-            values = self.client.hgetall(self._tkey(task_id))
+            shard, values = CONTROL_SHARD, self.client.hgetall(self._tkey(task_id))
         else:
-            values = self._locate(task_id)[1]
+            shard, values = self._locate(task_id)
         if not values:
             return None
-        return to_info(task_id, {text(k): text(v) for k, v in values.items()})
+        plain = {text(k): text(v) for k, v in values.items()}
+        info = to_info(task_id, plain)
+        if "sn" in plain:  # it stored durable steps (step.lua): read them, one more round trip
+            steps = self.client.hgetall(self.prefixes[shard] + "steps:" + task_id)
+            return copy_with(info, steps=step_infos(steps))
+        return info
 
     def _locate(self, task_id: str) -> tuple[int, dict[Any, Any]]:
         """Sharded: the shard of task ``task_id`` and its hash (empty when there is none; the
@@ -259,6 +264,17 @@ class RedisAccess(TaskStorage):
             pipe.hgetall(prefix + "t:" + task_id)
         found = [(shard, values) for shard, values in enumerate(pipe.execute()) if values]
         return found[0] if found else (CONTROL_SHARD, {})
+
+    def _steps_of(
+        self, found: Mapping[str, Mapping[str, str]], shard: int
+    ) -> dict[str, tuple[StepInfo, ...]]:
+        """The durable steps of those of these task hashes (of ``shard``) that stored any
+        (step.lua counts them in ``sn``), in one pipeline; none read for the others."""
+        with_steps = [task_id for task_id, values in found.items() if "sn" in values]
+        if not with_steps:
+            return {}
+        steps = self._read_many(with_steps, (self.prefixes[shard] + "steps:").__add__)
+        return {task_id: step_infos(values) for task_id, values in steps.items()}
 
     def _task_shard(self, task_id: str) -> int:
         """The shard holding task ``task_id`` (the control shard when none does)."""

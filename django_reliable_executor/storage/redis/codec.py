@@ -6,11 +6,11 @@ import datetime as dt
 import json
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core.progress import progress_from_json
-from ...core.records import Claim, NewTask, TaskInfo
+from ...core.records import Claim, NewTask, StepInfo, TaskInfo
 from ...core.serialization import dumps, loads
 from ...core.states import TaskStatus
 
@@ -86,6 +86,22 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
     )
 
 
+def stored_steps(values: Mapping[Any, Any]) -> list[tuple[str, str, str]]:
+    """A steps hash (HGETALL) as ``(name, finished at in µs, result JSON)`` in the order the
+    steps finished."""
+    entries = []
+    for field, value in values.items():
+        order, finished, result = text(value).split(" ", 2)
+        entries.append((int(order), text(field), finished, result))
+    entries.sort()
+    return [(name, finished, result) for _, name, finished, result in entries]
+
+
+def step_infos(values: Mapping[Any, Any]) -> tuple[StepInfo, ...]:
+    """``TaskInfo.steps`` of a steps hash."""
+    return tuple(StepInfo(name, from_micros(at)) for name, at, _ in stored_steps(values))
+
+
 def to_claim(task_id: str, values: dict[str, str]) -> Claim:
     return Claim(
         task=to_info(task_id, values),
@@ -147,6 +163,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
             "batch_id": None,  # neither is this (context.batch_id reads the task)
             "handler_running": status is TaskStatus.RUNNING,
             "attempt_timeout": float(at) if at else None,
+            "steps": (),
         }
     )
     claim = object.__new__(Claim)

@@ -21,7 +21,7 @@ import json
 from collections.abc import Collection, Sequence
 
 from ...core.queries import TaskQuery
-from ...core.records import TaskInfo
+from ...core.records import StepInfo, TaskInfo, copy_with
 from ...core.states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import text, to_info
@@ -63,9 +63,18 @@ class Listing(RedisAccess):
         # A task that changed status between two reads may show up twice: keep it once.
         page = sorted(rows, reverse=True)[query.offset : query.end]
         found: dict[str, dict[str, str]] = {}
+        steps: dict[str, tuple[StepInfo, ...]] = {}
         for shard in sorted({shard for _, _, shard in page}):
-            found.update(self._read_many([i for _, i, s in page if s == shard], shard=shard))
-        return [to_info(task_id, found[task_id]) for _, task_id, _ in page if task_id in found]
+            here = self._read_many([i for _, i, s in page if s == shard], shard=shard)
+            found.update(here)
+            steps.update(self._steps_of(here, shard))  # of the tasks that stored any
+        return [
+            copy_with(to_info(task_id, found[task_id]), steps=steps[task_id])
+            if task_id in steps
+            else to_info(task_id, found[task_id])
+            for _, task_id, _ in page
+            if task_id in found
+        ]
 
     def _all_rows(self, query: TaskQuery, shard: int) -> builtins.list[Row]:
         """The rows of one shard the page is cut from, read from the indexes of every task."""

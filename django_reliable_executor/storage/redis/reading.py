@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from ...core.minute_counts import MinuteCounts, minute_start
 from ...core.queries import RateUse
 from ...core.rate_limits import RateLimit
-from ...core.records import TaskInfo
+from ...core.records import TaskInfo, copy_with
 from ...core.states import DEAD_LETTER_STATUSES, LIVE_STATUSES, TaskStatus
 from .access import LIVE, RedisAccess, guarded
 from .codec import from_micros, micros, text, to_info
@@ -33,9 +33,14 @@ class Reading(RedisAccess):
     def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
         ids = list(dict.fromkeys(task_ids))
         found: dict[str, dict[str, str]] = {}
+        infos: dict[str, TaskInfo] = {}
         for shard in range(len(self.prefixes)):  # each shard holds its queues' tasks
-            found.update(self._read_many([i for i in ids if i not in found], shard=shard))
-        return {task_id: to_info(task_id, values) for task_id, values in found.items()}
+            here = self._read_many([i for i in ids if i not in found], shard=shard)
+            found.update(here)
+            infos.update((task_id, to_info(task_id, values)) for task_id, values in here.items())
+            for task_id, steps in self._steps_of(here, shard).items():
+                infos[task_id] = copy_with(infos[task_id], steps=steps)
+        return infos
 
     @guarded
     def dependents_of(self, task_id: str) -> list[str]:

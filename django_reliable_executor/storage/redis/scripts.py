@@ -21,6 +21,7 @@ NAMES = (
     "start",
     "heartbeat",
     "progress",
+    "step",
     "complete",
     "fail",
     "expire_claim",

@@ -15,9 +15,13 @@ from ...core.records import CancelResult, Claim, Transition
 from ...core.retries import failure_outcome, timeout_message
 from ...core.serialization import Encoded, encoded
 from ...core.states import LIVE_STATUSES, RETRYABLE_BY_HAND, TaskStatus
-from ...exceptions import AttemptStillRunningError, DependencyNotCompletedError
+from ...exceptions import (
+    AttemptStillRunningError,
+    DependencyNotCompletedError,
+    UnknownStepError,
+)
 from .access import RedisAccess, guarded
-from .codec import fields, from_micros, micros, nonce, text, to_info
+from .codec import fields, from_micros, micros, nonce, stored_steps, text, to_info
 from .sharding import CONTROL_SHARD, directory_of
 
 ID_AND_TOKEN = operator.attrgetter("task.task_id", "token")
@@ -199,7 +203,7 @@ class Transitions(RedisAccess):
         )
 
     @guarded
-    def retry(self, task_id: str) -> Transition | None:
+    def retry(self, task_id: str, from_step: str | None = None) -> Transition | None:
         if self.sharded:  # read where it is stored (a task is not always on its queue's shard)
             shard, values = self._locate(task_id)
             before = (
@@ -215,6 +219,9 @@ class Transitions(RedisAccess):
             if before.max_duration_millis
             else ""
         )
+        if from_step is not None and self.sharded and before.depends_on:
+            # Refused before the edges below are linked again (retry.lua checks once more).
+            self._check_step(task_id, from_step, shard)
         remote = (
             self._link_for_retry(task_id, before.depends_on, shard)
             if self.sharded and before.depends_on
@@ -227,11 +234,16 @@ class Transitions(RedisAccess):
             deadline,
             json.dumps(remote) if remote else "",
             micros(WAITING_RUN_AT),
+            from_step or "",
             now=now,
             shard=shard,
         )
         if reply is None:
             return None
+        if text(reply[0]) == "nostep":
+            assert from_step is not None
+            known = [name for name, _, _ in stored_steps(fields(reply[1]))]
+            raise UnknownStepError(task_id, from_step, known)
         if text(reply[0]) == "held":
             raise AttemptStillRunningError(
                 task_id, text(reply[1]) or None, from_micros(text(reply[2]))
@@ -242,6 +254,13 @@ class Transitions(RedisAccess):
         if remote and info.waiting_for:
             self._settle_ended_meanwhile(info.task_id, info.waiting_for, remote, shard)
         return Transition(task=info, previous=before.status)
+
+    def _check_step(self, task_id: str, from_step: str, shard: int) -> None:
+        """UnknownStepError when the task has no checkpoint of ``from_step``."""
+        steps = self.client.hgetall(self.prefixes[shard] + "steps:" + task_id)
+        known = [name for name, _, _ in stored_steps(steps)]
+        if from_step not in known:
+            raise UnknownStepError(task_id, from_step, known)
 
     def _link_for_retry(
         self, task_id: str, depends_on: Sequence[str], shard: int

@@ -10,10 +10,13 @@
 -- ARGV[3] id, ARGV[4] the status read before, ARGV[5] new deadline ('' = none), ARGV[6]
 -- sharded: the statuses of its dependencies stored on other shards, a JSON object id ->
 -- status ('' = live there, dep_link.lua registered the edge; '-' = stored nowhere), or ''
--- for none; ARGV[7] WAITING_RUN_AT (micros).
+-- for none; ARGV[7] WAITING_RUN_AT (micros); ARGV[8] from_step: the durable step whose
+-- checkpoint, and those of every step that finished after it (`P steps:<id>`, step.lua), the
+-- retry deletes ('' = none).
 -- Returns {'retried', fields}, {'held', worker, lease expiry} when refused for a live lease,
--- {'depfailed', dependency id, its status ('' = purged)} when refused for a dependency, or
--- nil when the status changed meanwhile.
+-- {'depfailed', dependency id, its status ('' = purged)} when refused for a dependency,
+-- {'nostep', the task's steps hash (HGETALL)} when from_step has no checkpoint, or nil when
+-- the status changed meanwhile.
 local id, expected, deadline = ARGV[3], ARGV[4], ARGV[5]
 local key = tkey(id)
 local task = redis.call('HMGET', key, 's', 'q', 'p', 'w')
@@ -23,6 +26,14 @@ end
 local held = redis.call('ZSCORE', LEASES, id)
 if held and tonumber(held) > NOWN then
   return {'held', task[4] or '', held}
+end
+local steps_key, from_step, first_discarded = P .. 'steps:' .. id, ARGV[8] or '', nil
+if from_step ~= '' then
+  local entry = redis.call('HGET', steps_key, from_step)
+  if not entry then
+    return {'nostep', redis.call('HGETALL', steps_key)}
+  end
+  first_discarded = tonumber(string.match(entry, '^(%d+) '))
 end
 local awaited, remote = {}, {}
 local dp = redis.call('HGET', key, 'dp')
@@ -42,6 +53,15 @@ if dp then
       awaited[#awaited + 1] = d
     elseif status ~= 'COMPLETED' and not run then
       return {'depfailed', d, status == '-' and '' or status}
+    end
+  end
+end
+-- Every refusal decided: from here on the retry happens. Checkpoints from from_step on go.
+if first_discarded then
+  local stored = redis.call('HGETALL', steps_key)
+  for i = 1, #stored, 2 do
+    if tonumber(string.match(stored[i + 1], '^(%d+) ')) >= first_discarded then
+      redis.call('HDEL', steps_key, stored[i])
     end
   end
 end

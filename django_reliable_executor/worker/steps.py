@@ -1,0 +1,207 @@
+"""Durable steps: what ``context.step`` does for one attempt of a task (docs/steps.md).
+
+A step runs its function once per task: its result is stored under the task as a checkpoint
+(``storage.record_step``, fenced by the attempt's claim and renewing its lease), and a later
+attempt of the task gets the stored result back without calling the function. The checkpoints
+stored before the attempt are read at its first step (one read), then kept with the ones it
+writes."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..connections import with_reconnect
+from ..core.records import Claim
+from ..core.serialization import RESULT_REFUSED, ConversionError, Encoded, encode
+from ..exceptions import DuplicateStepError, InvalidTaskOptionError, LeaseLostError
+
+if TYPE_CHECKING:
+    from ..service.reliable_executor import ReliableExecutor
+    from ..storage.base import TaskStorage
+
+
+class Checkpoints:
+    """One attempt's durable steps: the checkpoints its task holds, the names its handler used
+    so far (a name used twice in one run is refused), and the fenced writes of new ones."""
+
+    def __init__(self, claim: Claim, executor: ReliableExecutor, lease_seconds: float) -> None:
+        self.claim = claim  # as started: RUNNING, its token fences every checkpoint
+        self._executor = executor
+        self.lease_seconds = lease_seconds
+        self._lock = threading.Lock()
+        self._stored: dict[str, Any] | None = None  # read at the first step
+        self._used: set[str] = set()  # steps that returned a value in this run, or run now
+
+    @property
+    def _storage(self) -> TaskStorage:
+        return self._executor.storage
+
+    # -- the handler's thread -------------------------------------------------------------
+    def run(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        atomic: bool,
+    ) -> Any:
+        """``context.step`` in a thread: the stored result, or ``fn``'s, stored now."""
+        alias = self._alias(name) if atomic else None
+        self._enter(name)
+        done = False
+        try:
+            stored = self._results()
+            if name in stored:
+                done = True
+                return stored[name]
+            if alias is not None:
+                value = self._run_atomic(alias, name, fn, args, kwargs)
+            else:
+                encoded = _encode(name, fn(*args, **kwargs))
+                self._write(name, encoded)
+                value = encoded.value
+            done = True
+            return value
+        finally:
+            self._leave(name, done)
+
+    async def run_async(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        atomic: bool,
+    ) -> Any:
+        """``await context.step`` in an async handler: as ``run``, the storage's calls (and a
+        synchronous ``fn``) made through ``sync_to_async``, off the event loop, in the thread
+        Django gives thread-sensitive calls (where the handler's own ORM calls run)."""
+        from asgiref.sync import sync_to_async
+
+        alias = self._alias(name) if atomic else None
+        if alias is not None and inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"step {name!r}: atomic=True takes a synchronous function (a Django transaction "
+                "cannot span an await); it runs in the thread of the handler's ORM calls"
+            )
+        self._enter(name)
+        done = False
+        try:
+            stored = await sync_to_async(self._results)()
+            if name in stored:
+                done = True
+                return stored[name]
+            if alias is not None:
+                value = await sync_to_async(self._run_atomic)(alias, name, fn, args, kwargs)
+            else:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args, **kwargs)
+                else:
+                    result = await sync_to_async(fn)(*args, **kwargs)
+                    if inspect.isawaitable(result):  # a partial of an async function, say
+                        result = await result
+                encoded = _encode(name, result)
+                await sync_to_async(self._write)(name, encoded)
+                value = encoded.value
+            done = True
+            return value
+        finally:
+            self._leave(name, done)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _alias(self, name: str) -> str:
+        """The database alias an atomic step's transaction uses; refused where the storage
+        keeps its tasks outside Django's databases (Redis)."""
+        alias = self._storage.transaction_alias
+        if alias is None:
+            raise InvalidTaskOptionError(
+                f"step {name!r}: atomic=True needs the database storage: there the checkpoint "
+                "is written in the transaction of the step's ORM writes; the Redis storage's "
+                "checkpoint cannot join a database transaction, so it would not commit exactly "
+                "with them",
+                field="atomic",
+            )
+        return alias
+
+    def _enter(self, name: str) -> None:
+        with self._lock:
+            if name in self._used:
+                raise DuplicateStepError(self.claim.task_id, name)
+            self._used.add(name)
+
+    def _leave(self, name: str, done: bool) -> None:
+        """A step that raised may run again in this run (the handler caught it, say)."""
+        if not done:
+            with self._lock:
+                self._used.discard(name)
+
+    def _results(self) -> dict[str, Any]:
+        """The checkpoints of the task: read once, at the attempt's first step."""
+        if self._stored is None:
+            stored = with_reconnect(lambda: self._storage.step_results(self.claim.task_id))
+            with self._lock:
+                if self._stored is None:
+                    self._stored = stored
+        return self._stored
+
+    def _write(self, name: str, encoded: Encoded) -> None:
+        """Store the checkpoint under the claim's token (renewing its lease); LeaseLostError
+        when the claim no longer holds the task."""
+        stored = with_reconnect(
+            lambda: self._storage.record_step(self.claim, name, encoded, self.lease_seconds)
+        )
+        if not stored:
+            raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
+        self._keep(name, encoded.value)
+
+    def _run_atomic(
+        self,
+        alias: str,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """``fn`` and its checkpoint in one transaction on ``alias``: a refused checkpoint
+        (LeaseLostError) or an error rolls ``fn``'s writes back with it."""
+        from django.db import transaction
+
+        with transaction.atomic(using=alias):
+            encoded = _encode(name, fn(*args, **kwargs))
+            if not self._storage.record_step(self.claim, name, encoded, self.lease_seconds):
+                raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
+        self._keep(name, encoded.value)
+        return encoded.value
+
+    def _keep(self, name: str, value: Any) -> None:
+        with self._lock:
+            if self._stored is not None:
+                self._stored[name] = value
+
+
+def _encode(name: str, value: Any) -> Encoded:
+    """A step's result as stored: checked as a task's result is, refused with its words."""
+    if inspect.isawaitable(value):
+        _close(value)
+        raise TypeError(
+            f"step {name!r}: its function returned an awaitable, not a value; an async "
+            "function is a step of an async def handler: `await context.step(...)`"
+        )
+    try:
+        return encode(value)
+    except ConversionError as exc:
+        raise ConversionError(f"step {name!r}: {RESULT_REFUSED}: {exc}") from None
+    except Exception as exc:  # a model_dump() that raises, say
+        raise ConversionError(
+            f"step {name!r}: {RESULT_REFUSED}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _close(awaitable: Awaitable[Any]) -> None:
+    """Close a coroutine never awaited (no "never awaited" warning)."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
