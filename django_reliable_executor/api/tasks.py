@@ -14,7 +14,8 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ..core.records import TaskInfo, TaskSubmitRequest, task_to_json
+from ..core.records import TaskInfo, TaskSubmitRequest
+from ..core.task_json import task_to_json
 from ..exceptions import StorageUnavailableError, TaskSubmitError
 from ..service.reliable_executor import executor
 from .auth import Denied, authorize, may

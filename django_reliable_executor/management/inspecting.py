@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ..core.records import task_to_json
+from ..core.task_json import task_to_json
 from ..service.reliable_executor import executor
 from .exit_codes import EXIT_INCOMPLETE, EXIT_USAGE
 from .health import check_health, default_max_age

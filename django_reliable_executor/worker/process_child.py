@@ -30,8 +30,9 @@ from typing import Any
 
 from ..connections import tidy_connections
 from ..core.progress import Progress, progress_to_json
-from ..core.records import Claim, TaskInfo, task_from_json
+from ..core.records import Claim, TaskInfo
 from ..core.serialization import ConversionError, dumps, encode, from_json_value
+from ..core.task_json import task_from_json
 from ..core.text import storable_text
 from ..observability.attempts import in_child
 from ..registry import resolve_handler

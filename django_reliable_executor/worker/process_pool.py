@@ -30,10 +30,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from ..core.progress import progress_from_json
-from ..core.records import Claim, task_to_json
+from ..core.records import Claim
 from ..core.retries import attempt_timeout_message, timeout_message
 from ..core.serialization import Encoded, dumps
 from ..core.states import TaskStatus
+from ..core.task_json import task_to_json
 from ..observability.attempts import Attempt, observe
 from .attempt_limits import attempt_timeout_of, log_attempt_expired
 from .children import GRACE_SECONDS, Child, ChildDied
