@@ -6,14 +6,10 @@ import datetime as dt
 import json
 
 from django_reliable_executor.core.progress import make_progress
-from django_reliable_executor.core.records import (
-    StepInfo,
-    TaskInfo,
-    task_from_json,
-    task_to_json,
-)
+from django_reliable_executor.core.records import StepInfo, TaskInfo
 from django_reliable_executor.core.serialization import dumps
 from django_reliable_executor.core.states import TaskStatus
+from django_reliable_executor.core.task_json import task_from_json, task_to_json
 from django_reliable_executor.worker.children import describe_exit
 
 NOW = dt.datetime(2026, 12, 1, 12, 30, 15, 123456, tzinfo=dt.timezone.utc)
