@@ -26,6 +26,7 @@ from tests.support.admin_support import (
     boom,
     detail_url,
     executor_on,
+    fail_after_steps,
     finished_batch,
     populate,
     populate_schedules,
@@ -100,6 +101,19 @@ def admin_tasks(backend: str) -> Iterator[ReliableExecutor]:
 
 def admin_tasks_unchanged(service: ReliableExecutor) -> None:
     assert service.get_task("t-failed").status is TaskStatus.FAILED
+
+
+@contextlib.contextmanager
+def admin_steps(backend: str) -> Iterator[ReliableExecutor]:
+    """The admin's POPULATED tasks and "t-steps", FAILED after storing three checkpoints."""
+    with admin_tasks(backend) as service:
+        fail_after_steps(service)
+        yield service
+
+
+def admin_steps_unchanged(service: ReliableExecutor) -> None:
+    task = service.get_task("t-steps")
+    assert task.status is TaskStatus.FAILED and len(task.steps) == 3
 
 
 @contextlib.contextmanager
@@ -204,6 +218,7 @@ def schedule_actions_shown(response: Any) -> None:
 
 
 TASKS = {"store": admin_tasks, "unchanged": admin_tasks_unchanged}
+STEPPED = {"store": admin_steps, "unchanged": admin_steps_unchanged}
 PAUSED = {"store": admin_paused, "unchanged": admin_paused_unchanged}
 BATCHES = {"store": admin_batch, "unchanged": admin_batch_unchanged}
 SCHEDULE_PAGES = {"store": admin_schedules, "unchanged": admin_schedules_unchanged}
@@ -236,6 +251,20 @@ PAGES = {
     ),
     "task_detail_retry": Page(
         "POST", detail_url("t-failed"), (VIEW_TASK, OPERATE_TASK), **TASKS, data={"action": "retry"}
+    ),
+    "task_detail_steps": Page(
+        "GET",
+        detail_url("t-steps"),
+        (VIEW_TASK,),
+        **STEPPED,
+        buttons={"re-retry-from-step": OPERATE_TASK, 'id="re-steps"': VIEW_TASK},
+    ),
+    "task_detail_retry_from_step": Page(
+        "POST",
+        detail_url("t-steps"),
+        (VIEW_TASK, OPERATE_TASK),
+        **STEPPED,
+        data={"action": "retry_from_step", "step": "invoice"},
     ),
     "queue_resume": Page(
         "POST",
