@@ -158,8 +158,8 @@ DEFINITION = {"schedule_id": "p1", "task_name": HOOK, "every": 60}
 
 @contextlib.contextmanager
 def api_store(backend: str) -> Iterator[ReliableExecutor]:
-    """A task "t1" waiting a minute, a FAILED task "f1", a task in queue "emails" and a
-    schedule "p1"; nothing paused."""
+    """A task "t1" waiting a minute, a FAILED task "f1", "t-steps" FAILED after three steps,
+    a task in queue "emails" and a schedule "p1"; nothing paused."""
     with api_executor(backend) as service:
         HOOKS["f1"] = boom
         try:
@@ -167,6 +167,7 @@ def api_store(backend: str) -> Iterator[ReliableExecutor]:
             assert run_one(service) is TaskStatus.FAILED
         finally:
             HOOKS.pop("f1", None)
+        fail_after_steps(service)
         service.submit(HOOK, task_id="t1", delay_millis=60_000)
         service.submit(HOOK, task_id="e1", queue="emails", delay_millis=60_000)
         service.schedule("p1", HOOK, every=60)
@@ -177,6 +178,7 @@ def api_store(backend: str) -> Iterator[ReliableExecutor]:
 def api_store_unchanged(service: ReliableExecutor) -> None:
     assert service.get_task("t1").status is TaskStatus.CREATED
     assert service.get_task("f1").status is TaskStatus.FAILED
+    admin_steps_unchanged(service)
     assert service.paused_queues() == set()
     assert [s.schedule_id for s in service.list_schedules()] == ["p1"]
     assert service.get_schedule("p1") == service.before  # type: ignore[attr-defined]
@@ -398,6 +400,17 @@ ENDPOINTS = {
     "task_submit": Endpoint("POST", API, ADD_TASK, 201, {"task_name": HOOK}),
     "task_cancel": Endpoint("POST", f"{API}t1/cancel/", OPERATE_TASK),
     "task_retry": Endpoint("POST", f"{API}f1/retry/", OPERATE_TASK),
+    "task_retry_from_step": Endpoint(
+        "POST",
+        f"{API}t-steps/retry/",
+        OPERATE_TASK,
+        data={"from_step": "invoice"},
+        answered=lambda response, service, role: (
+            None
+            if [s.name for s in service.get_task("t-steps").steps] == ["charge"]
+            else pytest.fail(response.content)
+        ),
+    ),
     "queues_paused": Endpoint("GET", f"{QUEUE_API}paused/", VIEW_TASK),
     "queue_pause": Endpoint("POST", f"{QUEUE_API}emails/pause/", OPERATE_TASK),
     "queue_resume": Endpoint("POST", f"{QUEUE_API}emails/resume/", OPERATE_TASK),
