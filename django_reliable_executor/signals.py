@@ -29,3 +29,8 @@ task_failed = Signal(use_caching=True)
 
 #: The task ended CANCELLED. kwargs: task_id, task_name
 task_cancelled = Signal(use_caching=True)
+
+#: A durable step's checkpoint was written (``context.step`` ran its function and stored its
+#: result; an atomic step's once its transaction committed). Not sent for a step whose stored
+#: result was given back. kwargs: task_id, task_name, step (the step's name)
+task_step_finished = Signal(use_caching=True)

@@ -11,7 +11,7 @@ from django.contrib import messages
 
 from ..core.records import TaskInfo
 from ..core.states import RETRYABLE_BY_HAND, WAITING_STATUSES, TaskStatus
-from ..exceptions import InvalidQueueError, StorageUnavailableError
+from ..exceptions import InvalidQueueError, StorageUnavailableError, UnknownStepError
 from ..service.reliable_executor import ReliableExecutor
 
 NOT_FOUND = "not found"
@@ -24,7 +24,7 @@ CHANGED_MEANWHILE = "changed meanwhile"
 class Outcome:
     """What one action did to a selection: which tasks changed, and why the others did not."""
 
-    verb: str  # "retried" or "cancelled"
+    verb: str  # "retried", "retried from step 'x'" or "cancelled"
     changed: list[str] = dataclasses.field(default_factory=list)
     # Cancel of a RUNNING task only sets cancel_requested: it ends when its attempt does.
     requested: list[str] = dataclasses.field(default_factory=list)
@@ -72,6 +72,31 @@ def retry_tasks(executor: ReliableExecutor, task_ids: Iterable[str]) -> Outcome:
             outcome.skipped[reason] += 1
 
     return _each(executor, task_ids, Outcome("retried"), retry)
+
+
+def retry_from_step(executor: ReliableExecutor, task_id: str, step: str) -> Outcome:
+    """Manual retry of one task from its step ``step`` (``retry_task(task_id, from_step=step)``:
+    that checkpoint and the later ones are discarded), skipped as ``retry_tasks`` skips, or
+    when the task has no checkpoint of that step (nothing changed)."""
+
+    def retry(task: TaskInfo, outcome: Outcome) -> None:
+        if task.status not in RETRYABLE_BY_HAND:
+            outcome.skipped[f"{task.status} cannot be retried"] += 1
+            return
+        try:
+            reason = executor.retry_task_or_reason(task.task_id, from_step=step)
+        except UnknownStepError:
+            outcome.skipped[f"no checkpoint of step {step!r}"] += 1
+            return
+        except (TypeError, ValueError) as exc:  # a name no step can have
+            outcome.skipped[str(exc)] += 1
+            return
+        if reason is None:
+            outcome.changed.append(task.task_id)
+        else:
+            outcome.skipped[reason] += 1
+
+    return _each(executor, [task_id], Outcome(f"retried from step {step!r}"), retry)
 
 
 def cancel_tasks(executor: ReliableExecutor, task_ids: Iterable[str]) -> Outcome:

@@ -27,6 +27,8 @@ from ..service.reliable_executor import ReliableExecutor
 from .operations import can_cancel, can_retry
 
 PAGE_SIZE = 100
+# A step's result on the task's page: its JSON, cut after this many characters.
+STEP_RESULT_CHARS = 80
 # The filters a list URL may carry, in the order they appear in it.
 FILTERS = ("status", "queue", "task_name", "origin", "schedule", "batch_id")
 # ``?origin=``: the tasks submitted (schedule runs left out), or only the schedules' runs.
@@ -333,6 +335,40 @@ def related_tasks(executor: ReliableExecutor, task: TaskInfo, site_name: str) ->
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRow:
+    """One checkpoint of the task's step timeline: its name, when it finished, and the start
+    of its stored result's JSON ("" when the checkpoint went between the two reads)."""
+
+    number: int
+    name: str
+    finished_at: dt.datetime
+    result: str
+    result_cut: bool  # the JSON was longer than STEP_RESULT_CHARS
+
+
+def short_json(value: Any) -> tuple[str, bool]:
+    """The JSON of ``value`` on one line, cut to STEP_RESULT_CHARS (True when it was cut)."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    if len(text) <= STEP_RESULT_CHARS:
+        return text, False
+    return text[: STEP_RESULT_CHARS - 1] + "\u2026", True
+
+
+def step_timeline(executor: ReliableExecutor, task: TaskInfo) -> list[StepRow]:
+    """The task's checkpoints in the order they finished, with their results: one more read
+    of the storage (``step_results``, all of the task's at once), none for a task without
+    steps."""
+    if not task.steps:
+        return []
+    results = executor.storage.step_results(task.task_id)
+    rows = []
+    for number, step in enumerate(task.steps, start=1):
+        text, cut = short_json(results[step.name]) if step.name in results else ("", False)
+        rows.append(StepRow(number, step.name, step.finished_at, text, cut))
+    return rows
+
+
 def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> dict[str, Any]:
     now = executor.clock.now()
     waited = None
@@ -351,6 +387,7 @@ def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> d
         "retry_interval": format_duration(dt.timedelta(milliseconds=task.retry_interval)),
         "attempt_timeout": attempt_timeout_text(task),
         "batch_url": batch_url(task.batch_id, site_name) if task.batch_id else None,
+        "steps": step_timeline(executor, task),
     }
 
 

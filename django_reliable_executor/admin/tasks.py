@@ -5,8 +5,9 @@ and resuming queues.
 tables, whatever the storage), but every page reads and acts through the service, never the ORM:
 the same pages work on the database and on Redis storage.
 
-Permissions: viewing needs ``view_reliabletask``; retry, cancel, pause and resume need
-``operate_reliabletask``. Nothing can be added, edited or deleted by hand.
+Permissions: viewing needs ``view_reliabletask``; retry (of a task, or of one from a durable
+step of its timeline), cancel, pause and resume need ``operate_reliabletask``. Nothing can be
+added, edited or deleted by hand.
 
 What the pages show is built in ``task_pages`` (the list and a task's page) and
 ``task_summary`` (the list's summary). A batch's page and the bulk retry of its failed members
@@ -119,9 +120,10 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
             raise PermissionDenied
         task_id = unquote(object_id)
         if request.method == "POST":
-            return self._act(
-                request, [task_id], task_pages.change_url(task_id, self.admin_site.name)
-            )
+            back = task_pages.change_url(task_id, self.admin_site.name)
+            if request.POST.get("action") == "retry_from_step":
+                return self._retry_from_step(request, task_id, back)
+            return self._act(request, [task_id], back)
         try:
             task = self.executor.get_task(task_id)
             if task is None:
@@ -142,6 +144,17 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
     def _act(self, request: HttpRequest, task_ids: list[str], back: str) -> HttpResponse:
         allowed = self.has_operate_permission(request)
         return self._run_action(request, task_ids, back, operations.ACTIONS, allowed)
+
+    def _retry_from_step(self, request: HttpRequest, task_id: str, back: str) -> HttpResponse:
+        """A step's "Retry from this step" button on the task's page."""
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        step = request.POST.get("step", "")
+        outcome = operations.retry_from_step(self.executor, task_id, step)
+        if outcome.changed:
+            self._acted()
+        messages.add_message(request, outcome.level, outcome.message())
+        return HttpResponseRedirect(back)
 
     def _change_queue(self, request: HttpRequest) -> HttpResponse:
         """The summary's pause/resume button of one queue."""

@@ -15,8 +15,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from ..core.records import TaskInfo, TaskSubmitRequest
+from ..core.steps import check_step_name
 from ..core.task_json import task_to_json
-from ..exceptions import StorageUnavailableError, TaskSubmitError
+from ..exceptions import StorageUnavailableError, TaskSubmitError, UnknownStepError
 from ..service.reliable_executor import executor
 from .auth import Denied, authorize, may
 
@@ -189,15 +190,44 @@ def cancel(request: HttpRequest, task_id: str) -> HttpResponse:
     return _operate(request, task_id, executor.cancel_task, "cancelled")
 
 
+def parse_retry(body: bytes) -> str | None:
+    """The ``from_step`` of a retry's body (none, or a JSON object with only that field);
+    raises BadRequest."""
+    if not body.strip():
+        return None
+    data = json_object(body)
+    unknown = sorted(set(data) - {"from_step"})
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r}; a retry takes from_step", unknown[0])
+    from_step = data.get("from_step")
+    if from_step is None:
+        return None
+    try:
+        return check_step_name(from_step, "from_step")
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(str(exc), "from_step") from None
+
+
 @api_view("POST", OPERATE)
 def retry(request: HttpRequest, task_id: str) -> HttpResponse:
     """POST: run a FAILED/TIMEOUT/ERROR/CANCELLED task again, with a fresh retry budget. 409
-    also while the handler of its timed-out attempt still runs, saying so."""
+    also while the handler of its timed-out attempt still runs, saying so. A body
+    ``{"from_step": name}`` first discards the checkpoints of that durable step and the later
+    ones (``retry_task(from_step=...)``): 409 naming the step when the task has no checkpoint
+    of it (nothing changed), 400 for a body or name that cannot be one."""
+    try:
+        from_step = parse_retry(request.body)
+    except BadRequest as exc:
+        return error(400, str(exc), exc.field)
     if executor.get_task(task_id) is None:
         return error(404, f"no task {task_id!r}", "task_id")
-    reason = executor.retry_task_or_reason(task_id)
+    field: str | None = None
+    try:
+        reason = executor.retry_task_or_reason(task_id, from_step)
+    except UnknownStepError as exc:
+        reason, field = str(exc), "from_step"
     info = executor.get_task(task_id)
     task = _shown(request, info)
     if reason is not None:
-        return error(409, f"task {task_id!r} not retried: {reason}", task=task)
+        return error(409, f"task {task_id!r} not retried: {reason}", field, task=task)
     return JsonResponse({"retried": True, "task": task})

@@ -3,12 +3,15 @@ through the service, one line per task or queue."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from ..core.states import FAILURE_STATUSES, TaskStatus
+from ..core.steps import check_step_name
+from ..exceptions import UnknownStepError
 from ..service.reliable_executor import executor
 from .exit_codes import EXIT_INCOMPLETE, EXIT_USAGE
 
@@ -32,6 +35,13 @@ def add_retry_and_cancel(actions: Any) -> None:
     )
     retry.add_argument("--queue", default=None, help="with --failed: only this queue")
     retry.add_argument("--task-name", default=None, help="with --failed: only this task name")
+    retry.add_argument(
+        "--from-step",
+        default=None,
+        metavar="NAME",
+        help="with ids: discard the checkpoint of this durable step and of the steps that "
+        "finished after it, then retry (a task without that checkpoint is skipped, unchanged)",
+    )
 
 
 def add_pause_and_resume(actions: Any) -> None:
@@ -61,9 +71,20 @@ class Operating(BaseCommand):
             raise CommandError(
                 "retry: --queue and --task-name only narrow --failed", returncode=EXIT_USAGE
             )
+        from_step = options["from_step"]
+        if from_step is not None:
+            if options["failed"]:
+                # Each dead letter's steps are its own: name the tasks to rewind.
+                raise CommandError(
+                    "retry: --from-step takes task ids, not --failed", returncode=EXIT_USAGE
+                )
+            try:
+                check_step_name(from_step, "--from-step")
+            except ValueError as exc:
+                raise CommandError(f"retry: {exc}", returncode=EXIT_USAGE) from exc
         if options["failed"]:
             task_ids = self._dead_letters(options["queue"], options["task_name"])
-        self._each(task_ids, self._retry_one)
+        self._each(task_ids, functools.partial(self._retry_one, from_step=from_step))
 
     @staticmethod
     def _dead_letters(queue: str | None, task_name: str | None) -> list[str]:
@@ -99,12 +120,15 @@ class Operating(BaseCommand):
             raise CommandError(f"not every task changed ({summary})", returncode=EXIT_INCOMPLETE)
 
     @staticmethod
-    def _retry_one(task_id: str) -> tuple[str, str]:
+    def _retry_one(task_id: str, from_step: str | None = None) -> tuple[str, str]:
         if executor.get_task(task_id) is None:
             return "not found", "not found"
-        reason = executor.retry_task_or_reason(task_id)
+        try:
+            reason = executor.retry_task_or_reason(task_id, from_step)
+        except UnknownStepError as exc:
+            return "skipped", f"skipped: {exc}"
         if reason is None:
-            return "changed", "retried"
+            return "changed", "retried" if from_step is None else f"retried from step {from_step!r}"
         if reason == "not found":
             return "not found", "not found"
         return "skipped", f"skipped: {reason}"

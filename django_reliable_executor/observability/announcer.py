@@ -1,4 +1,5 @@
-"""Announcer: the signal, the log line and the metrics of every state change of a task."""
+"""Announcer: the signal, the log line and the metrics of every state change of a task (and of
+each durable step's checkpoint written)."""
 
 from __future__ import annotations
 
@@ -160,6 +161,18 @@ class Announcer:
             log_transition(logging.INFO, task, transition.previous)
             self._finished([transition])
             self._send(signals.task_cancelled, task_id=task.task_id, task_name=task.task_name)
+
+    def step_finished(self, task: TaskInfo, step: str) -> None:
+        """A checkpoint of step ``step`` of ``task`` was written (no status changed): the
+        counter and the signal, no log line (a task may make thousands of steps)."""
+        metrics.count_step_finished(task)
+        if signals.task_step_finished.receivers:
+            self._send(
+                signals.task_step_finished,
+                task_id=task.task_id,
+                task_name=task.task_name,
+                step=step,
+            )
 
     @staticmethod
     def cancel_requested(task: TaskInfo) -> None:

@@ -85,6 +85,11 @@ class ProcessMetrics:
             "Failed attempts rescheduled as PENDING for an automatic retry "
             "(handler failures, and lost workers' attempts the master recovered).",
         )
+        self.steps_finished: Counter = counter(
+            "steps_finished",
+            "Durable step checkpoints written by the handlers this process ran "
+            "(context.step calls that ran their function).",
+        )
         name = f"{PREFIX}_task_execution_seconds"
         self.execution_seconds: Histogram = find_or_create(
             name,

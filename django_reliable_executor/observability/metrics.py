@@ -70,6 +70,13 @@ def count_started_many(tasks: list[TaskInfo]) -> None:
     collectors.attempts_started(tasks)
 
 
+def count_step_finished(task: TaskInfo) -> None:
+    """A durable step's checkpoint of ``task`` was written (committed)."""
+    collectors = process_metrics()
+    if collectors is not None:
+        collectors.child(collectors.steps_finished, task).inc()
+
+
 def count_transition(transition: Transition) -> None:
     """A recorded outcome: COMPLETED, PENDING (a retry), FAILED, TIMEOUT, ERROR, CANCELLED.
 

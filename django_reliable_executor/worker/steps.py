@@ -8,6 +8,7 @@ writes."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
@@ -156,6 +157,7 @@ class Checkpoints:
         if not stored:
             raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
         self._keep(name, encoded.value)
+        self._announce(name)
 
     def _run_atomic(
         self,
@@ -173,8 +175,15 @@ class Checkpoints:
             encoded = _encode(name, fn(*args, **kwargs))
             if not self._storage.record_step(self.claim, name, encoded, self.lease_seconds):
                 raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
+            # Inside a transaction of the handler's own, the checkpoint commits with it (or
+            # never): announced then.
+            transaction.on_commit(functools.partial(self._announce, name), using=alias)
         self._keep(name, encoded.value)
         return encoded.value
+
+    def _announce(self, name: str) -> None:
+        """The checkpoint of ``name`` is stored: ``task_step_finished`` and the steps counter."""
+        self._executor.announcer.step_finished(self.claim.task, name)
 
     def _keep(self, name: str, value: Any) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ from tests.support.admin_support import (
     boom,
     detail_url,
     executor_on,
+    fail_after_steps,
     finished_batch,
     populate,
     populate_schedules,
@@ -103,6 +104,19 @@ def admin_tasks_unchanged(service: ReliableExecutor) -> None:
 
 
 @contextlib.contextmanager
+def admin_steps(backend: str) -> Iterator[ReliableExecutor]:
+    """The admin's POPULATED tasks and "t-steps", FAILED after storing three checkpoints."""
+    with admin_tasks(backend) as service:
+        fail_after_steps(service)
+        yield service
+
+
+def admin_steps_unchanged(service: ReliableExecutor) -> None:
+    task = service.get_task("t-steps")
+    assert task.status is TaskStatus.FAILED and len(task.steps) == 3
+
+
+@contextlib.contextmanager
 def admin_paused(backend: str) -> Iterator[ReliableExecutor]:
     """The admin's POPULATED tasks, queue "emails" paused."""
     with admin_tasks(backend) as service:
@@ -144,8 +158,8 @@ DEFINITION = {"schedule_id": "p1", "task_name": HOOK, "every": 60}
 
 @contextlib.contextmanager
 def api_store(backend: str) -> Iterator[ReliableExecutor]:
-    """A task "t1" waiting a minute, a FAILED task "f1", a task in queue "emails" and a
-    schedule "p1"; nothing paused."""
+    """A task "t1" waiting a minute, a FAILED task "f1", "t-steps" FAILED after three steps,
+    a task in queue "emails" and a schedule "p1"; nothing paused."""
     with api_executor(backend) as service:
         HOOKS["f1"] = boom
         try:
@@ -153,6 +167,7 @@ def api_store(backend: str) -> Iterator[ReliableExecutor]:
             assert run_one(service) is TaskStatus.FAILED
         finally:
             HOOKS.pop("f1", None)
+        fail_after_steps(service)
         service.submit(HOOK, task_id="t1", delay_millis=60_000)
         service.submit(HOOK, task_id="e1", queue="emails", delay_millis=60_000)
         service.schedule("p1", HOOK, every=60)
@@ -163,6 +178,7 @@ def api_store(backend: str) -> Iterator[ReliableExecutor]:
 def api_store_unchanged(service: ReliableExecutor) -> None:
     assert service.get_task("t1").status is TaskStatus.CREATED
     assert service.get_task("f1").status is TaskStatus.FAILED
+    admin_steps_unchanged(service)
     assert service.paused_queues() == set()
     assert [s.schedule_id for s in service.list_schedules()] == ["p1"]
     assert service.get_schedule("p1") == service.before  # type: ignore[attr-defined]
@@ -204,6 +220,7 @@ def schedule_actions_shown(response: Any) -> None:
 
 
 TASKS = {"store": admin_tasks, "unchanged": admin_tasks_unchanged}
+STEPPED = {"store": admin_steps, "unchanged": admin_steps_unchanged}
 PAUSED = {"store": admin_paused, "unchanged": admin_paused_unchanged}
 BATCHES = {"store": admin_batch, "unchanged": admin_batch_unchanged}
 SCHEDULE_PAGES = {"store": admin_schedules, "unchanged": admin_schedules_unchanged}
@@ -236,6 +253,20 @@ PAGES = {
     ),
     "task_detail_retry": Page(
         "POST", detail_url("t-failed"), (VIEW_TASK, OPERATE_TASK), **TASKS, data={"action": "retry"}
+    ),
+    "task_detail_steps": Page(
+        "GET",
+        detail_url("t-steps"),
+        (VIEW_TASK,),
+        **STEPPED,
+        buttons={"re-retry-from-step": OPERATE_TASK, 'id="re-steps"': VIEW_TASK},
+    ),
+    "task_detail_retry_from_step": Page(
+        "POST",
+        detail_url("t-steps"),
+        (VIEW_TASK, OPERATE_TASK),
+        **STEPPED,
+        data={"action": "retry_from_step", "step": "invoice"},
     ),
     "queue_resume": Page(
         "POST",
@@ -369,6 +400,17 @@ ENDPOINTS = {
     "task_submit": Endpoint("POST", API, ADD_TASK, 201, {"task_name": HOOK}),
     "task_cancel": Endpoint("POST", f"{API}t1/cancel/", OPERATE_TASK),
     "task_retry": Endpoint("POST", f"{API}f1/retry/", OPERATE_TASK),
+    "task_retry_from_step": Endpoint(
+        "POST",
+        f"{API}t-steps/retry/",
+        OPERATE_TASK,
+        data={"from_step": "invoice"},
+        answered=lambda response, service, role: (
+            None
+            if [s.name for s in service.get_task("t-steps").steps] == ["charge"]
+            else pytest.fail(response.content)
+        ),
+    ),
     "queues_paused": Endpoint("GET", f"{QUEUE_API}paused/", VIEW_TASK),
     "queue_pause": Endpoint("POST", f"{QUEUE_API}emails/pause/", OPERATE_TASK),
     "queue_resume": Endpoint("POST", f"{QUEUE_API}emails/resume/", OPERATE_TASK),

@@ -143,6 +143,31 @@ def populate(service: ReliableExecutor) -> None:
     service.submit(hook, {"x": 1}, task_id="t-created", priority=5)
 
 
+# The checkpoints ``fail_after_steps`` stores, in the order they finish: (name, result).
+STEPS = [
+    ("charge", {"id": "ch_1", "amount": 12.5}),
+    ("invoice", {"number": "INV-7", "lines": ["x" * 40, "y" * 40]}),  # JSON past 80 characters
+    ("email", None),
+]
+
+
+def fail_after_steps(service: ReliableExecutor, task_id: str = "t-steps") -> None:
+    """Submit ``task_id`` to queue "steps" (POPULATED's due tasks are in other queues) and run
+    it once: it stores the STEPS' checkpoints, then raises (no retry left: FAILED)."""
+    service.submit("contract.hook", None, task_id=task_id, retry_limit=0, queue="steps")
+
+    def handler(context: Any) -> Any:
+        for name, result in STEPS:
+            context.step(name, lambda result=result: result)
+        raise ValueError("after the steps")
+
+    HOOKS[task_id] = handler
+    try:
+        assert run_one(service, "steps") is TaskStatus.FAILED
+    finally:
+        HOOKS.pop(task_id, None)
+
+
 # -- schedules --------------------------------------------------------------------------------
 def fire_schedule(service: ReliableExecutor, schedule_id: str, planned: dt.datetime) -> str:
     """Store the fire of ``schedule_id`` at ``planned`` as the master's round does (through the

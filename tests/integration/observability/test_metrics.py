@@ -40,6 +40,7 @@ HISTOGRAM = "reliable_executor_task_execution_seconds"
 # Every sample name the app exports (counters with _total, the histogram's series).
 EXPORTED_SAMPLES = {
     *(f"reliable_executor_tasks_{name}_total" for name in COUNTERS),
+    "reliable_executor_steps_finished_total",
     f"{HISTOGRAM}_bucket",
     f"{HISTOGRAM}_sum",
     f"{HISTOGRAM}_count",
@@ -509,6 +510,7 @@ def test_runexecutor_serves_the_metrics_over_http(alias, key_prefix, workers):
     assert exported - {n for n in exported if n.endswith("_created")} == EXPORTED_SAMPLES - {
         "reliable_executor_tasks_scheduled_total",
         "reliable_executor_tasks_timeout_total",
+        "reliable_executor_steps_finished_total",  # these demo tasks make no steps
     }
     types = families(scrape())
     assert types["reliable_executor_task_execution_seconds"] == "histogram"
