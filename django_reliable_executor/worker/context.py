@@ -34,6 +34,7 @@ class TaskContext:
         executor: ReliableExecutor,
         report: Callable[[Progress], object] | None = None,
         checkpoints: Checkpoints | None = None,
+        asynchronous: bool | None = None,
     ) -> None:
         self.task = task  # as it started: RUNNING, this attempt counted
         self.task_id = task.task_id
@@ -47,6 +48,9 @@ class TaskContext:
         self._on_cancel: Callable[[], object] | None = None
         self._report = report
         self._checkpoints = checkpoints
+        # Whether the handler is an async def one (its steps are awaited); None: told by
+        # whether this thread runs an event loop when a step is called.
+        self._asynchronous = asynchronous
         self._dependency_results: dict[str, Any] | None = None
         self._batch_id: object = task.batch_id or _UNREAD
 
@@ -104,7 +108,8 @@ class TaskContext:
             raise TypeError(f"step {name!r}: fn must be callable, not {type(fn).__name__}")
         if self._checkpoints is None:
             raise RuntimeError("step: this context belongs to no running task")
-        if _in_event_loop():
+        asynchronous = self._asynchronous
+        if asynchronous if asynchronous is not None else _in_event_loop():
             return self._checkpoints.run_async(name, fn, args, kwargs, atomic)
         if inspect.iscoroutinefunction(fn):  # its coroutine would never be awaited
             raise TypeError(

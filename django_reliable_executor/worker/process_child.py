@@ -128,7 +128,12 @@ def run_task(
         deadline = message.get("deadline_at")
         deadline_at = dt.datetime.fromisoformat(deadline) if deadline else None
         kwargs["context"] = TaskContext(
-            task, deadline_at, executor, report, _checkpoints(message, task, deadline_at)
+            task,
+            deadline_at,
+            executor,
+            report,
+            _checkpoints(message, task, deadline_at),
+            asynchronous=handler.is_async,
         )
     try:
         with in_child(task, message.get("run_span")):

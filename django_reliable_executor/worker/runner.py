@@ -316,6 +316,7 @@ class TaskRunner:
             self.executor,
             lambda progress: self.report_progress(claim, progress),
             Checkpoints(claim, self.executor, self.lease_seconds),
+            asynchronous=begun.handler.is_async,
         )
         self.contexts[claim.task_id] = context
         return context

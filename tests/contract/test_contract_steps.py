@@ -5,6 +5,7 @@ database storage commits the step's ORM writes exactly with its checkpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import threading
 
@@ -84,6 +85,29 @@ def test_a_later_attempt_gets_a_stored_step_back_without_running_it(executor, cl
     assert [s.name for s in info.steps] == ["one", "two"]
     assert info.steps[1].finished_at == clock.now()
     assert executor.storage.step_results("s") == {"one": [1, "a"], "two": {"b": 2}}
+
+
+def test_a_synchronous_handler_s_step_runs_at_once_even_where_an_event_loop_runs(
+    executor, monkeypatch
+):
+    # A synchronous handler called from a thread that runs an event loop (an async test, a
+    # browser driver): its step is the synchronous form, by the handler's kind, not by the
+    # thread's loop. (The ORM's async guard is lifted, as a test driving one would.)
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    executor.submit("contract.hook", None, task_id="in-loop")
+    calls: list = []
+
+    def handler(context):
+        return context.step("one", counting(calls, "one", 1))
+
+    HOOKS["in-loop"] = handler
+
+    async def in_a_running_loop():
+        return run_claim(executor, claim_one(executor.storage))
+
+    assert asyncio.run(in_a_running_loop()) is TaskStatus.COMPLETED
+    assert executor.get_task("in-loop").result == 1
+    assert calls == [("one", (), {})]
 
 
 def test_a_failing_step_stores_nothing_and_runs_again(executor, clock):
