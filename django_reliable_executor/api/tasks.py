@@ -190,12 +190,15 @@ def cancel(request: HttpRequest, task_id: str) -> HttpResponse:
     return _operate(request, task_id, executor.cancel_task, "cancelled")
 
 
-def parse_retry(body: bytes) -> str | None:
-    """The ``from_step`` of a retry's body (none, or a JSON object with only that field);
-    raises BadRequest."""
-    if not body.strip():
+def parse_retry(request: HttpRequest) -> str | None:
+    """The ``from_step`` of a retry's body: none, a JSON object with only that field, or a
+    form with only that field; raises BadRequest."""
+    if request.content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        data: dict[str, Any] = dict(request.POST.items())
+    elif not request.body.strip():
         return None
-    data = json_object(body)
+    else:
+        data = json_object(request.body)
     unknown = sorted(set(data) - {"from_step"})
     if unknown:
         raise BadRequest(f"unknown field {unknown[0]!r}; a retry takes from_step", unknown[0])
@@ -215,12 +218,12 @@ def retry(request: HttpRequest, task_id: str) -> HttpResponse:
     ``{"from_step": name}`` first discards the checkpoints of that durable step and the later
     ones (``retry_task(from_step=...)``): 409 naming the step when the task has no checkpoint
     of it (nothing changed), 400 for a body or name that cannot be one."""
-    try:
-        from_step = parse_retry(request.body)
-    except BadRequest as exc:
-        return error(400, str(exc), exc.field)
     if executor.get_task(task_id) is None:
         return error(404, f"no task {task_id!r}", "task_id")
+    try:
+        from_step = parse_retry(request)
+    except BadRequest as exc:
+        return error(400, str(exc), exc.field)
     field: str | None = None
     try:
         reason = executor.retry_task_or_reason(task_id, from_step)

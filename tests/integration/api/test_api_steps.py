@@ -34,6 +34,20 @@ def test_retry_from_a_step_discards_it_and_the_later_ones(service, operator):
     assert step_names(service) == ["charge"]
 
 
+def test_retry_from_a_step_sent_as_a_form(service, operator):
+    fail_after_steps(service)
+    response = operator.post(f"{API}t-steps/retry/", {"from_step": "email"})  # multipart
+    assert response.status_code == 200, response.content
+    assert step_names(service) == ["charge", "invoice"]
+
+
+def test_a_bare_form_post_retries_keeping_every_step(service, operator):
+    fail_after_steps(service)
+    response = operator.post(f"{API}t-steps/retry/")  # an empty multipart form
+    assert response.status_code == 200, response.content
+    assert step_names(service) == ALL
+
+
 def test_a_signed_retry_from_a_step(service, client):
     fail_after_steps(service)
     response = signed_post(client, f"{API}t-steps/retry/", {"from_step": "email"})
