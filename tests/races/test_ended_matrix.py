@@ -222,6 +222,10 @@ class Matrix:
         """Until everything that waited has run."""
         service = self.service
         if frozen is not None:
+            # Frozen while it runs a schedule run, so that run holds the next ones back: a run
+            # fired just before the freeze and never started would time out unclaimed, ended,
+            # and the next would rightly fire at once.
+            wait_until(self.schedule_run_holding, 30, "no schedule run started", logs=self.logs)
             self.frozen_at = time.time()
             frozen.popen.send_signal(19)  # SIGSTOP: its leases lapse, its handlers stay unfinished
         waited = ["dep-run-after", "dep-cancel-next", "dep-late-after", "batch-callback"]
@@ -259,6 +263,18 @@ class Matrix:
             wait_until(lambda: not running(), 15, "")
         except AssertionError:
             self.expect("handler_running", False, f"still counted as running: {running()}")
+
+    def schedule_run_holding(self) -> bool:
+        """A run of the schedule has started and not returned (its handler holds the task)."""
+        return any(start and not end for start, end in self._schedule_records())
+
+    def _schedule_records(self) -> list[tuple[list[float], list[float]]]:
+        runs = self.service.list_tasks(task_name=self.ending.handler, limit=100)
+        return [
+            (self.starts(info.task_id), self.ends(info.task_id))
+            for info in runs
+            if info.task_id not in self.firsts and info.task_id != "unique-again"
+        ]
 
     def overlap_runs(self) -> int:
         """How many runs the schedule fired (tasks stored), or for a cancel, started."""

@@ -14,6 +14,7 @@ from django.test import override_settings
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.conf import get_settings
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
@@ -63,7 +64,7 @@ def test_the_cache_connection_is_the_one_used(cache_settings):
 
 
 def test_a_whole_task_life_through_a_bytes_client(cache_settings):
-    storage = build_storage(get_settings())
+    storage = build_storage(get_settings(), flow_limits=FLOW_LIMITS)
     assert isinstance(storage, RedisStorage)
     executor = ReliableExecutor(storage)
     executor.submit("demo.echo", {"n": "é"}, task_id="one", priority=3)

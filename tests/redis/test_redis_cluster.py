@@ -18,6 +18,7 @@ import redis.exceptions
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest
 from django_reliable_executor.conf import ExecutorSettings
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
@@ -160,7 +161,7 @@ def make_executor(redis_cluster: list[str]) -> Iterator[Callable[..., ReliableEx
 
     def make(prefix: str, node: int = 0, shards: int = 1) -> ReliableExecutor:
         settings = cluster_settings(redis_cluster[node], prefix, shards)
-        storage = build_storage(settings)
+        storage = build_storage(settings, flow_limits=FLOW_LIMITS)
         assert isinstance(storage, RedisStorage)
         made.append(storage)
         return ReliableExecutor(storage, settings=settings)

@@ -23,6 +23,7 @@ from django_reliable_executor.core.records import TaskInfo
 from django_reliable_executor.core.states import TERMINAL_STATUSES
 from django_reliable_executor.exceptions import StorageUnavailableError
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
+from django_reliable_executor.registry import FLOW_LIMITS
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage import build_storage
 from django_reliable_executor.storage.redis import RedisStorage
@@ -120,7 +121,7 @@ def executor(aof_server: RedisServer) -> Iterator[ReliableExecutor]:
         MAX_POOL_SIZE=4,
         QUEUE_CAPACITY=4,
     )
-    storage = build_storage(settings)
+    storage = build_storage(settings, flow_limits=FLOW_LIMITS)
     assert isinstance(storage, RedisStorage)
     yield ReliableExecutor(storage, settings=settings)
     storage.close()

@@ -151,8 +151,11 @@ def test_outcomes_the_master_records_count_but_add_no_execution_time(executor, s
     """A lease recovered, or a deadline passed, for attempts another process started: the
     retry and the timeout count; nothing ran here, so no execution-time sample."""
     queue = fresh_queue()
-    executor.submit("demo.echo", task_id="lost", queue=queue, retry_limit=1)
-    executor.submit("demo.echo", task_id="overdue", queue=queue, max_duration_millis=5000)
+    # Ids of this test's own: the registry remembers attempts started in this process by (task
+    # id, attempt), and another test's "lost" attempt 1, never ended here, would time ours.
+    lost, overdue = f"lost-{queue}", f"overdue-{queue}"
+    executor.submit("demo.echo", task_id=lost, queue=queue, retry_limit=1)
+    executor.submit("demo.echo", task_id=overdue, queue=queue, max_duration_millis=5000)
     for claim in storage.claim("elsewhere", [queue], 10, LEASE):  # another worker starts both
         assert storage.start(claim, LEASE) is not None
     chores = MasterChores(executor, retention_seconds=3600)
@@ -160,8 +163,8 @@ def test_outcomes_the_master_records_count_but_add_no_execution_time(executor, s
     chores.run_once()
     clock.advance(LEASE)  # the other worker stopped heartbeating: "lost" is recovered
     chores.run_once()
-    assert executor.get_task("overdue").status is TaskStatus.TIMEOUT
-    assert executor.get_task("lost").status is TaskStatus.PENDING
+    assert executor.get_task(overdue).status is TaskStatus.TIMEOUT
+    assert executor.get_task(lost).status is TaskStatus.PENDING
     assert observed("demo.echo", queue) == expect(scheduled=2, timeout=1, retried=1)
 
     clock.advance(10)  # the retry is due (DEFAULT_RETRY_INTERVAL later)
