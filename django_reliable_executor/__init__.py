@@ -5,6 +5,7 @@ from .core.records import StepInfo, TaskInfo, TaskSubmitRequest
 from .core.states import FAILURE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .exceptions import (
     DuplicateStepError,
+    EventTimeout,
     InvalidDependencyError,
     InvalidQueueError,
     InvalidScheduleError,
@@ -12,6 +13,7 @@ from .exceptions import (
     TaskSubmitConflictError,
     TaskSubmitError,
     UnknownStepError,
+    WaitTimeout,
 )
 from .registry import reliable_task_handler
 from .schedules.records import Schedule, ScheduleInfo
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchInfo",
     "DuplicateStepError",
+    "EventTimeout",
     "FAILURE_STATUSES",
     "InvalidDependencyError",
     "InvalidQueueError",
@@ -40,6 +43,7 @@ __all__ = [
     "TaskSubmitRequest",
     "TERMINAL_STATUSES",
     "UnknownStepError",
+    "WaitTimeout",
     "executor",
     "reliable_task_handler",
 ]

@@ -170,3 +170,18 @@ def storage_unavailable(exc: BaseException) -> bool:
         exc,
         (StorageUnavailableError, OperationalError, InterfaceError, ConnectionError, TimeoutError),
     )
+
+
+class WaitTimeout(ReliableExecutorError):
+    """Raised in a handler by a durable wait whose ``timeout`` passed before what it waited for
+    happened (``context.wait_for``: tasks that had not all ended)."""
+
+    def __init__(self, task_id: str, name: str, what: str) -> None:
+        super().__init__(f"task {task_id}: wait {name!r} timed out: {what}")
+        self.task_id = task_id
+        self.name = name
+
+
+class EventTimeout(WaitTimeout):
+    """Raised in a handler by ``context.wait_for_event(name, timeout=...)`` when the timeout
+    passed before the event was sent to the task."""

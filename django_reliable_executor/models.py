@@ -69,6 +69,11 @@ class ReliableTask(models.Model):
     # the ending of such a task reads reliable_executor_dependency (dependencies.py). A default
     # in the database too: the hand-written INSERTs of the submits leave it out.
     has_dependents = models.BooleanField(default=False, db_default=False)
+    # A PENDING task's durable wait (core/waits.py: TaskInfo.waiting), None otherwise; and
+    # how many times its handler was resumed after a wait or a stop. A default in the database
+    # for the hand-written INSERTs of the submits, which leave them out.
+    waiting = models.JSONField(null=True, blank=True)
+    resumptions = models.PositiveIntegerField(default=0, db_default=0)
     # The batch this task is a member or a callback of (ReliableBatch); None for most tasks.
     batch_id = models.CharField(max_length=MAX_ID_LENGTH, null=True, blank=True)  # noqa: DJ001
     # Which batch of that id (ReliableBatch.generation): a member counts only in the batch it
@@ -156,6 +161,28 @@ class ReliableTaskStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} step {self.name}"
+
+
+class ReliableTaskEvent(models.Model):
+    """An event sent to a task (``executor.send_event``), which ``context.wait_for_event`` of
+    that name returns: the first payload sent is kept (unique on task and name). Written and
+    read by storage/database/waits.py; deleted with the task by the purge."""
+
+    id = models.BigAutoField(primary_key=True)
+    task_id = models.CharField(max_length=MAX_ID_LENGTH)
+    name = models.CharField(max_length=MAX_ID_LENGTH)
+    payload = models.JSONField(null=True, blank=True)
+    sent_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "reliable_executor_task_event"
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["task_id", "name"], name="rexec_event_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} event {self.name}"
 
 
 class ReliableLock(models.Model):

@@ -34,3 +34,9 @@ task_cancelled = Signal(use_caching=True)
 #: result; an atomic step's once its transaction committed). Not sent for a step whose stored
 #: result was given back. kwargs: task_id, task_name, step (the step's name)
 task_step_finished = Signal(use_caching=True)
+
+#: A handler stopped to wait and its task was handed back PENDING, holding no worker: a durable
+#: wait (``context.sleep``, ``wait_for_event``, ``wait_for``), or a stop at a step as its worker
+#: stopped. Sent by the worker. kwargs: task (TaskInfo, as handed back), kind ("sleep",
+#: "event", "tasks" or "stop"), waiting (``TaskInfo.waiting``: None for a stop)
+task_waiting = Signal(use_caching=True)

@@ -137,6 +137,11 @@ class TaskInfo:
             ``list_tasks`` (one more query per page of tasks on the database, one more round
             trip on Redis for the tasks that stored any); the worker's own records (claims,
             transitions) leave it empty.
+        waiting: What a PENDING task waits for (a durable wait: ``context.sleep``,
+            ``wait_for_event``, ``wait_for``): ``{"kind": "sleep" | "event" | "tasks",
+            "name", "until", "event", "task_ids"}``; None otherwise.
+        resumptions: How many times its handler was called again after a wait or a stop
+            (a resumption is not an attempt).
     """
 
     task_id: str
@@ -178,6 +183,9 @@ class TaskInfo:
     attempt_timeout: float | None = None
     # The durable steps stored, in finishing order (empty in claims and transitions).
     steps: tuple[StepInfo, ...] = ()
+    # A PENDING task's durable wait (core/waits.py Wait.describe()); None otherwise.
+    waiting: dict[str, Any] | None = None
+    resumptions: int = 0
 
     @property
     def is_terminal(self) -> bool:

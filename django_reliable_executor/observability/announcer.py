@@ -14,6 +14,7 @@ from django.dispatch import Signal
 from .. import signals
 from ..core.records import TaskInfo, Transition
 from ..core.states import FAILURE_STATUSES, TaskStatus
+from ..core.waits import Wait
 from . import metrics
 from .tracing import current_trace_id, trace_id_of
 
@@ -172,6 +173,26 @@ class Announcer:
                 task_id=task.task_id,
                 task_name=task.task_name,
                 step=step,
+            )
+
+    def suspended(self, transition: Transition, wait: Wait | None) -> None:
+        """A handler stopped to wait (``wait``) or at a stop (None), its task handed back
+        PENDING: a log line, the waits counter and the ``task_waiting`` signal."""
+        task = transition.task
+        kind = "stop" if wait is None else wait.kind
+        what = (
+            "handed back at a step: the worker stops"
+            if wait is None
+            else (f"waits ({wait.kind} {wait.name!r})")
+        )
+        log_transition(logging.INFO, task, transition.previous, what)
+        metrics.count_wait(task, kind)
+        if signals.task_waiting.receivers:
+            self._send(
+                signals.task_waiting,
+                task=task,
+                kind=kind,
+                waiting=task.waiting,
             )
 
     @staticmethod

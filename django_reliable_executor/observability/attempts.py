@@ -84,6 +84,13 @@ class Attempt:
     ) -> None:
         self._stack.__exit__(exc_type, exc, tb)
 
+    def suspended(self, wait: Any) -> None:
+        """The handler stopped to wait (a durable wait, ``wait``) or at a stop (None): not an
+        error; the span says which."""
+        span = self.span
+        if span is not None:
+            span.set_attribute("reliable_executor.wait", "stop" if wait is None else wait.kind)
+
     def failed(self, exc: BaseException | None = None, error: str | None = None) -> None:
         """The attempt failed: with the exception the handler raised (recorded on the span
         with its traceback), or with the error text recorded for it (a child process's

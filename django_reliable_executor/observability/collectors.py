@@ -90,6 +90,16 @@ class ProcessMetrics:
             "Durable step checkpoints written by the handlers this process ran "
             "(context.step calls that ran their function).",
         )
+        self.waits: Counter = find_or_create(
+            f"{PREFIX}_waits",
+            lambda: Counter(
+                f"{PREFIX}_waits",
+                "Handlers that stopped to wait, each one resumption to come, by kind: sleep, "
+                "event, tasks (durable waits), stop (handed back at a step as the worker "
+                "stopped).",
+                (*LABELS, "kind"),
+            ),
+        )
         name = f"{PREFIX}_task_execution_seconds"
         self.execution_seconds: Histogram = find_or_create(
             name,

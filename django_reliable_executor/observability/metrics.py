@@ -77,6 +77,13 @@ def count_step_finished(task: TaskInfo) -> None:
         collectors.child(collectors.steps_finished, task).inc()
 
 
+def count_wait(task: TaskInfo, kind: str) -> None:
+    """A handler of ``task`` stopped to wait (a durable wait of ``kind``, or "stop")."""
+    collectors = process_metrics()
+    if collectors is not None:
+        collectors.waits.labels(task.task_name, task.queue, kind).inc()
+
+
 def count_transition(transition: Transition) -> None:
     """A recorded outcome: COMPLETED, PENDING (a retry), FAILED, TIMEOUT, ERROR, CANCELLED.
 

@@ -31,7 +31,7 @@ from .on_commit import after_commit, open_transaction, submit_on_commit
 from .purging import finished_statuses, in_rounds
 from .queues import check_known_queue
 from .schedules import ScheduleOperations
-from .submitting import chain_steps, prepare, request_of
+from .submitting import chain_steps, event_payload, prepare, request_of
 
 
 class ReliableExecutor:
@@ -229,6 +229,19 @@ class ReliableExecutor:
         if task.status not in RETRYABLE_BY_HAND:
             return f"{task.status.value} cannot be retried"
         return "changed meanwhile"
+
+    def send_event(self, task_id: str, name: str, payload: Any = None) -> bool:
+        """Send event ``name`` to task ``task_id``: ``context.wait_for_event(name)`` returns
+        ``payload`` (a JSON value, checked as a task's parameter is), at once if the handler
+        calls it later, and a task waiting for it is due now. The first payload sent under a
+        name is kept: a second send changes nothing and returns True. True when the task
+        exists and is not terminal; False otherwise (nothing stored). TypeError or ValueError
+        naming what was wrong (the name, the payload); nothing is stored then either."""
+        check_step_name(name, "event name")
+        encoded = event_payload(payload, self.settings.MAX_PARAMETER_BYTES)
+        if not storable_id(task_id):
+            return False
+        return self.storage.send_event(task_id, name, encoded)
 
     def list_tasks(
         self,

@@ -21,7 +21,13 @@ from ..core.options import NAMES as OPTION_NAMES
 from ..core.options import TaskOptions, check_option, numeric_durations
 from ..core.rate_limits import rate_key_problem
 from ..core.records import NewTask, TaskSubmitRequest
-from ..core.serialization import ConversionError, dumps, from_json_value, to_json_value
+from ..core.serialization import (
+    ConversionError,
+    Encoded,
+    dumps,
+    from_json_value,
+    to_json_value,
+)
 from ..core.text import check_caller_text
 from ..core.uniqueness import unique_digest, unique_window
 from ..exceptions import (
@@ -204,6 +210,20 @@ def _parameter(value: Any, handler: TaskHandler[Any] | None, settings: ExecutorS
                     field="task_parameter",
                 ) from exc
     return plain
+
+
+def event_payload(value: Any, max_bytes: int) -> Encoded:
+    """An event's payload (``executor.send_event``) as stored: a JSON value every storage
+    holds, of at most ``max_bytes`` (MAX_PARAMETER_BYTES) as JSON; ValueError naming it."""
+    try:
+        plain = to_json_value(value)
+        text = dumps(plain)
+    except (ConversionError, ValueError, RecursionError) as exc:
+        raise ValueError(f"payload is not JSON-serialisable: {exc}") from exc
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ValueError(f"payload is {size} bytes as JSON, over MAX_PARAMETER_BYTES ({max_bytes})")
+    return Encoded(plain, text)
 
 
 def _run_at(request: TaskSubmitRequest, now: dt.datetime) -> dt.datetime:

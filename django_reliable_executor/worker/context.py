@@ -14,7 +14,9 @@ from ..core.progress import Progress, make_progress
 from ..core.records import TaskInfo
 from ..core.states import TaskStatus
 from ..core.steps import check_step_name
+from ..core.waits import wait_seconds
 from .steps import Checkpoints
+from .waits import Waiting, check_task_ids, check_timeout, check_wait
 
 if TYPE_CHECKING:
     from ..service.reliable_executor import ReliableExecutor
@@ -40,6 +42,7 @@ class TaskContext:
         self.task_id = task.task_id
         self.task_name = task.task_name
         self.attempt = task.attempts
+        self.resumptions = task.resumptions  # how many times this task was resumed before
         self.deadline_at = deadline_at
         self._executor = executor
         self._token_lock = threading.Lock()
@@ -108,8 +111,7 @@ class TaskContext:
             raise TypeError(f"step {name!r}: fn must be callable, not {type(fn).__name__}")
         if self._checkpoints is None:
             raise RuntimeError("step: this context belongs to no running task")
-        asynchronous = self._asynchronous
-        if asynchronous if asynchronous is not None else _in_event_loop():
+        if self._is_async():
             return self._checkpoints.run_async(name, fn, args, kwargs, atomic)
         if inspect.iscoroutinefunction(fn):  # its coroutine would never be awaited
             raise TypeError(
@@ -117,6 +119,103 @@ class TaskContext:
                 "awaited there (`await context.step(...)`)"
             )
         return self._checkpoints.run(name, fn, args, kwargs, atomic)
+
+    # -- durable waits (docs/durable-tasks.md) ---------------------------------------------
+    def sleep(self, name: str, duration: float | dt.timedelta) -> Any:
+        """Wait ``duration`` (seconds, or a timedelta) without holding a worker: the handler
+        stops here and its task waits PENDING; once the time has passed, whatever restarts
+        happen meanwhile, the handler is called again from the top, and this call (the same
+        ``name``) returns None at once. The end is fixed by the first call: a resumed one
+        never starts the clock again. In an ``async def`` handler: ``await context.sleep``."""
+        check_wait(name)
+        seconds = wait_seconds(duration, f"sleep {name!r}: duration")
+        waiting = self._waiting(name)
+        if self._is_async():
+            return self._sleep_async(waiting, name, seconds)
+        return self._decided(name, lambda: waiting.sleep(name, seconds, waiting.read_sleep(name)))
+
+    async def _sleep_async(self, waiting: Waiting, name: str, seconds: float) -> None:
+        from asgiref.sync import sync_to_async
+
+        stored = await self._read(name, sync_to_async(waiting.read_sleep), name)
+        return self._decided(name, lambda: waiting.sleep(name, seconds, stored))
+
+    def wait_for_event(self, name: str, timeout: float | dt.timedelta | None = None) -> Any:
+        """The payload of event ``name`` sent to this task (``executor.send_event``): at once
+        if it was sent already (before this call, or while the task waited), else the handler
+        stops here and the task waits PENDING, without a worker, until it is sent (then the
+        handler is called again and this call returns its payload) or until ``timeout``
+        (seconds or a timedelta, counted from the first call) passes: EventTimeout is raised
+        then. In an ``async def`` handler: ``await context.wait_for_event``."""
+        check_wait(name)
+        seconds = check_timeout(timeout, f"wait_for_event {name!r}: timeout")
+        waiting = self._waiting(name)
+        if self._is_async():
+            return self._event_async(waiting, name, seconds)
+        return self._decided(name, lambda: waiting.event(name, seconds, *waiting.read_event(name)))
+
+    async def _event_async(self, waiting: Waiting, name: str, seconds: float | None) -> Any:
+        from asgiref.sync import sync_to_async
+
+        stored, events = await self._read(name, sync_to_async(waiting.read_event), name)
+        return self._decided(name, lambda: waiting.event(name, seconds, stored, events))
+
+    def wait_for(
+        self, name: str, task_ids: Any, timeout: float | dt.timedelta | None = None
+    ) -> Any:
+        """Every task of ``task_ids`` once all have ended (docs/guarantees.md: terminal, and
+        no handler of theirs runs on), as ``{task_id: TaskInfo}``: at once if they have, else
+        the handler stops here and the task waits PENDING, without a worker, until the last
+        of them ends (then the handler is called again and this call returns them). With a
+        ``timeout`` (counted from the first call) passed first, WaitTimeout is raised. A task
+        id that names no task raises ValueError. In an ``async def`` handler:
+        ``await context.wait_for``."""
+        check_wait(name)
+        ids = check_task_ids(name, task_ids)
+        seconds = check_timeout(timeout, f"wait_for {name!r}: timeout")
+        waiting = self._waiting(name)
+        if self._is_async():
+            return self._tasks_async(waiting, name, ids, seconds)
+        return self._decided(
+            name, lambda: waiting.tasks(name, ids, seconds, *waiting.read_tasks(ids))
+        )
+
+    async def _tasks_async(
+        self, waiting: Waiting, name: str, ids: list[str], seconds: float | None
+    ) -> Any:
+        from asgiref.sync import sync_to_async
+
+        stored, found = await self._read(name, sync_to_async(waiting.read_tasks), ids)
+        return self._decided(name, lambda: waiting.tasks(name, ids, seconds, stored, found))
+
+    def _waiting(self, name: str) -> Waiting:
+        if self._checkpoints is None:
+            raise RuntimeError(f"wait {name!r}: this context belongs to no running task")
+        self._checkpoints.enter(name)  # a wait's name is unique in one run, as a step's
+        return Waiting(self._checkpoints)
+
+    def _decided(self, name: str, decide: Callable[[], Any]) -> Any:
+        """Run a wait's decision; a name whose wait raised an error (not Suspended) may be
+        used again in this run (the handler caught it, say)."""
+        assert self._checkpoints is not None
+        try:
+            return decide()
+        except Exception:
+            self._checkpoints.leave(name, False)
+            raise
+
+    async def _read(self, name: str, read: Callable[..., Any], *args: Any) -> Any:
+        """An async wait's storage read, off the event loop; an error frees its name."""
+        try:
+            return await read(*args)
+        except Exception:
+            assert self._checkpoints is not None
+            self._checkpoints.leave(name, False)
+            raise
+
+    def _is_async(self) -> bool:
+        asynchronous = self._asynchronous
+        return asynchronous if asynchronous is not None else _in_event_loop()
 
     def is_cancelled(self) -> bool:
         """True once a cancel was requested, or the task stopped being this attempt's (it timed

@@ -25,6 +25,7 @@ from ..observability.attempts import Attempt, observe
 from .attempt_limits import attempt_timeout_of, log_attempt_expired
 from .context import TaskContext
 from .runner import Begun, TaskRunner
+from .suspended import Suspended
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -271,6 +272,12 @@ class EventLoop:
         failure = await self._call(begun, attempt)
         if failure is None:
             return
+        if isinstance(failure, Suspended):
+            suspend = contextvars.copy_context().run
+            await asyncio.get_running_loop().run_in_executor(
+                self._blocking, suspend, self._suspend, begun, failure, attempt
+            )
+            return
         # Handlers reach the ORM through sync_to_async, in asgiref's one thread for
         # thread-sensitive calls, which no pool thread tidies: a connection the server
         # killed stays there, and fails every later ORM call of every async handler,
@@ -286,9 +293,10 @@ class EventLoop:
 
     async def _call(
         self, begun: Begun, attempt: Attempt | None
-    ) -> tuple[str, bool, BaseException | None] | None:
-        """Await the handler: None once its result is with the completion writer, else the
-        failure to record (error, retryable, the handler's exception when it raised)."""
+    ) -> tuple[str, bool, BaseException | None] | Suspended | None:
+        """Await the handler: None once its result is with the completion writer, Suspended
+        when it stopped to wait, else the failure to record (error, retryable, the handler's
+        exception when it raised)."""
         runner, claim, handler = self.runner, begun.claim, begun.handler
         loop = asyncio.get_running_loop()
         # Always made: the heartbeat marks it cancelled, which cancels the coroutine.
@@ -306,6 +314,8 @@ class EventLoop:
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
             if isinstance(exc, HandlerExit):  # the handler's own SystemExit, say
                 exc = exc.original
+            if isinstance(exc, Suspended) and not stopped:  # a durable wait, or a stop
+                return exc
             failure = await self._failure(exc, stopped, begun, seconds, loop.time() - began)
             if attempt is not None:
                 attempt.failed(None if stopped else exc, error=_summary(failure[0], stopped))
@@ -371,6 +381,12 @@ class EventLoop:
             await asyncio.sleep(left + DEADLINE_MARGIN)
 
     # -- the blocking threads' side -------------------------------------------------------
+    def _suspend(self, begun: Begun, suspended: Suspended, attempt: Attempt | None) -> Any:
+        try:
+            return self.runner.suspend(begun.claim, suspended.wait, attempt)
+        finally:
+            tidy_connections()
+
     def _record_failure(
         self, begun: Begun, error: str, retryable: bool, exc: BaseException | None
     ) -> Any:

@@ -41,6 +41,8 @@ from .context import TaskContext
 from .failures import RESULT_REFUSED
 from .progress_writer import ProgressWriter
 from .steps import Checkpoints
+from .suspended import Suspended
+from .waits import wait_to_json
 
 PARENT_CHECK_SECONDS = 1.0
 
@@ -145,6 +147,8 @@ def run_task(
 
                 value = asyncio.run(wait())
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
+        if isinstance(exc, Suspended):  # a durable wait: the worker hands the task back
+            return {"status": "suspend", "wait": wait_to_json(exc.wait)}
         return _error(traceback.format_exc(), retryable=isinstance(exc, handler.retry_on))
     try:
         return {"status": "ok", "result": encode(value).value}

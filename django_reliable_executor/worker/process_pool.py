@@ -40,6 +40,7 @@ from .attempt_limits import attempt_timeout_of, log_attempt_expired
 from .children import GRACE_SECONDS, Child, ChildDied
 from .context import TaskContext
 from .runner import Begun, TaskRunner
+from .waits import wait_from_json
 
 logger = logging.getLogger("django_reliable_executor")
 
@@ -284,6 +285,8 @@ class ProcessPool:
         """Record what the child answered, or why it has none."""
         runner, claim = self.runner, begun.claim
         status = reply["status"]
+        if status == "suspend":  # a durable wait
+            return runner.suspend(claim, wait_from_json(reply["wait"]), attempt)
         if attempt is not None and status != "ok":
             error = reply.get("error") or status
             # A timed-out attempt's span says so (its first line), not what became of it.

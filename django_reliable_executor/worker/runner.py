@@ -7,6 +7,7 @@ import functools
 import inspect
 import logging
 import operator
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from ..core.progress import Progress
 from ..core.records import Claim, Transition
 from ..core.serialization import ConversionError, encode, from_json_value
 from ..core.states import TaskStatus
+from ..core.waits import Wait
 from ..exceptions import StorageUnavailableError, storage_unavailable
 from ..observability.attempts import Attempt, observe
 from ..registry import TaskHandler, get_handler, resolve_handler
@@ -28,6 +30,7 @@ from .failures import RESULT_REFUSED, FailureRecorder
 from .group_commit import GroupCommitter
 from .progress_writer import ProgressWriter
 from .steps import Checkpoints
+from .suspended import Suspended
 
 _TASK = operator.attrgetter("task")
 
@@ -60,6 +63,9 @@ class TaskRunner:
         self.executor = executor
         self.lease_seconds = lease_seconds
         self.contexts: dict[str, TaskContext] = {}
+        # Set by the worker once it is asked to stop: a handler's next durable step hands its
+        # task back instead of running (steps.Checkpoints).
+        self.stopping = threading.Event()
         # The attempt_timeout of handlers run in threads (the event loop and the process pool
         # keep their own time); its thread starts with the first limit.
         self.limits = AttemptTimer()
@@ -315,7 +321,7 @@ class TaskRunner:
             claim.deadline_at,
             self.executor,
             lambda progress: self.report_progress(claim, progress),
-            Checkpoints(claim, self.executor, self.lease_seconds),
+            Checkpoints(claim, self.executor, self.lease_seconds, self.stopping.is_set),
             asynchronous=begun.handler.is_async,
         )
         self.contexts[claim.task_id] = context
@@ -367,6 +373,10 @@ class TaskRunner:
             # let through they would end this thread and strand its task.
             if context is not None:  # only a handler with a context reports progress
                 self.finish_progress(claim)  # before the outcome: written after, it is refused
+            if isinstance(exc, Suspended):  # a durable wait, or a stop at a step
+                if limit is not None:
+                    self.limits.finish(limit)
+                return self.suspend(claim, exc.wait, attempt)
             if limit is not None and self.limits.finish(limit):
                 took = time.monotonic() - began
                 raised = f"the handler raised after {took:.2f} s:\n{traceback.format_exc()}"
@@ -419,6 +429,21 @@ class TaskRunner:
             return f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}"
         writer.put(claim, result)
         return None
+
+    def suspend(
+        self, claim: Claim, wait: Wait | None, attempt: Attempt | None = None
+    ) -> TaskStatus | None:
+        """Hand the claim's task back to wait (``wait``) or to be resumed now (None: the
+        worker stops); PENDING, or None when the claim was no longer ours. Refused because a
+        cancel was requested meanwhile, it is recorded as a failure, which ends it CANCELLED."""
+        transition = with_reconnect(lambda: self.storage.suspend(claim, wait))
+        if transition is None:
+            what = "a stop" if wait is None else f"its wait {wait.name!r}"
+            return self.record_failure(claim, f"stopped at {what}; a cancel was requested", True)
+        if attempt is not None:
+            attempt.suspended(wait)
+        self.executor.announcer.suspended(transition, wait)
+        return TaskStatus.PENDING
 
     # -- failures (see failures.py) -------------------------------------------------------
     def record_failure(

@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..connections import with_reconnect
+from ..core.clock import Clock
 from ..core.records import Claim
 from ..core.serialization import RESULT_REFUSED, ConversionError, Encoded, encode
 from ..exceptions import DuplicateStepError, InvalidTaskOptionError, LeaseLostError
+from .suspended import Suspended
 
 if TYPE_CHECKING:
     from ..service.reliable_executor import ReliableExecutor
@@ -28,17 +30,30 @@ class Checkpoints:
     """One attempt's durable steps: the checkpoints its task holds, the names its handler used
     so far (a name used twice in one run is refused), and the fenced writes of new ones."""
 
-    def __init__(self, claim: Claim, executor: ReliableExecutor, lease_seconds: float) -> None:
+    def __init__(
+        self,
+        claim: Claim,
+        executor: ReliableExecutor,
+        lease_seconds: float,
+        stopping: Callable[[], bool] | None = None,
+    ) -> None:
         self.claim = claim  # as started: RUNNING, its token fences every checkpoint
         self._executor = executor
         self.lease_seconds = lease_seconds
+        # The worker is stopping (SIGTERM): a step not stored yet hands the task back instead
+        # of running (Suspended(None)), to be resumed by another worker at that step.
+        self._stopping = stopping
         self._lock = threading.Lock()
         self._stored: dict[str, Any] | None = None  # read at the first step
         self._used: set[str] = set()  # steps that returned a value in this run, or run now
 
     @property
-    def _storage(self) -> TaskStorage:
+    def storage(self) -> TaskStorage:
         return self._executor.storage
+
+    @property
+    def clock(self) -> Clock:
+        return self._executor.clock
 
     # -- the handler's thread -------------------------------------------------------------
     def run(
@@ -51,13 +66,14 @@ class Checkpoints:
     ) -> Any:
         """``context.step`` in a thread: the stored result, or ``fn``'s, stored now."""
         alias = self._alias(name) if atomic else None
-        self._enter(name)
+        self.enter(name)
         done = False
         try:
-            stored = self._results()
+            stored = self.results()
             if name in stored:
                 done = True
                 return stored[name]
+            self._stop_here()
             if alias is not None:
                 value = self._run_atomic(alias, name, fn, args, kwargs)
             else:
@@ -67,7 +83,7 @@ class Checkpoints:
             done = True
             return value
         finally:
-            self._leave(name, done)
+            self.leave(name, done)
 
     async def run_async(
         self,
@@ -88,13 +104,14 @@ class Checkpoints:
                 f"step {name!r}: atomic=True takes a synchronous function (a Django transaction "
                 "cannot span an await); it runs in the thread of the handler's ORM calls"
             )
-        self._enter(name)
+        self.enter(name)
         done = False
         try:
-            stored = await sync_to_async(self._results)()
+            stored = await sync_to_async(self.results)()
             if name in stored:
                 done = True
                 return stored[name]
+            self._stop_here()
             if alias is not None:
                 value = await sync_to_async(self._run_atomic)(alias, name, fn, args, kwargs)
             else:
@@ -110,13 +127,19 @@ class Checkpoints:
             done = True
             return value
         finally:
-            self._leave(name, done)
+            self.leave(name, done)
 
     # -- helpers --------------------------------------------------------------------------
+    def _stop_here(self) -> None:
+        """A step about to run while the worker stops: the handler stops here instead, and its
+        task is handed back to be resumed (by another worker) from this step."""
+        if self._stopping is not None and self._stopping():
+            raise Suspended(None)
+
     def _alias(self, name: str) -> str:
         """The database alias an atomic step's transaction uses; refused where the storage
         keeps its tasks outside Django's databases (Redis)."""
-        alias = self._storage.transaction_alias
+        alias = self.storage.transaction_alias
         if alias is None:
             raise InvalidTaskOptionError(
                 f"step {name!r}: atomic=True needs the database storage: there the checkpoint "
@@ -127,22 +150,22 @@ class Checkpoints:
             )
         return alias
 
-    def _enter(self, name: str) -> None:
+    def enter(self, name: str) -> None:
         with self._lock:
             if name in self._used:
                 raise DuplicateStepError(self.claim.task_id, name)
             self._used.add(name)
 
-    def _leave(self, name: str, done: bool) -> None:
+    def leave(self, name: str, done: bool) -> None:
         """A step that raised may run again in this run (the handler caught it, say)."""
         if not done:
             with self._lock:
                 self._used.discard(name)
 
-    def _results(self) -> dict[str, Any]:
+    def results(self) -> dict[str, Any]:
         """The checkpoints of the task: read once, at the attempt's first step."""
         if self._stored is None:
-            stored = with_reconnect(lambda: self._storage.step_results(self.claim.task_id))
+            stored = with_reconnect(lambda: self.storage.step_results(self.claim.task_id))
             with self._lock:
                 if self._stored is None:
                     self._stored = stored
@@ -152,7 +175,7 @@ class Checkpoints:
         """Store the checkpoint under the claim's token (renewing its lease); LeaseLostError
         when the claim no longer holds the task."""
         stored = with_reconnect(
-            lambda: self._storage.record_step(self.claim, name, encoded, self.lease_seconds)
+            lambda: self.storage.record_step(self.claim, name, encoded, self.lease_seconds)
         )
         if not stored:
             raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
@@ -173,7 +196,7 @@ class Checkpoints:
 
         with transaction.atomic(using=alias):
             encoded = _encode(name, fn(*args, **kwargs))
-            if not self._storage.record_step(self.claim, name, encoded, self.lease_seconds):
+            if not self.storage.record_step(self.claim, name, encoded, self.lease_seconds):
                 raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
             # Inside a transaction of the handler's own, the checkpoint commits with it (or
             # never): announced then.

@@ -27,6 +27,7 @@ from .steps import Steps
 from .submitting import Submitting
 from .transitions import Transitions
 from .unique_keys import UniqueKeys
+from .waits import Waits
 from .workers import Workers
 
 
@@ -38,6 +39,7 @@ class DatabaseStorage(
     Transitions,
     ProgressReports,
     Steps,
+    Waits,
     ScheduleFires,
     Schedules,
     Chores,

@@ -175,7 +175,7 @@ class Dependencies(DatabaseAccess):
         cancelled: list[tuple[str | None, str, str]] = []
         todo = dict(ended)
         while todo:
-            waiting = self._waiting_dependents(list(todo))
+            waiting, waiters = self._waiting_dependents(list(todo))
             if not waiting:
                 break
             now = now or self.clock.now()
@@ -192,6 +192,10 @@ class Dependencies(DatabaseAccess):
                 here = [(d, todo[d]) for d in causes if d in awaited]
                 if not here:
                     continue  # settled before (its dependency was retried and ended again)
+                if task_id in waiters:  # a durable wait_for: woken, whatever they ended as
+                    if self._wake_waiter(task_id, awaited, here, now):
+                        released_queues.append(queue)
+                    continue
                 failed = any(status != TaskStatus.COMPLETED.value for _, status in here)
                 if len(here) == len(awaited) and not (failed and on_failure != "run"):
                     releases.setdefault(max_duration, []).append((task_id, queue))
@@ -210,23 +214,28 @@ class Dependencies(DatabaseAccess):
 
     def _waiting_dependents(
         self, task_ids: Sequence[str]
-    ) -> dict[str, tuple[list[str], str | None, int | None, str, str | None, list[str]]]:
+    ) -> tuple[
+        dict[str, tuple[list[str], str | None, int | None, str, str | None, list[str]]], set[str]
+    ]:
         """The dependents of these tasks still waiting, read with a locking read in one
         statement: dependent id -> (ids it awaits, on-failure policy, max duration, queue,
-        batch id, which of ``task_ids`` it depends on)."""
+        batch id, which of ``task_ids`` it depends on); and which of them are PENDING tasks
+        in a durable ``wait_for`` (waits.py), not dependents waiting to start."""
         lock = {"postgresql": " FOR UPDATE OF t", "mysql": " FOR UPDATE"}.get(self.vendor, "")
         edges = connections[self.alias].ops.quote_name(ReliableDependency._meta.db_table)
         found: dict[str, tuple[list[str], str | None, int | None, str, str | None, list[str]]] = {}
+        waiters: set[str] = set()
         for chunk in chunks(list(task_ids)):
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(
                     "SELECT d.dependent_id, d.dependency_id, t.waiting_for, "
-                    "t.on_dependency_failure, t.max_duration_millis, t.queue, t.batch_id "
-                    f"FROM {edges} d JOIN {self._table} t ON t.task_id = d.dependent_id "
+                    "t.on_dependency_failure, t.max_duration_millis, t.queue, t.batch_id, "
+                    f"t.status FROM {edges} d JOIN {self._table} t "
+                    "ON t.task_id = d.dependent_id "
                     f"WHERE d.dependency_id IN ({', '.join(['%s'] * len(chunk))}) "
-                    "AND t.status = %s AND t.waiting_for IS NOT NULL "
+                    "AND t.status IN (%s, %s) AND t.waiting_for IS NOT NULL "
                     f"ORDER BY d.dependent_id{lock}",
-                    [*chunk, TaskStatus.CREATED.value],
+                    [*chunk, TaskStatus.CREATED.value, TaskStatus.PENDING.value],
                 )
                 for (
                     dependent,
@@ -236,7 +245,10 @@ class Dependencies(DatabaseAccess):
                     max_duration,
                     queue,
                     batch,
+                    status,
                 ) in cursor:
+                    if status == TaskStatus.PENDING.value:
+                        waiters.add(dependent)
                     entry = found.get(dependent)
                     if entry is None:
                         entry = found[dependent] = (
@@ -248,7 +260,25 @@ class Dependencies(DatabaseAccess):
                             [],
                         )
                     entry[5].append(dependency)
-        return found
+        return found, waiters
+
+    def _wake_waiter(
+        self,
+        task_id: str,
+        awaited: list[str],
+        ended: Sequence[tuple[str, str]],
+        now: dt.datetime,
+    ) -> bool:
+        """Apply ``ended`` to a PENDING task whose ``wait_for`` awaits ``awaited``: due now
+        once none is left (its deadline unchanged: it counts from creation through every
+        wait), else waiting for the rest. True when it was woken."""
+        gone = {d for d, _ in ended}
+        remaining = [d for d in awaited if d not in gone]
+        row = self._tasks().filter(pk=task_id, status=TaskStatus.PENDING.value)
+        if remaining:
+            row.update(waiting_for=remaining)
+            return False
+        return bool(row.update(run_at=now, waiting_for=None, available=True))
 
     def _release_all(
         self, released: list[tuple[str, str]], max_duration: int | None, now: dt.datetime

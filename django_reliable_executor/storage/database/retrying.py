@@ -60,6 +60,7 @@ def retry_row(
     row.status = TaskStatus.CREATED.value if awaited else TaskStatus.PENDING.value
     row.run_at, row.finished_at = (WAITING_RUN_AT if awaited else now), None
     row.waiting_for = list(awaited) or None
+    row.waiting = None
     row.cancel_requested, row.result, row.progress = False, None, None
     return Transition(task=to_info(row), previous=previous)
 
@@ -78,6 +79,7 @@ def _reset(row: ReliableTask, now: dt.datetime, awaited: tuple[str, ...]) -> dic
         "run_at": now,
         "deadline_at": deadline,
         "waiting_for": None,
+        "waiting": None,
     }
     if awaited:
         # Waits again as at its submit: CREATED, out of every claim's way, until its

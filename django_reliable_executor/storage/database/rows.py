@@ -67,6 +67,8 @@ def to_info(row: ReliableTask) -> TaskInfo:
         batch_id=row.batch_id,
         handler_running=handler_running(row.status, row.lease_expires_at),
         attempt_timeout=row.attempt_timeout,
+        waiting=row.waiting if row.status == TaskStatus.PENDING.value else None,
+        resumptions=row.resumptions,
     )
 
 
@@ -149,7 +151,7 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 # Nor its dependencies (a claimed task waits for none; context.dependency_results reads them).
 # It reads the batch_id: a member's ending write counts it in its batch (batches.py). Its
 # durable steps are another table's (context.step reads them at the attempt's first step).
-NOT_CLAIMED = ("progress", "depends_on", "waiting_for", "handler_running", "steps")
+NOT_CLAIMED = ("progress", "depends_on", "waiting_for", "handler_running", "steps", "waiting")
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at", "has_dependents"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
@@ -223,6 +225,8 @@ def failure_changes(
             "run_at": run_at,
             "last_error": error,
             "lease_expires_at": None,
+            "waiting": None,  # a retry, not a durable wait (waits.py)
+            "waiting_for": None,
         }
     return {
         "status": status.value,

@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 
 from ...core.records import StepInfo
 from ...exceptions import UnknownStepError
-from ...models import ReliableTaskStep
+from ...models import ReliableTaskEvent, ReliableTaskStep
 from .rows import CHUNK, chunks
 
 
@@ -58,15 +58,16 @@ def discard_steps(alias: str, task_id: str, from_id: int) -> int:
 
 
 def purge_steps(alias: str, task_ids: Sequence[str], tasks_table: str) -> None:
-    """Delete the checkpoints of those of ``task_ids`` whose task row is gone (just purged; a
-    task the purge's DELETE skipped keeps its own)."""
+    """Delete the checkpoints, and the events sent (durable waits), of those of ``task_ids``
+    whose task row is gone (just purged; a task the purge's DELETE skipped keeps its own)."""
     quote = connections[alias].ops.quote_name
-    table = quote(ReliableTaskStep._meta.db_table)
-    for chunk in chunks(list(task_ids), CHUNK // 2):  # each id is two parameters here
-        marks = ", ".join(["%s"] * len(chunk))
-        with connections[alias].cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {table} WHERE task_id IN ({marks}) AND task_id NOT IN "
-                f"(SELECT task_id FROM {tasks_table} WHERE task_id IN ({marks}))",
-                [*chunk, *chunk],
-            )
+    for model in (ReliableTaskStep, ReliableTaskEvent):
+        table = quote(model._meta.db_table)
+        for chunk in chunks(list(task_ids), CHUNK // 2):  # each id is two parameters here
+            marks = ", ".join(["%s"] * len(chunk))
+            with connections[alias].cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE task_id IN ({marks}) AND task_id NOT IN "
+                    f"(SELECT task_id FROM {tasks_table} WHERE task_id IN ({marks}))",
+                    [*chunk, *chunk],
+                )

@@ -25,12 +25,16 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            still awaits (JSON list; absent once none is), of "run" for
                            on_dependency_failure="run", at attempt timeout (seconds), sn
                            how many durable step checkpoints it wrote (step.lua; their
-                           order; absent: it stored none).
+                           order; absent: it stored none), wt a PENDING task's durable wait
+                           (JSON, TaskInfo.waiting; suspend.lua), rs its resumptions.
                            Fields without a value are absent.
 ``P steps:<id>``            HASH of the durable steps of task <id> (context.step): step name ->
                            "<order> <finished at> <result JSON>", order from the task's
                            ``sn``. On the task's shard; deleted when <id> is purged, from a
                            step on by a manual retry ``from_step`` (retry.lua).
+``P events:<id>``           HASH of the events sent to task <id> (executor.send_event): name ->
+                           "<sent at> <payload JSON>", the first one sent kept (event.lua). On
+                           the task's shard; deleted when <id> is purged.
 ``P deps:<id>``             SET of the dependents of task <id> (depends_on naming it): every
                            script that ends <id> settles them (settle_dependents in
                            _common.lua). A waiting dependent sits in its queue's schedule at
@@ -142,6 +146,7 @@ from .server_config import config_warnings
 from .steps import Steps
 from .submitting import Submitting
 from .transitions import Transitions
+from .waits import Waits
 from .workers import Workers
 
 
@@ -151,6 +156,7 @@ class RedisStorage(
     Transitions,
     ProgressReports,
     Steps,
+    Waits,
     Schedules,
     ScheduleFires,
     Chores,

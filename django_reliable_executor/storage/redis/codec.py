@@ -83,6 +83,9 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         # hr: terminal while the handler of its last attempt runs on (expire.lua).
         handler_running=values["s"] == "RUNNING" or "hr" in values,
         attempt_timeout=float(values["at"]) if "at" in values else None,
+        # wt: a PENDING task's durable wait (suspend.lua; left behind once it runs again).
+        waiting=json.loads(values["wt"]) if "wt" in values and values["s"] == "PENDING" else None,
+        resumptions=int(values.get("rs", 0)),
     )
 
 
@@ -113,7 +116,7 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 
 # What claim.lua returns for each claimed task, in this order (a waiting task has no start,
 # finish, result or cancel request yet).
-CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc at".split()  # noqa: SIM905
+CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc at rs".split()  # noqa: SIM905
 
 
 # Which of CLAIMED_FIELDS are read as text, which as integers.
@@ -131,6 +134,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
     if values and isinstance(values[0], bytes):
         values = [None if v is None else v.decode() for v in values]
     n, q, s, j, rb, md, c, r, d, e, w, tc, at = _TEXTS(values)
+    rs = values[19]  # resumptions: absent (None) until the first
     p, a, b, rl, ri, k = map(int, _INTEGERS(values))  # in C, not a call per field
     created_at = EPOCH + _DELTA(0, 0, int(c))
     status = _STATUSES.get(s) or TaskStatus(s)
@@ -164,6 +168,8 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
             "handler_running": status is TaskStatus.RUNNING,
             "attempt_timeout": float(at) if at else None,
             "steps": (),
+            "waiting": None,  # not read by the claim: cleared once the task runs
+            "resumptions": int(rs) if rs else 0,
         }
     )
     claim = object.__new__(Claim)

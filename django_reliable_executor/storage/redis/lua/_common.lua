@@ -433,7 +433,23 @@ end
 local function settle_dependent(dep, cause, ended)
   local key = tkey(dep)
   local t = redis.call('HMGET', key, 's', 'wf', 'of', 'q', 'p', 'md')
-  if t[1] == 'CREATED' and t[2] then
+  if t[1] == 'PENDING' and t[2] then -- a durable wait_for (suspend.lua): woken by any ending
+    local remaining = {}
+    for _, w in ipairs(cjson.decode(t[2])) do
+      if w ~= cause then
+        remaining[#remaining + 1] = w
+      end
+    end
+    if #remaining > 0 then
+      redis.call('HSET', key, 'wf', cjson.encode(remaining))
+    else
+      redis.call('HDEL', key, 'wf')
+      if redis.call('ZREM', P .. 'sched:' .. t[4], dep) == 1 then -- not due (or claimed) yet
+        redis.call('HSET', key, 'r', NOW)
+        to_waiting(dep, t[4], t[5], NOW)
+      end
+    end
+  elseif t[1] == 'CREATED' and t[2] then
     local remaining, awaited = {}, false
     for _, w in ipairs(cjson.decode(t[2])) do
       if w == cause then
@@ -513,6 +529,7 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
   redis.call('HSET', key, 'e', err)
   if status == 'PENDING' then
     redis.call('HSET', key, 's', 'PENDING', 'r', run_at)
+    redis.call('HDEL', key, 'wt', 'wf') -- a retry, not a durable wait (suspend.lua)
     unlease(id, key)
     recount(queue, 'RUNNING', 'PENDING')
     count_ending('RETRIED')

@@ -23,7 +23,7 @@
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
-  'd', 'e', 'w', 'k', 'tc', 'at'}
+  'd', 'e', 'w', 'k', 'tc', 'at', 'rs'}
 local PARK_MAX = 1000
 local worker, lease_until, limit, step = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local to_start = tonumber(ARGV[7])

@@ -2,7 +2,8 @@
 -- them from the finished index; each is checked again here).
 -- A queue whose last task this deletes is forgotten (see forget_if_empty in _common.lua); a
 -- batch member leaves its batch's member index (the batch itself goes in batch_purge.lua);
--- the task's durable steps (`P steps:<id>`) go with it.
+-- the task's durable steps (`P steps:<id>`) and the events sent to it (`P events:<id>`) go
+-- with it.
 -- ARGV[3] cutoff, ARGV[4..] task ids. Returns how many were deleted.
 local cutoff = tonumber(ARGV[3])
 local deleted = 0
@@ -14,7 +15,7 @@ for i = 4, #ARGV do
   if not task[1] or live(task[1]) then
     redis.call('ZREM', FINISHED, id) -- a stray entry: no such task, or not finished
   elseif not live(task[1]) and task[3] and tonumber(task[3]) < cutoff then
-    redis.call('DEL', key, P .. 'deps:' .. id, P .. 'steps:' .. id)
+    redis.call('DEL', key, P .. 'deps:' .. id, P .. 'steps:' .. id, P .. 'events:' .. id)
     redis.call('ZREM', FINISHED, id)
     redis.call('ZREM', P .. 'done:' .. task[1], id)
     if task[4] and SHARD ~= BATCH_HOME then -- its batch's member index is on that shard

@@ -91,6 +91,7 @@ if #awaited > 0 then
   return {'retried', redis.call('HGETALL', key)}
 end
 redis.call('HSET', key, 's', 'PENDING', 'r', NOW, 'b', 0)
+redis.call('HDEL', key, 'wt') -- not waiting: retried (suspend.lua)
 if deadline ~= '' then
   redis.call('HSET', key, 'd', deadline)
   redis.call('ZADD', DEADLINES, deadline, id)

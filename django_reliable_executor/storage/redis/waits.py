@@ -1,0 +1,110 @@
+"""Durable waits on the Redis storage: suspend.lua hands a waiting task back (its wait in the
+task hash's ``wt``, its record in ``P steps:<id>``), event.lua stores an event in
+``P events:<id>`` (on the task's shard) and wakes the task waiting for it, and the tasks a
+``wait_for`` awaits hold it in their ``P deps:<id>`` as a dependent, so their ending wakes it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from ...core.dependencies import WAITING_RUN_AT
+from ...core.records import Claim, Transition
+from ...core.serialization import Encoded
+from ...core.states import TaskStatus
+from ...core.waits import Wait
+from .access import LIVE, RedisAccess, guarded
+from .codec import from_micros, micros, text
+
+
+class Waits(RedisAccess):
+    """suspend (suspend.lua), send_event (event.lua) and task_events."""
+
+    @guarded
+    def suspend(self, claim: Claim, wait: Wait | None) -> Transition | None:
+        now = self.clock.now()
+        shard = claim.shard
+        local: list[str] = []
+        remote: list[str] = []
+        if wait is not None and wait.task_ids:
+            local, remote = self._link_awaited(claim, list(wait.task_ids))
+        args: list[Any] = [claim.task_id, claim.task.worker_id or "", claim.token]
+        if wait is None:
+            args += ["", "", "", "", micros(now), ""]
+        else:
+            args += [
+                wait.kind,
+                wait.name,
+                json.dumps(wait.describe()),
+                json.dumps(wait.record()),
+                micros(wait.until or WAITING_RUN_AT),
+                wait.event or "",
+            ]
+        reply = self._run("suspend", *args, *local, *remote, now=now, shard=shard)
+        if reply is None:
+            return None
+        run_at, awaited = from_micros(text(reply[0])), tuple(json.loads(text(reply[1])))
+        if remote:
+            self._settle_remote(claim, remote)
+        task = claim.task
+        return Transition(
+            task=dataclasses.replace(
+                task,
+                status=TaskStatus.PENDING,
+                run_at=run_at,
+                attempts=task.attempts - 1,
+                resumptions=int(reply[2]),
+                waiting=None if wait is None else wait.describe(),
+                waiting_for=awaited,
+                handler_running=False,
+            ),
+            previous=TaskStatus.RUNNING,
+        )
+
+    def _link_awaited(self, claim: Claim, task_ids: list[str]) -> tuple[list[str], list[str]]:
+        """The awaited tasks stored on the waiter's shard (suspend.lua reads them), and,
+        sharded, those of other shards still live, each registered there first as a dependent
+        ("<shard> <id>", dep_link.lua), so their ending sends the waiter a message."""
+        if not self.sharded:
+            return task_ids, []
+        local, remote = [], []
+        by_shard: dict[int, list[str]] = {}
+        for task_id in task_ids:
+            home = self._task_shard(task_id)
+            if home == claim.shard:
+                local.append(task_id)
+            else:
+                by_shard.setdefault(home, []).append(task_id)
+        for home, listed in sorted(by_shard.items()):
+            replies = self._run("dep_link", claim.shard, claim.task_id, *listed, shard=home)
+            remote += [d for d, s in zip(listed, replies, strict=True) if text(s) in LIVE]
+        return local, remote
+
+    def _settle_remote(self, claim: Claim, remote: list[str]) -> None:
+        """Awaited tasks of other shards that ended between their link and the suspend: their
+        message reached a waiter still RUNNING, which ignored it; settled here instead."""
+        ended = []
+        for task_id in remote:
+            info = self.get(task_id)
+            if info is None or (info.is_terminal and not info.handler_running):
+                ended.append(task_id)
+        if ended:
+            self._run("wait_settle", claim.task_id, *ended, shard=claim.shard)
+
+    @guarded
+    def send_event(self, task_id: str, name: str, payload: Encoded) -> bool:
+        now = self.clock.now()
+        shard = self._task_shard(task_id)
+        sent = self._run("event", task_id, name, f"{micros(now)} {payload.text}", shard=shard)
+        return bool(int(sent))
+
+    @guarded
+    def task_events(self, task_id: str) -> dict[str, Any]:
+        shard = self._task_shard(task_id)
+        values = self.client.hgetall(self.prefixes[shard] + "events:" + task_id)
+        entries = []
+        for name, value in values.items():
+            sent_at, payload = text(value).split(" ", 1)
+            entries.append((int(sent_at), text(name), payload))
+        return {name: json.loads(payload) for _, name, payload in sorted(entries)}
