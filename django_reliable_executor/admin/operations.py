@@ -4,6 +4,7 @@ what became of each one."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -97,6 +98,24 @@ def retry_from_step(executor: ReliableExecutor, task_id: str, step: str) -> Outc
             outcome.skipped[reason] += 1
 
     return _each(executor, [task_id], Outcome(f"retried from step {step!r}"), retry)
+
+
+def send_event(
+    executor: ReliableExecutor, task_id: str, name: str, payload_text: str
+) -> tuple[int, str]:
+    """Send event ``name`` with the payload the form's JSON text holds (empty: null):
+    the message level and what to tell the operator."""
+    try:
+        payload = json.loads(payload_text) if payload_text.strip() else None
+    except ValueError as exc:
+        return messages.ERROR, f"Event not sent: the payload is not JSON ({exc})."
+    try:
+        sent = executor.send_event(task_id, name, payload)
+    except (TypeError, ValueError) as exc:
+        return messages.ERROR, f"Event not sent: {exc}."
+    if not sent:
+        return messages.WARNING, f"Event {name!r} not sent: the task has ended (or is gone)."
+    return messages.SUCCESS, f"Event {name!r} sent."
 
 
 def cancel_tasks(executor: ReliableExecutor, task_ids: Iterable[str]) -> Outcome:

@@ -20,6 +20,7 @@ from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
 from ..core.progress import percent, progress_summary
+from ..core.waits import wait_text
 from ..core.records import TaskInfo
 from ..core.states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
 from ..registry import all_handlers, get_handler
@@ -388,6 +389,26 @@ def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> d
         "attempt_timeout": attempt_timeout_text(task),
         "batch_url": batch_url(task.batch_id, site_name) if task.batch_id else None,
         "steps": step_timeline(executor, task),
+        "waiting": waiting_detail(task, site_name),
+    }
+
+
+def waiting_detail(task: TaskInfo, site_name: str) -> dict[str, Any] | None:
+    """What a waiting task waits for (a durable wait), with links to the awaited tasks."""
+    waiting = task.waiting
+    if not waiting:
+        return None
+    until = waiting.get("until")
+    return {
+        "kind": waiting.get("kind"),
+        "name": waiting.get("name"),
+        "event": waiting.get("event"),
+        "until": dt.datetime.fromisoformat(until) if until else None,
+        "text": wait_text(waiting),
+        "tasks": [
+            Related(t, change_url(t, site_name), None, t in task.waiting_for)
+            for t in waiting.get("task_ids") or ()
+        ],
     }
 
 

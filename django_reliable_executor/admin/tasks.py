@@ -123,6 +123,8 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
             back = task_pages.change_url(task_id, self.admin_site.name)
             if request.POST.get("action") == "retry_from_step":
                 return self._retry_from_step(request, task_id, back)
+            if request.POST.get("action") == "send_event":
+                return self._send_event(request, task_id, back)
             return self._act(request, [task_id], back)
         try:
             task = self.executor.get_task(task_id)
@@ -154,6 +156,21 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
         if outcome.changed:
             self._acted()
         messages.add_message(request, outcome.level, outcome.message())
+        return HttpResponseRedirect(back)
+
+    def _send_event(self, request: HttpRequest, task_id: str, back: str) -> HttpResponse:
+        """The "Send event" form of the task's page (``executor.send_event``)."""
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        level, message = operations.send_event(
+            self.executor,
+            task_id,
+            request.POST.get("event", ""),
+            request.POST.get("payload", ""),
+        )
+        if level == messages.SUCCESS:
+            self._acted()
+        messages.add_message(request, level, message)
         return HttpResponseRedirect(back)
 
     def _change_queue(self, request: HttpRequest) -> HttpResponse:

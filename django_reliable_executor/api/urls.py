@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import queues, schedules, tasks
+from . import events, queues, schedules, tasks
 
 app_name = "reliable_executor_api"
 
@@ -10,6 +10,7 @@ urlpatterns = [
     path("tasks/", tasks.submit, name="submit"),
     path("tasks/<path:task_id>/cancel/", tasks.cancel, name="cancel"),
     path("tasks/<path:task_id>/retry/", tasks.retry, name="retry"),
+    path("tasks/<path:task_id>/events/<str:name>/", events.send, name="event"),
     path("tasks/<path:task_id>/", tasks.detail, name="detail"),
     path("queues/paused/", queues.paused, name="queues-paused"),
     path("queues/<path:queue>/pause/", queues.pause, name="queue-pause"),

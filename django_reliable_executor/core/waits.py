@@ -95,3 +95,17 @@ def wait_seconds(value: Any, what: str) -> float:
             f"not {value!r}"
         )
     return seconds
+
+
+def wait_text(waiting: dict[str, Any] | None) -> str:
+    """``TaskInfo.waiting`` in words: "sleep 'nap' until 2026-12-08T09:00:00+00:00", "event
+    'approved' (timeout ...)", "tasks 'children': a, b"; "-" for none."""
+    if not waiting:
+        return "-"
+    kind, name, until = waiting.get("kind"), waiting.get("name"), waiting.get("until")
+    if kind == SLEEP:
+        return f"sleep {name!r} until {until}"
+    ending = f" (timeout {until})" if until else ""
+    if kind == EVENT:
+        return f"event {waiting.get('event')!r}{ending}"
+    return f"tasks {name!r}: {', '.join(waiting.get('task_ids') or ())}{ending}"

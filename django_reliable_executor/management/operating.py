@@ -4,6 +4,7 @@ through the service, one line per task or queue."""
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,23 @@ def add_retry_and_cancel(actions: Any) -> None:
         metavar="NAME",
         help="with ids: discard the checkpoint of this durable step and of the steps that "
         "finished after it, then retry (a task without that checkpoint is skipped, unchanged)",
+    )
+
+
+def add_send_event(actions: Any) -> None:
+    """``send-event TASK_ID NAME [--payload JSON]``."""
+    sub = actions.add_parser(
+        "send-event",
+        help="send an event to a task (context.wait_for_event)",
+        description="Send event NAME to a task: its context.wait_for_event(NAME) returns the "
+        "payload, and a task waiting for it resumes. The first payload sent under a name is "
+        "kept. Exit code 1 when the task is not found or has ended, 2 for a name or payload "
+        "that cannot be one.",
+    )
+    sub.add_argument("task_id")
+    sub.add_argument("name")
+    sub.add_argument(
+        "--payload", default=None, metavar="JSON", help="the payload, as JSON (default: null)"
     )
 
 
@@ -147,6 +165,27 @@ class Operating(BaseCommand):
         if now.status is TaskStatus.CANCELLED:
             return "changed", "cancelled"
         return "changed", "cancel requested (running)"
+
+    # -- events ---------------------------------------------------------------------------
+    def send_event(self, options: dict[str, Any]) -> None:
+        task_id, name, text = options["task_id"], options["name"], options["payload"]
+        try:
+            payload = None if text is None else json.loads(text)
+        except ValueError as exc:
+            raise CommandError(
+                f"send-event: --payload is not JSON: {exc}", returncode=EXIT_USAGE
+            ) from None
+        if executor.get_task(task_id) is None:
+            raise CommandError(f"task {task_id!r} not found", returncode=EXIT_INCOMPLETE)
+        try:
+            sent = executor.send_event(task_id, name, payload)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"send-event: {exc}", returncode=EXIT_USAGE) from None
+        if not sent:
+            raise CommandError(
+                f"task {task_id!r} has ended: event {name!r} not sent", returncode=EXIT_INCOMPLETE
+            )
+        self.stdout.write(f"{task_id}: event {name!r} sent")
 
     # -- paused queues --------------------------------------------------------------------
     def pause_queue(self, options: dict[str, Any]) -> None:

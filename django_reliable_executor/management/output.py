@@ -14,6 +14,7 @@ from ..core.progress import Progress, progress_summary
 from ..core.queries import RateUse
 from ..core.records import TaskInfo, WorkerInfo
 from ..core.states import TaskStatus
+from ..core.waits import wait_text
 
 # Units of --older-than, in seconds.
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -260,6 +261,7 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("queue", info.queue),
         ("priority", info.priority),
         ("attempts", info.attempts),
+        ("resumptions", info.resumptions),
         ("retry_limit", info.retry_limit),
         ("retry_interval", f"{info.retry_interval} ms"),
         ("retry_backoff", info.retry_backoff),
@@ -282,6 +284,8 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("progress", progress_text(info.progress, now)),
         ("depends_on", ", ".join(info.depends_on) or "-"),
         ("waiting_for", ", ".join(info.waiting_for) or "-"),
+        # A durable wait (context.sleep, wait_for_event, wait_for).
+        ("waiting", wait_text(info.waiting)),
         # The submitter's trace: its traceparent holds the trace id to look the spans up by.
         ("trace_context", _trace_text(info.trace_context)),
         ("batch_id", info.batch_id or "-"),

@@ -101,6 +101,7 @@ def admin_tasks(backend: str) -> Iterator[ReliableExecutor]:
 
 def admin_tasks_unchanged(service: ReliableExecutor) -> None:
     assert service.get_task("t-failed").status is TaskStatus.FAILED
+    assert service.storage.task_events("t-created") == {}
 
 
 @contextlib.contextmanager
@@ -177,6 +178,7 @@ def api_store(backend: str) -> Iterator[ReliableExecutor]:
 
 def api_store_unchanged(service: ReliableExecutor) -> None:
     assert service.get_task("t1").status is TaskStatus.CREATED
+    assert service.storage.task_events("t1") == {}
     assert service.get_task("f1").status is TaskStatus.FAILED
     admin_steps_unchanged(service)
     assert service.paused_queues() == set()
@@ -253,6 +255,20 @@ PAGES = {
     ),
     "task_detail_retry": Page(
         "POST", detail_url("t-failed"), (VIEW_TASK, OPERATE_TASK), **TASKS, data={"action": "retry"}
+    ),
+    "task_detail_send_event": Page(
+        "POST",
+        detail_url("t-created"),
+        (VIEW_TASK, OPERATE_TASK),
+        **TASKS,
+        data={"action": "send_event", "event": "go", "payload": "1"},
+    ),
+    "task_detail_events": Page(
+        "GET",
+        detail_url("t-created"),
+        (VIEW_TASK,),
+        **TASKS,
+        buttons={'id="re-send-event"': OPERATE_TASK},
     ),
     "task_detail_steps": Page(
         "GET",
@@ -408,6 +424,17 @@ ENDPOINTS = {
         answered=lambda response, service, role: (
             None
             if [s.name for s in service.get_task("t-steps").steps] == ["charge"]
+            else pytest.fail(response.content)
+        ),
+    ),
+    "task_event": Endpoint(
+        "POST",
+        f"{API}t1/events/go/",
+        OPERATE_TASK,
+        data={"payload": {"n": 1}},
+        answered=lambda response, service, role: (
+            None
+            if service.storage.task_events("t1") == {"go": {"n": 1}}
             else pytest.fail(response.content)
         ),
     ),

@@ -168,6 +168,21 @@ def fail_after_steps(service: ReliableExecutor, task_id: str = "t-steps") -> Non
         HOOKS.pop(task_id, None)
 
 
+def wait_for_event(
+    service: ReliableExecutor, task_id: str = "t-waits", event: str = "approved"
+) -> None:
+    """Submit ``task_id`` to queue "waits" and run it once: it stores a step, then waits for
+    ``event`` (PENDING, TaskInfo.waiting set); resumed, it returns the event's payload."""
+    service.submit("contract.hook", None, task_id=task_id, queue="waits")
+
+    def handler(context: Any) -> Any:
+        context.step("charge", lambda: {"id": "ch_1"})
+        return {"payload": context.wait_for_event(event)}
+
+    HOOKS[task_id] = handler
+    assert run_one(service, "waits") is TaskStatus.PENDING
+
+
 # -- schedules --------------------------------------------------------------------------------
 def fire_schedule(service: ReliableExecutor, schedule_id: str, planned: dt.datetime) -> str:
     """Store the fire of ``schedule_id`` at ``planned`` as the master's round does (through the

@@ -1,11 +1,11 @@
-"""manage.py executor: status, show, retry, cancel and purge tasks, pause and resume queues; health;
-shards (the check before changing REDIS_SHARDS).
+"""manage.py executor: status, show, retry, cancel and purge tasks, send events to them, pause
+and resume queues; health; shards (the check before changing REDIS_SHARDS).
 
 Every action goes through the service (so signals fire and both storages behave alike); the
 exit codes and output lines are documented in docs/command.md for scripts to rely on. Each
 family of actions, its arguments and its handlers, is a module of ``management``:
-``inspecting`` (status, show, health), ``operating`` (retry, cancel, pause-queue,
-resume-queue), ``purging`` (purge) and ``sharding`` (shards).
+``inspecting`` (status, show, health), ``operating`` (retry, cancel, send-event,
+pause-queue, resume-queue), ``purging`` (purge) and ``sharding`` (shards).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from django_reliable_executor.management.operating import (
     Operating,
     add_pause_and_resume,
     add_retry_and_cancel,
+    add_send_event,
 )
 from django_reliable_executor.management.purging import Purging, add_purge
 from django_reliable_executor.management.sharding import Sharding, add_shards
@@ -58,7 +59,8 @@ def _accept_django_options(action: Any) -> None:
 
 class Command(Inspecting, Operating, Purging, Sharding):
     help = (
-        "Look at and operate reliable-executor tasks: status, show, retry, cancel, purge, "
+        "Look at and operate reliable-executor tasks: status, show, retry, cancel, "
+        "send-event, purge, "
         "pause-queue, resume-queue; health (a probe); shards (the check before changing "
         "REDIS_SHARDS). Exit codes: 0 done, 1 some id not found or skipped (health: unhealthy; "
         "pause/resume: unknown queue; shards: not ready), 2 usage error, 3 task store "
@@ -78,6 +80,7 @@ class Command(Inspecting, Operating, Purging, Sharding):
         add_status(actions)
         add_show(actions)
         add_retry_and_cancel(actions)
+        add_send_event(actions)
         add_purge(actions)
         add_health(actions)
         add_pause_and_resume(actions)
@@ -91,6 +94,7 @@ class Command(Inspecting, Operating, Purging, Sharding):
             "show": self.show,
             "retry": self.retry,
             "cancel": self.cancel,
+            "send-event": self.send_event,
             "purge": self.purge,
             "health": self.health,
             "pause-queue": self.pause_queue,
