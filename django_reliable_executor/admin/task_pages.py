@@ -20,9 +20,9 @@ from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
 from ..core.progress import percent, progress_summary
-from ..core.waits import wait_text
 from ..core.records import TaskInfo
 from ..core.states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
+from ..core.waits import wait_text
 from ..registry import all_handlers, get_handler
 from ..service.reliable_executor import ReliableExecutor
 from .operations import can_cancel, can_retry

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import sys
+from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
@@ -140,9 +141,27 @@ class ReliableTaskContext(TaskContext):  # type: ignore[misc]
     def set_progress(
         self, current: int | float, total: int | float | None = None, message: str = ""
     ) -> None:
+        self._executor("set_progress").set_progress(current, total, message)
+
+    # Durable steps and waits (docs/durable-tasks.md): this app's TaskContext's, by name.
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._executor("step").step(name, fn, *args, **kwargs)
+
+    def sleep(self, name: str, duration: float | dt.timedelta) -> Any:
+        return self._executor("sleep").sleep(name, duration)
+
+    def wait_for_event(self, name: str, timeout: float | dt.timedelta | None = None) -> Any:
+        return self._executor("wait_for_event").wait_for_event(name, timeout)
+
+    def wait_for(
+        self, name: str, task_ids: Any, timeout: float | dt.timedelta | None = None
+    ) -> Any:
+        return self._executor("wait_for").wait_for(name, task_ids, timeout)
+
+    def _executor(self, what: str) -> ExecutorContext:
         if self.executor_context is None:
-            raise RuntimeError("set_progress: this context belongs to no running task")
-        self.executor_context.set_progress(current, total, message)
+            raise RuntimeError(f"{what}: this context belongs to no running task")
+        return self.executor_context
 
 
 def to_result(info: TaskInfo, task: Task, alias: str) -> TaskResult:

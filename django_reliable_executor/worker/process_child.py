@@ -45,6 +45,7 @@ from .suspended import Suspended
 from .waits import wait_to_json
 
 PARENT_CHECK_SECONDS = 1.0
+_STOPPING = threading.Event()  # set by the worker's SIGUSR1 (ProcessPool.stop_at_steps)
 
 
 def main(conn: Any, settings_module: str, parent_pid: int) -> None:
@@ -52,6 +53,8 @@ def main(conn: Any, settings_module: str, parent_pid: int) -> None:
     the other until the worker closes the pipe (or dies)."""
     # Ctrl-C in a terminal reaches the whole process group: the worker decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The worker stops: the running handler's next durable step hands its task back.
+    signal.signal(signal.SIGUSR1, lambda signum, frame: _STOPPING.set())
     os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
     import django
 
@@ -173,7 +176,7 @@ def _checkpoints(
         deadline_at=deadline_at,
         shard=int(claim.get("shard", 0)),
     )
-    return Checkpoints(held, executor, float(message["lease_seconds"]))
+    return Checkpoints(held, executor, float(message["lease_seconds"]), _STOPPING.is_set)
 
 
 def _error(error: str, *, retryable: bool = False) -> dict[str, Any]:

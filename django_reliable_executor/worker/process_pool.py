@@ -20,9 +20,12 @@ a handler that uses the database opens its own connection there.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -387,6 +390,16 @@ class ProcessPool:
     def _forget(self, child: Child) -> None:
         with self._lock:
             self._children.discard(child)
+
+    def stop_at_steps(self) -> None:
+        """The worker stops: every busy child hands its task back at the handler's next
+        durable step (SIGUSR1, which its Checkpoints read), as a pool thread does. From a
+        signal handler: no lock is taken (a copy of the set is read)."""
+        for child in list(self._children):
+            pid = child.pid
+            if pid is not None and child not in self._idle and child.process.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGUSR1)
 
     def close(self) -> None:
         """Stop every child: idle ones exit when their pipe closes; one still running a

@@ -1,4 +1,4 @@
-"""Durable steps: what ``context.step`` does for one attempt of a task (docs/steps.md).
+"""Durable steps: what ``context.step`` does for one attempt of a task (docs/durable-tasks.md).
 
 A step runs its function once per task: its result is stored under the task as a checkpoint
 (``storage.record_step``, fenced by the attempt's claim and renewing its lease), and a later

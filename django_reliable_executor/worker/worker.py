@@ -118,6 +118,8 @@ class Worker:
         # A worker silent for several heartbeats (which come every lease/4) is dead.
         self.heartbeat_interval = max(options.lease_timeout / 4, 0.05)
         self.stopping = threading.Event()  # quiet: stop claiming, drain
+        # A stop also hands a task that uses durable steps back at its next step.
+        self.runner.stopping = self.stopping
         self._threads_done = threading.Event()
         self.master_loop = MasterLoop(
             self.executor,
@@ -191,6 +193,8 @@ class Worker:
         if self.stopping.is_set():
             self.hard_stop.set()
         self.stopping.set()
+        if self.processes is not None:
+            self.processes.stop_at_steps()
         if self.executor.storage.blocking_wait:
             # The claim loop may be blocked waiting for work: wake it (from a thread, as this
             # may run in a signal handler).

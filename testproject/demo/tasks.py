@@ -676,3 +676,58 @@ async def async_steps(param: dict | None, context: TaskContext) -> list[str]:
         _journal("after", context, step=name)
     _journal("end", context)
     return done
+
+
+def _wait(param: dict, context: TaskContext) -> dict:
+    """The wait of demo.waits: ``wait`` "sleep" (``seconds``), "event" (event "go", with
+    ``timeout``) or "tasks" (``task_ids``). Returns what it gave back."""
+    kind = param["wait"]
+    if kind == "sleep":
+        return {"slept": context.sleep("nap", float(param.get("seconds", 1)))}
+    if kind == "event":
+        return {"event": context.wait_for_event("go", timeout=param.get("timeout"))}
+    ended = context.wait_for("children", param["task_ids"], timeout=param.get("timeout"))
+    return {"ended": {task_id: info.status.value for task_id, info in ended.items()}}
+
+
+@reliable_task_handler(name="demo.waits", takes_context=True, retry_interval=100)
+def waits(param: dict, context: TaskContext) -> dict:
+    """A durable step, then a durable wait (see _wait), then a second step, with journal
+    records (RE_JOURNAL): "start" each time the handler is called (resumptions counted),
+    "step" when a step's function runs, "resumed" once the wait returned, "end"."""
+    _journal("start", context, resumptions=context.resumptions)
+
+    def step(name: str) -> str:
+        _journal("step", context, step=name)
+        return f"{name}@{context.resumptions}"
+
+    first = context.step("before", step, "before")
+    got = _wait(param, context)
+    _journal("resumed", context, resumptions=context.resumptions, got=got)
+    second = context.step("after", step, "after")
+    _journal("end", context)
+    return {"steps": [first, second], **got}
+
+
+@reliable_task_handler(name="demo.async_waits", takes_context=True, retry_interval=100)
+async def async_waits(param: dict, context: TaskContext) -> dict:
+    """The ``async def`` twin of demo.waits: each step and wait awaited."""
+    _journal("start", context, resumptions=context.resumptions)
+
+    def step(name: str) -> str:
+        _journal("step", context, step=name)
+        return f"{name}@{context.resumptions}"
+
+    first = await context.step("before", step, "before")
+    kind = param["wait"]
+    if kind == "sleep":
+        got = {"slept": await context.sleep("nap", float(param.get("seconds", 1)))}
+    elif kind == "event":
+        got = {"event": await context.wait_for_event("go", timeout=param.get("timeout"))}
+    else:
+        ended = await context.wait_for("children", param["task_ids"])
+        got = {"ended": {task_id: info.status.value for task_id, info in ended.items()}}
+    _journal("resumed", context, resumptions=context.resumptions, got=got)
+    second = await context.step("after", step, "after")
+    _journal("end", context)
+    return {"steps": [first, second], **got}

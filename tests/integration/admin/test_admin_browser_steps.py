@@ -31,7 +31,7 @@ def test_retry_from_a_step_in_a_real_browser(backend, live_server, browser_page,
     with executor_on(backend) as service:
         populate(service)
         # In a thread of its own: Playwright's event loop runs in this one, and a handler
-        # called where a loop runs gets context.step's awaitable form (docs/steps.md).
+        # called where a loop runs gets context.step's awaitable form (docs/durable-tasks.md).
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(fail_after_steps, service).result()
         make_user("ops", "view_reliabletask", "operate_reliabletask")

@@ -23,9 +23,7 @@ def test_show_says_what_a_waiting_task_waits_for(live, now_ex):
     wait_for_event(now_ex, "w2")
     result = run("show", "w2")
     assert result.code == 0
-    fields = dict(
-        line.split(None, 1) for line in result.lines if len(line.split(None, 1)) == 2
-    )
+    fields = dict(line.split(None, 1) for line in result.lines if len(line.split(None, 1)) == 2)
     assert fields["resumptions"] == "1"
     assert fields["waiting"] == "event 'approved'"
     assert fields["steps"] == "charge, approved"
