@@ -73,7 +73,11 @@ def main(conn: Any, settings_module: str, parent_pid: int) -> None:
             break  # the worker closed the pipe: retired, or stopping
         task_id = message["task"]["task_id"]
         try:
-            reply = run_task(message, functools.partial(_report, progress, task_id))
+            reply = run_task(
+                message,
+                functools.partial(_report, progress, task_id),
+                lambda name: send({"status": "step", "name": name}),
+            )
         finally:
             progress.finish(task_id)  # the last report goes before the outcome
             tidy_connections()
@@ -115,10 +119,13 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def run_task(
-    message: dict[str, Any], report: Callable[[Progress], object] | None = None
+    message: dict[str, Any],
+    report: Callable[[Progress], object] | None = None,
+    on_step: Callable[[str], object] | None = None,
 ) -> dict[str, Any]:
-    """Run one task's handler: {"status": "ok", "result": ...}, or "error" with the error
-    text and whether it is retryable. ``report`` takes the handler's progress reports."""
+    """Run one task's handler: {"status": "ok", "result": ...}, "suspend" with its wait, or
+    "error" with the error text and whether it is retryable. ``report`` takes the handler's
+    progress reports, ``on_step`` the name of each checkpoint it wrote."""
     task = task_from_json(message["task"])
     handler = resolve_handler(task.task_name)
     if handler is None:
@@ -137,7 +144,7 @@ def run_task(
             deadline_at,
             executor,
             report,
-            _checkpoints(message, task, deadline_at),
+            _checkpoints(message, task, deadline_at, on_step),
             asynchronous=handler.is_async,
         )
     try:
@@ -162,7 +169,10 @@ def run_task(
 
 
 def _checkpoints(
-    message: dict[str, Any], task: TaskInfo, deadline_at: dt.datetime | None
+    message: dict[str, Any],
+    task: TaskInfo,
+    deadline_at: dt.datetime | None,
+    on_step: Callable[[str], object] | None = None,
 ) -> Checkpoints | None:
     """The durable steps of the task's attempt, written under the claim the message names (a
     worker of an earlier version sends none: its handlers' steps then raise)."""
@@ -176,7 +186,8 @@ def _checkpoints(
         deadline_at=deadline_at,
         shard=int(claim.get("shard", 0)),
     )
-    return Checkpoints(held, executor, float(message["lease_seconds"]), _STOPPING.is_set)
+    lease_seconds = float(message["lease_seconds"])
+    return Checkpoints(held, executor, lease_seconds, _STOPPING.is_set, on_step)
 
 
 def _error(error: str, *, retryable: bool = False) -> dict[str, Any]:

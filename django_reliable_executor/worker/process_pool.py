@@ -38,6 +38,7 @@ from ..core.retries import attempt_timeout_message, timeout_message
 from ..core.serialization import Encoded, dumps
 from ..core.states import TaskStatus
 from ..core.task_json import task_to_json
+from ..observability import metrics
 from ..observability.attempts import Attempt, observe
 from .attempt_limits import attempt_timeout_of, log_attempt_expired
 from .children import GRACE_SECONDS, Child, ChildDied
@@ -253,6 +254,8 @@ class ProcessPool:
                 progress = progress_from_json(reply["progress"])
                 if progress is not None:
                     self.runner.report_progress(claim, progress)
+            elif reply is not None and reply["status"] == "step":  # a checkpoint written there
+                metrics.count_step_finished(claim.task)
             elif reply is not None:
                 return reply
             now = time.monotonic()

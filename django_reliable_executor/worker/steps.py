@@ -36,6 +36,7 @@ class Checkpoints:
         executor: ReliableExecutor,
         lease_seconds: float,
         stopping: Callable[[], bool] | None = None,
+        on_step: Callable[[str], object] | None = None,
     ) -> None:
         self.claim = claim  # as started: RUNNING, its token fences every checkpoint
         self._executor = executor
@@ -43,6 +44,9 @@ class Checkpoints:
         # The worker is stopping (SIGTERM): a step not stored yet hands the task back instead
         # of running (Suspended(None)), to be resumed by another worker at that step.
         self._stopping = stopping
+        # A process pool's child: tells its worker of each checkpoint (the worker counts it
+        # in the metrics it exports).
+        self._on_step = on_step
         self._lock = threading.Lock()
         self._stored: dict[str, Any] | None = None  # read at the first step
         self._used: set[str] = set()  # steps that returned a value in this run, or run now
@@ -207,6 +211,8 @@ class Checkpoints:
     def _announce(self, name: str) -> None:
         """The checkpoint of ``name`` is stored: ``task_step_finished`` and the steps counter."""
         self._executor.announcer.step_finished(self.claim.task, name)
+        if self._on_step is not None:
+            self._on_step(name)
 
     def _keep(self, name: str, value: Any) -> None:
         with self._lock:

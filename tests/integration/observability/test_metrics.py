@@ -41,6 +41,7 @@ HISTOGRAM = "reliable_executor_task_execution_seconds"
 EXPORTED_SAMPLES = {
     *(f"reliable_executor_tasks_{name}_total" for name in COUNTERS),
     "reliable_executor_steps_finished_total",
+    "reliable_executor_waits_total",
     f"{HISTOGRAM}_bucket",
     f"{HISTOGRAM}_sum",
     f"{HISTOGRAM}_count",
@@ -514,11 +515,55 @@ def test_runexecutor_serves_the_metrics_over_http(alias, key_prefix, workers):
         "reliable_executor_tasks_scheduled_total",
         "reliable_executor_tasks_timeout_total",
         "reliable_executor_steps_finished_total",  # these demo tasks make no steps
+        "reliable_executor_waits_total",  # nor waits
     }
     types = families(scrape())
     assert types["reliable_executor_task_execution_seconds"] == "histogram"
     assert types["reliable_executor_tasks_executed"] == "counter"
     assert types["reliable_executor_is_master"] == "gauge"
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_the_worker_exports_its_handlers_steps_and_waits(alias, pool, key_prefix, workers):
+    """Under --pool process the child writes the checkpoints; the worker counts them."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    service.submit("demo.steps", {}, task_id="stepper")
+    service.submit("demo.waits", {"wait": "sleep", "seconds": 0.5}, task_id="sleeper")
+    port = free_port()
+    workers.start(backend, "--metrics-port", str(port), "--pool", pool)
+
+    def counted() -> dict[tuple[str, frozenset], float] | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            read = parse(response.read().decode())
+        steps = read.get(
+            (
+                "reliable_executor_steps_finished_total",
+                labelled(task_name="demo.steps", queue="default"),
+            )
+        )
+        waits = read.get(
+            (
+                "reliable_executor_waits_total",
+                labelled(task_name="demo.waits", queue="default", kind="sleep"),
+            )
+        )
+        done = all(service.get_task(i).is_terminal for i in ("stepper", "sleeper"))
+        return read if done and steps == 3 and waits == 1 else None
+
+    samples = wait_until(counted, 30, "the steps and waits were not counted", logs=workers.logs)
+    # demo.waits: its step "before" ran before the sleep, "after" once resumed.
+    assert (
+        samples[
+            (
+                "reliable_executor_steps_finished_total",
+                labelled(task_name="demo.waits", queue="default"),
+            )
+        ]
+        == 2
+    )
 
 
 # Every app installed (the view goes through the auth middleware); committed, so the submits'
