@@ -1,6 +1,6 @@
-"""The task gauges: stored tasks by status and queue, dead letters, the oldest due task's age and
-the paused queues and the use of each rate limit, read through the service when Prometheus
-scrapes."""
+"""The task gauges: stored tasks by status and queue, dead letters, the oldest due task's age,
+the paused queues, the use of each rate limit and the tasks in a durable wait, read through the
+service when Prometheus scrapes."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ class TaskCounts(Protocol):
 
     def paused_queues(self) -> set[str]: ...
     def rate_limit_use(self) -> list[RateUse]: ...
+
+    def count_waiting(self) -> dict[str, int]: ...
 
 
 class TaskCountCollector:
@@ -93,10 +95,11 @@ class TaskCountCollector:
             ages = {queue: _age_seconds(oldest_due.get(queue), now) for queue in counts}
             paused = executor.paused_queues()
             rates = executor.rate_limit_use()
+            waiting = executor.count_waiting()
         except Exception:
             logger.debug("metrics: task counts not read, storage unavailable", exc_info=True)
             return None
-        return _Snapshot(counts, ages, paused, rates)
+        return _Snapshot(counts, ages, paused, rates, waiting)
 
     @staticmethod
     def _families(snapshot: _Snapshot | None) -> Iterator[Metric]:
@@ -131,7 +134,15 @@ class TaskCountCollector:
             "Tasks of a rate-limited name started in its limit's last window (all rate keys).",
             labels=["task_name"],
         )
+        waits = GaugeMetricFamily(
+            f"{PREFIX}_waiting_tasks",
+            "Tasks in a durable wait (context.sleep, wait_for_event, wait_for), by kind: "
+            "PENDING, holding no worker.",
+            labels=["kind"],
+        )
         if snapshot is not None:
+            for kind, n in snapshot.waiting.items():
+                waits.add_metric([kind], n)
             for queue in sorted(set(snapshot.counts) | snapshot.paused):
                 paused.add_metric([queue], 1 if queue in snapshot.paused else 0)
             for use in snapshot.rates:
@@ -150,6 +161,7 @@ class TaskCountCollector:
         yield paused
         yield held
         yield started
+        yield waits
 
 
 class _Snapshot:
@@ -159,11 +171,13 @@ class _Snapshot:
         ages: dict[str, float],
         paused: set[str],
         rates: list[RateUse],
+        waiting: dict[str, int],
     ) -> None:
         self.counts = counts
         self.ages = ages
         self.paused = paused
         self.rates = rates
+        self.waiting = waiting
 
 
 def _age_seconds(oldest: dt.datetime | None, now: dt.datetime) -> float:

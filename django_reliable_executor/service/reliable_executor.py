@@ -243,6 +243,11 @@ class ReliableExecutor:
             return False
         return self.storage.send_event(task_id, name, encoded)
 
+    def count_waiting(self) -> dict[str, int]:
+        """How many tasks are in a durable wait (``TaskInfo.waiting`` set), by kind:
+        ``{"sleep": n, "event": n, "tasks": n}``."""
+        return self.storage.count_waiting()
+
     def list_tasks(
         self,
         status: TaskStatus | str | None = None,

@@ -20,7 +20,7 @@ tests/unit/test_storage_modules.py keeps the table true.
     transitions / transitions: release handler_returned cancel retry heartbeat
     progress / progress: record_progress
     steps / steps: record_step step_results
-    waits / waits: send_event suspend task_events
+    waits / waits: count_waiting send_event suspend task_events
     pausing / pausing: pause_queue paused_queues resume_queue
     chores / chores: _purge_finished expire_overdue recover_expired
     base / chores: promote_due

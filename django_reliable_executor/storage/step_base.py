@@ -60,3 +60,8 @@ class StepStorage(abc.ABC):
     @abc.abstractmethod
     def task_events(self, task_id: str) -> dict[str, Any]:
         """The events sent to the task: name -> payload, in the order sent. A read."""
+
+    @abc.abstractmethod
+    def count_waiting(self) -> dict[str, int]:
+        """How many tasks are in a durable wait, by kind ("sleep", "event", "tasks"; every
+        kind present). A read (the waiting-tasks gauge)."""

@@ -324,3 +324,34 @@ def test_purge_deletes_the_events_of_a_task(executor, clock):
     executor.purge_finished(clock.now() - dt.timedelta(days=1))
     assert executor.get_task("p") is None
     assert executor.storage.task_events("p") == {}
+
+
+def test_count_waiting_counts_each_kind_until_the_task_leaves_its_wait(executor, clock):
+    assert executor.count_waiting() == {"sleep": 0, "event": 0, "tasks": 0}
+    for task_id in ("n1", "n2", "ev", "cancelled"):
+        executor.submit("contract.hook", None, task_id=task_id)
+    HOOKS["n1"] = HOOKS["n2"] = lambda context: context.sleep("nap", 10)
+    HOOKS["ev"] = HOOKS["cancelled"] = lambda context: context.wait_for_event("go")
+    claims = executor.storage.claim("w1", ["default"], 10, LEASE)
+    for claim in claims:
+        assert run_claim(executor, claim) is TaskStatus.PENDING
+    assert executor.count_waiting() == {"sleep": 2, "event": 2, "tasks": 0}
+    assert executor.cancel_task("cancelled")
+    clock.advance(10)
+    HOOKS["n1"] = HOOKS["n2"] = lambda context: "woke"
+    claims = executor.storage.claim("w1", ["default"], 10, LEASE)  # the sleepers, resumed
+    assert sorted(c.task_id for c in claims) == ["n1", "n2"]
+    assert executor.count_waiting() == {"sleep": 0, "event": 1, "tasks": 0}
+    executor.storage.release(claims)
+
+
+def test_a_deadline_passed_while_waiting_ends_the_task_timeout(executor, clock):
+    executor.submit("contract.hook", None, task_id="late", max_duration_millis=60_000)
+    HOOKS["late"] = lambda context: context.wait_for_event("never")
+    assert run_one(executor) is TaskStatus.PENDING
+    clock.advance(61)
+    transitions = executor.storage.expire_overdue(100)
+    assert [(t.task.task_id, t.status) for t in transitions] == [("late", TaskStatus.TIMEOUT)]
+    assert executor.get_task("late").status is TaskStatus.TIMEOUT
+    assert executor.count_waiting()["event"] == 0
+    assert executor.send_event("late", "never") is False

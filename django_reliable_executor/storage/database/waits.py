@@ -9,13 +9,14 @@ import datetime as dt
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F
+from django.db.models.fields.json import KT
 
 from ...core.dependencies import WAITING_RUN_AT
 from ...core.records import Claim, Transition
 from ...core.serialization import Encoded
 from ...core.states import TaskStatus
-from ...core.waits import EVENT, SLEEP, TASKS, Wait
+from ...core.waits import EVENT, SLEEP, TASKS, WAIT_KINDS, Wait
 from ...models import ReliableDependency, ReliableTaskEvent
 from .access import DatabaseAccess
 from .rows import TERMINAL
@@ -176,3 +177,21 @@ class Waits(DatabaseAccess):
     def task_events(self, task_id: str) -> dict[str, Any]:
         rows = _events(self.alias).filter(task_id=task_id).order_by("id")
         return dict(rows.values_list("name", "payload"))
+
+    def count_waiting(self) -> dict[str, int]:
+        counts = dict.fromkeys(WAIT_KINDS, 0)
+        rows = (
+            self._tasks()
+            .filter(
+                status=TaskStatus.PENDING.value,
+                waiting__isnull=False,
+                lease_expires_at__isnull=True,  # not claimed (resumed) yet
+            )
+            .order_by()
+            .values(kind=KT("waiting__kind"))
+            .annotate(n=Count("pk"))
+        )
+        for row in rows:
+            if row["kind"] in counts:
+                counts[row["kind"]] = row["n"]
+        return counts

@@ -13,7 +13,7 @@ from ...core.dependencies import WAITING_RUN_AT
 from ...core.records import Claim, Transition
 from ...core.serialization import Encoded
 from ...core.states import TaskStatus
-from ...core.waits import Wait
+from ...core.waits import WAIT_KINDS, Wait
 from .access import LIVE, RedisAccess, guarded
 from .codec import from_micros, micros, text
 
@@ -108,3 +108,12 @@ class Waits(RedisAccess):
             sent_at, payload = text(value).split(" ", 1)
             entries.append((int(sent_at), text(name), payload))
         return {name: json.loads(payload) for _, name, payload in sorted(entries)}
+
+    @guarded
+    def count_waiting(self) -> dict[str, int]:
+        counts = dict.fromkeys(WAIT_KINDS, 0)
+        for prefix in self.prefixes:  # every shard's P waits:count (_common.lua)
+            for kind, n in self.client.hgetall(prefix + "waits:count").items():
+                if text(kind) in counts:
+                    counts[text(kind)] += int(n)
+        return counts

@@ -53,6 +53,7 @@ EXPORTED_SAMPLES = {
     "reliable_executor_queue_paused",
     "reliable_executor_rate_limited_tasks",
     "reliable_executor_rate_limit_started",
+    "reliable_executor_waiting_tasks",
     "reliable_executor_schedule_runs_fired_total",
     "reliable_executor_schedule_runs_skipped_total",
     "reliable_executor_schedule_overlap_skipped_total",

@@ -288,9 +288,22 @@ end
 
 -- The only ways into and out of the leases: `held` counts the leased tasks of each name
 -- (max_concurrency); a slot freed wakes the workers of a parked task of the name.
+-- Durable waits (suspend.lua): P waits holds each waiting task's kind of wait, and P waits:count
+-- how many wait of each kind (the waiting-tasks gauge). A task leaves them when it is claimed
+-- (resumed) or ends waiting (cancelled, timed out): one HGET on a small hash, or none there.
+local WAITS = P .. 'waits'
+local function unwait(id)
+  local kind = redis.call('HGET', WAITS, id)
+  if kind then
+    redis.call('HDEL', WAITS, id)
+    redis.call('HINCRBY', WAITS .. ':count', kind, -1)
+  end
+end
+
 local function lease(id, name, lease_until)
   redis.call('ZADD', LEASES, lease_until, id)
   redis.call('HINCRBY', HELD, name, 1)
+  unwait(id)
 end
 
 local function unlease(id, key)
@@ -370,6 +383,7 @@ local settle_batch
 -- through finish, so that its dependents are settled.
 local function end_task(id, key, queue, from, status)
   count_ending(status)
+  unwait(id)
   redis.call('HSET', key, 's', status, 'f', NOW)
   redis.call('HDEL', key, 'd', 'wf')
   unlease(id, key)

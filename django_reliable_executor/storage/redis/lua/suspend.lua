@@ -35,6 +35,9 @@ if kind == '' then
   redis.call('HDEL', key, 'wt')
 else
   redis.call('HSET', key, 'wt', ARGV[8])
+  if redis.call('HSETNX', WAITS, id, kind) == 1 then -- counted for the gauge (_common.lua)
+    redis.call('HINCRBY', WAITS .. ':count', kind, 1)
+  end
   local steps = P .. 'steps:' .. id
   if redis.call('HEXISTS', steps, ARGV[7]) == 0 then
     local seq = redis.call('HINCRBY', key, 'sn', 1)
