@@ -625,19 +625,27 @@ def _step(param: dict, context: TaskContext, name: str) -> str:
     ``hang_attempts`` attempts (default 1), a "hang" record, then ``sleep`` seconds (the test
     kills the process meanwhile, before the step's checkpoint); step ``fail`` of the first
     attempt raises ConnectionError. With ``atomic``, step "two" first writes an Execution row
-    (task id "<task>:two") on the task database's alias: an ``atomic=True`` step, whose row
-    commits only with its checkpoint."""
+    (task id "<task>:two") on the task database's alias (after the hang with ``late_write``):
+    an ``atomic=True`` step, whose row commits only with its checkpoint."""
     _journal("step", context, step=name)
-    if param.get("atomic") and name == "two":
-        Execution.objects.using(get_settings().DATABASE_ALIAS).create(
-            task_id=f"{context.task_id}:{name}", attempt=context.attempt, pid=os.getpid()
-        )
+    write = param.get("atomic") and name == "two"
+    if write and not param.get("late_write"):
+        _write_execution(context, name)
     if name == param.get("hang") and context.attempt <= param.get("hang_attempts", 1):
         _journal("hang", context, step=name)
         time.sleep(float(param.get("sleep", 60)))
+    if write and param.get("late_write"):  # after the hang: a stale attempt's write
+        _write_execution(context, name)
     if name == param.get("fail") and context.attempt == 1:
         raise ConnectionError(f"step {name} failed in attempt 1")
     return f"{name}@{context.attempt}"
+
+
+def _write_execution(context: TaskContext, name: str) -> None:
+    Execution.objects.using(get_settings().DATABASE_ALIAS).create(
+        task_id=f"{context.task_id}:{name}", attempt=context.attempt, pid=os.getpid()
+    )
+    _journal("wrote", context, step=name)
 
 
 @reliable_task_handler(name="demo.steps", takes_context=True, retry_interval=100)

@@ -80,3 +80,57 @@ def test_a_handler_killed_inside_its_second_step_resumes_after_its_first(
     if atomic:  # the killed attempt's row went with its transaction
         rows = executions(backend, "steps:two")
         assert [row.attempt for row in rows] == [2]
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_a_stale_attempt_cannot_checkpoint_and_its_atomic_writes_roll_back(
+    alias, key_prefix, workers, journal
+):
+    """Its worker frozen (SIGSTOP) inside step two past its lease, the task is recovered and
+    completed by another worker; resumed, the stale attempt finishes step two's function, but
+    its checkpoint is refused (LeaseLostError) and, on a database, the row it wrote after its
+    freeze rolls back with it: only the live attempt's checkpoint and row are kept."""
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    # On SQLite an atomic step's transaction holds the database's write lock while its
+    # function runs (BEGIN IMMEDIATE): frozen inside one, no other worker could write at all
+    # (docs/durable-tasks.md says so). There the step is a plain one.
+    atomic = alias in ("mariadb", "postgres")
+    param = {"hang": "two", "sleep": 5, "atomic": atomic, "late_write": True}
+    frozen = workers.start(backend, *SMALL_POOL, env=journal.env(), **FAST)
+    service.submit("demo.steps", param, task_id="stale")
+    hang = wait_until(
+        lambda: journal.events("stale", "hang"), 30, "never reached step two", logs=workers.logs
+    )[0]
+    assert hang["pid"] == frozen.pid
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        workers.start(backend, *SMALL_POOL, env=journal.env(), **FAST)
+        done = wait_until(
+            lambda: (t := service.get_task("stale")) is not None and t.is_terminal and t,
+            60,
+            "the task did not end while the first worker was frozen",
+            logs=workers.logs,
+        )
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    assert done.status is TaskStatus.COMPLETED, done.last_error
+    assert done.result == ["one@1", "two@2", "three@2"]
+    # The stale attempt wakes, ends its sleep, (writes its row,) and is refused.
+    wait_until(
+        lambda: "LeaseLostError" in frozen.log() or "discarded" in frozen.log(),
+        30,
+        "the stale attempt's refusal was not logged",
+        logs=workers.logs,
+    )
+    assert service.storage.step_results("stale")["two"] == "two@2"
+    stale_after = [r for r in journal.events("stale", "after") if r["attempt"] == 1]
+    assert [r["step"] for r in stale_after] == ["one"]  # its step two never returned
+    if atomic:
+        wrote = [(r["attempt"], r["pid"]) for r in journal.events("stale", "wrote")]
+        assert (1, frozen.pid) in wrote  # the stale attempt did write its row...
+        rows = executions(backend, "stale:two")
+        assert [row.attempt for row in rows] == [2]  # ...which rolled back with its checkpoint
+    final = service.get_task("stale")
+    assert final.status is TaskStatus.COMPLETED and final.result == done.result
