@@ -739,3 +739,19 @@ async def async_waits(param: dict, context: TaskContext) -> dict:
     second = await context.step("after", step, "after")
     _journal("end", context)
     return {"steps": [first, second], **got}
+
+
+@reliable_task_handler(name="demo.stepper", takes_context=True)
+def stepper(param: dict | None, context: TaskContext) -> int:
+    """``steps`` durable steps that do nothing (bench/durable.py: a checkpoint's cost)."""
+    steps = int((param or {}).get("steps", 10))
+    for number in range(steps):
+        context.step(f"s{number}", int, number)
+    return steps
+
+
+@reliable_task_handler(name="demo.sleeper", takes_context=True)
+def sleeper(param: dict | None, context: TaskContext) -> str:
+    """One durable sleep of ``seconds`` (default a day), then "woke" (bench/durable.py)."""
+    context.sleep("nap", float((param or {}).get("seconds", 86400)))
+    return "woke"

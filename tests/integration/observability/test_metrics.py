@@ -193,10 +193,9 @@ def test_metric_labels_are_task_name_and_queue_only(executor):
             expected = (
                 set()
                 if family.name.startswith("reliable_executor_schedule_")
-                else {
-                    "task_name",
-                    "queue",
-                }
+                else {"task_name", "queue", "kind"}  # the kind of a wait (a bounded set)
+                if family.name == "reliable_executor_waits"
+                else {"task_name", "queue"}
             )
             assert keys == expected, sample
             seen += 1
@@ -361,6 +360,7 @@ def test_unreachable_storage_skips_the_task_gauges_without_failing_the_scrape(ca
         "reliable_executor_queue_paused": {},
         "reliable_executor_rate_limited_tasks": {},
         "reliable_executor_rate_limit_started": {},
+        "reliable_executor_waiting_tasks": {},
     }
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
     assert "storage unavailable" in caplog.records[0].getMessage()
@@ -612,7 +612,7 @@ PROMQL_WORDS = {
     "clamp_min", "time", "by", "without", "or", "and", "unless", "on", "ignoring", "bool",
     "label_values", "max_over_time", "vector", "topk", "sort_desc", "changes", "resets", "delta",
     # label names
-    "task_name", "queue", "status", "le", "instance", "job",
+    "task_name", "queue", "status", "le", "instance", "job", "kind",
 }  # fmt: skip
 
 
