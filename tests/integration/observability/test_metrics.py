@@ -551,20 +551,17 @@ def test_the_worker_exports_its_handlers_steps_and_waits(alias, pool, key_prefix
                 labelled(task_name="demo.waits", queue="default", kind="sleep"),
             )
         )
-        done = all(service.get_task(i).is_terminal for i in ("stepper", "sleeper"))
-        return read if done and steps == 3 and waits == 1 else None
-
-    samples = wait_until(counted, 30, "the steps and waits were not counted", logs=workers.logs)
-    # demo.waits: its step "before" ran before the sleep, "after" once resumed.
-    assert (
-        samples[
+        # demo.waits: its step "before" ran before the sleep, "after" once resumed.
+        sleeper_steps = read.get(
             (
                 "reliable_executor_steps_finished_total",
                 labelled(task_name="demo.waits", queue="default"),
             )
-        ]
-        == 2
-    )
+        )
+        done = all(service.get_task(i).is_terminal for i in ("stepper", "sleeper"))
+        return read if done and (steps, waits, sleeper_steps) == (3, 1, 2) else None
+
+    wait_until(counted, 30, "the steps and waits were not counted", logs=workers.logs)
 
 
 # Every app installed (the view goes through the auth middleware); committed, so the submits'
