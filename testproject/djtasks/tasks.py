@@ -94,3 +94,11 @@ if DECORATOR_OPTIONS:  # Django 6.1+ and the backport: this app's options on @ta
 def report_progress(context: TaskContext, current: int, total: int) -> None:
     """Reports its progress through the context's set_progress (this backend's TaskContext)."""
     context.set_progress(current, total, "from a Django task")  # type: ignore[attr-defined]
+
+
+@task(takes_context=True)
+def approve_then_charge(context: TaskContext, order_id: int) -> dict:
+    """A durable step, then a wait for the event "approval", through this backend's context."""
+    charged = context.step("charge", lambda: f"charged {order_id}")  # type: ignore[attr-defined]
+    approval = context.wait_for_event("approval")  # type: ignore[attr-defined]
+    return {"charged": charged, "approval": approval}

@@ -87,6 +87,16 @@ class RunTasksCases(TaskTestMixin):
             rows = Execution.objects.using(self.alias).filter(task_id=f"{task.task_id}:two")
             assert [row.attempt for row in rows] == [2]
 
+    def test_a_task_waiting_for_an_event_runs_to_its_wait_then_on_once_it_is_sent(self) -> None:
+        task = executor.submit("demo.waits", {"wait": "event"})
+        (ran,) = self.run_tasks()
+        assert ran.status is TaskStatus.PENDING and ran.waiting["event"] == "go"
+        assert self.run_tasks() == []  # nothing due: it waits
+        assert executor.send_event(task.task_id, "go", {"ok": 1})
+        (ran,) = self.run_tasks()
+        assert (ran.status, ran.attempts, ran.resumptions) == (TaskStatus.COMPLETED, 1, 1)
+        assert ran.result == {"steps": ["before@0", "after@1"], "event": {"ok": 1}}
+
     def test_limit_and_queues_bound_what_runs(self) -> None:
         for i in range(3):
             executor.submit("demo.echo", i, queue="mail")

@@ -763,3 +763,23 @@ def test_a_django_task_reports_progress_read_back_on_its_result(backend, storage
         "updated_at": clock.now(),
     }
     assert backend.get_result(result.id).progress == result.progress
+
+
+def test_a_django_task_uses_durable_steps_and_waits_through_its_context(backend, storage):
+    """This backend's TaskContext has step and the waits: the task waits for its event (READY:
+    PENDING), then resumes and returns, its step run once."""
+    from django_reliable_executor.service.reliable_executor import executor as module_executor
+
+    result = djtasks.approve_then_charge.enqueue(7)
+    assert run_next(module_executor) is TaskStatus.PENDING
+    task = module_executor.get_task(result.id)
+    assert task.waiting["event"] == "approval" and [s.name for s in task.steps] == [
+        "charge",
+        "approval",
+    ]
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert module_executor.send_event(result.id, "approval", {"by": "ann"})
+    assert run_next(module_executor) is TaskStatus.COMPLETED
+    result.refresh()
+    assert result.return_value == {"charged": "charged 7", "approval": {"by": "ann"}}
