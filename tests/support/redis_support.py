@@ -112,6 +112,9 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
     schedule_hashes: dict[str, dict[str, str]] = {}
     schedule_indexes: dict[str, dict[str, str]] = {key: {} for key in SCHEDULE_INDEXES}
     parkprio_sets: dict[str, dict[str, str]] = {}
+    belonging: list[tuple[str, str]] = []  # (key, task id) of a task's steps or events
+    waits: dict[str, str] = {}
+    wait_counts: dict[str, str] = {}
     for key, (kind, value) in snap.items():
         family, _, rest = key.partition(":")
         if family == "t" and kind == "hash":
@@ -163,12 +166,29 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
             pass  # REDIS_SHARDS > 1: a batch's last applied message per member
         elif (family, kind) in (("b", "hash"), ("bm", "zset")) or (key, kind) in BATCH_INDEXES:
             pass  # batches: checked by batch_problems
+        elif family in ("steps", "events") and kind == "hash":
+            belonging.append((key, rest))  # durable steps, events sent: of a stored task
+        elif key == "waits" and kind == "hash":
+            waits = value  # durable waits: task id -> kind (suspend.lua)
+        elif key == "waits:count" and kind == "hash":
+            wait_counts = value
         elif family == "wake" and kind == "list":
             if value != ["1"]:
                 problems.append(f"{key} holds {value}, not one token")
         elif (key, kind) not in KNOWN_KEYS and (family, kind) != ("lock", "string"):
             problems.append(f"unexpected key {key} ({kind})")
 
+    for key, task_id in belonging:
+        if task_id not in tasks:
+            problems.append(f"{key} belongs to no stored task")
+    for task_id, wait_kind in waits.items():
+        task = tasks.get(task_id, {})
+        if task.get("s") != "PENDING" or "wt" not in task:
+            problems.append(f"waits names {task_id}, which is not waiting: {task.get('s')}")
+    counted = {k: int(n) for k, n in wait_counts.items() if int(n)}
+    actual = dict(Counter(waits.values()))
+    if counted != actual:
+        problems.append(f"waits:count says {counted}, but waits holds {actual}")
     for queue in ready_priorities.keys() | prio_sets.keys():
         listed = prio_sets.get(queue, {})
         if set(listed) != ready_priorities[queue]:

@@ -41,7 +41,7 @@ class Waits(RedisAccess):
                 micros(wait.until or WAITING_RUN_AT),
                 wait.event or "",
             ]
-        reply = self._run("suspend", *args, *local, *remote, now=now, shard=shard)
+        reply = self._run("suspend", *args, len(local), *local, *remote, now=now, shard=shard)
         if reply is None:
             return None
         run_at, awaited = from_micros(text(reply[0])), tuple(json.loads(text(reply[1])))

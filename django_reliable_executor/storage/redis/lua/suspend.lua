@@ -6,7 +6,9 @@
 -- ARGV[3] id, ARGV[4] worker, ARGV[5] token, ARGV[6] kind ('' for a stop: due now),
 -- ARGV[7] the wait's name, ARGV[8] TaskInfo.waiting (JSON), ARGV[9] its record (JSON),
 -- ARGV[10] when it is due unless woken (µs: a sleep's end, a timeout, or WAITING_RUN_AT),
--- ARGV[11] the event waited for, ARGV[12..] the tasks waited for.
+-- ARGV[11] the event waited for, ARGV[12] how many of the tasks waited for are on this shard,
+-- then those (read here) and, sharded, the live ones of other shards (linked there already by
+-- dep_link.lua: their ending sends this shard a message).
 -- Returns {run at, awaited ids (JSON), resumptions}, or nil when refused (nothing written).
 local id, worker, token, kind = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local key = tkey(id)
@@ -16,12 +18,17 @@ if task[1] ~= 'RUNNING' or task[2] ~= token or task[6] ~= worker or task[5] == '
   return nil
 end
 local queue, priority = task[3], task[4]
-local awaited = {}
-for i = 12, #ARGV do
+local awaited, here = {}, {}
+local last_local = 12 + tonumber(ARGV[12])
+for i = 13, last_local do
   local status = redis.call('HGET', tkey(ARGV[i]), 's')
   if status and not_ended(ARGV[i], status) then -- a task gone was purged: it had ended
     awaited[#awaited + 1] = ARGV[i]
+    here[#here + 1] = ARGV[i]
   end
+end
+for i = last_local + 1, #ARGV do
+  awaited[#awaited + 1] = ARGV[i]
 end
 unlease(id, key)
 redis.call('HSET', key, 's', 'PENDING')
@@ -51,7 +58,7 @@ else
     end
   elseif #awaited > 0 then -- tasks: linked as a dependent is, their ending wakes it
     redis.call('HSET', key, 'wf', cjson.encode(awaited))
-    for _, awaited_id in ipairs(awaited) do
+    for _, awaited_id in ipairs(here) do
       redis.call('SADD', P .. 'deps:' .. awaited_id, id)
     end
     run_at = ARGV[10]
