@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -185,6 +186,8 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
         task = tasks.get(task_id, {})
         if task.get("s") != "PENDING" or "wt" not in task:
             problems.append(f"waits names {task_id}, which is not waiting: {task.get('s')}")
+        elif json.loads(task["wt"])["kind"] != wait_kind:
+            problems.append(f"waits says {task_id} waits for a {wait_kind}: {task['wt']}")
     counted = {k: int(n) for k, n in wait_counts.items() if int(n)}
     actual = dict(Counter(waits.values()))
     if counted != actual:
