@@ -22,7 +22,7 @@ from django.utils.safestring import mark_safe
 from ..core.progress import percent, progress_summary
 from ..core.records import TaskInfo
 from ..core.states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
-from ..core.waits import wait_text
+from ..core.waits import RECORD_KEY, wait_text
 from ..registry import all_handlers, get_handler
 from ..service.reliable_executor import ReliableExecutor
 from .operations import can_cancel, can_retry
@@ -365,7 +365,12 @@ def step_timeline(executor: ReliableExecutor, task: TaskInfo) -> list[StepRow]:
     results = executor.storage.step_results(task.task_id)
     rows = []
     for number, step in enumerate(task.steps, start=1):
-        text, cut = short_json(results[step.name]) if step.name in results else ("", False)
+        stored = results.get(step.name)
+        if isinstance(stored, dict) and RECORD_KEY in stored:  # a durable wait's record
+            until = f" until {stored['until']}" if stored.get("until") else ""
+            text, cut = f"a wait: {stored[RECORD_KEY]}{until}", False
+        else:
+            text, cut = short_json(stored) if step.name in results else ("", False)
         rows.append(StepRow(number, step.name, step.finished_at, text, cut))
     return rows
 
