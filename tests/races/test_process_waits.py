@@ -154,3 +154,25 @@ def test_sigterm_hands_a_stepping_task_back_at_its_next_step(
     assert [step for _, step in ran] == ["one", "two", "three"]
     assert ran[2][0] != ran[1][0]  # another process (worker, or its child) ran step three
     assert done.result == ["one@1", "two@1", "three@1"]
+
+
+@pytest.mark.parametrize("alias", db_params(BACKENDS))
+def test_a_cancel_of_a_waiting_task_ends_it_cancelled_at_once(alias, key_prefix, workers, journal):
+    require(alias)
+    backend = Backend(alias, key_prefix)
+    service = service_for(backend)
+    workers.start(backend, env=journal.env(), **FAST)
+    service.submit("demo.waits", {"wait": "event"}, task_id="stop-me")
+    wait_until(
+        lambda: (t := service.get_task("stop-me")) and t.waiting,
+        30,
+        "never waited",
+        logs=workers.logs,
+    )
+    assert service.cancel_task("stop-me") is True
+    task = service.get_task("stop-me")
+    assert task.status is TaskStatus.CANCELLED and task.waiting is None
+    assert service.send_event("stop-me", "go") is False  # it has ended: nothing stored
+    time.sleep(1.0)  # the worker had every chance to run it again
+    assert len(journal.events("stop-me", "start")) == 1
+    assert journal.events("stop-me", "resumed") == []
