@@ -755,3 +755,9 @@ def sleeper(param: dict | None, context: TaskContext) -> str:
     """One durable sleep of ``seconds`` (default a day), then "woke" (bench/durable.py)."""
     context.sleep("nap", float((param or {}).get("seconds", 86400)))
     return "woke"
+
+
+@reliable_task_handler(name="demo.capped_waits", takes_context=True, max_concurrency=1)
+def capped_waits(param: dict, context: TaskContext) -> object:
+    """demo.waits' wait under max_concurrency=1: a waiting task holds no slot."""
+    return _wait(param, context)

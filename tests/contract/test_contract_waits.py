@@ -355,3 +355,23 @@ def test_a_deadline_passed_while_waiting_ends_the_task_timeout(executor, clock):
     assert executor.get_task("late").status is TaskStatus.TIMEOUT
     assert executor.count_waiting()["event"] == 0
     assert executor.send_event("late", "never") is False
+
+
+def test_a_waiting_task_holds_no_max_concurrency_slot(executor, clock):
+    # demo.capped_waits allows one at a time: both wait for an event, one after the other.
+    limits = {"demo.capped_waits": 1}
+
+    def run_capped():
+        claims = executor.storage.claim("w1", ["default"], 10, LEASE, name_limits=limits)
+        assert len(claims) == 1, [c.task_id for c in claims]  # one slot: one at a time
+        return run_claim(executor, claims[0])
+
+    for task_id in ("cap-1", "cap-2"):
+        executor.submit("demo.capped_waits", {"wait": "event"}, task_id=task_id)
+    assert run_capped() is TaskStatus.PENDING
+    assert run_capped() is TaskStatus.PENDING  # the first's wait freed the slot
+    assert {executor.get_task(t).waiting["kind"] for t in ("cap-1", "cap-2")} == {"event"}
+    for task_id in ("cap-1", "cap-2"):
+        assert executor.send_event(task_id, "go", task_id)
+    assert run_capped() is TaskStatus.COMPLETED
+    assert run_capped() is TaskStatus.COMPLETED

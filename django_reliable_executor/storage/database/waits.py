@@ -50,15 +50,17 @@ class Waits(DatabaseAccess):
         if wait is not None and wait.kind == TASKS:
             awaited = self._not_ended(list(wait.task_ids))
             wait = dataclasses.replace(wait, task_ids=tuple(awaited))
+        # Available, as a delayed task is: claims take it at its run_at, and no
+        # max_concurrency counts it (an unavailable task without a lease would look held).
         due = wait is None or (wait.kind == TASKS and not awaited)
         if wait is not None and wait.kind == SLEEP:
             assert wait.until is not None
-            run_at, available, due = wait.until, True, wait.until <= now
+            run_at, due = wait.until, wait.until <= now
         elif due:
-            run_at, available = now, True
+            run_at = now
         else:  # an event or tasks: due at the timeout, if any, or only once woken
             assert wait is not None
-            run_at, available = wait.until or WAITING_RUN_AT, wait.until is not None
+            run_at = wait.until or WAITING_RUN_AT
         described = None if wait is None else wait.describe()
         changed = (
             self._tasks()
@@ -70,7 +72,7 @@ class Waits(DatabaseAccess):
             )
             .update(
                 status=TaskStatus.PENDING.value,
-                available=available,
+                available=True,
                 run_at=run_at,
                 lease_expires_at=None,
                 attempts=F("attempts") - 1,
@@ -85,8 +87,8 @@ class Waits(DatabaseAccess):
         if wait is not None:
             self._record(claim, wait, now)
             if wait.kind == EVENT and self._event_sent(claim.task_id, wait.event):
-                run_at, available, due = now, True, True
-                self._tasks().filter(pk=claim.task_id).update(run_at=now, available=True)
+                run_at, due = now, True
+                self._tasks().filter(pk=claim.task_id).update(run_at=now)
             elif awaited:
                 self._link(claim.task_id, awaited)
         if due:
