@@ -35,16 +35,22 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
 ``P events:<id>``           HASH of the events sent to task <id> (executor.send_event): name ->
                            "<sent at> <payload JSON>", the first one sent kept (event.lua). On
                            the task's shard; deleted when <id> is purged.
+``P waits``                HASH task id -> the kind of its durable wait ("sleep", "event",
+                           "tasks"), and ``P waits:count`` HASH kind -> how many: a task enters
+                           them in suspend.lua and leaves them when it is claimed (resumed) or
+                           ends (unwait in _common.lua). The waiting-tasks gauge reads the counts.
 ``P deps:<id>``             SET of the dependents of task <id> (depends_on naming it): every
                            script that ends <id> settles them (settle_dependents in
                            _common.lua). A waiting dependent sits in its queue's schedule at
-                           9999-12-31. Deleted when <id> is purged. A dependent of another
-                           shard is held as "<shard> <id>" (dep_link.lua), told by a message.
+                           9999-12-31 (a PENDING task in a durable wait_for, too: woken, not
+                           cancelled, by any ending). Deleted when <id> is purged. A dependent
+                           of another shard is held as "<shard> <id>" (dep_link.lua), told by
+                           a message.
 ``P ready:<queue>:<prio>`` LIST of task ids ready to run, oldest first (FIFO within a priority).
 ``P prio:<queue>``         ZSET of the priorities that have a non-empty ready list (claims take
                            the highest first).
-``P sched:<queue>``        ZSET of waiting tasks not due yet (delayed, or retrying after a
-                           backoff), scored by run at. Claims and submits promote due ones.
+``P sched:<queue>``        ZSET of waiting tasks not due yet (delayed, retrying after a
+                           backoff, or in a durable wait), scored by run at. Claims and submits promote due ones.
 ``P leases``               ZSET of claimed and running tasks, scored by lease expiry; also of
                            tasks that timed out while running, as long as their holder's lease
                            lasts (the handler may still run; see expire.lua).
