@@ -50,7 +50,8 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
 ``P prio:<queue>``         ZSET of the priorities that have a non-empty ready list (claims take
                            the highest first).
 ``P sched:<queue>``        ZSET of waiting tasks not due yet (delayed, retrying after a
-                           backoff, or in a durable wait), scored by run at. Claims and submits promote due ones.
+                           backoff, or in a durable wait), scored by run at. Claims and
+                           submits promote due ones.
 ``P leases``               ZSET of claimed and running tasks, scored by lease expiry; also of
                            tasks that timed out while running, as long as their holder's lease
                            lasts (the handler may still run; see expire.lua).
