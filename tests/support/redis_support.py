@@ -186,7 +186,7 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
         task = tasks.get(task_id, {})
         if task.get("s") != "PENDING" or "wt" not in task:
             problems.append(f"waits names {task_id}, which is not waiting: {task.get('s')}")
-        elif json.loads(task["wt"])["kind"] != wait_kind:
+        elif json.loads(task["wt"])[0] != wait_kind:  # [kind, name, until, ids]
             problems.append(f"waits says {task_id} waits for a {wait_kind}: {task['wt']}")
     counted = {k: int(n) for k, n in wait_counts.items() if int(n)}
     actual = dict(Counter(waits.values()))

@@ -26,7 +26,8 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            on_dependency_failure="run", at attempt timeout (seconds), sn
                            how many durable step checkpoints it wrote (step.lua; their
                            order; absent: it stored none), wt a PENDING task's durable wait
-                           (JSON, TaskInfo.waiting; suspend.lua), rs its resumptions.
+                           (codec.packed_wait: [kind, name, until, ids]; suspend.lua), rs its
+                           resumptions.
                            Fields without a value are absent.
 ``P steps:<id>``            HASH of the durable steps of task <id> (context.step): step name ->
                            "<order> <finished at> <result JSON>", order from the task's

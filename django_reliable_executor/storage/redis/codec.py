@@ -13,6 +13,7 @@ from ...core.progress import progress_from_json
 from ...core.records import Claim, NewTask, StepInfo, TaskInfo
 from ...core.serialization import dumps, loads
 from ...core.states import TaskStatus
+from ...core.waits import EVENT, Wait
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 MICROSECOND = dt.timedelta(microseconds=1)
@@ -84,9 +85,32 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         handler_running=values["s"] == "RUNNING" or "hr" in values,
         attempt_timeout=float(values["at"]) if "at" in values else None,
         # wt: a PENDING task's durable wait (suspend.lua; left behind once it runs again).
-        waiting=json.loads(values["wt"]) if "wt" in values and values["s"] == "PENDING" else None,
+        waiting=unpacked_wait(values["wt"])
+        if "wt" in values and values["s"] == "PENDING"
+        else None,
         resumptions=int(values.get("rs", 0)),
     )
+
+
+def packed_wait(wait: Wait) -> str:
+    """A durable wait as the task hash's ``wt`` keeps it: a short JSON list ``[kind, name,
+    until in µs or null, awaited ids]``. Short, so that the hash stays in Redis's compact
+    encoding (every value under hash-max-listpack-value, 64 bytes by default): the whole
+    TaskInfo.waiting object there would make every waiting task's hash several times larger."""
+    until = None if wait.until is None else int(micros(wait.until))
+    return json.dumps([wait.kind, wait.name, until, list(wait.task_ids)], separators=(",", ":"))
+
+
+def unpacked_wait(text_value: str) -> dict[str, Any]:
+    """``TaskInfo.waiting`` from a ``wt`` field (packed_wait)."""
+    kind, name, until, task_ids = json.loads(text_value)
+    return Wait(
+        kind,
+        name,
+        until=None if until is None else from_micros(until),
+        event=name if kind == EVENT else None,
+        task_ids=tuple(task_ids),
+    ).describe()
 
 
 def stored_steps(values: Mapping[Any, Any]) -> list[tuple[str, str, str]]:

@@ -15,7 +15,7 @@ from ...core.serialization import Encoded
 from ...core.states import TaskStatus
 from ...core.waits import WAIT_KINDS, Wait
 from .access import LIVE, RedisAccess, guarded
-from .codec import from_micros, micros, text
+from .codec import from_micros, micros, packed_wait, text
 
 
 class Waits(RedisAccess):
@@ -36,8 +36,8 @@ class Waits(RedisAccess):
             args += [
                 wait.kind,
                 wait.name,
-                json.dumps(wait.describe()),
-                json.dumps(wait.record()),
+                packed_wait(wait),
+                json.dumps(wait.record(), separators=(",", ":")),
                 micros(wait.until or WAITING_RUN_AT),
                 wait.event or "",
             ]

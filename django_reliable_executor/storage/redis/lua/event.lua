@@ -10,8 +10,8 @@ if not task[1] or not live(task[1]) then
 end
 redis.call('HSETNX', P .. 'events:' .. id, name, ARGV[5])
 if task[1] == 'PENDING' and task[4] then
-  local wait = cjson.decode(task[4])
-  if wait.kind == 'event' and wait.event == name
+  local wait = cjson.decode(task[4]) -- [kind, name, until, ids] (codec.packed_wait)
+  if wait[1] == 'event' and wait[2] == name
       and redis.call('ZREM', P .. 'sched:' .. task[2], id) == 1 then
     redis.call('HSET', key, 'r', NOW)
     to_waiting(id, task[2], task[3], NOW)

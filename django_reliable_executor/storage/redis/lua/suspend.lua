@@ -4,7 +4,7 @@
 -- counts it again) and a resumption counted (`rs`). A wait's record is stored among the
 -- task's checkpoints (`P steps:<id>`, as step.lua) unless one of its name is.
 -- ARGV[3] id, ARGV[4] worker, ARGV[5] token, ARGV[6] kind ('' for a stop: due now),
--- ARGV[7] the wait's name, ARGV[8] TaskInfo.waiting (JSON), ARGV[9] its record (JSON),
+-- ARGV[7] the wait's name, ARGV[8] the wait, packed (codec.packed_wait), ARGV[9] its record (JSON),
 -- ARGV[10] when it is due unless woken (µs: a sleep's end, a timeout, or WAITING_RUN_AT),
 -- ARGV[11] the event waited for, ARGV[12] how many of the tasks waited for are on this shard,
 -- then those (read here) and, sharded, the live ones of other shards (linked there already by
