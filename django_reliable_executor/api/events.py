@@ -27,8 +27,10 @@ def parse_event(request: HttpRequest) -> Any:
     unknown = sorted(set(data) - {"payload"})
     if unknown:
         raise BadRequest(f"unknown field {unknown[0]!r}; an event takes payload", unknown[0])
-    if not form or not data.get("payload", "").strip():
+    if not form:
         return data.get("payload")
+    if not data.get("payload", "").strip():  # an empty form field: no payload
+        return None
     try:
         return json.loads(data["payload"])
     except ValueError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..connections import out_of_reach, with_reconnect
@@ -84,21 +85,34 @@ class FailureRecorder:
         self, claim: Claim, error: str, retryable: bool, is_error: bool
     ) -> Transition | None:
         """``storage.fail``, made again on a new connection while the storage is out of reach
-        (a connection the server ended, a server restarting), for up to half a lease: the
-        write is fenced by the claim's token, so making it twice is safe, while giving it up
-        would leave the task to lease recovery, which runs its handler again. The heartbeat
-        keeps the lease meanwhile."""
+        (see ``while_in_reach``)."""
+        return self.while_in_reach(
+            lambda: self.storage.fail(claim, error, retryable=retryable, is_error=is_error),
+            claim,
+            "its failure",
+        )
+
+    def while_in_reach(
+        self, write: Callable[[], Transition | None], claim: Claim, what: str
+    ) -> Transition | None:
+        """A fenced write of the claim's outcome (a failure, a durable wait's suspend), made
+        again on a new connection while the storage is out of reach (a connection the server
+        ended, a server restarting), for up to half a lease: the write is fenced by the
+        claim's token, so making it twice is safe, while giving it up would leave the task to
+        lease recovery, which runs its handler again. The heartbeat keeps the lease
+        meanwhile."""
         give_up_at = time.monotonic() + self.lease_seconds / 2
         pause = 0.05
         while True:
             try:
-                return self.storage.fail(claim, error, retryable=retryable, is_error=is_error)
+                return write()
             except Exception as exc:
                 if not out_of_reach(exc, self._alias) or time.monotonic() + pause > give_up_at:
                     raise
                 logger.warning(
-                    "task %s: its failure could not be recorded (%s); trying again",
+                    "task %s: %s could not be recorded (%s); trying again",
                     claim.task_id,
+                    what,
                     exc,
                 )
             time.sleep(pause)

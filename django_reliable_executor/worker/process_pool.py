@@ -400,7 +400,10 @@ class ProcessPool:
         signal handler: no lock is taken (a copy of the set is read)."""
         for child in list(self._children):
             pid = child.pid
-            if pid is not None and child not in self._idle and child.process.is_alive():
+            # Only a child set up (its handler of SIGUSR1 installed; one still importing
+            # would be killed by it) and running a task.
+            busy = child.ready and child not in self._idle
+            if pid is not None and busy and child.process.is_alive():
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGUSR1)
 

@@ -373,13 +373,17 @@ class TaskRunner:
             # let through they would end this thread and strand its task.
             if context is not None:  # only a handler with a context reports progress
                 self.finish_progress(claim)  # before the outcome: written after, it is refused
-            if isinstance(exc, Suspended):  # a durable wait, or a stop at a step
-                if limit is not None:
-                    self.limits.finish(limit)
+            expired = limit is not None and self.limits.finish(limit)
+            if isinstance(exc, Suspended) and not expired:  # a durable wait, or a stop
                 return self.suspend(claim, exc.wait, attempt)
-            if limit is not None and self.limits.finish(limit):
+            if expired:
+                assert limit is not None
                 took = time.monotonic() - began
-                raised = f"the handler raised after {took:.2f} s:\n{traceback.format_exc()}"
+                raised = (
+                    f"the handler reached a wait after {took:.2f} s, too late to wait"
+                    if isinstance(exc, Suspended)
+                    else f"the handler raised after {took:.2f} s:\n{traceback.format_exc()}"
+                )
                 return self.record_timed_out(claim, limit.seconds, raised, attempt)
             if attempt is not None:
                 attempt.failed(exc)
@@ -436,7 +440,9 @@ class TaskRunner:
         """Hand the claim's task back to wait (``wait``) or to be resumed now (None: the
         worker stops); PENDING, or None when the claim was no longer ours. Refused because a
         cancel was requested meanwhile, it is recorded as a failure, which ends it CANCELLED."""
-        transition = with_reconnect(lambda: self.storage.suspend(claim, wait))
+        transition = self.failures.while_in_reach(
+            lambda: self.storage.suspend(claim, wait), claim, "its wait"
+        )
         if transition is None:
             what = "a stop" if wait is None else f"its wait {wait.name!r}"
             return self.record_failure(claim, f"stopped at {what}; a cancel was requested", True)

@@ -18,6 +18,7 @@ from ..connections import with_reconnect
 from ..core.clock import Clock
 from ..core.records import Claim
 from ..core.serialization import RESULT_REFUSED, ConversionError, Encoded, encode
+from ..core.waits import RECORD_KEY
 from ..exceptions import DuplicateStepError, InvalidTaskOptionError, LeaseLostError
 from .suspended import Suspended
 
@@ -75,6 +76,7 @@ class Checkpoints:
         try:
             stored = self.results()
             if name in stored:
+                _not_a_wait(name, stored[name])
                 done = True
                 return stored[name]
             self._stop_here()
@@ -113,6 +115,7 @@ class Checkpoints:
         try:
             stored = await sync_to_async(self.results)()
             if name in stored:
+                _not_a_wait(name, stored[name])
                 done = True
                 return stored[name]
             self._stop_here()
@@ -218,6 +221,15 @@ class Checkpoints:
         with self._lock:
             if self._stored is not None:
                 self._stored[name] = value
+
+
+def _not_a_wait(name: str, stored: Any) -> None:
+    """A step may not take the name of a durable wait stored (its record is no result)."""
+    if isinstance(stored, dict) and RECORD_KEY in stored:
+        raise TypeError(
+            f"step {name!r}: the task stored a wait of that name; each step and wait needs "
+            "a name of its own"
+        )
 
 
 def _encode(name: str, value: Any) -> Encoded:

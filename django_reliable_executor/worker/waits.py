@@ -83,15 +83,18 @@ class Waiting:
         stored: dict[str, Any],
         found: Mapping[str, TaskInfo],
     ) -> dict[str, TaskInfo]:
+        if self._task_id in ids:
+            raise ValueError(f"wait_for {name!r}: a task cannot wait for itself")
         missing = [task_id for task_id in ids if task_id not in found]
-        if missing:
+        if missing and name not in stored:
             raise ValueError(
                 f"wait_for {name!r}: no task {', '.join(map(repr, missing))} (never "
                 "submitted, or purged): it cannot be waited for"
             )
-        live = [task_id for task_id in ids if not _ended(found[task_id])]
+        # Resumed (its record stored): a task gone since was purged, so it had ended.
+        live = [task_id for task_id in ids if task_id in found and not _ended(found[task_id])]
         if not live:
-            return {task_id: found[task_id] for task_id in ids}
+            return {task_id: found[task_id] for task_id in ids if task_id in found}
         until = self._until(name, TASKS, stored, timeout)
         if until is not None and until <= self._now():
             raise WaitTimeout(self._task_id, name, f"tasks not ended in time: {', '.join(live)}")

@@ -6,6 +6,7 @@ have ended, and its handler is then called again from the top, the wait returnin
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import pytest
 
@@ -375,3 +376,134 @@ def test_a_waiting_task_holds_no_max_concurrency_slot(executor, clock):
         assert executor.send_event(task_id, "go", task_id)
     assert run_capped() is TaskStatus.COMPLETED
     assert run_capped() is TaskStatus.COMPLETED
+
+
+# -- found by a red-team read ------------------------------------------------------------
+LIMITS = {"demo.capped_waits": 1}
+
+
+def test_resumed_wait_for_after_its_timeout_still_holds_its_max_concurrency_slot(executor, clock):
+    """A wait_for that timed out resumes with waiting_for still set: while it runs it must
+    hold its max_concurrency slot like any running task."""
+    executor.submit("contract.hook", None, task_id="slow", queue="elsewhere")  # never ends
+    executor.submit(
+        "demo.capped_waits",
+        {"wait": "tasks", "task_ids": ["slow"], "timeout": 60},
+        task_id="cap-1",
+    )
+    claims = executor.storage.claim("w1", ["default"], 10, LEASE, name_limits=LIMITS)
+    assert [c.task_id for c in claims] == ["cap-1"]
+    assert run_claim(executor, claims[0]) is TaskStatus.PENDING  # waits for "slow"
+    clock.advance(61)
+    # The timeout passed: cap-1 is claimed (resumed) and started; it runs (holds the slot).
+    claims = executor.storage.claim("w1", ["default"], 10, LEASE, name_limits=LIMITS)
+    assert [c.task_id for c in claims] == ["cap-1"]
+    assert executor.storage.start(claims[0], LEASE) is not None
+    executor.submit("demo.capped_waits", {"wait": "event"}, task_id="cap-2")
+    second = executor.storage.claim("w1", ["default"], 10, LEASE, name_limits=LIMITS)
+    assert [c.task_id for c in second] == [], "max_concurrency=1 let a second one run"
+
+
+def test_attempt_timeout_passed_before_a_wait_is_not_swallowed(executor, clock):
+    """A thread handler that ran past its attempt_timeout, then reached a wait: the attempt
+    timed out (docs: attempt_timeout limits each run of the handler)."""
+    executor.submit("contract.hook", None, task_id="over", attempt_timeout=0.2, retry_limit=0)
+
+    def handler(context):
+        time.sleep(0.6)  # past its attempt_timeout: the timer marks it cancelled
+        assert context.is_cancelled()
+        context.sleep("nap", 60)
+
+    HOOKS["over"] = handler
+    status = run_claim(executor, claim_one(executor.storage))
+    info = executor.get_task("over")
+    assert status is not TaskStatus.PENDING, (info.status, info.attempts, info.waiting)
+
+
+def test_a_claimed_resumption_is_not_made_available_again_by_its_tasks_ending(executor, clock):
+    """A wait_for waiter claimed at its timeout (not started yet) when its awaited task
+    ends: the claim must stay the claim's (not made available for another worker)."""
+    executor.submit("contract.hook", None, task_id="child", queue="kids")
+    executor.submit("contract.hook", None, task_id="parent")
+    HOOKS["parent"] = lambda context: context.wait_for("kids", ["child"], timeout=30)
+    assert run_claim(executor, claim_one(executor.storage)) is TaskStatus.PENDING
+    clock.advance(31)
+    first = claim_one(executor.storage, "w1")  # the resumption, claimed by w1
+    assert first.task_id == "parent"
+    HOOKS["child"] = lambda context: "done"
+    assert run_claim(executor, claim_one(executor.storage, "w3", "kids")) is TaskStatus.COMPLETED
+    again = executor.storage.claim("w2", ["default"], 10, LEASE)
+    assert [c.task_id for c in again] == [], "claimed twice"
+
+
+def test_released_resumption_is_not_shown_or_counted_as_waiting(executor, clock):
+    """A resumption claimed, then handed back (release, or a claim recovered) is due: it no
+    longer waits. Both storages should agree on TaskInfo.waiting and count_waiting."""
+    executor.submit("contract.hook", None, task_id="e")
+    HOOKS["e"] = lambda context: context.wait_for_event("go")
+    assert run_claim(executor, claim_one(executor.storage)) is TaskStatus.PENDING
+    executor.send_event("e", "go", 1)
+    claim = claim_one(executor.storage)
+    executor.storage.release([claim])
+    info = executor.get_task("e")
+    assert (info.waiting, executor.count_waiting()["event"]) == (None, 0)
+
+
+def test_wait_for_itself_is_refused(executor, clock):
+    executor.submit("contract.hook", None, task_id="me", retry_limit=0)
+    HOOKS["me"] = lambda context: context.wait_for("self", [context.task_id])
+    status = run_claim(executor, claim_one(executor.storage))
+    info = executor.get_task("me")
+    assert status is not TaskStatus.PENDING, info.waiting
+
+
+def test_a_step_named_as_a_stored_wait_is_refused(executor, clock):
+    executor.submit("contract.hook", None, task_id="n", retry_limit=0)
+
+    def handler(context):
+        if context.resumptions == 0:
+            context.sleep("x", 1)
+        return context.step("x", lambda: "ran")
+
+    HOOKS["n"] = handler
+    assert run_claim(executor, claim_one(executor.storage)) is TaskStatus.PENDING
+    clock.advance(2)
+    run_claim(executor, claim_one(executor.storage))
+    info = executor.get_task("n")
+    assert info.status is TaskStatus.FAILED
+    assert "the task stored a wait of that name" in info.last_error
+
+
+def test_a_second_send_does_not_steal_the_claim_of_the_resumption(executor, clock):
+    """An event sent twice (a retried webhook): the first wakes the task, a worker claims
+    it; the second send must leave that claim alone (not make the row available again)."""
+    executor.submit("contract.hook", None, task_id="hook2")
+    HOOKS["hook2"] = lambda context: context.wait_for_event("go")
+    assert run_claim(executor, claim_one(executor.storage)) is TaskStatus.PENDING
+    assert executor.send_event("hook2", "go", 1)
+    first = claim_one(executor.storage, "w1")
+    assert executor.send_event("hook2", "go", 1)  # the duplicate
+    again = executor.storage.claim("w2", ["default"], 10, LEASE)
+    assert [c.task_id for c in again] == [], "claimed twice"
+    assert executor.storage.start(first, LEASE) is not None, "w1's claim was taken from it"
+
+
+def test_a_long_wait_for_survives_the_purge_of_a_task_that_ended_early(executor, clock):
+    """wait_for(["a", "b"]): "a" ends on day 1 and is purged (FINISHED_RETENTION) before "b"
+    ends on day 30. The waiter is woken by b's ending, and its resumed call must return."""
+    for task_id in ("a", "b"):
+        executor.submit("contract.hook", None, task_id=task_id, queue="kids")
+    executor.submit("contract.hook", None, task_id="w", retry_limit=0)
+    HOOKS["w"] = lambda context: sorted(context.wait_for("kids", ["a", "b"]))
+    assert run_claim(executor, claim_one(executor.storage)) is TaskStatus.PENDING
+    HOOKS["a"] = HOOKS["b"] = lambda context: "done"
+    claims = {c.task_id: c for c in executor.storage.claim("w3", ["kids"], 10, LEASE)}
+    assert run_claim(executor, claims["a"]) is TaskStatus.COMPLETED
+    executor.storage.release([claims["b"]])
+    clock.advance(8 * 86400)
+    executor.purge_finished(clock.now() - dt.timedelta(days=7))
+    assert executor.get_task("a") is None
+    assert run_claim(executor, claim_one(executor.storage, "w3", "kids")) is TaskStatus.COMPLETED
+    status = run_claim(executor, claim_one(executor.storage))
+    info = executor.get_task("w")
+    assert status is TaskStatus.COMPLETED, (info.status, info.last_error)

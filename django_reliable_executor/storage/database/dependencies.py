@@ -274,11 +274,15 @@ class Dependencies(DatabaseAccess):
         wait), else waiting for the rest. True when it was woken."""
         gone = {d for d, _ in ended}
         remaining = [d for d in awaited if d not in gone]
-        row = self._tasks().filter(pk=task_id, status=TaskStatus.PENDING.value)
+        # Not a claimed resumption (its wait timed out): it runs already, and the claim
+        # cleared waiting_for.
+        row = self._tasks().filter(
+            pk=task_id, status=TaskStatus.PENDING.value, lease_expires_at__isnull=True
+        )
         if remaining:
             row.update(waiting_for=remaining)
             return False
-        return bool(row.update(run_at=now, waiting_for=None, available=True))
+        return bool(row.update(run_at=now, waiting_for=None))
 
     def _release_all(
         self, released: list[tuple[str, str]], max_duration: int | None, now: dt.datetime

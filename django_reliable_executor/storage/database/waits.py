@@ -164,13 +164,15 @@ class Waits(DatabaseAccess):
                     )
                 # Read again: on SQLite the INSERT took the write lock only now.
                 status, waiting, queue = row.values_list("status", "waiting", "queue").get()
-                if (
+                # Waiting for it, and not a claimed resumption (its claim cleared waiting;
+                # made due again, it would lose its claim).
+                waits_for_it = (
                     status == TaskStatus.PENDING.value
                     and isinstance(waiting, dict)
                     and waiting.get("kind") == EVENT
                     and waiting.get("event") == name
-                ):
-                    row.update(run_at=now, available=True)
+                )
+                if waits_for_it and row.filter(lease_expires_at__isnull=True).update(run_at=now):
                     self._work_committed([queue])
                 return True
 

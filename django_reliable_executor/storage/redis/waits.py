@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import time
 from typing import Any
 
 from ...core.dependencies import WAITING_RUN_AT
@@ -14,8 +16,11 @@ from ...core.records import Claim, Transition
 from ...core.serialization import Encoded
 from ...core.states import TaskStatus
 from ...core.waits import WAIT_KINDS, Wait
+from ...exceptions import StorageUnavailableError
 from .access import LIVE, RedisAccess, guarded
 from .codec import from_micros, micros, packed_wait, text
+
+logger = logging.getLogger("django_reliable_executor")
 
 
 class Waits(RedisAccess):
@@ -46,7 +51,7 @@ class Waits(RedisAccess):
             return None
         run_at, awaited = from_micros(text(reply[0])), tuple(json.loads(text(reply[1])))
         if remote:
-            self._settle_remote(claim, remote)
+            self._settle_remote_soon(claim, remote)
         task = claim.task
         return Transition(
             task=dataclasses.replace(
@@ -80,6 +85,28 @@ class Waits(RedisAccess):
             replies = self._run("dep_link", claim.shard, claim.task_id, *listed, shard=home)
             remote += [d for d, s in zip(listed, replies, strict=True) if text(s) in LIVE]
         return local, remote
+
+    def _settle_remote_soon(self, claim: Claim, remote: list[str]) -> None:
+        """``_settle_remote``, tried again for a few seconds while a shard is out of reach:
+        the suspend is made, and an ending missed between link and suspend would leave the
+        task waiting (until its timeout, if it has one)."""
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        for pause in (0.05, 0.2, 0.5, 1.0, 2.0, None):
+            try:
+                self._settle_remote(claim, remote)
+                return
+            except (RedisConnectionError, RedisTimeoutError, StorageUnavailableError):
+                if pause is None:
+                    logger.error(
+                        "task %s: could not check the tasks of other shards it waits for: one that "
+                        "ended just now may leave it waiting until its timeout, if it has one",
+                        claim.task_id,
+                        exc_info=True,
+                    )
+                    return
+                time.sleep(pause)
 
     def _settle_remote(self, claim: Claim, remote: list[str]) -> None:
         """Awaited tasks of other shards that ended between their link and the suspend: their

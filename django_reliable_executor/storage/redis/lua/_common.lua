@@ -297,6 +297,7 @@ local function unwait(id)
   if kind then
     redis.call('HDEL', WAITS, id)
     redis.call('HINCRBY', WAITS .. ':count', kind, -1)
+    redis.call('HDEL', tkey(id), 'wt', 'wf') -- resumed (or ended): it waits no more
   end
 end
 
