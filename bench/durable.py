@@ -13,7 +13,8 @@ Prints one JSON line with three parts:
 - ``sleepers``: ``--sleepers`` tasks put to sleep for a day (demo.sleeper, run by an
   in-process ``runexecutor --burst`` until every one waits). The bytes each sleeping task
   costs the store (PostgreSQL: the task tables' relation sizes; MariaDB: their data and index
-  lengths after ANALYZE; SQLite: the file; Redis: used_memory), and the drain rate of
+  lengths after ANALYZE; SQLite: the file; Redis: used_memory; PostgreSQL's tables are
+  vacuumed first, as autovacuum would), and the drain rate of
   ``--other`` no-op tasks of the same queue (``runexecutor --burst``, 8 threads; its start-up
   included, after a first, smaller drain that warms the process) before and beside them.
 - ``event``: ``--events`` times in a row, a task waits for an event while a ``runexecutor``
@@ -185,6 +186,19 @@ class Bench:
             )
             return int(cursor.fetchone()[0])
 
+    def vacuum(self) -> None:
+        """PostgreSQL: VACUUM ANALYZE the task tables, as autovacuum would by now (each
+        sleeper's start and suspend left dead row versions whose index entries a claim walks
+        past until they are vacuumed; docs/operations.md asks for autovacuum on, and the
+        servers here run without it)."""
+        if self.args.storage != "postgres":
+            return
+        from django.db import connections
+
+        with connections[self.alias].cursor() as cursor:
+            for table in TABLES:
+                cursor.execute(f"VACUUM ANALYZE {table}")
+
     # -- the three measures ------------------------------------------------------------------
     def checkpoint(self) -> dict[str, float]:
         from django_reliable_executor.testing import run_tasks
@@ -252,6 +266,7 @@ class Bench:
                 "--core-pool-size", "8", "--max-pool-size", "8", stdout=quiet, stderr=quiet,
             )  # fmt: skip
         to_sleep = time.monotonic() - began
+        self.vacuum()
         waiting = self.executor.count_waiting()["sleep"]
         asleep = self.size()
         beside = self.drain_rate()
