@@ -251,8 +251,10 @@ class Bench:
 
         self.drain_rate(self.args.other // 5)  # warm: the first in-process worker's start-up
         self.clear()
+        self.vacuum()
         alone = self.drain_rate()
         self.clear()
+        self.vacuum()
         empty = self.size()
         total = self.args.sleepers
         requests = [TaskSubmitRequest("demo.sleeper", queue="bench") for _ in range(total)]
