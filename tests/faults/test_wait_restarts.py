@@ -54,6 +54,7 @@ def check_woke_on_time(service, journal, until: float, logs) -> None:
     assert [r["step"] for r in journal.events("nap", "step")] == ["before", "after"]
 
 
+@pytest.mark.restarts_servers  # alone under pytest-xdist (tests/conftest.py)
 @pytest.mark.parametrize("alias", db_params(["mariadb", "postgres"]))
 def test_a_sleep_across_a_database_restart_wakes_on_time(alias, key_prefix, workers, journal):
     require(alias)
