@@ -164,10 +164,10 @@ class _InlineRunner(TaskRunner):
         """Nothing waits: each report was written when it was made."""
 
     def refuse_result(self, claim: Claim, exc: BaseException) -> Any:
-        return self._refuse_result(claim, exc)
+        return self.failures.refuse_result(claim, exc)
 
     def discarded(self, claim: Claim) -> None:
-        self._discarded(claim)
+        self.failures.discarded(claim)
 
 
 class TaskTestMixin:

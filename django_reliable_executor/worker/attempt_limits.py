@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.records import Claim, TaskInfo
 from ..registry import TaskHandler
@@ -137,3 +137,23 @@ def log_attempt_expired(claim: Claim, seconds: float, doing: str) -> None:
         seconds,
         doing,
     )
+
+
+class _Stoppable(Protocol):
+    """A TaskContext, as far as ``ask_to_stop`` uses it."""
+
+    def mark_cancelled(self) -> None: ...
+
+
+def ask_to_stop(claim: Claim, seconds: float, context: _Stoppable | None) -> None:
+    """The timer's call at a thread's attempt's limit: tell the handler to stop. The claim
+    stays held (lease renewed, slot taken) until the handler returns."""
+    log_attempt_expired(
+        claim,
+        seconds,
+        "asking its handler to stop (context.is_cancelled() is True now)"
+        if context is not None
+        else "its handler takes no context, so it cannot be asked to stop",
+    )
+    if context is not None:
+        context.mark_cancelled()

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import connections
 
 from ..core.records import Claim, Transition
+from ..core.serialization import RESULT_REFUSED, ConversionError, encode
 from ..exceptions import storage_unavailable
 
 logger = logging.getLogger("django_reliable_executor")
@@ -28,6 +29,23 @@ LINGER_BATCH = 32
 RETRY_WAIT_MIN = 0.1  # seconds after the first failed write; doubles up to RETRY_WAIT_MAX
 RETRY_WAIT_MAX = 5.0
 CLOSING_RETRIES = 3
+
+
+def hand_over(claim: Claim, value: Any, writer: Any) -> str | None:
+    """Give a handler's return value to ``writer`` (a CompletionWriter, or anything with its
+    ``put``); or, when no storage could take it, return the error to record instead (without a
+    storage call: the caller records it)."""
+    # Serialised here, once: a value no storage can take (not JSON, an integer too long to
+    # write, nested too deeply) fails this task alone, never the batch it would join.
+    # Not retried: the same handler returns the same kind of value again.
+    try:
+        result = encode(value)
+    except ConversionError as exc:
+        return f"{RESULT_REFUSED}: {exc}"
+    except Exception as exc:  # a model_dump() that raises, say
+        return f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}"
+    writer.put(claim, result)
+    return None
 
 
 class CompletionWriter:

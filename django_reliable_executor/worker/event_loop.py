@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import datetime as dt
 import logging
 import threading
 import time
@@ -22,46 +21,27 @@ from ..core.records import Claim
 from ..core.retries import attempt_timeout_message, timeout_message
 from ..exceptions import StorageUnavailableError
 from ..observability.attempts import Attempt, observe
-from .attempt_limits import attempt_timeout_of, log_attempt_expired
-from .context import TaskContext
+from .attempt_limits import attempt_timeout_of
+from .completion_writer import hand_over
+from .coroutine_stops import (
+    ATTEMPT_TIMED_OUT,
+    CANCELLED,
+    DEADLINE_MARGIN,
+    TIMED_OUT,
+    HandlerExit,
+    arm_stops,
+    contained,
+)
 from .runner import Begun, TaskRunner
 from .suspended import Suspended
 
 logger = logging.getLogger("django_reliable_executor")
 
-CANCELLED = (
-    "cancelled by the worker: a cancel was requested, the task timed out or this attempt "
-    "lost its lease"
-)
-TIMED_OUT = "timeout"
-ATTEMPT_TIMED_OUT = "attempt_timeout"
 # Failures are recorded with a blocking storage call, so off the loop, in a few threads.
 BLOCKING_THREADS = 4
-# The loop's timers may fire a hair before the wall clock reaches the deadline; the storage
-# records TIMEOUT only past it.
-DEADLINE_MARGIN = 0.005
-
 LOOP_DIED = "the worker's event loop died"
 
 Done = Callable[[Claim], None]
-
-
-class HandlerExit(Exception):
-    """A handler's SystemExit or KeyboardInterrupt, carried as an ordinary exception: asyncio
-    lets those two out of ``run_forever`` (ending the loop's thread), any other it keeps in the
-    task that raised it."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(repr(original))
-        self.original = original
-
-
-async def _contained(awaitable: Any) -> Any:
-    """Await a handler's coroutine, its SystemExit or KeyboardInterrupt turned HandlerExit."""
-    try:
-        return await awaitable
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise HandlerExit(exc) from None
 
 
 @dataclasses.dataclass
@@ -268,27 +248,22 @@ class EventLoop:
             done(claim)
 
     async def _attempt(self, begun: Begun, attempt: Attempt | None) -> None:
-        """Run the handler, then record its failure if it failed."""
-        failure = await self._call(begun, attempt)
-        if failure is None:
+        """Run the handler, then record its wait or its failure, if it did not complete."""
+        outcome = await self._call(begun, attempt)
+        if outcome is None:
             return
-        if isinstance(failure, Suspended):
-            suspend = contextvars.copy_context().run
-            await asyncio.get_running_loop().run_in_executor(
-                self._blocking, suspend, self._suspend, begun, failure, attempt
-            )
-            return
-        # Handlers reach the ORM through sync_to_async, in asgiref's one thread for
-        # thread-sensitive calls, which no pool thread tidies: a connection the server
-        # killed stays there, and fails every later ORM call of every async handler,
-        # until closed. A failure may come from one: tidy that thread, as a pool thread
-        # tidies its own after each task, before the retry can run into it.
-        await sync_to_async(tidy_connections)()
+        if not isinstance(outcome, Suspended):
+            # Handlers reach the ORM through sync_to_async, in asgiref's one thread for
+            # thread-sensitive calls, which no pool thread tidies: a connection the server
+            # killed stays there, and fails every later ORM call of every async handler,
+            # until closed. A failure may come from one: tidy that thread, as a pool thread
+            # tidies its own after each task, before the retry can run into it.
+            await sync_to_async(tidy_connections)()
         # Recorded in this context (the span and Sentry scope of the attempt, if any): the
         # log line of the outcome belongs to the attempt.
         record = contextvars.copy_context().run
         await asyncio.get_running_loop().run_in_executor(
-            self._blocking, record, self._record_failure, begun, *failure
+            self._blocking, record, self._record, begun, outcome, attempt
         )
 
     async def _call(
@@ -307,9 +282,9 @@ class EventLoop:
         seconds = attempt_timeout_of(claim.task, handler)
         began = loop.time()
         try:
-            handler_task = loop.create_task(_contained(handler.func(*args, **kwargs)))
+            handler_task = loop.create_task(contained(handler.func(*args, **kwargs)))
             now = runner.executor.clock.now()
-            _arm(loop, handler_task, begun, context, seconds, stopped, timers, now)
+            arm_stops(loop, handler_task, begun, context, seconds, stopped, timers, now)
             value = await handler_task
         except BaseException as exc:  # noqa: BLE001 - every failure is recorded, never lost
             if isinstance(exc, HandlerExit):  # the handler's own SystemExit, say
@@ -332,18 +307,13 @@ class EventLoop:
                 runner.progress.forget(claim.task_id)
         if stopped == [ATTEMPT_TIMED_OUT]:  # it caught its CancelledError, then returned
             assert seconds is not None
-            took = loop.time() - began
-            why = (
-                f"its coroutine was cancelled, yet returned after {took:.2f} s; what it "
-                "returned was discarded"
-            )
-            error = attempt_timeout_message(seconds, why)
+            error = attempt_timeout_message(seconds, _returned_late(loop.time() - began))
             if attempt is not None:
                 attempt.failed(error=_summary(error, stopped))
             return error, True, None
         writer = runner.writer
         assert writer is not None  # begin_many() refuses to start without it
-        refusal = runner.hand_over(claim, value, writer)
+        refusal = hand_over(claim, value, writer)
         if refusal is None:
             return None
         if attempt is not None:
@@ -381,61 +351,28 @@ class EventLoop:
             await asyncio.sleep(left + DEADLINE_MARGIN)
 
     # -- the blocking threads' side -------------------------------------------------------
-    def _suspend(self, begun: Begun, suspended: Suspended, attempt: Attempt | None) -> Any:
-        try:
-            return self.runner.suspend(begun.claim, suspended.wait, attempt)
-        finally:
-            tidy_connections()
-
-    def _record_failure(
-        self, begun: Begun, error: str, retryable: bool, exc: BaseException | None
+    def _record(
+        self,
+        begun: Begun,
+        outcome: tuple[str, bool, BaseException | None] | Suspended,
+        attempt: Attempt | None,
     ) -> Any:
+        """Write a handler's wait (a suspend) or its failure, fenced by the claim's token."""
         try:
+            if isinstance(outcome, Suspended):
+                return self.runner.suspend(begun.claim, outcome.wait, attempt)
+            error, retryable, exc = outcome
             return self.runner.record_failure(begun.claim, error, retryable, exc=exc)
         finally:
             tidy_connections()
 
 
-def _arm(
-    loop: asyncio.AbstractEventLoop,
-    handler_task: asyncio.Task[Any],
-    begun: Begun,
-    context: TaskContext | None,
-    seconds: float | None,
-    stopped: list[str],
-    timers: list[asyncio.TimerHandle],
-    now: dt.datetime,
-) -> None:
-    """Have the handler's coroutine cancelled on a cancel request (from any thread), at the
-    task's deadline and at its attempt_timeout, noting why in ``stopped``; the timers go to
-    ``timers``, for the caller to cancel once the handler ended."""
-    claim = begun.claim
-
-    def stop(why: str) -> None:
-        if not handler_task.done() and not stopped:
-            stopped.append(why)
-            handler_task.cancel()
-
-    def stop_soon() -> None:  # from the heartbeat's thread, say
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(stop, CANCELLED)
-
-    if context is not None:
-        context.on_cancel(stop_soon)
-    if claim.deadline_at is not None:
-        left = (claim.deadline_at - now).total_seconds()
-        timers.append(loop.call_later(max(left, 0) + DEADLINE_MARGIN, stop, TIMED_OUT))
-    if seconds is not None:
-
-        def expire(seconds: float = seconds) -> None:
-            if handler_task.done() or stopped:  # returned in time, or stopped already
-                return
-            log_attempt_expired(claim, seconds, "cancelling its coroutine")
-            stop(ATTEMPT_TIMED_OUT)
-            if context is not None:  # is_cancelled() True (its stop_soon: a no-op)
-                context.mark_cancelled()
-
-        timers.append(loop.call_later(seconds, expire))
+def _returned_late(took: float) -> str:
+    """What became of a handler that caught its attempt's cancel, then returned."""
+    return (
+        f"its coroutine was cancelled, yet returned after {took:.2f} s; what it returned was "
+        "discarded"
+    )
 
 
 def _summary(error: str, stopped: list[str]) -> str:

@@ -1,7 +1,8 @@
 """FailureRecorder: records a failed attempt (a handler's error, an attempt past its
 attempt_timeout, a result the storage refused, a task that cannot run here) fenced by the
 claim's token, never lost for its text, retried on a new connection while the storage is out
-of reach; and reports a discarded outcome."""
+of reach; hands a task back to wait (a durable wait, or a stop at a step); and reports a
+discarded outcome."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..core.retries import attempt_timeout_message
 from ..core.serialization import RESULT_REFUSED
 from ..core.states import TaskStatus
 from ..core.text import ascii_text, storable_text
+from ..core.waits import Wait
 from ..observability.attempts import Attempt, observe
 from ..service.reliable_executor import ReliableExecutor
 
@@ -51,6 +53,23 @@ class FailureRecorder:
         if attempt is not None:
             attempt.failed(error=error.splitlines()[0])
         return self.record_failure(claim, error, True)
+
+    def suspend(
+        self, claim: Claim, wait: Wait | None, attempt: Attempt | None = None
+    ) -> TaskStatus | None:
+        """Hand the claim's task back to wait (``wait``) or to be resumed now (None: the
+        worker stops); PENDING, or None when the claim was no longer ours. Refused because a
+        cancel was requested meanwhile, it is recorded as a failure, which ends it CANCELLED."""
+        transition = self.while_in_reach(
+            lambda: self.storage.suspend(claim, wait), claim, "its wait"
+        )
+        if transition is None:
+            what = "a stop" if wait is None else f"its wait {wait.name!r}"
+            return self.record_failure(claim, f"stopped at {what}; a cancel was requested", True)
+        if attempt is not None:
+            attempt.suspended(wait)
+        self.executor.announcer.suspended(transition, wait)
+        return TaskStatus.PENDING
 
     def refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
         """The storage refused this task's result (too large for it, say): the task fails

@@ -15,18 +15,18 @@ from typing import Any
 
 from ..connections import close_connections, with_reconnect
 from ..core.progress import Progress
-from ..core.records import Claim, Transition
-from ..core.serialization import ConversionError, encode, from_json_value
+from ..core.records import Claim
+from ..core.serialization import ConversionError, from_json_value
 from ..core.states import TaskStatus
 from ..core.waits import Wait
 from ..exceptions import StorageUnavailableError, storage_unavailable
 from ..observability.attempts import Attempt, observe
 from ..registry import TaskHandler, get_handler, resolve_handler
 from ..service.reliable_executor import ReliableExecutor
-from .attempt_limits import AttemptTimer, attempt_timeout_of, log_attempt_expired
-from .completion_writer import CompletionWriter
+from .attempt_limits import AttemptLimit, AttemptTimer, ask_to_stop, attempt_timeout_of
+from .completion_writer import CompletionWriter, hand_over
 from .context import TaskContext
-from .failures import RESULT_REFUSED, FailureRecorder
+from .failures import FailureRecorder
 from .group_commit import GroupCommitter
 from .progress_writer import ProgressWriter
 from .steps import Checkpoints
@@ -93,9 +93,9 @@ class TaskRunner:
         self.writer = CompletionWriter(
             lambda outcomes: self.storage.complete_many(outcomes),
             self.executor.announcer.transitions,
-            self._discarded,
+            self.failures.discarded,
             written,
-            refuse=self._refuse_result,
+            refuse=self.failures.refuse_result,
         )
         return self.writer
 
@@ -270,7 +270,7 @@ class TaskRunner:
         handler = resolve_handler(task.task_name)
         self.executor.announcer.starting(task)  # its metrics: at its start write
         if handler is None:
-            return self._record_error(
+            return self.failures.record_error(
                 started,
                 f"no handler is registered for task name {task.task_name!r} in this worker",
             )
@@ -279,7 +279,8 @@ class TaskRunner:
             try:
                 parameter = from_json_value(parameter, param_type)
             except ConversionError as exc:
-                return self._record_error(started, f"parameter does not fit param_type: {exc}")
+                why = f"parameter does not fit param_type: {exc}"
+                return self.failures.record_error(started, why)
         begun = object.__new__(Begun)  # build(), without its call: once per task
         begun.__dict__.update(claim=started, handler=handler, parameter=parameter)
         return begun
@@ -355,7 +356,7 @@ class TaskRunner:
         seconds = attempt_timeout_of(claim.task, handler)
         limit = None
         if seconds is not None:
-            expire = functools.partial(self._attempt_expired, claim, seconds, context)
+            expire = functools.partial(ask_to_stop, claim, seconds, context)
             limit = self.limits.arm(seconds, expire)
         began = time.monotonic()
         try:
@@ -374,21 +375,7 @@ class TaskRunner:
             if context is not None:  # only a handler with a context reports progress
                 self.finish_progress(claim)  # before the outcome: written after, it is refused
             expired = limit is not None and self.limits.finish(limit)
-            if isinstance(exc, Suspended) and not expired:  # a durable wait, or a stop
-                return self.suspend(claim, exc.wait, attempt)
-            if expired:
-                assert limit is not None
-                took = time.monotonic() - began
-                raised = (
-                    f"the handler reached a wait after {took:.2f} s, too late to wait"
-                    if isinstance(exc, Suspended)
-                    else f"the handler raised after {took:.2f} s:\n{traceback.format_exc()}"
-                )
-                return self.record_timed_out(claim, limit.seconds, raised, attempt)
-            if attempt is not None:
-                attempt.failed(exc)
-            retryable = isinstance(exc, handler.retry_on)
-            return self.record_failure(claim, traceback.format_exc(), retryable, exc=exc)
+            return self._raised(begun, exc, limit if expired else None, began, attempt)
         finally:
             if context is not None:
                 self.contexts.pop(claim.task_id, None)
@@ -398,58 +385,44 @@ class TaskRunner:
             took = time.monotonic() - began
             returned = f"the handler returned after {took:.2f} s; what it returned was discarded"
             return self.record_timed_out(claim, limit.seconds, returned, attempt)
-        refusal = self.hand_over(claim, value, writer)
+        refusal = hand_over(claim, value, writer)
         if refusal is not None:
             if attempt is not None:
                 attempt.failed(error=refusal)
             return self.record_failure(claim, refusal, False)
         return TaskStatus.COMPLETED  # recorded shortly, by the writer
 
-    def _attempt_expired(self, claim: Claim, seconds: float, context: TaskContext | None) -> None:
-        """The timer's call at a thread's attempt's limit: tell the handler to stop. The claim
-        stays held (lease renewed, slot taken) until the handler returns."""
-        log_attempt_expired(
-            claim,
-            seconds,
-            "asking its handler to stop (context.is_cancelled() is True now)"
-            if context is not None
-            else "its handler takes no context, so it cannot be asked to stop",
-        )
-        if context is not None:
-            context.mark_cancelled()
-
-    @staticmethod
-    def hand_over(claim: Claim, value: Any, writer: CompletionWriter) -> str | None:
-        """Give a handler's return value to the completion writer; or, when no storage could
-        take it, the error to record instead (without a storage call: the caller records it)."""
-        # Serialised here, once: a value no storage can take (not JSON, an integer too long to
-        # write, nested too deeply) fails this task alone, never the batch it would join.
-        # Not retried: the same handler returns the same kind of value again.
-        try:
-            result = encode(value)
-        except ConversionError as exc:
-            return f"{RESULT_REFUSED}: {exc}"
-        except Exception as exc:  # a model_dump() that raises, say
-            return f"{RESULT_REFUSED}: {type(exc).__name__}: {exc}"
-        writer.put(claim, result)
-        return None
+    def _raised(
+        self,
+        begun: Begun,
+        exc: BaseException,
+        expired: AttemptLimit | None,
+        began: float,
+        attempt: Attempt | None,
+    ) -> TaskStatus | None:
+        """Record what the handler raised (inside its except block: the traceback is read from
+        there): a durable wait or a stop hands the task back, unless its attempt expired."""
+        claim = begun.claim
+        if isinstance(exc, Suspended) and expired is None:  # a durable wait, or a stop
+            return self.failures.suspend(claim, exc.wait, attempt)
+        if expired is not None:
+            took = time.monotonic() - began
+            raised = (
+                f"the handler reached a wait after {took:.2f} s, too late to wait"
+                if isinstance(exc, Suspended)
+                else f"the handler raised after {took:.2f} s:\n{traceback.format_exc()}"
+            )
+            return self.record_timed_out(claim, expired.seconds, raised, attempt)
+        if attempt is not None:
+            attempt.failed(exc)
+        retryable = isinstance(exc, begun.handler.retry_on)
+        return self.record_failure(claim, traceback.format_exc(), retryable, exc=exc)
 
     def suspend(
         self, claim: Claim, wait: Wait | None, attempt: Attempt | None = None
     ) -> TaskStatus | None:
-        """Hand the claim's task back to wait (``wait``) or to be resumed now (None: the
-        worker stops); PENDING, or None when the claim was no longer ours. Refused because a
-        cancel was requested meanwhile, it is recorded as a failure, which ends it CANCELLED."""
-        transition = self.failures.while_in_reach(
-            lambda: self.storage.suspend(claim, wait), claim, "its wait"
-        )
-        if transition is None:
-            what = "a stop" if wait is None else f"its wait {wait.name!r}"
-            return self.record_failure(claim, f"stopped at {what}; a cancel was requested", True)
-        if attempt is not None:
-            attempt.suspended(wait)
-        self.executor.announcer.suspended(transition, wait)
-        return TaskStatus.PENDING
+        """See FailureRecorder.suspend."""
+        return self.failures.suspend(claim, wait, attempt)
 
     # -- failures (see failures.py) -------------------------------------------------------
     def record_failure(
@@ -469,12 +442,3 @@ class TaskRunner:
     ) -> TaskStatus | None:
         """See FailureRecorder.record_timed_out."""
         return self.failures.record_timed_out(claim, seconds, what_happened, attempt)
-
-    def _refuse_result(self, claim: Claim, exc: BaseException) -> Transition | None:
-        return self.failures.refuse_result(claim, exc)
-
-    def _record_error(self, claim: Claim, error: str) -> TaskStatus | None:
-        return self.failures.record_error(claim, error)
-
-    def _discarded(self, claim: Claim) -> None:
-        self.failures.discarded(claim)
