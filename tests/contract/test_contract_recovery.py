@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
-from django.db import connections
+import pytest
+from django.db import connections, transaction
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.master.chores import MasterChores
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME, MasterLock
+from tests.conftest import db_params
 from tests.support.contract_support import (
     LEASE,
     claim_and_start,
@@ -207,6 +209,50 @@ def test_heartbeat_extends_leases(executor, storage, clock):
     clock.advance(10.001)
     assert [t.task.task_id for t in storage.recover_expired(100)] == ["running"]
     assert executor.get_task("waiting").worker_id is None
+
+
+@pytest.mark.parametrize("alias", db_params(["postgres"]))
+def test_a_heartbeat_never_waits_for_a_row_another_write_holds(executor, storage, clock, alias):
+    """PostgreSQL: a row another transaction has locked (this worker's start or completion, a
+    cancel) is skipped, not waited for: waiting, in whatever order the plan met the rows, could
+    deadlock against that write. It is still reported held, and the next beat renews it."""
+    executor.submit("demo.echo", None, task_id="locked")
+    executor.submit("demo.echo", None, task_id="free")
+    claims = {c.task_id: storage.start(c, 10) for c in storage.claim("w1", ["default"], 10, 10)}
+    tokens = {t: c.token for t, c in claims.items()}
+    locked, release, errors = threading.Event(), threading.Event(), []
+
+    def hold_the_row() -> None:
+        try:
+            with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM reliable_executor_task WHERE task_id = 'locked' FOR UPDATE"
+                )
+                locked.set()
+                release.wait(30)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+            locked.set()
+        finally:
+            connections[alias].close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        clock.advance(8)
+        with connections[alias].cursor() as cursor:  # a wait would fail, not hang the test
+            cursor.execute("SET lock_timeout = '2s'")
+        held = storage.heartbeat("w1", tokens, 10)
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    finally:
+        release.set()
+        holder.join(30)
+    assert errors == []
+    assert held == {"locked": (tokens["locked"], False), "free": (tokens["free"], False)}
+    clock.advance(8)  # 16 s after the claim: only the free row's lease was renewed (to 18 s)
+    assert [t.task.task_id for t in storage.recover_expired(100)] == ["locked"]
 
 
 def test_heartbeat_reports_lost_and_foreign_tasks(executor, storage, clock):

@@ -82,15 +82,27 @@ class Transitions(DatabaseAccess):
         self, worker_id: str, tokens: Mapping[str, int], lease_seconds: float
     ) -> dict[str, tuple[int, bool]]:
         """One UPDATE per chunk renews the leases held under these exact tokens, one SELECT
-        reads back which (and their cancel flags)."""
+        reads back which are held (and their cancel flags). On PostgreSQL a row locked by
+        another write at that moment keeps its lease until the next beat."""
         held: dict[str, tuple[int, bool]] = {}
         lease_until = self.clock.now() + dt.timedelta(seconds=lease_seconds)
         for chunk in chunks(list(tokens.items())):
             sql, params = holding_sql(worker_id, chunk)
-            self._execute(
-                f"UPDATE {self._table} SET lease_expires_at = %s WHERE {sql}",
-                [self._dt(lease_until), *params],
-            )
+            if self.vendor == "postgresql":
+                # Rows another transaction holds (this worker's start or completion, a
+                # cancel) are skipped, renewed at the next beat: waiting for their locks, in
+                # whatever order the plan met them, could deadlock against that write.
+                self._execute(
+                    f"WITH locked AS MATERIALIZED (SELECT task_id AS locked_id FROM "
+                    f"{self._table} WHERE {sql} FOR UPDATE SKIP LOCKED) UPDATE {self._table} "
+                    "SET lease_expires_at = %s FROM locked WHERE task_id = locked_id",
+                    [*params, self._dt(lease_until)],
+                )
+            else:  # MariaDB reads the IN list in key order, as its other writes; SQLite: one writer
+                self._execute(
+                    f"UPDATE {self._table} SET lease_expires_at = %s WHERE {sql}",
+                    [self._dt(lease_until), *params],
+                )
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(
                     f"SELECT task_id, lease_token, cancel_requested, status FROM {self._table} "
