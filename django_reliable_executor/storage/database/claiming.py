@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 
 from ...core.queries import ClaimRequest
@@ -17,6 +17,7 @@ from ...core.records import Claim, copy_with
 from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliablePausedQueue, ReliableRateLog
 from .access import DatabaseAccess
+from .claim_ranges import EXAMINED, sort_stopped, stopped, waiting_priorities
 from .rate_log import RateLog
 from .rate_reserve import claim_reserving
 from .rows import (
@@ -174,23 +175,40 @@ class Claiming(DatabaseAccess):
         width = len(CLAIM_FIELDS)
         return [claim_from_row(row[:width]) for row in rows], [str(row[width]) for row in rows]
 
-    def _pick_sql(self, pick: Pick) -> tuple[str, list[Any]]:
+    def _lane(self, pick: Pick) -> str | None:
+        """The claim index's range (``limited_name``) the pick reads, or None: the name's tasks
+        wherever they are."""
+        if pick.name is None:
+            return ""
+        if pick.name in self.flow_limits.names():
+            # A limited name's claim reads its own range of the claim index. (Its tasks stored
+            # without it, by a process that did not know the limits, wait for the master's
+            # chores to move them there: mark_limited.)
+            return pick.name
+        # Limits the registry does not know (given to claim() directly): the name's tasks
+        # wherever they are, found by name.
+        return None
+
+    def _pick_sql(
+        self,
+        pick: Pick,
+        priorities: Sequence[int] | None = None,
+        examined: int | None = None,
+    ) -> tuple[str, list[Any]]:
         """The due, unclaimed rows the pick chooses, in pickup order (served by the claim
-        index)."""
+        index); only of ``priorities`` (each one range of the index: see claim_ranges.py),
+        the read stopped after ``examined`` index entries (MariaDB)."""
         marks = ", ".join(["%s"] * len(pick.queues))
         names_sql, names = "", []
-        lane_sql, lane = "AND limited_name = %s ", [""]
+        lane_sql, lane = "", list[Any]()
+        lane_value = self._lane(pick)
+        if lane_value is not None:
+            lane_sql, lane = "AND limited_name = %s ", [lane_value]
+        if priorities:
+            lane_sql += f"AND priority IN ({', '.join(['%s'] * len(priorities))}) "
+            lane += list(priorities)
         if pick.name is not None:
             names_sql, names = "AND task_name = %s ", [pick.name]
-            if pick.name in self.flow_limits.names():
-                # A limited name's claim reads its own range of the claim index. (Its tasks
-                # stored without it, by a process that did not know the limits, wait for the
-                # master's chores to move them there: mark_limited.)
-                lane = [pick.name]
-            else:
-                # Limits the registry does not know (given to claim() directly): the name's
-                # tasks wherever they are, found by name.
-                lane_sql, lane = "", []
         else:
             # The claim of all other names: the limited names' waiting tasks are out of its
             # range of the index, and those stored without their name are left out by name.
@@ -205,7 +223,11 @@ class Claiming(DatabaseAccess):
             f"AND run_at <= %s {names_sql}{self._not_paused_sql}"
             "ORDER BY priority DESC, run_at ASC LIMIT %s"
         )
-        return sql, [True, *lane, *pick.queues, self._dt(pick.now), *names, pick.limit]
+        params = [True, *lane, *pick.queues, self._dt(pick.now), *names, pick.limit]
+        if examined is not None:
+            sql += " ROWS EXAMINED %s"
+            params.append(examined)
+        return sql, params
 
     @functools.cached_property
     def _not_paused_sql(self) -> str:
@@ -303,16 +325,29 @@ class Claiming(DatabaseAccess):
     def _claim_skip_locked(self, pick: Pick, extra_columns: str) -> list[tuple[Claim, Any]]:
         """MariaDB/MySQL have no UPDATE ... RETURNING: lock a batch (reading it whole), then
         mark it by primary key, in one short transaction."""
-        chosen, chosen_params = self._pick_sql(pick)
+        lane = self._lane(pick)
         # Inside a rate-limited claim's transaction: joined, no savepoint (two round trips
         # less per claim; a failure rolls the whole claim back anyway).
         with transaction.atomic(using=self.alias, savepoint=False):
             with connections[self.alias].cursor() as cursor:
-                cursor.execute(
-                    f"SELECT {CLAIM_COLUMNS_SQL}{extra_columns} {chosen} FOR UPDATE SKIP LOCKED",
-                    chosen_params,
-                )
-                rows = cursor.fetchall()
+                rows = []
+                try:
+                    rows = self._lock_chosen(
+                        cursor, pick, extra_columns, examined=None if lane is None else EXAMINED
+                    )
+                    short = len(rows) < pick.limit and stopped(self.alias)
+                except DatabaseError as exc:
+                    if not sort_stopped(exc):
+                        raise
+                    short = True  # a read of several queues sorts: it stopped with an error
+                if short and lane is not None:
+                    # Stopped among tasks due later (claim_ranges.py).
+                    priorities = waiting_priorities(cursor, self._table, lane, pick.queues)
+                    if priorities:
+                        more = self._lock_chosen(cursor, pick, extra_columns, priorities)
+                        seen = {row[0] for row in rows}
+                        rows += [row for row in more if row[0] not in seen]
+                        rows = rows[: pick.limit]
             if not rows:
                 return []
             ids = [row[0] for row in rows]
@@ -338,6 +373,21 @@ class Claiming(DatabaseAccess):
             )
             for claim, row in zip(claims, rows, strict=True)
         ]
+
+    def _lock_chosen(
+        self,
+        cursor: Any,
+        pick: Pick,
+        extra_columns: str,
+        priorities: Sequence[int] | None = None,
+        examined: int | None = None,
+    ) -> list[Any]:
+        """MariaDB: lock and read the rows the pick chooses (see ``_pick_sql``)."""
+        chosen, params = self._pick_sql(pick, priorities, examined)
+        cursor.execute(
+            f"SELECT {CLAIM_COLUMNS_SQL}{extra_columns} {chosen} FOR UPDATE SKIP LOCKED", params
+        )
+        return list(cursor.fetchall())
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a commit of new work in ``queues`` may have happened (a NOTIFY on
