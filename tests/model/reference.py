@@ -39,6 +39,8 @@ for _name in filter(None, os.environ.get("RE_MODEL_STRICT", "").split(",")):
     KNOWN_UNTIL_MERGED.pop(_name, None)
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "ERROR"})
+# Where a wait for an event without a timeout sits until the event comes (never due by time).
+NEVER = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
 RETRYABLE_BY_HAND = frozenset({"FAILED", "TIMEOUT", "CANCELLED", "ERROR"})
 
 
@@ -83,6 +85,12 @@ class Task:
     batch_id: str | None = None
     unique_key: str | None = None
     unique_until: dt.datetime | None = None
+    # A durable wait (context.sleep / wait_for_event, or a stop at a step): its kind while the
+    # task waits, PENDING with no lease; the events sent to it; how often it was handed back.
+    waiting: str | None = None
+    wait_event: str | None = None
+    events: set[str] = dataclasses.field(default_factory=set)
+    resumptions: int = 0
 
 
 @dataclasses.dataclass
@@ -236,6 +244,7 @@ class Model:
         assert self.claimable(task, now), task
         self.next_claim += 1
         task.lease = Lease(worker, self.next_claim, now + dt.timedelta(seconds=self.lease_s))
+        task.waiting = task.wait_event = None  # resumed now
         return self.next_claim
 
     def holds(self, task_id: str, claim: int) -> bool:
@@ -310,6 +319,50 @@ class Model:
         if task is None or not self.holds(task_id, claim) or task.status != "RUNNING":
             return None
         return self._failed_attempt(task, now, retryable)
+
+    def suspend(
+        self,
+        task_id: str,
+        claim: int,
+        now: dt.datetime,
+        kind: str | None,
+        *,
+        until: dt.datetime | None = None,
+        event: str | None = None,
+    ) -> bool:
+        """A running attempt stops at a durable wait (``kind`` "sleep" or "event"; None: a stop
+        at a step, due again now): PENDING without a lease, the attempt given back, a
+        resumption counted; due at the sleep's end or the event's timeout, or at once for an
+        event sent already. Refused under a stale claim, or once a cancel was requested."""
+        task = self.tasks.get(task_id)
+        if (
+            task is None
+            or not self.holds(task_id, claim)
+            or task.status != "RUNNING"
+            or task.cancel_requested
+        ):
+            return False
+        task.status = "PENDING"
+        task.lease = None
+        task.attempts -= 1
+        task.budget -= 1
+        task.resumptions += 1
+        task.waiting, task.wait_event = kind, event
+        if kind is None or (kind == "event" and event in task.events):
+            task.run_at = now
+        else:
+            task.run_at = until or NEVER
+        return True
+
+    def send_event(self, task_id: str, name: str, now: dt.datetime) -> bool:
+        """Kept (the first payload) for a live task; a task waiting for it is due now."""
+        task = self.tasks.get(task_id)
+        if task is None or task.status in TERMINAL:
+            return False
+        task.events.add(name)
+        if task.status == "PENDING" and task.waiting == "event" and task.wait_event == name:
+            task.run_at = now
+        return True
 
     def _failed_attempt(self, task: Task, now: dt.datetime, retryable: bool) -> str:
         """After a failed attempt: a cancel request wins, then the deadline, then the budget."""
@@ -389,6 +442,7 @@ class Model:
         task.finished_at = None
         task.lease = None
         task.waiting_for = waiting
+        task.waiting = task.wait_event = None
         if task.batch_id in self.batches:
             self.batches[task.batch_id].counted.pop(task_id, None)
         return True

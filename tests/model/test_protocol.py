@@ -30,7 +30,9 @@ from hypothesis.stateful import (
 from django_reliable_executor import TaskSubmitError, TaskSubmitRequest
 from django_reliable_executor.core.clock import FakeClock
 from django_reliable_executor.core.records import Claim
+from django_reliable_executor.core.serialization import encode
 from django_reliable_executor.core.uniqueness import unique_digest
+from django_reliable_executor.core.waits import EVENT, SLEEP, Wait
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.conftest import delete_prefix, new_storage, redis_client
 from tests.support import contract_support  # noqa: F401 - registers the contract.hook handler
@@ -43,6 +45,7 @@ QUEUES = ("q1", "q2")
 CALLBACK_QUEUE = "cb"  # no simulated worker claims it: callbacks stay stored, CREATED
 WORKERS = ("w0", "w1", "w2")
 RETENTION = 30.0
+EVENT_NAMES = ("go", "other")
 
 PROFILES = {
     # Bounded for CI (the four storages together take about two minutes on 2 cores), and the
@@ -340,6 +343,42 @@ class ProtocolMachine(RuleBasedStateMachine):
         written = self.storage.fail(held.claim, "boom", retryable=outcome == "retryable")
         assert (written.status.value if written is not None else None) == status, task_id
 
+    @precondition(lambda self: self.claims)
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["sleep", "event", "event-timeout", "stop"]),
+        seconds=st.sampled_from([5, 30]),
+    )
+    def suspend(self, data: st.DataObject, kind: str, seconds: float) -> None:
+        """A handler stops at a durable wait (or at a step, the worker stopping)."""
+        held = self.pick(data, started=True)
+        if held is None:
+            return
+        until = self.now + dt.timedelta(seconds=seconds)
+        wait = {
+            "sleep": Wait(SLEEP, "nap", until=until),
+            # (context.wait_for_event names the wait after its event)
+            "event": Wait(EVENT, EVENT_NAMES[0], event=EVENT_NAMES[0]),
+            "event-timeout": Wait(EVENT, EVENT_NAMES[0], until=until, event=EVENT_NAMES[0]),
+            "stop": None,
+        }[kind]
+        expected = self.model.suspend(
+            held.claim.task_id,
+            held.number,
+            self.now,
+            None if wait is None else wait.kind,
+            until=None if wait is None else wait.until,
+            event=None if wait is None else wait.event,
+        )
+        written = self.storage.suspend(held.claim, wait)
+        assert (written is not None) == expected, (held.claim.task_id, kind, written)
+
+    @rule(data=st.data(), name=st.sampled_from(EVENT_NAMES))
+    def send_event(self, data: st.DataObject, name: str) -> None:
+        task_id = self.some_task(data)
+        expected = self.model.send_event(task_id, name, self.now)
+        assert self.storage.send_event(task_id, name, encode({"sent": name})) == expected
+
     @rule(worker=st.sampled_from(WORKERS), twin=st.booleans())
     def heartbeat(self, worker: str, twin: bool) -> None:
         """The worker renews the newest claim of each task it took; its ``twin`` (a second
@@ -543,8 +582,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert set(stored) == set(self.model.tasks), "stored tasks differ from the model's"
         for task_id, task in self.model.tasks.items():
             info = stored[task_id]
-            got = (info.status.value, info.attempts, set(info.waiting_for))
-            assert got == (task.status, task.attempts, task.waiting_for), (task_id, got, task)
+            waits = info.waiting["kind"] if info.waiting else None
+            got = (info.status.value, info.attempts, set(info.waiting_for), waits)
+            # TaskInfo.waiting is shown while the task waits (PENDING) only.
+            wait = task.waiting if task.status == "PENDING" else None
+            model = (task.status, task.attempts, task.waiting_for, wait)
+            assert got == model, (task_id, got, task)
+            assert info.resumptions == task.resumptions, (task_id, info, task)
             # A terminal state changes only by a manual retry.
             previous = self.seen_terminal.get(task_id)
             assert previous is None or previous == info.status.value, (task_id, previous)
