@@ -140,8 +140,8 @@ class TaskInfo:
         waiting: What a PENDING task waits for (a durable wait: ``context.sleep``,
             ``wait_for_event``, ``wait_for``): ``{"kind": "sleep" | "event" | "tasks",
             "name", "until", "event", "task_ids"}``; None otherwise.
-        resumptions: How many times its handler was called again after a wait or a stop
-            (a resumption is not an attempt).
+        resumptions: How many times the task was handed back at a wait or a stop, the
+            current wait included (1 in its first wait); a resumption is not an attempt.
     """
 
     task_id: str
