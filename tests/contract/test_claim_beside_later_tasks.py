@@ -59,3 +59,14 @@ def test_a_capped_names_claim_takes_its_due_tasks_beside_many_due_later(executor
     executor.submit(CAPPED, {"sleep": 0}, priority=-3, task_id="capped-due")
     claims = storage.claim("w1", ["default"], 8, LEASE, name_limits={CAPPED: 2})
     assert [claim.task_id for claim in claims] == ["capped-due"]
+
+
+def test_a_round_with_limited_names_finds_other_due_tasks_beside_many_due_later(
+    executor, storage
+):
+    """With capped or rate-limited names in the round, one read first finds which lanes have
+    work due (RateLog.due_names): bounded the same way, it still finds the one due task."""
+    submit_later(executor, NAME, "default", 0, EXAMINED + 200)
+    executor.submit(NAME, None, priority=-2, task_id="due")
+    claims = storage.claim("w1", ["default"], 8, LEASE, name_limits={CAPPED: 2})
+    assert [claim.task_id for claim in claims] == ["due"]

@@ -219,7 +219,8 @@ class Claiming(DatabaseAccess):
             names_sql += f"AND task_id IN ({', '.join(['%s'] * len(pick.ids))}) "
             names += list(pick.ids)
         sql = (
-            f"FROM {self._table} WHERE available = %s {lane_sql}AND queue IN ({marks}) "
+            f"FROM {self._table}{self._claim_index} WHERE available = %s {lane_sql}"
+            f"AND queue IN ({marks}) "
             f"AND run_at <= %s {names_sql}{self._not_paused_sql}"
             "ORDER BY priority DESC, run_at ASC LIMIT %s"
         )
@@ -228,6 +229,13 @@ class Claiming(DatabaseAccess):
             sql += " ROWS EXAMINED %s"
             params.append(examined)
         return sql, params
+
+    @functools.cached_property
+    def _claim_index(self) -> str:
+        """MariaDB: read by the claim index, whose order is the pickup order. Left to itself,
+        it read an EXISTS of due_names by the queue's index, through the finished tasks, and
+        its read stopped at ROWS EXAMINED (claim_ranges.py) with nothing due later."""
+        return " FORCE INDEX (rexec_claim_idx)" if self.vendor == "mysql" else ""
 
     @functools.cached_property
     def _not_paused_sql(self) -> str:

@@ -50,13 +50,14 @@ import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from ...core.clock import Clock
 from ...core.queries import ClaimRequest
 from ...core.rate_limits import RateLimit
 from ...core.records import Claim, copy_with
 from ...models import ReliableNameLock, ReliableRateLog
+from .claim_ranges import EXAMINED, sort_stopped, stopped, waiting_priorities
 from .rate_entries import aware, entry_counts, insert_entries, other_keys_sql, stamp_times
 from .rows import RATE_KEY_SQL, Pick
 
@@ -91,7 +92,9 @@ class ClaimStatements(Protocol):
     def _take(self, pick: Pick) -> list[Claim]: ...
     def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]: ...
     def _take_logged(self, pick: Pick, logged_at: dt.datetime) -> tuple[list[Claim], list[str]]: ...
-    def _pick_sql(self, pick: Pick) -> tuple[str, list[Any]]: ...
+    def _pick_sql(
+        self, pick: Pick, priorities: Sequence[int] | None = None, examined: int | None = None
+    ) -> tuple[str, list[Any]]: ...
     def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, str, list[Any]]: ...
 
 
@@ -99,6 +102,14 @@ def _one_row(vendor: str) -> str:
     """What a SELECT with a WHERE and no table needs: MariaDB wants a FROM for a WHERE; DUAL
     is its table of one row."""
     return " FROM DUAL" if vendor == "mysql" else ""
+
+
+def _rows(cursor: Any, sql: str, params: list[Any]) -> list[Any]:
+    """The rows of ``sql`` (none for no SQL)."""
+    if not sql:
+        return []
+    cursor.execute(sql, params)
+    return list(cursor.fetchall())
 
 
 class RateLog:
@@ -173,12 +184,20 @@ class RateLog:
             params += select_params
         rest = dataclasses.replace(pick, limit=1, excluded=tuple(names))
         rest_sql, rest_params = self.storage._pick_sql(rest)
-        selects.append(f"SELECT -1, NULL, NULL{one_row} WHERE EXISTS (SELECT 1 {rest_sql})")
-        params += rest_params
+        rest_select = f"SELECT -1, NULL, NULL{one_row} WHERE EXISTS (SELECT 1 {{}})"
         due: set[str | None] = set()
         with connections[self.storage.alias].cursor() as cursor:
-            cursor.execute(" UNION ALL ".join(selects), params)
-            for index, task_id, key in cursor.fetchall():
+            every = [*selects, rest_select.format(rest_sql)]
+            rows = self._read(cursor, " UNION ALL ".join(every), [*params, *rest_params])
+            if rows is None:
+                # MariaDB stopped it among tasks due later: the names' selects alone, then
+                # whether another name's task is due, read by priority ranges.
+                rows = _rows(cursor, " UNION ALL ".join(selects), params)
+                table, queues = self.storage._table, pick.queues
+                priorities = waiting_priorities(cursor, table, "", queues) or None
+                ranged_sql, ranged_params = self.storage._pick_sql(rest, priorities)
+                rows += _rows(cursor, rest_select.format(ranged_sql), ranged_params)
+            for index, task_id, key in rows:
                 if index < 0:
                     due.add(None)
                     continue
@@ -190,6 +209,20 @@ class RateLog:
                 first = min(known.values())
                 self.storage.rate_free_at = min(first, self.storage.rate_free_at or first)
         return due
+
+    def _read(self, cursor: Any, sql: str, params: list[Any]) -> list[Any] | None:
+        """The rows of ``sql``; on MariaDB None when the read stopped after
+        claim_ranges.EXAMINED index entries (its rows may miss a due name then)."""
+        if self.storage.vendor != "mysql":
+            return _rows(cursor, sql, params)
+        try:
+            cursor.execute(f"{sql} LIMIT ROWS EXAMINED %s", [*params, EXAMINED])
+        except DatabaseError as exc:
+            if sort_stopped(exc):
+                return None
+            raise
+        rows = list(cursor.fetchall())
+        return None if stopped(self.storage.alias) else rows
 
     def _probe(
         self,
