@@ -20,6 +20,9 @@ logger = logging.getLogger("django_reliable_executor")
 
 ROWS_PER_ROUND = 500  # most tasks one chore handles per round (the rest: the next round)
 PURGE_EVERY_SECONDS = 60.0
+# The sweep of waits for tasks of other shards: a missed ending (a shard out of reach for
+# seconds, at one precise moment) is rare, so its waiter may wait this long for it.
+SETTLE_WAITS_EVERY_SECONDS = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,20 @@ class DeliverMessages:
         except Exception:
             logger.exception("delivering messages between shards failed; they stay queued")
             return False
+
+
+class SettleWaits:
+    """Every SETTLE_WAITS_EVERY_SECONDS: a bounded step through the durable waits for tasks of
+    other shards (sharded Redis; elsewhere a no-op), waking those whose tasks ended unseen."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def run(self, work: Round) -> bool:
+        if time.monotonic() < self._next:
+            return False
+        self._next = time.monotonic() + SETTLE_WAITS_EVERY_SECONDS
+        return work.storage.settle_waits(ROWS_PER_ROUND) >= ROWS_PER_ROUND
 
 
 class RecoverExpired:
@@ -192,6 +209,7 @@ class MasterChores:
             FireSchedules(self.firing),
             PromoteDue(),
             DeliverMessages(),
+            SettleWaits(),
             RecoverExpired(self),
             ExpireOverdue(executor),
             PurgeFinished(executor, retention_seconds, worker_ttl_seconds),

@@ -289,6 +289,14 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage):
         often delivered. Returns how many were delivered. A no-op where one write spans it all."""
         return 0
 
+    def settle_waits(self, limit: int) -> int:
+        """Look again at up to ``limit`` durable waits for tasks (``context.wait_for``) whose
+        awaited tasks live in another part of the store (the shards of a sharded Redis), and
+        wake those whose tasks ended unseen (an ending between the wait's link and its
+        suspend, while the suspend's own check could not reach that shard). Returns how many
+        waits it looked at. A no-op where one write spans it all."""
+        return 0
+
     @abc.abstractmethod
     def recover_expired(self, limit: int) -> list[Transition]:
         """Claims whose lease expired: unstarted ones go back to the queue (no attempt);

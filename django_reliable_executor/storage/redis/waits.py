@@ -15,7 +15,7 @@ from ...core.dependencies import WAITING_RUN_AT
 from ...core.records import Claim, Transition
 from ...core.serialization import Encoded
 from ...core.states import TaskStatus
-from ...core.waits import WAIT_KINDS, Wait
+from ...core.waits import TASKS, WAIT_KINDS, Wait
 from ...exceptions import StorageUnavailableError
 from .access import LIVE, RedisAccess, guarded
 from .codec import from_micros, micros, packed_wait, text
@@ -89,35 +89,59 @@ class Waits(RedisAccess):
     def _settle_remote_soon(self, claim: Claim, remote: list[str]) -> None:
         """``_settle_remote``, tried again for a few seconds while a shard is out of reach:
         the suspend is made, and an ending missed between link and suspend would leave the
-        task waiting (until its timeout, if it has one)."""
+        task waiting until the master's sweep of waits (``settle_waits``)."""
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
         for pause in (0.05, 0.2, 0.5, 1.0, 2.0, None):
             try:
-                self._settle_remote(claim, remote)
+                self._settle_remote(claim.task_id, claim.shard, remote)
                 return
             except (RedisConnectionError, RedisTimeoutError, StorageUnavailableError):
                 if pause is None:
                     logger.error(
                         "task %s: could not check the tasks of other shards it waits for: one that "
-                        "ended just now may leave it waiting until its timeout, if it has one",
+                        "ended just now leaves it waiting until the master's next sweep of waits",
                         claim.task_id,
                         exc_info=True,
                     )
                     return
                 time.sleep(pause)
 
-    def _settle_remote(self, claim: Claim, remote: list[str]) -> None:
+    def _settle_remote(self, waiter: str, shard: int, remote: list[str]) -> None:
         """Awaited tasks of other shards that ended between their link and the suspend: their
-        message reached a waiter still RUNNING, which ignored it; settled here instead."""
+        message reached a waiter still RUNNING, which ignored it; settled here instead (each
+        ending settles a waiter once, however often this runs)."""
         ended = []
         for task_id in remote:
             info = self.get(task_id)
             if info is None or (info.is_terminal and not info.handler_running):
                 ended.append(task_id)
         if ended:
-            self._run("wait_settle", claim.task_id, *ended, shard=claim.shard)
+            self._run("wait_settle", waiter, *ended, shard=shard)
+
+    @guarded
+    def settle_waits(self, limit: int) -> int:
+        """Sharded: a bounded step through each chore shard's ``P waits``, resumed where the
+        last step stopped; each wait for tasks with some on other shards is settled as after
+        its suspend (``_settle_remote``), for the suspend whose own check gave up."""
+        if not self.sharded:
+            return 0
+        cursors: dict[int, int] = vars(self).setdefault("_wait_cursors", {})
+        looked = 0
+        for shard in self._chore_range():
+            key = self.prefixes[shard] + "waits"
+            cursors[shard], entries = self.client.hscan(key, cursors.get(shard, 0), count=limit)
+            looked += len(entries)
+            for waiter, kind in entries.items():
+                if text(kind) != TASKS:
+                    continue
+                awaited = self.client.hget(self._tkey(text(waiter), shard), "wf")
+                ids = json.loads(text(awaited)) if awaited else []
+                remote = [d for d in ids if self._task_shard(d) != shard]
+                if remote:
+                    self._settle_remote(text(waiter), shard, remote)
+        return looked
 
     @guarded
     def send_event(self, task_id: str, name: str, payload: Encoded) -> bool:
