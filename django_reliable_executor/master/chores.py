@@ -82,7 +82,11 @@ class SettleWaits:
         if time.monotonic() < self._next:
             return False
         self._next = time.monotonic() + SETTLE_WAITS_EVERY_SECONDS
-        return work.storage.settle_waits(ROWS_PER_ROUND) >= ROWS_PER_ROUND
+        try:
+            return work.storage.settle_waits(ROWS_PER_ROUND) >= ROWS_PER_ROUND
+        except Exception:  # a shard out of reach: the next sweep tries again
+            logger.exception("sweeping the waits for tasks of other shards failed")
+            return False
 
 
 class RecoverExpired:

@@ -8,7 +8,7 @@ due ones, at the priorities of the due ones, in two queues and in a capped name'
 from __future__ import annotations
 
 from django_reliable_executor import TaskSubmitRequest
-from django_reliable_executor.storage.database.claim_ranges import EXAMINED
+from django_reliable_executor.storage.database.claim_ranges import EXAMINED, MAX_PRIORITIES
 from tests.support.contract_support import LEASE
 
 NAME = "demo.echo"
@@ -69,4 +69,17 @@ def test_a_round_with_limited_names_finds_other_due_tasks_beside_many_due_later(
     submit_later(executor, NAME, "default", 0, EXAMINED + 200)
     executor.submit(NAME, None, priority=-2, task_id="due")
     claims = storage.claim("w1", ["default"], 8, LEASE, name_limits={CAPPED: 2})
+    assert [claim.task_id for claim in claims] == ["due"]
+
+
+def test_a_claim_beside_more_waiting_priorities_than_it_dives_for_reads_unbounded(
+    executor, storage
+):
+    """Past MAX_PRIORITIES distinct priorities waiting in the lane, the claim reads unbounded
+    (as before the ranges), and still finds the due task below them all."""
+    per_priority = EXAMINED // MAX_PRIORITIES + 10
+    for priority in range(1, MAX_PRIORITIES + 2):
+        submit_later(executor, NAME, "default", priority, per_priority)
+    executor.submit(NAME, None, priority=0, task_id="due")
+    claims = storage.claim("w1", ["default"], 8, LEASE)
     assert [claim.task_id for claim in claims] == ["due"]

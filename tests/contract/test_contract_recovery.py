@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 
 import pytest
 from django.db import connections, transaction
@@ -212,47 +213,45 @@ def test_heartbeat_extends_leases(executor, storage, clock):
 
 
 @pytest.mark.parametrize("alias", db_params(["postgres"]))
-def test_a_heartbeat_never_waits_for_a_row_another_write_holds(executor, storage, clock, alias):
-    """PostgreSQL: a row another transaction has locked (this worker's start or completion, a
-    cancel) is skipped, not waited for: waiting, in whatever order the plan met the rows, could
-    deadlock against that write. It is still reported held, and the next beat renews it."""
-    executor.submit("demo.echo", None, task_id="locked")
-    executor.submit("demo.echo", None, task_id="free")
+def test_a_heartbeat_and_a_write_locking_its_rows_in_the_other_order_never_deadlock(
+    executor, storage, clock, alias
+):
+    """PostgreSQL: another transaction (a start or a completion of this worker's, a cancel)
+    locks row x2, then x1; the heartbeat meets x1 first. Renewing both in one statement, it
+    held x1 while waiting for x2: a deadlock, one of the two aborted. It now skips the row
+    locked and renews it alone afterwards, holding nothing else while it waits."""
+    for task_id in ("x1", "x2"):
+        executor.submit("demo.echo", None, task_id=task_id)
     claims = {c.task_id: storage.start(c, 10) for c in storage.claim("w1", ["default"], 10, 10)}
     tokens = {t: c.token for t, c in claims.items()}
-    locked, release, errors = threading.Event(), threading.Event(), []
+    locked, errors = threading.Event(), []
 
-    def hold_the_row() -> None:
+    def write_in_the_other_order() -> None:
         try:
             with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-                cursor.execute(
-                    "SELECT 1 FROM reliable_executor_task WHERE task_id = 'locked' FOR UPDATE"
-                )
+                lock = "SELECT 1 FROM reliable_executor_task WHERE task_id = %s FOR UPDATE"
+                cursor.execute(lock, ["x2"])
                 locked.set()
-                release.wait(30)
+                time.sleep(1.0)  # the heartbeat is under way meanwhile
+                cursor.execute(lock, ["x1"])
         except Exception as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
             locked.set()
         finally:
             connections[alias].close()
 
-    holder = threading.Thread(target=hold_the_row)
-    holder.start()
+    writer = threading.Thread(target=write_in_the_other_order)
+    writer.start()
     try:
         assert locked.wait(10)
         clock.advance(8)
-        with connections[alias].cursor() as cursor:  # a wait would fail, not hang the test
-            cursor.execute("SET lock_timeout = '2s'")
         held = storage.heartbeat("w1", tokens, 10)
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SET lock_timeout = 0")
     finally:
-        release.set()
-        holder.join(30)
-    assert errors == []
-    assert held == {"locked": (tokens["locked"], False), "free": (tokens["free"], False)}
-    clock.advance(8)  # 16 s after the claim: only the free row's lease was renewed (to 18 s)
-    assert [t.task.task_id for t in storage.recover_expired(100)] == ["locked"]
+        writer.join(30)
+    assert errors == []  # the writer was not chosen as a deadlock's victim either
+    assert held == {"x1": (tokens["x1"], False), "x2": (tokens["x2"], False)}
+    clock.advance(8)  # 16 s after the claim: both leases were renewed (to 18 s)
+    assert storage.recover_expired(100) == []
 
 
 def test_heartbeat_reports_lost_and_foreign_tasks(executor, storage, clock):

@@ -201,9 +201,9 @@ class Claiming(DatabaseAccess):
         marks = ", ".join(["%s"] * len(pick.queues))
         names_sql, names = "", []
         lane_sql, lane = "", list[Any]()
-        lane_value = self._lane(pick)
+        lane_value, hint = self._lane(pick), ""
         if lane_value is not None:
-            lane_sql, lane = "AND limited_name = %s ", [lane_value]
+            lane_sql, lane, hint = "AND limited_name = %s ", [lane_value], self._claim_index
         if priorities:
             lane_sql += f"AND priority IN ({', '.join(['%s'] * len(priorities))}) "
             lane += list(priorities)
@@ -219,7 +219,7 @@ class Claiming(DatabaseAccess):
             names_sql += f"AND task_id IN ({', '.join(['%s'] * len(pick.ids))}) "
             names += list(pick.ids)
         sql = (
-            f"FROM {self._table}{self._claim_index} WHERE available = %s {lane_sql}"
+            f"FROM {self._table}{hint} WHERE available = %s {lane_sql}"
             f"AND queue IN ({marks}) "
             f"AND run_at <= %s {names_sql}{self._not_paused_sql}"
             "ORDER BY priority DESC, run_at ASC LIMIT %s"
@@ -231,11 +231,18 @@ class Claiming(DatabaseAccess):
         return sql, params
 
     @functools.cached_property
+    def _mariadb(self) -> bool:
+        """MariaDB, not MySQL: ROWS EXAMINED (claim_ranges.py) is MariaDB's alone."""
+        connection: Any = connections[self.alias]  # a MySQL backend's wrapper knows which
+        return self.vendor == "mysql" and bool(connection.mysql_is_mariadb)
+
+    @functools.cached_property
     def _claim_index(self) -> str:
-        """MariaDB: read by the claim index, whose order is the pickup order. Left to itself,
-        it read an EXISTS of due_names by the queue's index, through the finished tasks, and
-        its read stopped at ROWS EXAMINED (claim_ranges.py) with nothing due later."""
-        return " FORCE INDEX (rexec_claim_idx)" if self.vendor == "mysql" else ""
+        """MariaDB: a lane's read goes by the claim index, whose order is the pickup order.
+        Left to itself, it read an EXISTS of due_names by the queue's index, through the
+        finished tasks, and its read stopped at ROWS EXAMINED (claim_ranges.py) with nothing
+        due later."""
+        return " FORCE INDEX (rexec_claim_idx)" if self._mariadb else ""
 
     @functools.cached_property
     def _not_paused_sql(self) -> str:
@@ -338,20 +345,13 @@ class Claiming(DatabaseAccess):
         # less per claim; a failure rolls the whole claim back anyway).
         with transaction.atomic(using=self.alias, savepoint=False):
             with connections[self.alias].cursor() as cursor:
-                rows = []
-                try:
-                    rows = self._lock_chosen(
-                        cursor, pick, extra_columns, examined=None if lane is None else EXAMINED
-                    )
-                    short = len(rows) < pick.limit and stopped(self.alias)
-                except DatabaseError as exc:
-                    if not sort_stopped(exc):
-                        raise
-                    short = True  # a read of several queues sorts: it stopped with an error
-                if short and lane is not None:
-                    # Stopped among tasks due later (claim_ranges.py).
+                rows, short = self._lock_bounded(cursor, pick, extra_columns, lane)
+                if short:
+                    # Stopped among tasks due later (claim_ranges.py): by priority ranges, or
+                    # unbounded past MAX_PRIORITIES (None).
+                    assert lane is not None
                     priorities = waiting_priorities(cursor, self._table, lane, pick.queues)
-                    if priorities:
+                    if priorities != []:
                         more = self._lock_chosen(cursor, pick, extra_columns, priorities)
                         seen = {row[0] for row in rows}
                         rows += [row for row in more if row[0] not in seen]
@@ -381,6 +381,22 @@ class Claiming(DatabaseAccess):
             )
             for claim, row in zip(claims, rows, strict=True)
         ]
+
+    def _lock_bounded(
+        self, cursor: Any, pick: Pick, extra_columns: str, lane: str | None
+    ) -> tuple[list[Any], bool]:
+        """``_lock_chosen``, on MariaDB stopped after EXAMINED index entries where the claim
+        index's order is the pickup order (a lane, one queue): the rows, and whether the read
+        was stopped short of the pick's limit."""
+        if lane is None or len(pick.queues) != 1 or not self._mariadb:
+            return self._lock_chosen(cursor, pick, extra_columns), False
+        try:
+            rows = self._lock_chosen(cursor, pick, extra_columns, examined=EXAMINED)
+        except DatabaseError as exc:
+            if not sort_stopped(exc):  # a plan that sorts: stopped with an error instead
+                raise
+            return [], True
+        return rows, len(rows) < pick.limit and stopped(self.alias)
 
     def _lock_chosen(
         self,

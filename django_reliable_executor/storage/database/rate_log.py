@@ -85,6 +85,8 @@ class ClaimStatements(Protocol):
     def _table(self) -> str: ...
     @property
     def _not_paused_sql(self) -> str: ...
+    @property
+    def _mariadb(self) -> bool: ...
     def _dt(self, value: dt.datetime) -> Any: ...
     def _retrying(self, operation: Callable[[], T]) -> T: ...
     def _lock_name(self, cursor: Any, table: str, name: str) -> None: ...
@@ -184,10 +186,10 @@ class RateLog:
             params += select_params
         rest = dataclasses.replace(pick, limit=1, excluded=tuple(names))
         rest_sql, rest_params = self.storage._pick_sql(rest)
-        rest_select = f"SELECT -1, NULL, NULL{one_row} WHERE EXISTS (SELECT 1 {{}})"
+        rest_select = f"SELECT -1, NULL, NULL{one_row} WHERE EXISTS (SELECT 1 "
         due: set[str | None] = set()
         with connections[self.storage.alias].cursor() as cursor:
-            every = [*selects, rest_select.format(rest_sql)]
+            every = [*selects, rest_select + rest_sql + ")"]
             rows = self._read(cursor, " UNION ALL ".join(every), [*params, *rest_params])
             if rows is None:
                 # MariaDB stopped it among tasks due later: the names' selects alone, then
@@ -196,7 +198,7 @@ class RateLog:
                 table, queues = self.storage._table, pick.queues
                 priorities = waiting_priorities(cursor, table, "", queues) or None
                 ranged_sql, ranged_params = self.storage._pick_sql(rest, priorities)
-                rows += _rows(cursor, rest_select.format(ranged_sql), ranged_params)
+                rows += _rows(cursor, rest_select + ranged_sql + ")", ranged_params)
             for index, task_id, key in rows:
                 if index < 0:
                     due.add(None)
@@ -213,7 +215,7 @@ class RateLog:
     def _read(self, cursor: Any, sql: str, params: list[Any]) -> list[Any] | None:
         """The rows of ``sql``; on MariaDB None when the read stopped after
         claim_ranges.EXAMINED index entries (its rows may miss a due name then)."""
-        if self.storage.vendor != "mysql":
+        if not self.storage._mariadb:
             return _rows(cursor, sql, params)
         try:
             cursor.execute(f"{sql} LIMIT ROWS EXAMINED %s", [*params, EXAMINED])

@@ -123,24 +123,30 @@ class Waits(RedisAccess):
     @guarded
     def settle_waits(self, limit: int) -> int:
         """Sharded: a bounded step through each chore shard's ``P waits``, resumed where the
-        last step stopped; each wait for tasks with some on other shards is settled as after
-        its suspend (``_settle_remote``), for the suspend whose own check gave up."""
+        last step stopped; each wait for tasks is settled as after its suspend
+        (``_settle_remote``), for the suspend whose own check gave up. Every awaited id is
+        looked up (a purged one cannot be told apart from a local one), at most ``limit`` a
+        shard per step. Returns how many awaited ids it looked up."""
         if not self.sharded:
             return 0
         cursors: dict[int, int] = vars(self).setdefault("_wait_cursors", {})
         looked = 0
         for shard in self._chore_range():
             key = self.prefixes[shard] + "waits"
-            cursors[shard], entries = self.client.hscan(key, cursors.get(shard, 0), count=limit)
-            looked += len(entries)
+            after, entries = self.client.hscan(key, cursors.get(shard, 0), count=limit)
+            budget = limit
             for waiter, kind in entries.items():
                 if text(kind) != TASKS:
                     continue
                 awaited = self.client.hget(self._tkey(text(waiter), shard), "wf")
                 ids = json.loads(text(awaited)) if awaited else []
-                remote = [d for d in ids if self._task_shard(d) != shard]
-                if remote:
-                    self._settle_remote(text(waiter), shard, remote)
+                if ids:
+                    self._settle_remote(text(waiter), shard, ids)
+                budget -= len(ids)
+                if budget <= 0:
+                    break
+            looked += limit - budget
+            cursors[shard] = after if budget > 0 else cursors.get(shard, 0)
         return looked
 
     @guarded
