@@ -307,25 +307,6 @@ def pytest_runtest_logreport(report) -> None:
     ]
 
 
-# The order tests start in (CI time, under pytest-xdist): those that restart a shared server
-# first, while the other process runs short tests (the restart waits for one of those, not for
-# a minute-long soak, to release the shared lock), then the real-process folders, whose tests
-# take seconds each, then the rest: the short tests come last, where they fill the gaps while
-# the other process finishes its last long one.
-_FIRST_DIRS = ("faults", "races", "model", "process")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("restarts_servers") is not None:
-            return 0
-        parts = item.path.parts
-        folder = parts[parts.index("tests") + 1] if "tests" in parts else ""
-        return 1 if folder in _FIRST_DIRS else 2
-
-    items.sort(key=rank)  # stable: each group keeps the files' order
-
-
 @pytest.fixture(autouse=True)
 def _shared_servers(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist (CI runs two test processes): a test marked ``restarts_servers``

@@ -25,6 +25,7 @@ tests/unit/test_storage_modules.py keeps the table true.
     chores / chores: _purge_finished expire_overdue recover_expired
     base / chores: promote_due
     base / access: deliver_messages
+    base / waits: settle_waits
     chores / base: mark_limited
     reading / reading: _minute_counts count count_by_queue dependents_of get_many has_work
     reading / reading: oldest_due oldest_due_by_queue rate_use
