@@ -61,9 +61,7 @@ def test_a_capped_names_claim_takes_its_due_tasks_beside_many_due_later(executor
     assert [claim.task_id for claim in claims] == ["capped-due"]
 
 
-def test_a_round_with_limited_names_finds_other_due_tasks_beside_many_due_later(
-    executor, storage
-):
+def test_a_round_with_limited_names_finds_other_due_tasks_beside_many_due_later(executor, storage):
     """With capped or rate-limited names in the round, one read first finds which lanes have
     work due (RateLog.due_names): bounded the same way, it still finds the one due task."""
     submit_later(executor, NAME, "default", 0, EXAMINED + 200)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 # Why: the claim index orders a lane's waiting tasks by (priority, run_at), so "due now, in
 # pickup order" is not one range of it. A claim that finds fewer due tasks than it asks for
@@ -62,3 +62,28 @@ def waiting_priorities(
         else:
             return None
     return sorted(found, reverse=True)
+
+
+def rows_of(cursor: Any, sql: str, params: list[Any]) -> list[Any]:
+    """The rows of ``sql`` (none for no SQL)."""
+    if not sql:
+        return []
+    cursor.execute(sql, params)
+    return list(cursor.fetchall())
+
+
+def bounded_rows(
+    cursor: Any, alias: str, sql: str, params: list[Any], mariadb: bool
+) -> list[Any] | None:
+    """The rows of ``sql``; on MariaDB (``mariadb``) None when the read stopped after EXAMINED
+    index entries (its rows may then miss some)."""
+    if not mariadb:
+        return rows_of(cursor, sql, params)
+    try:
+        cursor.execute(f"{sql} LIMIT ROWS EXAMINED %s", [*params, EXAMINED])
+    except DatabaseError as exc:
+        if sort_stopped(exc):
+            return None
+        raise
+    rows = list(cursor.fetchall())
+    return None if stopped(alias) else rows

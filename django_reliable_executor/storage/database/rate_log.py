@@ -50,14 +50,14 @@ import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections, transaction
 
 from ...core.clock import Clock
 from ...core.queries import ClaimRequest
 from ...core.rate_limits import RateLimit
 from ...core.records import Claim, copy_with
 from ...models import ReliableNameLock, ReliableRateLog
-from .claim_ranges import EXAMINED, sort_stopped, stopped, waiting_priorities
+from .claim_ranges import bounded_rows, rows_of, waiting_priorities
 from .rate_entries import aware, entry_counts, insert_entries, other_keys_sql, stamp_times
 from .rows import RATE_KEY_SQL, Pick
 
@@ -104,14 +104,6 @@ def _one_row(vendor: str) -> str:
     """What a SELECT with a WHERE and no table needs: MariaDB wants a FROM for a WHERE; DUAL
     is its table of one row."""
     return " FROM DUAL" if vendor == "mysql" else ""
-
-
-def _rows(cursor: Any, sql: str, params: list[Any]) -> list[Any]:
-    """The rows of ``sql`` (none for no SQL)."""
-    if not sql:
-        return []
-    cursor.execute(sql, params)
-    return list(cursor.fetchall())
 
 
 class RateLog:
@@ -190,15 +182,16 @@ class RateLog:
         due: set[str | None] = set()
         with connections[self.storage.alias].cursor() as cursor:
             every = [*selects, rest_select + rest_sql + ")"]
-            rows = self._read(cursor, " UNION ALL ".join(every), [*params, *rest_params])
+            sql, bound = " UNION ALL ".join(every), self.storage._mariadb
+            rows = bounded_rows(cursor, self.storage.alias, sql, [*params, *rest_params], bound)
             if rows is None:
                 # MariaDB stopped it among tasks due later: the names' selects alone, then
                 # whether another name's task is due, read by priority ranges.
-                rows = _rows(cursor, " UNION ALL ".join(selects), params)
+                rows = rows_of(cursor, " UNION ALL ".join(selects), params)
                 table, queues = self.storage._table, pick.queues
                 priorities = waiting_priorities(cursor, table, "", queues) or None
                 ranged_sql, ranged_params = self.storage._pick_sql(rest, priorities)
-                rows += _rows(cursor, rest_select + ranged_sql + ")", ranged_params)
+                rows += rows_of(cursor, rest_select + ranged_sql + ")", ranged_params)
             for index, task_id, key in rows:
                 if index < 0:
                     due.add(None)
@@ -211,20 +204,6 @@ class RateLog:
                 first = min(known.values())
                 self.storage.rate_free_at = min(first, self.storage.rate_free_at or first)
         return due
-
-    def _read(self, cursor: Any, sql: str, params: list[Any]) -> list[Any] | None:
-        """The rows of ``sql``; on MariaDB None when the read stopped after
-        claim_ranges.EXAMINED index entries (its rows may miss a due name then)."""
-        if not self.storage._mariadb:
-            return _rows(cursor, sql, params)
-        try:
-            cursor.execute(f"{sql} LIMIT ROWS EXAMINED %s", [*params, EXAMINED])
-        except DatabaseError as exc:
-            if sort_stopped(exc):
-                return None
-            raise
-        rows = list(cursor.fetchall())
-        return None if stopped(self.storage.alias) else rows
 
     def _probe(
         self,

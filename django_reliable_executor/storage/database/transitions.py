@@ -7,7 +7,6 @@ import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from django.db import connections
 from django.db.models import F, Q
@@ -20,6 +19,7 @@ from ...models import ReliableTask
 from . import rate_starts
 from .access import DatabaseAccess
 from .dependencies import json_ids
+from .lease_renewal import renew_skipping_locked
 from .retry_counts import add_retries
 from .retrying import retry_row
 from .rows import (
@@ -84,13 +84,15 @@ class Transitions(DatabaseAccess):
     ) -> dict[str, tuple[int, bool]]:
         """One UPDATE per chunk renews the leases held under these exact tokens, one SELECT
         reads back which are held (and their cancel flags); on PostgreSQL see
-        ``_renew_skipping_locked``."""
+        lease_renewal.py."""
         held: dict[str, tuple[int, bool]] = {}
         lease_until = self.clock.now() + dt.timedelta(seconds=lease_seconds)
         for chunk in chunks(list(tokens.items())):
             sql, params = holding_sql(worker_id, chunk)
             if self.vendor == "postgresql":
-                self._renew_skipping_locked(worker_id, chunk, sql, params, lease_until)
+                with connections[self.alias].cursor() as cursor:
+                    until = self._dt(lease_until)
+                    renew_skipping_locked(cursor, self._table, worker_id, chunk, until)
             else:  # MariaDB reads the IN list in key order, as its other writes; SQLite: one writer
                 self._execute(
                     f"UPDATE {self._table} SET lease_expires_at = %s WHERE {sql}",
@@ -106,35 +108,6 @@ class Transitions(DatabaseAccess):
                     # Timed out while its handler runs: still held, and the handler should stop.
                     held[task_id] = (token, bool(cancel) or status == TaskStatus.TIMEOUT.value)
         return held
-
-    def _renew_skipping_locked(
-        self,
-        worker_id: str,
-        chunk: Sequence[tuple[str, int]],
-        sql: str,
-        params: list[Any],
-        lease_until: dt.datetime,
-    ) -> None:
-        """PostgreSQL: renew the chunk's leases, skipping the rows another transaction holds
-        (this worker's start or completion, a cancel): waiting for several locks, in whatever
-        order the plan met them, could deadlock against that write. The rows skipped are then
-        renewed one statement each, which holds no other lock while it waits: no cycle."""
-        with connections[self.alias].cursor() as cursor:
-            cursor.execute(
-                f"WITH locked AS MATERIALIZED (SELECT task_id AS locked_id FROM {self._table} "
-                f"WHERE {sql} FOR NO KEY UPDATE SKIP LOCKED) UPDATE {self._table} "
-                "SET lease_expires_at = %s FROM locked WHERE task_id = locked_id "
-                "RETURNING task_id",
-                [*params, self._dt(lease_until)],
-            )
-            renewed = {task_id for (task_id,) in cursor.fetchall()}
-        for task_id, token in chunk:
-            if task_id not in renewed:  # skipped, or not held (then this changes nothing)
-                one_sql, one_params = holding_sql(worker_id, [(task_id, token)])
-                self._execute(
-                    f"UPDATE {self._table} SET lease_expires_at = %s WHERE {one_sql}",
-                    [self._dt(lease_until), *one_params],
-                )
 
     def complete(self, claim: Claim, result: object) -> Transition | None:
         return self.complete_many([(claim, result)])[0]

@@ -15,16 +15,24 @@ from .conftest import LEASE, S1, S2, complete
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
 
+def link_then_end(storage):
+    """The storage's link of the awaited tasks, after which "racer" (shard 2) completes: its
+    message finds the waiter still RUNNING."""
+    link = storage._link_awaited
+
+    def linked_then_ended(claim, task_ids):
+        linked = link(claim, task_ids)
+        complete(storage, S2, "racer")
+        return linked
+
+    return linked_then_ended
+
+
 def test_a_blip_after_the_suspend_does_not_lose_the_wake_up(executor, storage):
     executor.submit("demo.echo", {}, task_id="racer", queue=S2)
     executor.submit("contract.hook", None, task_id="late", queue=S1)
-    link, settle = storage._link_awaited, storage._settle_remote
+    settle = storage._settle_remote
     calls: list[int] = []
-
-    def link_then_end(claim, task_ids):
-        linked = link(claim, task_ids)
-        complete(storage, S2, "racer")  # its message finds the waiter still RUNNING
-        return linked
 
     def blip_once(waiter, shard, remote):
         calls.append(1)
@@ -32,7 +40,7 @@ def test_a_blip_after_the_suspend_does_not_lose_the_wake_up(executor, storage):
             raise StorageUnavailableError("shard 2 out of reach for a moment")
         return settle(waiter, shard, remote)
 
-    storage._link_awaited, storage._settle_remote = link_then_end, blip_once
+    storage._link_awaited, storage._settle_remote = link_then_end(storage), blip_once
     HOOKS["late"] = lambda context: sorted(context.wait_for("one", ["racer"]))
     try:
         (claim,) = storage.claim("w1", [S1], 10, LEASE)
@@ -48,17 +56,11 @@ def test_a_blip_after_the_suspend_does_not_lose_the_wake_up(executor, storage):
 def test_the_sweep_of_waits_wakes_a_waiter_whose_check_gave_up(executor, storage, monkeypatch):
     executor.submit("demo.echo", {}, task_id="racer", queue=S2)
     executor.submit("contract.hook", None, task_id="late", queue=S1)
-    link = storage._link_awaited
-
-    def link_then_end(claim, task_ids):
-        linked = link(claim, task_ids)
-        complete(storage, S2, "racer")  # its message finds the waiter still RUNNING
-        return linked
 
     def out_of_reach(waiter, shard, remote):
         raise StorageUnavailableError("shard 2 out of reach")
 
-    storage._link_awaited, storage._settle_remote = link_then_end, out_of_reach
+    storage._link_awaited, storage._settle_remote = link_then_end(storage), out_of_reach
     monkeypatch.setattr("django_reliable_executor.storage.redis.waits.time.sleep", lambda s: None)
     HOOKS["late"] = lambda context: sorted(context.wait_for("one", ["racer"]))
     try:
