@@ -20,13 +20,24 @@ class StepStorage(abc.ABC):
     waits and the events sent to them."""
 
     @abc.abstractmethod
-    def record_step(self, claim: Claim, name: str, result: Encoded, lease_seconds: float) -> bool:
+    def record_step(
+        self,
+        claim: Claim,
+        name: str,
+        result: Encoded,
+        lease_seconds: float,
+        renew_lease: bool = True,
+    ) -> bool:
         """Store the checkpoint of step ``name`` of the claim's task (``result``, its JSON
         value and text, finished now) and renew the claim's lease to ``lease_seconds`` from
         now, in one atomic write fenced like every write of a claim: only where the task is
         RUNNING, held by the claim's worker under its token (and, on Redis, still leased).
         A checkpoint of the same name already stored is replaced (finishing now: last in
         the order). Returns False, storing nothing, when the claim is no longer held.
+
+        ``renew_lease=False``: the lease is fresh (the attempt renewed it less than a quarter
+        of it ago), so a storage whose renewal is a statement of its own (MariaDB, SQLite)
+        skips it; PostgreSQL and Redis renew in the checkpoint's own statement anyway.
 
         On the database storage the write joins the caller's open transaction (``atomic``
         on ``transaction_alias``): it commits or rolls back with it, and holds the task's

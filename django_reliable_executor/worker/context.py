@@ -92,9 +92,11 @@ class TaskContext:
         (the JSON value: a tuple comes back a list), the same in every attempt. A failing
         ``fn`` stores nothing and its exception goes on as usual.
 
-        The checkpoint is written under this attempt's fencing token and renews its lease;
-        when the attempt no longer holds the task (its lease was lost: it was recovered,
-        timed out or cancelled), nothing is stored and LeaseLostError is raised.
+        The checkpoint is written under this attempt's fencing token and renews its lease
+        once a quarter of it has passed since the last renewal (so the lease is at least
+        three quarters full after it); when the attempt no longer holds the task (its lease
+        was lost: it was recovered, timed out or cancelled), nothing is stored and
+        LeaseLostError is raised.
 
         ``atomic=True`` (database storage only; InvalidTaskOptionError on Redis): ``fn`` runs
         inside ``transaction.atomic(using=<the task database's alias>)`` and the checkpoint is

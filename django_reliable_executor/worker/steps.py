@@ -1,13 +1,15 @@
 """Durable steps: what ``context.step`` does for one attempt of a task (docs/durable-tasks.md).
 
 A step runs its function once per task: its result is stored under the task as a checkpoint
-(``storage.record_step``, fenced by the attempt's claim and renewing its lease), and a later
+(``storage.record_step``, fenced by the attempt's claim, renewing its lease once a quarter of
+it has passed), and a later
 attempt of the task gets the stored result back without calling the function. The checkpoints
 stored before the attempt are read at its first step (one read), then kept with the ones it
 writes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import inspect
 import threading
@@ -51,6 +53,12 @@ class Checkpoints:
         self._lock = threading.Lock()
         self._stored: dict[str, Any] | None = None  # read at the first step
         self._used: set[str] = set()  # steps that returned a value in this run, or run now
+        # When this attempt last renewed its lease, as far as it knows (its start; the
+        # heartbeat's renewals are not counted, so this is never later than the truth).
+        started = claim.task.started_at
+        self._renewed_at: dt.datetime | None = (
+            None if started is None else min(started, executor.clock.now())
+        )
 
     @property
     def storage(self) -> TaskStorage:
@@ -181,13 +189,25 @@ class Checkpoints:
     def _write(self, name: str, encoded: Encoded) -> None:
         """Store the checkpoint under the claim's token (renewing its lease); LeaseLostError
         when the claim no longer holds the task."""
-        stored = with_reconnect(
-            lambda: self.storage.record_step(self.claim, name, encoded, self.lease_seconds)
-        )
-        if not stored:
+        if not with_reconnect(functools.partial(self._record, name, encoded)):
             raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
         self._keep(name, encoded.value)
         self._announce(name)
+
+    def _record(self, name: str, encoded: Encoded) -> bool:
+        """``storage.record_step``, asked to renew the lease only once a quarter of it has
+        passed since this attempt last renewed it. Why: on MariaDB and SQLite the renewal is a
+        statement of its own (a round trip per step); a lease renewed less than a quarter of
+        it ago is still three quarters full, as the heartbeat keeps it (LEASE_TIMEOUT / 4)."""
+        now = self.clock.now()
+        quarter = dt.timedelta(seconds=self.lease_seconds / 4)
+        renew = self._renewed_at is None or now - self._renewed_at >= quarter
+        stored = self.storage.record_step(
+            self.claim, name, encoded, self.lease_seconds, renew_lease=renew
+        )
+        if stored and renew:
+            self._renewed_at = now  # the storage's own now, which set the lease, is later
+        return stored
 
     def _run_atomic(
         self,
@@ -201,13 +221,18 @@ class Checkpoints:
         (LeaseLostError) or an error rolls ``fn``'s writes back with it."""
         from django.db import transaction
 
-        with transaction.atomic(using=alias):
-            encoded = _encode(name, fn(*args, **kwargs))
-            if not self.storage.record_step(self.claim, name, encoded, self.lease_seconds):
-                raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
-            # Inside a transaction of the handler's own, the checkpoint commits with it (or
-            # never): announced then.
-            transaction.on_commit(functools.partial(self._announce, name), using=alias)
+        renewed_at = self._renewed_at
+        try:
+            with transaction.atomic(using=alias):
+                encoded = _encode(name, fn(*args, **kwargs))
+                if not self._record(name, encoded):
+                    raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
+                # Inside a transaction of the handler's own, the checkpoint commits with it
+                # (or never): announced then.
+                transaction.on_commit(functools.partial(self._announce, name), using=alias)
+        except BaseException:
+            self._renewed_at = renewed_at  # a renewal rolled back with the step
+            raise
         self._keep(name, encoded.value)
         return encoded.value
 

@@ -249,6 +249,37 @@ def test_a_checkpoint_renews_the_lease(executor, storage, clock):
     assert executor.get_task("renewed").status is TaskStatus.RUNNING
 
 
+def test_a_checkpoint_that_skips_the_renewal_is_fenced_all_the_same(executor, storage):
+    executor.submit("demo.echo", 1, task_id="t")
+    claim = claim_and_start(storage)
+    stale = copy_with(claim, token=claim.token + 1)
+    assert storage.record_step(stale, "a", encode(1), LEASE, renew_lease=False) is False
+    assert storage.step_results("t") == {}
+    assert storage.record_step(claim, "a", encode(1), LEASE, renew_lease=False) is True
+    assert storage.step_results("t") == {"a": 1}
+
+
+def test_steps_keep_the_lease_at_least_three_quarters_full(executor, storage, clock):
+    """A checkpoint renews the lease once a quarter of it has passed since the attempt last
+    renewed it (MariaDB and SQLite skip the statement before that)."""
+    from django_reliable_executor.worker.steps import Checkpoints
+
+    executor.submit("demo.echo", 1, task_id="kept")
+    executor.submit("demo.echo", 2, task_id="idle")
+    claims = {
+        c.task_id: c for c in storage.start_many(storage.claim("w1", ["default"], 2, LEASE), LEASE)
+    }
+    steps = Checkpoints(claims["kept"], executor, LEASE)
+    for index in range(8):  # a step every tenth of a lease
+        clock.advance(LEASE / 10)
+        assert steps.run(f"s{index}", lambda: 1, (), {}, False) == 1
+    # 0.8 of a lease since the start (the first lease is gone by then), and at least 0.75 of
+    # one left after the last step
+    clock.advance(LEASE * 0.75 - 0.5)
+    assert [t.task.task_id for t in storage.recover_expired(10)] == ["idle"]
+    assert executor.get_task("kept").status is TaskStatus.RUNNING
+
+
 # -- read back, purged ------------------------------------------------------------------------
 def test_steps_are_read_by_get_get_many_and_listings(executor, storage, clock):
     for task_id in ("m1", "m2"):

@@ -1,6 +1,7 @@
 """Durable steps on the database storage: a checkpoint is a row of reliable_executor_task_step,
 written only while the claim holds the task, with the conditional UPDATE that renews the
-claim's lease: one statement on PostgreSQL, two elsewhere."""
+claim's lease: one statement on PostgreSQL; elsewhere one, or two when the lease is due a
+renewal."""
 
 from __future__ import annotations
 
@@ -20,15 +21,23 @@ from .step_rows import step_rows
 class Steps(DatabaseAccess):
     """record_step and step_results (step_rows.py holds what the other parts read and delete)."""
 
-    def record_step(self, claim: Claim, name: str, result: Encoded, lease_seconds: float) -> bool:
+    def record_step(
+        self,
+        claim: Claim,
+        name: str,
+        result: Encoded,
+        lease_seconds: float,
+        renew_lease: bool = True,
+    ) -> bool:
         """The checkpoint's row inserted only while the claim holds the task, and the lease
         renewed: on PostgreSQL one statement (the fenced UPDATE of the lease, whose row lock
-        stays until the commit, feeding the INSERT); elsewhere the fenced UPDATE, then an
-        INSERT ... SELECT that reads the task's row with a locking read and inserts only
-        while the claim still holds it (no transaction of its own: each statement is fenced,
-        and a refusal stores nothing). A checkpoint of that name stored already (which no
-        attempt's own flow writes twice) takes the path that replaces it: ``_replace``.
-        Inside the caller's transaction (``atomic=True``) the statements join it."""
+        stays until the commit, feeding the INSERT), whatever ``renew_lease`` says;
+        elsewhere the fenced UPDATE when ``renew_lease``, then an INSERT ... SELECT that
+        reads the task's row with a locking read and inserts only while the claim still
+        holds it (no transaction of its own: each statement is fenced, and a refusal stores
+        nothing). A checkpoint of that name stored already (which no attempt's own flow
+        writes twice) takes the path that replaces it: ``_replace``. Inside the caller's
+        transaction (``atomic=True``) the statements join it."""
         now = self.clock.now()
         lease_until = self._dt(now + dt.timedelta(seconds=lease_seconds))
         fence = [claim.task_id, TaskStatus.RUNNING.value, claim.task.worker_id, claim.token]
@@ -46,7 +55,7 @@ class Steps(DatabaseAccess):
                 [lease_until, *fence, *row],
             )
             return bool(stored)
-        if not self._execute(
+        if renew_lease and not self._execute(
             f"UPDATE {tasks} SET lease_expires_at = %s WHERE {held}", [lease_until, *fence]
         ):
             return False

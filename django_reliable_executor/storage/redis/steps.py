@@ -17,7 +17,15 @@ class Steps(RedisAccess):
     """record_step (step.lua) and step_results."""
 
     @guarded
-    def record_step(self, claim: Claim, name: str, result: Encoded, lease_seconds: float) -> bool:
+    def record_step(
+        self,
+        claim: Claim,
+        name: str,
+        result: Encoded,
+        lease_seconds: float,
+        renew_lease: bool = True,
+    ) -> bool:
+        # step.lua renews the lease whatever renew_lease says: in the same script, for free.
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=lease_seconds))
         stored = self._run(
