@@ -90,16 +90,7 @@ class ProcessMetrics:
             "Durable step checkpoints written by the handlers this process ran "
             "(context.step calls that ran their function).",
         )
-        self.waits: Counter = find_or_create(
-            f"{PREFIX}_waits",
-            lambda: Counter(
-                f"{PREFIX}_waits",
-                "Handlers that stopped to wait, each one resumption to come, by kind: sleep, "
-                "event, tasks (durable waits), stop (handed back at a step as the worker "
-                "stopped).",
-                (*LABELS, "kind"),
-            ),
-        )
+        self.waits: Counter = _waits_counter()
         name = f"{PREFIX}_task_execution_seconds"
         self.execution_seconds: Histogram = find_or_create(
             name,
@@ -110,15 +101,12 @@ class ProcessMetrics:
                 buckets=EXECUTION_BUCKETS,
             ),
         )
-        self.schedule_fired, self.schedule_skipped, self.schedule_lag = _schedule_metrics()
-        self.schedule_overlap_skipped: Counter = find_or_create(
-            f"{PREFIX}_schedule_overlap_skipped_total",
-            lambda: Counter(
-                f"{PREFIX}_schedule_overlap_skipped",
-                "Schedule runs not fired because the previous run was not terminal "
-                '(overlap="skip").',
-            ),
-        )
+        (
+            self.schedule_fired,
+            self.schedule_skipped,
+            self.schedule_overlap_skipped,
+            self.schedule_lag,
+        ) = _schedule_metrics()
         # (id of the metric, task_name, queue) -> its labelled child: labels() takes the metric's
         # lock on every call, which eight pool threads then queue on for each task.
         self._children: dict[tuple[int, str, str], Any] = {}
@@ -186,9 +174,25 @@ def observe_many(histogram: Any, samples: list[float]) -> None:
         buckets[index].inc(count)
 
 
-def _schedule_metrics() -> tuple[Counter, Counter, Histogram]:
-    """Runs fired, runs skipped and the lag histogram of the schedules (fired by the master),
-    unlabelled: a million schedules must not make a million series."""
+def _waits_counter() -> Counter:
+    """Durable waits by task and kind (the worker's suspends)."""
+    from prometheus_client import Counter
+
+    return find_or_create(
+        f"{PREFIX}_waits",
+        lambda: Counter(
+            f"{PREFIX}_waits",
+            "Handlers that stopped to wait, each one resumption to come, by kind: sleep, "
+            "event, tasks (durable waits), stop (handed back at a step as the worker stopped).",
+            (*LABELS, "kind"),
+        ),
+    )
+
+
+def _schedule_metrics() -> tuple[Counter, Counter, Counter, Histogram]:
+    """Runs fired, runs skipped (misfire policy), runs skipped (overlap) and the lag histogram
+    of the schedules (fired by the master), unlabelled: a million schedules must not make a
+    million series."""
     from prometheus_client import Counter, Histogram
 
     fired = find_or_create(
@@ -203,6 +207,13 @@ def _schedule_metrics() -> tuple[Counter, Counter, Histogram]:
             "SCHEDULE_CATCH_UP_LIMIT).",
         ),
     )
+    overlap_skipped = find_or_create(
+        f"{PREFIX}_schedule_overlap_skipped_total",
+        lambda: Counter(
+            f"{PREFIX}_schedule_overlap_skipped",
+            'Schedule runs not fired because the previous run was not terminal (overlap="skip").',
+        ),
+    )
     lag = f"{PREFIX}_schedule_lag_seconds"
     histogram = find_or_create(
         lag,
@@ -210,7 +221,7 @@ def _schedule_metrics() -> tuple[Counter, Counter, Histogram]:
             lag, "Seconds from a run's planned time to its fire.", buckets=LAG_BUCKETS
         ),
     )
-    return fired, skipped, histogram
+    return fired, skipped, overlap_skipped, histogram
 
 
 _lock = threading.RLock()

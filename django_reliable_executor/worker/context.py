@@ -93,10 +93,10 @@ class TaskContext:
         ``fn`` stores nothing and its exception goes on as usual.
 
         The checkpoint is written under this attempt's fencing token and renews its lease
-        once a quarter of it has passed since the last renewal (so the lease is at least
-        three quarters full after it); when the attempt no longer holds the task (its lease
-        was lost: it was recovered, timed out or cancelled), nothing is stored and
-        LeaseLostError is raised.
+        (on MariaDB and SQLite only once a quarter of it has passed since the last renewal:
+        the lease is at least three quarters full after it); when the attempt no longer
+        holds the task (its lease was lost: it was recovered, timed out or cancelled),
+        nothing is stored and LeaseLostError is raised.
 
         ``atomic=True`` (database storage only; InvalidTaskOptionError on Redis): ``fn`` runs
         inside ``transaction.atomic(using=<the task database's alias>)`` and the checkpoint is

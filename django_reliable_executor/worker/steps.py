@@ -201,13 +201,29 @@ class Checkpoints:
         it ago is still three quarters full, as the heartbeat keeps it (LEASE_TIMEOUT / 4)."""
         now = self.clock.now()
         quarter = dt.timedelta(seconds=self.lease_seconds / 4)
-        renew = self._renewed_at is None or now - self._renewed_at >= quarter
+        with self._lock:
+            renew = self._renewed_at is None or now - self._renewed_at >= quarter
         stored = self.storage.record_step(
             self.claim, name, encoded, self.lease_seconds, renew_lease=renew
         )
         if stored and renew:
-            self._renewed_at = now  # the storage's own now, which set the lease, is later
+            self._renewed(now)  # the storage's own now, which set the lease, is later
         return stored
+
+    def _renewed(self, now: dt.datetime) -> None:
+        """The lease was renewed at ``now``: counted at once, or, inside a transaction open on
+        the task database (an atomic step, or the handler's own), once it commits (a renewal
+        rolled back with it does not count)."""
+        alias = self.storage.transaction_alias
+        if alias is not None:
+            from django.db import transaction
+
+            if transaction.get_connection(alias).in_atomic_block:
+                transaction.on_commit(functools.partial(self._renewed, now), using=alias)
+                return
+        with self._lock:
+            if self._renewed_at is None or now > self._renewed_at:
+                self._renewed_at = now
 
     def _run_atomic(
         self,
@@ -221,18 +237,13 @@ class Checkpoints:
         (LeaseLostError) or an error rolls ``fn``'s writes back with it."""
         from django.db import transaction
 
-        renewed_at = self._renewed_at
-        try:
-            with transaction.atomic(using=alias):
-                encoded = _encode(name, fn(*args, **kwargs))
-                if not self._record(name, encoded):
-                    raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
-                # Inside a transaction of the handler's own, the checkpoint commits with it
-                # (or never): announced then.
-                transaction.on_commit(functools.partial(self._announce, name), using=alias)
-        except BaseException:
-            self._renewed_at = renewed_at  # a renewal rolled back with the step
-            raise
+        with transaction.atomic(using=alias):
+            encoded = _encode(name, fn(*args, **kwargs))
+            if not self._record(name, encoded):
+                raise LeaseLostError(self.claim.task_id, f"the checkpoint of step {name!r}")
+            # Inside a transaction of the handler's own, the checkpoint commits with it (or
+            # never): announced then.
+            transaction.on_commit(functools.partial(self._announce, name), using=alias)
         self._keep(name, encoded.value)
         return encoded.value
 

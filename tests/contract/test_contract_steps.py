@@ -280,6 +280,29 @@ def test_steps_keep_the_lease_at_least_three_quarters_full(executor, storage, cl
     assert executor.get_task("kept").status is TaskStatus.RUNNING
 
 
+@pytest.mark.parametrize("alias", db_params(DB_ALIASES))
+def test_a_renewal_rolled_back_with_the_handlers_transaction_is_not_counted(
+    executor, storage, clock, alias
+):
+    require(alias)
+    from django.db import transaction
+
+    from django_reliable_executor.worker.steps import Checkpoints
+
+    executor.submit("demo.echo", 1, task_id="undone")
+    claim = claim_and_start(storage)
+    steps = Checkpoints(claim, executor, LEASE)
+    clock.advance(LEASE * 0.3)
+    with pytest.raises(ZeroDivisionError), transaction.atomic(using=storage.transaction_alias):
+        steps.run("a", lambda: 1, (), {}, False)  # renews the lease, then rolls back
+        raise ZeroDivisionError
+    assert storage.step_results("undone") == {}
+    steps.run("b", lambda: 2, (), {}, False)  # so this one renews it again
+    clock.advance(LEASE * 0.75 - 0.5)  # past the start's lease, within b's
+    assert storage.recover_expired(10) == []
+    assert executor.get_task("undone").status is TaskStatus.RUNNING
+
+
 # -- read back, purged ------------------------------------------------------------------------
 def test_steps_are_read_by_get_get_many_and_listings(executor, storage, clock):
     for task_id in ("m1", "m2"):

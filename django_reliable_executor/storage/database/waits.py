@@ -52,15 +52,7 @@ class Waits(DatabaseAccess):
             wait = dataclasses.replace(wait, task_ids=tuple(awaited))
         # Available, as a delayed task is: claims take it at its run_at, and no
         # max_concurrency counts it (an unavailable task without a lease would look held).
-        due = wait is None or (wait.kind == TASKS and not awaited)
-        if wait is not None and wait.kind == SLEEP:
-            assert wait.until is not None
-            run_at, due = wait.until, wait.until <= now
-        elif due:
-            run_at = now
-        else:  # an event or tasks: due at the timeout, if any, or only once woken
-            assert wait is not None
-            run_at = wait.until or WAITING_RUN_AT
+        run_at, due = _resumes_at(wait, awaited, now)
         described = None if wait is None else wait.describe()
         changed = (
             self._tasks()
@@ -199,3 +191,17 @@ class Waits(DatabaseAccess):
             if row["kind"] in counts:
                 counts[row["kind"]] = row["n"]
         return counts
+
+
+def _resumes_at(
+    wait: Wait | None, awaited: list[str], now: dt.datetime
+) -> tuple[dt.datetime, bool]:
+    """When the suspended task is due again, and whether that is now: a stop (no wait) or a
+    wait for tasks that have all ended at once; a sleep at its end; an event or tasks at the
+    timeout, if any, or only once woken."""
+    if wait is not None and wait.kind == SLEEP:
+        assert wait.until is not None
+        return wait.until, wait.until <= now
+    if wait is None or (wait.kind == TASKS and not awaited):
+        return now, True
+    return wait.until or WAITING_RUN_AT, False
