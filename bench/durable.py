@@ -14,10 +14,10 @@ Prints one JSON line with three parts:
   in-process ``runexecutor --burst`` until every one waits). The bytes each sleeping task
   costs the store (PostgreSQL: the task tables' relation sizes; MariaDB: their data and index
   lengths after ANALYZE; SQLite: the file; Redis: used_memory; PostgreSQL's tables are
-  vacuumed first, as autovacuum would), and the drain rate of
-  ``--other`` no-op tasks of the same queue (``runexecutor --burst``, 8 threads; its start-up
-  included, after a first, smaller drain that warms the process) before and beside them: the
-  median of three drains each.
+  vacuumed first, as autovacuum would, and MariaDB is let go idle, its purge of old row
+  versions done), and the drain rate of ``--other`` no-op tasks of the same queue (``runexecutor
+  --burst``, 8 threads; its start-up included, after a first, smaller drain that warms the
+  process) before and beside them: the median of three drains each.
 - ``event``: ``--events`` times in a row, a task waits for an event while a ``runexecutor``
   subprocess idles; the event is sent, and the latency is from the send to the handler's
   resumption (its journal record): p50, p95 and max in ms.
@@ -188,11 +188,15 @@ class Bench:
             )
             return int(cursor.fetchone()[0])
 
-    def vacuum(self) -> None:
-        """PostgreSQL: VACUUM ANALYZE the task tables, as autovacuum would by now (each
-        sleeper's start and suspend left dead row versions whose index entries a claim walks
-        past until they are vacuumed; docs/operations.md asks for autovacuum on, and the
-        servers here run without it)."""
+    def settle(self) -> None:
+        """The store as it would be some time after the writes just made, not in the middle
+        of their clean-up. PostgreSQL: VACUUM ANALYZE the task tables, as autovacuum would by
+        now (each sleeper's start and suspend left dead row versions whose index entries a
+        claim walks past until they are vacuumed; docs/operations.md asks for autovacuum on,
+        and the servers here run without it). MariaDB: wait until the server is idle (its
+        purge of old row versions done)."""
+        if self.args.storage == "mariadb":
+            self.wait_for_idle_server()
         if self.args.storage != "postgres":
             return
         from django.db import connections
@@ -200,6 +204,26 @@ class Bench:
         with connections[self.alias].cursor() as cursor:
             for table in TABLES:
                 cursor.execute(f"VACUUM ANALYZE {table}")
+
+    def wait_for_idle_server(self, quiet: float = 0.05, span: float = 2.0) -> None:
+        """MariaDB: until the server's process has used under ``quiet`` of a core for
+        ``span`` seconds (at most 5 minutes), so that no drain runs beside InnoDB's purge of
+        the rows the last phase deleted or rewrote (a DELETE of 100 000 rows is one undo log,
+        purged row by row for a minute after). Prints how long that took to stderr."""
+        pid = subprocess.check_output(["pgrep", "-o", "mariadbd|mysqld"], text=True).split()[0]
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu_seconds() -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+
+        began = time.monotonic()
+        while time.monotonic() - began < 300:
+            before = cpu_seconds()
+            time.sleep(span)
+            if (cpu_seconds() - before) / span < quiet:
+                break
+        print(f"MariaDB idle after {time.monotonic() - began:.0f} s", file=sys.stderr)
 
     # -- the three measures ------------------------------------------------------------------
     def checkpoint(self) -> dict[str, float]:
@@ -259,7 +283,7 @@ class Bench:
             else:
                 with connections[self.alias].cursor() as cursor:
                     cursor.execute(f"DELETE FROM {TABLES[0]} WHERE task_name = 'demo.noop'")
-                self.vacuum()
+                self.settle()
         return statistics.median(rates)
 
     def sleepers(self) -> dict[str, float]:
@@ -269,10 +293,10 @@ class Bench:
 
         self.drain_rate(self.args.other // 5)  # warm: the first in-process worker's start-up
         self.clear()
-        self.vacuum()
+        self.settle()
         alone = self.drain_median()
         self.clear()
-        self.vacuum()
+        self.settle()
         empty = self.size()
         total = self.args.sleepers
         requests = [TaskSubmitRequest("demo.sleeper", queue="bench") for _ in range(total)]
@@ -286,7 +310,7 @@ class Bench:
                 "--core-pool-size", "8", "--max-pool-size", "8", stdout=quiet, stderr=quiet,
             )  # fmt: skip
         to_sleep = time.monotonic() - began
-        self.vacuum()
+        self.settle()
         waiting = self.executor.count_waiting()["sleep"]
         asleep = self.size()
         beside = self.drain_median()

@@ -99,7 +99,7 @@ class Fetcher:
             if claims:
                 self.pool.submit_many(claims)
                 self._idle_wait = MIN_IDLE_WAIT
-                if self._drained:
+                if self._drained and not self.burst:
                     # Every claim call took fewer than it asked: nothing more was claimable.
                     # Wait for new work as after an empty claim (a submit since this claim ends
                     # the wait at once), rather than claim again first: at a steady moderate
@@ -107,9 +107,19 @@ class Fetcher:
                     # nothing.
                     self._idle(version, claimable, full)
                 continue
-            if self.burst and self.pool.is_idle() and not self._work_near():
-                logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
-                return
+            if self.burst:
+                # Near the burst's end, look again at growing intervals rather than wait for
+                # new work, which no ending here wakes: the burst would end up to
+                # POLL_INTERVAL after its last task.
+                if not self.pool.is_idle():
+                    self.pool.wait_idle(self._idle_wait)  # its last tasks run
+                elif not self._work_near():
+                    logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
+                    return
+                else:  # due soon, or still RUNNING until the completion writer records it
+                    self._wait_for_work(self._idle_wait, claimable)
+                self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
+                continue
             self._idle(version, claimable, full)
 
     def allowances(self, budget: int) -> list[tuple[tuple[str, ...], int]]:

@@ -23,6 +23,21 @@ def test_submit_claim_run_complete(executor, storage, clock):
     assert done.attempts == 1
 
 
+def test_a_burst_ends_with_its_last_task_not_a_poll_interval_later(make_storage):
+    """No ending wakes a wait for new work: a burst whose last claim came back empty while its
+    last tasks ran (or waited for the completion writer) would wait out POLL_INTERVAL (60 s
+    here) before it looked again."""
+    service = ReliableExecutor(make_storage())  # the real clock
+    for round_ in range(3):
+        ids = [service.submit("demo.echo", {"i": i}).task_id for i in range(20)]
+        worker = Worker(WorkerOptions(burst=True, poll_interval=60.0), service)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        thread.join(20)
+        assert not thread.is_alive(), f"round {round_}: the burst still runs after 20 s"
+        assert {service.get_task(i).status for i in ids} == {TaskStatus.COMPLETED}
+
+
 def test_worker_burst_runs_everything(make_storage):
     service = ReliableExecutor(make_storage())  # the real clock
     ids = [service.submit("demo.echo", {"i": i}).task_id for i in range(30)]
