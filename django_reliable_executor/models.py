@@ -97,9 +97,7 @@ class ReliableTask(models.Model):
             models.Index(fields=["lease_expires_at"], name="rexec_lease_idx"),
             models.Index(fields=["deadline_at"], name="rexec_deadline_idx"),
             models.Index(fields=["status", "created_at"], name="rexec_status_idx"),
-            # Counts by queue and status, and a burst worker's "is work near" (run_at in it:
-            # tasks waiting to start, not due for a day, are not read one by one).
-            models.Index(fields=["queue", "status", "run_at"], name="rexec_queue_due_idx"),
+            models.Index(fields=["queue", "status"], name="rexec_queue_status_idx"),
             models.Index(fields=["task_name", "status"], name="rexec_name_status_idx"),
             # Purge (finished before, of some statuses) and the admin's chart (finished in the
             # last hour, by status): status in the index, so neither reads rows. Partial on

@@ -113,10 +113,14 @@ class Fetcher:
                 # POLL_INTERVAL after its last task.
                 if not self.pool.is_idle():
                     self.pool.wait_idle(self._idle_wait)  # its last tasks run
+                elif self._recording():
+                    # Their outcomes wait for the completion writer: RUNNING till then, so
+                    # asking the storage whether work is near would only find them.
+                    self.stopping.wait(self._idle_wait)
                 elif not self._work_near():
                     logger.info("burst: no work due within %ds, stopping", BURST_HORIZON_SECONDS)
                     return
-                else:  # due soon, or still RUNNING until the completion writer records it
+                else:  # due soon, or RUNNING in another worker
                     self._wait_for_work(self._idle_wait, claimable)
                 self._idle_wait = min(self._idle_wait * 2, self.poll_interval)
                 continue
@@ -219,6 +223,11 @@ class Fetcher:
             logger.exception("waiting for work failed; retrying in %.1fs", timeout)
             drop_unusable_connections()
             self.stopping.wait(timeout)
+
+    def _recording(self) -> bool:
+        """The completion writer holds outcomes it has not written yet."""
+        writer = self.runner.writer
+        return writer is not None and bool(writer.held())
 
     def _work_near(self) -> bool:
         try:
