@@ -59,6 +59,10 @@ class ReliableTask(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # rate_limit: tasks of one name sharing this key share one limit (None: the name's own).
     rate_key = models.CharField(max_length=MAX_ID_LENGTH, null=True, blank=True)  # noqa: DJ001
+    # max_concurrency_per_key: tasks of one name sharing this key share one cap (None: none).
+    concurrency_key = models.CharField(  # noqa: DJ001
+        max_length=MAX_ID_LENGTH, null=True, blank=True
+    )
     # Dependencies (dependencies.py): the ids it was submitted to wait for, those still awaited
     # (None once none is: released, or never had any), and what a failed one does to it.
     depends_on = models.JSONField(null=True, blank=True)
@@ -212,6 +216,27 @@ class ReliableNameLock(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ReliableParkedKey(models.Model):
+    """One row per (task name, ``concurrency_key``) whose waiting tasks a claim parked: found
+    over the key's ``max_concurrency_per_key``, they were moved out of the name's range of
+    the claim index into a range of their own (``lane``, the value of their
+    ``limited_name``), which no claim reads, so later claims do not read past them. The claim
+    of the name moves them back as the key's slots free (storage/database/key_parking.py).
+    Written only under the name's lock row."""
+
+    lane = models.CharField(max_length=64, primary_key=True)
+    name = models.CharField(max_length=MAX_ID_LENGTH)
+    key = models.CharField(max_length=MAX_ID_LENGTH)
+
+    class Meta:
+        db_table = "reliable_executor_parked_key"
+        default_permissions = ()
+        indexes = [models.Index(fields=["name"], name="rexec_parked_key_name_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.key}]"
 
 
 class ReliablePausedQueue(models.Model):

@@ -49,6 +49,7 @@ class TaskHandler(Generic[R]):
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         takes_context: bool = False,
         max_concurrency: int | None = None,
+        max_concurrency_per_key: int | None = None,
         unique_for: float | None = None,
         rate_limit: str | None = None,
         attempt_timeout: float | None = None,
@@ -72,6 +73,8 @@ class TaskHandler(Generic[R]):
         self.takes_context = takes_context
         # Most tasks of this name held (claimed, started or not) at once across all workers.
         self.max_concurrency = max_concurrency
+        # Most tasks of this name and one concurrency_key held at once across all workers.
+        self.max_concurrency_per_key = max_concurrency_per_key
         # Seconds a submit of the same name and parameter returns the live task already
         # submitted instead of storing another (a submit's own unique_for comes first).
         self.unique_for = unique_for
@@ -154,6 +157,7 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
         raise bad("retry_on must be a tuple of exception classes")
     try:
         check_option("max_concurrency", options.get("max_concurrency"))
+        check_option("max_concurrency_per_key", options.get("max_concurrency_per_key"))
     except InvalidTaskOptionError as exc:
         raise bad(str(exc)) from exc
     if options.get("unique_for") is not None:
@@ -182,6 +186,7 @@ def reliable_task_handler(
     retry_on: tuple[type[BaseException], ...] = (Exception,),
     takes_context: bool = False,
     max_concurrency: int | None = None,
+    max_concurrency_per_key: int | None = None,
     unique_for: float | dt.timedelta | None = None,
     rate_limit: str | None = None,
     attempt_timeout: float | dt.timedelta | None = None,
@@ -193,6 +198,8 @@ def reliable_task_handler(
     Options left as None take the RELIABLE_EXECUTOR defaults when a task is submitted.
     ``max_concurrency`` caps how many tasks of this name are held (claimed, started or not)
     at once across every worker; the storage enforces it when workers claim.
+    ``max_concurrency_per_key`` does the same for the tasks sharing a ``concurrency_key``
+    (given at submit), each key on its own: a tenant's tasks, say (docs/flow-control.md).
     ``unique_for`` (seconds) makes every submit of this name unique: one with the same
     parameter (or ``unique_key``) within that window returns the task still live.
     ``rate_limit`` ("N/s", "N/m", "N/h") lets at most N tasks of this name start in any
@@ -219,6 +226,7 @@ def reliable_task_handler(
         retry_on=retry_on,
         takes_context=takes_context,
         max_concurrency=max_concurrency,
+        max_concurrency_per_key=max_concurrency_per_key,
         unique_for=unique_for,
         rate_limit=rate_limit,
         attempt_timeout=attempt_timeout,
@@ -320,6 +328,24 @@ def name_limits() -> dict[str, int]:
     }
 
 
+def key_limits() -> dict[str, int]:
+    """``{task_name: max_concurrency_per_key}`` of the registered handlers that have one."""
+    return {
+        name: handler.max_concurrency_per_key
+        for name, handler in list(_handlers.items())
+        if handler.max_concurrency_per_key is not None
+    }
+
+
+def _limited(handler: TaskHandler[Any]) -> bool:
+    """Whether the handler has a limit its tasks are claimed under one name at a time."""
+    return (
+        handler.rate_limit is not None
+        or handler.max_concurrency is not None
+        or handler.max_concurrency_per_key is not None
+    )
+
+
 def rate_limits() -> dict[str, RateLimit]:
     """``{task_name: RateLimit}`` of the registered handlers that have a rate limit."""
     return {
@@ -330,13 +356,9 @@ def rate_limits() -> dict[str, RateLimit]:
 
 
 def limited_names() -> frozenset[str]:
-    """The names of the registered handlers with a ``rate_limit`` or a ``max_concurrency``:
-    the worker claims their tasks one name at a time."""
-    return frozenset(
-        name
-        for name, handler in list(_handlers.items())
-        if handler.rate_limit is not None or handler.max_concurrency is not None
-    )
+    """The names of the registered handlers with a ``rate_limit``, a ``max_concurrency`` or
+    a ``max_concurrency_per_key``: the worker claims their tasks one name at a time."""
+    return frozenset(name for name, handler in list(_handlers.items()) if _limited(handler))
 
 
 def limited_homes() -> Mapping[str, str]:
@@ -352,7 +374,7 @@ def limited_homes() -> Mapping[str, str]:
                     {
                         name: handler.queue
                         for name, handler in _handlers.items()
-                        if handler.rate_limit is not None or handler.max_concurrency is not None
+                        if _limited(handler)
                     }
                 )
             homes = _limited_homes
@@ -366,7 +388,9 @@ def _forget_limited_homes() -> None:
 
 
 #: The registry's limited names, as the service builds its storage with them.
-FLOW_LIMITS = FlowLimits(names=limited_names, homes=limited_homes)
+FLOW_LIMITS = FlowLimits(
+    names=limited_names, keyed=lambda: key_limits().keys(), homes=limited_homes
+)
 
 
 def _schedules(

@@ -26,7 +26,7 @@ from .conf import get_settings
 from .core.progress import Progress
 from .core.records import Claim, TaskInfo
 from .exceptions import storage_unavailable
-from .registry import name_limits, rate_limits
+from .registry import key_limits, name_limits, rate_limits
 from .service.on_commit import pending_task_writes
 from .service.reliable_executor import executor
 from .worker.completion_writer import CompletionWriter
@@ -153,6 +153,7 @@ class _InlineRunner(TaskRunner):
             self.lease_seconds,
             name_limits=name_limits() or None,
             rate_limits=rate_limits() or None,
+            key_limits=key_limits() or None,
         )
         self.claimed(claims)
         return claims

@@ -140,6 +140,7 @@ def callback_to_json(task: NewTask) -> dict[str, Any]:
         "max_duration_millis": task.max_duration_millis,
         "delay_micros": _micros(task.run_at - task.created_at),
         "rate_key": task.rate_key,
+        "concurrency_key": task.concurrency_key,
         "attempt_timeout": task.attempt_timeout,
     }
 
@@ -162,7 +163,8 @@ def callback_from_json(plain: dict[str, Any], batch_id: str, now: dt.datetime) -
         run_at=now + dt.timedelta(microseconds=plain["delay_micros"]),
         deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
         rate_key=plain["rate_key"],
-        # (a callback stored before attempt_timeout existed has none)
+        # (a callback stored before attempt_timeout or concurrency_key existed has none)
+        concurrency_key=plain.get("concurrency_key"),
         attempt_timeout=plain.get("attempt_timeout"),
     )
 

@@ -188,9 +188,16 @@ OPTIONS: dict[str, Option] = _table(
     Option(
         "rate_key",
         _text_or_none,
-        "None or a string (core/rate_limits.rate_key_problem)",
+        "None or a string (core/rate_limits.key_problem)",
         frozenset((SUBMIT,)),
         "rate_key",
+    ),
+    Option(
+        "concurrency_key",
+        _text_or_none,
+        "None or a string (core/rate_limits.key_problem)",
+        frozenset((SUBMIT,)),
+        "concurrency_key",
     ),
     Option(
         "depends_on",
@@ -208,6 +215,13 @@ OPTIONS: dict[str, Option] = _table(
     ),
     Option(
         "max_concurrency",
+        lambda v: v is None or (is_int(v) and v >= 1),
+        "an integer >= 1 or None",
+        frozenset((DECORATOR,)),
+        None,
+    ),
+    Option(
+        "max_concurrency_per_key",
         lambda v: v is None or (is_int(v) and v >= 1),
         "an integer >= 1 or None",
         frozenset((DECORATOR,)),

@@ -18,7 +18,8 @@ class ClaimRequest:
     due tasks of ``queues`` under a lease of ``lease_seconds``, never more held at once of a
     name in ``name_limits`` (``{task_name: cap}``) than its cap; up to ``start`` of them
     started at once where the storage can. Of a name in ``rate_limits``, no more claimed
-    than its limit allows (see ``TaskStorage.claim``)."""
+    than its limit allows (see ``TaskStorage.claim``). Of a name in ``key_limits``
+    (``{task_name: cap}``), never more held at once per ``concurrency_key`` than its cap."""
 
     worker_id: str
     queues: tuple[str, ...]
@@ -27,6 +28,7 @@ class ClaimRequest:
     name_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     start: int = 0
     rate_limits: Mapping[str, RateLimit] = dataclasses.field(default_factory=dict)
+    key_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

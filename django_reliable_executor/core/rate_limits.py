@@ -1,4 +1,4 @@
-"""Rate limits: parsing ``rate_limit="N/s"``, the ``rate_key`` rule, and the start margin.
+"""Rate limits: parsing ``rate_limit="N/s"``, the rule of keys, and the start margin.
 
 A rate limit of N per window W promises that at most N tasks of a name (per ``rate_key``) have
 their handler called within any W seconds, as the handlers themselves would see it with
@@ -91,16 +91,17 @@ def parse_rate_limit(value: Any) -> RateLimit:
     return RateLimit(int(match.group(1)), UNITS[match.group(2)])
 
 
-def rate_key_problem(value: Any) -> str | None:
-    """Why ``value`` is no good ``rate_key`` (None: it is, or it is None: no key)."""
+def key_problem(option: str, value: Any) -> str | None:
+    """Why ``value`` is no good key for ``option`` (``rate_key``, ``concurrency_key``; None:
+    it is, or it is None: no key). Both keys are stored in columns as wide as a task id."""
     if value is None:
         return None
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_RATE_KEY_LENGTH:
         return (
-            f"rate_key must be None or a string of 1..{MAX_RATE_KEY_LENGTH} characters, "
+            f"{option} must be None or a string of 1..{MAX_RATE_KEY_LENGTH} characters, "
             f"got {value!r}"
         )
     problem = unstorable_char(value)
     if problem is not None:
-        return f"rate_key contains {problem}, which no storage can hold: got {value[:100]!r}"
+        return f"{option} contains {problem}, which no storage can hold: got {value[:100]!r}"
     return None

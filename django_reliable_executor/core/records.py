@@ -38,6 +38,8 @@ class TaskSubmitRequest:
         unique_key: What makes two unique submits the same; default the task name and the
             parameter's canonical JSON.
         rate_key: Tasks of a rate-limited name sharing this key share one limit.
+        concurrency_key: Of a name with ``max_concurrency_per_key``, at most that many
+            tasks sharing this key are held at once (docs/flow-control.md, "Tenants").
         depends_on: Task ids that must end before this task may start.
         on_dependency_failure: ``"cancel"`` this task when a dependency ends badly, or
             ``"run"`` it anyway.
@@ -60,6 +62,8 @@ class TaskSubmitRequest:
     unique_for: float | dt.timedelta | None = None
     unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
     rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
+    # Tasks of a name sharing it share its max_concurrency_per_key (None: no key).
+    concurrency_key: str | None = None
     # Dependencies (dependencies.py): the task waits, CREATED and unclaimable, until every one
     # of these task ids has ended; a failed one cancels it unless on_dependency_failure="run".
     depends_on: Sequence[str] | None = None
@@ -86,6 +90,7 @@ class SubmitOptions(TypedDict, total=False):
     unique_for: float | dt.timedelta | None
     unique_key: str | None
     rate_key: str | None
+    concurrency_key: str | None
     depends_on: Sequence[str] | None
     on_dependency_failure: str
     attempt_timeout: float | dt.timedelta | None
@@ -142,6 +147,8 @@ class TaskInfo:
             "name", "until", "event", "task_ids"}``; None otherwise.
         resumptions: How many times the task was handed back at a wait or a stop, the
             current wait included (1 in its first wait); a resumption is not an attempt.
+        concurrency_key: The key its name's ``max_concurrency_per_key`` counts it under, or
+            None.
     """
 
     task_id: str
@@ -186,6 +193,7 @@ class TaskInfo:
     # A PENDING task's durable wait (core/waits.py Wait.describe()); None otherwise.
     waiting: dict[str, Any] | None = None
     resumptions: int = 0
+    concurrency_key: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -214,6 +222,7 @@ class NewTask:
     unique_key: str | None = None
     unique_until: dt.datetime | None = None
     rate_key: str | None = None
+    concurrency_key: str | None = None
     depends_on: tuple[str, ...] = ()  # checked: existing ids, folded, not its own
     on_dependency_failure: str = "cancel"
     trace_context: dict[str, str] | None = None  # the submitter's span (TaskInfo's field)
@@ -363,6 +372,7 @@ def created_info(
     trace_context: dict[str, str] | None = None,
     batch_id: str | None = None,
     attempt_timeout: float | None = None,
+    concurrency_key: str | None = None,
 ) -> TaskInfo:
     """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
@@ -395,6 +405,7 @@ def created_info(
             "handler_running": False,
             "attempt_timeout": attempt_timeout,
             "steps": (),
+            "concurrency_key": concurrency_key,
         },
     )
 
@@ -416,4 +427,5 @@ def new_info(task: NewTask) -> TaskInfo:
         task.trace_context,
         task.batch_id,
         task.attempt_timeout,
+        task.concurrency_key,
     )

@@ -19,7 +19,7 @@ from ..core.ids import MAX_ID_LENGTH, is_fire_task_id
 from ..core.option_names import guess
 from ..core.options import NAMES as OPTION_NAMES
 from ..core.options import TaskOptions, check_option, numeric_durations
-from ..core.rate_limits import rate_key_problem
+from ..core.rate_limits import key_problem
 from ..core.records import NewTask, TaskSubmitRequest
 from ..core.serialization import (
     ConversionError,
@@ -79,7 +79,8 @@ def prepare(
     # A task naming no id gets one from the storage, which may choose by queue (new_task_id).
     queue = cast(str, options.queue)
     task_id = given_id if given_id is not None else (new_id or _new_id)(queue, name)
-    rate_key = _rate_key(request.rate_key)
+    rate_key = _key("rate_key", request.rate_key)
+    concurrency_key = _key("concurrency_key", request.concurrency_key)
     depends_on = _depends_on(request, task_id)
     return NewTask(
         task_id=task_id,
@@ -99,6 +100,7 @@ def prepare(
         unique_key=unique_digest(name, unique_key, parameter) if unique else None,
         unique_until=unique_until,
         rate_key=rate_key,
+        concurrency_key=concurrency_key,
         depends_on=depends_on,
         on_dependency_failure=request.on_dependency_failure,
         trace_context=trace_context,
@@ -127,11 +129,12 @@ def _handler(name: Any, settings: ExecutorSettings) -> TaskHandler[Any] | None:
     return handler
 
 
-def _rate_key(rate_key: Any) -> str | None:
-    problem = rate_key_problem(rate_key)
+def _key(option: str, value: Any) -> str | None:
+    """A ``rate_key`` or ``concurrency_key``, checked."""
+    problem = key_problem(option, value)
     if problem is not None:
-        raise InvalidTaskOptionError(problem, field="rate_key")
-    return cast("str | None", rate_key)
+        raise InvalidTaskOptionError(problem, field=option)
+    return cast("str | None", value)
 
 
 def _depends_on(request: TaskSubmitRequest, task_id: str) -> tuple[str, ...]:

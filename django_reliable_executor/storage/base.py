@@ -140,6 +140,7 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage):
         name_limits: Mapping[str, int] | None = None,
         start: int = 0,
         rate_limits: Mapping[str, RateLimit] | None = None,
+        key_limits: Mapping[str, int] | None = None,
     ) -> list[Claim]:
         """Take up to ``limit`` due tasks, highest priority first then oldest, under a lease.
         A claimed task keeps its CREATED/PENDING status until ``start``. Never blocks on rows
@@ -162,9 +163,14 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage):
         (name, ``rate_key``), checked and logged atomically with the claim; at most ``start``
         of them per call (the claims go to idle threads, so they start at once). Tasks over
         their limit stay waiting, unclaimed, and do not hold up other names; the storage
-        makes an idle worker's ``wait_for_work`` end when their window frees."""
+        makes an idle worker's ``wait_for_work`` end when their window frees.
+
+        ``key_limits`` (``{task_name: cap}``, each cap >= 1) caps, as ``name_limits`` does,
+        the tasks of a name held at once per ``concurrency_key``, each key on its own (tasks
+        without a key are capped by ``name_limits`` alone). A task over its key's cap stays
+        waiting, and the claim does not read past it again while the key is full."""
         request = claim_request(
-            worker_id, queues, limit, lease_seconds, name_limits, start, rate_limits
+            worker_id, queues, limit, lease_seconds, name_limits, start, rate_limits, key_limits
         )
         return [] if request is None else self._claim(request)
 

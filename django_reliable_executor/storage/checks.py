@@ -19,6 +19,7 @@ def claim_request(
     name_limits: Mapping[str, int] | None,
     start: int,
     rate_limits: Mapping[str, RateLimit] | None,
+    key_limits: Mapping[str, int] | None = None,
 ) -> ClaimRequest | None:
     """What ``TaskStorage.claim`` asks its backend's ``_claim``; None when it can take
     nothing (no queue, or a limit below 1)."""
@@ -32,6 +33,7 @@ def claim_request(
         dict(name_limits or {}),
         max(start, 0),
         dict(rate_limits or {}),
+        dict(key_limits or {}),
     )
 
 

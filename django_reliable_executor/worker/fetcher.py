@@ -68,6 +68,8 @@ class Fetcher:
         # rate_limit of the registered handlers: enforced by the storage at each claim (and
         # at each start, see storage/database/rate_starts.py).
         self.rate_limits = registry.rate_limits()
+        # max_concurrency_per_key of the registered handlers: enforced as name_limits is.
+        self.key_limits = registry.key_limits()
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT
         # Whether every call of the last claim took fewer than it asked (see run).
@@ -166,6 +168,7 @@ class Fetcher:
                         name_limits=self.name_limits or None,
                         start=start,
                         rate_limits=self.rate_limits or None,
+                        key_limits=self.key_limits or None,
                     )
                     start -= self.runner.claimed(taken)
                     claims += taken

@@ -163,6 +163,15 @@ def capped(param: dict | None = None) -> dict:
     return {"pid": os.getpid(), "started": started, "ended": time.time()}
 
 
+@reliable_task_handler(name="demo.keyed", max_concurrency_per_key=2)
+def keyed(param: dict | None = None) -> dict:
+    """At most two of one ``concurrency_key`` run at once across every worker
+    (max_concurrency_per_key); returns when it ran, as demo.capped does."""
+    started = time.time()
+    time.sleep(float((param or {}).get("sleep", 0.1)))
+    return {"pid": os.getpid(), "started": started, "ended": time.time()}
+
+
 @reliable_task_handler(name="demo.rated", takes_context=True, rate_limit="5/s")
 def rated(param: dict | None, context: TaskContext) -> float:
     """At most five start in any second across every worker, per rate_key (rate_limit): writes

@@ -12,8 +12,9 @@ from django.db.models import F, Q, QuerySet
 from ...core.records import Transition
 from ...core.retries import failure_outcome, timeout_message
 from ...core.states import TaskStatus
-from ...models import ReliableTask
+from ...models import ReliableParkedKey, ReliableTask
 from .access import DatabaseAccess
+from .key_parking import is_parked_lane
 from .retry_counts import add_retries, purge_retry_counts
 from .rows import (
     LIVE,
@@ -142,15 +143,31 @@ class Chores(DatabaseAccess):
         all other names (each range found by one index probe), and the tasks of a limited
         name stored without it moved into its range (read through the index on task
         names)."""
-        changed = 0
+        changed = self._unpark_unkeyed(self.flow_limits.keyed(), limit)
         for lane in self._lanes():
-            if lane not in names:
+            if lane not in names and not is_parked_lane(lane):
                 changed += self._set_lane("''", "limited_name = %s", [lane], limit)
         if names:
             marks = ", ".join(["%s"] * len(names))
             where = f"limited_name = %s AND task_name IN ({marks})"
             changed += self._set_lane("task_name", where, ["", *sorted(names)], limit)
         return changed
+
+    def _unpark_unkeyed(self, keyed: Collection[str], limit: int) -> int:
+        """The parked tasks (key_parking.py) of names that lost their max_concurrency_per_key
+        moved to the claim of all other names (mark_limited then moves those of a name still
+        limited into its range), at most ``limit``; the keys emptied forgotten."""
+        parked = ReliableParkedKey.objects.using(self.alias).exclude(name__in=list(keyed))
+        moved = 0
+        for lane in parked.values_list("lane", flat=True):
+            room = limit - moved
+            if room <= 0:
+                break
+            changed = self._set_lane("''", "limited_name = %s", [lane], room)
+            moved += changed
+            if changed < room:  # none left
+                ReliableParkedKey.objects.using(self.alias).filter(lane=lane).delete()
+        return moved
 
     def _lanes(self) -> list[str]:
         """The limited names of the waiting tasks, one index probe each (no scan of a range)."""

@@ -18,6 +18,7 @@ from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliablePausedQueue, ReliableRateLog
 from .access import DatabaseAccess
 from .claim_ranges import EXAMINED, sort_stopped, stopped, waiting_priorities
+from .key_parking import KeyParking
 from .rate_log import RateLog
 from .rate_reserve import claim_reserving
 from .rows import (
@@ -68,6 +69,7 @@ class Claiming(DatabaseAccess):
         super().__init__(*args, **kwargs)
         # Made here, not on first use: the worker's threads share the storage object.
         self._rate_log = RateLog(self)
+        self._key_parking = KeyParking(self, self._lane)
 
     def _claim(self, request: ClaimRequest) -> list[Claim]:
         now = self.clock.now()
@@ -79,7 +81,7 @@ class Claiming(DatabaseAccess):
             now + dt.timedelta(seconds=request.lease_seconds),
         )
         self.rate_free_at = None
-        probed = request.rate_limits or request.name_limits
+        probed = request.rate_limits or request.name_limits or request.key_limits
         # The names with tasks due, None standing for every other name (not probed: no
         # limited name, so only the others, claimed in one statement).
         due: set[str | None] = self._rate_log.due_names(whole, request) if probed else {None}
@@ -118,19 +120,26 @@ class Claiming(DatabaseAccess):
         statement; ``joined``: all in the caller's transaction."""
         parts = self._rate_log.claim_rate_limited(request, whole, due, joined=joined)
         taken = sum(map(len, parts))
-        for name, cap in request.name_limits.items():
+        capped = dict.fromkeys([*request.name_limits, *request.key_limits])
+        for name in capped:
             room = request.limit - taken
             if room <= 0:
                 break
             if name in request.rate_limits or name not in due:
                 continue  # claimed by claim_rate_limited (its cap included), or none due
             pick = dataclasses.replace(whole, limit=room, name=name)
-            claim = functools.partial(self._claim_capped, pick, cap, joined=joined)
+            cap = request.name_limits.get(name)
+            if name in request.key_limits:
+                keyed = self._key_parking.claim
+                claim = functools.partial(keyed, pick, request.key_limits[name], cap, joined=joined)
+            else:
+                assert cap is not None
+                claim = functools.partial(self._claim_capped, pick, cap, joined=joined)
             parts.append(self._retrying(claim))
             taken += len(parts[-1])
         left = request.limit - taken
         if left > 0 and None in due:
-            excluded = tuple(dict.fromkeys([*request.name_limits, *request.rate_limits]))
+            excluded = tuple(dict.fromkeys([*capped, *request.rate_limits]))
             pick = dataclasses.replace(whole, limit=left, excluded=excluded)
             parts.append(self._retrying(functools.partial(self._take, pick)))
         return parts
@@ -204,6 +213,10 @@ class Claiming(DatabaseAccess):
         lane_value, hint = self._lane(pick), ""
         if lane_value is not None:
             lane_sql, lane, hint = "AND limited_name = %s ", [lane_value], self._claim_index
+        elif pick.name is not None:
+            # A name's tasks wherever they wait, but parked (key_parking.py): in its own range,
+            # or not marked yet.
+            lane_sql, lane = "AND limited_name IN (%s, %s) ", ["", pick.name]
         if priorities:
             lane_sql += f"AND priority IN ({', '.join(['%s'] * len(priorities))}) "
             lane += list(priorities)

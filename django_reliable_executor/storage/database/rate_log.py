@@ -48,7 +48,7 @@ import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.db import connections, transaction
 
@@ -60,6 +60,9 @@ from ...models import ReliableNameLock, ReliableRateLog
 from .claim_ranges import bounded_rows, rows_of, waiting_priorities
 from .rate_entries import aware, entry_counts, insert_entries, other_keys_sql, stamp_times
 from .rows import RATE_KEY_SQL, Pick
+
+if TYPE_CHECKING:
+    from .key_parking import KeyParking
 
 T = TypeVar("T")
 # How many due tasks of a rate-limited name one claim looks at per task it may take: with rate
@@ -78,6 +81,7 @@ class ClaimStatements(Protocol):
     alias: str
     clock: Clock
     rate_free_at: float | None
+    _key_parking: KeyParking  # the claim of names with max_concurrency_per_key
 
     @property
     def vendor(self) -> str: ...
@@ -145,8 +149,8 @@ class RateLog:
             if name not in due:
                 continue
             pick = dataclasses.replace(whole, limit=budget, name=name)
-            cap = request.name_limits.get(name)
-            claim = functools.partial(self._claim_rated, pick, rate, cap, joined=joined)
+            caps = (request.name_limits.get(name), request.key_limits.get(name))
+            claim = functools.partial(self._claim_rated, pick, rate, caps, joined=joined)
             claims.append(self.storage._retrying(claim))
             taken += len(claims[-1])
         return claims
@@ -167,7 +171,9 @@ class RateLog:
 
         On SQLite the same read returns the tasks a name far below its limit would take
         (rate_reserve.py's candidates, kept in ``candidates``): one statement fewer."""
-        names = list(dict.fromkeys([*request.rate_limits, *request.name_limits]))
+        names = list(
+            dict.fromkeys([*request.rate_limits, *request.name_limits, *request.key_limits])
+        )
         known_full: dict[str, dict[str, float]] = {}
         selects, params = [], []
         one_row = _one_row(self.storage.vendor)
@@ -222,6 +228,7 @@ class RateLog:
             self.storage.vendor == "sqlite"
             and name in request.rate_limits
             and name not in request.name_limits
+            and name not in request.key_limits
             and self.far_below.get(name, True)
             and not any(t > now for t in self.full_keys(name).values())
         )
@@ -245,9 +252,15 @@ class RateLog:
         return f"SELECT {index}, NULL, NULL{one_row} WHERE EXISTS (SELECT 1 {due_sql})", due_params
 
     def _claim_rated(
-        self, pick: Pick, rate: RateLimit, cap: int | None, *, joined: bool = False
+        self,
+        pick: Pick,
+        rate: RateLimit,
+        caps: tuple[int | None, int | None],
+        *,
+        joined: bool = False,
     ) -> Sequence[Claim]:
-        """Up to ``pick.limit`` due tasks of ``pick.name`` within its rate limit (and ``cap``),
+        """Up to ``pick.limit`` due tasks of ``pick.name`` within its rate limit (and ``caps``:
+        its max_concurrency, its max_concurrency_per_key, each None for none),
         serialised on the name's lock row, in a transaction of its own or, ``joined``, in the
         caller's (no savepoint: a failure rolls the caller's back)."""
         assert pick.name is not None
@@ -263,8 +276,15 @@ class RateLog:
                 # far below the limit.
                 self.far_below[name] = used is None
                 limit = pick.limit
+                cap, key_cap = caps
                 if cap is not None:
                     limit = min(limit, cap - self.storage._held(cursor, name, now))
+                if key_cap is not None and limit > 0:
+                    # Only tasks of keys with free slots, chosen (and the others parked) by
+                    # key_parking.py; the rate limit then takes those within its room.
+                    ids = self.storage._key_parking.choose(cursor, pick, key_cap, limit)
+                    pick = dataclasses.replace(pick, ids=ids)
+                    limit = len(ids)
                 claims, keys, logged = self._take_within(cursor, pick, rate, used, limit)
             stamps = stamp_times(rate, used, keys, now) if claims else {}
             if claims and not logged:
@@ -391,6 +411,9 @@ class RateLog:
             keys_sql, keys_params = other_keys_sql(full)
             due_sql += keys_sql
             params += keys_params
+        if pick.ids:  # chosen by key_parking.py (max_concurrency_per_key)
+            due_sql += f" AND task_id IN ({', '.join(['%s'] * len(pick.ids))})"
+            params += list(pick.ids)
         lock = " FOR UPDATE SKIP LOCKED" if self.storage.vendor != "sqlite" else ""
         cursor.execute(
             f"SELECT task_id, COALESCE(rate_key, '') {due_sql} "

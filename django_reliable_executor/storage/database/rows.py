@@ -69,6 +69,7 @@ def to_info(row: ReliableTask) -> TaskInfo:
         attempt_timeout=row.attempt_timeout,
         waiting=row.waiting if row.status == TaskStatus.PENDING.value else None,
         resumptions=row.resumptions,
+        concurrency_key=row.concurrency_key,
     )
 
 

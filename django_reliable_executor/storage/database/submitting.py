@@ -181,6 +181,7 @@ class Submitting(DatabaseAccess):
                 task.batch_generation,
                 task.task_name if task.task_name in limited else "",
                 task.attempt_timeout,
+                task.concurrency_key,
             )
             for task, text in zip(tasks, texts, strict=True)
         ]
@@ -192,7 +193,7 @@ class Submitting(DatabaseAccess):
         parameter_sql = "CAST(%s AS jsonb)" if postgresql else "%s"
         values = (
             f"(%s, %s, 'CREATED', %s, %s, {parameter_sql}, 0, 0, %s, %s, %s, %s, %s, %s, %s, "
-            f"FALSE, TRUE, 0, %s, {parameter_sql}, %s, %s, %s, %s)"
+            f"FALSE, TRUE, 0, %s, {parameter_sql}, %s, %s, %s, %s, %s)"
         )
         params = list(itertools.chain.from_iterable(rows))
         sql = self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}"
@@ -217,15 +218,15 @@ class Submitting(DatabaseAccess):
             self._insert_sql() + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, "
             "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
             "t.created, t.run_at, t.deadline, FALSE, TRUE, 0, t.rate_key, t.trace_context, "
-            "t.batch_id, t.batch_generation, t.limited_name, t.attempt_timeout "
+            "t.batch_id, t.batch_generation, t.limited_name, t.attempt_timeout, t.ckey "
             "FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], "
             "%s::int[], %s::bigint[], "
             "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
             "%s::timestamptz[], %s::varchar[], %s::jsonb[], %s::varchar[], %s::varchar[], "
-            "%s::varchar[], %s::float8[]) "
+            "%s::varchar[], %s::float8[], %s::varchar[]) "
             "AS t(id, name, queue, priority, parameter, retry_limit, retry_interval, backoff, "
             "max_duration, created, run_at, deadline, rate_key, trace_context, batch_id, "
-            "batch_generation, limited_name, attempt_timeout)"
+            "batch_generation, limited_name, attempt_timeout, ckey)"
         )
         self._execute(f"WITH inserted AS ({insert}) {notify}" if notify else insert, columns)
 
@@ -235,7 +236,7 @@ class Submitting(DatabaseAccess):
             "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
             "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
             "lease_token, rate_key, trace_context, batch_id, batch_generation, limited_name, "
-            "attempt_timeout) "
+            "attempt_timeout, concurrency_key) "
         )
 
     def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:
