@@ -1,18 +1,20 @@
 #!/usr/bin/env python
-"""Chaos soak: three workers and a steady, mixed load while a seeded schedule of faults hits
-them and their store; then every promise of docs/guarantees.md is checked from the handlers'
-own journal and the storage.
+"""Chaos soak: workers and a steady, mixed load while a seeded schedule of faults hits them and
+their store; then every promise of docs/guarantees.md is checked from the handlers' own journal
+and the storage.
 
     python bench/chaos_soak.py --storage {sqlite,postgres,mariadb,redis} --minutes 60 \\
-        --rate 30 --seed 1 [--no-faults] [--plot chaos.png] [--out chaos.json]
+        --rate 30 --seed 1 [--workers 3] [--no-faults] [--plot chaos.png] [--out chaos.json]
 
-Three ``manage.py runexecutor`` processes run the demo app's ``demo.chaos*`` handlers, which
-write "start" and "end" records (task, attempt, pid, time, outcome) to a journal file. This
-process submits ``--rate`` times a second one of: a quick task, a slow one (0.2-2 s), one that
-fails (not retried), one retried once or twice, a poison result (cannot be stored: FAILED),
-a chain of three, a batch of five with an ``on_complete`` callback, a unique task (five keys),
-a task of a rate-limited name (``demo.chaos_rated``, 5/s) and of a capped one
-(``demo.chaos_capped``, ``max_concurrency=2``); a schedule fires every 2 s.
+``--workers`` (3) ``manage.py runexecutor`` processes run the demo app's ``demo.chaos*``
+handlers, which write "start" and "end" records (task, attempt, pid, time, outcome) to a
+journal file. This process submits ``--rate`` times a second one of: a quick task, a slow one
+(0.2-2 s), one that fails (not retried), one retried once or twice, a poison result (cannot be
+stored: FAILED), a chain of three, a batch of five with an ``on_complete`` callback, a unique
+task (five keys), a task of a rate-limited name (``demo.chaos_rated``, 5/s), of a capped one
+(``demo.chaos_capped``, ``max_concurrency=2``), or four tasks of one ``concurrency_key`` of 20
+(``demo.chaos_keyed1``/``demo.chaos_keyed3``, ``max_concurrency_per_key`` 1 and 3, ten keys
+each); a schedule fires every 2 s.
 
 The first ``--baseline-fraction`` of the run is fault-free (its latency is the reference);
 from then on, by a schedule drawn from ``--seed``: a random worker SIGKILLed every 20-45 s
@@ -66,19 +68,26 @@ import throughput  # noqa: E402 - the stores and the worker process
 
 log = throughput.log
 
-WORKERS = 3
+WORKERS = 3  # the default of --workers
 THREADS = 8
 RETRY_LIMIT = 10  # a task survives many lost workers: a FAILED there would be noise
 RETRY_INTERVAL_S = 0.1  # the demo.chaos* handlers' retry_interval
 RATE_LIMIT = (5, 1.0)  # demo.chaos_rated: 5 starts in any second
 MAX_CONCURRENCY = 2  # demo.chaos_capped
+# max_concurrency_per_key of demo.chaos_keyed1/3; each has KEYS_PER_NAME keys ("k1-0".."k1-9",
+# "k3-0".."k3-9"). A keyed submit stores KEYED_BURST tasks of one key at once (a tenant's
+# import): single tasks, a couple a second spread over 20 keys, would seldom put two on one
+# key, and the caps would never bind.
+KEY_CAPS = {"demo.chaos_keyed1": 1, "demo.chaos_keyed3": 3}
+KEYS_PER_NAME = 10
+KEYED_BURST = 4
 UNIQUE_KEYS = 5
 SCHEDULE_ID = "chaos-soak"
 SCHEDULE_EVERY_S = 2.0
 BUCKET_S = 5.0  # the plot's and the series' resolution
 # (kind, share in %): what the submitter picks from, each second ``--rate`` times.
 MIX = (
-    ("quick", 40),
+    ("quick", 34),
     ("slow", 8),
     ("failing", 5),
     ("retried", 10),
@@ -88,6 +97,7 @@ MIX = (
     ("unique", 7),
     ("rated", 12),
     ("capped", 8),
+    ("keyed", 6),  # bursts of KEYED_BURST: 7.2 tasks a second at the default rate
 )
 CHECKS = {
     "lost": "accepted tasks missing from the storage, or COMPLETED with no run that returned",
@@ -106,6 +116,8 @@ CHECKS = {
     "master meanwhile)",
     "rate_limit_exceeded": "more demo.chaos_rated starts in some second than its limit",
     "max_concurrency_exceeded": "more demo.chaos_capped runs at once than its cap",
+    "key_concurrency_exceeded": "more demo.chaos_keyed1/3 runs of one concurrency_key at once "
+    "than the name's max_concurrency_per_key",
     "batch_callbacks_not_once": "batches whose on_complete callback was stored other than once",
     "dependency_order": "a chain step started before the step it depends on returned",
     "unique_overlap": "two tasks of one unique key running at once",
@@ -374,14 +386,14 @@ def fault_plan(
     plan: list[tuple[float, str, int]] = []
     freeze_s = 1.5 * args.lease_timeout
     freeze_at = start_s + 5.0
-    frozen = rng.randrange(WORKERS)
+    frozen = rng.randrange(args.workers)
     if freeze_at + freeze_s <= end_s:
         plan += [(freeze_at, "freeze", frozen), (freeze_at + freeze_s, "thaw", frozen)]
     low, high = args.kill_every
     at = start_s + rng.uniform(low, high)
     while at < end_s:
         during_freeze = freeze_at <= at <= freeze_at + freeze_s + 1
-        choices = [i for i in range(WORKERS) if not (during_freeze and i == frozen)]
+        choices = [i for i in range(args.workers) if not (during_freeze and i == frozen)]
         plan.append((at, "kill", rng.choice(choices)))
         at += rng.uniform(low, high)
     for action, every in (
@@ -505,6 +517,7 @@ class Submitter:
         self.chains: list[list[str]] = []
         self.batches: dict[str, list[str]] = {}
         self.unique: dict[str, set[str]] = defaultdict(set)  # key -> task ids it returned
+        self.keyed: dict[str, tuple[str, str]] = {}  # task id -> (name, concurrency_key)
         self.counts: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.deduplicated = 0
@@ -515,11 +528,46 @@ class Submitter:
         options.setdefault("task_id", uuid.uuid4().hex)
         return TaskSubmitRequest(name, param, retry_limit=RETRY_LIMIT, **options)
 
+    def single(self, kind: str) -> Any:
+        """The request of a kind that submits one task."""
+        rng = self.rng
+        name, param, options = "demo.chaos", {}, {}
+        if kind == "slow":
+            param = {"sleep": round(rng.uniform(0.2, 2.0), 2)}
+        elif kind == "failing":
+            param = {"fail": True}
+        elif kind == "retried":
+            param = {"fail_times": rng.choice((1, 2))}
+        elif kind == "poison":
+            param = {"poison": "bigint"}
+        elif kind == "unique":
+            param = {"sleep": 0.3}
+            options = {"unique_for": 30.0, "unique_key": f"chaos-{rng.randrange(UNIQUE_KEYS)}"}
+        elif kind == "rated":
+            name = "demo.chaos_rated"
+        elif kind == "capped":
+            name, param = "demo.chaos_capped", {"sleep": 0.3}
+        return self.request(name, param, **options)
+
+    def keyed_burst(self) -> list[Any]:
+        """KEYED_BURST tasks of one key of demo.chaos_keyed1 or _keyed3, 0.2-1.0 s each (long
+        enough that a key's tasks wait for each other's slots)."""
+        rng = self.rng
+        name = rng.choice(sorted(KEY_CAPS))
+        key = f"k{KEY_CAPS[name]}-{rng.randrange(KEYS_PER_NAME)}"
+        burst = [
+            self.request(name, {"sleep": round(rng.uniform(0.2, 1.0), 2)}, concurrency_key=key)
+            for _ in range(KEYED_BURST)
+        ]
+        # Noted before the submit: a task stored although its submit raised holds a slot of
+        # its key all the same, and its runs must count.
+        self.keyed.update(dict.fromkeys((r.task_id for r in burst), (name, key)))
+        return burst
+
     def submit_one(self) -> None:
         from django_reliable_executor import TaskSubmitRequest, executor
 
         kind = self.rng.choice(self.kinds)
-        rng = self.rng
         ids: list[str] = []
         call: Callable[[], Any]
         if kind == "chain":
@@ -535,24 +583,12 @@ class Submitter:
                 "demo.batch_report", {"kind": "complete"}, retry_limit=RETRY_LIMIT
             )
             call = lambda: executor.submit_batch(members, batch_id=batch_id, on_complete=callback)  # noqa: E731
+        elif kind == "keyed":
+            burst = self.keyed_burst()
+            ids = [r.task_id for r in burst]
+            call = lambda: executor.submit_many(burst)  # noqa: E731
         else:
-            name, param, options = "demo.chaos", {}, {}
-            if kind == "slow":
-                param = {"sleep": round(rng.uniform(0.2, 2.0), 2)}
-            elif kind == "failing":
-                param = {"fail": True}
-            elif kind == "retried":
-                param = {"fail_times": rng.choice((1, 2))}
-            elif kind == "poison":
-                param = {"poison": "bigint"}
-            elif kind == "unique":
-                param = {"sleep": 0.3}
-                options = {"unique_for": 30.0, "unique_key": f"chaos-{rng.randrange(UNIQUE_KEYS)}"}
-            elif kind == "rated":
-                name = "demo.chaos_rated"
-            elif kind == "capped":
-                name, param = "demo.chaos_capped", {"sleep": 0.3}
-            req = self.request(name, param, **options)
+            req = self.single(kind)
             ids = [req.task_id]
             call = lambda: executor.submit_task(req)  # noqa: E731
         status = "FAILED" if kind in ("failing", "poison") else "COMPLETED"
@@ -566,7 +602,7 @@ class Submitter:
             return
         self.counts[kind] += 1
         if kind == "unique":
-            key = options["unique_key"]
+            key = req.unique_key
             if result.task_id != ids[0]:
                 self.deduplicated += 1
                 return
@@ -703,7 +739,7 @@ class Analysis:
 
     def check_runs(self) -> None:
         """No concurrent duplicates; every re-execution has a cause; reclaim times."""
-        limited = {"rated", "capped"}
+        limited = {"rated", "capped", "keyed"}
         for task_id, runs in self.runs.items():
             kind = self.submitter.expected.get(task_id, ("scheduled", ""))[0]
             for earlier, later in zip(runs, runs[1:], strict=False):
@@ -837,27 +873,13 @@ class Analysis:
         if most > limit:
             self.bad("rate_limit_exceeded", f"{most} handler starts in {handler_window:.3f}s")
         starts = [run.start for run in self.runs_of("rated")]
-        intervals = []
-        for run in self.runs_of("capped"):
-            end = self.held_until(run)
-            intervals.append((run.start, end if end is not None else time.time()))
+        capped = self.runs_of("capped")
+        intervals = self.held_spans(capped)
         peak = peak_overlap(intervals) if intervals else 0
         if peak > MAX_CONCURRENCY:
-            # When, and which runs (pid, start, end): to set beside the fault schedule.
-            at = next(
-                begin
-                for begin, _ in sorted(intervals)
-                if sum(b <= begin < e for b, e in intervals) > MAX_CONCURRENCY
-            )
-            crowd = [
-                (run.task, run.attempt, run.pid, round(run.start - self.start, 3), run.end)
-                for run in self.runs_of("capped")
-                if run.start <= at < (self.held_until(run) or time.time())
-            ]
             self.bad(
                 "max_concurrency_exceeded",
-                f"{peak} demo.chaos_capped runs at once; first at t={at - self.start:.2f}s: "
-                f"{crowd}",
+                f"{peak} demo.chaos_capped runs at once; {self.crowding(capped, MAX_CONCURRENCY)}",
             )
         return {
             "rated_starts": len(starts),
@@ -870,6 +892,59 @@ class Analysis:
             "capped_runs": len(intervals),
             "capped_peak": peak,
             "max_concurrency": MAX_CONCURRENCY,
+        }
+
+    def held_spans(self, runs: list[Any]) -> list[tuple[float, float]]:
+        """(start, held_until) of each run; one still held when the checks run, until now."""
+        now = time.time()
+        return [
+            (run.start, end if (end := self.held_until(run)) is not None else now) for run in runs
+        ]
+
+    def crowding(self, runs: list[Any], cap: int) -> str:
+        """When more than ``cap`` of ``runs`` were first held at once, and which (task, attempt,
+        pid, start, end): to set beside the fault schedule."""
+        spans = self.held_spans(runs)
+        at = next(
+            begin for begin, _ in sorted(spans) if sum(b <= begin < e for b, e in spans) > cap
+        )
+        crowd = [
+            (run.task, run.attempt, run.pid, round(run.start - self.start, 3), run.end)
+            for run, (begin, end) in zip(runs, spans, strict=True)
+            if begin <= at < end
+        ]
+        return f"first at t={at - self.start:.2f}s: {crowd}"
+
+    def check_key_concurrency(self) -> dict[str, Any]:
+        """No concurrency_key of demo.chaos_keyed1/3 held more runs at once than the name's
+        max_concurrency_per_key, each run counted from its handler's start to held_until (as
+        the capped check). Every task whose submit was tried counts, an uncertain one too."""
+        from tests.support.processes import peak_overlap
+
+        by_key: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for task_id, name_key in self.submitter.keyed.items():
+            by_key[name_key].extend(self.runs.get(task_id, []))
+        runs: Counter[str] = Counter()
+        peaks: Counter[str] = Counter()
+        at_cap: Counter[str] = Counter()  # keys that reached their cap: the cap was binding
+        for (name, key), key_runs in sorted(by_key.items()):
+            cap = KEY_CAPS[name]
+            peak = peak_overlap(self.held_spans(key_runs)) if key_runs else 0
+            runs[name] += len(key_runs)
+            peaks[name] = max(peaks[name], peak)
+            at_cap[name] += peak >= cap
+            if peak > cap:
+                self.bad(
+                    "key_concurrency_exceeded",
+                    f"{peak} {name} runs of key {key!r} at once (cap {cap}); "
+                    f"{self.crowding(key_runs, cap)}",
+                )
+        return {
+            "keyed_tasks": dict(Counter(name for name, _ in self.submitter.keyed.values())),
+            "keyed_runs": {name: runs[name] for name in KEY_CAPS},
+            "keyed_peak": {name: peaks[name] for name in KEY_CAPS},
+            "keyed_keys_at_cap": {name: at_cap[name] for name in KEY_CAPS},
+            "max_concurrency_per_key": dict(KEY_CAPS),
         }
 
     def _crowded(self, written: list[float], window: float, limit: int) -> list[Any]:
@@ -1093,6 +1168,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=60.0, help="submitting time")
     parser.add_argument("--rate", type=float, default=30.0, help="submits a second")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--workers", type=int, default=WORKERS, help="runexecutor processes (8 threads each)"
+    )
     parser.add_argument("--no-faults", action="store_true", help="the whole run fault-free")
     parser.add_argument(
         "--baseline-fraction",
@@ -1120,6 +1198,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.minutes <= 0:
         parser.error("--rate and --minutes must be > 0")
+    if args.workers < (1 if args.no_faults else 2):
+        # A kill during the freeze needs a worker that is not frozen.
+        parser.error("--workers must be >= 2 (>= 1 with --no-faults)")
     if not 0 <= args.baseline_fraction <= 1:
         parser.error("--baseline-fraction must be within [0, 1]")
     args.threads = THREADS
@@ -1204,7 +1285,7 @@ def run(
     load_before = throughput.machine_load()
     log(load_before)
     env = dict(os.environ)
-    workers.extend(Worker(i, args, env) for i in range(WORKERS))
+    workers.extend(Worker(i, args, env) for i in range(args.workers))
     for worker in workers:
         worker.start()
     executor.schedule(
@@ -1256,7 +1337,7 @@ def run(
         analysis.bad("worker_exited", f"{event}")
     analysis.check_tasks()
     analysis.check_runs()
-    limits = analysis.check_limits()
+    limits = {**analysis.check_limits(), **analysis.check_key_concurrency()}
     batches = analysis.check_batches()
     analysis.check_dependencies()
     analysis.check_unique()
@@ -1272,7 +1353,7 @@ def run(
         "command": "python bench/chaos_soak.py " + " ".join(sys.argv[1:]),
         "code": code,
         "settings": {
-            "workers": WORKERS,
+            "workers": args.workers,
             "threads": THREADS,
             "lease_timeout_s": args.lease_timeout,
             "master_lock_ttl_s": args.master_lock_ttl,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
+from .core.debouncing import debounce_window
 from .core.flow_limits import FlowLimits
 from .core.ids import MAX_ID_LENGTH, validate_schedule_id
 from .core.numbers import is_number
@@ -50,6 +51,8 @@ class TaskHandler(Generic[R]):
         takes_context: bool = False,
         max_concurrency: int | None = None,
         max_concurrency_per_key: int | None = None,
+        debounce: float | None = None,
+        debounce_max_wait: float | None = None,
         unique_for: float | None = None,
         rate_limit: str | None = None,
         attempt_timeout: float | None = None,
@@ -75,6 +78,10 @@ class TaskHandler(Generic[R]):
         self.max_concurrency = max_concurrency
         # Most tasks of this name and one concurrency_key held at once across all workers.
         self.max_concurrency_per_key = max_concurrency_per_key
+        # Seconds a submit waits for a later one of the same key, which it then joins (a
+        # submit's own debounce comes first): core/debouncing.py.
+        self.debounce = debounce
+        self.debounce_max_wait = debounce_max_wait
         # Seconds a submit of the same name and parameter returns the live task already
         # submitted instead of storing another (a submit's own unique_for comes first).
         self.unique_for = unique_for
@@ -165,12 +172,34 @@ def _validate_options(name: str, options: dict[str, Any]) -> None:
             check_unique_for(options["unique_for"])
         except InvalidTaskOptionError as exc:
             raise bad(str(exc)) from exc
+    _validate_debounce(options, bad)
     rate = options.get("rate_limit")
     if rate is not None:
         try:
             parse_rate_limit(rate)
         except ValueError as exc:
             raise bad(str(exc)) from exc
+
+
+def _validate_debounce(
+    options: dict[str, Any], bad: Callable[[str], HandlerRegistrationError]
+) -> None:
+    """``debounce`` and ``debounce_max_wait`` as a submit checks them, and not with
+    ``unique_for`` (debounce keeps the newest submit of a key, unique_for the first)."""
+    debounce, max_wait = options.get("debounce"), options.get("debounce_max_wait")
+    if debounce is None and max_wait is None:
+        return
+    if debounce is None:
+        raise bad("debounce_max_wait needs debounce")
+    if options.get("unique_for") is not None:
+        raise bad(
+            "debounce and unique_for do not go together (debounce keeps the newest submit "
+            "of a key, unique_for the first)"
+        )
+    try:
+        debounce_window(debounce, max_wait, None)
+    except InvalidTaskOptionError as exc:
+        raise bad(str(exc)) from exc
 
 
 def reliable_task_handler(
@@ -187,6 +216,8 @@ def reliable_task_handler(
     takes_context: bool = False,
     max_concurrency: int | None = None,
     max_concurrency_per_key: int | None = None,
+    debounce: float | dt.timedelta | None = None,
+    debounce_max_wait: float | dt.timedelta | None = None,
     unique_for: float | dt.timedelta | None = None,
     rate_limit: str | None = None,
     attempt_timeout: float | dt.timedelta | None = None,
@@ -200,6 +231,9 @@ def reliable_task_handler(
     at once across every worker; the storage enforces it when workers claim.
     ``max_concurrency_per_key`` does the same for the tasks sharing a ``concurrency_key``
     (given at submit), each key on its own: a tenant's tasks, say (docs/flow-control.md).
+    ``debounce`` (seconds, optionally with ``debounce_max_wait``) makes every submit of this
+    name join a task of the same parameter (or ``unique_key``) still waiting unclaimed, which
+    then runs ``debounce`` after the last submit (docs/flow-control.md, "Debounce").
     ``unique_for`` (seconds) makes every submit of this name unique: one with the same
     parameter (or ``unique_key``) within that window returns the task still live.
     ``rate_limit`` ("N/s", "N/m", "N/h") lets at most N tasks of this name start in any
@@ -227,6 +261,8 @@ def reliable_task_handler(
         takes_context=takes_context,
         max_concurrency=max_concurrency,
         max_concurrency_per_key=max_concurrency_per_key,
+        debounce=debounce,
+        debounce_max_wait=debounce_max_wait,
         unique_for=unique_for,
         rate_limit=rate_limit,
         attempt_timeout=attempt_timeout,
@@ -251,7 +287,14 @@ def _normalized(**options: Any) -> dict[str, Any]:
     """The decorator's options with retry_on a tuple and durations numbers (as_number)."""
     retry_on = options["retry_on"]
     options["retry_on"] = tuple((retry_on,) if isinstance(retry_on, type) else retry_on)
-    for key in ("retry_interval", "max_duration_millis", "unique_for", "attempt_timeout"):
+    for key in (
+        "retry_interval",
+        "max_duration_millis",
+        "unique_for",
+        "attempt_timeout",
+        "debounce",
+        "debounce_max_wait",
+    ):
         options[key] = as_number(key, options[key])
     return options
 

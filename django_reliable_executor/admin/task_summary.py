@@ -114,6 +114,7 @@ def summary(
     workers: list[WorkerInfo] = executor.workers()
     return {
         "rate_limits": executor.rate_limit_use(),
+        "key_limits": executor.concurrency_key_use(),
         "statuses": statuses,
         "queues": queues,
         "paused_queues": sorted(paused),

@@ -190,6 +190,12 @@ def check_callback(request: Any, field: str) -> TaskSubmitRequest | None:
             "exactly once already)",
             field=field,
         )
+    if request.debounce is not None or request.debounce_max_wait is not None:
+        raise InvalidTaskOptionError(
+            f"{field}: debounce does not apply to a batch callback (it is submitted exactly "
+            "once already)",
+            field=field,
+        )
     if request.depends_on is not None:
         raise InvalidDependencyError(
             f"{field}: depends_on does not apply to a batch callback (it waits for the "

@@ -186,6 +186,20 @@ OPTIONS: dict[str, Option] = _table(
         "unique_key",
     ),
     Option(
+        "debounce",
+        lambda v: v is None or _seconds_ok(v),
+        "None, a number of seconds above 0, or a timedelta (core/debouncing.py)",
+        frozenset((DECORATOR, SUBMIT)),
+        "debounce",
+    ),
+    Option(
+        "debounce_max_wait",
+        lambda v: v is None or _seconds_ok(v),
+        "None, a number of seconds above 0, or a timedelta (core/debouncing.py)",
+        frozenset((DECORATOR, SUBMIT)),
+        "debounce_max_wait",
+    ),
+    Option(
         "rate_key",
         _text_or_none,
         "None or a string (core/rate_limits.key_problem)",
@@ -360,13 +374,13 @@ RETRY_NAMES = ("retry_limit", "retry_interval", "retry_backoff", "max_duration_m
 
 # Duration options and their unit: each also takes a datetime.timedelta, converted to it.
 MILLISECOND_OPTIONS = ("retry_interval", "max_duration_millis", "delay_millis")
-SECOND_OPTIONS = ("unique_for", "attempt_timeout")
+SECOND_OPTIONS = ("unique_for", "attempt_timeout", "debounce", "debounce_max_wait")
 _MILLISECOND = dt.timedelta(milliseconds=1)
 
 
 def as_number(name: str, value: Any) -> Any:
     """``value`` of duration option ``name`` in its unit when it is a timedelta (milliseconds,
-    rounded; seconds for unique_for and attempt_timeout); anything else as it is (the option's
+    rounded; seconds for SECOND_OPTIONS); anything else as it is (the option's
     rule checks it)."""
     if not isinstance(value, dt.timedelta):
         return value

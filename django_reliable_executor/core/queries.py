@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
 from .rate_limits import RateLimit
@@ -41,6 +41,38 @@ class RateUse:
     busiest: int  # the most of them of one rate key: the key nearest its limit
     keys: int  # rate keys with a claim in the last window
     held_back: int  # waiting tasks held back because their key's window is full
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyUse:
+    """How much of one task name's ``max_concurrency_per_key`` is in use now
+    (``TaskStorage.key_use``)."""
+
+    task_name: str
+    cap: int  # max_concurrency_per_key
+    held: int  # tasks held (claimed or running) with a concurrency_key
+    keys: int  # keys with a task held
+    busiest: tuple[tuple[str, int], ...]  # (key, held) of the busiest keys, busiest first
+
+
+#: How many of a name's busiest keys ``key_use`` reports.
+BUSIEST_KEYS = 5
+
+
+def key_uses(limits: Mapping[str, int], held: Iterable[tuple[str, str, int]]) -> list[KeyUse]:
+    """``TaskStorage.key_use`` from the held counts ``(task name, key, held)`` read, one
+    KeyUse per name of ``limits`` in its order (the busiest keys first, then by key)."""
+    by_name: dict[str, list[tuple[str, int]]] = {name: [] for name in limits}
+    for name, key, count in held:
+        if name in by_name and count > 0:
+            by_name[name].append((key, count))
+    uses = []
+    for name, cap in limits.items():
+        keys = sorted(by_name[name], key=lambda item: (-item[1], item[0]))
+        uses.append(
+            KeyUse(name, cap, sum(n for _, n in keys), len(keys), tuple(keys[:BUSIEST_KEYS]))
+        )
+    return uses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,10 @@ class TaskSubmitRequest:
         rate_key: Tasks of a rate-limited name sharing this key share one limit.
         concurrency_key: Of a name with ``max_concurrency_per_key``, at most that many
             tasks sharing this key are held at once (docs/flow-control.md, "Tenants").
+        debounce: Seconds (or a timedelta): submits of one key (``unique_key``, else the
+            parameter) keep one waiting task, which runs this long after the last of them.
+        debounce_max_wait: Seconds (or a timedelta): ...but never later than this after the
+            first of them.
         depends_on: Task ids that must end before this task may start.
         on_dependency_failure: ``"cancel"`` this task when a dependency ends badly, or
             ``"run"`` it anyway.
@@ -64,6 +68,9 @@ class TaskSubmitRequest:
     rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
     # Tasks of a name sharing it share its max_concurrency_per_key (None: no key).
     concurrency_key: str | None = None
+    # Debounce (core/debouncing.py): seconds, or timedeltas.
+    debounce: float | dt.timedelta | None = None
+    debounce_max_wait: float | dt.timedelta | None = None
     # Dependencies (dependencies.py): the task waits, CREATED and unclaimable, until every one
     # of these task ids has ended; a failed one cancels it unless on_dependency_failure="run".
     depends_on: Sequence[str] | None = None
@@ -91,6 +98,8 @@ class SubmitOptions(TypedDict, total=False):
     unique_key: str | None
     rate_key: str | None
     concurrency_key: str | None
+    debounce: float | dt.timedelta | None
+    debounce_max_wait: float | dt.timedelta | None
     depends_on: Sequence[str] | None
     on_dependency_failure: str
     attempt_timeout: float | dt.timedelta | None
@@ -149,6 +158,8 @@ class TaskInfo:
             current wait included (1 in its first wait); a resumption is not an attempt.
         concurrency_key: The key its name's ``max_concurrency_per_key`` counts it under, or
             None.
+        debounced: Set in what a debounced submit returns when it joined this task, already
+            waiting, rather than storing one (core/debouncing.py); False everywhere else.
     """
 
     task_id: str
@@ -194,6 +205,7 @@ class TaskInfo:
     waiting: dict[str, Any] | None = None
     resumptions: int = 0
     concurrency_key: str | None = None
+    debounced: bool = False
 
     @property
     def is_terminal(self) -> bool:
@@ -223,6 +235,10 @@ class NewTask:
     unique_until: dt.datetime | None = None
     rate_key: str | None = None
     concurrency_key: str | None = None
+    # A debounced task (core/debouncing.py): its seconds and longest wait; unique_key is then
+    # its debounce key (debounce_digest) and unique_until when that key's row may be purged.
+    debounce: float | None = None
+    debounce_max_wait: float | None = None
     depends_on: tuple[str, ...] = ()  # checked: existing ids, folded, not its own
     on_dependency_failure: str = "cancel"
     trace_context: dict[str, str] | None = None  # the submitter's span (TaskInfo's field)

@@ -96,6 +96,7 @@ class Inspecting(BaseCommand):
             next_schedule_at=next_schedule_at,
             paused_queues=frozenset(executor.paused_queues()),
             rate_limits=executor.rate_limit_use(),
+            key_limits=executor.concurrency_key_use(),
         )
         if options["json"]:
             self.stdout.write(json.dumps(report.as_json(), indent=2, ensure_ascii=False))

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.progress import Progress, progress_summary
-from ..core.queries import RateUse
+from ..core.queries import KeyUse, RateUse
 from ..core.records import TaskInfo, WorkerInfo
 from ..core.states import TaskStatus
 from ..core.waits import wait_text
@@ -99,6 +99,7 @@ class StatusReport:
     next_schedule_at: dt.datetime | None = None
     paused_queues: frozenset[str] = frozenset()
     rate_limits: Sequence[RateUse] = ()
+    key_limits: Sequence[KeyUse] = ()
 
     @property
     def counts(self) -> dict[TaskStatus, int]:
@@ -137,6 +138,16 @@ class StatusReport:
                     "held_back": use.held_back,
                 }
                 for use in self.rate_limits
+            ],
+            "concurrency_keys": [
+                {
+                    "task_name": use.task_name,
+                    "max_concurrency_per_key": use.cap,
+                    "held": use.held,
+                    "keys": use.keys,
+                    "busiest": [{"key": key, "held": held} for key, held in use.busiest],
+                }
+                for use in self.key_limits
             ],
             "master": self.master,
             "workers": [
@@ -184,6 +195,25 @@ class StatusReport:
         lines.extend("  " + line for line in table(headers, rows, numeric={2, 4, 5}).splitlines())
         return lines
 
+    def _key_lines(self) -> list[str]:
+        """The use of each max_concurrency_per_key: tasks held with a key, keys, the busiest."""
+        if not self.key_limits:
+            return []
+        rows = [
+            [
+                u.task_name,
+                u.cap,
+                u.held,
+                u.keys,
+                ", ".join(f"{key} {held}/{u.cap}" for key, held in u.busiest) or "-",
+            ]
+            for u in self.key_limits
+        ]
+        headers = ["task name", "per key", "held", "keys", "busiest keys"]
+        lines = [f"Concurrency keys ({len(rows)}):"]
+        lines.extend("  " + line for line in table(headers, rows, numeric={1, 2, 3}).splitlines())
+        return lines
+
     def as_text(self) -> str:
         if self.storage["backend"] == "redis":
             where = f"redis, key prefix {self.storage['key_prefix']!r}"
@@ -212,6 +242,7 @@ class StatusReport:
             lines.append(f"Oldest due task: waiting {age} (due since {iso(self.oldest_due_at)})")
         lines.append(self._schedules_line())
         lines.extend(self._rate_lines())
+        lines.extend(self._key_lines())
         lines.append(f"Master: {self.master or 'none'}")
         if not self.workers:
             lines.append("Workers: none")

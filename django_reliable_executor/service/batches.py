@@ -15,7 +15,7 @@ from ..conf import ExecutorSettings
 from ..core.batches import BatchInfo, NewBatch, check_callback, check_requests, member_chunks
 from ..core.ids import MAX_ID_LENGTH
 from ..core.records import NewTask, TaskInfo, TaskSubmitRequest
-from ..exceptions import TaskSubmitError
+from ..exceptions import InvalidTaskOptionError, TaskSubmitError
 from ..observability.announcer import Announcer
 from ..observability.tracing import current_trace_context
 from ..storage.base import TaskStorage
@@ -102,6 +102,13 @@ def _check_members(
     for span in spans:
         tasks = prepared(span)
         ids = [task.task_id for task in tasks]
+        debounced = next((task for task in tasks if task.debounce is not None), None)
+        if debounced is not None:
+            raise InvalidTaskOptionError(
+                f"task {debounced.task_id!r}: a batch member is not debounced (a later submit "
+                "joining it would change a member its batch counts); submit it on its own",
+                field="debounce",
+            )
         if earlier is not None:
             # A member whose unique key a live task (or a member before it) holds is not
             # stored: a member depending on it is refused, before the batch is opened.

@@ -12,12 +12,12 @@ from ..conf import ExecutorSettings, get_settings
 from ..core.batches import BatchInfo
 from ..core.clock import Clock, system_clock
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts
-from ..core.queries import RateUse
+from ..core.queries import KeyUse, RateUse
 from ..core.records import SubmitOptions, TaskInfo, TaskSubmitRequest, WorkerInfo
 from ..core.states import TaskStatus
 from ..observability.announcer import Announcer
 from ..observability.tracing import current_trace_context
-from ..registry import FLOW_LIMITS, declared_schedules, rate_limits
+from ..registry import FLOW_LIMITS, declared_schedules, key_limits, rate_limits
 from ..schedules.records import Schedule, ScheduleInfo
 from ..storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .batches import submit_batch
@@ -225,6 +225,12 @@ class ReliableExecutor(TaskInterventions):
         (every rate key, and the busiest key) and the waiting tasks it holds back now."""
         limits = rate_limits()
         return self.storage.rate_use(limits) if limits else []
+
+    def concurrency_key_use(self) -> list[KeyUse]:
+        """For each registered handler with a ``max_concurrency_per_key``: the tasks held
+        with a ``concurrency_key``, how many keys hold them, and the busiest keys."""
+        limits = key_limits()
+        return self.storage.key_use(limits) if limits else []
 
     def oldest_due_at(self, queue: str | None = None) -> dt.datetime | None:
         """When the longest-waiting task that is due and not claimed became due, or None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..conf import ExecutorSettings
+from ..core.debouncing import KEY_HOLD, debounce_digest, debounce_window, debounced_run_at
 from ..core.dependencies import (
     ID_FORBIDDEN_CATEGORIES,
     check_dependencies,
@@ -73,9 +74,8 @@ def prepare(
     )
     max_duration = options.max_duration_millis
     run_at = _run_at(request, now)
-    unique, unique_key, unique_until = unique_window(
-        request.unique_for, request.unique_key, getattr(handler, "unique_for", None), now
-    )
+    debounce = _debounce(request, handler)
+    key, unique_until, run_at = _key_window(request, handler, parameter, now, run_at, debounce)
     # A task naming no id gets one from the storage, which may choose by queue (new_task_id).
     queue = cast(str, options.queue)
     task_id = given_id if given_id is not None else (new_id or _new_id)(queue, name)
@@ -97,8 +97,10 @@ def prepare(
         created_at=now,
         run_at=run_at,
         deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
-        unique_key=unique_digest(name, unique_key, parameter) if unique else None,
+        unique_key=key,
         unique_until=unique_until,
+        debounce=None if debounce is None else debounce[0],
+        debounce_max_wait=None if debounce is None else debounce[1],
         rate_key=rate_key,
         concurrency_key=concurrency_key,
         depends_on=depends_on,
@@ -127,6 +129,62 @@ def _handler(name: Any, settings: ExecutorSettings) -> TaskHandler[Any] | None:
             field="task_name",
         )
     return handler
+
+
+def _key_window(
+    request: TaskSubmitRequest,
+    handler: TaskHandler[Any] | None,
+    parameter: Any,
+    now: dt.datetime,
+    run_at: dt.datetime,
+    debounce: tuple[float, float | None, str | None] | None,
+) -> tuple[str | None, dt.datetime | None, dt.datetime]:
+    """A unique or debounced submit's stored key and when its row may go, and when the task
+    runs (a debounced one: ``debounce`` from now); (None, None, ``run_at``) for another."""
+    name = request.task_name
+    if debounce is not None:
+        seconds, max_wait, key = debounce
+        run_at = debounced_run_at(now, now, seconds, max_wait)
+        return debounce_digest(name, key, parameter), run_at + KEY_HOLD, run_at
+    unique, unique_key, until = unique_window(
+        request.unique_for, request.unique_key, getattr(handler, "unique_for", None), now
+    )
+    return (unique_digest(name, unique_key, parameter) if unique else None), until, run_at
+
+
+def _debounce(
+    request: TaskSubmitRequest, handler: TaskHandler[Any] | None
+) -> tuple[float, float | None, str | None] | None:
+    """The submit's debounce (its own, else its handler's), checked with what it cannot go
+    with: (seconds, longest wait, unique_key); None when the submit is not debounced."""
+    own = request.debounce is not None or request.debounce_max_wait is not None
+    seconds = request.debounce if own else getattr(handler, "debounce", None)
+    max_wait = request.debounce_max_wait if own else getattr(handler, "debounce_max_wait", None)
+    if seconds is None:
+        if max_wait is not None:
+            raise InvalidTaskOptionError(
+                "debounce_max_wait needs debounce", field="debounce_max_wait"
+            )
+        return None
+    for field, given, why in (
+        (
+            "unique_for",
+            request.unique_for,
+            "debounce keeps the newest submit of a key, unique_for the first",
+        ),
+        ("depends_on", request.depends_on, "a debounced task may be replaced by a later submit"),
+        ("delay_millis", request.delay_millis or None, "debounce sets when the task runs"),
+        ("run_at", request.run_at, "debounce sets when the task runs"),
+    ):
+        if given is not None:
+            raise InvalidTaskOptionError(f"debounce does not go with {field}: {why}", field=field)
+    if request.unique_for is None and getattr(handler, "unique_for", None) is not None:
+        raise InvalidTaskOptionError(
+            "debounce does not go with the handler's unique_for: debounce keeps the newest "
+            "submit of a key, unique_for the first",
+            field="debounce",
+        )
+    return debounce_window(seconds, max_wait, request.unique_key)
 
 
 def _key(option: str, value: Any) -> str | None:

@@ -2,12 +2,12 @@
 
 Where each method lives in the two backends, as ``<module of storage/database/> / <module of
 storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``,
-``lease_base``, ``batch_base``, ``step_base``: those modules' defaults; ``access``: the
-backend's access base; ``__init__``: the backend's package). The same module on both sides is
-the rule. A default module on one side means that backend keeps the interface's default where
-the other needs its own (a sharded Redis picks ids, checks its layout and splits its chores; the
-database marks limited names). ``_list`` is the one other exception: Redis's listing.py holds
-the walks of its list indexes.
+``lease_base``, ``batch_base``, ``step_base``, ``flow_base``: those modules' defaults;
+``access``: the backend's access base; ``__init__``: the backend's package). The same module on
+both sides is the rule. A default module on one side means that backend keeps the interface's
+default where the other needs its own (a sharded Redis picks ids, checks its layout and splits
+its chores; the database marks limited names). ``_list`` is the one other exception: Redis's
+listing.py holds the walks of its list indexes.
 tests/unit/test_storage_modules.py keeps the table true.
 
     submitting / submitting: enqueue
@@ -28,7 +28,7 @@ tests/unit/test_storage_modules.py keeps the table true.
     base / waits: settle_waits
     chores / base: mark_limited
     reading / reading: _minute_counts count count_by_queue dependents_of get_many has_work
-    reading / reading: oldest_due oldest_due_by_queue rate_use
+    reading / reading: oldest_due oldest_due_by_queue rate_use key_use
     reading / listing: _list
     access / access: close get
     claiming / claiming: wait_for_work wake
@@ -57,18 +57,19 @@ from ..core.clock import Clock, system_clock
 from ..core.flow_limits import NO_FLOW_LIMITS, FlowLimits
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts
 from ..core.progress import Progress
-from ..core.queries import ClaimRequest, RateUse, TaskQuery
+from ..core.queries import ClaimRequest, TaskQuery
 from ..core.rate_limits import RateLimit
 from ..core.records import CancelResult, Claim, NewTask, TaskInfo, Transition
 from ..core.states import TaskStatus
 from .batch_base import BatchStorage
 from .checks import claim_request, every_minute, minute_span, purged_statuses, task_query
+from .flow_base import FlowStorage
 from .lease_base import LeaseStorage
 from .schedule_base import ScheduleStorage
 from .step_base import StepStorage
 
 
-class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage):
+class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage, FlowStorage):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
     the claim's fencing token where a worker writes): a lost race changes nothing and returns
     None/False. Implementations know SQL or Redis; nothing above them does.
@@ -173,12 +174,6 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage):
             worker_id, queues, limit, lease_seconds, name_limits, start, rate_limits, key_limits
         )
         return [] if request is None else self._claim(request)
-
-    @abc.abstractmethod
-    def rate_use(self, limits: Mapping[str, RateLimit]) -> builtins.list[RateUse]:
-        """For each rate-limited name of ``limits``: its claims in the last window (all rate
-        keys, and the busiest key's) and how many waiting tasks its limit holds back now.
-        A read for the admin, the command and the metrics; not atomic across names."""
 
     @abc.abstractmethod
     def _claim(self, request: ClaimRequest) -> list[Claim]:

@@ -625,6 +625,32 @@ def chaos_capped(param: dict | None, context: TaskContext) -> object:
     return _chaos(param, context)
 
 
+@reliable_task_handler(
+    name="demo.chaos_keyed1",
+    takes_context=True,
+    retry_on=(ConnectionError,),
+    retry_interval=100,
+    max_concurrency_per_key=1,
+)
+def chaos_keyed1(param: dict | None, context: TaskContext) -> object:
+    """demo.chaos under max_concurrency_per_key: at most one of a concurrency_key runs at once
+    across every worker."""
+    return _chaos(param, context)
+
+
+@reliable_task_handler(
+    name="demo.chaos_keyed3",
+    takes_context=True,
+    retry_on=(ConnectionError,),
+    retry_interval=100,
+    max_concurrency_per_key=3,
+)
+def chaos_keyed3(param: dict | None, context: TaskContext) -> object:
+    """demo.chaos under max_concurrency_per_key: at most three of a concurrency_key run at once
+    across every worker."""
+    return _chaos(param, context)
+
+
 # The durable steps of demo.steps and demo.async_steps, in order.
 STEP_NAMES = ("one", "two", "three")
 

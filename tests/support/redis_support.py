@@ -15,7 +15,7 @@ from django_reliable_executor.core.records import Claim, TaskInfo
 from django_reliable_executor.core.states import TERMINAL_STATUSES, WAITING_STATUSES, TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
-from django_reliable_executor.storage.redis.codec import micros, text
+from django_reliable_executor.storage.redis.codec import key_bucket, micros, text
 
 LEASE = 30.0  # seconds
 WORKER_A = "worker-a"
@@ -33,6 +33,8 @@ KNOWN_KEYS = {
     ("workers:seen", "zset"),
     ("held", "hash"),
     ("parked", "set"),
+    ("kparked", "set"),  # names with tasks parked by key: checked by key_cap_problems
+    ("queues:paused", "set"),
     ("outbox:seq", "string"),
     ("layout", "string"),  # REDIS_SHARDS recorded under the key prefix (layout.py)
 }
@@ -139,6 +141,12 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
                 scores[key][task_id] = score
         elif family == "parkprio" and kind == "zset":
             parkprio_sets[rest] = dict(value)
+        elif family == "kparked" and kind == "zset":
+            for task_id, score in value:
+                places[task_id].append(key)
+                scores[key][task_id] = score
+        elif (family, kind) in KEY_CAP_KEYS:
+            pass  # max_concurrency_per_key's counts and indexes: checked by key_cap_problems
         elif (key in ("leases", "finished") or family == "done") and kind == "zset":
             for task_id, score in value:
                 places[task_id].append(key)
@@ -248,6 +256,8 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
                 [f"parked:{task_name}:{priority}"],
                 ["leases"],
             ]
+            if "ck" in values:  # parked by its own name and key only
+                allowed.append([f"kparked:{key_bucket(str(task_name), values['ck'])}:{priority}"])
         elif status == "RUNNING":
             allowed = [["leases"]]
         elif status in TERMINAL:
@@ -264,6 +274,9 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
             problems.append(f"{task_id} is RUNNING without a start time")
         score_matches(f"sched:{queue}", task_id, values, "r")
         score_matches(f"parked:{task_name}:{priority}", task_id, values, "r")
+        if "ck" in values:
+            bucket = key_bucket(str(task_name), values["ck"])
+            score_matches(f"kparked:{bucket}:{priority}", task_id, values, "r")
         score_matches("finished", task_id, values, "f")
         score_matches(f"done:{status}", task_id, values, "c")
         has_deadline = status not in TERMINAL and "d" in values
@@ -278,6 +291,7 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
     held = {field: int(n) for field, n in snap.get("held", ("hash", {}))[1].items()}
     if held != dict(leased_names):
         problems.append(f"held hash {held} but the leases hold {dict(leased_names)} by name")
+    problems += key_cap_problems(snap, tasks)
 
     problems += schedule_problems(schedule_hashes, schedule_indexes)
 
@@ -368,6 +382,70 @@ def batch_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str
     listed = dict(snap.get("batches:finished", ("zset", []))[1])
     if listed != finished:
         problems.append(f"batches:finished holds {listed}, the finished batches {finished}")
+    return problems
+
+
+# max_concurrency_per_key's counts and indexes (lua/_common.lua), but for the parked sets.
+KEY_CAP_KEYS = {("heldkey", "hash"), ("kparkprio", "zset"), ("kparkkeys", "set")}
+
+
+def _split_bucket(rest: str) -> tuple[str, str]:
+    """(name, what follows it) of ``<len>:<name>:...``, key_bucket's form."""
+    length, _, tail = rest.partition(":")
+    raw = tail.encode()
+    return raw[: int(length)].decode(), raw[int(length) + 1 :].decode()
+
+
+def key_cap_problems(snap: Snapshot, tasks: dict[str, dict[str, str]]) -> list[str]:
+    """max_concurrency_per_key's indexes against the tasks (each task's own place, in a
+    ``kparked`` set of its name, key and priority or elsewhere, is checked with the others):
+    ``heldkey:<name>`` counts the leased tasks of each key of the name; ``kparkprio`` lists
+    the non-empty parked sets of a bucket, ``kparkkeys:<name>`` the keys of the name with
+    some, the ``kparked`` set the names with some."""
+    problems: list[str] = []
+    parked: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    listed: dict[str, dict[str, dict[str, str]]] = defaultdict(dict)  # name -> key -> prios
+    held: dict[str, dict[str, int]] = {}
+    keys_of: dict[str, set[str]] = {}
+    for index, (kind, value) in snap.items():
+        family, _, rest = index.partition(":")
+        if (family, kind) == ("kparked", "zset"):
+            name, after = _split_bucket(rest)
+            key, _, priority = after.rpartition(":")
+            parked[name][key].add(priority)
+        elif (family, kind) == ("kparkprio", "zset"):
+            name, key = _split_bucket(rest)
+            listed[name][key] = dict(value)
+        elif (family, kind) == ("heldkey", "hash"):
+            held[rest] = {key: int(n) for key, n in value.items()}
+        elif (family, kind) == ("kparkkeys", "set"):
+            keys_of[rest] = set(value)
+    for name in parked.keys() | listed.keys():
+        for key in parked[name].keys() | listed[name].keys():
+            prios = listed[name].get(key, {})
+            if set(prios) != parked[name][key]:
+                problems.append(
+                    f"kparkprio:{key_bucket(name, key)} lists {sorted(prios)}, the non-empty "
+                    f"parked sets of the key are {sorted(parked[name][key])}"
+                )
+            problems += [
+                f"kparkprio:{key_bucket(name, key)} scores {member} as {score}"
+                for member, score in prios.items()
+                if float(score) != float(member)
+            ]
+    with_parked = {name: set(keys) for name, keys in parked.items() if keys}
+    if keys_of != with_parked:
+        problems.append(f"kparkkeys sets hold {keys_of}, the keys with parked tasks {with_parked}")
+    names = set(snap.get("kparked", ("set", []))[1])
+    if names != set(with_parked):
+        problems.append(f"kparked lists {sorted(names)}, not {sorted(with_parked)}")
+    leased: dict[str, Counter[str]] = defaultdict(Counter)
+    for task_id, _ in snap.get("leases", ("zset", []))[1]:
+        task = tasks.get(task_id, {})
+        if "ck" in task:
+            leased[task["n"]][task["ck"]] += 1
+    if held != {name: dict(keys) for name, keys in leased.items()}:
+        problems.append(f"heldkey hashes {held}, but the leases hold {dict(leased)} by key")
     return problems
 
 

@@ -24,19 +24,11 @@ from .rate_reserve import claim_reserving
 from .rows import (
     CLAIM_COLUMNS_SQL,
     CLAIM_FIELDS,
-    LIVE,
+    HELD_SQL,
     RATE_KEY_SQL,
     Pick,
     claim_from_row,
 )
-
-# The statuses of a held task (with available false: claimed and not finished; a dependent
-# waiting for its dependencies is unavailable too, but held by no one). Written into the SQL
-# as literals so that PostgreSQL matches the partial index of migration 0006.
-HELD_SQL = "NOT available AND status IN ({}) AND waiting_for IS NULL".format(
-    ", ".join(f"'{s}'" for s in LIVE)
-)
-
 
 # PostgreSQL: a claim commits without waiting for its WAL flush (synchronous_commit off for
 # this transaction alone), which saves a disk flush per claim round. Safe: a claim lost in a

@@ -14,7 +14,6 @@ not by every claim while the key stays full. Other keys and names are not held u
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from ...core.records import Claim
 from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliableParkedKey
 from .rate_log import ClaimStatements
-from .rows import LIVE, Pick, chunks
+from .rows import HELD_SQL, Pick, chunks
 
 # Most tasks one claim parks: a claim stays short however long a key's backlog is (the next
 # claim parks the next ones).
@@ -35,16 +34,6 @@ PARK_MAX = 1000
 # (a key may be as long as the column). No registered task name starts with a control
 # character in practice, and the chores (mark_limited) leave these ranges to this module.
 LANE_PREFIX = "\x1f"
-
-# The held tasks of a name, by key: claimed and not finished (a dependent waiting for its
-# dependencies is unavailable too, but held by no one), or timed out with the handler still
-# running (its holder keeps the lease: expire_overdue).
-_HELD_BY_KEY_SQL = (
-    "SELECT concurrency_key, COUNT(*) FROM {table} WHERE task_name = %s AND NOT available "
-    "AND status IN ({live}) AND waiting_for IS NULL GROUP BY concurrency_key "
-    "UNION ALL SELECT concurrency_key, COUNT(*) FROM {table} WHERE task_name = %s "
-    "AND status = %s AND available = %s AND lease_expires_at > %s GROUP BY concurrency_key"
-)
 
 
 def parked_lane(name: str, key: str) -> str:
@@ -55,6 +44,21 @@ def parked_lane(name: str, key: str) -> str:
 
 def is_parked_lane(lane: str) -> bool:
     return lane.startswith(LANE_PREFIX)
+
+
+@dataclasses.dataclass
+class _State:
+    """What a claim reads under the name's lock (``KeyParking._read``)."""
+
+    held: Counter[str | None] = dataclasses.field(default_factory=Counter)
+    parked: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (lane, key)
+    # (task id, key) of the first due tasks of the name's range, in pickup order
+    candidates: list[tuple[str, str | None]] = dataclasses.field(default_factory=list)
+
+
+def _batch(room: int) -> int:
+    """How many of the name's due tasks a read takes, to find ``room`` of free keys."""
+    return max(room * 2, 16)
 
 
 @dataclasses.dataclass
@@ -86,68 +90,82 @@ class KeyParking:
         own or, ``joined``, in the caller's (no savepoint)."""
         storage = self.storage
         assert pick.name is not None
-        name = pick.name
         connection = connections[storage.alias]
         lock_table = connection.ops.quote_name(ReliableNameLock._meta.db_table)
         with transaction.atomic(using=storage.alias, savepoint=not joined):
             with connection.cursor() as cursor:
-                storage._lock_name(cursor, lock_table, name)
-                held = self._held_by_key(cursor, name, pick.now)
+                storage._lock_name(cursor, lock_table, pick.name)
+                state = self._read(cursor, pick, _batch(pick.limit))
                 room = pick.limit
                 if name_cap is not None:
-                    room = min(room, name_cap - sum(held.values()))
+                    room = min(room, name_cap - sum(state.held.values()))
                 if room <= 0:
                     return []
-                chosen = self.choose(cursor, pick, key_cap, room, held)
+                chosen = self._decide(cursor, pick, key_cap, room, state)
             if not chosen:
                 return []
             return storage._take(dataclasses.replace(pick, limit=len(chosen), ids=chosen))
 
-    def choose(
-        self,
-        cursor: Any,
-        pick: Pick,
-        key_cap: int,
-        room: int,
-        held: Counter[str | None] | None = None,
-    ) -> tuple[str, ...]:
+    def choose(self, cursor: Any, pick: Pick, key_cap: int, room: int) -> tuple[str, ...]:
         """Under the name's lock: the ids of up to ``room`` due tasks of ``pick.name`` whose
         keys have free slots, in pickup order, once the parked tasks of keys with free slots
-        are back and the tasks passed over (of full keys) parked. ``held``: the held tasks
-        by key, when the caller counted them."""
+        are back and the tasks passed over (of full keys) parked (the rate limit's claim)."""
+        return self._decide(cursor, pick, key_cap, room, self._read(cursor, pick, _batch(room)))
+
+    def _decide(
+        self, cursor: Any, pick: Pick, key_cap: int, room: int, state: _State
+    ) -> tuple[str, ...]:
+        """``choose`` from the state read under the lock."""
         assert pick.name is not None
-        if held is None:
-            held = self._held_by_key(cursor, pick.name, pick.now)
-        self._unpark(cursor, pick, held, key_cap)
-        choice = self._choose(cursor, pick, held, key_cap, room)
+        if self._unpark(cursor, pick, state, key_cap):
+            # Back in the name's range, they compete in pickup order: read it again.
+            state.candidates = self._candidates(cursor, pick, _batch(room), 0)
+        choice = self._choose(cursor, pick, state, key_cap, room)
         self._park(cursor, pick.name, choice.parked)
         return tuple(choice.taken)
 
-    def _held_by_key(self, cursor: Any, name: str, now: dt.datetime) -> Counter[str | None]:
-        """``{key: held tasks}`` of ``name`` (None: those without a key). Under the lock."""
+    def _read(self, cursor: Any, pick: Pick, batch: int) -> _State:
+        """One read under the lock: the held tasks of the name by key (None: those without a
+        key: claimed or running, or timed out with the handler still running), its parked
+        keys, and the first ``batch`` due tasks of its range, in pickup order."""
         storage = self.storage
-        live = ", ".join(f"'{s}'" for s in LIVE)  # literals: PostgreSQL's partial index
-        cursor.execute(
-            _HELD_BY_KEY_SQL.format(table=storage._table, live=live),
-            [name, name, TaskStatus.TIMEOUT.value, False, storage._dt(now)],
+        quote = connections[storage.alias].ops.quote_name
+        table, parked_table = storage._table, quote(ReliableParkedKey._meta.db_table)
+        pick_sql, pick_params = storage._pick_sql(dataclasses.replace(pick, limit=batch))
+        sql = (
+            f"SELECT 0, concurrency_key, NULL, COUNT(*) FROM {table} WHERE task_name = %s AND "
+            f"{HELD_SQL} GROUP BY concurrency_key "
+            f"UNION ALL SELECT 0, concurrency_key, NULL, COUNT(*) FROM {table} "
+            "WHERE task_name = %s AND status = %s AND available = %s AND lease_expires_at > %s "
+            "GROUP BY concurrency_key "
+            f"UNION ALL SELECT 1, {quote('key')}, lane, NULL FROM {parked_table} WHERE name = %s "
+            "UNION ALL SELECT 2, concurrency_key, task_id, "
+            "ROW_NUMBER() OVER (ORDER BY priority DESC, run_at ASC) FROM "
+            f"(SELECT task_id, concurrency_key, priority, run_at {pick_sql}) AS c"
         )
-        held: Counter[str | None] = Counter()
-        for key, count in cursor.fetchall():
-            held[key] += int(count)
-        return held
+        name, now = pick.name, storage._dt(pick.now)
+        params = [name, name, TaskStatus.TIMEOUT.value, False, now, name, *pick_params]
+        cursor.execute(sql, params)
+        state = _State()
+        ordered: list[tuple[int, str, str | None]] = []
+        for kind, key, text, number in cursor.fetchall():
+            if kind == 0:
+                state.held[key] += int(number)
+            elif kind == 1:
+                state.parked.append((str(text), str(key)))
+            else:
+                ordered.append((int(number), str(text), key))
+        state.candidates = [(task_id, key) for _, task_id, key in sorted(ordered)]
+        return state
 
-    def _unpark(self, cursor: Any, pick: Pick, held: Counter[str | None], cap: int) -> None:
+    def _unpark(self, cursor: Any, pick: Pick, state: _State, cap: int) -> bool:
         """Bring back into the name's range up to its free slots of each parked key with free
-        slots, first in pickup order; forget the keys left with none parked."""
-        assert pick.name is not None
-        parked = list(
-            ReliableParkedKey.objects.using(self.storage.alias)
-            .filter(name=pick.name)
-            .values_list("lane", "key")
-        )
-        wanted = {lane: cap - held[key] for lane, key in parked if held[key] < cap}
+        slots, first in pickup order; forget the keys left with none parked. Whether any
+        came back."""
+        held = state.held
+        wanted = {lane: cap - held[key] for lane, key in state.parked if held[key] < cap}
         if not wanted:
-            return
+            return False
         found = self._first_parked(cursor, wanted)
         back = self._lane_of(dataclasses.replace(pick, ids=()))
         ids = [task_id for task_id, _ in found]
@@ -156,6 +174,7 @@ class KeyParking:
         emptied = [lane for lane, n in wanted.items() if moved[lane] < n]
         if emptied:
             ReliableParkedKey.objects.using(self.storage.alias).filter(lane__in=emptied).delete()
+        return bool(ids)
 
     def _first_parked(self, cursor: Any, wanted: dict[str, int]) -> list[tuple[str, str]]:
         """(task id, lane) of the first ``wanted[lane]`` waiting tasks of each parked lane, a
@@ -173,19 +192,18 @@ class KeyParking:
             found += [(str(task_id), str(lane)) for task_id, lane in cursor.fetchall()]
         return found
 
-    def _choose(
-        self, cursor: Any, pick: Pick, held: Counter[str | None], cap: int, room: int
-    ) -> _Choice:
-        """Read the name's range in pickup order, taking up to ``room`` tasks of keys with a
-        free slot (and without a key), choosing the tasks of full keys to park, until
-        ``room`` are taken, the range is read through or PARK_MAX are to be parked."""
+    def _choose(self, cursor: Any, pick: Pick, state: _State, cap: int, room: int) -> _Choice:
+        """Go through the name's range in pickup order (the state's first candidates, then
+        further reads), taking up to ``room`` tasks of keys with a free slot (and without a
+        key), choosing the tasks of full keys to park, until ``room`` are taken, the range is
+        read through or PARK_MAX are to be parked."""
         choice = _Choice()
-        counts = Counter(held)
+        counts = Counter(state.held)
         seen: set[str] = set()
-        batch = max(room * 2, 16)
+        batch = _batch(room)
         offset = 0
-        while len(choice.taken) < room and choice.parked_count < PARK_MAX:
-            rows = self._candidates(cursor, pick, batch, offset)
+        rows = state.candidates
+        while True:
             for task_id, key in rows:
                 if task_id in seen:
                     continue
@@ -194,13 +212,13 @@ class KeyParking:
                     counts[key] += key is not None
                     choice.taken.append(task_id)
                     if len(choice.taken) >= room:
-                        break
+                        return choice
                 else:
                     choice.parked.setdefault(key, []).append(task_id)
-            if len(rows) < batch:
-                break  # read through
+            if len(rows) < batch or choice.parked_count >= PARK_MAX:
+                return choice  # read through, or enough parked for one claim
             offset += batch
-        return choice
+            rows = self._candidates(cursor, pick, batch, offset)
 
     def _candidates(
         self, cursor: Any, pick: Pick, batch: int, offset: int

@@ -11,13 +11,14 @@ from django.db.models.functions import Left, Substr, TruncMinute
 
 from ...core.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
 from ...core.minute_counts import UTC, MinuteCounts, epoch_minute, minute_start
-from ...core.queries import RateUse, TaskQuery
+from ...core.queries import KeyUse, RateUse, TaskQuery, key_uses
 from ...core.rate_limits import RateLimit
 from ...core.records import TaskInfo, copy_with
 from ...core.states import DEAD_LETTER_STATUSES, LIVE_STATUSES, TaskStatus
 from ...models import ReliableDependency, ReliableRateLog, ReliableRetryCount, ReliableUniqueKey
 from .access import DatabaseAccess
 from .rows import (
+    HELD_SQL,
     WAITING,
     chunks,
     to_info,
@@ -156,6 +157,23 @@ class Reading(DatabaseAccess):
                 keys = sum(1 for r in recent if r)
                 uses.append(RateUse(name, rate, sum(recent), busiest, keys, int(held)))
         return uses
+
+    def key_use(self, limits: Mapping[str, int]) -> list[KeyUse]:
+        """One read: the held tasks with a key of these names, counted by name and key (the
+        held tasks only, a handful per worker, read by the index of held tasks)."""
+        if not limits:
+            return []
+        marks = ", ".join(["%s"] * len(limits))
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(
+                f"SELECT task_name, concurrency_key, COUNT(*) FROM {self._table} "
+                f"WHERE task_name IN ({marks}) AND concurrency_key IS NOT NULL AND (({HELD_SQL}) "
+                "OR (status = %s AND available = %s AND lease_expires_at > %s)) "
+                "GROUP BY task_name, concurrency_key",
+                [*limits, TaskStatus.TIMEOUT.value, False, self._dt(self.clock.now())],
+            )
+            rows = cursor.fetchall()
+        return key_uses(limits, [(name, key, int(n)) for name, key, n in rows])
 
 
 class ThroughputReading(DatabaseAccess):

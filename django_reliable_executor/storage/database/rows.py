@@ -152,10 +152,24 @@ def holding_sql(worker_id: str, tokens: Sequence[tuple[str, int]]) -> tuple[str,
 # Nor its dependencies (a claimed task waits for none; context.dependency_results reads them).
 # It reads the batch_id: a member's ending write counts it in its batch (batches.py). Its
 # durable steps are another table's (context.step reads them at the attempt's first step).
-NOT_CLAIMED = ("progress", "depends_on", "waiting_for", "handler_running", "steps", "waiting")
+NOT_CLAIMED = (
+    "progress",
+    "depends_on",
+    "waiting_for",
+    "handler_running",
+    "steps",
+    "waiting",
+    "debounced",  # a submit's answer only
+)
 INFO_FIELDS = [f.name for f in dataclasses.fields(TaskInfo) if f.name not in NOT_CLAIMED]
 CLAIM_FIELDS = [*INFO_FIELDS, "lease_token", "budget_attempts", "deadline_at", "has_dependents"]
 CLAIM_COLUMNS_SQL = ", ".join(CLAIM_FIELDS)  # the model's column names are its field names
+# The statuses of a held task (with available false: claimed and not finished; a dependent
+# waiting for its dependencies is unavailable too, but held by no one). Written into the SQL
+# as literals so that PostgreSQL matches the partial index of migration 0006.
+HELD_SQL = "NOT available AND status IN ({}) AND waiting_for IS NULL".format(
+    ", ".join(f"'{s}'" for s in LIVE)
+)
 # A claimed task's rate key as its rate log stores it ("" for none).
 RATE_KEY_SQL = "COALESCE(rate_key, '') AS log_key"
 DATETIME_FIELDS = ["created_at", "run_at", "started_at", "finished_at", "deadline_at"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django.db import connections
 
-from ...core.records import NewTask, TaskInfo
-from ...core.states import LIVE_STATUSES
+from ...core.debouncing import KEY_HOLD, debounced_run_at
+from ...core.records import NewTask, TaskInfo, copy_with
+from ...core.states import LIVE_STATUSES, TaskStatus
 from ...models import ReliableTask, ReliableUniqueKey
 from .access import DatabaseAccess
 from .rows import to_info
@@ -46,15 +48,45 @@ class UniqueKeys(DatabaseAccess):
             holder_id, in_window = cursor.fetchone()
             if holder_id == task.task_id:
                 return None  # inserted now (or by this very submit sent again)
-            holder = self._latest(holder_id) if in_window else None
-            if holder is not None and (holder.status in LIVE_STATUSES or holder.handler_running):
-                return holder  # not ended: live, or its timed-out handler still runs
+            if task.debounce is not None:
+                joined = self._join_debounced(cursor, holder_id, task)
+                if joined is not None:
+                    return joined
+            else:
+                holder = self._latest(holder_id) if in_window else None
+                live = holder is not None and holder.status in LIVE_STATUSES
+                if holder is not None and (live or holder.handler_running):
+                    return holder  # not ended: live, or its timed-out handler still runs
             cursor.execute(
                 f"UPDATE {self._keys_table} SET task_id = %s, expires_at = %s "
                 f"WHERE {self._key} = %s",
                 [task.task_id, until, key],
             )
         return None
+
+    def _join_debounced(self, cursor: Any, holder_id: str, task: NewTask) -> TaskInfo | None:
+        """Debounce (core/debouncing.py), under the key row's lock: the key's task, given
+        ``task``'s parameter and its new due time, when it still waits unclaimed and never
+        started; else None (the key then passes to ``task``, which opens a new window)."""
+        holder = self._latest(holder_id)
+        if holder is None or holder.status is not TaskStatus.CREATED or holder.attempts:
+            return None
+        assert task.debounce is not None
+        run_at = debounced_run_at(
+            task.created_at, holder.created_at, task.debounce, task.debounce_max_wait
+        )
+        joined = (
+            self._tasks()
+            .filter(pk=holder_id, available=True, status=TaskStatus.CREATED.value, attempts=0)
+            .update(parameter=task.parameter, run_at=run_at)
+        )
+        if not joined:
+            return None  # claimed meanwhile (the claim does not take the key row's lock)
+        cursor.execute(
+            f"UPDATE {self._keys_table} SET expires_at = %s WHERE {self._key} = %s",
+            [self._dt(run_at + KEY_HOLD), task.unique_key],
+        )
+        return copy_with(holder, parameter=task.parameter, run_at=run_at, debounced=True)
 
     @property
     def _key(self) -> str:

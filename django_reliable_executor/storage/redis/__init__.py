@@ -27,7 +27,7 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            how many durable step checkpoints it wrote (step.lua; their
                            order; absent: it stored none), wt a PENDING task's durable wait
                            (codec.packed_wait: [kind, name, until, ids]; suspend.lua), rs its
-                           resumptions.
+                           resumptions, ck its concurrency key (max_concurrency_per_key).
                            Fields without a value are absent.
 ``P steps:<id>``            HASH of the durable steps of task <id> (context.step): step name ->
                            "<order> <finished at> <result JSON>", order from the task's
@@ -82,6 +82,19 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            of the name is held, wakes the queue of the next one.
 ``P parkprio:<name>``      ZSET of the priorities that have a non-empty parked set of the name.
 ``P parked``               SET of the task names that have parked tasks.
+``P heldkey:<name>``       HASH concurrency key -> how many tasks of the name with that key are in
+                           the leases, kept as ``held`` is (a key at 0 removed). Claims compare
+                           it with the name's max_concurrency_per_key.
+``P kparked:<bucket>:<prio>`` ZSET of due tasks whose key a claim found at its cap, scored by
+                           run at; the bucket is ``<length of name in bytes>:<name>:<key>``
+                           (codec.key_bucket). No claim reads them: a slot of the key freed
+                           (unlease), a task of the key taken while the key has room left, or a
+                           keyed task gone from its waiting place (unqueue) moves the key's first
+                           one (highest priority, then earliest) to the name's parked set; a
+                           claim that does not cap the name by key moves them all there.
+``P kparkprio:<bucket>``   ZSET of the priorities that have a non-empty kparked set of the bucket.
+``P kparkkeys:<name>``     SET of the keys of the name that have tasks parked by key.
+``P kparked``              SET of the task names that have tasks parked by key.
 ``P lock:<name>``          STRING "<expiry>:<owner>" with a PX expiry: a named lease.
 ``P workers``, ``P workers:seen``  HASH worker id -> JSON, ZSET worker id -> last heartbeat.
 ``P s:<id>``               HASH, one per schedule. n task name, j parameter, ev interval (µs) or
@@ -127,9 +140,10 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.
 
 A waiting task is in exactly one of a ready list, its queue's schedule, a parked set (of its
-name and priority) or (claimed) the leases; a running task is in the leases; a terminal one in
-the finished index and its done index (and, timed out while running, in the leases until
-its holder's lease ends). ``held`` equals the leased tasks of each name.
+name and priority), a kparked set (of its name, key and priority) or (claimed) the leases; a
+running task is in the leases; a terminal one in the finished index and its done index (and,
+timed out while running, in the leases until its holder's lease ends). ``held`` equals the
+leased tasks of each name, ``heldkey:<name>`` those of each of its keys.
 Each script in storage/redis/lua/ is a compare-and-set on the status (and the claim's token) it
 expects, so a lost race changes nothing. Nothing read back is ever unpickled: parameters and
 results are JSON.

@@ -66,15 +66,6 @@ class Claiming(RedisAccess):
         now = self.clock.now()
         lease_until = micros(now + dt.timedelta(seconds=request.lease_seconds))
         step = random.randint(1, TOKEN_STEP_MAX)
-        caps: list[object] = []
-        if request.name_limits or request.rate_limits:
-            caps = [""]  # after the queues (never empty): the name, cap pairs
-            for name, cap in request.name_limits.items():
-                caps += [name, int(cap)]
-        if request.rate_limits:
-            caps.append("")  # then the name, count, log window (µs) triples
-            for name, rate in request.rate_limits.items():
-                caps += [name, rate.count, round(rate.log_window_seconds * 1e6)]
         if self.sharded:
             self._idle.claimed_at[shard] = time.monotonic()
         reply = self._run(
@@ -85,7 +76,7 @@ class Claiming(RedisAccess):
             step,
             request.start,
             *request.queues,
-            *caps,
+            *_limit_args(request),
             now=now,
             shard=shard,
         )
@@ -182,6 +173,24 @@ class Claiming(RedisAccess):
             pipe.lpush(key, "1")
             pipe.ltrim(key, 0, 0)
         pipe.execute()
+
+
+def _limit_args(request: ClaimRequest) -> list[object]:
+    """claim.lua's ARGV after the queues (never empty, so '' ends them): '' and the name, cap
+    pairs, '' and the name, count, log window (µs) triples, '' and the name, cap per key
+    pairs; each part left out when it and every later one are empty."""
+    parts: list[list[object]] = [
+        [item for name, cap in request.name_limits.items() for item in (name, int(cap))],
+        [
+            item
+            for name, rate in request.rate_limits.items()
+            for item in (name, rate.count, round(rate.log_window_seconds * 1e6))
+        ],
+        [item for name, cap in request.key_limits.items() for item in (name, int(cap))],
+    ]
+    while parts and not parts[-1]:
+        parts.pop()
+    return [item for part in parts for item in ("", *part)]
 
 
 def _private(key: str) -> bool:

@@ -39,6 +39,12 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def key_bucket(name: str, concurrency_key: str) -> str:
+    """A task name and concurrency key as key_bucket in lua/_common.lua names the sets of the
+    tasks parked by key (the name's length in bytes, as Lua counts, keeps ':' apart)."""
+    return f"{len(name.encode())}:{name}:{concurrency_key}"
+
+
 def fields(flat: Sequence[Any]) -> dict[str, str]:
     """HGETALL's flat [field, value, ...] reply as a dict of str."""
     items = [text(item) for item in flat]
@@ -89,6 +95,7 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         if "wt" in values and values["s"] == "PENDING"
         else None,
         resumptions=int(values.get("rs", 0)),
+        concurrency_key=values.get("ck"),
     )
 
 
@@ -140,7 +147,7 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 
 # What claim.lua returns for each claimed task, in this order (a waiting task has no start,
 # finish, result or cancel request yet).
-CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc at rs".split()  # noqa: SIM905
+CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc at rs ck".split()  # noqa: SIM905
 
 
 # Which of CLAIMED_FIELDS are read as text, which as integers.
@@ -159,6 +166,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
         values = [None if v is None else v.decode() for v in values]
     n, q, s, j, rb, md, c, r, d, e, w, tc, at = _TEXTS(values)
     rs = values[19]  # resumptions: absent (None) until the first
+    ck = values[20]  # concurrency_key: absent (None) for none
     p, a, b, rl, ri, k = map(int, _INTEGERS(values))  # in C, not a call per field
     created_at = EPOCH + _DELTA(0, 0, int(c))
     status = _STATUSES.get(s) or TaskStatus(s)
@@ -194,6 +202,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
             "steps": (),
             "waiting": None,  # not read by the claim: cleared once the task runs
             "resumptions": int(rs) if rs else 0,
+            "concurrency_key": ck or None,
         }
     )
     claim = object.__new__(Claim)
@@ -208,7 +217,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
 
 
 def submit_args(task: NewTask) -> list[str]:
-    """The 17 values (TASK_ARGS) submit.lua takes per task."""
+    """The 18 values (TASK_ARGS) submit.lua takes per task."""
     return [
         task.task_id,
         task.task_name,
@@ -228,4 +237,5 @@ def submit_args(task: NewTask) -> list[str]:
         task.batch_generation or "",
         # repr: the shortest text that reads back as the same float
         "" if task.attempt_timeout is None else repr(float(task.attempt_timeout)),
+        task.concurrency_key or "",
     ]

@@ -24,7 +24,7 @@ from ...core.queries import TaskQuery
 from ...core.records import StepInfo, TaskInfo, copy_with
 from ...core.states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
-from .codec import text, to_info
+from .codec import key_bucket, text, to_info
 from .sharding import CONTROL_SHARD
 
 # Up to this many unfinished tasks, listings that include them are exact (each is read and
@@ -177,18 +177,30 @@ class Listing(RedisAccess):
         return ids
 
     def _parked_ids(self, first: int, prefix: str) -> set[str]:
-        """Waiting tasks of capped names parked by claims (max_concurrency), of any queue of
-        the shard of ``prefix``."""
+        """Waiting tasks parked by claims, of any queue of the shard of ``prefix``: those of
+        capped names (max_concurrency) and those parked by key (max_concurrency_per_key)."""
         names = [text(name) for name in self.client.smembers(prefix + "parked")]
-        if not names:
+        # (index of the priorities, the parked sets' prefix before the priority)
+        places = [(f"{prefix}parkprio:{name}", f"{prefix}parked:{name}:") for name in names]
+        keyed = [text(name) for name in self.client.smembers(prefix + "kparked")]
+        if keyed:
+            pipe = self.client.pipeline(transaction=False)
+            for name in keyed:
+                pipe.smembers(f"{prefix}kparkkeys:{name}")
+            places += [
+                (f"{prefix}kparkprio:{one}", f"{prefix}kparked:{one}:")
+                for name, keys in zip(keyed, pipe.execute(), strict=True)
+                for one in (key_bucket(name, text(key)) for key in keys)
+            ]
+        if not places:
             return set()
         pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.zrange(f"{prefix}parkprio:{name}", 0, -1)
+        for priorities, _ in places:
+            pipe.zrange(priorities, 0, -1)
         pipe2 = self.client.pipeline(transaction=False)
-        for name, priorities in zip(names, pipe.execute(), strict=True):
+        for (_, parked), priorities in zip(places, pipe.execute(), strict=True):
             for priority in priorities:
-                pipe2.zrange(f"{prefix}parked:{name}:{text(priority)}", first, -1)
+                pipe2.zrange(parked + text(priority), first, -1)
         return {text(i) for parked in pipe2.execute() for i in parked}
 
     def _matching(

@@ -1,13 +1,15 @@
-"""Reading tasks from Redis storage: get, counts, oldest due tasks, endings per minute, has_work."""
+"""Reading tasks from Redis storage: get, counts, oldest due tasks, endings per minute, has_work,
+and the flow limits in use."""
 
 from __future__ import annotations
 
 import builtins
 import datetime as dt
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from ...core.minute_counts import MinuteCounts, minute_start
-from ...core.queries import RateUse
+from ...core.queries import KeyUse, RateUse, key_uses
 from ...core.rate_limits import RateLimit
 from ...core.records import TaskInfo, copy_with
 from ...core.states import DEAD_LETTER_STATUSES, LIVE_STATUSES, TaskStatus
@@ -192,7 +194,25 @@ def bucket(name: str, rate_key: str) -> str:
 
 
 class RateReading(RedisAccess):
-    """rate_use: the logs read in two pipelined round trips."""
+    """rate_use: the logs read in two pipelined round trips; key_use: the held counts per key
+    in one."""
+
+    @guarded
+    def key_use(self, limits: Mapping[str, int]) -> builtins.list[KeyUse]:
+        # heldkey:<name> (lua/_common.lua) on every shard: a keyed name's tasks live on its
+        # home shard, but one stored by a submitter not told of the cap is on its queue's.
+        names = list(limits)
+        if not names:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for prefix in self.prefixes:
+            for name in names:
+                pipe.hgetall(prefix + "heldkey:" + name)
+        held: Counter[tuple[str, str]] = Counter()
+        for i, counts in enumerate(pipe.execute()):
+            for key, n in counts.items():
+                held[names[i % len(names)], text(key)] += int(n)
+        return key_uses(limits, [(name, key, n) for (name, key), n in held.items()])
 
     @guarded
     def rate_use(self, limits: Mapping[str, RateLimit]) -> builtins.list[RateUse]:

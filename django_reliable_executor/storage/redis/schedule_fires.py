@@ -357,8 +357,8 @@ def _fire_arguments(
             args += task
             # No rate key, no trace context (a schedule's run starts a trace of its own), no
             # batch (nor its generation), no attempt timeout of its own (its handler's
-            # applies): the TASK_ARGS values of submit_args.
-            args += (created_at, str(run), deadline, "", "", "", "", "")
+            # applies), no concurrency key: the TASK_ARGS values of submit_args.
+            args += (created_at, str(run), deadline, "", "", "", "", "", "")
     return args, ids
 
 

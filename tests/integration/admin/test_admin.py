@@ -17,7 +17,7 @@ from django_reliable_executor import signals
 from django_reliable_executor.admin import task_pages as pages
 from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
-from django_reliable_executor.registry import rate_limits
+from django_reliable_executor.registry import key_limits, rate_limits
 from tests.support.admin_support import (
     LIST_URL,
     NEWEST_FIRST,
@@ -479,6 +479,23 @@ def test_summary_shows_the_use_of_each_rate_limit(service, viewer):
     assert (str(use.limit), use.started, use.busiest, use.keys) == ("5/s", 2, 1, 2)
     html = response.content.decode()
     assert 'id="re-rate-limits"' in html and 'data-task-name="demo.rated"' in html
+
+
+def test_summary_shows_the_busiest_concurrency_keys(service, viewer):
+    """demo.keyed has max_concurrency_per_key=2: its keys' held tasks in the summary."""
+    for key in ("acme", "acme", "acme", "globex"):
+        service.submit("demo.keyed", {}, concurrency_key=key)
+    claims = service.storage.claim("w-1", ["default"], 10, 60, key_limits=key_limits())
+    assert sum(c.task.task_name == "demo.keyed" for c in claims) == 3
+    response = viewer.get(LIST_URL)
+    uses = response.context["summary"]["key_limits"]
+    assert {u.task_name for u in uses} == set(key_limits())  # every name with a per-key cap
+    [use] = [u for u in uses if u.task_name == "demo.keyed"]
+    assert (use.task_name, use.cap, use.held, use.keys) == ("demo.keyed", 2, 3, 2)
+    assert use.busiest == (("acme", 2), ("globex", 1))
+    html = response.content.decode()
+    assert 'id="re-key-limits"' in html and 'data-task-name="demo.keyed"' in html
+    assert '<span class="re-key" data-key="acme"><code>acme</code> 2/2</span>' in html
 
 
 # -- progress -------------------------------------------------------------------------------

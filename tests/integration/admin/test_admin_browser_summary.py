@@ -14,6 +14,7 @@ import re
 import pytest
 
 from django_reliable_executor.core.clock import FakeClock
+from django_reliable_executor.registry import key_limits
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.support.admin_support import (
     DOCS_IMAGES,
@@ -77,6 +78,15 @@ def waiting_since(service: ReliableExecutor, queue: str, minutes: float) -> None
     service.storage.enqueue([task])
 
 
+def tenants_held(service: ReliableExecutor) -> None:
+    """demo.keyed (max_concurrency_per_key=2) tasks of two tenants claimed by a worker: three
+    of four held, acme at its cap."""
+    for key in ("acme", "acme", "acme", "globex"):
+        service.submit("demo.keyed", {}, concurrency_key=key, queue="tenants")
+    claims = service.storage.claim("w-tenants", ["tenants"], 10, LEASE, key_limits=key_limits())
+    assert len(claims) == 3
+
+
 @pytest.mark.parametrize("backend", admin_params(["default", "redis"]))
 def test_the_summary_charts_the_last_hour_and_marks_late_queues(
     backend, live_server, browser_page, tmp_path
@@ -89,6 +99,7 @@ def test_the_summary_charts_the_last_hour_and_marks_late_queues(
         showcase(service)
         waiting_since(service, "emails", 3)  # amber: past 1 minute
         waiting_since(service, "reports", 12)  # red: past 5 minutes
+        tenants_held(service)
         make_user("ops", "view_reliabletask", "operate_reliabletask")
         page.goto(f"{live_server.url}/admin/login/?next={LIST_PATH}")
         page.fill("#id_username", "ops")
@@ -124,5 +135,8 @@ def test_the_summary_charts_the_last_hour_and_marks_late_queues(
         background = red.evaluate("e => getComputedStyle(e).backgroundColor")
         assert background == "rgb(185, 28, 28)"
         assert page.locator("#re-oldest-due .re-due").get_attribute("data-level") == "red"
+        keys = page.locator('#re-key-limits tr[data-task-name="demo.keyed"]')
+        assert keys.is_visible()
+        assert re.fullmatch(r"demo\.keyed\s+2\s+3\s+2\s+acme 2/2 · globex 1/2", keys.inner_text())
         if backend == "default":
             page.locator(".re-summary").screenshot(path=str(shots / "admin-summary.png"))

@@ -19,7 +19,7 @@ from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.records import TaskInfo
 from django_reliable_executor.management.output import format_age, parse_duration
 from django_reliable_executor.master.lock import MASTER_LOCK_NAME
-from django_reliable_executor.registry import rate_limits
+from django_reliable_executor.registry import key_limits, rate_limits
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from tests.support.commands import Result, Terminal, manage, process_env, run
 from tests.support.contract_support import (
@@ -184,6 +184,30 @@ def test_status_shows_the_use_of_each_rate_limit(live):
     lines = [words(line) for line in run("status").lines]
     start = lines.index(f"Rate limits ({len(names)}):")
     assert "demo.rated 5/s 3 2/5 2 0" in lines[start + 2 : start + 2 + len(names)]
+
+
+def test_status_shows_the_busiest_concurrency_keys(live):
+    """demo.keyed has max_concurrency_per_key=2: its held tasks by key show in its row."""
+    for key in ("acme", "acme", "acme", "globex"):
+        live.submit("demo.keyed", {}, concurrency_key=key)
+    claims = live.storage.claim("w-1", ["default"], 10, 60, key_limits=key_limits())
+    assert sum(c.task.task_name == "demo.keyed" for c in claims) == 3
+    report = json.loads(run("status", "--json").out)
+    keyed = [use for use in report["concurrency_keys"] if use["task_name"] == "demo.keyed"]
+    assert keyed == [
+        {
+            "task_name": "demo.keyed",
+            "max_concurrency_per_key": 2,
+            "held": 3,
+            "keys": 2,
+            "busiest": [{"key": "acme", "held": 2}, {"key": "globex", "held": 1}],
+        }
+    ]
+    names = {use["task_name"] for use in report["concurrency_keys"]}
+    assert names == set(key_limits())  # every name with a per-key cap has its row
+    lines = [words(line) for line in run("status").lines]
+    start = lines.index(f"Concurrency keys ({len(names)}):")
+    assert "demo.keyed 2 3 2 acme 2/2, globex 1/2" in lines[start + 2 : start + 2 + len(names)]
 
 
 def test_status_of_an_empty_store(live):

@@ -1,7 +1,7 @@
-"""max_concurrency and rate_limit across Redis shards: a limited name's tasks, whatever queue
-they are submitted to, are stored on its home shard (the shard of its own queue), so its cap
-and rate hold across every queue; workers of each queue claim them there, and reading,
-cancelling, retrying, pausing and schedules find them."""
+"""max_concurrency, max_concurrency_per_key and rate_limit across Redis shards: a limited name's
+tasks, whatever queue they are submitted to, are stored on its home shard (the shard of its own
+queue), so its caps and rate hold across every queue; workers of each queue claim them there,
+and reading, cancelling, retrying, pausing and schedules find them."""
 
 from __future__ import annotations
 
@@ -18,14 +18,17 @@ from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.storage.redis import RedisStorage
 from django_reliable_executor.storage.redis.sharding import directory_of, shard_of
 from tests.conftest import sharded_redis_storage
+from tests.support.redis_support import assert_consistent
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
 SHARDS = 3
-# demo.capped (max_concurrency=2) and demo.rated (rate_limit="5/s") have the queue "default",
-# of shard 1: their home. "orphan" is of shard 0, "prio" of shard 2.
+# demo.capped (max_concurrency=2), demo.keyed (max_concurrency_per_key=2) and demo.rated
+# (rate_limit="5/s") have the queue "default", of shard 1: their home. "orphan" is of shard 0,
+# "prio" of shard 2.
 HOME, ORPHAN, PRIO = 1, "orphan", "prio"
 CAPS = {"demo.capped": 2}
+KEY_CAPS = {"demo.keyed": 2}
 RATES = {"demo.rated": RateLimit(5, 1.0)}
 LEASE = 30.0
 
@@ -104,6 +107,62 @@ def test_the_cap_holds_across_queues_of_different_shards(executor, storage):
             assert storage.complete(storage.start(c, LEASE), None) is not None
     counts = executor.count_by_status()
     assert counts[TaskStatus.COMPLETED] == 5 and counts[TaskStatus.FAILED] == 1
+
+
+def test_the_cap_per_key_holds_across_queues_of_different_shards(executor, storage, clock):
+    by_key: dict[str, list[str]] = {"a": [], "b": []}
+    for queue in (ORPHAN, PRIO):
+        for key in ("a", "b"):
+            for _ in range(2):
+                task = executor.submit("demo.keyed", {}, queue=queue, concurrency_key=key)
+                by_key[key].append(task.task_id)
+                assert stored_on(storage, task.task_id) == [HOME]
+                clock.advance(0.001)
+
+    def claim_keyed(worker: str, queues: tuple[str, ...]) -> list:
+        claims = storage.claim(worker, queues, 10, LEASE, key_limits=KEY_CAPS)
+        assert_consistent(storage)  # every shard's held counts and parked sets by key
+        return claims
+
+    first = claim_keyed("w-orphan", (ORPHAN,))
+    assert sorted(c.task.concurrency_key for c in first) == ["a", "a", "b", "b"]
+    assert {c.shard for c in first} == {HOME}
+    # Both keys are full on the home shard, whatever queue (and shard) the worker claims for.
+    assert claim_keyed("w-prio", (PRIO,)) == []
+    home = storage.prefixes[HOME]
+    assert storage.client.hgetall(home + "heldkey:demo.keyed") == {"a": "2", "b": "2"}
+    assert storage.client.smembers(home + "kparked") == {"demo.keyed"}
+    # A slot of "a" frees: the next task of "a" (of "prio"), and nothing of "b".
+    done = next(c for c in first if c.task.concurrency_key == "a")
+    assert storage.complete(storage.start(done, LEASE), None) is not None
+    again = claim_keyed("w-prio", (PRIO,))
+    assert [c.task_id for c in again] == [by_key["a"][2]]
+    # Every task runs in the end, never more than two of a key held at once.
+    held = [c for c in first if c is not done] + again
+    while held:
+        for one in held:
+            assert storage.complete(storage.start(one, LEASE), None) is not None
+        held = claim_keyed("w-both", (ORPHAN, PRIO))
+        counts = storage.client.hgetall(home + "heldkey:demo.keyed")
+        assert all(1 <= int(n) <= 2 for n in counts.values()), counts
+    assert executor.count_by_status()[TaskStatus.COMPLETED] == 8
+    assert not storage.client.exists(home + "heldkey:demo.keyed", home + "kparked")
+
+
+def test_tasks_parked_by_key_are_claimed_once_the_cap_per_key_is_gone(executor, storage):
+    ids = [
+        executor.submit("demo.keyed", {}, queue=ORPHAN, concurrency_key="a").task_id
+        for _ in range(4)
+    ]
+    first = storage.claim("w-orphan", (ORPHAN,), 10, LEASE, key_limits=KEY_CAPS)
+    assert len(first) == 2
+    # A worker whose registry has no cap per key any more (removed in a deploy): no freed slot
+    # is needed, its claim on the home shard takes the tasks parked by key.
+    rest = storage.claim("w-new", (ORPHAN,), 10, LEASE)
+    assert sorted(c.task_id for c in first + rest) == sorted(ids)
+    assert {c.shard for c in rest} == {HOME}
+    assert_consistent(storage)
+    assert not storage.client.exists(storage.prefixes[HOME] + "kparked")
 
 
 def test_the_rate_holds_across_queues_of_different_shards(executor, storage, clock):

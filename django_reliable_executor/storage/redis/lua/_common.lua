@@ -141,6 +141,64 @@ local function wake_parked(name)
   end
 end
 
+-- max_concurrency_per_key: a due task whose concurrency key (`ck`) held its name's cap per key
+-- waits parked by key, where no claim looks (a thousand full keys cost a claim nothing):
+-- `kparked:<bucket>:<prio>` ZSET of its tasks of that priority scored by run at,
+-- `kparkprio:<bucket>` ZSET of the priorities with some, the bucket being
+-- `<length of name>:<name>:<key>` (names and keys may hold ':', as in rate_bucket);
+-- `kparkkeys:<name>` SET of the name's keys with tasks parked so, KPARKED SET of those names.
+-- A slot of the key freed (unlease) sends its first one to the name's parked set, where claims
+-- compete for it in order (key_unpark_next).
+local KPARKED = P .. 'kparked'
+
+local function key_bucket(name, ck)
+  return #name .. ':' .. name .. ':' .. ck
+end
+
+local function key_park(id, name, ck, priority, run_at)
+  local bucket = key_bucket(name, ck)
+  redis.call('ZADD', P .. 'kparked:' .. bucket .. ':' .. priority, run_at, id)
+  redis.call('ZADD', P .. 'kparkprio:' .. bucket, priority, priority)
+  redis.call('SADD', P .. 'kparkkeys:' .. name, ck)
+  redis.call('SADD', KPARKED, name)
+end
+
+-- Take one task out of its key's parked set: true when it was there.
+local function key_unpark_one(id, name, ck, priority)
+  local bucket = key_bucket(name, ck)
+  local set = P .. 'kparked:' .. bucket .. ':' .. priority
+  if redis.call('ZREM', set, id) == 0 then
+    return false
+  end
+  if redis.call('EXISTS', set) == 0 then
+    redis.call('ZREM', P .. 'kparkprio:' .. bucket, priority)
+    if redis.call('EXISTS', P .. 'kparkprio:' .. bucket) == 0 then
+      redis.call('SREM', P .. 'kparkkeys:' .. name, ck)
+      if redis.call('EXISTS', P .. 'kparkkeys:' .. name) == 0 then
+        redis.call('SREM', KPARKED, name)
+      end
+    end
+  end
+  return true
+end
+
+-- A slot of key `ck` of `name` may be free: the key's first parked task (highest priority,
+-- then earliest) moves to the name's parked set, where claims take it in order with the
+-- ready lists (a claim that finds the key full again parks it by key again). Returns its id
+-- and its queue (nil: a stray entry, which the claim drops), or nil when none is parked.
+local function key_unpark_next(name, ck)
+  local bucket = key_bucket(name, ck)
+  local top = redis.call('ZREVRANGE', P .. 'kparkprio:' .. bucket, 0, 0)
+  if not top[1] then
+    return nil
+  end
+  local first = redis.call('ZRANGE', P .. 'kparked:' .. bucket .. ':' .. top[1], 0, 0,
+    'WITHSCORES')
+  key_unpark_one(first[1], name, ck, top[1])
+  park(first[1], name, top[1], first[2])
+  return first[1], redis.call('HGET', tkey(first[1]), 'q') or nil
+end
+
 -- rate_limit (core/rate_limits.py): the sliding log of the claims of one task name and rate key, a
 -- sorted set `rate:<bucket>` of claim times (microseconds) kept for the limit's log window
 -- (window + margin, microseconds) and expiring with it once idle. The bucket is
@@ -286,8 +344,6 @@ local function hold_back(id, key, queue, at)
   redis.call('ZADD', P .. 'sched:' .. queue, at, id)
 end
 
--- The only ways into and out of the leases: `held` counts the leased tasks of each name
--- (max_concurrency); a slot freed wakes the workers of a parked task of the name.
 -- Durable waits (suspend.lua): P waits holds each waiting task's kind of wait, and P waits:count
 -- how many wait of each kind (the waiting-tasks gauge). A task leaves them when it is claimed
 -- (resumed) or ends waiting (cancelled, timed out): one HGET on a small hash, or none there.
@@ -301,9 +357,17 @@ local function unwait(id)
   end
 end
 
-local function lease(id, name, lease_until)
+-- The only ways into and out of the leases: `held` counts the leased tasks of each name
+-- (max_concurrency), `heldkey:<name>` (HASH concurrency key -> count, a key at 0 removed)
+-- those of each of its keys (max_concurrency_per_key), whatever this call's caps: a later
+-- claim may cap them. A slot freed sends the next task parked by its key to the name's parked
+-- set, and wakes the workers of a parked task of the name.
+local function lease(id, name, lease_until, ck)
   redis.call('ZADD', LEASES, lease_until, id)
   redis.call('HINCRBY', HELD, name, 1)
+  if ck then
+    redis.call('HINCRBY', P .. 'heldkey:' .. name, ck, 1)
+  end
   unwait(id)
 end
 
@@ -311,23 +375,44 @@ local function unlease(id, key)
   if redis.call('ZREM', LEASES, id) == 0 then
     return
   end
-  local name = redis.call('HGET', key, 'n')
+  local task = redis.call('HMGET', key, 'n', 'ck')
+  local name, ck = task[1], task[2]
   if redis.call('HINCRBY', HELD, name, -1) <= 0 then
     redis.call('HDEL', HELD, name)
+  end
+  if ck then
+    -- (below 0: leased before keys were counted, as `held` before caps; dropped alike)
+    if redis.call('HINCRBY', P .. 'heldkey:' .. name, ck, -1) <= 0 then
+      redis.call('HDEL', P .. 'heldkey:' .. name, ck)
+    end
+    local _, queue = key_unpark_next(name, ck)
+    if queue then
+      wake(queue)
+    end
   end
   if redis.call('SISMEMBER', PARKED, name) == 1 then
     wake_parked(name)
   end
 end
 
--- Take a waiting, unclaimed task out of its ready list, the schedule or its parked set.
+-- Take a waiting, unclaimed task out of its ready list, the schedule or its parked sets.
 local function unqueue(id, queue, priority)
   local list = P .. 'ready:' .. queue .. ':' .. priority
   if redis.call('LREM', list, 1, id) > 0 and redis.call('LLEN', list) == 0 then
     redis.call('ZREM', P .. 'prio:' .. queue, priority)
   end
   redis.call('ZREM', P .. 'sched:' .. queue, id)
-  unpark_one(id, redis.call('HGET', tkey(id), 'n'), priority)
+  local task = redis.call('HMGET', tkey(id), 'n', 'ck')
+  unpark_one(id, task[1], priority)
+  if task[2] and not key_unpark_one(id, task[1], task[2], priority) then
+    -- It may be the task a freed slot of its key let out of the key's parked sets: that slot
+    -- goes to the next one parked there, which would otherwise wait for a slot no lease
+    -- frees (when the key is full after all, a claim parks it by key again).
+    local _, next_queue = key_unpark_next(task[1], task[2])
+    if next_queue then
+      wake(next_queue)
+    end
+  end
 end
 
 -- Scheduled tasks of `queue` that are due go to the ready lists, earliest first.
@@ -556,7 +641,7 @@ end
 
 
 -- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
-local TASK_ARGS = 17
+local TASK_ARGS = 18
 
 -- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
@@ -597,6 +682,9 @@ local function store_task(i, promoted, woken, batch, values)
   end
   if A[i + 16] and A[i + 16] ~= '' then -- (a callback packed before it existed has none)
     redis.call('HSET', key, 'at', A[i + 16]) -- attempt_timeout, seconds
+  end
+  if A[i + 17] and A[i + 17] ~= '' then -- (a callback packed before it existed has none)
+    redis.call('HSET', key, 'ck', A[i + 17]) -- concurrency_key
   end
   if not promoted[queue] then
     promoted[queue] = true

@@ -5,8 +5,10 @@
 -- ARGV[7] how many of the claimed tasks to start at once (the worker has that many idle threads
 -- to run them right now), ARGV[8..] queues, then optionally '' and pairs of task name, cap
 -- (max_concurrency), then optionally '' and triples of task name, count and log window in
--- microseconds (rate_limit). The random step (not +1) keeps a claim that a Redis failover lost from
--- sharing its token with the next claim of the same task.
+-- microseconds (rate_limit), then optionally '' and pairs of task name, cap per concurrency
+-- key (max_concurrency_per_key); a later part comes after every earlier one, maybe empty.
+-- The random step (not +1) keeps a claim that a Redis failover lost from sharing its token
+-- with the next claim of the same task.
 -- Starting: the first tasks claimed (up to ARGV[7]) become RUNNING with one more attempt and
 -- started at now, as start.lua does it, in this same call; a task past its deadline is left
 -- unstarted (the worker times it out rather than running it).
@@ -14,6 +16,12 @@
 -- parked (see park in _common.lua) instead of taken, out of everyone's way; the parked tasks
 -- of a name with free slots compete here with the ready lists, in the same order. At most
 -- PARK_MAX tasks are parked per call, so one call stays short.
+-- max_concurrency_per_key: a task with a concurrency key (`ck`) whose key holds its name's cap
+-- per key (`heldkey:<name>`) is parked by key (key_park in _common.lua), where no claim looks;
+-- a slot of the key freed sends the key's next one to the name's parked set (unlease), and so
+-- does a task of the key taken while its key has room left (a cap raised). Tasks parked by key
+-- of a name this call does not cap by key go back to the name's parked set (up to PARK_MAX a
+-- call). Parking by key counts in PARK_MAX; both caps must have room for a task to be taken.
 -- rate_limit: a task of a rate-limited name is taken only while its bucket's log has room
 -- (see rate_room in _common.lua), and logged there under "<id>:<new token>" at now; one not
 -- started by this call keeps the log window in its hash (`rw`) for start.lua, which moves
@@ -23,7 +31,7 @@
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
-  'd', 'e', 'w', 'k', 'tc', 'at', 'rs'}
+  'd', 'e', 'w', 'k', 'tc', 'at', 'rs', 'ck'}
 local PARK_MAX = 1000
 local worker, lease_until, limit, step = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local to_start = tonumber(ARGV[7])
@@ -32,6 +40,7 @@ local claimed_queue = {}
 local caps = {}
 local capped = false
 local rates = {}
+local key_caps = {}
 local arg = 8
 while arg <= #ARGV and ARGV[arg] ~= '' do
   -- A paused queue is left out of the whole call: nothing taken, promoted or waited for.
@@ -47,8 +56,13 @@ while arg < #ARGV and ARGV[arg] ~= '' do
   capped = true
   arg = arg + 2
 end
-for i = arg + 1, #ARGV - 2, 3 do
-  rates[ARGV[i]] = {count = tonumber(ARGV[i + 1]), window = tonumber(ARGV[i + 2])}
+arg = arg + 1
+while arg + 2 <= #ARGV and ARGV[arg] ~= '' do
+  rates[ARGV[arg]] = {count = tonumber(ARGV[arg + 1]), window = tonumber(ARGV[arg + 2])}
+  arg = arg + 3
+end
+for i = arg + 1, #ARGV - 1, 2 do
+  key_caps[ARGV[i]] = tonumber(ARGV[i + 1])
 end
 
 -- Tasks held back under another rate limit than this call's (or under one it no longer has:
@@ -68,9 +82,41 @@ local function held(name)
   return tonumber(redis.call('HGET', HELD, name) or '0')
 end
 
+local function held_by_key(name, ck)
+  return tonumber(redis.call('HGET', P .. 'heldkey:' .. name, ck) or '0')
+end
+
+-- Names with tasks parked by key but no cap per key in this call (the cap removed, or one
+-- this worker does not know): no freed slot may ever let those out, so they go back to their
+-- names' parked sets, to be taken in order, their queues woken.
+local unkeyed, unkeyed_queues = 0, {}
+for _, name in ipairs(redis.call('SMEMBERS', KPARKED)) do
+  if not key_caps[name] then
+    for _, ck in ipairs(redis.call('SMEMBERS', P .. 'kparkkeys:' .. name)) do
+      while unkeyed < PARK_MAX do
+        local moved, queue = key_unpark_next(name, ck)
+        if not moved then
+          break
+        end
+        unkeyed = unkeyed + 1
+        if queue then
+          unkeyed_queues[queue] = true
+        end
+      end
+    end
+  end
+end
+for queue in pairs(unkeyed_queues) do
+  wake(queue)
+end
+
 -- The names that have parked tasks: those of a name with free slots (or with no cap in this
 -- call: a cap removed, or one this worker does not know) compete with the ready lists.
 local parked_names = redis.call('SMEMBERS', PARKED)
+local parked_seen = {}
+for _, name in ipairs(parked_names) do
+  parked_seen[name] = true
+end
 
 local function head_run_at(list)
   return tonumber(redis.call('HGET', tkey(redis.call('LINDEX', list, 0)), 'r'))
@@ -122,12 +168,37 @@ local out = {''}
 local taken = 0
 local parked = 0
 
--- Take one popped (or unparked) task: lease it, or park it when its name is at its cap.
+-- A task of key `ck` of `name` was just leased: while the key has room left under `key_cap`
+-- (its cap raised, or a task let out for a slot went elsewhere), its next task parked by key
+-- competes again, in this call too (its queue woken if this call does not claim it).
+local function key_room(name, ck, key_cap)
+  if held_by_key(name, ck) >= key_cap then
+    return
+  end
+  local moved, queue = key_unpark_next(name, ck)
+  if moved and not parked_seen[name] then
+    parked_seen[name] = true
+    parked_names[#parked_names + 1] = name
+  end
+  if queue and not claimed_queue[queue] then
+    wake(queue)
+  end
+end
+
+-- Take one popped (or unparked) task: lease it, or park it when its key or its name is at its
+-- cap.
 local function take(id)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk')
+  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk', 'ck')
   -- The double check: still waiting and nobody's claim (a stray entry is dropped).
   if not waiting(task[1]) or redis.call('ZSCORE', LEASES, id) then
+    return
+  end
+  local ck = task[9]
+  local key_cap = ck and key_caps[task[2]]
+  if key_cap and held_by_key(task[2], ck) >= key_cap then
+    key_park(id, task[2], ck, task[3], task[4])
+    parked = parked + 1
     return
   end
   local cap = capped and caps[task[2]]
@@ -150,7 +221,10 @@ local function take(id)
   end
   local token = redis.call('HINCRBY', key, 'k', step)
   redis.call('HSET', key, 'w', worker)
-  lease(id, task[2], lease_until)
+  lease(id, task[2], lease_until, ck)
+  if key_cap then
+    key_room(task[2], ck, key_cap)
+  end
   local starts = to_start > 0 and (not task[6] or tonumber(task[6]) > NOWN)
   if bucket then
     rate_log(bucket, id .. ':' .. string.format('%.0f', token), id) -- as start.lua's ARGV

@@ -1,11 +1,11 @@
 -- submit: store new tasks; an existing task id is left as it is. A unique task whose key is
 -- held, within its window, by a task that is not terminal is not stored either.
--- ARGV[3..]: TASK_ARGS + 4 values per task: the TASK_ARGS (17) of store_task (id, name, queue,
+-- ARGV[3..]: TASK_ARGS + 4 values per task: the TASK_ARGS (18) of store_task (id, name, queue,
 -- priority, parameter JSON, retry limit, retry interval, backoff, max duration ('' = none),
 -- created, run at, deadline ('' = none), rate key ('' = none), trace context JSON ('' =
 -- none), batch id ('' = none: counted in the batch's total when stored), batch generation
--- ('' = none; see _batches.lua), attempt timeout in seconds ('' = none)), then the unique key digest
--- ('' = not unique) and the end of the key's window.
+-- ('' = none; see _batches.lua), attempt timeout in seconds ('' = none), concurrency key
+-- ('' = none)), then the unique key digest ('' = not unique) and the end of the key's window.
 -- Then its dependencies: a JSON list of task ids ('' = none; the task then comes with run at
 -- WAITING_RUN_AT and no deadline) and the on-failure policy ('run', or '' = cancel). Sharded,
 -- a dependency of another shard comes as [id, its status when dep_link.lua registered the
