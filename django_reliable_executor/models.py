@@ -219,7 +219,7 @@ class ReliableNameLock(models.Model):
 
 
 class ReliableParkedKey(models.Model):
-    """One row per (task name, ``concurrency_key``) whose waiting tasks a claim parked: found
+    """One row per (task name, ``concurrency_key``, queue) whose waiting tasks a claim parked: found
     over the key's ``max_concurrency_per_key``, they were moved out of the name's range of
     the claim index into a range of their own (``lane``, the value of their
     ``limited_name``), which no claim reads, so later claims do not read past them. The claim
@@ -229,6 +229,7 @@ class ReliableParkedKey(models.Model):
     lane = models.CharField(max_length=64, primary_key=True)
     name = models.CharField(max_length=MAX_ID_LENGTH)
     key = models.CharField(max_length=MAX_ID_LENGTH)
+    queue = models.CharField(max_length=100)  # a range per queue: read in the index's order
 
     class Meta:
         db_table = "reliable_executor_parked_key"

@@ -1,5 +1,5 @@
 """Per-key concurrency (``max_concurrency_per_key``): a task's ``concurrency_key``, and the table
-of the (name, key) pairs whose waiting tasks a claim parked out of its way.
+of the (name, key, queue) ranges whose waiting tasks a claim parked out of its way.
 
 ``concurrency_key`` is nullable, so adding it writes no row on PostgreSQL 11+ and MariaDB 10.3+
 (an instant ADD COLUMN). On MySQL/MariaDB the keys compare byte for byte, as rate keys do
@@ -20,7 +20,8 @@ def binary_columns(apps, schema_editor):
         "ALTER TABLE `reliable_executor_parked_key` "
         "MODIFY `lane` varchar(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
         "MODIFY `name` varchar(191) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
-        "MODIFY `key` varchar(191) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+        "MODIFY `key` varchar(191) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
+        "MODIFY `queue` varchar(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
     )
 
 
@@ -40,6 +41,7 @@ class Migration(migrations.Migration):
                 ("lane", models.CharField(max_length=64, primary_key=True, serialize=False)),
                 ("name", models.CharField(max_length=191)),
                 ("key", models.CharField(max_length=191)),
+                ("queue", models.CharField(max_length=100)),
             ],
             options={
                 "db_table": "reliable_executor_parked_key",

@@ -96,7 +96,10 @@ def prepare(
         max_duration_millis=max_duration,
         created_at=now,
         run_at=run_at,
-        deadline_at=now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
+        # A debounced task's max duration counts from when it is due: each join moves both.
+        deadline_at=(run_at if debounce else now) + dt.timedelta(milliseconds=max_duration)
+        if max_duration
+        else None,
         unique_key=key,
         unique_until=unique_until,
         debounce=None if debounce is None else debounce[0],
@@ -157,9 +160,14 @@ def _debounce(
 ) -> tuple[float, float | None, str | None] | None:
     """The submit's debounce (its own, else its handler's), checked with what it cannot go
     with: (seconds, longest wait, unique_key); None when the submit is not debounced."""
-    own = request.debounce is not None or request.debounce_max_wait is not None
-    seconds = request.debounce if own else getattr(handler, "debounce", None)
-    max_wait = request.debounce_max_wait if own else getattr(handler, "debounce_max_wait", None)
+    # Each from the submit, else the handler: a submit's own debounce keeps the handler's
+    # longest wait (which bounds how long later submits may postpone the task).
+    seconds = request.debounce
+    if seconds is None:
+        seconds = getattr(handler, "debounce", None)
+    max_wait = request.debounce_max_wait
+    if max_wait is None:
+        max_wait = getattr(handler, "debounce_max_wait", None)
     if seconds is None:
         if max_wait is not None:
             raise InvalidTaskOptionError(

@@ -108,6 +108,30 @@ def test_the_handlers_debounce_applies_to_every_submit():
         unregister("tests.debounced")
 
 
+def test_a_debounced_tasks_max_duration_counts_from_when_it_is_due(executor, clock):
+    first = submit(executor, 1, max_duration_millis=15_000)
+    clock.advance(8)
+    submit(executor, 2, max_duration_millis=15_000)  # due 18 s after the first submit
+    clock.advance(16)  # past 15 s from the first submit, not from when it is due
+    assert executor.storage.expire_overdue(100) == []
+    [claim] = executor.storage.claim("w1", ["default"], 10, LEASE)
+    assert (claim.task_id, claim.task.parameter) == (first.task_id, 2)
+
+
+def test_a_submits_own_debounce_keeps_the_handlers_longest_wait(executor, clock):
+    @reliable_task_handler(name="tests.debounced_wait", debounce=5, debounce_max_wait=12)
+    def debounced(param=None) -> None: ...
+
+    try:
+        first = executor.submit("tests.debounced_wait", 1, debounce=10)
+        clock.advance(4)
+        again = executor.submit("tests.debounced_wait", 1, debounce=10)
+        assert again.task_id == first.task_id
+        assert again.run_at == first.created_at + dt.timedelta(seconds=12)
+    finally:
+        unregister("tests.debounced_wait")
+
+
 def test_a_handlers_debounce_joins_submits(executor, clock):
     @reliable_task_handler(name="tests.debounced_submits", debounce=dt.timedelta(seconds=4))
     def debounced(param=None) -> None: ...

@@ -142,10 +142,20 @@ class Chores(DatabaseAccess):
         ``limit`` each way: the ranges of names no longer limited emptied into the claim of
         all other names (each range found by one index probe), and the tasks of a limited
         name stored without it moved into its range (read through the index on task
-        names)."""
+        names). A parked range (key_parking.py) is left to the claim of its name while a
+        parked key names it; one no key names (its name lost its per-key cap, or a task
+        parked there ended and was retried by hand after its key was forgotten) is emptied
+        too."""
         changed = self._unpark_unkeyed(self.flow_limits.keyed(), limit)
-        for lane in self._lanes():
-            if lane not in names and not is_parked_lane(lane):
+        lanes = self._lanes()
+        parked = [lane for lane in lanes if is_parked_lane(lane)]
+        known: set[str] = set()
+        for chunk in chunks(parked):
+            noted = ReliableParkedKey.objects.using(self.alias).filter(lane__in=chunk)
+            known.update(noted.values_list("lane", flat=True))
+        lanes = [lane for lane in lanes if lane not in known]
+        for lane in lanes:
+            if lane not in names:
                 changed += self._set_lane("''", "limited_name = %s", [lane], limit)
         if names:
             marks = ", ".join(["%s"] * len(names))

@@ -1,21 +1,23 @@
 """The database claim of a name with ``max_concurrency_per_key``: a full key's waiting tasks parked
 out of the claim's way, and brought back as the key's slots free.
 
-A claim of such a name runs under the name's lock row, as ``max_concurrency`` does. It counts
-the held tasks of each key (claimed or running, and timed out with the handler still running:
-docs/guarantees.md, "ended"), brings parked tasks of the keys with free slots back, then reads
-the name's range of the claim index in pickup order: a task of a key with a free slot is
-taken, a task of a full key is parked. Parking moves a task's ``limited_name`` to its key's own
-range (``parked_lane``), which no claim reads, and notes the key in
-``reliable_executor_parked_key``: a key's backlog is read once, by the claim that parks it,
-not by every claim while the key stays full. Other keys and names are not held up behind it.
+A claim of such a name runs under the name's lock row, as ``max_concurrency`` does. One read
+under the lock returns the held tasks of each key (claimed or running, and timed out with the
+handler still running: docs/guarantees.md, "ended"), the name's parked keys, and the first due
+tasks of the name's range of the claim index in pickup order. Parked tasks of keys with free
+slots come back first; then a task of a key with a free slot is taken, a task of a full key is
+parked. Parking moves a task's ``limited_name`` to a range of its own per name, key and queue
+(``parked_lane``), which no claim reads, and notes it in ``reliable_executor_parked_key``: a
+key's backlog is read once, by the claim that parks it, not by every claim while the key stays
+full, and its first tasks are read in index order when its slots free. Other keys and names
+are not held up behind it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,15 +32,15 @@ from .rows import HELD_SQL, Pick, chunks
 # Most tasks one claim parks: a claim stays short however long a key's backlog is (the next
 # claim parks the next ones).
 PARK_MAX = 1000
-# A parked range's value of ``limited_name``: this prefix, then a digest of the name and key
-# (a key may be as long as the column). No registered task name starts with a control
-# character in practice, and the chores (mark_limited) leave these ranges to this module.
+# A parked range's value of ``limited_name``: this prefix, then a digest of the name, key and
+# queue (a key may be as long as the column). No registered task name starts with a control
+# character in practice; the chores (mark_limited) leave the ranges a parked key names alone.
 LANE_PREFIX = "\x1f"
 
 
-def parked_lane(name: str, key: str) -> str:
-    """The ``limited_name`` of the parked tasks of ``name`` and ``key``."""
-    digest = hashlib.sha256(f"{name}\x00{key}".encode()).hexdigest()[:48]
+def parked_lane(name: str, key: str, queue: str) -> str:
+    """The ``limited_name`` of the parked tasks of ``name`` and ``key`` in ``queue``."""
+    digest = hashlib.sha256(f"{name}\x00{key}\x00{queue}".encode()).hexdigest()[:48]
     return LANE_PREFIX + digest
 
 
@@ -46,32 +48,48 @@ def is_parked_lane(lane: str) -> bool:
     return lane.startswith(LANE_PREFIX)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    """A due task of the name's range, as the claim reads it."""
+
+    task_id: str
+    key: str | None
+    queue: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parked:
+    """A row of reliable_executor_parked_key: a parked range and its key and queue."""
+
+    lane: str
+    key: str
+    queue: str
+
+
 @dataclasses.dataclass
 class _State:
     """What a claim reads under the name's lock (``KeyParking._read``)."""
 
     held: Counter[str | None] = dataclasses.field(default_factory=Counter)
-    parked: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (lane, key)
-    # (task id, key) of the first due tasks of the name's range, in pickup order
-    candidates: list[tuple[str, str | None]] = dataclasses.field(default_factory=list)
-
-
-def _batch(room: int) -> int:
-    """How many of the name's due tasks a read takes, to find ``room`` of free keys."""
-    return max(room * 2, 16)
+    parked: list[_Parked] = dataclasses.field(default_factory=list)
+    candidates: list[_Candidate] = dataclasses.field(default_factory=list)  # pickup order
 
 
 @dataclasses.dataclass
 class _Choice:
-    """What one claim's read of the name's range decided: the tasks to take, and the tasks to
-    park by key."""
+    """What one claim's walk of the name's range decided: the tasks to take, and the tasks to
+    park by (key, queue)."""
 
     taken: list[str] = dataclasses.field(default_factory=list)
-    parked: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    parked: dict[tuple[str, str], list[str]] = dataclasses.field(
+        default_factory=lambda: defaultdict(list)
+    )
+    parked_count: int = 0
 
-    @property
-    def parked_count(self) -> int:
-        return sum(map(len, self.parked.values()))
+
+def _batch(room: int) -> int:
+    """How many of the name's due tasks the first read takes, to find ``room`` of free keys."""
+    return max(room * 2, 16)
 
 
 class KeyParking:
@@ -126,117 +144,133 @@ class KeyParking:
 
     def _read(self, cursor: Any, pick: Pick, batch: int) -> _State:
         """One read under the lock: the held tasks of the name by key (None: those without a
-        key: claimed or running, or timed out with the handler still running), its parked
-        keys, and the first ``batch`` due tasks of its range, in pickup order."""
+        key), its parked ranges, and its first ``batch`` due tasks, in pickup order."""
         storage = self.storage
         quote = connections[storage.alias].ops.quote_name
         table, parked_table = storage._table, quote(ReliableParkedKey._meta.db_table)
         pick_sql, pick_params = storage._pick_sql(dataclasses.replace(pick, limit=batch))
         sql = (
-            f"SELECT 0, concurrency_key, NULL, COUNT(*) FROM {table} WHERE task_name = %s AND "
-            f"{HELD_SQL} GROUP BY concurrency_key "
-            f"UNION ALL SELECT 0, concurrency_key, NULL, COUNT(*) FROM {table} "
-            "WHERE task_name = %s AND status = %s AND available = %s AND lease_expires_at > %s "
-            "GROUP BY concurrency_key "
-            f"UNION ALL SELECT 1, {quote('key')}, lane, NULL FROM {parked_table} WHERE name = %s "
-            "UNION ALL SELECT 2, concurrency_key, task_id, "
+            f"SELECT 0, concurrency_key, NULL, NULL, COUNT(*) FROM {table} WHERE task_name = %s "
+            f"AND {HELD_SQL} GROUP BY concurrency_key "
+            "UNION ALL SELECT 0, concurrency_key, NULL, NULL, COUNT(*) FROM "
+            f"{table} WHERE task_name = %s AND status = %s AND available = %s "
+            "AND lease_expires_at > %s GROUP BY concurrency_key "
+            f"UNION ALL SELECT 1, {quote('key')}, lane, queue, NULL FROM {parked_table} "
+            "WHERE name = %s "
+            "UNION ALL SELECT 2, concurrency_key, task_id, queue, "
             "ROW_NUMBER() OVER (ORDER BY priority DESC, run_at ASC) FROM "
-            f"(SELECT task_id, concurrency_key, priority, run_at {pick_sql}) AS c"
+            f"(SELECT task_id, concurrency_key, queue, priority, run_at {pick_sql}) AS c"
         )
         name, now = pick.name, storage._dt(pick.now)
-        params = [name, name, TaskStatus.TIMEOUT.value, False, now, name, *pick_params]
-        cursor.execute(sql, params)
+        cursor.execute(sql, [name, name, TaskStatus.TIMEOUT.value, False, now, name, *pick_params])
         state = _State()
-        ordered: list[tuple[int, str, str | None]] = []
-        for kind, key, text, number in cursor.fetchall():
+        ordered: list[tuple[int, _Candidate]] = []
+        for kind, key, text, queue, number in cursor.fetchall():
             if kind == 0:
                 state.held[key] += int(number)
             elif kind == 1:
-                state.parked.append((str(text), str(key)))
+                state.parked.append(_Parked(str(text), str(key), str(queue)))
             else:
-                ordered.append((int(number), str(text), key))
-        state.candidates = [(task_id, key) for _, task_id, key in sorted(ordered)]
+                ordered.append((int(number), _Candidate(str(text), key, str(queue))))
+        state.candidates = [candidate for _, candidate in sorted(ordered, key=lambda o: o[0])]
         return state
+
+    def _candidates(self, cursor: Any, pick: Pick, batch: int, offset: int) -> list[_Candidate]:
+        """The due tasks of the pick, in pickup order, ``batch`` of them after ``offset``."""
+        sql, params = self.storage._pick_sql(dataclasses.replace(pick, limit=batch))
+        cursor.execute(f"SELECT task_id, concurrency_key, queue {sql} OFFSET %s", [*params, offset])
+        return [_Candidate(str(task_id), key, str(q)) for task_id, key, q in cursor.fetchall()]
 
     def _unpark(self, cursor: Any, pick: Pick, state: _State, cap: int) -> bool:
         """Bring back into the name's range up to its free slots of each parked key with free
-        slots, first in pickup order; forget the keys left with none parked. Whether any
-        came back."""
-        held = state.held
-        wanted = {lane: cap - held[key] for lane, key in state.parked if held[key] < cap}
-        if not wanted:
+        slots, first in pickup order; forget the ranges left empty. Whether any came back."""
+        free = {p.key: cap - state.held[p.key] for p in state.parked if state.held[p.key] < cap}
+        lanes = [p for p in state.parked if p.key in free]
+        if not lanes:
             return False
-        found = self._first_parked(cursor, wanted)
+        found = self._first_parked(cursor, [(p.lane, p.queue, free[p.key]) for p in lanes])
+        by_key: dict[str, list[tuple[int, Any, str, str]]] = defaultdict(list)
+        key_of = {p.lane: p.key for p in lanes}
+        for task_id, lane, priority, run_at in found:
+            by_key[key_of[lane]].append((-priority, run_at, task_id, lane))
+        moved: list[str] = []
+        left = Counter(lane for _, lane, _, _ in found)  # found per lane, less those moved
+        for key, tasks in by_key.items():
+            for _, _, task_id, lane in sorted(tasks)[: free[key]]:
+                moved.append(task_id)
+                left[lane] -= 1
         back = self._lane_of(dataclasses.replace(pick, ids=()))
-        ids = [task_id for task_id, _ in found]
-        self._set_lane(cursor, ids, "" if back is None else back)
-        moved = Counter(lane for _, lane in found)
-        emptied = [lane for lane, n in wanted.items() if moved[lane] < n]
+        self._set_lane(cursor, moved, "" if back is None else back)
+        asked = {p.lane: free[p.key] for p in lanes}
+        fetched = Counter(lane for _, lane, _, _ in found)
+        # A range read through (fewer found than asked) and all of it moved is empty now.
+        emptied = [lane for lane in asked if fetched[lane] < asked[lane] and not left[lane]]
         if emptied:
             ReliableParkedKey.objects.using(self.storage.alias).filter(lane__in=emptied).delete()
-        return bool(ids)
+        return bool(moved)
 
-    def _first_parked(self, cursor: Any, wanted: dict[str, int]) -> list[tuple[str, str]]:
-        """(task id, lane) of the first ``wanted[lane]`` waiting tasks of each parked lane, a
-        hundred lanes a read (a derived table per lane: SQLite takes no parenthesised UNION
-        member)."""
+    def _first_parked(
+        self, cursor: Any, wanted: list[tuple[str, str, int]]
+    ) -> list[tuple[str, str, int, Any]]:
+        """(task id, lane, priority, run at) of the first ``n`` waiting tasks of each parked
+        range ``(lane, queue, n)`` of ``wanted``, in the claim index's order (one queue per
+        range: no sort), a hundred ranges a read (a derived table each: SQLite takes no
+        parenthesised UNION member)."""
         table = self.storage._table
         select = (
-            f"SELECT * FROM (SELECT task_id, limited_name FROM {table} WHERE available = %s "
-            "AND limited_name = %s ORDER BY priority DESC, run_at ASC LIMIT %s) AS p"
+            f"SELECT * FROM (SELECT task_id, limited_name, priority, run_at FROM {table} "
+            "WHERE available = %s AND limited_name = %s AND queue = %s "
+            "ORDER BY priority DESC, run_at ASC LIMIT %s) AS p"
         )
-        found: list[tuple[str, str]] = []
-        for lanes in chunks(list(wanted.items()), 100):
-            params = [value for lane, count in lanes for value in (True, lane, count)]
+        found: list[tuple[str, str, int, Any]] = []
+        for lanes in chunks(wanted, 100):
+            params = [v for lane, queue, n in lanes for v in (True, lane, queue, n)]
             cursor.execute(" UNION ALL ".join([select] * len(lanes)), params)
-            found += [(str(task_id), str(lane)) for task_id, lane in cursor.fetchall()]
+            found += [(str(t), str(lane), int(p), at) for t, lane, p, at in cursor.fetchall()]
         return found
 
     def _choose(self, cursor: Any, pick: Pick, state: _State, cap: int, room: int) -> _Choice:
-        """Go through the name's range in pickup order (the state's first candidates, then
-        further reads), taking up to ``room`` tasks of keys with a free slot (and without a
-        key), choosing the tasks of full keys to park, until ``room`` are taken, the range is
-        read through or PARK_MAX are to be parked."""
+        """Walk the name's range in pickup order (the state's first candidates, then reads
+        four times longer each, so a long walk reads each entry a bounded number of times),
+        taking up to ``room`` tasks of keys with a free slot (and without a key), choosing
+        the tasks of full keys to park, until ``room`` are taken, the range is read through
+        or PARK_MAX are to be parked."""
         choice = _Choice()
         counts = Counter(state.held)
         seen: set[str] = set()
-        batch = _batch(room)
-        offset = 0
-        rows = state.candidates
+        rows, batch, offset = state.candidates, _batch(room), 0
         while True:
-            for task_id, key in rows:
-                if task_id in seen:
+            for row in rows:
+                if row.task_id in seen:
                     continue
-                seen.add(task_id)
-                if key is None or counts[key] < cap:
-                    counts[key] += key is not None
-                    choice.taken.append(task_id)
+                seen.add(row.task_id)
+                if row.key is None or counts[row.key] < cap:
+                    counts[row.key] += row.key is not None
+                    choice.taken.append(row.task_id)
                     if len(choice.taken) >= room:
                         return choice
                 else:
-                    choice.parked.setdefault(key, []).append(task_id)
+                    choice.parked[(row.key, row.queue)].append(row.task_id)
+                    choice.parked_count += 1
             if len(rows) < batch or choice.parked_count >= PARK_MAX:
                 return choice  # read through, or enough parked for one claim
             offset += batch
+            batch *= 4
             rows = self._candidates(cursor, pick, batch, offset)
 
-    def _candidates(
-        self, cursor: Any, pick: Pick, batch: int, offset: int
-    ) -> list[tuple[str, str | None]]:
-        """(task id, key) of the due tasks of the pick, in pickup order, ``batch`` of them
-        after ``offset``."""
-        sql, params = self.storage._pick_sql(dataclasses.replace(pick, limit=batch))
-        cursor.execute(f"SELECT task_id, concurrency_key {sql} OFFSET %s", [*params, offset])
-        return [(str(task_id), key) for task_id, key in cursor.fetchall()]
-
-    def _park(self, cursor: Any, name: str, parked: dict[str, list[str]]) -> None:
-        """Move these tasks to their keys' parked ranges, and note the keys."""
+    def _park(self, cursor: Any, name: str, parked: dict[tuple[str, str], list[str]]) -> None:
+        """Move these tasks to their keys' parked ranges, and note the ranges."""
         if not parked:
             return
-        for key, ids in parked.items():
-            self._set_lane(cursor, ids, parked_lane(name, key))
+        for (key, queue), ids in parked.items():
+            self._set_lane(cursor, ids, parked_lane(name, key, queue))
         ReliableParkedKey.objects.using(self.storage.alias).bulk_create(
-            [ReliableParkedKey(lane=parked_lane(name, key), name=name, key=key) for key in parked],
+            [
+                ReliableParkedKey(
+                    lane=parked_lane(name, key, queue), name=name, key=key, queue=queue
+                )
+                for key, queue in parked
+            ],
             ignore_conflicts=True,
         )
 

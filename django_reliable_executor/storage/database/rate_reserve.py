@@ -25,8 +25,9 @@ def claim_reserving(
 ) -> tuple[list[Sequence[Claim]], set[str | None]]:
     """SQLite: the claims of the rate-limited names of ``request`` found due that are far
     below their limits, each by ``_reserve_and_take`` (no transaction), a sequence per
-    name; and ``due`` less those names, for the round's transaction. A capped name, and a
-    name whose last claim here was not far below its limit, is left to the transaction."""
+    name; and ``due`` less those names, for the round's transaction. A capped name (by
+    max_concurrency or max_concurrency_per_key), and a name whose last claim here was not
+    far below its limit, is left to the transaction."""
     parts: list[Sequence[Claim]] = []
     left = request.limit
     due = set(due)
@@ -34,7 +35,8 @@ def claim_reserving(
     for name, rate in request.rate_limits.items():
         if left <= 0:
             break
-        if name not in due or name in request.name_limits or not far_below.get(name, True):
+        capped = name in request.name_limits or name in request.key_limits
+        if name not in due or capped or not far_below.get(name, True):
             continue
         pick = dataclasses.replace(whole, limit=left, name=name)
         claims = _reserve_and_take(log, pick, rate)

@@ -33,6 +33,9 @@ def retry_row(
         .filter(lease_gone, pk=task_id, status=row.status)
         .update(
             **_reset(row, now, awaited),
+            # A task parked at its key's cap when it ended (key_parking.py) waits in its
+            # name's range again: no parked key may still name that range.
+            limited_name=row.task_name if row.task_name in storage.flow_limits.names() else "",
             budget_attempts=0,
             cancel_requested=False,
             finished_at=None,

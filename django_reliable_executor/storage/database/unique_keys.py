@@ -68,17 +68,19 @@ class UniqueKeys(DatabaseAccess):
         """Debounce (core/debouncing.py), under the key row's lock: the key's task, given
         ``task``'s parameter and its new due time, when it still waits unclaimed and never
         started; else None (the key then passes to ``task``, which opens a new window)."""
-        holder = self._latest(holder_id)
+        holder = self._latest(holder_id, for_update=True)
         if holder is None or holder.status is not TaskStatus.CREATED or holder.attempts:
             return None
         assert task.debounce is not None
         run_at = debounced_run_at(
             task.created_at, holder.created_at, task.debounce, task.debounce_max_wait
         )
+        ms = holder.max_duration_millis
+        deadline = run_at + dt.timedelta(milliseconds=ms) if ms else None  # counted from due
         joined = (
             self._tasks()
             .filter(pk=holder_id, available=True, status=TaskStatus.CREATED.value, attempts=0)
-            .update(parameter=task.parameter, run_at=run_at)
+            .update(parameter=task.parameter, run_at=run_at, deadline_at=deadline)
         )
         if not joined:
             return None  # claimed meanwhile (the claim does not take the key row's lock)
@@ -102,13 +104,16 @@ class UniqueKeys(DatabaseAccess):
             return insert + "VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE task_id = task_id"
         return insert + f"VALUES (%s, %s, %s) ON CONFLICT ({self._key}) DO NOTHING"
 
-    def _latest(self, task_id: str) -> TaskInfo | None:
+    def _latest(self, task_id: str, *, for_update: bool = False) -> TaskInfo | None:
         """The task as last committed. On MySQL/MariaDB a plain read under REPEATABLE READ
-        sees the transaction's snapshot, which may predate the holder: read with a lock."""
+        sees the transaction's snapshot, which may predate the holder: read with a lock (an
+        exclusive one ``for_update``, for a row the caller then writes: a shared lock that
+        must grow into an exclusive one deadlocks with another writer waiting for it)."""
         if self.vendor != "mysql":
             return self.get(task_id)
+        lock = "FOR UPDATE" if for_update else "LOCK IN SHARE MODE"
         rows = ReliableTask.objects.db_manager(self.alias).raw(
-            f"SELECT * FROM {self._table} WHERE task_id = %s LOCK IN SHARE MODE", [task_id]
+            f"SELECT * FROM {self._table} WHERE task_id = %s {lock}", [task_id]
         )
         return next((to_info(row) for row in rows), None)
 

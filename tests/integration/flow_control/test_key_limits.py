@@ -217,6 +217,39 @@ def test_the_rate_limit_and_the_key_cap_both_hold(executor, storage, clock):
     assert {c.task_id for c in claim_rated("w2")} == {a[2], *b[1:]}
 
 
+def test_a_generous_rate_limit_still_keeps_the_key_cap(executor, storage, clock):
+    """A rate limit far above its use takes its tasks without reading its window's keys (on
+    SQLite without a transaction): the key cap still holds."""
+    a = submit(executor, clock, "a", 4)
+    claims = storage.claim(
+        "w1",
+        ["default"],
+        20,
+        LEASE,
+        key_limits={KEYED: 1},
+        rate_limits={KEYED: parse_rate_limit("1000/s")},
+        start=20,
+    )
+    consistent(storage)
+    assert [c.task_id for c in claims] == a[:1]
+
+
+def test_a_parked_task_cancelled_then_retried_is_claimed_again(executor, storage, clock):
+    """A task that ended while it waited at its key's cap, retried by hand once its key had
+    nothing else waiting, waits where the claim reads it."""
+    first, second = submit(executor, clock, "a", 2)
+    [held] = claim(storage, cap=1)
+    assert held.task_id == first
+    assert claim(storage, cap=1) == []  # ``second`` waits at the cap
+    assert executor.cancel_task(second) is True
+    finish(storage, held)
+    # A claim of the name while nothing of "a" waits: the storage may forget a's parked tasks.
+    other = submit(executor, clock, "b")
+    assert [c.task_id for c in claim(storage, cap=1)] == other
+    assert executor.retry_task(second) is True
+    assert [c.task_id for c in claim(storage, cap=1)] == [second]
+
+
 def test_a_paused_queue_keeps_its_keyed_tasks(executor, storage, clock):
     submit(executor, clock, "a", 3, queue="paused")
     executor.pause_queue("paused")
@@ -239,9 +272,7 @@ def test_a_task_waiting_over_its_keys_cap_can_be_cancelled(executor, storage, cl
     assert claim(storage) == []
 
 
-def test_a_task_let_out_by_a_freed_slot_and_cancelled_passes_the_slot_on(
-    executor, storage, clock
-):
+def test_a_task_let_out_by_a_freed_slot_and_cancelled_passes_the_slot_on(executor, storage, clock):
     ids = submit(executor, clock, "a", 3)
     [first] = claim(storage, cap=1)
     assert first.task_id == ids[0]
@@ -338,7 +369,7 @@ def test_a_full_keys_backlog_is_parked_once_and_brought_back_slot_by_slot(
     """The first claim that finds a key full moves its waiting tasks out of the name's range
     of the claim index; later claims do not read them; each freed slot brings one back."""
     busy = submit(executor, clock, "busy", 300)
-    lane = parked_lane(KEYED, "busy")
+    lane = parked_lane(KEYED, "busy", "default")
 
     def lanes() -> Counter[str]:
         waiting = ReliableTask.objects.using(alias).filter(task_name=KEYED, available=True)
