@@ -247,6 +247,14 @@ def _result(param: dict, context: TaskContext) -> object:
     return param.get("result", context.attempt)
 
 
+@reliable_task_handler(name="demo.debounced", takes_context=True)
+def debounced(param: object, context: TaskContext) -> object:
+    """Writes a "start" record with its parameter to the journal (RE_JOURNAL): the debounce
+    proof (bench/debounce.py) reads which submit's parameter ran, and when."""
+    _journal("start", context, param=param)
+    return param
+
+
 @reliable_task_handler(name="demo.journal", takes_context=True, retry_interval=50)
 def journal(param: dict | None, context: TaskContext) -> object:
     """Writes "start" and "end" records to the journal (RE_JOURNAL) around ``sleep`` seconds of
