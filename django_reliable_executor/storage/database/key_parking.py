@@ -29,9 +29,10 @@ from ...models import ReliableNameLock, ReliableParkedKey
 from .rate_log import ClaimStatements
 from .rows import HELD_SQL, Pick, chunks
 
-# Most tasks one claim parks: a claim stays short however long a key's backlog is (the next
-# claim parks the next ones).
+# Most tasks one walk parks, and walks one claim makes: a claim stays short however long a
+# key's backlog is (the next claim parks the next ones).
 PARK_MAX = 1000
+PARK_PASSES = 10
 # A parked range's value of ``limited_name``: this prefix, then a digest of the name, key and
 # queue (a key may be as long as the column). No registered task name starts with a control
 # character in practice; the chores (mark_limited) leave the ranges a parked key names alone.
@@ -77,10 +78,8 @@ class _State:
 
 @dataclasses.dataclass
 class _Choice:
-    """What one claim's walk of the name's range decided: the tasks to take, and the tasks to
-    park by (key, queue)."""
+    """What one walk of the name's range chose to park, by (key, queue)."""
 
-    taken: list[str] = dataclasses.field(default_factory=list)
     parked: dict[tuple[str, str], list[str]] = dataclasses.field(
         default_factory=lambda: defaultdict(list)
     )
@@ -133,14 +132,22 @@ class KeyParking:
     def _decide(
         self, cursor: Any, pick: Pick, key_cap: int, room: int, state: _State
     ) -> tuple[str, ...]:
-        """``choose`` from the state read under the lock."""
+        """``choose`` from the state read under the lock. A walk that parked PARK_MAX tasks
+        without filling ``room`` walks on (up to PARK_PASSES times): the tasks of other keys
+        behind a long new backlog are found by this claim, not by claims a poll apart."""
         assert pick.name is not None
         if self._unpark(cursor, pick, state, key_cap):
             # Back in the name's range, they compete in pickup order: read it again.
             state.candidates = self._candidates(cursor, pick, _batch(room), 0)
-        choice = self._choose(cursor, pick, state, key_cap, room)
-        self._park(cursor, pick.name, choice.parked)
-        return tuple(choice.taken)
+        taken: list[str] = []
+        counts = Counter(state.held)
+        for _ in range(PARK_PASSES):
+            choice = self._choose(cursor, pick, state.candidates, counts, key_cap, room, taken)
+            self._park(cursor, pick.name, choice.parked)
+            if choice.parked_count < PARK_MAX or len(taken) >= room:
+                break
+            state.candidates = self._candidates(cursor, pick, _batch(room), 0)
+        return tuple(taken)
 
     def _read(self, cursor: Any, pick: Pick, batch: int) -> _State:
         """One read under the lock: the held tasks of the name by key (None: those without a
@@ -229,16 +236,24 @@ class KeyParking:
             found += [(str(t), str(lane), int(p), at) for t, lane, p, at in cursor.fetchall()]
         return found
 
-    def _choose(self, cursor: Any, pick: Pick, state: _State, cap: int, room: int) -> _Choice:
-        """Walk the name's range in pickup order (the state's first candidates, then reads
-        four times longer each, so a long walk reads each entry a bounded number of times),
-        taking up to ``room`` tasks of keys with a free slot (and without a key), choosing
-        the tasks of full keys to park, until ``room`` are taken, the range is read through
-        or PARK_MAX are to be parked."""
+    def _choose(
+        self,
+        cursor: Any,
+        pick: Pick,
+        candidates: list[_Candidate],
+        counts: Counter[str | None],
+        cap: int,
+        room: int,
+        taken: list[str],
+    ) -> _Choice:
+        """Walk the name's range in pickup order (``candidates``, then reads four times longer
+        each, so a long walk reads each entry a bounded number of times), adding to ``taken``
+        up to ``room`` tasks of keys with a free slot (and without a key; ``counts``: held
+        and taken by key), choosing the tasks of full keys to park, until ``room`` are
+        taken, the range is read through or PARK_MAX are to be parked."""
         choice = _Choice()
-        counts = Counter(state.held)
-        seen: set[str] = set()
-        rows, batch, offset = state.candidates, _batch(room), 0
+        seen = set(taken)
+        rows, batch, offset = candidates, _batch(room), 0
         while True:
             for row in rows:
                 if row.task_id in seen:
@@ -246,14 +261,14 @@ class KeyParking:
                 seen.add(row.task_id)
                 if row.key is None or counts[row.key] < cap:
                     counts[row.key] += row.key is not None
-                    choice.taken.append(row.task_id)
-                    if len(choice.taken) >= room:
+                    taken.append(row.task_id)
+                    if len(taken) >= room:
                         return choice
                 else:
                     choice.parked[(row.key, row.queue)].append(row.task_id)
                     choice.parked_count += 1
             if len(rows) < batch or choice.parked_count >= PARK_MAX:
-                return choice  # read through, or enough parked for one claim
+                return choice  # read through, or enough parked for one pass
             offset += batch
             batch *= 4
             rows = self._candidates(cursor, pick, batch, offset)

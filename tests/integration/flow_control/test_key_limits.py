@@ -4,6 +4,7 @@ storage at claim time on all four backends (real servers, real connections, no m
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 
@@ -26,7 +27,7 @@ from django_reliable_executor.storage.base import TaskStorage
 from django_reliable_executor.storage.database.key_parking import parked_lane
 from tests.conftest import DB_ALIASES, db_params
 from tests.integration.flow_control.test_max_concurrency import consistent
-from tests.support.contract_support import LEASE, at_once
+from tests.support.contract_support import LEASE, at_once, new_task
 
 KEYED = "demo.keyed"  # registered with max_concurrency_per_key=2
 keyed_handler = get_handler(KEYED)
@@ -157,6 +158,27 @@ def test_a_key_over_its_cap_does_not_hold_up_other_keys_or_names(executor, stora
     assert [c.task_id for c in claim(storage, "w3")] == [busy[2]]
     listed = executor.list_tasks(status=TaskStatus.CREATED, task_name=KEYED, limit=200)
     assert len([t for t in listed if t.worker_id is None]) == 97  # waiting, nobody's
+
+
+def test_tasks_behind_a_long_new_backlog_of_a_full_key_are_found_claims_apart(
+    executor, storage, clock
+):
+    """2 500 tasks of one key (cap 1), then 3 of another: a claim parks a bounded number of
+    the backlog (1 000 a walk), so a few claims in a row reach the others, none idle."""
+    now = clock.now()
+    backlog = [
+        dataclasses.replace(new_task(f"big-{i:04d}", KEYED, {}, now), concurrency_key="big")
+        for i in range(2500)
+    ]
+    storage.enqueue(backlog)
+    clock.advance(1)
+    small = submit(executor, clock, "small", 3)
+    found: list[str] = []
+    for _ in range(4):
+        found += [c.task_id for c in claim(storage, cap=1) if c.task.concurrency_key == "small"]
+        if found:
+            break
+    assert found == small[:1]
 
 
 def test_priorities_come_first_within_a_key(executor, storage, clock):
