@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import functools
 import inspect
@@ -11,20 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
-from .core.debouncing import debounce_window
 from .core.flow_limits import FlowLimits
-from .core.ids import MAX_ID_LENGTH, validate_schedule_id
-from .core.numbers import is_number
 from .core.option_names import guess
-from .core.options import NAMES as OPTION_NAMES
-from .core.options import TaskOptions, as_number, check_option
 from .core.rate_limits import RateLimit, parse_rate_limit
-from .core.uniqueness import check_unique_for
-from .exceptions import HandlerRegistrationError, InvalidScheduleError, InvalidTaskOptionError
-from .schedules.records import OVERLAP_POLICIES, Schedule
-from .schedules.timing import make_timing
-
-ScheduleSpec = Schedule | str | int | float | dt.timedelta
+from .exceptions import HandlerRegistrationError
+from .handler_options import ScheduleSpec, declared, normalized, validate_options
+from .schedules.records import Schedule
 
 if TYPE_CHECKING:
     from .core.records import SubmitOptions, TaskInfo
@@ -78,8 +69,7 @@ class TaskHandler(Generic[R]):
         self.max_concurrency = max_concurrency
         # Most tasks of this name and one concurrency_key held at once across all workers.
         self.max_concurrency_per_key = max_concurrency_per_key
-        # Seconds a submit waits for a later one of the same key, which it then joins (a
-        # submit's own debounce comes first): core/debouncing.py.
+        # Seconds a submit waits for later ones of its key to join it (core/debouncing.py).
         self.debounce = debounce
         self.debounce_max_wait = debounce_max_wait
         # Seconds a submit of the same name and parameter returns the live task already
@@ -143,65 +133,6 @@ def connect_submitter(submit: Callable[..., TaskInfo]) -> None:
     _submitter = submit
 
 
-def _validate_options(name: str, options: dict[str, Any]) -> None:
-    def bad(message: str) -> HandlerRegistrationError:
-        return HandlerRegistrationError(f"@reliable_task_handler(name={name!r}): {message}")
-
-    if not isinstance(name, str) or not name or len(name) > MAX_ID_LENGTH:
-        raise bad(f"name must be a non-empty string of at most {MAX_ID_LENGTH} characters")
-    # The rule every entry point applies, so a bad option fails at import rather than at every
-    # submit; queue and priority have no "not given" here (None is refused).
-    try:
-        TaskOptions(**{key: options[key] for key in OPTION_NAMES}).validate(
-            required=("queue", "priority")
-        )
-    except InvalidTaskOptionError as exc:
-        raise bad(str(exc)) from exc
-    retry_on = options["retry_on"]
-    if not isinstance(retry_on, tuple) or not all(
-        isinstance(t, type) and issubclass(t, BaseException) for t in retry_on
-    ):
-        raise bad("retry_on must be a tuple of exception classes")
-    try:
-        check_option("max_concurrency", options.get("max_concurrency"))
-        check_option("max_concurrency_per_key", options.get("max_concurrency_per_key"))
-    except InvalidTaskOptionError as exc:
-        raise bad(str(exc)) from exc
-    if options.get("unique_for") is not None:
-        try:
-            check_unique_for(options["unique_for"])
-        except InvalidTaskOptionError as exc:
-            raise bad(str(exc)) from exc
-    _validate_debounce(options, bad)
-    rate = options.get("rate_limit")
-    if rate is not None:
-        try:
-            parse_rate_limit(rate)
-        except ValueError as exc:
-            raise bad(str(exc)) from exc
-
-
-def _validate_debounce(
-    options: dict[str, Any], bad: Callable[[str], HandlerRegistrationError]
-) -> None:
-    """``debounce`` and ``debounce_max_wait`` as a submit checks them, and not with
-    ``unique_for`` (debounce keeps the newest submit of a key, unique_for the first)."""
-    debounce, max_wait = options.get("debounce"), options.get("debounce_max_wait")
-    if debounce is None and max_wait is None:
-        return
-    if debounce is None:
-        raise bad("debounce_max_wait needs debounce")
-    if options.get("unique_for") is not None:
-        raise bad(
-            "debounce and unique_for do not go together (debounce keeps the newest submit "
-            "of a key, unique_for the first)"
-        )
-    try:
-        debounce_window(debounce, max_wait, None)
-    except InvalidTaskOptionError as exc:
-        raise bad(str(exc)) from exc
-
-
 def reliable_task_handler(
     name: str | None = None,
     *,
@@ -226,30 +157,18 @@ def reliable_task_handler(
 ) -> Callable[[Callable[..., R]], TaskHandler[R]]:
     """Register a function as the handler of ``name`` (default ``module.qualname``).
 
-    Options left as None take the RELIABLE_EXECUTOR defaults when a task is submitted.
-    ``max_concurrency`` caps how many tasks of this name are held (claimed, started or not)
-    at once across every worker; the storage enforces it when workers claim.
-    ``max_concurrency_per_key`` does the same for the tasks sharing a ``concurrency_key``
-    (given at submit), each key on its own: a tenant's tasks, say (docs/flow-control.md).
-    ``debounce`` (seconds, optionally with ``debounce_max_wait``) makes every submit of this
-    name join a task of the same parameter (or ``unique_key``) still waiting unclaimed, which
-    then runs ``debounce`` after the last submit (docs/flow-control.md, "Debounce").
-    ``unique_for`` (seconds) makes every submit of this name unique: one with the same
-    parameter (or ``unique_key``) within that window returns the task still live.
-    ``rate_limit`` ("N/s", "N/m", "N/h") lets at most N tasks of this name start in any
-    window of that length across every worker, one limit per ``rate_key`` given at submit
-    (docs/flow-control.md).
-    ``attempt_timeout`` (seconds or a timedelta) limits each attempt: one running longer is
-    asked to stop (``context.is_cancelled()``; its child process is terminated under
-    ``--pool process``) and counts as a failed attempt, retried by the retry options
-    (docs/retries.md).
-    ``schedule`` fires the task periodically: a cron string ("0 3 * * *"), an interval in
-    seconds or a timedelta, a ``Schedule(...)`` or a list of them; runexecutor creates or
-    updates these schedules when it starts.
+    Options left as None take the RELIABLE_EXECUTOR defaults when a task is submitted; each
+    is described in docs/handlers.md. ``max_concurrency`` caps the tasks of this name held at
+    once across every worker, ``max_concurrency_per_key`` those of one ``concurrency_key``;
+    ``rate_limit`` ("N/s", "N/m", "N/h") the starts in any such window, per ``rate_key``
+    (docs/flow-control.md). ``unique_for`` makes every submit unique; ``debounce`` (with
+    ``debounce_max_wait``) makes submits of one key join the task still waiting.
+    ``attempt_timeout`` limits each attempt (docs/retries.md). ``schedule`` fires the task
+    periodically: a cron string, seconds, a timedelta, a ``Schedule(...)`` or a list of them.
     """
     if unknown:
         _refuse_unknown(name, unknown)
-    options = _normalized(
+    options = normalized(
         param_type=param_type,
         queue=queue,
         priority=priority,
@@ -283,22 +202,6 @@ def _refuse_unknown(name: str | None, unknown: Mapping[str, Any]) -> None:
     )
 
 
-def _normalized(**options: Any) -> dict[str, Any]:
-    """The decorator's options with retry_on a tuple and durations numbers (as_number)."""
-    retry_on = options["retry_on"]
-    options["retry_on"] = tuple((retry_on,) if isinstance(retry_on, type) else retry_on)
-    for key in (
-        "retry_interval",
-        "max_duration_millis",
-        "unique_for",
-        "attempt_timeout",
-        "debounce",
-        "debounce_max_wait",
-    ):
-        options[key] = as_number(key, options[key])
-    return options
-
-
 def _registered(
     func: Callable[..., R],
     name: str | None,
@@ -307,9 +210,9 @@ def _registered(
 ) -> TaskHandler[R]:
     """The handler of ``func`` with these options, validated and registered."""
     task_name = name or f"{func.__module__}.{func.__qualname__}"
-    _validate_options(task_name, options)
+    validate_options(task_name, options)
     handler: TaskHandler[R] = TaskHandler(func, name=task_name, **options)
-    handler.schedules = _schedules(task_name, schedule)
+    handler.schedules = declared(task_name, schedule)
     register(handler)
     return handler
 
@@ -434,62 +337,6 @@ def _forget_limited_homes() -> None:
 FLOW_LIMITS = FlowLimits(
     names=limited_names, keyed=lambda: key_limits().keys(), homes=limited_homes
 )
-
-
-def _schedules(
-    name: str, given: ScheduleSpec | Sequence[ScheduleSpec] | None
-) -> tuple[Schedule, ...]:
-    """The decorator's ``schedule=`` as Schedules of this task, validated now so a bad cron
-    fails at import time rather than when a worker starts."""
-    if given is None:
-        return ()
-    items = list(given) if isinstance(given, (list, tuple)) else [given]
-    specs: list[Schedule] = []
-    for item in items:
-        if isinstance(item, str):
-            spec = Schedule(cron=item)
-        elif is_number(item) or isinstance(item, dt.timedelta):
-            spec = Schedule(every=item)
-        elif isinstance(item, Schedule):
-            spec = item
-        else:
-            raise HandlerRegistrationError(
-                f"@reliable_task_handler(name={name!r}): schedule must be a cron string, "
-                f"seconds, a timedelta or a Schedule, got {item!r}"
-            )
-        if spec.task_name not in (None, name):
-            raise HandlerRegistrationError(
-                f"@reliable_task_handler(name={name!r}): a Schedule in schedule= fires this "
-                f"handler; leave its task_name out (got {spec.task_name!r})"
-            )
-        spec = dataclasses.replace(spec, task_name=name, schedule_id=spec.schedule_id or name)
-        try:
-            validate_schedule_id(spec.schedule_id)
-            if spec.overlap not in OVERLAP_POLICIES:
-                raise InvalidScheduleError(
-                    f"overlap must be one of {OVERLAP_POLICIES}, got {spec.overlap!r}",
-                    field="overlap",
-                )
-            make_timing(
-                every=spec.every,
-                cron=spec.cron,
-                timezone=spec.timezone or "UTC",
-                anchor=dt.datetime.now(dt.timezone.utc),
-            )
-            # Its task options, as saving it would check them (runexecutor saves it).
-            TaskOptions.of(spec).validate()
-        except (InvalidScheduleError, InvalidTaskOptionError) as exc:
-            raise HandlerRegistrationError(
-                f"@reliable_task_handler(name={name!r}): schedule {spec.schedule_id!r}: {exc}"
-            ) from exc
-        specs.append(spec)
-    ids = [spec.schedule_id for spec in specs]
-    if len(set(ids)) != len(ids):
-        raise HandlerRegistrationError(
-            f"@reliable_task_handler(name={name!r}): several schedules need their own "
-            "schedule_id (Schedule(schedule_id=..., ...))"
-        )
-    return tuple(specs)
 
 
 def declared_schedules() -> list[Schedule]:

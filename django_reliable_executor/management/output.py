@@ -320,6 +320,7 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         # The submitter's trace: its traceparent holds the trace id to look the spans up by.
         ("trace_context", _trace_text(info.trace_context)),
         ("batch_id", info.batch_id or "-"),
+        ("concurrency_key", info.concurrency_key or "-"),
         # The durable steps stored, in the order they finished.
         ("steps", ", ".join(step.name for step in info.steps) or "-"),
     ]

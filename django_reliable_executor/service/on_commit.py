@@ -10,7 +10,9 @@ from typing import TypeVar
 from django.db import connections, transaction
 
 from ..conf import ExecutorSettings
-from ..core.records import NewTask, TaskInfo, new_info
+from ..core.debouncing import debounced_run_at
+from ..core.records import NewTask, TaskInfo, copy_with, new_info
+from ..core.states import TaskStatus
 from ..observability.announcer import Announcer
 from ..storage import TaskStorage
 from .submitting import check_dependencies_exist
@@ -52,6 +54,19 @@ def pending_task_writes(alias: str) -> list[Callable[[], object]]:
     return [func for _, func, *_ in callbacks if getattr(func, "stores_tasks_at_commit", False)]
 
 
+def _joined(task: NewTask, holder: TaskInfo | None) -> TaskInfo | None:
+    """A debounced submit's answer as its write at commit will make it: the key's task, with
+    this submit's parameter and due time (core/debouncing.py), while that task waits never
+    started; None when the submit will open a new window."""
+    if holder is None or holder.status is not TaskStatus.CREATED or holder.attempts:
+        return None
+    assert task.debounce is not None
+    run_at = debounced_run_at(
+        task.created_at, holder.created_at, task.debounce, task.debounce_max_wait
+    )
+    return copy_with(holder, parameter=task.parameter, run_at=run_at, debounced=True)
+
+
 class DeferredWrite:
     """A submit inside a transaction whose tasks Redis stores when it commits (an on_commit
     callback), with what the submit answered: the tasks it will store by id, and the unique
@@ -85,7 +100,8 @@ def submit_on_commit(
     so a rolled-back transaction leaves no task behind. Ids already stored are returned as
     stored; the others as they will be, as the databases would answer in the transaction:
     a unique key held by a live task, or taken by a submit before this one in the same
-    transaction (whose write waits for the commit too), returns that task. Each with
+    transaction (whose write waits for the commit too), returns that task; a debounced
+    submit returns the key's task waiting never started as it will be once joined. Each with
     whether this submit's write is to store it (see ReliableExecutor.submit_many_created)."""
     earlier = deferred_writes(alias)
     infos: dict[str, TaskInfo] = {}
@@ -108,7 +124,13 @@ def submit_on_commit(
             if key not in holders:
                 holders[key] = storage.unique_holder(key)
             holder = holders[key]
-            if holder is not None:
+            if task.debounce is not None:
+                holder = _joined(task, holder)
+                if holder is not None:  # the write at commit joins it (see _joined)
+                    infos[task.task_id] = holders[key] = holder
+                    skipped.add(task.task_id)
+                    continue
+            elif holder is not None:
                 infos[task.task_id] = holder
                 skipped.add(task.task_id)
                 continue

@@ -72,46 +72,48 @@ def prepare(
     options = TaskOptions.of(request, handler, settings.task_options).validate(
         required=OPTION_NAMES
     )
-    max_duration = options.max_duration_millis
-    run_at = _run_at(request, now)
     debounce = _debounce(request, handler)
-    key, unique_until, run_at = _key_window(request, handler, parameter, now, run_at, debounce)
+    key, unique_until, run_at = _key_window(
+        request, handler, parameter, now, _run_at(request, now), debounce
+    )
     # A task naming no id gets one from the storage, which may choose by queue (new_task_id).
     queue = cast(str, options.queue)
     task_id = given_id if given_id is not None else (new_id or _new_id)(queue, name)
-    rate_key = _key("rate_key", request.rate_key)
-    concurrency_key = _key("concurrency_key", request.concurrency_key)
     depends_on = _depends_on(request, task_id)
     return NewTask(
         task_id=task_id,
         task_name=name,
-        # validate(required=...) refused a None in every option but max_duration_millis and
-        # attempt_timeout.
+        # (validate(required=...) left None only in max_duration_millis, attempt_timeout)
         queue=queue,
         priority=cast(int, options.priority),
         parameter=parameter,
         retry_limit=cast(int, options.retry_limit),
         retry_interval=cast(int, options.retry_interval),
         retry_backoff=cast(str, options.retry_backoff),
-        max_duration_millis=max_duration,
+        max_duration_millis=options.max_duration_millis,
         created_at=now,
         run_at=run_at,
-        # A debounced task's max duration counts from when it is due: each join moves both.
-        deadline_at=(run_at if debounce else now) + dt.timedelta(milliseconds=max_duration)
-        if max_duration
-        else None,
+        deadline_at=_deadline(run_at if debounce else now, options.max_duration_millis),
         unique_key=key,
         unique_until=unique_until,
         debounce=None if debounce is None else debounce[0],
         debounce_max_wait=None if debounce is None else debounce[1],
-        rate_key=rate_key,
-        concurrency_key=concurrency_key,
+        rate_key=_key("rate_key", request.rate_key),
+        concurrency_key=_key("concurrency_key", request.concurrency_key),
         depends_on=depends_on,
         on_dependency_failure=request.on_dependency_failure,
         trace_context=trace_context,
         # Stored as float seconds whatever number was given (TaskInfo reads it back so).
         attempt_timeout=None if options.attempt_timeout is None else float(options.attempt_timeout),
     )
+
+
+def _deadline(start: dt.datetime, max_duration_millis: int | None) -> dt.datetime | None:
+    """When a task started counting at ``start`` is TIMEOUT (None: no max duration). A
+    debounced task counts from when it is due: each submit that joins it moves both."""
+    if not max_duration_millis:
+        return None
+    return start + dt.timedelta(milliseconds=max_duration_millis)
 
 
 def _handler(name: Any, settings: ExecutorSettings) -> TaskHandler[Any] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from django.db import transaction
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, reliable_task_handler, signals
 from django_reliable_executor.exceptions import HandlerRegistrationError, InvalidTaskOptionError
@@ -77,6 +78,30 @@ def test_a_cancelled_task_lets_the_next_submit_open_a_new_window(executor):
     assert executor.cancel_task(first.task_id)
     second = submit(executor, 2)
     assert second.task_id != first.task_id and second.status is TaskStatus.CREATED
+
+
+def test_debounced_submits_inside_a_transaction_join_once_committed(executor, db_alias, clock):
+    """Inside atomic() (Redis writes at commit): the answers are what the commit stores."""
+    before = submit(executor, 0)
+    with transaction.atomic(using=db_alias):
+        clock.advance(1)
+        one = submit(executor, 1)
+        two = submit(executor, 2)
+        assert (one.task_id, two.task_id) == (before.task_id, before.task_id)
+        assert (one.debounced, two.debounced, two.parameter) == (True, True, 2)
+    stored = executor.get_task(before.task_id)
+    assert (stored.parameter, stored.run_at) == (2, two.run_at)
+    assert total(executor.count_by_status()) == 1
+
+
+def test_a_rolled_back_transaction_leaves_the_key_as_it_was(executor, db_alias, clock):
+    before = submit(executor, 0)
+    with pytest.raises(RuntimeError), transaction.atomic(using=db_alias):
+        clock.advance(1)
+        assert submit(executor, 1).debounced
+        raise RuntimeError
+    stored = executor.get_task(before.task_id)
+    assert (stored.parameter, stored.run_at) == (0, before.run_at)
 
 
 def test_the_key_is_the_parameter_without_a_unique_key(executor):

@@ -349,7 +349,7 @@ def test_schedules_declared_in_code_are_created_then_updated(executor, clock):
         return param
 
     handler = TaskHandler(nightly, name="tests.nightly")
-    from django_reliable_executor.registry import _schedules
+    from django_reliable_executor.handler_options import declared as _schedules
 
     handler.schedules = _schedules("tests.nightly", Schedule(cron="0 3 * * *", parameter={"a": 1}))
     register(handler)
@@ -421,7 +421,7 @@ def test_fires_and_skips_are_counted_in_metrics(executor, clock):
 
 def test_a_declared_schedule_the_storage_refuses_never_blocks_the_worker(executor, caplog):
     """A schedule= whose parameter the handler rejects is logged once; the worker goes on."""
-    from django_reliable_executor.registry import _schedules
+    from django_reliable_executor.handler_options import declared as _schedules
     from django_reliable_executor.worker.worker import Worker, WorkerOptions
 
     def takes_nothing() -> None:

@@ -268,6 +268,11 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
             allowed = []
         if where not in allowed:
             problems.append(f"{task_id} is {status} but in {where or 'no index'}")
+        # Debounce: a task joined while it waited due keeps its place, marked (claim.lua
+        # schedules it when it pops it early); the mark goes when it leaves that place.
+        joined_due = len(where) == 1 and where[0].split(":")[0] in ("ready", "parked", "kparked")
+        if "jd" in values and (status != "CREATED" or not joined_due):
+            problems.append(f"{task_id} is marked joined while due (jd) but {status} in {where}")
         if "leases" in where and not values.get("w"):
             problems.append(f"{task_id} holds a lease but names no worker")
         if status == "RUNNING" and not values.get("st"):

@@ -9,7 +9,8 @@ import pytest
 from django_reliable_executor import Schedule, reliable_task_handler
 from django_reliable_executor.core.ids import fire_task_id, is_fire_task_id
 from django_reliable_executor.exceptions import HandlerRegistrationError
-from django_reliable_executor.registry import _schedules, declared_schedules, unregister
+from django_reliable_executor.handler_options import declared as _schedules
+from django_reliable_executor.registry import declared_schedules, unregister
 from django_reliable_executor.schedules.planning import plan
 from django_reliable_executor.schedules.records import ScheduleInfo
 from django_reliable_executor.storage.redis.sharding import directory_of, native_id

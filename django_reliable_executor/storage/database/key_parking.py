@@ -26,7 +26,7 @@ from django.db import connections, transaction
 from ...core.records import Claim
 from ...core.states import TaskStatus
 from ...models import ReliableNameLock, ReliableParkedKey
-from .rate_log import ClaimStatements
+from .claim_statements import ClaimStatements
 from .rows import HELD_SQL, Pick, chunks
 
 # Most tasks one walk parks, and walks one claim makes: a claim stays short however long a

@@ -47,22 +47,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypeVar
 
 from django.db import connections, transaction
 
-from ...core.clock import Clock
 from ...core.queries import ClaimRequest
 from ...core.rate_limits import RateLimit
 from ...core.records import Claim, copy_with
 from ...models import ReliableNameLock, ReliableRateLog
 from .claim_ranges import bounded_rows, rows_of, waiting_priorities
+from .claim_statements import ClaimStatements
 from .rate_entries import aware, entry_counts, insert_entries, other_keys_sql, stamp_times
 from .rows import RATE_KEY_SQL, Pick
-
-if TYPE_CHECKING:
-    from .key_parking import KeyParking
 
 T = TypeVar("T")
 # How many due tasks of a rate-limited name one claim looks at per task it may take: with rate
@@ -72,36 +69,6 @@ CANDIDATES_PER_CLAIM = 4
 MAX_KNOWN_FULL = 100
 # How often a claim's trim of the rate log reads the whole of a name's range (see trim).
 WHOLE_TRIM_EVERY = dt.timedelta(seconds=60)
-
-
-class ClaimStatements(Protocol):
-    """What the rate log asks of the storage it claims for (DatabaseAccess and Claiming), by
-    name: the connection, the SQL helpers and the claiming statements."""
-
-    alias: str
-    clock: Clock
-    rate_free_at: float | None
-    _key_parking: KeyParking  # the claim of names with max_concurrency_per_key
-
-    @property
-    def vendor(self) -> str: ...
-    @property
-    def _table(self) -> str: ...
-    @property
-    def _not_paused_sql(self) -> str: ...
-    @property
-    def _mariadb(self) -> bool: ...
-    def _dt(self, value: dt.datetime) -> Any: ...
-    def _retrying(self, operation: Callable[[], T]) -> T: ...
-    def _lock_name(self, cursor: Any, table: str, name: str) -> None: ...
-    def _held(self, cursor: Any, name: str, now: dt.datetime) -> int: ...
-    def _take(self, pick: Pick) -> list[Claim]: ...
-    def _take_keyed(self, pick: Pick) -> tuple[list[Claim], list[str]]: ...
-    def _take_logged(self, pick: Pick, logged_at: dt.datetime) -> tuple[list[Claim], list[str]]: ...
-    def _pick_sql(
-        self, pick: Pick, priorities: Sequence[int] | None = None, examined: int | None = None
-    ) -> tuple[str, list[Any]]: ...
-    def _claim_update_sql(self, pick: Pick, returning: str) -> tuple[str, str, list[Any]]: ...
 
 
 def _one_row(vendor: str) -> str:

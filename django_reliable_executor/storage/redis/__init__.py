@@ -27,8 +27,11 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            how many durable step checkpoints it wrote (step.lua; their
                            order; absent: it stored none), wt a PENDING task's durable wait
                            (codec.packed_wait: [kind, name, until, ids]; suspend.lua), rs its
-                           resumptions, ck its concurrency key (max_concurrency_per_key).
-                           Fields without a value are absent.
+                           resumptions, ck its concurrency key (max_concurrency_per_key),
+                           jd "1" while a debounced task a submit joined when it waited due
+                           already stays in its ready list or parked set with its run at
+                           ahead (lua/_common.lua join_debounced; the claim that pops it
+                           schedules it). Fields without a value are absent.
 ``P steps:<id>``            HASH of the durable steps of task <id> (context.step): step name ->
                            "<order> <finished at> <result JSON>", order from the task's
                            ``sn``. On the task's shard; deleted when <id> is purged, from a
@@ -106,9 +109,12 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            to another shard (schedule_move_out.lua): no nr, mn its next run,
                            mt that shard.
 ``P u:<digest>``           STRING "<window end> <task id>": the task holding a unique task's key
-                           (``uniqueness.unique_digest``), expiring (PX) with its window.
-                           Sharded, on the key's home shard (sharding.unique_home); "<window
-                           end> <task id> <shard> <taken at>" for a task of another shard.
+                           (``uniqueness.unique_digest``), expiring (PX) with its window; or a
+                           debounced task's (``debouncing.debounce_digest``), its window
+                           ending a day (KEY_HOLD) after the task's run at, moved on by each
+                           submit that joins it. Sharded, on the key's home shard
+                           (sharding.unique_home); "<window end> <task id> <shard> <taken
+                           at>" for a task of another shard.
 ``P rate:<len>:<name>:<key>``  ZSET of the claim times of a rate-limited name and rate key
                            (rate_limit), kept for its window + margin; ``P ratenext:...``
                            STRING the slot held-back tasks of it get next; ``P ratekeys:<len>:

@@ -126,7 +126,9 @@ class Reading(RedisAccess):
         for _, prefix, head in heads:
             pipe.hget(prefix + "t:" + head, "r")
         for (name, _, _), run_at in zip(heads, pipe.execute(), strict=True):
-            if run_at is not None:
+            # (a head due later after all: a debounced submit joined it where it waited, and
+            # the claim that pops it schedules it, see claim.lua)
+            if run_at is not None and int(run_at) <= int(now):
                 seen(name, int(run_at))
         return due
 

@@ -12,6 +12,7 @@ from ...core.states import LIVE_STATUSES
 from ...exceptions import TaskSubmitError
 from .access import RedisAccess
 from .codec import from_micros, micros, text, to_info
+from .debouncing import join_entry, may_join
 from .sharding import directory_of, unique_home
 
 # Sharded: how long a task id reserved for a shard that has not stored it (its submitter is
@@ -74,7 +75,9 @@ def hold_unique(
 ) -> tuple[TaskInfo | None, bool]:
     """unique_reserve.lua on ``home`` holding ``task``'s key for its ``shard``, without
     waiting: (None, True) once taken, (the live task that holds it, False), or (None,
-    False) while it is reserved for a task of another submit not stored yet."""
+    False) while it is reserved for a task of another submit not stored yet. A debounced
+    ``task`` takes the key from a task it may not join (may_join), and joins none here: the
+    call may yet be refused whole."""
     assert task.unique_key is not None and task.unique_until is not None
     until = micros(task.unique_until)
     expected = ""
@@ -92,6 +95,8 @@ def hold_unique(
         if not text(reply):
             return None, True
         holder, settled = entry_holder(storage, text(reply), home, None)
+        if holder is not None and task.debounce is not None and not may_join(holder):
+            holder = None  # claimed or started: a debounced submit opens a new window
         if holder is not None or not settled:
             return holder, False
         expected = text(reply)  # take it over, unless it changed since it was read
@@ -118,7 +123,8 @@ def take_unique(
     """unique_reserve.lua on ``home``, the home shard of ``task``'s unique key, for the
     task's queue's ``shard``: None once taken (on ``home`` for ``shard``; deleted when
     ``home`` is ``shard`` and not ``hold``, for submit.lua to take), or the live task that
-    holds it."""
+    holds it; for a debounced ``task``, the task it joined (debouncing.join_entry; with
+    ``hold``, as hold_unique, the task it may join), the key taken from one it may not join."""
     assert task.unique_key is not None and task.unique_until is not None
     until = micros(task.unique_until)
     expected = ""
@@ -137,6 +143,11 @@ def take_unique(
         if not text(reply):
             return None
         holder, _settled = entry_holder(storage, text(reply), home, started)  # waits: settled
+        if holder is not None and task.debounce is not None:
+            if not hold:
+                holder = join_entry(storage, task, text(reply), home)
+            elif not may_join(holder):
+                holder = None  # as hold_unique: the join waits for the call's own writes
         if holder is not None:
             return holder
         expected = text(reply)  # take it over, unless it changed since it was read

@@ -53,6 +53,7 @@ NAMES = (
     "id_release",
     "unique_reserve",
     "unique_release",
+    "debounce_join",
     "dep_link",
     "batch_join",
     "outbox_apply",

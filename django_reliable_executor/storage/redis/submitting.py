@@ -12,6 +12,7 @@ from ...core.states import LIVE_STATUSES
 from ...exceptions import InvalidDependencyError, TaskSubmitError
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
+from .debouncing import debounce_args, join_on
 from .reservations import (
     ID_RESERVATION_GRACE_SECONDS,
     release_keys,
@@ -28,8 +29,8 @@ SUBMIT_CHUNK = 500  # tasks per submit script call: long enough to amortise, sho
 
 
 class Submitting(RedisAccess):
-    """enqueue: existing ids (and live holders of unique keys) returned unchanged, new ones
-    stored and their queues woken."""
+    """enqueue: existing ids (and live holders of unique keys) returned unchanged, a debounced
+    task's waiting holder joined, new ones stored and their queues woken."""
 
     @guarded
     def enqueue(self, tasks: Sequence[NewTask]) -> list[tuple[TaskInfo, bool]]:
@@ -51,16 +52,7 @@ class Submitting(RedisAccess):
                 groups.setdefault(shard_of(task), []).append(task)
             if len(groups) == 1:
                 return self._enqueue_on(tasks, next(iter(groups)))
-            # One write per shard: reserved first as below, so no shard refuses after another
-            # stored its part (an id being submitted to another shard's queue).
-            reserved = self._reserve_call(tasks, shard_of, sorted(groups.items()), check=False)
-            try:
-                return self._each_shard(
-                    tasks, shard_of, lambda part, shard: self._enqueue_on(part, shard, reserved)
-                )
-            except BaseException:
-                release_keys(self, tasks, reserved, shard_of)
-                raise
+            return self._enqueue_groups(tasks, shard_of, groups)
         runs: list[tuple[int, list[NewTask]]] = []  # (shard, its tasks), in the order given
         for task in tasks:
             shard = shard_of(task)
@@ -82,6 +74,33 @@ class Submitting(RedisAccess):
             release_keys(self, tasks, reserved, shard_of)
             raise
         return results
+
+    def _enqueue_groups(
+        self, tasks: Sequence[NewTask], shard_of: Any, groups: dict[int, list[NewTask]]
+    ) -> list[tuple[TaskInfo, bool]]:
+        """Sharded, ``tasks`` without dependencies of several shards (``groups``): one write
+        per shard, reserved first as below (_reserve_call), so no shard refuses after another
+        stored its part (an id being submitted to another shard's queue). A task whose unique
+        key an earlier task of the call has, of another shard, is submitted after every part,
+        in the order given: its part may be written before the earlier one's, whose task it
+        would wait for (and a debounced one joins in the order given)."""
+        reserved = self._reserve_call(tasks, shard_of, sorted(groups.items()), check=False)
+        later = _repeated_keys(tasks, shard_of, reserved)
+        try:
+            written = iter(
+                self._each_shard(
+                    [task for index, task in enumerate(tasks) if index not in later],
+                    shard_of,
+                    lambda part, shard: self._enqueue_on(part, shard, reserved),
+                )
+            )
+        except BaseException:
+            release_keys(self, tasks, reserved, shard_of)
+            raise
+        return [
+            self._enqueue_on([task], shard_of(task))[0] if index in later else next(written)
+            for index, task in enumerate(tasks)
+        ]
 
     def _reserve_call(
         self,
@@ -166,15 +185,29 @@ class Submitting(RedisAccess):
             if index in held:
                 results.append(held[index])
             elif index in same:
-                results.append((results[same[index]][0], False))
+                results.append(self._same_key(tasks[index], results[same[index]], shard))
             else:
                 results.append(next(stored))
         return results
 
+    def _same_key(
+        self, task: NewTask, first: tuple[TaskInfo, bool], shard: int
+    ) -> tuple[TaskInfo, bool]:
+        """``task``, whose unique key the ``first`` task of the call with that key took on
+        the key's home shard (so this ``shard`` stored it without the key): that task, which
+        a debounced ``task`` joins (debouncing.join_on)."""
+        if task.debounce is not None and first[1]:
+            assert task.unique_key is not None
+            home = unique_home(task.unique_key, self.layout.shards)
+            joined = join_on(self, task, first[0].task_id, shard, home)
+            if joined is not None:
+                return joined, False
+        return first[0], False
+
     def _unique_reserved(self, task: NewTask, shard: int) -> tuple[TaskInfo, bool]:
         """``task``, whose unique key's home is its queue's ``shard``, where submit.lua found
-        the key reserved for a task of another shard: that task if it holds the key, else
-        ``task`` stored here once the key is taken over."""
+        the key reserved for a task of another shard: that task if it holds the key (the task
+        a debounced ``task`` joined), else ``task`` stored here once the key is taken over."""
         holder = take_unique(self, task, shard, shard)
         if holder is not None:
             return holder, False
@@ -215,6 +248,8 @@ class Submitting(RedisAccess):
                     task = next((t for t in chunk if t.task_id == dependency), None)
                     if task is None or task.task_id in keyless or task.unique_key is None:
                         break
+                    if task.debounce is not None:
+                        break  # refused rather than joining a task for a call refused
                     if unique_home(task.unique_key, self.layout.shards) != shard:
                         break
                     if take_unique(self, task, shard, shard) is not None:
@@ -225,20 +260,29 @@ class Submitting(RedisAccess):
                 self._deliver_now(shard)
             if _missing_reply(replies):
                 raise self._missing(text(replies[1]), text(replies[2]), shard)
-            for task, reply in zip(chunk, replies, strict=True):
-                if reply == 1:
-                    results.append((new_info(task), True))
-                elif isinstance(reply, (str, bytes)) and text(reply) == "ureserved":
-                    results.append(self._unique_reserved(task, shard))
-                elif isinstance(reply, (str, bytes)):  # "elsewhere": another shard's task
-                    results.append(self._stored_elsewhere(task, shard, keyless))
-                elif len(reply) == 2 and isinstance(reply[0], list):  # a new dependent
-                    results.append((to_info(task.task_id, fields(reply[0])), True))
-                elif len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
-                    results.append((to_info(text(reply[0]), fields(reply[1])), False))
-                else:
-                    results.append((to_info(task.task_id, fields(reply)), False))
+            results += [
+                self._answer(task, reply, shard, keyless)
+                for task, reply in zip(chunk, replies, strict=True)
+            ]
         return results
+
+    def _answer(
+        self, task: NewTask, reply: Any, shard: int, keyless: set[str]
+    ) -> tuple[TaskInfo, bool]:
+        """What submit.lua's reply for ``task`` says: the task and whether it was stored."""
+        if reply == 1:
+            return new_info(task), True
+        if isinstance(reply, (str, bytes)) and text(reply) == "ureserved":
+            return self._unique_reserved(task, shard)
+        if isinstance(reply, (str, bytes)):  # "elsewhere": another shard's task
+            return self._stored_elsewhere(task, shard, keyless)
+        if len(reply) == 2 and isinstance(reply[0], list):  # a new dependent
+            return to_info(task.task_id, fields(reply[0])), True
+        if len(reply) == 3 and isinstance(reply[1], list):  # joined (debounce)
+            return copy_with(to_info(text(reply[0]), fields(reply[1])), debounced=True), False
+        if len(reply) == 2 and isinstance(reply[1], list):  # a unique key's holder
+            return to_info(text(reply[0]), fields(reply[1])), False
+        return to_info(task.task_id, fields(reply)), False
 
     def _missing(self, task_id: str, dependency: str, shard: int) -> TaskSubmitError:
         """The error of a dependency submit.lua did not find on the dependent's shard."""
@@ -332,6 +376,26 @@ class Submitting(RedisAccess):
         return info, created
 
 
+def _repeated_keys(tasks: Sequence[NewTask], shard_of: Any, reserved: set[str]) -> set[int]:
+    """The positions of ``tasks`` whose unique key a task before them has, of a key whose
+    tasks are of several shards (``shard_of``); not one whose key the call holds for it
+    (``reserved``: the first not stored of its key)."""
+    shards: dict[str, set[int]] = {}
+    for task in tasks:
+        if task.unique_key is not None and task.unique_until is not None:
+            shards.setdefault(task.unique_key, set()).add(shard_of(task))
+    seen: set[str] = set()
+    later: set[int] = set()
+    for index, task in enumerate(tasks):
+        key = task.unique_key
+        if key is None or len(shards.get(key, ())) < 2:
+            continue
+        if key in seen and task.task_id not in reserved:
+            later.add(index)
+        seen.add(key)
+    return later
+
+
 def _missing_reply(replies: list[Any]) -> bool:
     """Whether submit.lua answered that a dependency is missing (and stored nothing)."""
     return (
@@ -344,17 +408,18 @@ def _args(
 ) -> list[str]:
     """Every value submit.lua takes for ``task``: submit_args, the unique key's 2, then its
     dependencies (JSON; one of another shard, in ``remote``, as [id, its status]) and
-    on-failure policy (a dependent is stored waiting: no run at, no deadline yet). A task of
-    ``keyless`` goes without its unique key (taken on the key's home shard)."""
+    on-failure policy (a dependent is stored waiting: no run at, no deadline yet), then its
+    debounce's 2 (debounce_args). A task of ``keyless`` goes without its unique key (taken on
+    the key's home shard)."""
     unique = ("", "") if keyless and task.task_id in keyless else _unique(task)
     if not task.depends_on:
-        return [*submit_args(task), *unique, "", ""]
+        return [*submit_args(task), *unique, "", "", *debounce_args(task)]
     waiting = copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
     policy = "run" if task.on_dependency_failure == "run" else ""
     deps: list[object] = list(task.depends_on)
     if remote:
         deps = [[d, remote[d]] if d in remote else d for d in task.depends_on]
-    return [*submit_args(waiting), *unique, dumps(deps), policy]
+    return [*submit_args(waiting), *unique, dumps(deps), policy, *debounce_args(task)]
 
 
 def _unique(task: NewTask) -> tuple[str, str]:

@@ -13,11 +13,11 @@ import pytest
 from django_reliable_executor import Schedule, TaskStatus
 from django_reliable_executor.admin.schedule_pages import fires
 from django_reliable_executor.core.ids import fire_task_id
+from django_reliable_executor.handler_options import declared as _schedules
 from django_reliable_executor.master.schedule_firing import ScheduleFiring, fire_task
 from django_reliable_executor.registry import (
     FLOW_LIMITS,
     TaskHandler,
-    _schedules,
     register,
     unregister,
 )

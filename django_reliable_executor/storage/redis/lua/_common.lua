@@ -402,7 +402,10 @@ local function unqueue(id, queue, priority)
     redis.call('ZREM', P .. 'prio:' .. queue, priority)
   end
   redis.call('ZREM', P .. 'sched:' .. queue, id)
-  local task = redis.call('HMGET', tkey(id), 'n', 'ck')
+  local task = redis.call('HMGET', tkey(id), 'n', 'ck', 'jd')
+  if task[3] then
+    redis.call('HDEL', tkey(id), 'jd') -- (see join_debounced: it waits nowhere now)
+  end
   unpark_one(id, task[1], priority)
   if task[2] and not key_unpark_one(id, task[1], task[2], priority) then
     -- It may be the task a freed slot of its key let out of the key's parked sets: that slot
@@ -413,6 +416,66 @@ local function unqueue(id, queue, priority)
       wake(next_queue)
     end
   end
+end
+
+-- Debounce (core/debouncing.py). A submit of a debounced key may join the task holding it:
+-- one waiting unclaimed (not in the leases), CREATED and never started.
+local function joinable(id)
+  local task = redis.call('HMGET', tkey(id), 's', 'a')
+  return task[1] == 'CREATED' and task[2] == '0' and not redis.call('ZSCORE', LEASES, id)
+end
+
+-- Join task `id` (joinable): its parameter becomes `param` (JSON), and it runs `debounce` µs
+-- after the submit's `created`, but never later than `max_wait` µs ('' = no limit) after its
+-- own creation (debounced_run_at); its max duration counts from then, as the service set it
+-- for the first submit. Not due yet, it moves in the schedule. Due already, it stays where it
+-- waits: a ready list, where only a walk of the list could find it, or a parked set,
+-- rescored; if its run at is now ahead, `jd` marks it, and the claim that pops it puts it back
+-- in the schedule (claim.lua's take). Returns its new run at (µs, a string).
+local function join_debounced(id, param, created, debounce, max_wait)
+  local key = tkey(id)
+  local task = redis.call('HMGET', key, 'q', 'p', 'n', 'ck', 'r', 'c', 'md')
+  local run_at = tonumber(created) + tonumber(debounce)
+  if max_wait ~= '' then
+    run_at = math.min(run_at, tonumber(task[6]) + tonumber(max_wait))
+  end
+  local at = string.format('%.0f', run_at)
+  redis.call('HSET', key, 'j', param, 'r', at)
+  if task[7] then
+    local deadline = string.format('%.0f', run_at + tonumber(task[7]) * 1000)
+    redis.call('HSET', key, 'd', deadline)
+    redis.call('ZADD', DEADLINES, deadline, id)
+  end
+  local sched = P .. 'sched:' .. task[1]
+  if redis.call('ZSCORE', sched, id) then
+    redis.call('ZADD', sched, at, id)
+    if run_at < tonumber(task[5]) then
+      wake(task[1]) -- (a shorter debounce than the last submit's) idle workers wait less
+    end
+    return at
+  end
+  redis.call('ZADD', P .. 'parked:' .. task[3] .. ':' .. task[2], 'XX', at, id)
+  if task[4] then
+    local bucket = key_bucket(task[3], task[4])
+    redis.call('ZADD', P .. 'kparked:' .. bucket .. ':' .. task[2], 'XX', at, id)
+  end
+  if run_at > NOWN then
+    redis.call('HSET', key, 'jd', '1')
+  end
+  return at
+end
+
+-- The key `ukey` of task `id`, just joined, holds until `until_` (µs, a string), as a new
+-- window's would from its run at; unless the key names another task by now. Its entry keeps
+-- whatever follows the window end (sharded: "<id> <shard> <taken at>", see unique_reserve.lua).
+local function extend_key(ukey, id, until_)
+  local held = redis.call('GET', ukey)
+  local space = held and string.find(held, ' ', 1, true)
+  if not space or string.match(held, '^(%S+)', space + 1) ~= id then
+    return
+  end
+  local ttl = math.max(1, math.ceil((tonumber(until_) - NOWN) / 1000))
+  redis.call('SET', ukey, until_ .. string.sub(held, space), 'PX', string.format('%d', ttl))
 end
 
 -- Scheduled tasks of `queue` that are due go to the ready lists, earliest first.

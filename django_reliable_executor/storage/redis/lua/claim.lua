@@ -28,6 +28,9 @@
 -- the logged time to its start. A task over the limit is held back in the schedule until its
 -- window frees (or its turn after the tasks held back before it); held-back tasks count in
 -- PARK_MAX.
+-- Debounce: a task whose run at a debounced submit moved later while it waited due (`jd`: see
+-- join_debounced in _common.lua) goes back to the schedule when popped before that run at;
+-- these count in PARK_MAX too.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
@@ -185,17 +188,36 @@ local function key_room(name, ck, key_cap)
   end
 end
 
+-- A task a debounced submit joined while it waited due (`jd`, join_debounced in _common.lua)
+-- stayed in its ready list or parked set: if its new run at is still ahead, it goes to the
+-- schedule now (true), where promote brings it back when due.
+local function not_due_after_all(id, key, queue, run_at)
+  redis.call('HDEL', key, 'jd')
+  if tonumber(run_at) <= NOWN then
+    return false
+  end
+  redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
+  return true
+end
+
 -- Take one popped (or unparked) task: lease it, or park it when its key or its name is at its
--- cap.
+-- cap; one a debounced submit made due later goes to the schedule.
 local function take(id)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk', 'ck')
+  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk', 'ck', 'jd')
   -- The double check: still waiting and nobody's claim (a stray entry is dropped).
   if not waiting(task[1]) or redis.call('ZSCORE', LEASES, id) then
     return
   end
   local ck = task[9]
   local key_cap = ck and key_caps[task[2]]
+  if task[10] and not_due_after_all(id, key, task[5], task[4]) then
+    parked = parked + 1
+    if key_cap then
+      key_room(task[2], ck, key_cap) -- a slot of its key it was let out for goes on
+    end
+    return
+  end
   if key_cap and held_by_key(task[2], ck) >= key_cap then
     key_park(id, task[2], ck, task[3], task[4])
     parked = parked + 1
