@@ -1,0 +1,60 @@
+"""The HTTP API on every storage: the per-key cap's ``concurrency_key`` and debounce's options
+are fields of a submit like the others (a bad value is 400 naming the field and stores
+nothing), and a debounced submit's answer says whether it joined a waiting task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.api_support import API, HOOK
+
+
+def post(client, **fields):
+    body = json.dumps({"task_name": HOOK, **fields})
+    return client.post(API, body.encode(), content_type="application/json")
+
+
+def test_the_concurrency_key_is_stored_and_answered(service, operator):
+    response = post(operator, concurrency_key="customer:42")
+    assert response.status_code == 201, response.content
+    assert response.json()["concurrency_key"] == "customer:42"
+    [task] = service.list_tasks()
+    assert task.concurrency_key == "customer:42"
+
+
+def test_a_debounced_submit_joins_the_waiting_task(service, operator):
+    first = post(operator, task_parameter=1, debounce=30, unique_key="doc:1")
+    assert first.status_code == 201, first.content
+    assert first.json()["debounced"] is False
+    again = post(operator, task_parameter=2, debounce=30, unique_key="doc:1")
+    assert again.status_code == 201, again.content
+    body = again.json()
+    assert (body["task_id"], body["debounced"], body["parameter"]) == (
+        first.json()["task_id"],
+        True,
+        2,
+    )
+    [task] = service.list_tasks()
+    assert task.parameter == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"concurrency_key": ""}, "concurrency_key"),
+        ({"concurrency_key": 7}, "concurrency_key"),
+        ({"debounce": -1}, "debounce"),
+        ({"debounce": "soon"}, "debounce"),
+        ({"debounce_max_wait": 5}, "debounce_max_wait"),
+        ({"debounce": 10, "debounce_max_wait": 1}, "debounce_max_wait"),
+        ({"debounce": 10, "unique_for": 60}, "unique_for"),
+        ({"debounce": 10, "delay_millis": 100}, "delay_millis"),
+    ],
+)
+def test_a_bad_flow_control_field_is_400_and_stores_nothing(service, operator, fields, field):
+    response = post(operator, **fields)
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == field
+    assert service.list_tasks() == []
