@@ -1,6 +1,8 @@
-"""Who may do what, on every storage: each admin page and action and each HTTP API endpoint
-(sessions) against each role, with the outcome each cell must give and, where a role is refused,
-that the store is left as it was."""
+"""Who may do what: each admin page and action and each HTTP API endpoint (sessions) against each
+role, with the outcome each cell must give and, where a role is refused, that the store is left
+as it was. On SQLite and Redis, one storage of each kind: which role may see or do what is
+decided before the storage is called, and what each action does to each database is the
+contract suites' (CI time: the table is 1 588 cells on four storages)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,9 @@ EVERY_PERMISSION = (
     CHANGE_SCHEDULE,
     DELETE_SCHEDULE,
 )
+
+# One storage of each kind (see the module docstring).
+PERMISSION_BACKENDS = ["default", "redis"]
 
 
 @dataclass(frozen=True)
@@ -345,7 +350,7 @@ def admin_outcome(page: Page, role: Role) -> str:
     return "allowed" if set(page.needs) <= set(role.permissions) else "403"
 
 
-@pytest.mark.parametrize("backend", admin_params())
+@pytest.mark.parametrize("backend", admin_params(PERMISSION_BACKENDS))
 @pytest.mark.parametrize("role_name", list(ROLES))
 @pytest.mark.parametrize("page_name", list(PAGES))
 def test_admin(backend: str, page_name: str, role_name: str, client: Client) -> None:
@@ -492,7 +497,7 @@ def api_outcome(endpoint: Endpoint, role: Role) -> int:
     return 403
 
 
-@pytest.mark.parametrize("backend", admin_params())
+@pytest.mark.parametrize("backend", admin_params(PERMISSION_BACKENDS))
 @pytest.mark.parametrize("role_name", list(ROLES))
 @pytest.mark.parametrize("endpoint_name", list(ENDPOINTS))
 def test_api(backend: str, endpoint_name: str, role_name: str, client: Client) -> None:
@@ -518,7 +523,7 @@ def test_api(backend: str, endpoint_name: str, role_name: str, client: Client) -
             api_store_unchanged(service)
 
 
-@pytest.mark.parametrize("backend", admin_params())
+@pytest.mark.parametrize("backend", admin_params(PERMISSION_BACKENDS))
 def test_a_get_of_a_queue_action_is_405_even_for_a_viewer(backend: str, client: Client) -> None:
     with api_store(backend):
         viewer = login(client, VIEW_TASK)
