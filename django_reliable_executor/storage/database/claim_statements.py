@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ...core.clock import Clock
 from ...core.records import Claim
 from .rows import Pick
 
-if TYPE_CHECKING:
-    from .key_parking import KeyParking
-
 T = TypeVar("T")
+
+
+class KeyChoice(Protocol):
+    """What the rate log asks of the key parking (key_parking.KeyParking): the tasks of keys
+    with free slots, chosen under the name's lock."""
+
+    def choose(self, cursor: Any, pick: Pick, key_cap: int, room: int) -> tuple[str, ...]: ...
 
 
 class ClaimStatements(Protocol):
@@ -23,8 +27,9 @@ class ClaimStatements(Protocol):
     alias: str
     clock: Clock
     rate_free_at: float | None
-    _key_parking: KeyParking  # the claim of names with max_concurrency_per_key
 
+    @property
+    def _key_parking(self) -> KeyChoice: ...  # the claim of names with a per-key cap
     @property
     def vendor(self) -> str: ...
     @property
