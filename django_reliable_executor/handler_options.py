@@ -46,6 +46,7 @@ def validate_options(name: str, options: dict[str, Any]) -> None:
     try:
         check_option("max_concurrency", options.get("max_concurrency"))
         check_option("max_concurrency_per_key", options.get("max_concurrency_per_key"))
+        check_option("fairness", options.get("fairness"))
     except InvalidTaskOptionError as exc:
         raise bad(str(exc)) from exc
     if options.get("unique_for") is not None:

@@ -63,6 +63,9 @@ class ReliableTask(models.Model):
     concurrency_key = models.CharField(  # noqa: DJ001
         max_length=MAX_ID_LENGTH, null=True, blank=True
     )
+    # fairness="round_robin": the task's turn among its name's keys (core/fairness.py), the
+    # claim index's order after priority; 0 for the tasks of every other name.
+    flow_round = models.BigIntegerField(default=0, db_default=0)
     # Dependencies (dependencies.py): the ids it was submitted to wait for, those still awaited
     # (None once none is: released, or never had any), and what a failed one does to it.
     depends_on = models.JSONField(null=True, blank=True)
@@ -92,10 +95,11 @@ class ReliableTask(models.Model):
         # by the admin, whatever a user holds: rows change only through the service.
         permissions = [("operate_reliabletask", "Can retry and cancel reliable tasks")]
         indexes = [
-            # Claim: equality on available+limited_name+queue, then the exact pickup order.
+            # Claim: equality on available+limited_name+queue, then the exact pickup order
+            # (flow_round is 0 but for names with fairness: then priority, run_at).
             # Partial on PostgreSQL (migrations 0003, 0024): only waiting rows are in it there.
             models.Index(
-                fields=["available", "limited_name", "queue", "-priority", "run_at"],
+                fields=["available", "limited_name", "queue", "-priority", "flow_round", "run_at"],
                 name="rexec_claim_idx",
             ),
             models.Index(fields=["lease_expires_at"], name="rexec_lease_idx"),
@@ -238,6 +242,25 @@ class ReliableParkedKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.key}]"
+
+
+class ReliableFairKey(models.Model):
+    """One row per (task name with ``fairness="round_robin"``, key) with tasks numbered: the
+    round the key's next task gets at the earliest (core/fairness.py). Locked by the submits
+    of the key (FOR UPDATE) for their transaction; the master's chores delete a name's rows
+    once it has no waiting task (storage/database/fair_rounds.py)."""
+
+    name = models.CharField(max_length=MAX_ID_LENGTH)
+    key = models.CharField(max_length=MAX_ID_LENGTH)
+    next_round = models.BigIntegerField()
+
+    class Meta:
+        db_table = "reliable_executor_fair_key"
+        default_permissions = ()
+        constraints = [models.UniqueConstraint(fields=["name", "key"], name="rexec_fair_key_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.key}] {self.next_round}"
 
 
 class ReliablePausedQueue(models.Model):

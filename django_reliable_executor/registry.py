@@ -42,6 +42,7 @@ class TaskHandler(Generic[R]):
         takes_context: bool = False,
         max_concurrency: int | None = None,
         max_concurrency_per_key: int | None = None,
+        fairness: str | None = None,
         debounce: float | None = None,
         debounce_max_wait: float | None = None,
         unique_for: float | None = None,
@@ -69,6 +70,8 @@ class TaskHandler(Generic[R]):
         self.max_concurrency = max_concurrency
         # Most tasks of this name and one concurrency_key held at once across all workers.
         self.max_concurrency_per_key = max_concurrency_per_key
+        # "round_robin": claims take this name's keys in turn (core/fairness.py).
+        self.fairness = fairness
         # Seconds a submit waits for later ones of its key to join it (core/debouncing.py).
         self.debounce = debounce
         self.debounce_max_wait = debounce_max_wait
@@ -147,6 +150,7 @@ def reliable_task_handler(
     takes_context: bool = False,
     max_concurrency: int | None = None,
     max_concurrency_per_key: int | None = None,
+    fairness: str | None = None,
     debounce: float | dt.timedelta | None = None,
     debounce_max_wait: float | dt.timedelta | None = None,
     unique_for: float | dt.timedelta | None = None,
@@ -160,6 +164,7 @@ def reliable_task_handler(
     Options left as None take the RELIABLE_EXECUTOR defaults when a task is submitted; each
     is described in docs/handlers.md. ``max_concurrency`` caps the tasks of this name held at
     once across every worker, ``max_concurrency_per_key`` those of one ``concurrency_key``;
+    ``fairness="round_robin"`` takes the keys' due tasks in turn instead of the oldest first;
     ``rate_limit`` ("N/s", "N/m", "N/h") the starts in any such window, per ``rate_key``
     (docs/flow-control.md). ``unique_for`` makes every submit unique; ``debounce`` (with
     ``debounce_max_wait``) makes submits of one key join the task still waiting.
@@ -180,6 +185,7 @@ def reliable_task_handler(
         takes_context=takes_context,
         max_concurrency=max_concurrency,
         max_concurrency_per_key=max_concurrency_per_key,
+        fairness=fairness,
         debounce=debounce,
         debounce_max_wait=debounce_max_wait,
         unique_for=unique_for,
@@ -283,12 +289,21 @@ def key_limits() -> dict[str, int]:
     }
 
 
+def fair_names() -> frozenset[str]:
+    """The names of the registered handlers with ``fairness="round_robin"``."""
+    return frozenset(
+        name for name, handler in list(_handlers.items()) if handler.fairness is not None
+    )
+
+
 def _limited(handler: TaskHandler[Any]) -> bool:
-    """Whether the handler has a limit its tasks are claimed under one name at a time."""
+    """Whether the handler has a limit (or fairness) its tasks are claimed under one name at a
+    time."""
     return (
         handler.rate_limit is not None
         or handler.max_concurrency is not None
         or handler.max_concurrency_per_key is not None
+        or handler.fairness is not None
     )
 
 
@@ -335,7 +350,7 @@ def _forget_limited_homes() -> None:
 
 #: The registry's limited names, as the service builds its storage with them.
 FLOW_LIMITS = FlowLimits(
-    names=limited_names, keyed=lambda: key_limits().keys(), homes=limited_homes
+    names=limited_names, keyed=lambda: key_limits().keys(), homes=limited_homes, fair=fair_names
 )
 
 

@@ -20,6 +20,8 @@ class FlowLimits:
     names: Callable[[], Collection[str]] = frozenset
     keyed: Callable[[], Collection[str]] = frozenset
     homes: Callable[[], Mapping[str, str]] = dict
+    # fairness="round_robin": the storage numbers their tasks' rounds (core/fairness.py).
+    fair: Callable[[], Collection[str]] = frozenset
 
 
 #: No name limited: a storage built on its own (a tool, a test of the storage alone).

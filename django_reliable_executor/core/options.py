@@ -242,6 +242,13 @@ OPTIONS: dict[str, Option] = _table(
         None,
     ),
     Option(
+        "fairness",
+        lambda v: v is None or v == "round_robin",
+        "'round_robin' or None",
+        frozenset((DECORATOR,)),
+        None,
+    ),
+    Option(
         "rate_limit",
         _text_or_none,
         'None or "N/s", "N/m" or "N/h" (core/rate_limits.parse_rate_limit)',

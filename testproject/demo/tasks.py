@@ -255,6 +255,38 @@ def debounced(param: object, context: TaskContext) -> object:
     return param
 
 
+@reliable_task_handler(name="demo.fair", takes_context=True, fairness="round_robin")
+def fair(param: dict | None, context: TaskContext) -> None:
+    """Claims take its keys (concurrency_key, else rate_key) in turn (fairness): writes
+    "start" and "end" records with its tenant to the journal (RE_JOURNAL) around ``sleep``
+    seconds. The fairness proof (bench/fairness.py) reads which tenant ran when."""
+    param = param or {}
+    _journal("start", context, tenant=param.get("tenant"))
+    time.sleep(float(param.get("sleep", 0)))
+    _journal("end", context, tenant=param.get("tenant"))
+
+
+@reliable_task_handler(name="demo.unfair", takes_context=True)
+def unfair(param: dict | None, context: TaskContext) -> None:
+    """demo.fair without fairness: the oldest due task first (bench/fairness.py's baseline)."""
+    param = param or {}
+    _journal("start", context, tenant=param.get("tenant"))
+    time.sleep(float(param.get("sleep", 0)))
+    _journal("end", context, tenant=param.get("tenant"))
+
+
+@reliable_task_handler(
+    name="demo.fair_keyed", fairness="round_robin", max_concurrency_per_key=2, max_concurrency=4
+)
+def fair_keyed(param: dict | None = None) -> None:
+    """Fairness with a cap per concurrency_key (2) and on the name (4)."""
+
+
+@reliable_task_handler(name="demo.fair_rated", fairness="round_robin", rate_limit="1000/s")
+def fair_rated(param: dict | None = None) -> None:
+    """Fairness with a rate limit: its keys are the rate keys."""
+
+
 @reliable_task_handler(name="demo.journal", takes_context=True, retry_interval=50)
 def journal(param: dict | None, context: TaskContext) -> object:
     """Writes "start" and "end" records to the journal (RE_JOURNAL) around ``sleep`` seconds of

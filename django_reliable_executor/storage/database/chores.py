@@ -14,6 +14,7 @@ from ...core.retries import failure_outcome, timeout_message
 from ...core.states import TaskStatus
 from ...models import ReliableParkedKey, ReliableTask
 from .access import DatabaseAccess
+from .fair_rounds import forget_idle
 from .key_parking import is_parked_lane
 from .retry_counts import add_retries, purge_retry_counts
 from .rows import (
@@ -154,6 +155,9 @@ class Chores(DatabaseAccess):
             noted = ReliableParkedKey.objects.using(self.alias).filter(lane__in=chunk)
             known.update(noted.values_list("lane", flat=True))
         lanes = [lane for lane in lanes if lane not in known]
+        # fairness: the rounds of a name with no waiting task start again (fair_rounds.py).
+        parked_names = ReliableParkedKey.objects.using(self.alias).values_list("name", flat=True)
+        forget_idle(self.alias, {*lanes, *parked_names})
         for lane in lanes:
             if lane not in names:
                 changed += self._set_lane("''", "limited_name = %s", [lane], limit)

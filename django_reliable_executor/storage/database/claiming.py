@@ -73,10 +73,13 @@ class Claiming(DatabaseAccess):
             now + dt.timedelta(seconds=request.lease_seconds),
         )
         self.rate_free_at = None
-        probed = request.rate_limits or request.name_limits or request.key_limits
+        # fairness="round_robin" without a limit: a name claimed on its own too, from its
+        # range of the claim index, in round order (core/fairness.py).
+        fair = self._fair_only(request)
+        probed = request.rate_limits or request.name_limits or request.key_limits or fair
         # The names with tasks due, None standing for every other name (not probed: no
         # limited name, so only the others, claimed in one statement).
-        due: set[str | None] = self._rate_log.due_names(whole, request) if probed else {None}
+        due: set[str | None] = self._rate_log.due_names(whole, request, fair) if probed else {None}
         parts: list[Sequence[Claim]] = []
         if self.vendor == "sqlite" and due & request.rate_limits.keys():
             # SQLite: the rate-limited names far below their limits first, each without a
@@ -113,7 +116,8 @@ class Claiming(DatabaseAccess):
         parts = self._rate_log.claim_rate_limited(request, whole, due, joined=joined)
         taken = sum(map(len, parts))
         capped = dict.fromkeys([*request.name_limits, *request.key_limits])
-        for name in capped:
+        fair = self._fair_only(request)
+        for name in [*capped, *fair]:
             room = request.limit - taken
             if room <= 0:
                 break
@@ -121,7 +125,9 @@ class Claiming(DatabaseAccess):
                 continue  # claimed by claim_rate_limited (its cap included), or none due
             pick = dataclasses.replace(whole, limit=room, name=name)
             cap = request.name_limits.get(name)
-            if name in request.key_limits:
+            if name in fair:
+                claim = functools.partial(self._take, pick)
+            elif name in request.key_limits:
                 keyed = self._key_parking.claim
                 claim = functools.partial(keyed, pick, request.key_limits[name], cap, joined=joined)
             else:
@@ -131,10 +137,17 @@ class Claiming(DatabaseAccess):
             taken += len(parts[-1])
         left = request.limit - taken
         if left > 0 and None in due:
-            excluded = tuple(dict.fromkeys([*capped, *request.rate_limits]))
+            excluded = tuple(dict.fromkeys([*capped, *fair, *request.rate_limits]))
             pick = dataclasses.replace(whole, limit=left, excluded=excluded)
             parts.append(self._retrying(functools.partial(self._take, pick)))
         return parts
+
+    def _fair_only(self, request: ClaimRequest) -> list[str]:
+        """The names with fairness and no limit in ``request``, sorted: each is claimed from
+        its own range of the claim index (the limited names' claims order theirs by round
+        already)."""
+        limited = {*request.name_limits, *request.key_limits, *request.rate_limits}
+        return sorted(name for name in self.flow_limits.fair() if name not in limited)
 
     def _take(self, pick: Pick) -> list[Claim]:
         """Claim what ``pick`` chooses, the way this database does it best."""
@@ -227,7 +240,7 @@ class Claiming(DatabaseAccess):
             f"FROM {self._table}{hint} WHERE available = %s {lane_sql}"
             f"AND queue IN ({marks}) "
             f"AND run_at <= %s {names_sql}{self._not_paused_sql}"
-            "ORDER BY priority DESC, run_at ASC LIMIT %s"
+            "ORDER BY priority DESC, flow_round ASC, run_at ASC LIMIT %s"
         )
         params = [True, *lane, *pick.queues, self._dt(pick.now), *names, pick.limit]
         if examined is not None:

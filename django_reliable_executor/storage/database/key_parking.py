@@ -165,8 +165,9 @@ class KeyParking:
             f"UNION ALL SELECT 1, {quote('key')}, lane, queue, NULL FROM {parked_table} "
             "WHERE name = %s "
             "UNION ALL SELECT 2, concurrency_key, task_id, queue, "
-            "ROW_NUMBER() OVER (ORDER BY priority DESC, run_at ASC) FROM "
-            f"(SELECT task_id, concurrency_key, queue, priority, run_at {pick_sql}) AS c"
+            "ROW_NUMBER() OVER (ORDER BY priority DESC, flow_round ASC, run_at ASC) FROM "
+            "(SELECT task_id, concurrency_key, queue, priority, flow_round, run_at "
+            f"{pick_sql}) AS c"
         )
         name, now = pick.name, storage._dt(pick.now)
         cursor.execute(sql, [name, name, TaskStatus.TIMEOUT.value, False, now, name, *pick_params])
@@ -196,20 +197,20 @@ class KeyParking:
         if not lanes:
             return False
         found = self._first_parked(cursor, [(p.lane, p.queue, free[p.key]) for p in lanes])
-        by_key: dict[str, list[tuple[int, Any, str, str]]] = defaultdict(list)
+        by_key: dict[str, list[tuple[int, int, Any, str, str]]] = defaultdict(list)
         key_of = {p.lane: p.key for p in lanes}
-        for task_id, lane, priority, run_at in found:
-            by_key[key_of[lane]].append((-priority, run_at, task_id, lane))
+        for task_id, lane, priority, flow_round, run_at in found:
+            by_key[key_of[lane]].append((-priority, flow_round, run_at, task_id, lane))
         moved: list[str] = []
-        left = Counter(lane for _, lane, _, _ in found)  # found per lane, less those moved
+        left = Counter(lane for _, lane, _, _, _ in found)  # found per lane, less those moved
         for key, tasks in by_key.items():
-            for _, _, task_id, lane in sorted(tasks)[: free[key]]:
+            for _, _, _, task_id, lane in sorted(tasks)[: free[key]]:
                 moved.append(task_id)
                 left[lane] -= 1
         back = self._lane_of(dataclasses.replace(pick, ids=()))
         self._set_lane(cursor, moved, "" if back is None else back)
         asked = {p.lane: free[p.key] for p in lanes}
-        fetched = Counter(lane for _, lane, _, _ in found)
+        fetched = Counter(lane for _, lane, _, _, _ in found)
         # A range read through (fewer found than asked) and all of it moved is empty now.
         emptied = [lane for lane in asked if fetched[lane] < asked[lane] and not left[lane]]
         if emptied:
@@ -218,22 +219,24 @@ class KeyParking:
 
     def _first_parked(
         self, cursor: Any, wanted: list[tuple[str, str, int]]
-    ) -> list[tuple[str, str, int, Any]]:
-        """(task id, lane, priority, run at) of the first ``n`` waiting tasks of each parked
-        range ``(lane, queue, n)`` of ``wanted``, in the claim index's order (one queue per
-        range: no sort), a hundred ranges a read (a derived table each: SQLite takes no
-        parenthesised UNION member)."""
+    ) -> list[tuple[str, str, int, int, Any]]:
+        """(task id, lane, priority, flow round, run at) of the first ``n`` waiting tasks of
+        each parked range ``(lane, queue, n)`` of ``wanted``, in the claim index's order (one
+        queue per range: no sort), a hundred ranges a read (a derived table each: SQLite takes
+        no parenthesised UNION member)."""
         table = self.storage._table
         select = (
-            f"SELECT * FROM (SELECT task_id, limited_name, priority, run_at FROM {table} "
-            "WHERE available = %s AND limited_name = %s AND queue = %s "
-            "ORDER BY priority DESC, run_at ASC LIMIT %s) AS p"
+            "SELECT * FROM (SELECT task_id, limited_name, priority, flow_round, run_at "
+            f"FROM {table} WHERE available = %s AND limited_name = %s AND queue = %s "
+            "ORDER BY priority DESC, flow_round ASC, run_at ASC LIMIT %s) AS p"
         )
-        found: list[tuple[str, str, int, Any]] = []
+        found: list[tuple[str, str, int, int, Any]] = []
         for lanes in chunks(wanted, 100):
             params = [v for lane, queue, n in lanes for v in (True, lane, queue, n)]
             cursor.execute(" UNION ALL ".join([select] * len(lanes)), params)
-            found += [(str(t), str(lane), int(p), at) for t, lane, p, at in cursor.fetchall()]
+            found += [
+                (str(t), str(lane), int(p), int(r), at) for t, lane, p, r, at in cursor.fetchall()
+            ]
         return found
 
     def _choose(

@@ -122,8 +122,11 @@ class RateLog:
             taken += len(claims[-1])
         return claims
 
-    def due_names(self, pick: Pick, request: ClaimRequest) -> set[str | None]:
-        """The rate-limited and capped names of ``request`` with a task due in the pick's
+    def due_names(
+        self, pick: Pick, request: ClaimRequest, fair: Sequence[str] = ()
+    ) -> set[str | None]:
+        """The rate-limited and capped names of ``request`` (and the ``fair`` names: see
+        Claiming._fair_only) with a task due in the pick's
         queues, and None when a task of any other name is due, found by one read before any
         lock: when nothing of them is due (the common case of an idle name) the claim takes
         no lock, and a round pays one round trip for all of them, not one per name; when no
@@ -139,7 +142,7 @@ class RateLog:
         On SQLite the same read returns the tasks a name far below its limit would take
         (rate_reserve.py's candidates, kept in ``candidates``): one statement fewer."""
         names = list(
-            dict.fromkeys([*request.rate_limits, *request.name_limits, *request.key_limits])
+            dict.fromkeys([*request.rate_limits, *request.name_limits, *request.key_limits, *fair])
         )
         known_full: dict[str, dict[str, float]] = {}
         selects, params = [], []
@@ -384,7 +387,7 @@ class RateLog:
         lock = " FOR UPDATE SKIP LOCKED" if self.storage.vendor != "sqlite" else ""
         cursor.execute(
             f"SELECT task_id, COALESCE(rate_key, '') {due_sql} "
-            f"ORDER BY priority DESC, run_at ASC LIMIT %s{lock}",
+            f"ORDER BY priority DESC, flow_round ASC, run_at ASC LIMIT %s{lock}",
             [*params, limit * CANDIDATES_PER_CLAIM],
         )
         chosen: dict[str, str] = {}

@@ -15,6 +15,7 @@ from ...core.serialization import dumps
 from ...exceptions import ParameterTooLargeError, TaskSubmitConflictError
 from ...models import ReliableTask
 from .access import DatabaseAccess
+from .fair_rounds import FairRounds
 from .rows import (
     chunks,
     to_info,
@@ -150,15 +151,35 @@ class Submitting(DatabaseAccess):
                 field="task_parameter",
             )
 
-        for span in self._spans(texts, refuse):
-            self._insert_rows(tasks[span], texts[span])
+        fair = self.flow_limits.fair()
+        if fair and any(task.task_name in fair for task in tasks):
+            # fairness="round_robin": the rounds numbered with the insert, all or nothing.
+            with transaction.atomic(using=self.alias):
+                rounds = self._fair_rounds.number(tasks)
+                for span in self._spans(texts, refuse):
+                    self._insert_rows(tasks[span], texts[span], rounds[span])
+        else:
+            for span in self._spans(texts, refuse):
+                self._insert_rows(tasks[span], texts[span])
         if self.vendor != "postgresql" and any(t.run_at <= t.created_at for t in tasks):
             # Idle workers learn of it once committed (on PostgreSQL the INSERT notifies).
             transaction.on_commit(self._wakeups.committed, using=self.alias)
 
-    def _insert_rows(self, tasks: Sequence[NewTask], texts: Sequence[str | None]) -> None:
-        """One multi-row INSERT. Hand-written: preparing 24 model fields per row through
-        bulk_create cost several times the database's own work."""
+    @functools.cached_property
+    def _fair_rounds(self) -> FairRounds:
+        return FairRounds(self)
+
+    def _insert_rows(
+        self,
+        tasks: Sequence[NewTask],
+        texts: Sequence[str | None],
+        rounds: Sequence[int] | None = None,
+    ) -> None:
+        """One multi-row INSERT (``rounds``: each task's flow_round, else 0). Hand-written:
+        preparing 24 model fields per row through bulk_create cost several times the
+        database's own work."""
+        if rounds is None:
+            rounds = [0] * len(tasks)
         when = Adapted(self._dt)  # a batch shares created_at, and mostly run_at
         limited = self.flow_limits.names()
         rows = [
@@ -182,8 +203,9 @@ class Submitting(DatabaseAccess):
                 task.task_name if task.task_name in limited else "",
                 task.attempt_timeout,
                 task.concurrency_key,
+                flow_round,
             )
-            for task, text in zip(tasks, texts, strict=True)
+            for task, text, flow_round in zip(tasks, texts, rounds, strict=True)
         ]
         postgresql = self.vendor == "postgresql"
         if postgresql and len(rows) > 1:
@@ -193,7 +215,7 @@ class Submitting(DatabaseAccess):
         parameter_sql = "CAST(%s AS jsonb)" if postgresql else "%s"
         values = (
             f"(%s, %s, 'CREATED', %s, %s, {parameter_sql}, 0, 0, %s, %s, %s, %s, %s, %s, %s, "
-            f"FALSE, TRUE, 0, %s, {parameter_sql}, %s, %s, %s, %s, %s)"
+            f"FALSE, TRUE, 0, %s, {parameter_sql}, %s, %s, %s, %s, %s, %s)"
         )
         params = list(itertools.chain.from_iterable(rows))
         sql = self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}"
@@ -218,15 +240,16 @@ class Submitting(DatabaseAccess):
             self._insert_sql() + "SELECT t.id, t.name, 'CREATED', t.queue, t.priority, "
             "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
             "t.created, t.run_at, t.deadline, FALSE, TRUE, 0, t.rate_key, t.trace_context, "
-            "t.batch_id, t.batch_generation, t.limited_name, t.attempt_timeout, t.ckey "
+            "t.batch_id, t.batch_generation, t.limited_name, t.attempt_timeout, t.ckey, "
+            "t.flow_round "
             "FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], "
             "%s::int[], %s::bigint[], "
             "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
             "%s::timestamptz[], %s::varchar[], %s::jsonb[], %s::varchar[], %s::varchar[], "
-            "%s::varchar[], %s::float8[], %s::varchar[]) "
+            "%s::varchar[], %s::float8[], %s::varchar[], %s::bigint[]) "
             "AS t(id, name, queue, priority, parameter, retry_limit, retry_interval, backoff, "
             "max_duration, created, run_at, deadline, rate_key, trace_context, batch_id, "
-            "batch_generation, limited_name, attempt_timeout, ckey)"
+            "batch_generation, limited_name, attempt_timeout, ckey, flow_round)"
         )
         self._execute(f"WITH inserted AS ({insert}) {notify}" if notify else insert, columns)
 
@@ -236,7 +259,7 @@ class Submitting(DatabaseAccess):
             "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
             "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
             "lease_token, rate_key, trace_context, batch_id, batch_generation, limited_name, "
-            "attempt_timeout, concurrency_key) "
+            "attempt_timeout, concurrency_key, flow_round) "
         )
 
     def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:

@@ -24,6 +24,19 @@ def test_the_concurrency_key_is_stored_and_answered(service, operator):
     assert task.concurrency_key == "customer:42"
 
 
+def test_submits_of_a_fair_name_are_claimed_in_turn(service, operator):
+    """demo.fair (fairness="round_robin") through the API: A's three, then B's one; B's
+    task shares A's first round."""
+    for key in ("A", "A", "A", "B"):
+        body = json.dumps(
+            {"task_name": "demo.fair", "task_parameter": {"tenant": key}, "concurrency_key": key}
+        )
+        response = operator.post(API, body.encode(), content_type="application/json")
+        assert response.status_code == 201, response.content
+    claims = [c for i in range(4) for c in service.storage.claim(f"w{i}", ["default"], 1, 60)]
+    assert [c.task.parameter["tenant"] for c in claims] == ["A", "B", "A", "A"]
+
+
 def test_a_debounced_submit_joins_the_waiting_task(service, operator):
     first = post(operator, task_parameter=1, debounce=30, unique_key="doc:1")
     assert first.status_code == 201, first.content
@@ -51,6 +64,7 @@ def test_a_debounced_submit_joins_the_waiting_task(service, operator):
         ({"debounce": 10, "debounce_max_wait": 1}, "debounce_max_wait"),
         ({"debounce": 10, "unique_for": 60}, "unique_for"),
         ({"debounce": 10, "delay_millis": 100}, "delay_millis"),
+        ({"fairness": "round_robin"}, "fairness"),  # the handler's, not a submit's
     ],
 )
 def test_a_bad_flow_control_field_is_400_and_stores_nothing(service, operator, fields, field):
