@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import string
 import sys
 import tempfile
@@ -115,6 +116,8 @@ def scenario(
                 worker.check_alive()
         finally:
             worker.stop()
+        if args.journal_dir:
+            shutil.copy(journal, Path(args.journal_dir) / f"fairness-{args.storage}-{name}.jsonl")
         return report(args, name, records(journal), submitted, time.time())
 
 
@@ -178,6 +181,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--busy", type=float, default=0.95, help="the slots' busy target")
     parser.add_argument("--observe", type=float, default=60.0, help="longest run, seconds")
     parser.add_argument("--scenarios", default="fair,unfair")
+    parser.add_argument("--journal-dir", help="keep each scenario's journal there")
     args = parser.parse_args(argv)
     args.poll_interval = None
     args.conn_max_age = None

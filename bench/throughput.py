@@ -213,13 +213,23 @@ class DatabaseStore(Store):
     def _tables(self) -> list[str]:
         from django_reliable_executor.models import (
             ReliableDependency,
+            ReliableFairKey,
             ReliableLock,
+            ReliableParkedKey,
             ReliableSchedule,
             ReliableTask,
             ReliableWorker,
         )
 
-        models = (ReliableTask, ReliableWorker, ReliableLock, ReliableSchedule, ReliableDependency)
+        models = (
+            ReliableTask,
+            ReliableWorker,
+            ReliableLock,
+            ReliableSchedule,
+            ReliableDependency,
+            ReliableFairKey,
+            ReliableParkedKey,
+        )
         return [m._meta.db_table for m in models]
 
     def clear(self) -> None:

@@ -10,7 +10,7 @@ tasks), so a key that was idle joins the round being served instead of jumping a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 ROUND_ROBIN = "round_robin"
 
@@ -36,3 +36,23 @@ def number_rounds(
         rounds.append(start)
         nexts[key] = start + 1
     return rounds, nexts
+
+
+class FairRoom:
+    """What one claim may still take of the fair names (``ClaimRequest.fair_limit``: a
+    worker's threads free to start them now; None: no bound), as the claim goes name by
+    name."""
+
+    def __init__(self, limit: int | None, fair: Collection[str]) -> None:
+        self._left = limit
+        self._fair = fair
+
+    def of(self, name: str, room: int) -> int:
+        """``room``, no more than what is left for a fair name."""
+        if self._left is None or name not in self._fair:
+            return room
+        return min(room, self._left)
+
+    def took(self, name: str, count: int) -> None:
+        if self._left is not None and name in self._fair:
+            self._left -= count

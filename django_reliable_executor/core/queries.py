@@ -19,7 +19,10 @@ class ClaimRequest:
     name in ``name_limits`` (``{task_name: cap}``) than its cap; up to ``start`` of them
     started at once where the storage can. Of a name in ``rate_limits``, no more claimed
     than its limit allows (see ``TaskStorage.claim``). Of a name in ``key_limits``
-    (``{task_name: cap}``), never more held at once per ``concurrency_key`` than its cap."""
+    (``{task_name: cap}``), never more held at once per ``concurrency_key`` than its cap. Of
+    the names with ``fairness`` (the storage's ``flow_limits.fair()``), at most ``fair_limit``
+    in all (None: no bound): a worker takes them only for threads free to start them, so they
+    never wait in its local queue while their name's turns move on."""
 
     worker_id: str
     queues: tuple[str, ...]
@@ -29,6 +32,7 @@ class ClaimRequest:
     start: int = 0
     rate_limits: Mapping[str, RateLimit] = dataclasses.field(default_factory=dict)
     key_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    fair_limit: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

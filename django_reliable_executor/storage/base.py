@@ -142,6 +142,7 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage, Flow
         start: int = 0,
         rate_limits: Mapping[str, RateLimit] | None = None,
         key_limits: Mapping[str, int] | None = None,
+        fair_limit: int | None = None,
     ) -> list[Claim]:
         """Take up to ``limit`` due tasks, highest priority first then oldest, under a lease.
         A claimed task keeps its CREATED/PENDING status until ``start``. Never blocks on rows
@@ -169,9 +170,22 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage, Flow
         ``key_limits`` (``{task_name: cap}``, each cap >= 1) caps, as ``name_limits`` does,
         the tasks of a name held at once per ``concurrency_key``, each key on its own (tasks
         without a key are capped by ``name_limits`` alone). A task over its key's cap stays
-        waiting, and the claim does not read past it again while the key is full."""
+        waiting, and the claim does not read past it again while the key is full.
+
+        ``fair_limit``: of the names with ``fairness="round_robin"`` (``flow_limits.fair()``),
+        take at most that many in all (None: no bound). A worker passes its idle threads: a
+        fair name's tasks claimed ahead into its local queue would run in claim order while
+        the name's turns move on."""
         request = claim_request(
-            worker_id, queues, limit, lease_seconds, name_limits, start, rate_limits, key_limits
+            worker_id,
+            queues,
+            limit,
+            lease_seconds,
+            name_limits,
+            start,
+            rate_limits,
+            key_limits,
+            fair_limit,
         )
         return [] if request is None else self._claim(request)
 

@@ -20,6 +20,7 @@ def claim_request(
     start: int,
     rate_limits: Mapping[str, RateLimit] | None,
     key_limits: Mapping[str, int] | None = None,
+    fair_limit: int | None = None,
 ) -> ClaimRequest | None:
     """What ``TaskStorage.claim`` asks its backend's ``_claim``; None when it can take
     nothing (no queue, or a limit below 1)."""
@@ -34,6 +35,7 @@ def claim_request(
         max(start, 0),
         dict(rate_limits or {}),
         dict(key_limits or {}),
+        None if fair_limit is None else max(fair_limit, 0),
     )
 
 

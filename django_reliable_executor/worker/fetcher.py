@@ -70,6 +70,10 @@ class Fetcher:
         self.rate_limits = registry.rate_limits()
         # max_concurrency_per_key of the registered handlers: enforced as name_limits is.
         self.key_limits = registry.key_limits()
+        # fairness="round_robin" of the registered handlers: their tasks are claimed only for
+        # threads free to start them, so the storage's turns are the order they run in (a
+        # backlog claimed ahead into the local queue would run before a later key's turn).
+        self.fair_names = registry.fair_names()
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT
         # Whether every call of the last claim took fewer than it asked (see run).
@@ -91,7 +95,9 @@ class Fetcher:
             budget = min(slots, CLAIM_BATCH)
             calls = self.allowances(budget)
             claimable = [queue for queues, n in calls if n > 0 for queue in queues]
-            full = any(n <= 0 for _, n in calls)
+            # With fair names, a thread freed here may let the next turn be claimed: wait for
+            # it as for a limited queue's slot (the pool wakes us when a fair claim leaves).
+            full = any(n <= 0 for _, n in calls) or bool(self.fair_names)
             if not claimable:
                 self.pool.wait_for_change(version, self.poll_interval)
                 continue
@@ -154,7 +160,9 @@ class Fetcher:
         # Claims that idle threads will run at once are started by the claim itself (where the
         # storage can): one round trip less, and a submitted task starts that much sooner.
         # Not under --pool process: there a start waits until a child is ready (process_pool.py).
-        start = self.pool.idle_threads() if self.start_at_claim else 0
+        idle = self.pool.idle_threads()
+        start = idle if self.start_at_claim else 0
+        fair_left = idle if self.fair_names else None
         self._drained = True
         try:
             for queues, allowed in calls:
@@ -169,8 +177,11 @@ class Fetcher:
                         start=start,
                         rate_limits=self.rate_limits or None,
                         key_limits=self.key_limits or None,
+                        fair_limit=fair_left,
                     )
                     start -= self.runner.claimed(taken)
+                    if fair_left is not None:
+                        fair_left -= sum(c.task.task_name in self.fair_names for c in taken)
                     claims += taken
                     self._drained = self._drained and len(taken) < n
             self.last_poll_at = time.time()

@@ -25,7 +25,7 @@ import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from django.db import connections
 
@@ -64,6 +64,7 @@ class BoundedPool(EventLoopSide):
         name: str = "reliable-executor",
         queue_limits: Mapping[str, int] | None = None,
         on_freed: Callable[[], object] | None = None,
+        fair_names: Collection[str] = (),
         async_capacity: int = 0,
         run_async: RunAsync | None = None,
         is_async: Callable[[Claim], bool] | None = None,
@@ -75,6 +76,7 @@ class BoundedPool(EventLoopSide):
             queue_capacity=queue_capacity,
             queue_limits=queue_limits,
             on_freed=on_freed,
+            fair_names=fair_names,
             async_capacity=async_capacity,
             run_async=run_async,
             is_async=is_async,
@@ -353,10 +355,13 @@ class BoundedPool(EventLoopSide):
 
     def _done(self, claim: Claim) -> bool:
         """A thread ran ``claim`` (lock held): count it gone and wake the fetcher if it waits
-        for room or idleness. True when a limited queue got room (see ``_release``)."""
+        for room or idleness. True when a limited queue got room, or a fair name's claim left
+        (see ``_release``)."""
         task = claim.task
         self._running.pop(task.task_id, None)
-        if self.queue_limits and task.queue in self.queue_limits:  # _release([claim]) inline
+        if (self.queue_limits and task.queue in self.queue_limits) or (
+            self.fair_names and task.task_name in self.fair_names
+        ):  # _release([claim]) inline
             self.version += 1
             self._changed.notify_all()
             return True

@@ -11,7 +11,7 @@ import operator
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from ..core.records import Claim
 
@@ -35,6 +35,7 @@ class PoolState:
         queue_capacity: int,
         queue_limits: Mapping[str, int] | None,
         on_freed: Callable[[], object] | None,
+        fair_names: Collection[str] = (),
         async_capacity: int,
         run_async: RunAsync | None,
         is_async: Callable[[Claim], bool] | None,
@@ -44,6 +45,9 @@ class PoolState:
         # Per-queue limits (absent: unlimited). The fetcher claims no more of a queue than its
         # limit minus what is held of it here (counted when it asks, not at every task).
         self.queue_limits = dict(queue_limits or {})
+        # The names with fairness: claimed only for idle threads (fetcher.py), so one of them
+        # leaving frees a thread the fetcher may be waiting for, as a limited queue's slot.
+        self.fair_names = frozenset(fair_names)
         # Bumped whenever a claim of a limited queue leaves the pool; on_freed then runs
         # (outside the lock) so a fetcher blocked elsewhere can be woken.
         self.version = 0
@@ -73,8 +77,10 @@ class PoolState:
     def _release(self, claims: list[Claim]) -> bool:
         """Claims left the pool (lock held); True when one of a limited queue did, which gave
         it room (the fetcher's waits on ``_changed`` are then woken)."""
-        limits = self.queue_limits
-        freed = bool(limits) and any(queue in limits for queue in map(_QUEUE, claims))
+        limits, fair = self.queue_limits, self.fair_names
+        freed = (bool(limits) and any(queue in limits for queue in map(_QUEUE, claims))) or (
+            bool(fair) and any(claim.task.task_name in fair for claim in claims)
+        )
         if freed:
             self.version += 1
             self._changed.notify_all()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from django.db import close_old_connections
 
+from .. import registry
 from ..connections import drop_unusable_connections
 from ..exceptions import StorageUnavailableError
 from ..master.loop import MasterLoop
@@ -173,6 +174,7 @@ class Worker:
             queue_limits=options.queue_limits,
             # A slot of a limited queue freed: the fetcher (built below) may be waiting for it.
             on_freed=lambda: self.fetcher.on_freed(),
+            fair_names=registry.fair_names(),
             async_capacity=options.async_concurrency,
             run_async=self.event_loop.run if self.event_loop is not None else None,
             is_async=self.runner.is_async,

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ...core.clock import Clock
+from ...core.flow_limits import FlowLimits
 from ...core.records import Claim
 from .rows import Pick
 
@@ -26,6 +27,7 @@ class ClaimStatements(Protocol):
 
     alias: str
     clock: Clock
+    flow_limits: FlowLimits
     rate_free_at: float | None
 
     @property

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 
+from ...core.fairness import FairRoom
 from ...core.queries import ClaimRequest
 from ...core.records import Claim, copy_with
 from ...core.states import TaskStatus
@@ -113,16 +114,17 @@ class Claiming(DatabaseAccess):
         """The claims of a round, a sequence per statement: the rate-limited and capped names
         ``RateLog.due_names`` found due, then, when it found them due (None), the rest in one
         statement; ``joined``: all in the caller's transaction."""
-        parts = self._rate_log.claim_rate_limited(request, whole, due, joined=joined)
+        fair_room = FairRoom(request.fair_limit, frozenset(self.flow_limits.fair()))
+        parts = self._rate_log.claim_rate_limited(request, whole, due, fair_room, joined=joined)
         taken = sum(map(len, parts))
         capped = dict.fromkeys([*request.name_limits, *request.key_limits])
         fair = self._fair_only(request)
         for name in [*capped, *fair]:
-            room = request.limit - taken
-            if room <= 0:
+            if request.limit - taken <= 0:
                 break
-            if name in request.rate_limits or name not in due:
-                continue  # claimed by claim_rate_limited (its cap included), or none due
+            room = fair_room.of(name, request.limit - taken)
+            if room <= 0 or name in request.rate_limits or name not in due:
+                continue  # no thread free for it; claimed by claim_rate_limited; none due
             pick = dataclasses.replace(whole, limit=room, name=name)
             cap = request.name_limits.get(name)
             if name in fair:
@@ -135,6 +137,7 @@ class Claiming(DatabaseAccess):
                 claim = functools.partial(self._claim_capped, pick, cap, joined=joined)
             parts.append(self._retrying(claim))
             taken += len(parts[-1])
+            fair_room.took(name, len(parts[-1]))
         left = request.limit - taken
         if left > 0 and None in due:
             excluded = tuple(dict.fromkeys([*capped, *fair, *request.rate_limits]))

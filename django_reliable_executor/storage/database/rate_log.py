@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 from django.db import connections, transaction
 
+from ...core.fairness import FairRoom
 from ...core.queries import ClaimRequest
 from ...core.rate_limits import RateLimit
 from ...core.records import Claim, copy_with
@@ -101,25 +102,27 @@ class RateLog:
         request: ClaimRequest,
         whole: Pick,
         due: Collection[str | None],
+        fair_room: FairRoom,
         *,
         joined: bool = False,
     ) -> list[Sequence[Claim]]:
         """Claims of the rate-limited names of ``request`` that ``due_names`` found due, each
-        name within its limit (and its cap), a sequence per name; ``joined``: in the caller's
-        transaction."""
+        name within its limit (and its cap, and for a fair name ``fair_room``), a sequence per
+        name; ``joined``: in the caller's transaction."""
         claims: list[Sequence[Claim]] = []
         taken = 0
         for name, rate in request.rate_limits.items():
-            budget = request.limit - taken
-            if budget <= 0:
+            if request.limit - taken <= 0:
                 break
-            if name not in due:
+            budget = fair_room.of(name, request.limit - taken)
+            if budget <= 0 or name not in due:
                 continue
             pick = dataclasses.replace(whole, limit=budget, name=name)
             caps = (request.name_limits.get(name), request.key_limits.get(name))
             claim = functools.partial(self._claim_rated, pick, rate, caps, joined=joined)
             claims.append(self.storage._retrying(claim))
             taken += len(claims[-1])
+            fair_room.took(name, len(claims[-1]))
         return claims
 
     def due_names(
@@ -200,6 +203,8 @@ class RateLog:
             and name not in request.name_limits
             and name not in request.key_limits
             and self.far_below.get(name, True)
+            # fairness: the claim of the name counts what its worker can start (FairRoom)
+            and name not in self.storage.flow_limits.fair()
             and not any(t > now for t in self.full_keys(name).values())
         )
         if reserving:

@@ -26,8 +26,8 @@ def claim_reserving(
     """SQLite: the claims of the rate-limited names of ``request`` found due that are far
     below their limits, each by ``_reserve_and_take`` (no transaction), a sequence per
     name; and ``due`` less those names, for the round's transaction. A capped name (by
-    max_concurrency or max_concurrency_per_key), and a name whose last claim here was not
-    far below its limit, is left to the transaction."""
+    max_concurrency or max_concurrency_per_key), a fair one, and a name whose last claim here
+    was not far below its limit, is left to the transaction."""
     parts: list[Sequence[Claim]] = []
     left = request.limit
     due = set(due)
@@ -36,7 +36,9 @@ def claim_reserving(
         if left <= 0:
             break
         capped = name in request.name_limits or name in request.key_limits
-        if name not in due or capped or not far_below.get(name, True):
+        # A fair name: its claim counts what its worker can start (core/fairness.FairRoom).
+        fair = name in log.storage.flow_limits.fair()
+        if name not in due or capped or fair or not far_below.get(name, True):
             continue
         pick = dataclasses.replace(whole, limit=left, name=name)
         claims = _reserve_and_take(log, pick, rate)

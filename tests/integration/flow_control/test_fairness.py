@@ -268,3 +268,28 @@ def test_many_keys_each_get_a_turn_before_any_second(executor, storage, clock):
     # round 0 of big went first (before the others existed); every small tenant is served
     # twice within the first 42 claims, big at most once a round
     assert all(order.count(f"t{key}") == 2 for key in range(20))
+
+
+def test_fair_limit_bounds_the_fair_names_only(executor, storage, clock):
+    """A worker claims a fair name's tasks only for its idle threads (fair_limit): the rest
+    stay in the storage, in their turns; other names fill the claim as before."""
+    submit(executor, clock, "A", 6)
+    plain = [executor.submit("demo.noop", None).task_id for _ in range(3)]
+    claims = storage.claim("w1", ["default"], 10, LEASE, fair_limit=2)
+    assert [c.task.task_name for c in claims].count(FAIR) == 2
+    assert {c.task_id for c in claims} >= set(plain)
+    assert storage.claim("w2", ["default"], 10, LEASE, fair_limit=0) == []
+    assert len(storage.claim("w3", ["default"], 10, LEASE)) == 4
+
+
+def test_fair_limit_holds_with_caps_and_rates(executor, storage, clock):
+    submit(executor, clock, "A", 4, name=FAIR_KEYED)
+    for _ in range(4):
+        executor.submit(FAIR_RATED, {"tenant": "R"}, rate_key="R")
+    limits = {
+        "key_limits": {FAIR_KEYED: 2},
+        "name_limits": {FAIR_KEYED: 4},
+        "rate_limits": {FAIR_RATED: parse_rate_limit("1000/s")},
+    }
+    assert len(storage.claim("w1", ["default"], 10, LEASE, fair_limit=1, **limits)) == 1
+    assert len(storage.claim("w2", ["default"], 10, LEASE, fair_limit=3, **limits)) == 3
