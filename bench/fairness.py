@@ -24,7 +24,9 @@ Checked, per scenario, from the journal:
 
 The baseline runs for as long as the fair scenario took (at least ``--observe``) and counts the
 small tenants' tasks that started meanwhile: without fairness they wait behind A's backlog,
-``--big`` tasks of ``--sleep`` s at ``--slots`` at a time (printed as ``backlog_ahead_s``).
+``--big`` tasks of ``--sleep`` s at ``--slots`` at a time (printed as ``backlog_ahead_s``; and,
+when some have not started, ``projected_small_last_start_s``: when the last one would, at the
+rate the slots ran).
 Prints one JSON line per scenario; exits 1 when a check of the fair scenario fails.
 """
 
@@ -157,6 +159,11 @@ def report(
         "busy": round(busy, 4),
         "backlog_ahead_s": round(args.big * args.sleep / args.slots, 1),
     }
+    if name != "fair" and started_small < args.tenants * args.each and starts:
+        # Oldest first: the small tenants' last task starts once everything before it has,
+        # at the rate the slots ran here.
+        rate = len(starts) / window
+        result["projected_small_last_start_s"] = round((args.big + args.tenants * args.each) / rate)
     if name == "fair":
         worst = [v for v in late.values() if v is not None]
         checks = {

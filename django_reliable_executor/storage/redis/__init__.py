@@ -5,8 +5,8 @@ lives in one hash slot and a script may touch any of them. Times are microsecond
 epoch, written as decimal strings. With REDIS_SHARDS = N > 1 each shard has its own ``P``
 (``{KEY_PREFIX:shard-<i>-of-<N>:<salt>}:``, sharding.py) holding the keys below of the tasks of
 its queues (a queue's shard: sharding.shard_of) and of the task names whose own queue it holds
-that have a rate_limit or a max_concurrency (their home shard, whatever queue a task of them is
-submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home shard>
+that have a rate_limit, a max_concurrency or fairness (their home shard, whatever queue a task of
+them is submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home shard>
 <reserved at>" for a task id whose own shard (sharding.directory_of) is not its queue's
 (id_reserve.lua); a schedule's keys are on its queue's shard; what belongs to no queue
 (locks, workers, batches) is on shard 0.
@@ -31,7 +31,9 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            jd "1" while a debounced task a submit joined when it waited due
                            already stays in its ready list or parked set with its run at
                            ahead (lua/_common.lua join_debounced; the claim that pops it
-                           schedules it). Fields without a value are absent.
+                           schedules it), fr the round of a task of a name with
+                           fairness="round_robin" (numbered when stored, kept for life).
+                           Fields without a value are absent.
 ``P steps:<id>``            HASH of the durable steps of task <id> (context.step): step name ->
                            "<order> <finished at> <result JSON>", order from the task's
                            ``sn``. On the task's shard; deleted when <id> is purged, from a
@@ -53,6 +55,21 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
 ``P ready:<queue>:<prio>`` LIST of task ids ready to run, oldest first (FIFO within a priority).
 ``P prio:<queue>``         ZSET of the priorities that have a non-empty ready list (claims take
                            the highest first).
+``P fready:<len>:<name>:<queue>:<prio>`` ZSET of the ready tasks of a name with
+                           fairness="round_robin" (instead of the ready list), scored by round
+                           (`fr`), each as "<run at, zero-padded to 20 digits>:<id>": claims take
+                           them in round order, one task of each key before the second of any, the
+                           oldest first within a round (codec.fair_member). <len> is the name's
+                           length in bytes (names may hold ':'). ``P fnames:<queue>:<prio>`` SET of
+                           the names with a non-empty one, ``P fprio:<queue>`` ZSET of the
+                           priorities with some (where claims find them), ``P fsets:<name>`` SET of
+                           the name's non-empty ones as "<prio>:<queue>" (where a submit finds the
+                           round the name is at).
+``P fround:<name>``        ZSET of the keys of a fair name (core/fairness.fair_key) scored by
+                           the round each one's next task gets at the earliest (lua/_common.lua
+                           fair_round). A submit drops the entries at or below the lowest
+                           round of the name's due tasks (all but the highest once none is due),
+                           so it holds about the keys with work due, and one entry once idle.
 ``P sched:<queue>``        ZSET of waiting tasks not due yet (delayed, retrying after a
                            backoff, or in a durable wait), scored by run at. Claims and
                            submits promote due ones.
@@ -79,7 +96,8 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            (the lease and unlease helpers of _common.lua); a name at 0 is
                            removed. Claims compare it with the name's max_concurrency.
 ``P parked:<name>:<prio>`` ZSET of due tasks of a capped name that a claim found at its cap,
-                           scored by run at: waiting, out of the ready lists' way. Claims take
+                           scored by run at (a fair name's by round): waiting, out of the ready
+                           lists' way. Claims take
                            them from here, in order with the ready lists, while the name has a
                            free slot; a slot freed (unlease), or the promote chore while nothing
                            of the name is held, wakes the queue of the next one.
@@ -89,12 +107,13 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
                            the leases, kept as ``held`` is (a key at 0 removed). Claims compare
                            it with the name's max_concurrency_per_key.
 ``P kparked:<bucket>:<prio>`` ZSET of due tasks whose key a claim found at its cap, scored by
-                           run at; the bucket is ``<length of name in bytes>:<name>:<key>``
-                           (codec.key_bucket). No claim reads them: a slot of the key freed
-                           (unlease), a task of the key taken while the key has room left, or a
-                           keyed task gone from its waiting place (unqueue) moves the key's first
-                           one (highest priority, then earliest) to the name's parked set; a
-                           claim that does not cap the name by key moves them all there.
+                           run at (a fair name's by round); the bucket is ``<length of name
+                           in bytes>:<name>:<key>`` (codec.key_bucket). No claim reads them: a
+                           slot of the key freed (unlease), a task of the key taken while the
+                           key has room left, or a keyed task gone from its waiting place
+                           (unqueue) moves the key's first one (highest priority, then
+                           earliest) to the name's parked set; a claim that does not cap the
+                           name by key moves them all there.
 ``P kparkprio:<bucket>``   ZSET of the priorities that have a non-empty kparked set of the bucket.
 ``P kparkkeys:<name>``     SET of the keys of the name that have tasks parked by key.
 ``P kparked``              SET of the task names that have tasks parked by key.
@@ -145,11 +164,11 @@ submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<home sha
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.
 
-A waiting task is in exactly one of a ready list, its queue's schedule, a parked set (of its
-name and priority), a kparked set (of its name, key and priority) or (claimed) the leases; a
-running task is in the leases; a terminal one in the finished index and its done index (and,
-timed out while running, in the leases until its holder's lease ends). ``held`` equals the
-leased tasks of each name, ``heldkey:<name>`` those of each of its keys.
+A waiting task is in exactly one of a ready list (a fair name's: its fair set), its queue's
+schedule, a parked set (of its name and priority), a kparked set (of its name, key and priority)
+or (claimed) the leases; a running task is in the leases; a terminal one in the finished index
+and its done index (and, timed out while running, in the leases until its holder's lease ends).
+``held`` equals the leased tasks of each name, ``heldkey:<name>`` those of each of its keys.
 Each script in storage/redis/lua/ is a compare-and-set on the status (and the claim's token) it
 expects, so a lost race changes nothing. Nothing read back is ever unpickled: parameters and
 results are JSON.
@@ -201,9 +220,9 @@ class RedisStorage(
 
     RedisAccess provides the client and key prefix (``client``, ``p``, ``_tkey``), running a
     Lua script (``_run``), ``get`` (every part reads a task back with it), reading tasks and
-    indexes in bulk (``_read_many``, ``_due_ids``, ``_queues``), the server checks and
-    ``guarded``, which turns a lost connection into StorageUnavailableError. codec.py
-    converts hashes to records and back."""
+    indexes in bulk (``_read_many``, ``_due_ids``, ``_queues``, ``_fair_sets``), the server
+    checks and ``guarded``, which turns a lost connection into StorageUnavailableError.
+    codec.py converts hashes to records and back."""
 
     #: Idle workers may block in wait_for_work instead of sleeping.
     blocking_wait = True

@@ -22,7 +22,7 @@ from ...core.records import StepInfo, TaskInfo, copy_with
 from ...core.states import LIVE_STATUSES, WAITING_STATUSES
 from ...exceptions import StorageUnavailableError
 from ..base import TaskStorage
-from .codec import micros, step_infos, text, to_info
+from .codec import fair_set_key, micros, step_infos, text, to_info
 from .layout import layout_problem
 from .outbox import DELIVERY_CHUNK, deliver
 from .scripts import Scripts
@@ -380,6 +380,30 @@ class RedisAccess(TaskStorage):
                 if values:
                     found[one] = {text(k): text(v) for k, v in values.items()}
         return found
+
+    def _fair_sets(
+        self, places: Sequence[tuple[str, str, Sequence[Any]]]
+    ) -> builtins.list[tuple[int, str]]:
+        """The fair sets (fairness="round_robin": lua/_common.lua's fair_push) of these
+        places: (queue, its shard's prefix, the priorities its ``fprio:<queue>`` lists, read
+        by the caller in its own pipeline), as (index of the place, key of the set); from the
+        ``fnames:<queue>:<prio>`` sets in one pipelined round trip, none when no place lists a
+        priority."""
+        found = [
+            (index, queue, prefix, text(priority))
+            for index, (queue, prefix, priorities) in enumerate(places)
+            for priority in priorities
+        ]
+        if not found:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for _, queue, prefix, priority in found:
+            pipe.smembers(f"{prefix}fnames:{queue}:{priority}")
+        return [
+            (index, fair_set_key(prefix, text(name), queue, priority))
+            for (index, queue, prefix, priority), names in zip(found, pipe.execute(), strict=True)
+            for name in sorted(names)
+        ]
 
     def _due_ids(
         self,

@@ -22,7 +22,8 @@ class Batches(RedisAccess):
     def open_batch(self, batch: NewBatch) -> bool:
         self.check_layout()
         callbacks = (batch.on_complete, batch.on_success)
-        packed = ["" if task is None else json.dumps(submit_args(task)) for task in callbacks]
+        fair = self.flow_limits.fair()
+        packed = ["" if task is None else json.dumps(submit_args(task, fair)) for task in callbacks]
         packed.append(batch.generation)
         # Sharded: a batch lives on the control shard; a callback of another shard's queue is
         # sent there to be stored when the batch finishes (batch_open.lua keeps its shard).

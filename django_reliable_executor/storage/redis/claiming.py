@@ -48,13 +48,22 @@ class Claiming(RedisAccess):
             return claims
         turn = self._claim_turn % len(groups)
         self._claim_turn += 1
+        # fair_limit bounds the fair names' tasks of the whole claim, whatever their shards
+        fair = self.flow_limits.fair() if request.fair_limit is not None else frozenset()
         for shard, queues in groups[turn:] + groups[:turn]:
             limit = request.limit - len(claims)
             if limit <= 0:
                 break
             started = sum(1 for claim in claims if claim.task.status is TaskStatus.RUNNING)
+            fair_limit = request.fair_limit
+            if fair_limit is not None:
+                fair_limit = max(fair_limit - sum(c.task.task_name in fair for c in claims), 0)
             part = dataclasses.replace(
-                request, queues=tuple(queues), limit=limit, start=max(request.start - started, 0)
+                request,
+                queues=tuple(queues),
+                limit=limit,
+                start=max(request.start - started, 0),
+                fair_limit=fair_limit,
             )
             claims += self._claim_on(shard, part)
         if claims:  # busy again: every shard is claimed from until the next idle wait
@@ -178,7 +187,8 @@ class Claiming(RedisAccess):
 def _limit_args(request: ClaimRequest) -> list[object]:
     """claim.lua's ARGV after the queues (never empty, so '' ends them): '' and the name, cap
     pairs, '' and the name, count, log window (µs) triples, '' and the name, cap per key
-    pairs; each part left out when it and every later one are empty."""
+    pairs, '' and the fair limit (at most that many tasks of fair names); each part left out
+    when it and every later one are empty."""
     parts: list[list[object]] = [
         [item for name, cap in request.name_limits.items() for item in (name, int(cap))],
         [
@@ -187,6 +197,7 @@ def _limit_args(request: ClaimRequest) -> list[object]:
             for item in (name, rate.count, round(rate.log_window_seconds * 1e6))
         ],
         [item for name, cap in request.key_limits.items() for item in (name, int(cap))],
+        [] if request.fair_limit is None else [int(request.fair_limit)],
     ]
     while parts and not parts[-1]:
         parts.pop()

@@ -6,9 +6,10 @@ import datetime as dt
 import json
 import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from ...core.fairness import fair_key
 from ...core.progress import progress_from_json
 from ...core.records import Claim, NewTask, StepInfo, TaskInfo
 from ...core.serialization import dumps, loads
@@ -43,6 +44,19 @@ def key_bucket(name: str, concurrency_key: str) -> str:
     """A task name and concurrency key as key_bucket in lua/_common.lua names the sets of the
     tasks parked by key (the name's length in bytes, as Lua counts, keeps ':' apart)."""
     return f"{len(name.encode())}:{name}:{concurrency_key}"
+
+
+def fair_set_key(prefix: str, name: str, queue: str, priority: str) -> str:
+    """The fair set (fairness="round_robin") of a name, queue and priority under ``prefix``, as
+    fair_set in lua/_common.lua names it: its due tasks scored by round."""
+    return f"{prefix}fready:{key_bucket(name, queue)}:{priority}"
+
+
+def fair_member(member: Any) -> tuple[int, str]:
+    """(run at in µs, task id) of a fair set's member (fair_member in lua/_common.lua: the run
+    at zero-padded to 20 digits, ':', the id)."""
+    run_at, _, task_id = text(member).partition(":")
+    return int(run_at), task_id
 
 
 def fields(flat: Sequence[Any]) -> dict[str, str]:
@@ -216,8 +230,9 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
     return claim
 
 
-def submit_args(task: NewTask) -> list[str]:
-    """The 18 values (TASK_ARGS) submit.lua takes per task."""
+def submit_args(task: NewTask, fair: Collection[str] = frozenset()) -> list[str]:
+    """The 19 values (TASK_ARGS) submit.lua takes per task; ``fair``: the names with fairness
+    (flow_limits.fair()), whose tasks store_task numbers a round under their fair key."""
     return [
         task.task_id,
         task.task_name,
@@ -238,4 +253,14 @@ def submit_args(task: NewTask) -> list[str]:
         # repr: the shortest text that reads back as the same float
         "" if task.attempt_timeout is None else repr(float(task.attempt_timeout)),
         task.concurrency_key or "",
+        fair_arg(task.task_name, task.concurrency_key, task.rate_key, fair),
     ]
+
+
+def fair_arg(
+    name: str, concurrency_key: str | None, rate_key: str | None, fair: Collection[str]
+) -> str:
+    """A task's last TASK_ARGS value: ':' and the key it takes turns under (core/fairness.py)
+    for a name with fairness, '' for any other ('' alone could not tell a fair task of the
+    keyless tasks' key "" from a task without fairness)."""
+    return ":" + fair_key(concurrency_key, rate_key) if name in fair else ""

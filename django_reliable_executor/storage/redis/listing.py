@@ -2,11 +2,12 @@
 
 Finished tasks are listed from their status's ``done:<STATUS>`` index, scored by creation time,
 so a page of them costs a range read whatever their number. Unfinished tasks are read from the
-indexes they wait in (ready lists, schedules, leases) and sorted here: exactly while there are
-up to EXACT_UNFINISHED of them; beyond that, only the newest ``offset + limit`` arrivals of
-each ready list and schedule, so a page costs the same with a backlog of a million (in arrival
-order, which is creation order except for retries and delayed tasks). An index of every task by
-creation time would cost more memory per queued task than the task itself.
+indexes they wait in (ready lists and fair sets, schedules, leases) and sorted here: exactly
+while there are up to EXACT_UNFINISHED of them; beyond that, only the newest ``offset + limit``
+arrivals of each ready list and schedule (the highest rounds of each fair set), so a page costs
+the same with a backlog of a million (in arrival order, which is creation order except for
+retries and delayed tasks). An index of every task by creation time would cost more memory per
+queued task than the task itself.
 
 A batch's members (``batch_id=``) are listed from its member index instead, one group per
 status, LIVE for the unfinished (lua/_batches.lua): a page costs a range read of each group
@@ -24,7 +25,7 @@ from ...core.queries import TaskQuery
 from ...core.records import StepInfo, TaskInfo, copy_with
 from ...core.states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
-from .codec import key_bucket, text, to_info
+from .codec import fair_member, key_bucket, text, to_info
 from .sharding import CONTROL_SHARD
 
 # Up to this many unfinished tasks, listings that include them are exact (each is read and
@@ -150,8 +151,9 @@ class Listing(RedisAccess):
         self, live: frozenset[str], queue: str | None, newest: int | None, shard: int
     ) -> set[str]:
         """Tasks that may be unfinished (in one of the ``live`` statuses): claimed or running,
-        ready, or scheduled. With ``newest``, only that many from the end of each ready list
-        and schedule (a large backlog: lists are in arrival order, schedules in run-at order)."""
+        ready, or scheduled. With ``newest``, only that many from the end of each ready list,
+        fair set and schedule (a large backlog: lists are in arrival order, fair sets in round
+        order, schedules in run-at order)."""
         prefix = self.prefixes[shard]
         ids = {text(i) for i in self.client.zrange(prefix + "leases", 0, -1)}
         if not live & set(WAITING):
@@ -165,14 +167,24 @@ class Listing(RedisAccess):
         for name in queues:
             pipe.zrange(prefix + "prio:" + name, 0, -1)
             pipe.zrange(prefix + "sched:" + name, first, -1)
+            pipe.zrange(prefix + "fprio:" + name, 0, -1)
         replies = pipe.execute()
+        # (fairness="round_robin": a fair name's due tasks wait in fair sets instead)
+        fair_priorities = zip(queues, replies[2::3], strict=True)
+        fair = self._fair_sets([(q, prefix, found) for q, found in fair_priorities])
         pipe = self.client.pipeline(transaction=False)
-        for name, priorities, scheduled in zip(queues, replies[::2], replies[1::2], strict=True):
+        for name, priorities, scheduled in zip(queues, replies[::3], replies[1::3], strict=True):
             ids.update(text(i) for i in scheduled)
             for priority in priorities:
                 pipe.lrange(f"{prefix}ready:{name}:{text(priority)}", first, -1)
-        for ready in pipe.execute():
+        for _, key in fair:
+            pipe.zrange(key, first, -1)
+        replies = pipe.execute()
+        lists = len(replies) - len(fair)
+        for ready in replies[:lists]:
             ids.update(text(i) for i in ready)
+        for members in replies[lists:]:
+            ids.update(fair_member(member)[1] for member in members)
         ids.update(self._parked_ids(first, prefix))
         return ids
 

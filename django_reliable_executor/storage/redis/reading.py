@@ -14,10 +14,12 @@ from ...core.rate_limits import RateLimit
 from ...core.records import TaskInfo, copy_with
 from ...core.states import DEAD_LETTER_STATUSES, LIVE_STATUSES, TaskStatus
 from .access import LIVE, RedisAccess, guarded
-from .codec import from_micros, micros, text, to_info
+from .codec import fair_member, from_micros, micros, text, to_info
 from .reservations import entry_holder
 from .sharding import unique_home
 
+# How many of the first tasks of each fair set (in round order) oldest_due reads.
+FAIR_HEADS = 100
 # The fields of a ``tput:<minute>`` hash the chart reads: the statuses it shows, and retries.
 RETRIED = "RETRIED"
 ENDING_FIELDS = [
@@ -86,8 +88,11 @@ class Reading(RedisAccess):
 
     def _oldest_due_micros(self, queues: Sequence[str]) -> dict[str, int]:
         """Per queue, the earliest run_at among the heads of its ready lists (each list is in
-        the order tasks became ready) and its scheduled tasks already due but not promoted
-        yet: three pipelined round trips whatever the number of tasks."""
+        the order tasks became ready), the first FAIR_HEADS tasks of its fair sets (in round
+        order: a key's oldest task is about where the claims are, so with more keys than
+        that due, an older task may be missed) and its scheduled tasks already due but not
+        promoted yet: three pipelined round trips whatever the number of tasks (the fourth
+        reads the fnames of queues with fair sets)."""
         now = micros(self.clock.now())
         # Each queue on every shard that may hold its tasks (sharded: the home shards too).
         homes = self._home_shards() if self.sharded else frozenset()
@@ -102,26 +107,37 @@ class Reading(RedisAccess):
             pipe.zrangebyscore(
                 prefix + "sched:" + name, "-inf", now, start=0, num=1, withscores=True
             )
+            pipe.zrange(prefix + "fprio:" + name, 0, -1)
         replies = pipe.execute()
+        fair_priorities = zip(places, replies[2::3], strict=True)
+        fair = self._fair_sets([(q, p, found) for (q, p), found in fair_priorities])
         due: dict[str, int] = {}
 
         def seen(queue: str, run_at: int) -> None:
             due[queue] = min(due.get(queue, run_at), run_at)
 
-        for (name, _), scheduled in zip(places, replies[1::2], strict=True):
+        for (name, _), scheduled in zip(places, replies[1::3], strict=True):
             for _, score in scheduled:
                 seen(name, int(score))
         pipe = self.client.pipeline(transaction=False)
         lists: list[tuple[str, str]] = []
-        for (name, prefix), priorities in zip(places, replies[::2], strict=True):
+        for (name, prefix), priorities in zip(places, replies[::3], strict=True):
             for priority in priorities:
                 pipe.lindex(f"{prefix}ready:{name}:{text(priority)}", 0)
                 lists.append((name, prefix))
+        for _, key in fair:
+            pipe.zrange(key, 0, FAIR_HEADS - 1)
+        found = pipe.execute()
         heads = [
             (name, prefix, text(head))
-            for (name, prefix), head in zip(lists, pipe.execute(), strict=True)
+            for (name, prefix), head in zip(lists, found[: len(lists)], strict=True)
             if head is not None
         ]
+        for (index, _), firsts in zip(fair, found[len(lists) :], strict=True):
+            for member in firsts:  # (a fair set's member tells its run at)
+                run_at = fair_member(member)[0]
+                if run_at <= int(now):
+                    seen(places[index][0], run_at)
         pipe = self.client.pipeline(transaction=False)
         for _, prefix, head in heads:
             pipe.hget(prefix + "t:" + head, "r")

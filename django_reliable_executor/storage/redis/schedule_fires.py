@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...core.ids import fire_task_id_micros
@@ -14,7 +14,7 @@ from ...schedules.planning import overlap_runs, plan, plan_interval
 from ...schedules.records import FiringRound, ScheduleFire
 from . import schedule_moves
 from .access import READ_CHUNK, RedisAccess, guarded
-from .codec import EPOCH, MICROSECOND, micros, submit_args, text
+from .codec import EPOCH, MICROSECOND, fair_arg, micros, submit_args, text
 from .schedule_overlap import overlap_flag, overlap_skipped
 from .schedules import schedule_from_hash
 from .sharding import CONTROL_SHARD, native_id
@@ -143,6 +143,7 @@ class ScheduleFires(RedisAccess):
     ) -> builtins.list[TaskInfo]:
         """schedule_fire.lua over fires of one shard."""
         args: builtins.list[str] = []
+        fair = self.flow_limits.fair()
         for fire in fires:
             args += (
                 fire.schedule_id,
@@ -154,7 +155,7 @@ class ScheduleFires(RedisAccess):
                 str(len(fire.tasks)),
             )
             for task in fire.tasks:
-                args += submit_args(task)
+                args += submit_args(task, fair)
         replies = self._run("schedule_fire", *args, now=now, shard=shard)
         created = []
         for fire, reply in zip(fires, replies, strict=True):
@@ -273,7 +274,8 @@ class ScheduleFires(RedisAccess):
         shard: int,
     ) -> builtins.list[TaskInfo]:
         """schedule_fire.lua over planned fires: (id, hash fields, runs, next run)."""
-        args, ids = _fire_arguments(fires, created_at, shard, self.layout.shards)
+        fair = self.flow_limits.fair()
+        args, ids = _fire_arguments(fires, created_at, shard, self.layout.shards, fair)
         replies = self._run("schedule_fire", *args, now=now, shard=shard)
         created: builtins.list[TaskInfo] = []
         for (schedule_id, values, runs, _), run_ids, reply in zip(fires, ids, replies, strict=True):
@@ -316,10 +318,11 @@ def _plan_runs(
 
 
 def _fire_arguments(
-    fires: Sequence[_Fire], created_at: str, shard: int, shards: int
+    fires: Sequence[_Fire], created_at: str, shard: int, shards: int, fair: Collection[str]
 ) -> tuple[list[str], list[list[str]]]:
     """schedule_fire.lua's arguments for planned fires on ``shard`` of ``shards``, and each
-    fire's task ids (native to that shard: sharding.native_id)."""
+    fire's task ids (native to that shard: sharding.native_id); ``fair``: the names with
+    fairness."""
     now_us = int(created_at)
     args: list[str] = []
     ids: list[list[str]] = []
@@ -343,6 +346,7 @@ def _fire_arguments(
             max_duration,
         )
         deadline = str(now_us + int(max_duration) * 1000) if max_duration else ""
+        fair_value = fair_arg(values["n"], None, None, fair)  # keyless: the key ""
         args += (
             schedule_id,
             values["nr"],
@@ -358,7 +362,7 @@ def _fire_arguments(
             # No rate key, no trace context (a schedule's run starts a trace of its own), no
             # batch (nor its generation), no attempt timeout of its own (its handler's
             # applies), no concurrency key: the TASK_ARGS values of submit_args.
-            args += (created_at, str(run), deadline, "", "", "", "", "", "")
+            args += (created_at, str(run), deadline, "", "", "", "", "", "", fair_value)
     return args, ids
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...core.dependencies import WAITING_RUN_AT, first_missing, missing_error
@@ -224,9 +224,10 @@ class Submitting(RedisAccess):
         # A batch with dependents is one call: all or nothing (a missing dependency).
         dependents = any(task.depends_on for task in tasks)
         size = len(tasks) if dependents else SUBMIT_CHUNK
+        fair = self.flow_limits.fair()  # their tasks are numbered a round (core/fairness.py)
         for start in range(0, len(tasks), size):
             chunk = tasks[start : start + size]
-            args = [value for task in chunk for value in _args(task, None, keyless)]
+            args = [value for task in chunk for value in _args(task, fair, None, keyless)]
             replies = self._run("submit", *args, shard=shard)
             if _missing_reply(replies) and self.sharded:
                 # A dependency not on this shard (submit.lua wrote nothing): registered on its
@@ -235,7 +236,7 @@ class Submitting(RedisAccess):
                 args = [
                     value
                     for task in chunk
-                    for value in _args(task, remote.get(task.task_id), keyless)
+                    for value in _args(task, fair, remote.get(task.task_id), keyless)
                 ]
                 replies = self._run("submit", *args, shard=shard)
                 # A dependency in the chunk not stored because its key was 'ureserved' (an
@@ -404,22 +405,25 @@ def _missing_reply(replies: list[Any]) -> bool:
 
 
 def _args(
-    task: NewTask, remote: dict[str, str] | None = None, keyless: set[str] | None = None
+    task: NewTask,
+    fair: Collection[str],
+    remote: dict[str, str] | None = None,
+    keyless: set[str] | None = None,
 ) -> list[str]:
-    """Every value submit.lua takes for ``task``: submit_args, the unique key's 2, then its
-    dependencies (JSON; one of another shard, in ``remote``, as [id, its status]) and
-    on-failure policy (a dependent is stored waiting: no run at, no deadline yet), then its
-    debounce's 2 (debounce_args). A task of ``keyless`` goes without its unique key (taken on
-    the key's home shard)."""
+    """Every value submit.lua takes for ``task``: submit_args (``fair``: the names with
+    fairness), the unique key's 2, then its dependencies (JSON; one of another shard, in
+    ``remote``, as [id, its status]) and on-failure policy (a dependent is stored waiting: no
+    run at, no deadline yet), then its debounce's 2 (debounce_args). A task of ``keyless``
+    goes without its unique key (taken on the key's home shard)."""
     unique = ("", "") if keyless and task.task_id in keyless else _unique(task)
     if not task.depends_on:
-        return [*submit_args(task), *unique, "", "", *debounce_args(task)]
+        return [*submit_args(task, fair), *unique, "", "", *debounce_args(task)]
     waiting = copy_with(task, run_at=WAITING_RUN_AT, deadline_at=None)
     policy = "run" if task.on_dependency_failure == "run" else ""
     deps: list[object] = list(task.depends_on)
     if remote:
         deps = [[d, remote[d]] if d in remote else d for d in task.depends_on]
-    return [*submit_args(waiting), *unique, dumps(deps), policy, *debounce_args(task)]
+    return [*submit_args(waiting, fair), *unique, dumps(deps), policy, *debounce_args(task)]
 
 
 def _unique(task: NewTask) -> tuple[str, str]:

@@ -68,7 +68,8 @@ local function forget_if_empty(queue)
     end
   end
   -- The counts say empty; the waiting indexes must agree (a stray entry keeps the queue).
-  if redis.call('EXISTS', P .. 'prio:' .. queue, P .. 'sched:' .. queue) > 0 then
+  if redis.call('EXISTS', P .. 'prio:' .. queue, P .. 'sched:' .. queue,
+      P .. 'fprio:' .. queue) > 0 then
     return false
   end
   redis.call('HDEL', COUNTS, unpack(names))
@@ -90,9 +91,59 @@ local function wake(queue)
   redis.call('LTRIM', key, 0, 0)
 end
 
+-- fairness="round_robin" (core/fairness.py): each task of a fair name carries its round
+-- (`fr`, numbered by store_task), and waits due in a sorted set of its name, queue and
+-- priority scored by that round, `fready:<len>:<name>:<queue>:<prio>` (the name's length in
+-- bytes keeps names holding ':' apart, as key_bucket does), instead of the FIFO ready list:
+-- claims take it in round order, one task of each key before the second of any, the oldest
+-- first within a round (its member is its run at, zero-padded, then its id: the members of
+-- one score sort as strings). `fnames:<queue>:<prio>` SET of the names with a non-empty one,
+-- `fprio:<queue>` ZSET of the priorities with some (where claims find them: no scan),
+-- `fsets:<name>` SET of the name's non-empty ones as "<prio>:<queue>" (where a submit finds
+-- the round the name is at).
+local function fair_set(name, queue, priority)
+  return P .. 'fready:' .. #name .. ':' .. name .. ':' .. queue .. ':' .. priority
+end
+
+-- A task's member in its fair set, from its run at (a decimal string, as in its hash: the
+-- set holds it under the run at it had when it came in) and its id (codec.fair_member_id).
+local function fair_member(id, run_at)
+  return string.rep('0', 20 - #run_at) .. run_at .. ':' .. id
+end
+
+local function fair_member_id(member)
+  return string.sub(member, 22)
+end
+
+local function fair_push(id, name, queue, priority, round, run_at)
+  redis.call('ZADD', fair_set(name, queue, priority), round, fair_member(id, run_at))
+  redis.call('SADD', P .. 'fnames:' .. queue .. ':' .. priority, name)
+  redis.call('ZADD', P .. 'fprio:' .. queue, priority, priority)
+  redis.call('SADD', P .. 'fsets:' .. name, priority .. ':' .. queue)
+end
+
+-- The fair set of `name`, `queue` and `priority` is empty: it leaves the indexes.
+local function fair_emptied(name, queue, priority)
+  local names = P .. 'fnames:' .. queue .. ':' .. priority
+  redis.call('SREM', names, name)
+  if redis.call('EXISTS', names) == 0 then
+    redis.call('ZREM', P .. 'fprio:' .. queue, priority)
+  end
+  redis.call('SREM', P .. 'fsets:' .. name, priority .. ':' .. queue)
+end
+
 -- Make a task claimable: the tail of its priority's ready list (new work), or the head
--- (work handed back, which was first in line).
-local function push_ready(id, queue, priority, at_head)
+-- (work handed back, which was first in line). A task of a fair name goes to its fair set by
+-- its round, wherever it comes from: `fair` is {name, round, run at}, false for a task
+-- without a round, nil to read them from its hash.
+local function push_ready(id, queue, priority, at_head, fair)
+  if fair == nil then
+    fair = redis.call('HMGET', tkey(id), 'n', 'fr', 'r')
+  end
+  if fair and fair[2] then
+    fair_push(id, fair[1], queue, priority, fair[2], fair[3])
+    return
+  end
   local list = P .. 'ready:' .. queue .. ':' .. priority
   if at_head then
     redis.call('LPUSH', list, id)
@@ -103,11 +154,11 @@ local function push_ready(id, queue, priority, at_head)
 end
 
 -- max_concurrency: a due task of a capped name that a claim could not take (its name held
--- its cap) waits in the name's parked set of its priority, scored by run at. Claims knowing
--- the cap take parked tasks straight from there, in order with the ready lists, while the
--- name has free slots.
-local function park(id, name, priority, run_at)
-  redis.call('ZADD', P .. 'parked:' .. name .. ':' .. priority, run_at, id)
+-- its cap) waits in the name's parked set of its priority, scored by run at (a fair name's
+-- task by its round: it keeps its turn). Claims knowing the cap take parked tasks straight
+-- from there, in order with the ready lists, while the name has free slots.
+local function park(id, name, priority, score)
+  redis.call('ZADD', P .. 'parked:' .. name .. ':' .. priority, score, id)
   redis.call('ZADD', P .. 'parkprio:' .. name, priority, priority)
   redis.call('SADD', PARKED, name)
 end
@@ -143,7 +194,8 @@ end
 
 -- max_concurrency_per_key: a due task whose concurrency key (`ck`) held its name's cap per key
 -- waits parked by key, where no claim looks (a thousand full keys cost a claim nothing):
--- `kparked:<bucket>:<prio>` ZSET of its tasks of that priority scored by run at,
+-- `kparked:<bucket>:<prio>` ZSET of its tasks of that priority scored by run at (a fair
+-- name's by round, as in its parked set),
 -- `kparkprio:<bucket>` ZSET of the priorities with some, the bucket being
 -- `<length of name>:<name>:<key>` (names and keys may hold ':', as in rate_bucket);
 -- `kparkkeys:<name>` SET of the name's keys with tasks parked so, KPARKED SET of those names.
@@ -155,9 +207,9 @@ local function key_bucket(name, ck)
   return #name .. ':' .. name .. ':' .. ck
 end
 
-local function key_park(id, name, ck, priority, run_at)
+local function key_park(id, name, ck, priority, score)
   local bucket = key_bucket(name, ck)
-  redis.call('ZADD', P .. 'kparked:' .. bucket .. ':' .. priority, run_at, id)
+  redis.call('ZADD', P .. 'kparked:' .. bucket .. ':' .. priority, score, id)
   redis.call('ZADD', P .. 'kparkprio:' .. bucket, priority, priority)
   redis.call('SADD', P .. 'kparkkeys:' .. name, ck)
   redis.call('SADD', KPARKED, name)
@@ -395,14 +447,23 @@ local function unlease(id, key)
   end
 end
 
--- Take a waiting, unclaimed task out of its ready list, the schedule or its parked sets.
+-- Take a waiting, unclaimed task out of its ready list (a fair name's: its fair set), the
+-- schedule or its parked sets.
 local function unqueue(id, queue, priority)
-  local list = P .. 'ready:' .. queue .. ':' .. priority
-  if redis.call('LREM', list, 1, id) > 0 and redis.call('LLEN', list) == 0 then
-    redis.call('ZREM', P .. 'prio:' .. queue, priority)
+  local task = redis.call('HMGET', tkey(id), 'n', 'ck', 'jd', 'fr', 'r')
+  if task[4] then
+    local set = fair_set(task[1], queue, priority)
+    if redis.call('ZREM', set, fair_member(id, task[5])) > 0
+        and redis.call('EXISTS', set) == 0 then
+      fair_emptied(task[1], queue, priority)
+    end
+  else
+    local list = P .. 'ready:' .. queue .. ':' .. priority
+    if redis.call('LREM', list, 1, id) > 0 and redis.call('LLEN', list) == 0 then
+      redis.call('ZREM', P .. 'prio:' .. queue, priority)
+    end
   end
   redis.call('ZREM', P .. 'sched:' .. queue, id)
-  local task = redis.call('HMGET', tkey(id), 'n', 'ck', 'jd')
   if task[3] then
     redis.call('HDEL', tkey(id), 'jd') -- (see join_debounced: it waits nowhere now)
   end
@@ -430,11 +491,12 @@ end
 -- own creation (debounced_run_at); its max duration counts from then, as the service set it
 -- for the first submit. Not due yet, it moves in the schedule. Due already, it stays where it
 -- waits: a ready list, where only a walk of the list could find it, or a parked set,
--- rescored; if its run at is now ahead, `jd` marks it, and the claim that pops it puts it back
--- in the schedule (claim.lua's take). Returns its new run at (µs, a string).
+-- rescored (a fair name's task keeps its round there, and in its fair set, where its member
+-- follows its run at); if its run at is now ahead, `jd` marks it, and the claim that pops it
+-- puts it back in the schedule (claim.lua's take). Returns its new run at (µs, a string).
 local function join_debounced(id, param, created, debounce, max_wait)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 'q', 'p', 'n', 'ck', 'r', 'c', 'md')
+  local task = redis.call('HMGET', key, 'q', 'p', 'n', 'ck', 'r', 'c', 'md', 'fr')
   local run_at = tonumber(created) + tonumber(debounce)
   if max_wait ~= '' then
     run_at = math.min(run_at, tonumber(task[6]) + tonumber(max_wait))
@@ -454,10 +516,15 @@ local function join_debounced(id, param, created, debounce, max_wait)
     end
     return at
   end
-  redis.call('ZADD', P .. 'parked:' .. task[3] .. ':' .. task[2], 'XX', at, id)
-  if task[4] then
-    local bucket = key_bucket(task[3], task[4])
-    redis.call('ZADD', P .. 'kparked:' .. bucket .. ':' .. task[2], 'XX', at, id)
+  local set = task[8] and fair_set(task[3], task[1], task[2])
+  if set and redis.call('ZREM', set, fair_member(id, task[5])) == 1 then
+    redis.call('ZADD', set, task[8], fair_member(id, at))
+  elseif not set then
+    redis.call('ZADD', P .. 'parked:' .. task[3] .. ':' .. task[2], 'XX', at, id)
+    if task[4] then
+      local bucket = key_bucket(task[3], task[4])
+      redis.call('ZADD', P .. 'kparked:' .. bucket .. ':' .. task[2], 'XX', at, id)
+    end
   end
   if run_at > NOWN then
     redis.call('HSET', key, 'jd', '1')
@@ -478,13 +545,15 @@ local function extend_key(ukey, id, until_)
   redis.call('SET', ukey, until_ .. string.sub(held, space), 'PX', string.format('%d', ttl))
 end
 
--- Scheduled tasks of `queue` that are due go to the ready lists, earliest first.
+-- Scheduled tasks of `queue` that are due go to the ready lists (or fair sets), earliest
+-- first.
 local function promote(queue, limit)
   local sched = P .. 'sched:' .. queue
   local due = redis.call('ZRANGEBYSCORE', sched, '-inf', NOW, 'LIMIT', 0, limit)
   for _, id in ipairs(due) do
     redis.call('ZREM', sched, id)
-    push_ready(id, queue, redis.call('HGET', tkey(id), 'p'), false)
+    local task = redis.call('HMGET', tkey(id), 'p', 'n', 'fr', 'r')
+    push_ready(id, queue, task[1], false, {task[2], task[3], task[4]})
   end
   return #due
 end
@@ -501,7 +570,8 @@ local function to_waiting(id, queue, priority, run_at)
   end
 end
 
--- A claimed task goes back to the head of its ready list: unclaimed, old token dead.
+-- A claimed task goes back to the head of its ready list (a fair name's: to its fair set,
+-- by its round): unclaimed, old token dead.
 local function hand_back(id, key, queue, priority)
   unlease(id, key)
   redis.call('HDEL', key, 'w')
@@ -703,15 +773,113 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
 end
 
 
+-- The rounds of a fair name's new tasks (core/fairness.py's number_rounds). `fround:<name>`
+-- ZSET of its keys (core/fairness.fair_key) scored by the round each one's next task gets. A
+-- new task's round is its key's next, but never below the round its fair set is at
+-- (`current`: the lowest round of the due tasks of its name, queue and priority, in its fair
+-- set or its name's parked set; with none, the highest next round handed out), so a key idle
+-- for a while joins the round being served, and a burst after the backlog drained starts
+-- after every round numbered so far (tasks still scheduled keep theirs). A key's tasks in one
+-- call get consecutive rounds. An entry at or below the lowest round of all the name's due
+-- tasks says no more than `current` would: the name's first store of a call drops those
+-- (all but the highest when nothing of it is due), so the set keeps about one entry per key
+-- with work due, and one per fair name once idle. Tasks parked by key do not count: as on
+-- the databases, they wait apart until their key has room.
+local fair_seen = {} -- this call's view of each fair name: its keys' next rounds, currents
+
+-- The round of the first task of a set scored by round, or nil when it is empty.
+local function first_round(set)
+  local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  return first[2] and tonumber(first[2])
+end
+
+-- The round of the first task of the parked set of `name` and `priority` if it is a fair task
+-- (of `queue`, if given), else nil.
+local function parked_round(name, priority, queue)
+  local first = redis.call('ZRANGE', P .. 'parked:' .. name .. ':' .. priority, 0, 0)
+  if not first[1] then
+    return nil
+  end
+  local task = redis.call('HMGET', tkey(first[1]), 'fr', 'q')
+  if task[1] and (queue == nil or task[2] == queue) then
+    return tonumber(task[1])
+  end
+  return nil
+end
+
+-- The lower of two rounds, either maybe nil.
+local function lower(a, b)
+  if a == nil or (b ~= nil and b < a) then
+    return b
+  end
+  return a
+end
+
+-- The highest next round a fair name handed out (its `fround:<name>`), 0 for none.
+local function top_round(rounds)
+  local top = redis.call('ZRANGE', rounds, -1, -1, 'WITHSCORES')
+  return top[2] and tonumber(top[2]) or 0
+end
+
+-- Drop the entries of `fround:<name>` that the lowest round of the name's due tasks makes
+-- redundant (see above); the highest always stays.
+local function fair_prune(name)
+  local lowest
+  for _, pair in ipairs(redis.call('SMEMBERS', P .. 'fsets:' .. name)) do
+    local priority, queue = string.match(pair, '^([^:]*):(.*)$')
+    local first = first_round(fair_set(name, queue, priority))
+    if first == nil then
+      fair_emptied(name, queue, priority) -- a stray entry
+    end
+    lowest = lower(lowest, first)
+  end
+  for _, priority in ipairs(redis.call('ZRANGE', P .. 'parkprio:' .. name, 0, -1)) do
+    lowest = lower(lowest, parked_round(name, priority))
+  end
+  local rounds = P .. 'fround:' .. name
+  if lowest and lowest < top_round(rounds) then
+    redis.call('ZREMRANGEBYSCORE', rounds, '-inf', lowest)
+  else
+    redis.call('ZREMRANGEBYRANK', rounds, 0, -2)
+  end
+end
+
+-- The round of a new task of fair name `name`, `queue` and `priority`, of key `fair_key`, as
+-- a string ('%.0f': exact up to 2^53, where tostring would round past 14 digits).
+local function fair_round(name, queue, priority, fair_key)
+  local seen = fair_seen[name]
+  if not seen then
+    fair_prune(name)
+    seen = {nexts = {}, currents = {}}
+    fair_seen[name] = seen
+  end
+  local rounds = P .. 'fround:' .. name
+  local round = seen.nexts[fair_key]
+  if not round then
+    local pair = priority .. ':' .. queue
+    local current = seen.currents[pair]
+    if not current then
+      current = lower(first_round(fair_set(name, queue, priority)),
+        parked_round(name, priority, queue)) or top_round(rounds)
+      seen.currents[pair] = current
+    end
+    round = math.max(tonumber(redis.call('ZSCORE', rounds, fair_key) or 0), current)
+  end
+  seen.nexts[fair_key] = round + 1
+  redis.call('ZADD', rounds, round + 1, fair_key)
+  return string.format('%.0f', round)
+end
+
 -- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
-local TASK_ARGS = 18
+local TASK_ARGS = 19
 
 -- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
 -- once per call, and to be woken once at its end. With `batch` (a table the caller passes to
 -- flush_stored at its end), a task due now joins its ready list and the CREATED count in one
 -- command per list and queue for the whole call, in the order stored. `values`: read the
--- values from this table instead of ARGV (a batch's callback, see _batches.lua).
+-- values from this table instead of ARGV (a batch's callback, see _batches.lua). A task of a
+-- fair name (its last value: ':' and its fair key) gets its round (`fr`, fair_round).
 local function store_task(i, promoted, woken, batch, values)
   local A = values or ARGV
   local id, queue, priority = A[i], A[i + 2], A[i + 3]
@@ -760,9 +928,16 @@ local function store_task(i, promoted, woken, batch, values)
   else
     recount(queue, nil, 'CREATED')
   end
+  local fair = false
+  if A[i + 18] and A[i + 18] ~= '' then -- (a callback packed before it existed has none)
+    -- (after the promote above: the tasks it made due count in the round the name is at)
+    local round = fair_round(A[i + 1], queue, priority, string.sub(A[i + 18], 2))
+    redis.call('HSET', key, 'fr', round)
+    fair = {A[i + 1], round, run_at}
+  end
   if tonumber(run_at) > NOWN then
     redis.call('ZADD', P .. 'sched:' .. queue, run_at, id)
-  elseif batch then
+  elseif batch and not fair then
     local list = queue .. ':' .. priority
     local ids = batch.ready[list]
     if not ids then
@@ -772,7 +947,7 @@ local function store_task(i, promoted, woken, batch, values)
     end
     ids[#ids + 1] = id
   else
-    push_ready(id, queue, priority, false)
+    push_ready(id, queue, priority, false, fair)
   end
 end
 

@@ -1,12 +1,15 @@
 -- claim: take up to `limit` ready tasks of these queues under a lease for `worker`, highest
--- priority first, first in first out within a priority. A claimed task keeps its status
--- (CREATED or PENDING) until start; its token goes up by one, fencing every later write.
+-- priority first, first in first out within a priority (a fair name's in round order). A
+-- claimed task keeps its status (CREATED or PENDING) until start; its token goes up by one,
+-- fencing every later write.
 -- ARGV[3] worker, ARGV[4] lease expiry, ARGV[5] limit, ARGV[6] a random token increment,
 -- ARGV[7] how many of the claimed tasks to start at once (the worker has that many idle threads
 -- to run them right now), ARGV[8..] queues, then optionally '' and pairs of task name, cap
 -- (max_concurrency), then optionally '' and triples of task name, count and log window in
 -- microseconds (rate_limit), then optionally '' and pairs of task name, cap per concurrency
--- key (max_concurrency_per_key); a later part comes after every earlier one, maybe empty.
+-- key (max_concurrency_per_key), then optionally '' and how many tasks of fair names (with a
+-- round) to take at most (fairness; absent: no bound); a later part comes after every earlier
+-- one, maybe empty.
 -- The random step (not +1) keeps a claim that a Redis failover lost from sharing its token
 -- with the next claim of the same task.
 -- Starting: the first tasks claimed (up to ARGV[7]) become RUNNING with one more attempt and
@@ -31,6 +34,14 @@
 -- Debounce: a task whose run at a debounced submit moved later while it waited due (`jd`: see
 -- join_debounced in _common.lua) goes back to the schedule when popped before that run at;
 -- these count in PARK_MAX too.
+-- fairness="round_robin": the due tasks of a fair name wait in fair sets scored by round
+-- (fair_push in _common.lua), found through `fprio:<queue>` and `fnames:<queue>:<prio>`, and
+-- are taken in round order; a fair set's first task competes with the ready lists and parked
+-- sets as they do with each other (higher priority, then the earlier run at), but against its
+-- own name's parked tasks of its queue by round. Parked, by name or by key, it is scored by
+-- its round, so it keeps its turn. Every cap and limit above applies to it as to any task. A
+-- claim takes at most the fair limit of them (a worker's idle threads): the others wait in
+-- their turns here, not in the worker's local queue.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
@@ -64,9 +75,12 @@ while arg + 2 <= #ARGV and ARGV[arg] ~= '' do
   rates[ARGV[arg]] = {count = tonumber(ARGV[arg + 1]), window = tonumber(ARGV[arg + 2])}
   arg = arg + 3
 end
-for i = arg + 1, #ARGV - 1, 2 do
-  key_caps[ARGV[i]] = tonumber(ARGV[i + 1])
+arg = arg + 1
+while arg < #ARGV and ARGV[arg] ~= '' do
+  key_caps[ARGV[arg]] = tonumber(ARGV[arg + 1])
+  arg = arg + 2
 end
+local fair_left = ARGV[arg + 1] and tonumber(ARGV[arg + 1]) -- nil: no bound
 
 -- Tasks held back under another rate limit than this call's (or under one it no longer has:
 -- the worker's handlers are the code in force) are planned again, before anything is promoted.
@@ -121,28 +135,58 @@ for _, name in ipairs(parked_names) do
   parked_seen[name] = true
 end
 
-local function head_run_at(list)
-  return tonumber(redis.call('HGET', tkey(redis.call('LINDEX', list, 0)), 'r'))
+-- The run at of a source's first task (a ready list's read once, when a tie needs it).
+local function run_at_of(source)
+  if not source.at then
+    source.at = tonumber(redis.call('HGET', tkey(redis.call('LINDEX', source.list, 0)), 'r'))
+  end
+  return source.at
 end
 
--- Where to take from next: a ready list (list, queue, member) or a parked task (parked id,
--- its name and priority), and whether more than one source ties for it (then take one task at
--- a time, comparing due times, so the order stays exact).
+-- Whether source `a` goes before source `b` of the same priority: the lower round between
+-- a fair name's own sources of one queue (its fair set and its parked tasks), else the
+-- earlier run at.
+local function before(a, b)
+  if a.round and b.round and a.name == b.name and a.queue == b.queue and a.round ~= b.round then
+    return a.round < b.round
+  end
+  return run_at_of(a) < run_at_of(b)
+end
+
+-- Where to take from next: a ready list (`list`, its queue and priority `member`), a fair set
+-- (`fset`, its name, queue and priority `member`) or a parked task (`pid`, its name and
+-- priority `pprio`), as a table with its priority `prio`; and whether more than one source
+-- ties for it (then take one task at a time, comparing them, so the order stays exact).
 local function best()
-  local list, queue, priority, member, tie, run_at, pid, pname, pprio
+  local chosen, tie = nil, false
+  local function consider(source)
+    if chosen == nil or source.prio > chosen.prio then
+      chosen, tie = source, source.pid ~= nil
+    elseif source.prio == chosen.prio then
+      tie = true
+      if before(source, chosen) then
+        chosen = source
+      end
+    end
+  end
   for _, q in ipairs(queues) do
     local top = redis.call('ZREVRANGE', P .. 'prio:' .. q, 0, 0, 'WITHSCORES')
     if top[1] then
-      local prio = tonumber(top[2])
-      local candidate = P .. 'ready:' .. q .. ':' .. top[1]
-      if priority == nil or prio > priority then
-        list, queue, priority, member, tie, run_at = candidate, q, prio, top[1], false, nil
-      elseif prio == priority then
-        run_at = run_at or head_run_at(list)
-        local other = head_run_at(candidate)
-        tie = true
-        if other < run_at then
-          list, queue, member, run_at = candidate, q, top[1], other
+      consider({prio = tonumber(top[2]), list = P .. 'ready:' .. q .. ':' .. top[1], queue = q,
+        member = top[1]})
+    end
+    top = fair_left ~= 0 and redis.call('ZREVRANGE', P .. 'fprio:' .. q, 0, 0, 'WITHSCORES')
+    if top and top[1] and (chosen == nil or tonumber(top[2]) >= chosen.prio) then
+      for _, name in ipairs(redis.call('SMEMBERS', P .. 'fnames:' .. q .. ':' .. top[1])) do
+        local set = fair_set(name, q, top[1])
+        local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+        if first[1] then
+          -- (its member starts with its run at: no read of its hash)
+          consider({prio = tonumber(top[2]), fset = set, name = name, queue = q,
+            member = top[1], round = tonumber(first[2]),
+            at = tonumber(string.sub(first[1], 1, 20))})
+        else
+          fair_emptied(name, q, top[1]) -- a stray entry
         end
       end
     end
@@ -150,21 +194,16 @@ local function best()
   for _, name in ipairs(parked_names) do
     if not caps[name] or held(name) < caps[name] then
       local id, prio_text, score = first_parked(name)
-      if id and claimed_queue[redis.call('HGET', tkey(id), 'q')] then
-        local prio, at = tonumber(prio_text), tonumber(score)
-        if priority == nil or prio > priority then
-          list, pid, pname, pprio, priority, run_at, tie = nil, id, name, prio_text, prio, at, true
-        elseif prio == priority then
-          run_at = run_at or head_run_at(list)
-          tie = true
-          if at < run_at then
-            list, pid, pname, pprio, run_at = nil, id, name, prio_text, at
-          end
-        end
+      local task = id and redis.call('HMGET', tkey(id), 'q', 'r', 'fr')
+      if task and claimed_queue[task[1]] and not (task[3] and fair_left == 0) then
+        -- (a fair name's parked tasks are scored by round: its run at is in its hash)
+        consider({prio = tonumber(prio_text), pid = id, name = name, pprio = prio_text,
+          queue = task[1], at = tonumber(task[3] and task[2] or score),
+          round = task[3] and tonumber(score)})
       end
     end
   end
-  return list, queue, member, tie, pid, pname, pprio
+  return chosen, tie
 end
 
 local out = {''}
@@ -204,7 +243,7 @@ end
 -- cap; one a debounced submit made due later goes to the schedule.
 local function take(id)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk', 'ck', 'jd')
+  local task = redis.call('HMGET', key, 's', 'n', 'p', 'r', 'q', 'd', 'c', 'rk', 'ck', 'jd', 'fr')
   -- The double check: still waiting and nobody's claim (a stray entry is dropped).
   if not waiting(task[1]) or redis.call('ZSCORE', LEASES, id) then
     return
@@ -218,14 +257,15 @@ local function take(id)
     end
     return
   end
+  local score = task[11] or task[4] -- parked by round (a fair name's task) or by run at
   if key_cap and held_by_key(task[2], ck) >= key_cap then
-    key_park(id, task[2], ck, task[3], task[4])
+    key_park(id, task[2], ck, task[3], score)
     parked = parked + 1
     return
   end
   local cap = capped and caps[task[2]]
   if cap and held(task[2]) >= cap then
-    park(id, task[2], task[3], task[4])
+    park(id, task[2], task[3], score)
     parked = parked + 1
     return
   end
@@ -240,6 +280,9 @@ local function take(id)
       parked = parked + 1
       return
     end
+  end
+  if task[11] and fair_left then
+    fair_left = fair_left - 1
   end
   local token = redis.call('HINCRBY', key, 'k', step)
   redis.call('HSET', key, 'w', worker)
@@ -269,20 +312,29 @@ local function take(id)
 end
 
 while taken < limit and parked < PARK_MAX do
-  local list, queue, member, tie, pid, pname, pprio = best()
-  if pid then
-    unpark_one(pid, pname, pprio)
-    take(pid)
-  elseif list then
-    local ids = redis.call('LPOP', list, tie and 1 or (limit - taken)) or {}
-    if redis.call('LLEN', list) == 0 then
-      redis.call('ZREM', P .. 'prio:' .. queue, member)
+  local source, tie = best()
+  if source == nil then
+    break
+  elseif source.pid then
+    unpark_one(source.pid, source.name, source.pprio)
+    take(source.pid)
+  elseif source.fset then
+    local n = tie and 1 or math.min(limit - taken, fair_left or limit)
+    local popped = redis.call('ZPOPMIN', source.fset, n)
+    if redis.call('EXISTS', source.fset) == 0 then
+      fair_emptied(source.name, source.queue, source.member)
+    end
+    for i = 1, #popped, 2 do
+      take(fair_member_id(popped[i]))
+    end
+  else
+    local ids = redis.call('LPOP', source.list, tie and 1 or (limit - taken)) or {}
+    if redis.call('LLEN', source.list) == 0 then
+      redis.call('ZREM', P .. 'prio:' .. source.queue, source.member)
     end
     for _, id in ipairs(ids) do
       take(id)
     end
-  else
-    break
   end
 end
 
@@ -291,7 +343,8 @@ rate_flush()
 local next_due
 for _, q in ipairs(queues) do
   -- Work left behind a full batch (or the parking budget): wake another idle worker.
-  if (taken >= limit or parked >= PARK_MAX) and redis.call('ZCARD', P .. 'prio:' .. q) > 0 then
+  if (taken >= limit or parked >= PARK_MAX)
+      and redis.call('EXISTS', P .. 'prio:' .. q, P .. 'fprio:' .. q) > 0 then
     wake(q)
   end
   local first = redis.call('ZRANGE', P .. 'sched:' .. q, 0, 0, 'WITHSCORES')
