@@ -87,7 +87,8 @@ def test_the_rate_key_index_serves_the_claims_of_a_rate_limited_name(alias, exec
 @pytest.mark.parametrize("alias", db_params(["postgres"]))
 def test_the_claim_index_serves_the_claim_of_all_other_names(alias, executor, storage):
     """Migration 0024: limited_name in the partial claim index, so the claim of the names
-    without limits reads none of the limited names' waiting tasks."""
+    without limits reads none of the limited names' waiting tasks (0032: flow_round after
+    the priority, fairness's order)."""
     require(alias)
     executor.submit("demo.capped", None)  # max_concurrency: stored with limited_name
     executor.submit("demo.noop", None)
@@ -100,5 +101,5 @@ def test_the_claim_index_serves_the_claim_of_all_other_names(alias, executor, st
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'rexec_claim_idx'")
         assert cursor.fetchone()[0].endswith(
-            "(limited_name, queue, priority DESC, run_at) WHERE available"
+            "(limited_name, queue, priority DESC, flow_round, run_at) WHERE available"
         )
