@@ -5,8 +5,8 @@ after the priority, and the table of each fair name's keys with their next round
 (priority, then run at). Adding the column with a default writes no row on PostgreSQL 11+ and
 MariaDB 10.3+; the claim index is built again (on a large waiting backlog that takes a while:
 run it before a quiet hour). On PostgreSQL the claim index stays partial (0003, 0024): only
-waiting rows are in it. On MySQL/MariaDB the keys compare byte for byte, as concurrency keys
-do (0031).
+waiting rows are in it. On MySQL/MariaDB the keys compare byte for byte, trailing spaces
+included (a NO PAD binary collation).
 """
 
 from django.db import migrations, models
@@ -34,12 +34,16 @@ def old_partial(apps, schema_editor):
 
 
 def binary_columns(apps, schema_editor):
-    if schema_editor.connection.vendor != "mysql":
+    connection = schema_editor.connection
+    if connection.vendor != "mysql":
         return
+    # NO PAD: "A" and "A " are two keys (utf8mb4_bin compares them equal on MariaDB, which
+    # would give two keys one row); MySQL 8's utf8mb4_0900_bin is NO PAD already.
+    collation = "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"
     schema_editor.execute(
         "ALTER TABLE `reliable_executor_fair_key` "
-        "MODIFY `name` varchar(191) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
-        "MODIFY `key` varchar(191) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+        f"MODIFY `name` varchar(191) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL, "
+        f"MODIFY `key` varchar(191) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL"
     )
 
 

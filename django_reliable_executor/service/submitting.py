@@ -339,13 +339,25 @@ def check_dependencies_exist(
         raise error
 
 
+# Options of the handler's decorator a submit cannot override: the refusal says where they go.
+HANDLER_ONLY = frozenset(
+    ("fairness", "max_concurrency", "max_concurrency_per_key", "rate_limit", "retry_on")
+)
+
+
+def _handler_only(name: str) -> str:
+    if name not in HANDLER_ONLY:
+        return ""
+    return f" ({name} is an option of the handler: @reliable_task_handler({name}=...))"
+
+
 def request_of(task_name: str, parameter: Any, options: Mapping[str, Any]) -> TaskSubmitRequest:
     """The request ``executor.submit(task_name, parameter, **options)`` makes; an unknown
     option is refused by name, with the closest known one."""
     fields = {f.name for f in dataclasses.fields(TaskSubmitRequest)}
     unknown = sorted(set(options) - fields)
     if unknown:
-        named = ", ".join(f"{name}{guess(name, fields)}" for name in unknown)
+        named = ", ".join(f"{name}{guess(name, fields)}{_handler_only(name)}" for name in unknown)
         raise InvalidTaskOptionError(f"unknown submit option(s): {named}", field=unknown[0])
     return TaskSubmitRequest(task_name=task_name, task_parameter=parameter, **options)
 

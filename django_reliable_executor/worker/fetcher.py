@@ -203,12 +203,15 @@ class Fetcher:
             # Block until a submit wakes a queue, the next delayed task is due, (at a limit) a
             # slot here frees up, or POLL_INTERVAL has passed (see the storage's waiter).
             self._waiting_blocked = full
+            # Fair names: a thread freed by any task may take their next turn.
+            self.pool.wake_any = bool(self.fair_names)
             try:
                 if self.pool.version == version:
                     wait_on = claimable + ([self._wake_key] if full else [])
                     self._wait_for_work(self.poll_interval, wait_on)
             finally:
                 self._waiting_blocked = False
+                self.pool.wake_any = False
             return
         # A storage that cannot wait (none of the shipped ones): poll, doubling the wait up to
         # POLL_INTERVAL. A worker that just had work looks again within milliseconds.

@@ -360,7 +360,7 @@ class BoundedPool(EventLoopSide):
         task = claim.task
         self._running.pop(task.task_id, None)
         if (self.queue_limits and task.queue in self.queue_limits) or (
-            self.fair_names and task.task_name in self.fair_names
+            self.fair_names and (self.wake_any or task.task_name in self.fair_names)
         ):  # _release([claim]) inline
             self.version += 1
             self._changed.notify_all()

@@ -48,6 +48,9 @@ class PoolState:
         # The names with fairness: claimed only for idle threads (fetcher.py), so one of them
         # leaving frees a thread the fetcher may be waiting for, as a limited queue's slot.
         self.fair_names = frozenset(fair_names)
+        # Set by the fetcher while it waits with fair names to claim: then any claim leaving
+        # frees a thread their next turn may be claimed for (not only a fair one's).
+        self.wake_any = False
         # Bumped whenever a claim of a limited queue leaves the pool; on_freed then runs
         # (outside the lock) so a fetcher blocked elsewhere can be woken.
         self.version = 0
@@ -79,7 +82,9 @@ class PoolState:
         it room (the fetcher's waits on ``_changed`` are then woken)."""
         limits, fair = self.queue_limits, self.fair_names
         freed = (bool(limits) and any(queue in limits for queue in map(_QUEUE, claims))) or (
-            bool(fair) and any(claim.task.task_name in fair for claim in claims)
+            bool(fair)
+            and bool(claims)
+            and (self.wake_any or any(claim.task.task_name in fair for claim in claims))
         )
         if freed:
             self.version += 1

@@ -1,16 +1,18 @@
 """Numbering the rounds of a fair name's new tasks in the database storage (core/fairness.py).
 
-A submit of tasks of a name with ``fairness="round_robin"`` locks the rows of their keys in
-``reliable_executor_fair_key`` (in key order, created on first use) for the rest of its
-transaction, so two submits of one key never give out the same round; it reads the round the
-name's claims are at (the lowest round of its due waiting tasks: the head of its range of the
-claim index, one index probe per queue and priority), numbers the tasks and writes each key's
-next round. The master's chores forget the rows of a name once it has no waiting task
-(``forget_idle``): the numbering then starts again from 0.
+A submit of tasks of a name with ``fairness="round_robin"`` reads the next rounds of their
+keys in ``reliable_executor_fair_key`` without a lock (a lock held until the caller's commit
+made two users' transactions submitting two keys in opposite orders deadlock); it reads the
+round the name's claims are at (the lowest round of its due waiting tasks: the head of its
+range of the claim index, one index probe per queue and priority), numbers the tasks, and
+writes each key's next round (raised, never lowered) once its transaction commits. The
+master's chores forget the rows of a name once it has no waiting task (``forget_idle``): the
+numbering then starts again from 0.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -31,38 +33,36 @@ class FairRounds:
         self._storage = storage
 
     def number(self, tasks: Sequence[NewTask]) -> list[int]:
-        """The ``flow_round`` of each task (0 for a name without fairness), the fair keys'
-        rows locked and moved on. Called inside the inserting transaction."""
+        """The ``flow_round`` of each task (0 for a name without fairness); the keys' next
+        rounds are written once the inserting transaction commits (``_write``)."""
         fair = self._storage.flow_limits.fair()
         rounds = [0] * len(tasks)
         by_name: dict[str, list[int]] = defaultdict(list)
         for index, task in enumerate(tasks):
             if task.task_name in fair:
                 by_name[task.task_name].append(index)
-        for name in sorted(by_name):  # one order for every submitter: no deadlock by name
+        for name in sorted(by_name):
             indexes = by_name[name]
             keys = [fair_key(tasks[i].concurrency_key, tasks[i].rate_key) for i in indexes]
-            nexts = self._lock_keys(name, sorted(set(keys)))
+            nexts = self._read_keys(name, sorted(set(keys)))
             current = self._current(name, tasks, indexes)
             numbered, moved = number_rounds(keys, nexts, current)
             for index, round_ in zip(indexes, numbered, strict=True):
                 rounds[index] = round_
-            self._write(name, moved)
+            transaction.on_commit(
+                functools.partial(self._write, name, moved), using=self._storage.alias, robust=True
+            )
         return rounds
 
-    def _lock_keys(self, name: str, keys: list[str]) -> dict[str, int]:
-        """The keys' next rounds, their rows created if missing and locked until the
-        transaction ends (on SQLite the insert took the database's write lock already)."""
+    def _read_keys(self, name: str, keys: list[str]) -> dict[str, int]:
+        """The keys' next rounds, read without a lock: a submit locks nothing that another
+        submit of the key (or the chores) would wait for until its caller commits. Two submits
+        of one key at the same instant may so give one round twice: that key then has two
+        tasks in that round, once."""
         rows = ReliableFairKey.objects.using(self._storage.alias)
-        rows.bulk_create(
-            [ReliableFairKey(name=name, key=key, next_round=0) for key in keys],
-            ignore_conflicts=True,
-        )
         nexts: dict[str, int] = {}
         for chunk in chunks(keys):
-            found = rows.filter(name=name, key__in=chunk).order_by("key")
-            if self._storage.vendor != "sqlite":
-                found = found.select_for_update()
+            found = rows.filter(name=name, key__in=chunk)
             nexts.update(found.values_list("key", "next_round"))
         return nexts
 
@@ -92,24 +92,37 @@ class FairRounds:
         return int(highest or 0)
 
     def _write(self, name: str, moved: dict[str, int]) -> None:
-        """Each key's next round, on its locked row."""
-        table = connections[self._storage.alias].ops.quote_name(ReliableFairKey._meta.db_table)
-        key_column = connections[self._storage.alias].ops.quote_name("key")
+        """Each key's next round, raised (never lowered: a later submit may have written a
+        higher one first), in one upsert of short locks in key order, after the submit's
+        commit (a rolled back submit numbers nothing)."""
+        storage = self._storage
+        connection = connections[storage.alias]
+        quote = connection.ops.quote_name
+        table = quote(ReliableFairKey._meta.db_table)
+        key, next_round = quote("key"), quote("next_round")
+        if storage.vendor == "mysql":
+            upsert = (
+                f"ON DUPLICATE KEY UPDATE {next_round} = "
+                f"GREATEST({next_round}, VALUES({next_round}))"
+            )
+        else:
+            higher = "GREATEST" if storage.vendor == "postgresql" else "MAX"
+            upsert = (
+                f"ON CONFLICT (name, {key}) DO UPDATE SET {next_round} = "
+                f"{higher}({table}.{next_round}, excluded.{next_round})"
+            )
         for chunk in chunks(sorted(moved)):
-            cases = " ".join(["WHEN %s THEN %s"] * len(chunk))
-            params: list[Any] = [value for key in chunk for value in (key, moved[key])]
-            marks = ", ".join(["%s"] * len(chunk))
-            self._storage._execute(
-                f"UPDATE {table} SET next_round = CASE {key_column} {cases} END "
-                f"WHERE name = %s AND {key_column} IN ({marks})",
-                [*params, name, *chunk],
+            values = ", ".join(["(%s, %s, %s)"] * len(chunk))
+            params: list[Any] = [v for k in chunk for v in (name, k, moved[k])]
+            storage._execute(
+                f"INSERT INTO {table} (name, {key}, {next_round}) VALUES {values} {upsert}", params
             )
 
 
 def forget_idle(alias: str, waiting: Collection[str]) -> int:
     """Delete the key rows of every name but those in ``waiting`` (the names with waiting
-    tasks, parked ones included): a name with none starts its rounds again from 0. A submit
-    that numbered rounds meanwhile holds its rows locked, so this waits for its commit."""
+    tasks, parked ones included): a name with none starts its rounds again from 0. (A submit
+    committing meanwhile writes its keys' rows again just after its commit.)"""
     rows = ReliableFairKey.objects.using(alias)
     with transaction.atomic(using=alias):
         deleted, _ = rows.exclude(name__in=sorted(waiting)).delete()
