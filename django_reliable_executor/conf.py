@@ -16,6 +16,7 @@ from .core.numbers import is_int, is_number
 from .core.option_names import guess
 from .core.options import RULES as OPTION_RULES
 from .core.options import TaskOptions
+from .core.parameter_index import MAX_KEY_CHARS
 
 SETTING_NAME = "RELIABLE_EXECUTOR"
 
@@ -60,6 +61,9 @@ class ExecutorSettings:
     # most missed runs one schedule fires after downtime (misfire="catch_up").
     SCHEDULE_MISFIRE_GRACE: float = 60.0
     SCHEDULE_CATCH_UP_LIMIT: int = 100
+    # Top-level parameter keys the storage indexes at submit, so that list_tasks(parameter=...)
+    # and the admin's search find their values without reading every task (docs/admin.md).
+    SEARCHABLE_PARAMETERS: tuple[str, ...] = ()
 
     @property
     def task_database(self) -> str | None:
@@ -99,6 +103,19 @@ def _pos_number(v: Any) -> bool:
 
 def _nonempty_str(v: Any) -> bool:
     return isinstance(v, str) and bool(v.strip())
+
+
+# How many keys SEARCHABLE_PARAMETERS may name: each adds an index entry to every task.
+MAX_SEARCHABLE = 20
+
+
+def _searchable_keys(v: Any) -> bool:
+    return (
+        isinstance(v, (list, tuple))
+        and len(v) <= MAX_SEARCHABLE
+        and len(set(map(str, v))) == len(v)
+        and all(_nonempty_str(key) and len(key) <= MAX_KEY_CHARS for key in v)
+    )
 
 
 SENTINEL_KEYS = ("sentinels", "service_name", "db", "password", "username", "sentinel_kwargs")
@@ -221,6 +238,11 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "SCHEDULE_MISFIRE_GRACE": (lambda v: is_number(v) and v >= 0, "a number of seconds >= 0"),
     "SCHEDULE_CATCH_UP_LIMIT": (_pos_int, "an integer > 0"),
+    "SEARCHABLE_PARAMETERS": (
+        _searchable_keys,
+        f"a list of at most {MAX_SEARCHABLE} distinct top-level parameter keys, each a "
+        f"non-empty string of at most {MAX_KEY_CHARS} characters",
+    ),
     "API_SIGNATURE_WINDOW": (
         lambda v: is_number(v) and 1 <= v <= 3600,
         "a number of seconds from 1 to 3600",
@@ -381,6 +403,7 @@ def get_settings() -> ExecutorSettings:
             values["MAX_POOL_SIZE"] = _with_defaults(raw)["MAX_POOL_SIZE"]
         values["REDIS_OPTIONS"] = dict(values.get("REDIS_OPTIONS") or {})
         values["API_KEYS"] = dict(values.get("API_KEYS") or {})
+        values["SEARCHABLE_PARAMETERS"] = tuple(values.get("SEARCHABLE_PARAMETERS") or ())
         if values.get("REDIS_SENTINEL"):
             values["REDIS_SENTINEL"] = _normalised_sentinel(values["REDIS_SENTINEL"])
         for key in (

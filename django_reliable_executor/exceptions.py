@@ -149,6 +149,11 @@ class InvalidScheduleError(ReliableExecutorError, ValueError):
         self.field = field
 
 
+class UnknownScheduleError(InvalidScheduleError):
+    """No schedule has this id (``run_schedule_now``); nothing was stored. ``field`` is
+    "schedule_id"."""
+
+
 class InvalidQueueError(ReliableExecutorError, ValueError):
     """pause_queue/resume_queue refused the queue name: it breaks the queue-name rule, or no
     registered handler, stored task, live worker or schedule uses it (a typo would
@@ -185,3 +190,14 @@ class WaitTimeout(ReliableExecutorError):
 class EventTimeout(WaitTimeout):
     """Raised in a handler by ``context.wait_for_event(name, timeout=...)`` when the timeout
     passed before the event was sent to the task."""
+
+
+class TaskNotRunningError(ReliableExecutorError, ValueError):
+    """``executor.request_stack`` was refused: the task is not found, or no handler of it is
+    running (only a running handler has a live stack)."""
+
+
+class StackNotAnsweredError(ReliableExecutorError):
+    """``executor.task_stack`` has no answer to give: the worker did not answer the request
+    within ``core.stacks.ANSWER_SECONDS`` (it is gone or frozen), or the request is unknown
+    (expired, or made for another task)."""

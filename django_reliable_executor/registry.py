@@ -350,7 +350,11 @@ def _forget_limited_homes() -> None:
 
 #: The registry's limited names, as the service builds its storage with them.
 FLOW_LIMITS = FlowLimits(
-    names=limited_names, keyed=lambda: key_limits().keys(), homes=limited_homes, fair=fair_names
+    names=limited_names,
+    keyed=lambda: key_limits().keys(),
+    homes=limited_homes,
+    fair=fair_names,
+    known=lambda: frozenset(list(_handlers)),
 )
 
 

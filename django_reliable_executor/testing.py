@@ -7,6 +7,10 @@ tasks the test submitted in its open transaction, and what it writes is rolled b
 test. A worker (``runexecutor``) cannot run there: its threads use connections of their own,
 which never see that transaction's rows and wait for its locks.
 
+Due tasks it leaves waiting because a rate limit, a concurrency cap or a paused queue holds
+them back (as a worker would) are named in a ``TasksHeldBackWarning``: a test that expected
+them to run learns why they did not.
+
 ``TaskTestMixin`` (for TestCase classes) and the pytest fixture ``reliable_tasks``
 (``pytest_plugins = ["django_reliable_executor.testing"]``) give each test Redis keys of its
 own (on the database storage the test's rollback already does), so no test runs another's
@@ -16,7 +20,9 @@ tasks.
 from __future__ import annotations
 
 import contextlib
+import copy
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,8 +31,9 @@ from django.test.utils import override_settings
 from .conf import get_settings
 from .core.progress import Progress
 from .core.records import Claim, TaskInfo
+from .core.states import WAITING_STATUSES
 from .exceptions import storage_unavailable
-from .registry import key_limits, name_limits, rate_limits
+from .registry import get_handler, key_limits, name_limits, rate_limits, register
 from .service.on_commit import pending_task_writes
 from .service.reliable_executor import executor
 from .worker.completion_writer import CompletionWriter
@@ -35,13 +42,27 @@ from .worker.runner import TaskRunner
 if TYPE_CHECKING:
     from .storage.redis import RedisStorage
 
-__all__ = ["TaskTestMixin", "reliable_tasks", "run_tasks"]
+__all__ = [
+    "TaskTestMixin",
+    "TasksHeldBackWarning",
+    "reliable_tasks",
+    "run_tasks",
+    "without_flow_limits",
+]
 
 # Tasks claimed per round with until_idle=False (all that are due at the call, in practice).
 _ONE_PASS = 1000
 # A bound on the rounds of until_idle=True without a limit: a task that fails and is retried
 # at once forever (retry_interval 0, a huge retry_limit) ends the call instead of hanging it.
 _MOST_RUNS = 10_000
+# Most waiting tasks of one limited name read to tell which are held back (the warning's count).
+_HELD_SCAN = 1000
+
+
+class TasksHeldBackWarning(UserWarning):
+    """``run_tasks()`` left due tasks waiting because a rate limit, a concurrency cap
+    (``max_concurrency``, ``max_concurrency_per_key``) or a paused queue held them back, as a
+    worker would. The message names each task name (or queue), how many, and why."""
 
 
 def run_tasks(
@@ -57,7 +78,9 @@ def run_tasks(
     many runs. ``until_idle``: keep going while tasks fall due (dependents released, batch
     callbacks stored, retries whose interval has passed); False: only the tasks due now.
     Tasks delayed into the future, of paused queues, or over their rate limit or
-    ``max_concurrency`` are left waiting, as a worker would leave them.
+    ``max_concurrency`` are left waiting, as a worker would leave them; those that are due
+    (all but the delayed ones) are named in a ``TasksHeldBackWarning``, unless ``limit``
+    ended the call.
 
     On Redis, the submits the test made inside its open transaction (which a TestCase never
     commits) are stored first, as they would be at its commit."""
@@ -80,8 +103,103 @@ def run_tasks(
             runs += 1
         if not until_idle:
             break
+    if runs < most:
+        held = held_back(queues)
+        if held:
+            warnings.warn(held_back_message(held), TasksHeldBackWarning, stacklevel=2)
     stored = executor.storage.get_many(list(ran))
     return [stored[task_id] for task_id in ran if task_id in stored]
+
+
+@contextlib.contextmanager
+def without_flow_limits(*names: str) -> Iterator[None]:
+    """Inside the block, the handlers of ``names`` have no ``rate_limit``,
+    ``max_concurrency`` nor ``max_concurrency_per_key`` (their other options stay): a test
+    that submits a backlog of a limited task and runs it with ``run_tasks()`` runs all of it.
+    Submit and run inside the block: a task is stored for the limits its name had at submit.
+    The registry's handlers are swapped (``register``, which forgets what it derived from
+    them) and put back at the end. ValueError for a name with no handler registered."""
+    originals = []
+    for name in names:
+        handler = get_handler(name)
+        if handler is None:
+            raise ValueError(f"without_flow_limits: no handler is registered as {name!r}")
+        originals.append(handler)
+    try:
+        for handler in originals:
+            lifted = copy.copy(handler)
+            lifted.rate_limit = None
+            lifted.max_concurrency = None
+            lifted.max_concurrency_per_key = None
+            register(lifted)  # the same function: replaces it
+        yield
+    finally:
+        for handler in originals:
+            register(handler)
+
+
+def held_back(queues: Sequence[str] | None = None) -> list[tuple[str, int, str]]:
+    """The due tasks of ``queues`` (None: every queue) that no claim takes now, grouped by
+    why: ``(what, how many, why)`` for each paused queue and each task name whose rate limit
+    or concurrency cap holds some back. One read per limited name registered (none without
+    one), and one for the paused queues when there are some."""
+    paused = executor.paused_queues()
+    if queues is not None:
+        paused &= set(queues)
+    held = []
+    if paused:  # only those holding a due task
+        due_by_queue = executor.oldest_due_by_queue()
+        held += [
+            (f"queue {queue!r}", 0, "paused: resume_queue() lets it run")
+            for queue in sorted(paused)
+            if queue in due_by_queue
+        ]
+    now = executor.clock.now()
+    # Redis moves a task held by its rate limit to when the window frees (its run_at is then
+    # ahead): the storage's own count of them is taken as well.
+    rate_held = {use.task_name: use.held_back for use in executor.rate_limit_use()}
+    for name in sorted({*rate_limits(), *name_limits(), *key_limits()}):
+        waiting = executor.list_tasks(statuses=WAITING_STATUSES, task_name=name, limit=_HELD_SCAN)
+        ours = [
+            task
+            for task in waiting
+            if (queues is None or task.queue in queues)
+            and task.queue not in paused
+            and not task.waiting_for
+            and task.waiting is None
+        ]
+        due = sum(task.run_at <= now for task in ours)
+        n = max(due, min(rate_held.get(name, 0), len(ours)))
+        if n:
+            held.append((name, n, _limits_of(name)))
+    return held
+
+
+def held_back_message(held: list[tuple[str, int, str]]) -> str:
+    parts = [f"{what}: {n} held back by {why}" if n else f"{what}: {why}" for what, n, why in held]
+    return (
+        "run_tasks() left due tasks waiting, as a worker would: "
+        + "; ".join(parts)
+        + ". See 'Rate limits, caps and paused queues' in the testing docs for a way to run them."
+    )
+
+
+def _limits_of(name: str) -> str:
+    """The limits of ``name``'s handler that can hold a due task back, as its decorator says."""
+    handler = get_handler(name)
+    if handler is None:
+        return "its limits"
+    limits = []
+    if handler.rate_limit is not None:
+        rate = handler.rate_limit
+        per = {1.0: "s", 60.0: "m", 3600.0: "h"}.get(rate.window_seconds)
+        window = per or f"{rate.window_seconds:g}s"
+        limits.append(f'rate_limit="{rate.count}/{window}" (they start as its window frees)')
+    if handler.max_concurrency is not None:
+        limits.append(f"max_concurrency={handler.max_concurrency}")
+    if handler.max_concurrency_per_key is not None:
+        limits.append(f"max_concurrency_per_key={handler.max_concurrency_per_key}")
+    return " or ".join(limits)
 
 
 def _store_deferred_submits() -> None:

@@ -111,9 +111,9 @@ def redis_client(url: str = REDIS_URL):
 
 def delete_prefix(client, key_prefix: str) -> None:
     """Delete every key of one key prefix (never FLUSHALL: the server is shared)."""
-    keys = list(client.scan_iter(match="{" + key_prefix + "}:*", count=1000))
-    # and the keys of its shards, when a test stored under REDIS_SHARDS > 1
-    keys += client.scan_iter(match="{" + key_prefix + ":shard-*", count=1000)
+    # "{prefix}:..." and, when a test stored under REDIS_SHARDS > 1, its shards'
+    # "{prefix:shard-N}:...", in one pass (each pass reads all the server's keys).
+    keys = list(client.scan_iter(match="{" + key_prefix + "[}:]*", count=10_000))
     for start in range(0, len(keys), 500):
         client.delete(*keys[start : start + 500])
 
@@ -280,8 +280,21 @@ def workers(tmp_path):
 # model-based test, the Redis scripts, and tests/races/ (the process tests that race workers
 # against each other, and the ended matrix: real workers on every storage, what it races is the
 # storages' own writes). tests/process/ holds the ones that exercise Django's own signal and
-# async paths: they run on every Django.
-_ONCE_ONLY_DIRS = {("faults",), ("model",), ("races",), ("redis", "scripts")}
+# async paths: they run on every Django. tests/integration/flow_control/ (caps, keys, rates,
+# fairness, debounce: the storages' own SQL and Lua, which the contract suite's runs on every
+# Django reach through the same ORM calls) runs once too (CI time).
+_ONCE_ONLY_DIRS = {
+    ("faults",),
+    ("model",),
+    ("races",),
+    ("redis", "scripts"),
+    ("integration", "flow_control"),
+}
+
+
+# The admin's browser tests (Chromium) run on the oldest and the newest Django the matrix has
+# (5.2 and 6.1, whose admin markup differs), not again on 6.0 (CI time).
+_BROWSER_TESTS = "test_admin_browser"
 
 
 def pytest_ignore_collect(collection_path, config) -> bool | None:
@@ -292,6 +305,8 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
         return None
     below = parts[parts.index("tests") + 1 :]
     if any(below[: len(folder)] == folder for folder in _ONCE_ONLY_DIRS):
+        return True
+    if collection_path.name.startswith(_BROWSER_TESTS):
         return True
     return None
 

@@ -1,5 +1,6 @@
-"""The summary's health parts: the throughput chart (inline SVG drawn here, no JavaScript) and the
-oldest due task's age of each queue, marked amber or red past its thresholds."""
+"""The summary's health parts: the throughput chart and each queue's sparkline of completions
+(inline SVG drawn here, no JavaScript), and the oldest due task's age of each queue, marked amber
+or red past its thresholds."""
 
 from __future__ import annotations
 
@@ -170,3 +171,50 @@ def chart(minutes: list[MinuteCounts]) -> Chart:
         bottom=bottom,
         description=f"Tasks per minute over the last {len(minutes)} minutes: {description}.",
     )
+
+
+# A sparkline's drawing area (SVG user units, drawn at this size), and how many queues get one:
+# the first of the summary's queue table (by name); the rows past them show none, so that a
+# store with thousands of queues reads and draws a bounded amount.
+SPARK_WIDTH, SPARK_HEIGHT, SPARK_PAD = 60, 18, 2
+SPARKLINE_QUEUES = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Sparkline:
+    """One queue's tasks completed per minute, drawn small: scaled to its own peak."""
+
+    width: int
+    height: int
+    points: str  # the polyline's "x,y x,y ..."
+    area: str  # the same line closed along the bottom, filled lightly
+    total: int
+    peak: int
+    title: str  # the tooltip, and the image's accessible name
+
+    @property
+    def baseline(self) -> float:
+        return self.height - SPARK_PAD
+
+
+def sparkline(queue: str, completed: list[int]) -> Sparkline:
+    """The sparkline of ``completed`` per minute (oldest first, the current minute last)."""
+    count = len(completed)
+    peak = max(completed, default=0)
+    total = sum(completed)
+    span = SPARK_WIDTH - 2 * SPARK_PAD
+    bottom = SPARK_HEIGHT - SPARK_PAD
+
+    def x(index: int) -> float:
+        return round(SPARK_PAD + (span * index / (count - 1) if count > 1 else span), 1)
+
+    def y(value: int) -> float:
+        return round(bottom - (bottom - SPARK_PAD) * value / peak, 1) if peak else bottom
+
+    points = " ".join(f"{x(i)},{y(n)}" for i, n in enumerate(completed))
+    area = f"{x(0)},{bottom} {points} {x(count - 1)},{bottom}" if count else ""
+    if total:
+        title = f"{queue}: {total} completed in the last {count} minutes, peak {peak} a minute"
+    else:
+        title = f"{queue}: none completed in the last {count} minutes"
+    return Sparkline(SPARK_WIDTH, SPARK_HEIGHT, points, area, total, peak, title)

@@ -18,10 +18,12 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 
 from ..core.records import TaskInfo
-from ..exceptions import StorageUnavailableError
+from ..exceptions import StorageUnavailableError, UnknownScheduleError
+from ..schedules.describing import describe_schedule
 from ..schedules.records import ScheduleInfo
 from ..service.reliable_executor import ReliableExecutor
-from . import task_pages
+from . import schedule_activity, task_pages
+from .schedule_activity import Activity, FireTime
 
 PAGE_SIZE = 100
 # The detail page lists the schedule's fires among this many newest tasks of its task name
@@ -104,6 +106,9 @@ class Row:
     late: bool
     last_task: TaskInfo | None
     last_task_url: str | None
+    words: str = ""  # the timing in plain words (describing.py)
+    next_fire: FireTime | None = None  # the stored next run on the schedule's clock
+    activity_url: str = ""  # its last 24 hours drawn small (``list_activity``), an image
 
 
 def describe(schedule: ScheduleInfo) -> str:
@@ -115,8 +120,19 @@ def describe(schedule: ScheduleInfo) -> str:
         return f"every {schedule.every}"
 
 
+def in_words(schedule: ScheduleInfo) -> str:
+    """The timing in plain words, or its literal definition when it cannot be read."""
+    try:
+        return describe_schedule(schedule)
+    except Exception:  # as describe(): the page shows what is stored rather than fail
+        return describe(schedule)
+
+
 def row(
-    schedule: ScheduleInfo, tasks: Mapping[str, TaskInfo], now: dt.datetime, site_name: str
+    schedule: ScheduleInfo,
+    tasks: Mapping[str, TaskInfo],
+    now: dt.datetime,
+    site_name: str,
 ) -> Row:
     last = tasks.get(schedule.last_task_id) if schedule.last_task_id else None
     return Row(
@@ -129,6 +145,30 @@ def row(
         last_task_url=task_pages.change_url(schedule.last_task_id, site_name)
         if schedule.last_task_id
         else None,
+        words=in_words(schedule),
+        next_fire=schedule_activity.next_fire(schedule),
+        activity_url=activity_url(schedule.schedule_id, site_name),
+    )
+
+
+def activity_url(schedule_id: str, site_name: str = "admin") -> str:
+    """The list's small drawing of the schedule's last 24 hours (an SVG image of its own, so
+    that the list reads no run: each row's image is read when the browser shows it)."""
+    return reverse(
+        f"{site_name}:django_reliable_executor_reliableschedule_activity",
+        args=[quote(schedule_id)],
+    )
+
+
+def list_activity(executor: ReliableExecutor, schedule: ScheduleInfo, now: dt.datetime) -> Activity:
+    """One list row's last 24 hours, drawn small: its newest SCANNED_LIST runs and its skips."""
+    return schedule_activity.activity(
+        executor,
+        schedule,
+        now,
+        schedule_activity.SCANNED_LIST,
+        schedule_activity.HEIGHT_LIST,
+        schedule_activity.BAR_LIST,
     )
 
 
@@ -241,6 +281,11 @@ def schedule_detail(
         if schedule.max_duration_millis
         else None,
         "fires": fires(executor, schedule, site_name),
+        "words": in_words(schedule),
+        "upcoming": schedule_activity.upcoming(schedule, now),
+        "activity": schedule_activity.activity(
+            executor, schedule, now, schedule_activity.SCANNED_DETAIL
+        ),
         "runs_url": task_pages.changelist_url(site_name)
         + task_pages.query_url({"schedule": schedule.schedule_id}),
         "fires_scanned": FIRES_SCANNED,
@@ -259,6 +304,7 @@ class Outcome:
     changed: list[str] = dataclasses.field(default_factory=list)
     skipped: Counter[str] = dataclasses.field(default_factory=Counter)
     error: str | None = None
+    tasks: list[str] = dataclasses.field(default_factory=list)  # "run now": the runs' ids
 
     @property
     def level(self) -> int:
@@ -274,6 +320,8 @@ class Outcome:
             text += f"; {sum(self.skipped.values())} skipped: {reasons}"
         if self.error:
             text += f". Stopped: {self.error}"
+        if self.tasks:
+            text += f". Task{'s' if len(self.tasks) > 1 else ''}: {', '.join(self.tasks)}"
         return text + "."
 
 
@@ -315,4 +363,33 @@ def resume_schedules(executor: ReliableExecutor, schedule_ids: Iterable[str]) ->
     return _set_paused(executor, schedule_ids, False)
 
 
-ACTIONS = {"pause": pause_schedules, "resume": resume_schedules}
+#: Why "run now" stored no new run: one started by hand earlier is not finished.
+EARLIER_RUN = "run by hand earlier, not finished yet"
+
+
+def run_schedules_now(executor: ReliableExecutor, schedule_ids: Iterable[str]) -> Outcome:
+    """Fire one run of each schedule now (``executor.run_schedule_now``); a schedule whose
+    earlier run now is not finished keeps that one (skipped, its task named)."""
+    outcome = Outcome("fired now")
+    ids = list(dict.fromkeys(schedule_ids))
+    for index, schedule_id in enumerate(ids):
+        try:
+            before = executor.clock.now()
+            task_id = executor.run_schedule_now(schedule_id)
+            task = executor.get_task(task_id)
+            # A new run is created at this call's time; the earlier one before it.
+            if task is not None and task.created_at < before:
+                outcome.skipped[EARLIER_RUN] += 1
+            else:
+                outcome.changed.append(schedule_id)
+            outcome.tasks.append(task_id)
+        except UnknownScheduleError:
+            outcome.skipped[NOT_FOUND] += 1
+        except StorageUnavailableError as exc:
+            outcome.skipped["not attempted"] += len(ids) - index
+            outcome.error = str(exc)
+            break
+    return outcome
+
+
+ACTIONS = {"pause": pause_schedules, "resume": resume_schedules, "run_now": run_schedules_now}

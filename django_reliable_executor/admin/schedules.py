@@ -1,13 +1,14 @@
 """The schedules in Django's admin: a list with active/paused counts, a detail page with the
-last fires, pause, resume and delete.
+next fire times, the last 24 hours and the last fires, pause, resume, run now and delete.
 
 ``ReliableSchedule`` is registered for its admin URLs and its permissions only: every page
 reads and acts through the service (``list_schedules``, ``count_schedules``, ``get_schedule``,
 ``pause_schedule``, ``resume_schedule``, ``delete_schedule``), never the ORM, so the same
 pages work on the database and on Redis storage (where the table stays empty).
 
-Permissions: viewing needs ``view_reliableschedule``; pause and resume need
-``change_reliableschedule``; delete needs ``delete_reliableschedule``. Nothing is added or
+Permissions: viewing (the rows' last-24-hours images too) needs ``view_reliableschedule``;
+pause, resume and run now need ``change_reliableschedule``; delete needs
+``delete_reliableschedule``. Nothing is added or
 edited here: schedules are defined in code or through the HTTP API.
 """
 
@@ -54,7 +55,12 @@ class ReliableScheduleAdmin(ServiceModelAdmin):
                 "<path:object_id>/delete/",
                 self.admin_site.admin_view(self.delete_view),
                 name="{}_{}_delete".format(*info),
-            )
+            ),
+            path(
+                "<path:object_id>/activity.svg",
+                self.admin_site.admin_view(self.activity_view),
+                name="{}_{}_activity".format(*info),
+            ),
         )
 
     # -- pages ----------------------------------------------------------------------------
@@ -151,6 +157,28 @@ class ReliableScheduleAdmin(ServiceModelAdmin):
         except StorageUnavailableError as exc:
             return self._unavailable(request, exc, title)
         return TemplateResponse(request, TEMPLATES + "delete_confirmation.html", context)
+
+    def activity_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The list row's last 24 hours as an SVG image (404 for an unknown schedule, 503
+        when the store cannot be reached): the list reads no run itself, the browser asks
+        for each row's image as it shows it."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            schedule = self.executor.get_schedule(unquote(object_id))
+            if schedule is None:
+                return HttpResponse(status=404)
+            drawn = schedule_pages.list_activity(self.executor, schedule, self.executor.clock.now())
+        except StorageUnavailableError:
+            return HttpResponse(status=503)
+        response = TemplateResponse(
+            request,
+            TEMPLATES + "activity.svg",
+            {"activity": drawn},
+            content_type="image/svg+xml; charset=utf-8",
+        )
+        response["Cache-Control"] = "private, max-age=60"
+        return response
 
     def _missing(self, request: HttpRequest, schedule_id: str) -> HttpResponse:
         messages.warning(request, f"No schedule has the id {schedule_id!r}.")

@@ -1,4 +1,5 @@
-"""What the task list and task detail pages show, read through the service (any storage).
+"""What the task list page shows, and the helpers the other pages share (URLs, filters, rows,
+durations), read through the service (any storage).
 
 Nothing here touches the ORM or Redis: the pages work the same on every storage. Each function
 returns the template context of one part of a page; the list's summary is ``task_summary``.
@@ -19,19 +20,18 @@ from django.urls import reverse
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
+from ..core.parameter_filter import cut_short
 from ..core.progress import percent, progress_summary
 from ..core.records import TaskInfo
 from ..core.states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
-from ..core.waits import RECORD_KEY, wait_text
-from ..registry import all_handlers, get_handler
+from ..registry import all_handlers
 from ..service.reliable_executor import ReliableExecutor
+from . import parameter_search
 from .operations import can_cancel, can_retry
 
 PAGE_SIZE = 100
-# A step's result on the task's page: its JSON, cut after this many characters.
-STEP_RESULT_CHARS = 80
 # The filters a list URL may carry, in the order they appear in it.
-FILTERS = ("status", "queue", "task_name", "origin", "schedule", "batch_id")
+FILTERS = ("status", "queue", "task_name", "origin", "schedule", "batch_id", "tag", "parameter")
 # ``?origin=``: the tasks submitted (schedule runs left out), or only the schedules' runs.
 ORIGINS = {"submitted": "Submitted", "schedules": "Schedule runs"}
 # ``?status=dead``: the dead letters, tasks that ended FAILED, TIMEOUT or ERROR, listed together.
@@ -97,6 +97,9 @@ class Filters:
     batch_id: str | None = None  # a batch's members and callbacks (its page links here)
     origin: str | None = None  # a key of ORIGINS
     schedule: str | None = None  # one schedule's runs (its page links here)
+    tag: str | None = None  # the tasks submitted with this tag (the search box's "tag:...")
+    # The tasks whose parameter holds these pairs, a JSON object (the search box's "key=value").
+    parameter: str | None = None
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> Filters:
@@ -119,6 +122,8 @@ class Filters:
             batch_id=query.get("batch_id", "").strip() or None,
             origin=query.get("origin") if query.get("origin") in ORIGINS else None,
             schedule=query.get("schedule", "").strip() or None,
+            tag=query.get("tag", "").strip() or None,
+            parameter=parameter_search.valid_text(query.get("parameter")),
         )
 
     @property
@@ -130,6 +135,8 @@ class Filters:
             self.batch_id,
             self.origin,
             self.schedule,
+            self.tag,
+            self.parameter,
         )
         return any(v is not None for v in values)
 
@@ -153,6 +160,21 @@ class Filters:
         if self.dead_letters:
             return DEAD_LETTER_STATUSES
         return frozenset({self.status}) if self.status is not None else None
+
+    def list_filters(self) -> dict[str, Any]:
+        """The keyword filters of ``executor.list_tasks`` these filters list (the bulk actions
+        walk the same ones)."""
+        return {
+            "status": None if self.dead_letters else self.status,
+            "statuses": DEAD_LETTER_STATUSES if self.dead_letters else None,
+            "task_name": self.task_name,
+            "queue": self.queue,
+            "batch_id": self.batch_id,
+            "schedule_runs": self.schedule_runs,
+            "schedule_id": self.schedule,
+            "tag": self.tag,
+            "parameter": None if self.parameter is None else json.loads(self.parameter),
+        }
 
     def url(self, **changes: Any) -> str:
         """The list's query string with some values changed (None removes one). A change of
@@ -223,17 +245,7 @@ def task_list(executor: ReliableExecutor, filters: Filters, site_name: str) -> d
     """One page of tasks, newest first: PAGE_SIZE + 1 are read to know if another page follows
     (no COUNT of the matching tasks)."""
     offset = (filters.page - 1) * PAGE_SIZE
-    tasks = executor.list_tasks(
-        status=None if filters.dead_letters else filters.status,
-        statuses=DEAD_LETTER_STATUSES if filters.dead_letters else None,
-        task_name=filters.task_name,
-        queue=filters.queue,
-        batch_id=filters.batch_id,
-        schedule_runs=filters.schedule_runs,
-        schedule_id=filters.schedule,
-        limit=PAGE_SIZE + 1,
-        offset=offset,
-    )
+    tasks = executor.list_tasks(**filters.list_filters(), limit=PAGE_SIZE + 1, offset=offset)
     now = executor.clock.now()
     rows = [row(task, now, site_name) for task in tasks[:PAGE_SIZE]]
     has_next = len(tasks) > PAGE_SIZE
@@ -245,6 +257,7 @@ def task_list(executor: ReliableExecutor, filters: Filters, site_name: str) -> d
         "previous_url": filters.url(page=filters.page - 1) if filters.page > 1 else None,
         "next_url": filters.url(page=filters.page + 1) if has_next else None,
         "first_url": filters.url(page=1) if filters.page > 2 else None,
+        "cut_short": cut_short(tasks),  # a parameter search stopped at its bound (Redis)
     }
 
 
@@ -252,8 +265,10 @@ def matching_total(filters: Filters, by_queue: dict[str, dict[TaskStatus, int]])
     """How many tasks the filters match, when the counters tell (not for a task name filter:
     no storage keeps counts by name, and counting them would read every matching task; nor
     for a batch filter: the batch's page shows its counts; nor by origin: no counter tells
-    schedule runs apart)."""
-    if filters.task_name is not None or filters.batch_id is not None:
+    schedule runs apart; nor by tag or parameter: none counts by them)."""
+    if filters.task_name is not None or filters.batch_id is not None or filters.tag is not None:
+        return None
+    if filters.parameter is not None:
         return None
     if filters.origin is not None or filters.schedule is not None:
         return None
@@ -307,123 +322,3 @@ def filter_choices(
         # No list of batches: only the one chosen (from its page), with "All" to leave it.
         *([choices("batch_id", [])] if filters.batch_id is not None else []),
     ]
-
-
-@dataclasses.dataclass(frozen=True)
-class Related:
-    """A dependency or dependent of the task shown: a link, its status (None: purged), and
-    whether the task still waits for it."""
-
-    task_id: str
-    url: str
-    status: TaskStatus | None
-    awaited: bool = False
-
-
-def related_tasks(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> dict[str, Any]:
-    """The task's dependencies and dependents, each linked to its own detail page."""
-    dependent_ids = executor.dependents_of(task.task_id)
-    found = executor.storage.get_many([*task.depends_on, *dependent_ids])
-
-    def related(task_id: str, awaited: bool = False) -> Related:
-        other = found.get(task_id)
-        status = other.status if other is not None else None
-        return Related(task_id, change_url(task_id, site_name), status, awaited)
-
-    return {
-        "dependencies": [related(d, d in task.waiting_for) for d in task.depends_on],
-        "dependents": [related(d) for d in dependent_ids],
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class StepRow:
-    """One checkpoint of the task's step timeline: its name, when it finished, and the start
-    of its stored result's JSON ("" when the checkpoint went between the two reads)."""
-
-    number: int
-    name: str
-    finished_at: dt.datetime
-    result: str
-    result_cut: bool  # the JSON was longer than STEP_RESULT_CHARS
-
-
-def short_json(value: Any) -> tuple[str, bool]:
-    """The JSON of ``value`` on one line, cut to STEP_RESULT_CHARS (True when it was cut)."""
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
-    if len(text) <= STEP_RESULT_CHARS:
-        return text, False
-    return text[: STEP_RESULT_CHARS - 1] + "\u2026", True
-
-
-def step_timeline(executor: ReliableExecutor, task: TaskInfo) -> list[StepRow]:
-    """The task's checkpoints in the order they finished, with their results: one more read
-    of the storage (``step_results``, all of the task's at once), none for a task without
-    steps."""
-    if not task.steps:
-        return []
-    results = executor.storage.step_results(task.task_id)
-    rows = []
-    for number, step in enumerate(task.steps, start=1):
-        stored = results.get(step.name)
-        if isinstance(stored, dict) and RECORD_KEY in stored:  # a durable wait's record
-            until = f" until {stored['until']}" if stored.get("until") else ""
-            text, cut = f"a wait: {stored[RECORD_KEY]}{until}", False
-        else:
-            text, cut = short_json(stored) if step.name in results else ("", False)
-        rows.append(StepRow(number, step.name, step.finished_at, text, cut))
-    return rows
-
-
-def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> dict[str, Any]:
-    now = executor.clock.now()
-    waited = None
-    if task.status in WAITING_STATUSES and task.run_at <= now:
-        waited = format_duration(now - task.run_at)
-    return {
-        "task": task,
-        "row": row(task, now, site_name),
-        **related_tasks(executor, task, site_name),
-        "parameter_json": pretty_json(task.parameter),
-        "result_json": pretty_json(task.result) if task.result is not None else None,
-        "due_for": waited,
-        "max_duration": format_duration(dt.timedelta(milliseconds=task.max_duration_millis))
-        if task.max_duration_millis
-        else None,
-        "retry_interval": format_duration(dt.timedelta(milliseconds=task.retry_interval)),
-        "attempt_timeout": attempt_timeout_text(task),
-        "batch_url": batch_url(task.batch_id, site_name) if task.batch_id else None,
-        "steps": step_timeline(executor, task),
-        "waiting": waiting_detail(task, site_name),
-    }
-
-
-def waiting_detail(task: TaskInfo, site_name: str) -> dict[str, Any] | None:
-    """What a waiting task waits for (a durable wait), with links to the awaited tasks."""
-    waiting = task.waiting
-    if not waiting:
-        return None
-    until = waiting.get("until")
-    return {
-        "kind": waiting.get("kind"),
-        "name": waiting.get("name"),
-        "event": waiting.get("event"),
-        "until": dt.datetime.fromisoformat(until) if until else None,
-        "text": wait_text(waiting),
-        "tasks": [
-            Related(t, change_url(t, site_name), None, t in task.waiting_for)
-            for t in waiting.get("task_ids") or ()
-        ],
-    }
-
-
-def attempt_timeout_text(task: TaskInfo) -> str | None:
-    """The limit each attempt of ``task`` runs under: its own, else its handler's (said so),
-    else None."""
-    if task.attempt_timeout is not None:
-        return f"{format_duration(dt.timedelta(seconds=task.attempt_timeout))} per attempt"
-    handler = get_handler(task.task_name)
-    if handler is not None and handler.attempt_timeout is not None:
-        limit = format_duration(dt.timedelta(seconds=handler.attempt_timeout))
-        return f"{limit} per attempt (its handler's)"
-    return None

@@ -1,5 +1,6 @@
 """The task list's summary: counts by queue and status (reused a while when counting is slow),
-the oldest due task's age of each queue, the throughput chart, the master and the workers."""
+the oldest due task's age of each queue, its sparkline of completions, the throughput chart, the
+master and the workers."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import dataclasses
 import datetime as dt
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from ..core.records import WorkerInfo
 from ..core.states import DEAD_LETTER_STATUSES, TaskStatus
 from ..service.reliable_executor import ReliableExecutor
-from .health import DueThresholds, chart
+from .health import SPARKLINE_QUEUES, DueThresholds, Sparkline, chart, sparkline
 from .task_pages import DEAD_LETTERS, Filters, format_duration
 
 
@@ -77,6 +79,7 @@ class QueueCounts:
     url: str
     paused: bool = False
     oldest_due: DueAge | None = None
+    completed: Sparkline | None = None  # None past the first SPARKLINE_QUEUES queues
 
 
 def summary(
@@ -86,7 +89,8 @@ def summary(
     thresholds: DueThresholds = DueThresholds(),  # noqa: B008 - frozen, shared safely
 ) -> dict[str, Any]:
     """Counts by status and queue (paused queues marked, listed even when empty), the oldest
-    due task's age of each queue and of all, the tasks ended per minute over the last hour,
+    due task's age of each queue and of all, the tasks completed per minute over the last hour
+    of each queue (the first SPARKLINE_QUEUES) and ended per minute of all,
     the master, the live workers and the use of each rate limit."""
     statuses = list(TaskStatus)
     base = Filters()
@@ -95,23 +99,15 @@ def summary(
     due = executor.oldest_due_by_queue()
     # A paused queue is listed even with no task left, so that it can be resumed here.
     shown: dict[str, dict[TaskStatus, int]] = {**{queue: {} for queue in paused}, **by_queue}
-    queues = [
-        QueueCounts(
-            queue=queue,
-            counts=[(s, counts.get(s, 0), base.url(queue=queue, status=s.value)) for s in statuses],
-            total=sum(counts.values()),
-            url=base.url(queue=queue),
-            paused=queue in paused,
-            oldest_due=due_age(due.get(queue), now, thresholds),
-        )
-        for queue, counts in sorted(shown.items())
-    ]
+    ordered = sorted(shown.items())
+    queues = _queue_rows(executor, ordered, paused, due, now, thresholds)
     totals = {s: sum(counts.get(s, 0) for counts in by_queue.values()) for s in statuses}
     dead_letters = sum(totals[s] for s in DEAD_LETTER_STATUSES)
     # A queue holding due tasks always has counts; read at another moment, a task may be
     # due in a queue the counts missed: the overall age still shows it.
     oldest_due = min(due.values(), default=None)
     workers: list[WorkerInfo] = executor.workers()
+    minutes = executor.throughput()
     return {
         "rate_limits": executor.rate_limit_use(),
         "key_limits": executor.concurrency_key_use(),
@@ -128,7 +124,10 @@ def summary(
         "oldest_due_age": format_duration(now - oldest_due) if oldest_due else "",
         "oldest_due": due_age(oldest_due, now, thresholds),
         "thresholds": thresholds,
-        "throughput": chart(executor.throughput()),
+        "throughput": chart(minutes),
+        "completed_all": sparkline("All queues", [m.completed for m in minutes]),
+        "sparkline_queues": SPARKLINE_QUEUES,
+        "sparklines_capped": len(ordered) > SPARKLINE_QUEUES,
         "master": executor.master(),
         "workers": [
             {
@@ -139,3 +138,32 @@ def summary(
             for worker in workers
         ],
     }
+
+
+STATUSES = list(TaskStatus)  # the table's columns, in order
+
+
+def _queue_rows(
+    executor: ReliableExecutor,
+    ordered: list[tuple[str, dict[TaskStatus, int]]],
+    paused: Collection[str],
+    due: dict[str, dt.datetime],
+    now: dt.datetime,
+    thresholds: DueThresholds,
+) -> list[QueueCounts]:
+    """The queue table's rows, with the completions per minute of the first queues only
+    (SPARKLINE_QUEUES: one bounded read)."""
+    base = Filters()
+    completed = executor.completed_by_queue([queue for queue, _ in ordered[:SPARKLINE_QUEUES]])
+    return [
+        QueueCounts(
+            queue=queue,
+            counts=[(s, counts.get(s, 0), base.url(queue=queue, status=s.value)) for s in STATUSES],
+            total=sum(counts.values()),
+            url=base.url(queue=queue),
+            paused=queue in paused,
+            oldest_due=due_age(due.get(queue), now, thresholds),
+            completed=sparkline(queue, completed[queue]) if queue in completed else None,
+        )
+        for queue, counts in ordered
+    ]

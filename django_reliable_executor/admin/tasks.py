@@ -28,17 +28,20 @@ from django.urls import URLPattern
 
 from ..exceptions import StorageUnavailableError
 from ..models import ReliableTask
-from . import operations, task_pages, task_summary
+from . import operations, parameter_search, task_detail, task_pages, task_summary
 from .base import ServiceModelAdmin
 from .batches import BatchViews
+from .bulk_pages import BulkViews
+from .graph_views import GraphViews
 from .health import DueThresholds
+from .stack_pages import StackViews
 
 OPERATE_PERMISSION = "django_reliable_executor.operate_reliabletask"
 TEMPLATES = "admin/django_reliable_executor/reliabletask/"
 
 
 @admin.register(ReliableTask)
-class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
+class ReliableTaskAdmin(StackViews, GraphViews, BulkViews, BatchViews, ServiceModelAdmin):
     """Read-only task pages backed by the service, with retry and cancel for operators."""
 
     noun = "task"
@@ -56,7 +59,14 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         # First: "batch/<id>/" must not be read as the bare URL of a task whose id is "batch/...".
-        return [self._batch_url(), *self._service_urls()]
+        # So must "stack/<id>/" (the live stack's endpoint, stack_pages.py).
+        # And "bulk/..." (the bulk actions, bulk_pages.py).
+        return [
+            self._batch_url(),
+            self._stack_url(),
+            *self._bulk_urls(),
+            *self._service_urls(self._graph_url()),
+        ]
 
     # -- pages ----------------------------------------------------------------------------
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
@@ -88,17 +98,19 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None
     ) -> HttpResponse:
         search = request.GET.get("q", "").strip()
-        if search:
-            if self.executor.get_task(search) is not None:
-                return HttpResponseRedirect(task_pages.change_url(search, self.admin_site.name))
-            messages.warning(request, f"No task has the id {search!r}.")
         filters = task_pages.Filters.from_query(request.GET)
+        found = self._searched(request, search, filters)
+        if found is not None:
+            return found
+        _, problem = parameter_search.url_parameter(request.GET.get("parameter"))
+        if problem is not None:
+            messages.error(request, problem)
         by_queue, counts_age = self.counts_cache.get(self.executor)
         context = self._context(
             request,
             "Reliable tasks",
             filters=filters,
-            search=search,
+            search=search or parameter_search.filters_text(filters.tag, filters.parameter),
             task_names=sorted(task_pages.all_handlers()),
             filter_choices=task_pages.filter_choices(filters, by_queue),
             total=task_pages.matching_total(filters, by_queue),
@@ -108,6 +120,29 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
             **(extra_context or {}),
         )
         return TemplateResponse(request, TEMPLATES + "task_list.html", context)
+
+    def _searched(
+        self, request: HttpRequest, search: str, filters: task_pages.Filters
+    ) -> HttpResponse | None:
+        """The answer to a search box text: the task of that id, or the list filtered by its
+        terms ("tag:import customer_id=42", the other filters kept); None: the list itself
+        (no search, or one not understood: a message says why)."""
+        if not search:
+            return None
+        single = not parameter_search.is_filter_search(search) or len(search.split()) == 1
+        if single and not search.startswith(parameter_search.TAG_PREFIX):
+            # An exact task id first (an id may hold "="), then key=value.
+            if self.executor.get_task(search) is not None:
+                return HttpResponseRedirect(task_pages.change_url(search, self.admin_site.name))
+            if not parameter_search.is_filter_search(search):
+                messages.warning(request, f"No task has the id {search!r}.")
+                return None
+        terms = parameter_search.parse(search)
+        if terms.problem is not None:
+            messages.error(request, terms.problem)
+            return None
+        url = filters.url(tag=terms.tag, parameter=terms.parameter_text)
+        return HttpResponseRedirect(request.path + url)
 
     def change_view(
         self,
@@ -135,7 +170,8 @@ class ReliableTaskAdmin(BatchViews, ServiceModelAdmin):
                 request,
                 f"Task {task_id}",
                 subtitle=task.task_name,
-                **task_pages.task_detail(self.executor, task, self.admin_site.name),
+                **task_detail.task_detail(self.executor, task, self.admin_site.name),
+                **self.graph_context(task),
                 **(extra_context or {}),
             )
         except StorageUnavailableError as exc:

@@ -1,5 +1,5 @@
-"""JSON views of periodic schedules: define, list, get, pause, resume and delete, through the
-service's schedule methods, with the task views' authentication and error answers."""
+"""JSON views of periodic schedules: define, list, get, pause, resume, run now and delete,
+through the service's schedule methods, with the task views' authentication and error answers."""
 
 from __future__ import annotations
 
@@ -10,11 +10,19 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from ..core.numbers import is_int, is_number
-from ..exceptions import InvalidScheduleError, TaskSubmitError
+from ..exceptions import InvalidScheduleError, TaskSubmitError, UnknownScheduleError
 from ..schedules.records import ScheduleInfo
 from ..service.reliable_executor import executor
 from .auth import may
-from .tasks import BadRequest, api_methods, aware_datetime, error, json_object
+from .tasks import (
+    BadRequest,
+    api_methods,
+    aware_datetime,
+    error,
+    json_object,
+    query_int,
+    query_value,
+)
 
 PERMISSION = "django_reliable_executor.{}_reliableschedule"
 VIEW = PERMISSION.format("view")
@@ -128,32 +136,13 @@ def parse_definition(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _query_int(request: HttpRequest, name: str, default: int, maximum: int | None) -> int:
-    value = _query_value(request, name)
-    if value is None:
-        return default
-    if not value.isascii() or not value.isdigit():
-        raise BadRequest(f"{name} must be a whole number >= 0, got {value!r}", name)
-    number = int(value)
-    if maximum is not None and number > maximum:
-        raise BadRequest(f"{name} must be at most {maximum}, got {number}", name)
-    return number
-
-
-def _query_value(request: HttpRequest, name: str) -> str | None:
-    values = request.GET.getlist(name)
-    if len(values) > 1:
-        raise BadRequest(f"{name} is given more than once", name)
-    return values[0] if values else None
-
-
 def _list(request: HttpRequest) -> HttpResponse:
     unknown = sorted(set(request.GET) - {"limit", "offset", "paused"})
     if unknown:
         raise BadRequest(f"unknown query parameter {unknown[0]!r}", unknown[0])
-    limit = _query_int(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)
-    offset = _query_int(request, "offset", 0, None)
-    paused_text = _query_value(request, "paused")
+    limit = query_int(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)
+    offset = query_int(request, "offset", 0, None)
+    paused_text = query_value(request, "paused")
     paused: bool | None = None
     if paused_text is not None:
         if paused_text not in ("true", "false"):
@@ -237,3 +226,15 @@ def pause(request: HttpRequest, schedule_id: str) -> HttpResponse:
 def resume(request: HttpRequest, schedule_id: str) -> HttpResponse:
     """POST: fire again (missed runs meet the misfire policy); 200 with the schedule."""
     return _changed(request, schedule_id, executor.resume_schedule(schedule_id))
+
+
+@api_methods({"POST": CHANGE})
+def run_now(request: HttpRequest, schedule_id: str) -> HttpResponse:
+    """POST: fire one run of the schedule now (``executor.run_schedule_now``); 200 with its
+    ``task_id``, the same while that run is not finished (a repeated call fires nothing
+    more). The planned runs are left as they are. 404 for an unknown id."""
+    try:
+        task_id = executor.run_schedule_now(schedule_id)
+    except UnknownScheduleError:
+        return _unknown(schedule_id)
+    return JsonResponse({"schedule_id": schedule_id, "task_id": task_id})

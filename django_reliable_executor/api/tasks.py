@@ -1,5 +1,5 @@
-"""JSON views: submit, get, cancel and retry one task through the service (the schedule
-views are in ``schedules``, the queue views in ``queues``)."""
+"""JSON views: submit and list tasks, get, cancel and retry one task through the service (the
+schedule views are in ``schedules``, the queue views in ``queues``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from ..core.parameter_filter import cut_short
 from ..core.records import TaskInfo, TaskSubmitRequest
 from ..core.steps import check_step_name
 from ..core.task_json import task_to_json
@@ -25,6 +26,10 @@ VIEW = "django_reliable_executor.view_reliabletask"
 SUBMIT = "django_reliable_executor.add_reliabletask"
 OPERATE = "django_reliable_executor.operate_reliabletask"
 SUBMIT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSubmitRequest))
+# GET tasks/: the filters of list_tasks it takes, and its page's size.
+LIST_FILTERS = ("status", "task_name", "queue", "batch_id", "tag", "parameter")
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
 View = Callable[..., HttpResponse]
 
 
@@ -124,11 +129,17 @@ def aware_datetime(value: Any, field: str) -> dt.datetime:
     return parsed
 
 
-@api_view("POST", SUBMIT)
+@api_methods({"POST": SUBMIT, "GET": VIEW})
 def submit(request: HttpRequest) -> HttpResponse:
     """POST a TaskSubmitRequest as JSON: 201 with the task stored. When an existing task
     answers (its task_id is taken, or a live task holds its unique key): 201 with that task
-    to a caller who may read tasks, else only ``{"existing": true, "task_id": ...}``."""
+    to a caller who may read tasks, else only ``{"existing": true, "task_id": ...}``.
+    GET: list tasks newest first (``list_tasks``' filters, ``limit``, ``offset``)."""
+    if request.method == "GET":
+        try:
+            return _list(request)
+        except BadRequest as exc:
+            return error(400, str(exc), exc.field)
     may_view = may(request, VIEW)
     try:
         submitted = parse_submit(request.body)
@@ -148,6 +159,70 @@ def submit(request: HttpRequest) -> HttpResponse:
     # Its id only when the caller named it (the holder of a unique key keeps its id unseen).
     own_id = info.task_id if info.task_id == submitted.task_id else None
     return JsonResponse({"existing": True, "task_id": own_id}, status=201)
+
+
+def _list(request: HttpRequest) -> HttpResponse:
+    """``{"tasks": [...]}``: one page of ``list_tasks`` with the query's filters."""
+    unknown = sorted(set(request.GET) - {*LIST_FILTERS, "limit", "offset"})
+    if unknown:
+        raise BadRequest(f"unknown query parameter {unknown[0]!r}", unknown[0])
+    value = functools.partial(query_value, request)
+    limit = query_int(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)
+    offset = query_int(request, "offset", 0, None)
+    parameter = query_parameter(request)
+    try:
+        tasks = executor.list_tasks(
+            status=value("status"),
+            task_name=value("task_name"),
+            queue=value("queue"),
+            batch_id=value("batch_id"),
+            tag=value("tag"),
+            parameter=parameter,
+            limit=limit,
+            offset=offset,
+        )
+    except ValueError as exc:
+        field = next((name for name in LIST_FILTERS if name in str(exc)), None)
+        raise BadRequest(str(exc), field) from None
+    page: dict[str, Any] = {"tasks": [task_to_json(info) for info in tasks]}
+    if parameter is not None:  # whether a bounded search stopped early (Redis)
+        page["cut_short"] = cut_short(tasks)
+    return JsonResponse(page)
+
+
+def query_parameter(request: HttpRequest) -> Any:
+    """``?parameter=``: a JSON object of top-level keys and values (None when absent);
+    list_tasks checks what it holds."""
+    text = query_value(request, "parameter")
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise BadRequest(
+            f'parameter must be a JSON object such as {{"customer_id": 42}}: {exc}', "parameter"
+        ) from None
+
+
+def query_value(request: HttpRequest, name: str) -> str | None:
+    """The query parameter ``name`` (None when absent); given twice is a 400."""
+    values = request.GET.getlist(name)
+    if len(values) > 1:
+        raise BadRequest(f"{name} is given more than once", name)
+    return values[0] if values else None
+
+
+def query_int(request: HttpRequest, name: str, default: int, maximum: int | None) -> int:
+    """The query parameter ``name`` as a whole number >= 0 (``default`` when absent)."""
+    value = query_value(request, name)
+    if value is None:
+        return default
+    if not value.isascii() or not value.isdigit():
+        raise BadRequest(f"{name} must be a whole number >= 0, got {value!r}", name)
+    number = int(value)
+    if maximum is not None and number > maximum:
+        raise BadRequest(f"{name} must be at most {maximum}, got {number}", name)
+    return number
 
 
 @api_view("GET", VIEW)

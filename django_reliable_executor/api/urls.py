@@ -19,5 +19,6 @@ urlpatterns = [
     path("schedules/<path:schedule_id>/pause/", schedules.pause, name="schedule-pause"),
     path("schedules/<path:schedule_id>/resume/", schedules.resume, name="schedule-resume"),
     path("schedules/<path:schedule_id>/delete/", schedules.delete, name="schedule-delete"),
+    path("schedules/<path:schedule_id>/run/", schedules.run_now, name="schedule-run"),
     path("schedules/<path:schedule_id>/", schedules.detail, name="schedule-detail"),
 ]

@@ -142,6 +142,8 @@ def callback_to_json(task: NewTask) -> dict[str, Any]:
         "rate_key": task.rate_key,
         "concurrency_key": task.concurrency_key,
         "attempt_timeout": task.attempt_timeout,
+        "tags": list(task.tags),
+        "indexed": [list(entry) for entry in task.indexed],
     }
 
 
@@ -166,6 +168,9 @@ def callback_from_json(plain: dict[str, Any], batch_id: str, now: dt.datetime) -
         # (a callback stored before attempt_timeout or concurrency_key existed has none)
         concurrency_key=plain.get("concurrency_key"),
         attempt_timeout=plain.get("attempt_timeout"),
+        tags=tuple(plain.get("tags") or ()),  # (none in a callback stored before tags existed)
+        # Its parameter index entries as computed at the batch's submit (none stored before).
+        indexed=tuple((key, value) for key, value in plain.get("indexed") or ()),
     )
 
 

@@ -22,6 +22,9 @@ class FlowLimits:
     homes: Callable[[], Mapping[str, str]] = dict
     # fairness="round_robin": the storage numbers their tasks' rounds (core/fairness.py).
     fair: Callable[[], Collection[str]] = frozenset
+    # Every registered name: the chores clear the rounds of those not fair (an unknown name's
+    # tasks are left alone, its fairness may be another deploy's).
+    known: Callable[[], Collection[str]] = frozenset
 
 
 #: No name limited: a storage built on its own (a tool, a test of the storage alone).

@@ -16,7 +16,7 @@ Adding a task option:
 2. Run tests/unit/test_option_table.py: it names each signature still lacking it
    (TaskSubmitRequest, reliable_task_handler, TaskHandler, Schedule, the API's fields). A
    merged option (one a handler or the settings may give) is also a TaskOptions field.
-3. Store it: a NewTask and TaskInfo field, a column (and a migration) in models.py, the
+3. Store it: a NewTask and TaskInfo field, a column (and a migration) in models/tasks.py, the
    Redis hash field, and both backends' reads and writes (storage/); then docs/submitting.md.
 """
 
@@ -212,6 +212,13 @@ OPTIONS: dict[str, Option] = _table(
         "None or a string (core/rate_limits.key_problem)",
         frozenset((SUBMIT,)),
         "concurrency_key",
+    ),
+    Option(
+        "tags",
+        lambda v: v is None or isinstance(v, (list, tuple)),
+        "None or a list of strings (core/tags.checked_tags)",
+        frozenset((SUBMIT,)),
+        "tags",
     ),
     Option(
         "depends_on",

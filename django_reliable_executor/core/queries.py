@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from .ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
+from .parameter_filter import Pairs
 from .rate_limits import RateLimit
 from .states import TaskStatus
 
@@ -96,6 +97,14 @@ class TaskQuery:
     # them, False none of them, None either; ``schedule_id``: only the runs of that schedule.
     schedule_runs: bool | None = None
     schedule_id: str | None = None
+    # Only the tasks submitted with this tag (the submit option ``tags``).
+    tag: str | None = None
+    # Only the tasks whose parameter is an object holding these (key, value) pairs, sorted by
+    # key (core/parameter_filter.py).
+    parameter: Pairs | None = None
+    # The pairs of ``parameter`` the parameter index answers (core/parameter_index.py):
+    # (key, canonical value) entries; the storage reads their tasks, then checks every pair.
+    indexed: tuple[tuple[str, str], ...] = ()
 
     @property
     def by_origin(self) -> bool:

@@ -4,105 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from .progress import Progress
 from .rate_limits import RateLimit
+
+# What callers ask for, kept in requests.py; named here too, beside the records the service
+# turns them into.
+from .requests import SubmitOptions, TaskSubmitRequest  # noqa: F401  (re-exported)
 from .states import TaskStatus
 
 R = TypeVar("R")
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSubmitRequest:
-    """What a caller asks for. Options left as None take the handler's, then the settings' value.
-
-    Attributes:
-        task_name: A registered handler's name.
-        task_parameter: A JSON value, or an instance of the handler's ``param_type``.
-        task_id: Your id for the task (1..191 characters, no whitespace); default a uuid4
-            hex. An id that exists returns the stored task and stores nothing.
-        retry_limit: Retries after the first attempt.
-        retry_interval: Milliseconds (or a timedelta) before a retry; the base of
-            exponential backoff.
-        retry_backoff: ``"fixed"`` or ``"exponential"``.
-        max_duration_millis: Milliseconds (or a timedelta) from creation until the task
-            is TIMEOUT.
-        queue: Which workers take it (``runexecutor --queues``).
-        priority: A 32-bit integer; among due tasks of a queue, higher runs first.
-        delay_millis: Run no earlier than this many milliseconds (or a timedelta) from now.
-        run_at: Run no earlier than this aware datetime; not with ``delay_millis``.
-        unique_for: Seconds (or a timedelta) during which a submit of the same key returns
-            the live task already submitted.
-        unique_key: What makes two unique submits the same; default the task name and the
-            parameter's canonical JSON.
-        rate_key: Tasks of a rate-limited name sharing this key share one limit.
-        concurrency_key: Of a name with ``max_concurrency_per_key``, at most that many
-            tasks sharing this key are held at once (docs/flow-control.md, "Tenants").
-        debounce: Seconds (or a timedelta): submits of one key (``unique_key``, else the
-            parameter) keep one waiting task, which runs this long after the last of them.
-        debounce_max_wait: Seconds (or a timedelta): ...but never later than this after the
-            first of them.
-        depends_on: Task ids that must end before this task may start.
-        on_dependency_failure: ``"cancel"`` this task when a dependency ends badly, or
-            ``"run"`` it anyway.
-    """
-
-    task_name: str
-    task_parameter: Any = None
-    task_id: str | None = None
-    retry_limit: int | None = None
-    # Durations: milliseconds (unique_for: seconds), or a datetime.timedelta.
-    retry_interval: int | dt.timedelta | None = None
-    retry_backoff: str | None = None  # "fixed" | "exponential"
-    max_duration_millis: int | dt.timedelta | None = None
-    queue: str | None = None
-    priority: int | None = None
-    delay_millis: int | dt.timedelta = 0
-    run_at: dt.datetime | None = None
-    # Unique tasks: while a task submitted with the same key within ``unique_for`` seconds
-    # has not ended (docs/guarantees.md), a submit returns that task and stores nothing.
-    unique_for: float | dt.timedelta | None = None
-    unique_key: str | None = None  # default: the task name and the parameter's canonical JSON
-    rate_key: str | None = None  # tasks of a name sharing it share its rate_limit
-    # Tasks of a name sharing it share its max_concurrency_per_key (None: no key).
-    concurrency_key: str | None = None
-    # Debounce (core/debouncing.py): seconds, or timedeltas.
-    debounce: float | dt.timedelta | None = None
-    debounce_max_wait: float | dt.timedelta | None = None
-    # Dependencies (dependencies.py): the task waits, CREATED and unclaimable, until every one
-    # of these task ids has ended; a failed one cancels it unless on_dependency_failure="run".
-    depends_on: Sequence[str] | None = None
-    on_dependency_failure: str = "cancel"  # "cancel" | "run"
-    # Seconds (or a timedelta) each attempt may run: one running longer is asked to stop
-    # (hard under --pool process) and counts as a failed attempt (docs/retries.md).
-    attempt_timeout: float | dt.timedelta | None = None
-
-
-class SubmitOptions(TypedDict, total=False):
-    """The keyword options of ``executor.submit`` and ``handler.submit``: the fields of
-    TaskSubmitRequest but its task name and parameter (a type checker then names a misspelled
-    one; at run time it is refused by name all the same)."""
-
-    task_id: str | None
-    retry_limit: int | None
-    retry_interval: int | dt.timedelta | None
-    retry_backoff: str | None
-    max_duration_millis: int | dt.timedelta | None
-    queue: str | None
-    priority: int | None
-    delay_millis: int | dt.timedelta
-    run_at: dt.datetime | None
-    unique_for: float | dt.timedelta | None
-    unique_key: str | None
-    rate_key: str | None
-    concurrency_key: str | None
-    debounce: float | dt.timedelta | None
-    debounce_max_wait: float | dt.timedelta | None
-    depends_on: Sequence[str] | None
-    on_dependency_failure: str
-    attempt_timeout: float | dt.timedelta | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +70,9 @@ class TaskInfo:
             current wait included (1 in its first wait); a resumption is not an attempt.
         concurrency_key: The key its name's ``max_concurrency_per_key`` counts it under, or
             None.
+        rate_key: The key its name's ``rate_limit`` counts its starts under, or None.
+        tags: The tags it was submitted with (``list_tasks(tag=...)`` finds it by each),
+            in the order given; () for none.
         debounced: Set in what a debounced submit returns when it joined this task, already
             waiting, rather than storing one (core/debouncing.py); False everywhere else.
     """
@@ -205,7 +120,9 @@ class TaskInfo:
     waiting: dict[str, Any] | None = None
     resumptions: int = 0
     concurrency_key: str | None = None
+    rate_key: str | None = None
     debounced: bool = False
+    tags: tuple[str, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -248,6 +165,9 @@ class NewTask:
     # batch was purged, and a member counts only in the batch it was submitted to.
     batch_generation: str | None = None
     attempt_timeout: float | None = None  # seconds (TaskInfo's field)
+    tags: tuple[str, ...] = ()  # checked and folded (core/tags.py)
+    # Its entries in the parameter index (core/parameter_index.py; setting SEARCHABLE_PARAMETERS).
+    indexed: tuple[tuple[str, str], ...] = ()
 
 
 def copy_with(record: R, **changes: Any) -> R:
@@ -389,6 +309,8 @@ def created_info(
     batch_id: str | None = None,
     attempt_timeout: float | None = None,
     concurrency_key: str | None = None,
+    rate_key: str | None = None,
+    tags: tuple[str, ...] = (),
 ) -> TaskInfo:
     """A task as it stands once stored: CREATED, never attempted, nothing recorded yet."""
     return build(
@@ -422,6 +344,9 @@ def created_info(
             "attempt_timeout": attempt_timeout,
             "steps": (),
             "concurrency_key": concurrency_key,
+            "rate_key": rate_key,
+            "debounced": False,
+            "tags": tags,
         },
     )
 
@@ -444,4 +369,6 @@ def new_info(task: NewTask) -> TaskInfo:
         task.batch_id,
         task.attempt_timeout,
         task.concurrency_key,
+        task.rate_key,
+        task.tags,
     )

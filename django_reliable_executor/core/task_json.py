@@ -43,7 +43,7 @@ def task_from_json(plain: dict[str, Any]) -> TaskInfo:
             values[field.name] = dt.datetime.fromisoformat(value)
     values["status"] = TaskStatus(values["status"])
     values["progress"] = progress_from_json(values.get("progress"))
-    for name in ("depends_on", "waiting_for"):
+    for name in ("depends_on", "waiting_for", "tags"):
         values[name] = tuple(values.get(name) or ())
     values["steps"] = tuple(
         StepInfo(step["name"], dt.datetime.fromisoformat(step["finished_at"]))

@@ -321,6 +321,8 @@ def task_text(info: TaskInfo, now: dt.datetime) -> str:
         ("trace_context", _trace_text(info.trace_context)),
         ("batch_id", info.batch_id or "-"),
         ("concurrency_key", info.concurrency_key or "-"),
+        ("rate_key", info.rate_key or "-"),
+        ("tags", ", ".join(info.tags) or "-"),
         # The durable steps stored, in the order they finished.
         ("steps", ", ".join(step.name for step in info.steps) or "-"),
     ]

@@ -44,14 +44,19 @@ def _finished_status(value: str) -> TaskStatus:
     return status
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"invalid batch size {value!r}: expected an integer >= 1")
-    return number
+def positive_int(what: str) -> Callable[[str], int]:
+    """An argparse ``type`` taking an integer >= 1; its error names ``what`` ("batch size")."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"invalid {what} {value!r}: expected an integer >= 1")
+        return number
+
+    return parse
 
 
 def add_purge(actions: Any) -> None:
@@ -89,7 +94,7 @@ def add_purge(actions: Any) -> None:
     )
     purge.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int("batch size"),
         default=500,
         metavar="N",
         help="tasks deleted per round (default 500)",

@@ -50,8 +50,8 @@ def _configured_by_project() -> bool:
 
 
 def banner_lines() -> list[str]:
-    """The handlers this worker can run (name, queue, limits) and the schedules declared in
-    code, one per line."""
+    """The handlers this worker can run (name, queue, limits and flow control) and the
+    schedules declared in code, one per line."""
     handlers = all_handlers()
     lines = [f"handlers ({len(handlers)}):"]
     for name in sorted(handlers):
@@ -61,9 +61,13 @@ def banner_lines() -> list[str]:
             limits.append(f"retry_limit={handler.retry_limit}")
         if handler.max_concurrency is not None:
             limits.append(f"max_concurrency={handler.max_concurrency}")
+        if handler.max_concurrency_per_key is not None:
+            limits.append(f"max_concurrency_per_key={handler.max_concurrency_per_key}")
         if handler.rate_limit is not None:
             rate = handler.rate_limit
             limits.append(f"rate_limit={rate.count}/{_per(rate.window_seconds)}")
+        if handler.fairness is not None:
+            limits.append(f"fairness={handler.fairness}")
         if handler.max_duration_millis is not None:
             limits.append(f"max_duration={handler.max_duration_millis / 1000:g}s")
         if handler.attempt_timeout is not None:

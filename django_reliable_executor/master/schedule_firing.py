@@ -74,11 +74,24 @@ class ScheduleFiring:
                 task_id,
             )
             metrics.count_schedule_overlap_skipped(count)
+        if round_.overlapped:
+            self._count_skips(round_.overlapped, now)
         created = round_.created
         if created:
             metrics.count_schedule_fired([(now - task.run_at).total_seconds() for task in created])
             executor.announcer.submitted(created)
         return created, round_.due
+
+    def _count_skips(self, overlapped: list[tuple[str, str, int]], now: dt.datetime) -> None:
+        """Count the round's overlap skips per schedule and hour (the schedule pages' last 24
+        hours). Statistics: the round stored its fires already, a failed count must not
+        fail it (the next round would fire nothing more, and count nothing either)."""
+        try:
+            self.executor.storage.add_schedule_skips(
+                [(schedule_id, count) for schedule_id, _, count in overlapped], now
+            )
+        except Exception as exc:
+            logger.info("overlap skips of %d schedule(s) not counted: %s", len(overlapped), exc)
 
     def next_due(self) -> dt.datetime | None:
         """When the earliest active schedule is due next."""

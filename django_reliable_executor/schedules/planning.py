@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 from typing import TypeVar
 
 from ..core.ids import fire_task_id
 from ..core.records import NewTask, build
+from ..exceptions import InvalidScheduleError
 from .records import ScheduleInfo
 from .timing import Timing, runs_between
 
@@ -168,3 +170,44 @@ def fire_task(schedule: ScheduleInfo, planned: dt.datetime, now: dt.datetime) ->
             "deadline_at": now + dt.timedelta(milliseconds=max_duration) if max_duration else None,
         },
     )
+
+
+#: How long a run started by hand (``run_now_task``) keeps later "run now" requests of its
+#: schedule to itself while it is not finished: a day, so a double click, two operators at
+#: once or a retried HTTP call give one run, and a run that never ends blocks no more than that.
+RUN_NOW_WINDOW = dt.timedelta(days=1)
+
+
+def run_now_task(schedule: ScheduleInfo, now: dt.datetime, timing: Timing | None = None) -> NewTask:
+    """The task of a run started by hand at ``now``: a fire planned at ``now`` to the
+    microsecond (its id ``<schedule_id>@<now>Z``, in the namespace submits refuse), due at
+    once, with the schedule's options; the next microsecond when ``now`` is one of the
+    schedule's planned times, so that it never takes a planned run's id (the planned run
+    still fires, once). It holds a unique key of its schedule (``run_now_key``) for
+    RUN_NOW_WINDOW: while it is not finished, storing another run now of the schedule
+    returns it instead."""
+    planned = now
+    try:
+        timing = timing or schedule.timing
+    except InvalidScheduleError:
+        timing = None  # a time zone gone from the system: the master plans no run to meet
+    if timing is not None and timing.next_after(now - _MICRO) == now:
+        planned = now + _MICRO
+    task = fire_task(schedule, planned, now)
+    return build(
+        NewTask,
+        {
+            **{field.name: getattr(task, field.name) for field in dataclasses.fields(NewTask)},
+            "run_at": now,
+            "unique_key": run_now_key(schedule),
+            "unique_until": now + RUN_NOW_WINDOW,
+        },
+    )
+
+
+def run_now_key(schedule: ScheduleInfo) -> str:
+    """The unique key digest runs started by hand of ``schedule`` share. Its text differs from
+    every key ``uniqueness.unique_digest`` makes ("run-now", not "key" or "parameter", after
+    the task name), so no submitted task can hold it."""
+    text = f"{schedule.task_name}\0run-now\0{schedule.schedule_id}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

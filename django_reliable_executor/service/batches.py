@@ -4,6 +4,7 @@ seal it (see batches.py for the rule the storages keep)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from ..observability.announcer import Announcer
 from ..observability.tracing import current_trace_context
 from ..storage.base import TaskStorage
 from .on_commit import after_commit, open_transaction, stores_tasks_at_commit
-from .submitting import check_dependencies_exist, prepare
+from .submitting import check_dependencies_exist, prepare, request_time
 
 
 def submit_batch(
@@ -54,8 +55,9 @@ def submit_batch(
     new_id = storage.new_task_id
 
     def prepared(span: slice) -> list[NewTask]:
+        at = functools.partial(request_time, now, count=len(requests))
         return [
-            batch.member(prepare(request, now, settings, index, trace, new_id))
+            batch.member(prepare(request, at(index), settings, index, trace, new_id))
             for index, request in enumerate(requests[span], span.start)
         ]
 

@@ -3,12 +3,18 @@ filter no stored task can match answers "nothing" without asking the storage."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from ..core.ids import MAX_SCHEDULE_ID_LENGTH
 from ..core.numbers import is_int
+from ..core.parameter_filter import checked_parameter, storable
+from ..core.parameter_index import search_entries
+from ..core.queries import TaskQuery
 from ..core.states import TaskStatus
+from ..core.tags import tag_problem
 from ..core.text import unstorable_char
+from ..storage.checks import task_query
 
 
 def as_status(value: TaskStatus | str) -> TaskStatus:
@@ -62,7 +68,35 @@ def plausible_filters(
     return not any(isinstance(t, str) and unstorable_char(t) for t in texts)
 
 
+def plausible_tag(tag: str | None) -> bool:
+    """Check ``tag`` (ValueError unless None or a string); False when no stored task can
+    have it (submits refuse such a tag)."""
+    if tag is None:
+        return True
+    if not isinstance(tag, str):
+        raise ValueError(f"tag must be a string, got {type(tag).__name__}")
+    return tag_problem(tag) is None
+
+
 def storable_id(value: object) -> bool:
     """``value`` may be a stored id: a non-empty string without text no storage can hold
     (submits refuse it, so no task has it: looking it up would only make the storage raise)."""
     return isinstance(value, str) and bool(value) and unstorable_char(value) is None
+
+
+def listing_query(filters: Mapping[str, Any], searchable: Collection[str]) -> TaskQuery | None:
+    """The query ``list_tasks(**filters)`` hands the storage, checked as it checks them (a
+    ValueError names a wrong one), of one task at offset 0 (a count ignores both); None when
+    no stored task can match. ``searchable``: the setting SEARCHABLE_PARAMETERS."""
+    status, statuses = checked_statuses(filters.get("status"), filters.get("statuses"))
+    pairs = checked_parameter(filters.get("parameter"))
+    task_name, queue, batch_id = (filters.get(n) for n in ("task_name", "queue", "batch_id"))
+    runs, schedule_id, tag = (filters.get(n) for n in ("schedule_runs", "schedule_id", "tag"))
+    if not plausible_filters(1, 0, task_name, queue, batch_id, runs, schedule_id) or not (
+        plausible_tag(tag) and (pairs is None or storable(pairs))
+    ):
+        return None
+    indexed = search_entries(pairs, searchable)
+    return task_query(
+        status, statuses, task_name, queue, 1, 0, batch_id, runs, schedule_id, tag, pairs, indexed
+    )

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
 from ..conf import ExecutorSettings, get_settings
 from ..core.batches import BatchInfo
 from ..core.clock import Clock, system_clock
 from ..core.minute_counts import CHART_MINUTES, MinuteCounts
+from ..core.parameter_filter import checked_parameter, storable
+from ..core.parameter_index import search_entries
 from ..core.queries import KeyUse, RateUse
 from ..core.records import SubmitOptions, TaskInfo, TaskSubmitRequest, WorkerInfo
 from ..core.states import TaskStatus
@@ -22,15 +24,16 @@ from ..schedules.records import Schedule, ScheduleInfo
 from ..storage import MASTER_LOCK_NAME, TaskStorage, build_storage
 from .batches import submit_batch
 from .interventions import TaskInterventions
-from .listing import checked_statuses, plausible_filters, storable_id
+from .listing import checked_statuses, plausible_filters, plausible_tag, storable_id
 from .on_commit import after_commit, open_transaction, submit_on_commit
 from .purging import finished_statuses, in_rounds
 from .queues import check_known_queue
 from .schedules import ScheduleOperations
-from .submitting import chain_steps, prepare, request_of
+from .stacks import LiveStacks
+from .submitting import chain_steps, prepare, request_of, request_time
 
 
-class ReliableExecutor(TaskInterventions):
+class ReliableExecutor(TaskInterventions, LiveStacks):
     """The public service. Thread-safe; storage is built from settings on first use."""
 
     def __init__(
@@ -110,8 +113,10 @@ class ReliableExecutor(TaskInterventions):
         settings = self.settings
         trace = current_trace_context()  # the caller's span, if it is traced: once per call
         new_id = self.storage.new_task_id
+        count = len(requests)
         new_tasks = [
-            prepare(request, now, settings, i, trace, new_id) for i, request in enumerate(requests)
+            prepare(request, request_time(now, i, count), settings, i, trace, new_id)
+            for i, request in enumerate(requests)
         ]
         if not new_tasks:
             return []
@@ -168,11 +173,16 @@ class ReliableExecutor(TaskInterventions):
             return None
         return self.storage.get(task_id)
 
-    def dependents_of(self, task_id: str) -> list[str]:
-        """The ids of the tasks submitted to wait for ``task_id`` (``depends_on``), sorted."""
+    def dependents_of(self, task_id: str, limit: int | None = None) -> list[str]:
+        """The ids of the tasks submitted to wait for ``task_id`` (``depends_on``), sorted;
+        with ``limit``, at most that many are read (see ``count_dependents`` for the rest)."""
         if not storable_id(task_id):
             return []
-        return self.storage.dependents_of(task_id)
+        return self.storage.dependents_of(task_id, limit)
+
+    def count_dependents(self, task_id: str) -> int:
+        """How many tasks were submitted to wait for ``task_id``."""
+        return self.storage.count_dependents(task_id) if storable_id(task_id) else 0
 
     def list_tasks(
         self,
@@ -186,9 +196,14 @@ class ReliableExecutor(TaskInterventions):
         batch_id: str | None = None,
         schedule_runs: bool | None = None,
         schedule_id: str | None = None,
+        tag: str | None = None,
+        parameter: Mapping[str, Any] | None = None,
     ) -> list[TaskInfo]:
-        """Tasks newest first, filtered by any of status, task_name, queue and batch_id (a
-        batch's members and its callbacks, which carry its id too).
+        """Tasks newest first, filtered by any of status, task_name, queue, batch_id (a
+        batch's members and its callbacks, which carry its id too), tag (the tasks
+        submitted with that tag) and parameter (the tasks whose parameter is a JSON object
+        holding each of these top-level keys with an equal JSON scalar: 42 matches 42 and 42.0,
+        not "42"; see docs/python-api.md for what each storage reads to find them).
 
         ``statuses`` lists the tasks of any of several statuses together, e.g. the dead letters
         (``statuses=FAILURE_STATUSES``: FAILED, TIMEOUT and ERROR); give it or ``status``, not
@@ -196,9 +211,10 @@ class ReliableExecutor(TaskInterventions):
         ``<schedule id>@<planned time>``), ``True`` lists only them; ``schedule_id`` lists
         the runs of one schedule."""
         checked, chosen = checked_statuses(status, statuses)
+        pairs = checked_parameter(parameter)
         if not plausible_filters(
             limit, offset, task_name, queue, batch_id, schedule_runs, schedule_id
-        ):
+        ) or not (plausible_tag(tag) and (pairs is None or storable(pairs))):
             return []
         return self.storage.list(
             status=checked,
@@ -210,6 +226,9 @@ class ReliableExecutor(TaskInterventions):
             batch_id=batch_id,
             schedule_runs=schedule_runs,
             schedule_id=schedule_id,
+            tag=tag,
+            parameter=pairs,
+            indexed=search_entries(pairs, self.settings.SEARCHABLE_PARAMETERS),
         )
 
     def count_by_status(self, queue: str | None = None) -> dict[TaskStatus, int]:
@@ -246,6 +265,15 @@ class ReliableExecutor(TaskInterventions):
         scheduled) in each of the last ``minutes`` UTC minutes, oldest first, the current
         minute last (see ``django_reliable_executor.core.minute_counts``)."""
         return self.storage.throughput(minutes)
+
+    def completed_by_queue(
+        self, queues: Sequence[str], minutes: int = CHART_MINUTES
+    ) -> dict[str, list[int]]:
+        """Tasks completed in each of ``queues`` in each of the last ``minutes`` UTC minutes:
+        by queue (in the order given), each list oldest first, the current minute last, zeros
+        where none completed. Reads only the queues given: the caller bounds how many (the
+        admin's summary asks for at most ``SPARKLINE_QUEUES``)."""
+        return self.storage.completed_by_queue(queues, minutes)
 
     def master(self) -> str | None:
         """The worker id holding the master lock now, or None."""
@@ -383,6 +411,17 @@ class ReliableExecutor(TaskInterventions):
     def delete_schedule(self, schedule_id: str) -> bool:
         """Forget the schedule; the tasks it fired stay. False for an unknown id."""
         return self._schedules.delete_schedule(schedule_id)
+
+    def run_schedule_now(self, schedule_id: str) -> str:
+        """Fire one run of the schedule now, beside its planned runs (which it neither
+        consumes nor moves), and return its task id: ``<schedule_id>@<now>Z``, in the id
+        namespace of the schedule's runs. While a run started this way is not finished, a
+        new call returns that run's id instead (double clicks, two operators at once).
+        Raises UnknownScheduleError (a ValueError) for an unknown id, storing nothing."""
+        info, created = self._schedules.run_schedule_now(schedule_id)
+        if created:
+            self.announcer.submitted([info])
+        return info.task_id
 
     def sync_declared_schedules(self) -> int:
         """Create or update the schedules declared with ``@reliable_task_handler(schedule=)``.

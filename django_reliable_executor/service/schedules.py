@@ -12,8 +12,10 @@ from django.utils import timezone as django_timezone
 from ..core.ids import validate_schedule_id
 from ..core.numbers import is_int
 from ..core.options import SCHEDULE, options_of
-from ..core.records import NewTask, TaskSubmitRequest
-from ..exceptions import InvalidScheduleError
+from ..core.parameter_index import index_entries
+from ..core.records import NewTask, TaskInfo, TaskSubmitRequest
+from ..exceptions import InvalidScheduleError, UnknownScheduleError
+from ..schedules.planning import run_now_task
 from ..schedules.records import MISFIRE_POLICIES, ORIGINS, OVERLAP_POLICIES, Schedule, ScheduleInfo
 from ..schedules.timing import make_timing
 
@@ -213,6 +215,22 @@ class ScheduleOperations:
     def delete_schedule(self, schedule_id: str) -> bool:
         """Forget the schedule; the tasks it fired stay. False for an unknown id."""
         return self._storage().delete_schedule(schedule_id)
+
+    def run_schedule_now(self, schedule_id: str) -> tuple[TaskInfo, bool]:
+        """Store one run of the schedule due now (``planning.run_now_task``): its task and
+        True, or the task of a run started by hand that is not finished yet and False (one
+        run for a double click or two callers at once). The schedule is not written: its next
+        planned run stays, and fires once. Paused schedules run too. UnknownScheduleError
+        for an unknown id, storing nothing."""
+        schedule = self.get_schedule(schedule_id)
+        if schedule is None:
+            raise UnknownScheduleError(f"no schedule {schedule_id!r}", field="schedule_id")
+        task = run_now_task(schedule, self._clock().now())
+        # Found by a parameter search as a submitted task is (SEARCHABLE_PARAMETERS).
+        keys = self._settings().SEARCHABLE_PARAMETERS
+        task = dataclasses.replace(task, indexed=index_entries(task.parameter, keys))
+        ((info, created),) = self._storage().enqueue([task])
+        return info, created
 
     def sync_declared_schedules(self, declared: Sequence[Schedule]) -> int:
         """Create or update ``declared``, the schedules of ``@reliable_task_handler(schedule=)``

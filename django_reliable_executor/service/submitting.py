@@ -20,6 +20,7 @@ from ..core.ids import MAX_ID_LENGTH, is_fire_task_id
 from ..core.option_names import guess
 from ..core.options import NAMES as OPTION_NAMES
 from ..core.options import TaskOptions, check_option, numeric_durations
+from ..core.parameter_index import index_entries
 from ..core.rate_limits import key_problem
 from ..core.records import NewTask, TaskSubmitRequest
 from ..core.serialization import (
@@ -29,6 +30,7 @@ from ..core.serialization import (
     from_json_value,
     to_json_value,
 )
+from ..core.tags import checked_tags
 from ..core.text import check_caller_text
 from ..core.uniqueness import unique_digest, unique_window
 from ..exceptions import (
@@ -44,6 +46,14 @@ from ..registry import TaskHandler, get_handler
 
 if TYPE_CHECKING:
     from ..storage.base import TaskStorage
+
+
+def request_time(now: dt.datetime, index: int, count: int) -> dt.datetime:
+    """The submit time of request ``index`` of ``count`` in one call: a microsecond after the
+    one before, the last at ``now`` (none in the future: a task due now stays due now), so that
+    the call's tasks are claimed in request order (claims take the oldest first; one shared
+    instant left them in any order on the databases, which insert by task id)."""
+    return now - dt.timedelta(microseconds=count - 1 - index)
 
 
 def prepare(
@@ -100,6 +110,8 @@ def prepare(
         debounce_max_wait=None if debounce is None else debounce[1],
         rate_key=_key("rate_key", request.rate_key),
         concurrency_key=_key("concurrency_key", request.concurrency_key),
+        tags=checked_tags(request.tags),
+        indexed=index_entries(parameter, settings.SEARCHABLE_PARAMETERS),
         depends_on=depends_on,
         on_dependency_failure=request.on_dependency_failure,
         trace_context=trace_context,

@@ -2,19 +2,22 @@
 
 Where each method lives in the two backends, as ``<module of storage/database/> / <module of
 storage/redis/>: methods`` (``base``: this module's default; ``schedule_base``,
-``lease_base``, ``batch_base``, ``step_base``, ``flow_base``: those modules' defaults;
+``lease_base``, ``batch_base``, ``step_base``, ``flow_base``, ``stack_base``, ``read_base``:
+those modules' defaults;
 ``access``: the backend's access base; ``__init__``: the backend's package). The same module on
 both sides is the rule. A default module on one side means that backend keeps the interface's
 default where the other needs its own (a sharded Redis picks ids, checks its layout and splits
-its chores; the database marks limited names). ``_list`` is the one other exception: Redis's
-listing.py holds the walks of its list indexes.
+its chores; the database marks limited names). ``_list`` and ``_count_tasks`` are the other
+exceptions: Redis's listing.py holds the walks of its list indexes.
 tests/unit/test_storage_modules.py keeps the table true.
 
     submitting / submitting: enqueue
     reading / reading: unique_holder
     base / access: new_task_id
     batches / batches: add_to_batch existing_ids get_batch open_batch purge_batches seal_batch
-    base / base: claim list purge_finished throughput
+    base / base: claim purge_finished
+    read_base / read_base: completed_by_queue count_tasks list throughput
+    transitions / base: retry_plain
     claiming / claiming: _claim
     transitions / transitions: start start_many complete complete_many fail expire_claim
     transitions / transitions: release handler_returned cancel retry heartbeat
@@ -27,9 +30,10 @@ tests/unit/test_storage_modules.py keeps the table true.
     base / access: deliver_messages
     base / waits: settle_waits
     chores / base: mark_limited
-    reading / reading: _minute_counts count count_by_queue dependents_of get_many has_work
+    reading / reading: _completed_by_queue _minute_counts count count_by_queue dependents_of
+    reading / reading: count_dependents get_many has_work
     reading / reading: oldest_due oldest_due_by_queue rate_use key_use
-    reading / listing: _list
+    reading / listing: _count_tasks _list
     access / access: close get
     claiming / claiming: wait_for_work wake
     claiming / base: stop_waiting
@@ -43,6 +47,8 @@ tests/unit/test_storage_modules.py keeps the table true.
     schedule_base / schedule_base: save_schedules
     schedule_base / schedule_fires: fire_due
     schedule_fires / schedule_fires: fire_schedules
+    schedule_skips / schedule_skips: add_schedule_skips schedule_skips
+    stacks / stacks: add_stack_request answer_stack get_stack_request take_stack_requests
 """
 
 from __future__ import annotations
@@ -55,21 +61,30 @@ from collections.abc import Collection, Mapping, Sequence
 
 from ..core.clock import Clock, system_clock
 from ..core.flow_limits import NO_FLOW_LIMITS, FlowLimits
-from ..core.minute_counts import CHART_MINUTES, MinuteCounts
 from ..core.progress import Progress
-from ..core.queries import ClaimRequest, TaskQuery
+from ..core.queries import ClaimRequest
 from ..core.rate_limits import RateLimit
 from ..core.records import CancelResult, Claim, NewTask, TaskInfo, Transition
 from ..core.states import TaskStatus
 from .batch_base import BatchStorage
-from .checks import claim_request, every_minute, minute_span, purged_statuses, task_query
+from .checks import claim_request, purged_statuses
 from .flow_base import FlowStorage
 from .lease_base import LeaseStorage
+from .read_base import ReadStorage
 from .schedule_base import ScheduleStorage
+from .stack_base import StackStorage
 from .step_base import StepStorage
 
 
-class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage, FlowStorage):
+class TaskStorage(
+    ReadStorage,
+    BatchStorage,
+    ScheduleStorage,
+    LeaseStorage,
+    StepStorage,
+    FlowStorage,
+    StackStorage,
+):
     """Where tasks live. Every transition is a compare-and-set on the expected prior state (and
     the claim's fencing token where a worker writes): a lost race changes nothing and returns
     None/False. Implementations know SQL or Redis; nothing above them does.
@@ -261,6 +276,14 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage, Flow
     def cancel(self, task_id: str) -> CancelResult:
         """CREATED/PENDING -> CANCELLED; RUNNING -> cancel_requested; terminal -> unchanged."""
 
+    def retry_plain(self, task_ids: Sequence[str]) -> tuple[list[Transition], list[str]]:
+        """``retry`` of many tasks at once (the bulk actions), for those of ``task_ids`` that
+        need nothing but their own reset: in a retryable status, no dependencies, no batch,
+        no lease held, no ``from_step``. Atomic per task, as ``retry``. Returns the
+        transitions of the tasks retried, and the ids left for ``retry`` one at a time (every
+        other one: it says why it refuses). The default leaves them all to ``retry``."""
+        return [], list(task_ids)
+
     @abc.abstractmethod
     def retry(self, task_id: str, from_step: str | None = None) -> Transition | None:
         """FAILED/TIMEOUT/ERROR/CANCELLED -> PENDING due now, fresh retry budget and deadline,
@@ -353,80 +376,6 @@ class TaskStorage(BatchStorage, ScheduleStorage, LeaseStorage, StepStorage, Flow
         Needed after a name gained or lost its limits, or when a task was stored by a process
         that did not know them. How many tasks changed (0 on storages that keep none apart)."""
         return 0
-
-    # -- reading --------------------------------------------------------------------------
-    @abc.abstractmethod
-    def get(self, task_id: str) -> TaskInfo | None: ...
-
-    def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
-        """The stored tasks among these ids, by id (unknown ids left out)."""
-        found: dict[str, TaskInfo] = {}
-        for task_id in task_ids:
-            info = self.get(task_id)
-            if info is not None:
-                found[task_id] = info
-        return found
-
-    @abc.abstractmethod
-    def dependents_of(self, task_id: str) -> builtins.list[str]:
-        """The ids of the tasks submitted with ``depends_on`` naming ``task_id`` (while both
-        are stored), sorted."""
-
-    def list(
-        self,
-        *,
-        status: TaskStatus | None = None,
-        task_name: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-        statuses: Collection[TaskStatus] | None = None,
-        batch_id: str | None = None,
-        schedule_runs: bool | None = None,
-        schedule_id: str | None = None,
-    ) -> list[TaskInfo]:
-        """Newest first (by creation, then task id). ``statuses`` lists the tasks of any of
-        these statuses (an empty one: none); it cannot be combined with ``status``.
-        ``batch_id``: the tasks whose ``TaskInfo.batch_id`` it is (members and callbacks).
-        ``schedule_runs``: True only the tasks schedules fired, False none of them;
-        ``schedule_id``: only the runs of that schedule (see ``TaskQuery.origin_matches``)."""
-        query = task_query(
-            status, statuses, task_name, queue, limit, offset, batch_id, schedule_runs, schedule_id
-        )
-        return [] if query is None else self._list(query)
-
-    @abc.abstractmethod
-    def _list(self, query: TaskQuery) -> builtins.list[TaskInfo]:
-        """``list`` of one page (its statuses never empty, its limit > 0)."""
-
-    @abc.abstractmethod
-    def count(self, queue: str | None = None) -> dict[TaskStatus, int]: ...
-
-    @abc.abstractmethod
-    def count_by_queue(self) -> dict[str, dict[TaskStatus, int]]:
-        """Counts by status for every queue that holds tasks (every status present)."""
-
-    @abc.abstractmethod
-    def oldest_due(self, queue: str | None = None) -> dt.datetime | None:
-        """The run_at of the earliest task that is due now and not claimed, or None."""
-
-    @abc.abstractmethod
-    def oldest_due_by_queue(self) -> dict[str, dt.datetime]:
-        """``oldest_due`` of every queue that has a task due now and not claimed (paused
-        queues included: their tasks wait too), read at once (one query, or one Redis round
-        trip per index level), by queue name."""
-
-    def throughput(self, minutes: int = CHART_MINUTES) -> builtins.list[MinuteCounts]:
-        """Tasks that ended in each of the last ``minutes`` UTC minutes, oldest first, the
-        current (partial) minute last: completed, failed (FAILED, TIMEOUT, ERROR) and retried
-        (automatic retries scheduled). See ``django_reliable_executor.core.minute_counts``."""
-        first, last = minute_span(self.clock, minutes)
-        return every_minute(self._minute_counts(first, last), first, last)
-
-    @abc.abstractmethod
-    def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
-        """``throughput`` of epoch minutes ``first..last`` (both included); minutes with no
-        ending may be left out."""
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block up to ``timeout`` seconds until work may have arrived (only where

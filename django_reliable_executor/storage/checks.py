@@ -6,6 +6,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from ..core.clock import Clock
 from ..core.minute_counts import MinuteCounts, epoch_minute, minute_start
+from ..core.parameter_filter import Pairs
 from ..core.queries import ClaimRequest, TaskQuery
 from ..core.rate_limits import RateLimit
 from ..core.states import TERMINAL_STATUSES, TaskStatus
@@ -49,13 +50,28 @@ def task_query(
     batch_id: str | None,
     schedule_runs: bool | None,
     schedule_id: str | None,
+    tag: str | None = None,
+    parameter: Pairs | None = None,
+    indexed: tuple[tuple[str, str], ...] = (),
 ) -> TaskQuery | None:
     """The page ``TaskStorage.list`` asks its backend's ``_list``; None when it holds no
     task (a limit below 1, or no status wanted)."""
     wanted = wanted_statuses(status, statuses)
     if limit <= 0 or wanted == frozenset():
         return None
-    return TaskQuery(wanted, task_name, queue, limit, offset, batch_id, schedule_runs, schedule_id)
+    return TaskQuery(
+        wanted,
+        task_name,
+        queue,
+        limit,
+        offset,
+        batch_id,
+        schedule_runs,
+        schedule_id,
+        tag,
+        parameter,
+        indexed,
+    )
 
 
 def wanted_statuses(

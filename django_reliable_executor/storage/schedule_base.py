@@ -11,6 +11,22 @@ from ..core.records import TaskInfo, build
 from ..schedules.planning import fire_task, overlap_runs, plan
 from ..schedules.records import FiringRound, ScheduleFire, ScheduleInfo
 
+#: Hours a schedule's overlap skips are counted for (the schedule pages' last 24 hours), and
+#: how long their counters are kept: one more, so that the oldest hour shown is whole.
+SKIP_HOURS = 24
+_HOUR = dt.timedelta(hours=1)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def epoch_hour(moment: dt.datetime) -> int:
+    """The UTC hour of ``moment``, counted from the epoch."""
+    return (moment - _EPOCH) // _HOUR
+
+
+def hour_start(hour: int) -> dt.datetime:
+    """The aware UTC start of an ``epoch_hour``."""
+    return _EPOCH + hour * _HOUR
+
 
 class ScheduleStorage(abc.ABC):
     """Schedules live beside the tasks they fire, in the same storage. Only the master fires;
@@ -87,6 +103,17 @@ class ScheduleStorage(abc.ABC):
         ``last_task_id``) is not terminal stores nothing: in the same atomic step the schedule
         moves on, counts the runs skipped (``overlap_skipped``, ``last_skipped_at``), and
         (schedule id, that run's task id, runs skipped) is appended to ``overlapped``."""
+
+    @abc.abstractmethod
+    def add_schedule_skips(self, skips: Sequence[tuple[str, int]], now: dt.datetime) -> None:
+        """Count runs skipped by overlap, (schedule id, runs), in the UTC hour of ``now``, and
+        forget the counts older than SKIP_HOURS + 1 hours (bounded: at most that many counters
+        per schedule). Statistics: a count that cannot be written is logged and dropped."""
+
+    @abc.abstractmethod
+    def schedule_skips(self, schedule_id: str, since: dt.datetime) -> dict[dt.datetime, int]:
+        """The schedule's runs skipped by overlap per UTC hour from ``since`` on, by the
+        hour's start (hours without skips left out)."""
 
     def fire_due(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any
@@ -15,6 +16,8 @@ from . import process_child
 
 GRACE_SECONDS = 1.0  # between SIGTERM and SIGKILL of a child that is stopped
 CHILD_DIED = "the child process running the handler died"
+# Most stack requests a child is sent and has not answered (Child.ask_stack).
+MAX_STACKS_ASKED = 4
 
 
 class ChildDied(Exception):
@@ -49,6 +52,12 @@ class Child:
         self.conn = parent_end
         self.tasks = 0  # tasks sent to it
         self.ready = False  # it said so: Django is set up there
+        # Sends come from its pool thread (tasks) and the heartbeat thread (stack requests).
+        self._send_lock = threading.Lock()
+        # Stack requests sent and not answered yet: a child that cannot read its pipe (stopped,
+        # or a C call holding its GIL) gets no more, so the pipe never fills and the heartbeat
+        # thread, which sends them, never blocks on it (its leases would lapse).
+        self.stacks_asked: set[str] = set()
 
     @property
     def pid(self) -> int | None:
@@ -59,10 +68,31 @@ class Child:
 
     def send(self, message: dict[str, Any]) -> None:
         try:
-            self.conn.send_bytes(dumps(message).encode())
+            with self._send_lock:
+                self.conn.send_bytes(dumps(message).encode())
         except OSError as exc:
             raise ChildDied(f"{CHILD_DIED} before it got the task: {self._exit()}") from exc
         self.tasks += 1
+
+    def ask_stack(self, request_id: str, task_id: str) -> bool:
+        """Ask the child for the stack of the handler it runs (its reader thread answers
+        with a "stack" reply, which the pool thread waiting on it passes on). False when the
+        pipe is closed. Sent once per request, at most MAX_STACKS_ASKED unanswered."""
+        message = {"stack": request_id, "task_id": task_id}
+        try:
+            with self._send_lock:
+                if request_id in self.stacks_asked or len(self.stacks_asked) >= MAX_STACKS_ASKED:
+                    return True  # asked already, or busy: left unanswered (its page says so)
+                self.stacks_asked.add(request_id)
+                self.conn.send_bytes(dumps(message).encode())
+        except OSError:
+            return False
+        return True
+
+    def stack_answered(self, request_id: str) -> None:
+        """The child's reply to stack request ``request_id`` was read."""
+        with self._send_lock:
+            self.stacks_asked.discard(request_id)
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
         """The child's reply, or None if none came within ``timeout``; ChildDied if it died.

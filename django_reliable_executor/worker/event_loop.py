@@ -19,6 +19,7 @@ from asgiref.sync import sync_to_async
 from ..connections import tidy_connections
 from ..core.records import Claim
 from ..core.retries import attempt_timeout_message, timeout_message
+from ..core.stacks import format_coroutine_stack
 from ..exceptions import StorageUnavailableError
 from ..observability.attempts import Attempt, observe
 from .attempt_limits import attempt_timeout_of
@@ -32,6 +33,7 @@ from .coroutine_stops import (
     arm_stops,
     contained,
 )
+from .loop_stacks import LoopBusy, read_on_loop
 from .runner import Begun, TaskRunner
 from .suspended import Suspended
 
@@ -84,6 +86,9 @@ class EventLoop:
         self._death: str | None = None  # what ended the current loop's thread, if it ended
         self.deaths = 0  # loop threads found dead (and replaced) so far
         self._tasks: set[asyncio.Task[None]] = set()  # referenced until they end
+        # Each running handler's own asyncio task by task id (the loop's thread alone
+        # touches it): where coroutine_stacks() reads its coroutine's frames.
+        self._handlers: dict[str, asyncio.Task[Any]] = {}
         self._blocking = ThreadPoolExecutor(
             BLOCKING_THREADS, thread_name_prefix="reliable-executor-async-io"
         )
@@ -172,6 +177,43 @@ class EventLoop:
 
     def _answer(self) -> None:
         self._ping_sent = None
+
+    def coroutine_stacks(
+        self, task_ids: list[str], timeout: float
+    ) -> dict[str, tuple[str, bool]] | None:
+        """The stacks of these tasks' handler coroutines (``format_coroutine_stack``), read
+        on the loop's thread (``read_on_loop``): each id's, none for an id not running here.
+        None when the loop did not get to it within ``timeout`` seconds: a handler blocks it
+        (its thread's frames say where)."""
+        loop = self.loop
+        if loop is None:
+            return {}
+
+        def read() -> dict[str, tuple[str, bool]]:
+            handlers = {t: self._handlers.get(t) for t in task_ids}
+            return {
+                t: format_coroutine_stack(task.get_coro())
+                for t, task in handlers.items()
+                if task is not None and not task.done()
+            }
+
+        try:
+            return read_on_loop(loop, read, timeout)
+        except RuntimeError:  # closed meanwhile: its handlers are gone
+            return {}
+        except LoopBusy:
+            return None
+
+    def loop_thread_ident(self) -> int | None:
+        """The ident of the loop's thread (None before it started)."""
+        thread = self._thread
+        return thread.ident if thread is not None else None
+
+    def started_claim(self, task_id: str) -> Claim | None:
+        """The claim of ``task_id`` as started, while its handler is on the loop."""
+        with self._held_lock:
+            held = self._held.get(task_id)
+        return held.started if held is not None else None
 
     def _lose(self, held: _Held, why: str) -> None:
         try:
@@ -283,6 +325,7 @@ class EventLoop:
         began = loop.time()
         try:
             handler_task = loop.create_task(contained(handler.func(*args, **kwargs)))
+            self._handlers[claim.task_id] = handler_task
             now = runner.executor.clock.now()
             arm_stops(loop, handler_task, begun, context, seconds, stopped, timers, now)
             value = await handler_task
@@ -298,6 +341,7 @@ class EventLoop:
         finally:
             for timer in timers:
                 timer.cancel()
+            self._handlers.pop(claim.task_id, None)
             runner.contexts.pop(claim.task_id, None)
             # The last progress report before the outcome (written after, it is refused); off
             # the loop, and only when one is pending: most tasks pay nothing here.

@@ -6,7 +6,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import registry
 from ..connections import drop_unusable_connections
@@ -49,6 +49,7 @@ class Fetcher:
         poll_interval: float,
         burst: bool,
         start_at_claim: bool = True,
+        free_to_start: Callable[[], int] | None = None,
     ) -> None:
         self.executor = executor
         self.pool = pool
@@ -63,6 +64,10 @@ class Fetcher:
         # The claim starts the tasks idle threads run at once (where the storage can); not
         # under --pool process, whose threads start a task once a child is ready for it.
         self.start_at_claim = start_at_claim
+        # How many claims could start now where fewer than the idle threads can: under
+        # --pool process, the children free (two threads wait on each child). None: the idle
+        # threads.
+        self.free_to_start = free_to_start
         # max_concurrency of the registered handlers: enforced by the storage at each claim.
         self.name_limits = registry.name_limits()
         # rate_limit of the registered handlers: enforced by the storage at each claim (and
@@ -71,8 +76,9 @@ class Fetcher:
         # max_concurrency_per_key of the registered handlers: enforced as name_limits is.
         self.key_limits = registry.key_limits()
         # fairness="round_robin" of the registered handlers: their tasks are claimed only for
-        # threads free to start them, so the storage's turns are the order they run in (a
-        # backlog claimed ahead into the local queue would run before a later key's turn).
+        # threads (under --pool process, children) free to start them, so the storage's turns
+        # are the order they run in (a backlog claimed ahead into the local queue, or a task
+        # waiting in a pool thread for a busy child, would run before a later key's turn).
         self.fair_names = registry.fair_names()
         self.last_poll_at: float | None = None  # time.time() of the last claim that succeeded
         self._idle_wait = MIN_IDLE_WAIT
@@ -162,7 +168,9 @@ class Fetcher:
         # Not under --pool process: there a start waits until a child is ready (process_pool.py).
         idle = self.pool.idle_threads()
         start = idle if self.start_at_claim else 0
-        fair_left = idle if self.fair_names else None
+        fair_left = None
+        if self.fair_names:
+            fair_left = idle if self.free_to_start is None else min(idle, self.free_to_start())
         self._drained = True
         try:
             for queues, allowed in calls:

@@ -23,8 +23,9 @@ logger = logging.getLogger("django_reliable_executor")
 class Heartbeat:
     """One worker's heartbeat. ``beat()`` renews every lease held here (queued, running or
     awaiting its recorded completion), then refreshes the worker registry; ``run()`` beats every
-    ``interval`` seconds until ``done`` is set. Lease writes tell the chores whether the
-    storage was reached, so they can hold recovery back after an outage."""
+    ``interval`` seconds until ``done`` is set, and between beats answers the requests for
+    live stacks (``serve_stacks``). Lease writes tell the chores whether the storage was
+    reached, so they can hold recovery back after an outage."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class Heartbeat:
         lease_timeout: float,
         interval: float,
         supervised: Sequence[Callable[[], str | None]] = (),
+        serve_stacks: Callable[[float], None] | None = None,
     ) -> None:
         self.executor = executor
         self.pool = pool
@@ -56,16 +58,32 @@ class Heartbeat:
         # registering, so that health reports it (its heartbeat ages past --max-age).
         self.supervised = list(supervised)
         self._unwell = False
+        # Between beats: waits up to the given seconds (at most about one), answering the stack
+        # requests that come meanwhile (stacks.StackResponder.serve).
+        self.serve_stacks = serve_stacks
 
     def run(self) -> None:
         """Beat every ``interval`` seconds until ``done`` is set (the heartbeat thread)."""
         previous = time.monotonic()
-        while not self.done.wait(self.interval):
+        while not self._wait(time.monotonic() + self.interval):
             now = time.monotonic()
             self._warn_if_late(now - previous)
             previous = now
             self.beat()
         close_old_connections()
+
+    def _wait(self, until: float) -> bool:
+        """Wait until ``until`` (time.monotonic()) or ``done``, answering stack requests
+        meanwhile; True once ``done`` is set."""
+        if self.serve_stacks is None:
+            return self.done.wait(max(0.0, until - time.monotonic()))
+        while not self.done.is_set() and (left := until - time.monotonic()) > 0:
+            try:
+                self.serve_stacks(left)
+            except Exception:  # never at the cost of the leases: wait out this round instead
+                logger.exception("worker %s: answering stack requests failed", self.worker_id)
+                return self.done.wait(max(0.0, until - time.monotonic()))
+        return self.done.is_set()
 
     def _warn_if_late(self, gap: float) -> None:
         """A round later than LEASE_TIMEOUT / 2 after the previous one puts the leases held here

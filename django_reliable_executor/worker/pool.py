@@ -89,6 +89,7 @@ class BoundedPool(EventLoopSide):
         self._name = name
         self._threads = 0
         self._idle = 0  # threads waiting on _work
+        self._freeing = 0  # threads that ran a claim, between telling it and their next _take
         self._wake_sent = False  # one of them was woken and has not looked for work yet
         # Claims a thread started for the threads waiting here, in priority order; and while a
         # start is written, how many of its claims are meant for other threads than its writer.
@@ -107,7 +108,14 @@ class BoundedPool(EventLoopSide):
         """Threads waiting for a claim that none queued here is meant for yet: claims handed to
         the pool now would run at once (the fetcher has those started as it claims them)."""
         with self._cond:
-            return max(0, self._idle - len(self._heap) - len(self._ready) - self._promised)
+            idle = self._idle + self._freeing
+            return max(0, idle - len(self._heap) - len(self._ready) - self._promised)
+
+    def thread_claims(self) -> int:
+        """Claims for the threads queued or taken by one (starting, ready, running, or done
+        and not given back yet); the event loop's not counted."""
+        with self._cond:
+            return len(self._heap) + len(self._running)
 
     def submit(self, claim: Claim) -> None:
         self.submit_many([claim])
@@ -213,19 +221,34 @@ class BoundedPool(EventLoopSide):
     def _loop(self, core: bool, holding: list[Claim]) -> None:
         done: Claim | None = None  # the claim this thread just ran
         starts: tuple[list[Claim], list[Claim | None]] | None = None  # the start it just wrote
+        freeing = False  # this thread ran a claim and tells the fetcher before it takes one
         while True:
             # One turn of the lock both gives back what was done and takes the next claim.
             with self._cond:
+                if freeing:
+                    self._freeing -= 1  # back in _take: idle (waiting) or busy again
+                    freeing = False
                 freed = done is not None and self._done(done)
                 if starts is not None:
                     freed = self._started(*starts) or freed
                 holding.clear()
                 item = None if freed else self._take(core)
+                if freed and done is not None:
+                    # Until it is back in _take it counts as idle: the fetcher the notice
+                    # below wakes must find a thread for a fair name's next turn.
+                    self._freeing += 1
+                    freeing = True
                 if item is not None:
                     holding[:] = item if type(item) is list else [item]  # type: ignore[list-item]
             done = starts = None
             if freed:
-                self._notify_freed(True)  # outside the lock; the next claim on the next turn
+                try:
+                    self._notify_freed(True)  # outside the lock; the next claim on the next turn
+                except BaseException:  # the thread dies (_serve): it is idle no more
+                    if freeing:
+                        with self._cond:
+                            self._freeing -= 1
+                    raise
                 continue
             if item is None:
                 break

@@ -11,17 +11,23 @@ Everything crossing the pipe is JSON text, both ways (never pickle): the task (a
 parameter as stored, and the claim's token), then the outcome (the result as JSON, or the
 error with its traceback). Before the outcome, the handler's progress reports: coalesced here
 as the worker does (at most one a second, the last one always sent before the outcome).
+A reader thread takes the worker's messages: tasks go to the main thread, which runs them;
+a stack request (the worker's heartbeat relays it: worker/stacks.py) is answered by the reader
+at once, with the main thread's frames, this process's pid and resident memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import inspect
 import json
 import os
+import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -32,6 +38,7 @@ from ..connections import tidy_connections
 from ..core.progress import Progress, progress_to_json
 from ..core.records import Claim, TaskInfo
 from ..core.serialization import ConversionError, dumps, encode, from_json_value
+from ..core.stacks import format_coroutine_stack, format_stack
 from ..core.task_json import task_from_json
 from ..core.text import storable_text
 from ..observability.attempts import in_child
@@ -39,6 +46,7 @@ from ..registry import resolve_handler
 from ..service.reliable_executor import executor
 from .context import TaskContext
 from .failures import RESULT_REFUSED
+from .loop_stacks import LOOP_WAIT_SECONDS, LoopBusy, read_on_loop
 from .progress_writer import ProgressWriter
 from .steps import Checkpoints
 from .suspended import Suspended
@@ -46,6 +54,10 @@ from .waits import wait_to_json
 
 PARENT_CHECK_SECONDS = 1.0
 _STOPPING = threading.Event()  # set by the worker's SIGUSR1 (ProcessPool.stop_at_steps)
+_RUNNING: list[str | None] = [None]  # the id of the task the main thread runs (or None)
+# The loop and asyncio task of the async handler the main thread awaits (or None): a stack
+# request reads that coroutine's frames on the loop (``_handler_stack``).
+_ON_LOOP: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None] = [None]
 
 
 def main(conn: Any, settings_module: str, parent_pid: int) -> None:
@@ -66,12 +78,13 @@ def main(conn: Any, settings_module: str, parent_pid: int) -> None:
         lambda messages: [send(message) for message in messages],
         name="reliable-executor-child-progress",
     )
+    inbox = _reader(conn, send, threading.get_ident())
     while True:
-        try:
-            message = json.loads(conn.recv_bytes())
-        except (EOFError, OSError):
+        message = inbox.get()
+        if message is None:
             break  # the worker closed the pipe: retired, or stopping
         task_id = message["task"]["task_id"]
+        _RUNNING[0] = task_id
         try:
             reply = run_task(
                 message,
@@ -79,6 +92,7 @@ def main(conn: Any, settings_module: str, parent_pid: int) -> None:
                 lambda name: send({"status": "step", "name": name}),
             )
         finally:
+            _RUNNING[0] = None
             progress.finish(task_id)  # the last report goes before the outcome
             tidy_connections()
         try:
@@ -88,6 +102,91 @@ def main(conn: Any, settings_module: str, parent_pid: int) -> None:
     from django.db import connections
 
     connections.close_all()
+
+
+def _reader(
+    conn: Any, send: Callable[[dict[str, Any]], None], main_thread: int
+) -> queue.SimpleQueue[dict[str, Any] | None]:
+    """Read the worker's messages on a thread of their own: a stack request is answered
+    there at once (the main thread is busy running the handler), a task is queued for the
+    main thread; None once the pipe is closed."""
+    inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        while True:
+            try:
+                message = json.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                inbox.put(None)
+                return
+            if "stack" not in message:
+                inbox.put(message)
+                continue
+            try:
+                reply = _stack_reply(message, main_thread)
+            except Exception as exc:  # never at the cost of this thread: tasks come through it
+                reply = _unreadable_stack(message, exc)
+            with contextlib.suppress(OSError):  # the worker is gone: the main thread sees it
+                send(reply)
+
+    threading.Thread(target=read, name="reliable-executor-child-reader", daemon=True).start()
+    return inbox
+
+
+def _stack_reply(message: dict[str, Any], main_thread: int) -> dict[str, Any]:
+    """The answer to a stack request: the main thread's frames while it runs the task asked
+    about (file, line, function and source line only, never locals), this process's pid and
+    resident memory."""
+    running = _RUNNING[0] == message["task_id"]
+    stack, truncated = _handler_stack(main_thread, running)
+    return {
+        "status": "stack",
+        "request_id": message["stack"],
+        "task_id": message["task_id"],
+        "running": running,
+        "stack": stack,
+        "truncated": truncated,
+        "pid": os.getpid(),
+        "rss_bytes": resident_bytes(),
+    }
+
+
+def _handler_stack(main_thread: int, running: bool) -> tuple[str, bool]:
+    """The handler's frames (none unless ``running``): an async one's coroutine frames, read
+    on its loop; else (or when a synchronous call blocks that loop) the main thread's."""
+    on_loop = _ON_LOOP[0]
+    if running and on_loop is not None:
+        loop, task = on_loop
+        with contextlib.suppress(LoopBusy, RuntimeError):  # blocked, or just ended
+            return read_on_loop(
+                loop, lambda: format_coroutine_stack(task.get_coro()), LOOP_WAIT_SECONDS
+            )
+    return format_stack(sys._current_frames().get(main_thread) if running else None)
+
+
+def _unreadable_stack(message: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    """The answer to a stack request whose frames could not be formatted: why, in words."""
+    why = storable_text(f"(the stack could not be read: {type(exc).__name__}: {exc})")
+    return {
+        "status": "stack",
+        "request_id": message.get("stack"),
+        "task_id": message.get("task_id"),
+        "running": _RUNNING[0] is not None and _RUNNING[0] == message.get("task_id"),
+        "stack": why,
+        "truncated": False,
+        "pid": os.getpid(),
+        "rss_bytes": resident_bytes(),
+    }
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (RSS), from /proc/self/statm; None without /proc."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _sender(conn: Any) -> Callable[[dict[str, Any]], None]:
@@ -153,7 +252,13 @@ def run_task(
             if inspect.isawaitable(value):  # an async handler here runs on a loop of its own
 
                 async def wait(awaitable: Any = value) -> Any:
-                    return await awaitable
+                    current = asyncio.current_task()
+                    assert current is not None
+                    _ON_LOOP[0] = (asyncio.get_running_loop(), current)
+                    try:
+                        return await awaitable
+                    finally:
+                        _ON_LOOP[0] = None
 
                 value = asyncio.run(wait())
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost

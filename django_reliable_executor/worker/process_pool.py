@@ -28,6 +28,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -89,11 +90,33 @@ class ProcessPool:
         self._quiet = False  # the worker is stopping: tasks not started yet are handed back
         self._started = False
         self._in_flight = 0  # tasks started by run() whose outcome is not recorded yet
+        # Pool threads in run() that took a child (running on it, or back from it and
+        # recording the outcome): what free_children() does not count as wanting one.
+        self._served = 0
+        # The child running each task's handler, with the claim as started (stack requests,
+        # stacks.py); and who takes the children's stack replies.
+        self.running: dict[str, tuple[Child, Claim]] = {}
+        self.on_stack: Callable[[Claim, dict[str, Any]], object] | None = None
 
     @property
     def threads(self) -> int:
         """Pool threads to run: two per child."""
         return 2 * self.size
+
+    def free_children(self, held: int) -> int:
+        """Children free to start a task now, given ``held``: the claims the pool's threads
+        hold or queue (``BoundedPool.thread_claims()``, read before this call). The idle
+        children and those missing (a thread that wants one starts it), less the claims that
+        will take one before anything claimed now: queued, or in a thread that has not got a
+        child yet. The fetcher claims fair names only for these (fetcher.py): each child has
+        two threads, and a claim for the second would wait in it for the child, claimed
+        ahead of the other workers' turns. A thread that ends between the two reads still
+        counts as wanting a child: the count errs low, never high."""
+        with self._lock:
+            if self._closed or self._quiet:
+                return 0
+            free = len(self._idle) + max(0, self.size - len(self._children))
+            return max(0, free - max(0, held - self._served))
 
     def start(self, timeout: float = STARTUP_SECONDS) -> None:
         """Start every child and wait until each has set Django up (in parallel); once only.
@@ -134,6 +157,16 @@ class ProcessPool:
             if not claim.is_started:
                 self.runner.hand_back([claim])
             raise
+        if child is None:
+            return self._run_on(claim, None)
+        try:
+            return self._run_on(claim, child)
+        finally:
+            with self._lock:
+                self._served -= 1  # counted by _take(): this thread wants no child now
+
+    def _run_on(self, claim: Claim, child: Child | None) -> TaskStatus | None:
+        """run(), once ``child`` was taken (None: the pool stops, and the claim was started)."""
         try:
             begun = self.runner.begin(claim)
         except BaseException:
@@ -174,8 +207,14 @@ class ProcessPool:
                 return child
             except ChildDied:
                 logger.exception("a child process could not set Django up; starting another")
-                self._forget(child)
+                with self._lock:
+                    self._children.discard(child)
+                    self._served -= 1  # counted by _take(): this thread wants another child
                 child.stop()
+            except BaseException:
+                with self._lock:
+                    self._served -= 1
+                raise
 
     def _run_begun(self, begun: Begun, child: Child, attempt: Attempt | None) -> TaskStatus | None:
         runner, claim = self.runner, begun.claim
@@ -185,6 +224,7 @@ class ProcessPool:
         stop = threading.Event()
         context.on_cancel(stop.set)
         reusable = False
+        self.running[claim.task_id] = (child, claim)
         try:
             reply = self._call(child, begun, context, stop, attempt)
             reusable = child.alive()  # not one the worker had to stop
@@ -192,6 +232,7 @@ class ProcessPool:
             why = f"{TERMINATED}: the worker stopped" if self._closed else str(exc)
             reply = {"status": "died", "error": why}
         finally:
+            self.running.pop(claim.task_id, None)
             runner.contexts.pop(claim.task_id, None)
             # Back before the outcome is written: the thread waiting for it sends its task now.
             self._put(child, reusable)
@@ -256,6 +297,10 @@ class ProcessPool:
                     self.runner.report_progress(claim, progress)
             elif reply is not None and reply["status"] == "step":  # a checkpoint written there
                 metrics.count_step_finished(claim.task)
+            elif reply is not None and reply["status"] == "stack":  # asked by ask_stack()
+                child.stack_answered(str(reply.get("request_id")))
+                if self.on_stack is not None:
+                    self.on_stack(claim, reply)
             elif reply is not None:
                 return reply
             now = time.monotonic()
@@ -363,6 +408,7 @@ class ProcessPool:
                 child, dead = None, child
             if child is None:
                 child = self._spawn_locked()
+            self._served += 1  # in the same step as the child left _idle (free_children)
         if dead is not None:
             dead.stop()
         return child
@@ -393,6 +439,12 @@ class ProcessPool:
     def _forget(self, child: Child) -> None:
         with self._lock:
             self._children.discard(child)
+
+    def ask_stack(self, task_id: str, request_id: str) -> bool:
+        """Ask the child running ``task_id``'s handler for its stack (answered through
+        ``on_stack``); False when no child here runs it."""
+        entry = self.running.get(task_id)
+        return entry is not None and entry[0].ask_stack(request_id, task_id)
 
     def stop_at_steps(self) -> None:
         """The worker stops: every busy child hands its task back at the handler's next

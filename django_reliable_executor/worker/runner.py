@@ -63,6 +63,9 @@ class TaskRunner:
         self.executor = executor
         self.lease_seconds = lease_seconds
         self.contexts: dict[str, TaskContext] = {}
+        # The pool thread (its ident) running each task's handler, with the claim as started:
+        # where the stack responder (stacks.py) finds a handler's frames.
+        self.running_threads: dict[str, tuple[int, Claim]] = {}
         # Set by the worker once it is asked to stop: a handler's next durable step hands its
         # task back instead of running (steps.Checkpoints).
         self.stopping = threading.Event()
@@ -359,6 +362,7 @@ class TaskRunner:
             expire = functools.partial(ask_to_stop, claim, seconds, context)
             limit = self.limits.arm(seconds, expire)
         began = time.monotonic()
+        self.running_threads[claim.task_id] = (threading.get_ident(), claim)
         try:
             value = handler.func(*args) if context is None else handler.func(*args, context=context)
             if value is not None and inspect.isawaitable(value):
@@ -377,6 +381,7 @@ class TaskRunner:
             expired = limit is not None and self.limits.finish(limit)
             return self._raised(begun, exc, limit if expired else None, began, attempt)
         finally:
+            self.running_threads.pop(claim.task_id, None)
             if context is not None:
                 self.contexts.pop(claim.task_id, None)
         if context is not None:

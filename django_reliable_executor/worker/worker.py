@@ -27,6 +27,7 @@ from .fetcher import Fetcher
 from .heartbeat import Heartbeat
 from .pool import BoundedPool
 from .runner import TaskRunner
+from .stacks import StackResponder
 
 if TYPE_CHECKING:
     from .process_pool import ProcessPool
@@ -133,7 +134,26 @@ class Worker:
         )
         self._layout_checked = False  # _check_layout passed
         self.hard_stop = threading.Event()  # stop now, do not wait for handlers
-        self.heartbeat = Heartbeat(
+        self.heartbeat = self._build_heartbeat(options)
+        self.fetcher = Fetcher(
+            self.executor,
+            self.pool,
+            self.runner,
+            self.stopping,
+            worker_id=self.worker_id,
+            queues=options.queues,
+            queue_limits=options.queue_limits,
+            lease_timeout=options.lease_timeout,
+            poll_interval=options.poll_interval,
+            burst=options.burst,
+            start_at_claim=self.processes is None,
+            free_to_start=self._free_children if self.processes is not None else None,
+        )
+
+    def _build_heartbeat(self, options: WorkerOptions) -> Heartbeat:
+        """The heartbeat thread's loop: it renews leases, supervises the pools and answers the
+        live-stack requests made for this worker between beats."""
+        return Heartbeat(
             self.executor,
             self.pool,
             self.runner,
@@ -147,19 +167,15 @@ class Worker:
             # every beat.
             supervised=[self.pool.supervise]
             + ([self.event_loop.supervise] if self.event_loop is not None else []),
-        )
-        self.fetcher = Fetcher(
-            self.executor,
-            self.pool,
-            self.runner,
-            self.stopping,
-            worker_id=self.worker_id,
-            queues=options.queues,
-            queue_limits=options.queue_limits,
-            lease_timeout=options.lease_timeout,
-            poll_interval=options.poll_interval,
-            burst=options.burst,
-            start_at_claim=self.processes is None,
+            serve_stacks=StackResponder(
+                self.executor,
+                self.worker_id,
+                self.runner,
+                self.pool,
+                self.processes,
+                self._threads_done,
+                self.event_loop,
+            ).serve,
         )
 
     def _build_pool(self, options: WorkerOptions) -> BoundedPool:
@@ -183,6 +199,12 @@ class Worker:
             start=self.runner.start_many if self.processes is None else None,
             lost=self.runner.lose,
         )
+
+    def _free_children(self) -> int:
+        """--pool process: the children free to start a task now (the fetcher claims fair
+        names for these only). The pool's claims are read first: see free_children()."""
+        assert self.processes is not None
+        return self.processes.free_children(self.pool.thread_claims())
 
     @property
     def last_poll_at(self) -> float | None:
@@ -327,16 +349,21 @@ class Worker:
         left = still - in_children
         if in_children:
             logger.warning(
-                "stopping with %d handlers still running in child processes (%s); the children "
+                "stopping with %s still running in child processes (%s); the children "
                 "are stopped now and each attempt is recorded as failed (retried while the task "
                 "has retries left)",
-                len(in_children),
+                _handlers(len(in_children)),
                 ", ".join(sorted(in_children)),
             )
         if left:
             logger.warning(
-                "stopping with %d handlers still running (%s); their tasks are recovered "
+                "stopping with %s still running (%s); their tasks are recovered "
                 "after their lease expires",
-                len(left),
+                _handlers(len(left)),
                 ", ".join(sorted(left)),
             )
+
+
+def _handlers(count: int) -> str:
+    """ "1 handler", "3 handlers"."""
+    return f"{count} handler" if count == 1 else f"{count} handlers"

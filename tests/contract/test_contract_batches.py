@@ -471,3 +471,12 @@ def test_the_masters_purge_drops_batches_past_retention(executor, clock):
     assert executor.list_tasks(batch_id="old") == []  # its member and callback went first
     assert executor.get_batch("young").finished
     assert executor.get_batch("open").pending == 1
+
+
+def test_a_batchs_members_are_claimed_in_request_order(executor, storage, clock):
+    """Members are a microsecond apart, the last at the call's time: claims take them in
+    request order (they shared one instant and came in task-id order on the databases)."""
+    ids = [f"m{n}" for n in range(9, -1, -1)]
+    executor.submit_batch([TaskSubmitRequest("demo.echo", {"i": i}, task_id=i) for i in ids])
+    claimed = [c.task_id for _ in ids for c in storage.claim("w", ["default"], 1, LEASE)]
+    assert claimed == ids

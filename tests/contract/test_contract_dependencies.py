@@ -523,3 +523,41 @@ def test_a_chain_whose_step_another_task_holds_stores_nothing(executor, storage,
     assert storage.get_many(["s1", "s2", "s3"]) == {}
     assert [task.task_id for task in executor.list_tasks()] == ["holder"]
     assert claimable(storage) == ["holder"]
+
+
+def test_a_limited_read_of_many_dependents_reads_only_that_many(executor, storage, alias):
+    # 300 dependents: past the size Redis keeps a set compact in (128), where SSCAN reads
+    # pages of about COUNT members; the databases read with a LIMIT.
+    executor.submit("contract.hook", None, task_id="root")
+    ids = [f"dep-{i:03d}" for i in range(300)]
+    executor.submit_many(
+        [TaskSubmitRequest("contract.hook", None, task_id=i, depends_on=["root"]) for i in ids]
+    )
+    assert executor.count_dependents("root") == 300 and executor.count_dependents("dep-1") == 0
+    assert executor.dependents_of("root") == ids  # no limit: all of them, sorted
+    if alias == "redis":
+        client, replies = storage.client, []
+        execute = client.execute_command
+
+        def counted(*args, **kwargs):
+            reply = execute(*args, **kwargs)
+            replies.append((args[0], reply))
+            return reply
+
+        client.execute_command = counted
+        try:
+            first = executor.dependents_of("root", 20)
+        finally:
+            del client.execute_command
+        assert {name for name, _ in replies} == {"SSCAN"}, replies
+        read = sum(len(reply[1]) for _, reply in replies)
+        assert read < 100, f"read {read} members for 20"
+        assert first == sorted(first) and len(set(first)) == 20 and set(first) <= set(ids)
+    else:
+        with CaptureQueriesContext(connections[alias]) as queries:
+            first = executor.dependents_of("root", 20)
+        assert first == ids[:20]  # the first in id order
+        (query,) = queries.captured_queries
+        assert "LIMIT 20" in query["sql"].upper(), query["sql"]
+    assert executor.dependents_of("root", 0) == []
+    assert executor.dependents_of("root", 1000) == ids

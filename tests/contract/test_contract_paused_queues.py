@@ -47,10 +47,15 @@ def test_a_pause_holds_at_once_for_every_storage_object(executor, make_storage, 
 def test_a_capped_name_is_paused_with_its_queue(executor, storage):
     """max_concurrency's own claim path (a lock per capped name) leaves paused queues out too,
     and a parked task of a paused queue (Redis) waits for the resume."""
+    # A name the registry caps (max_concurrency=1): sharded Redis stores all its tasks on the
+    # name's home shard, so one cap holds over "mail" and "default" whatever their shards. A
+    # cap given to claim() for a name the registry does not limit is kept per shard there
+    # (docs/redis-shards.md, "What is not exact"), which is not what this test is about.
+    name = "demo.outlive_capped"
     for task_id, queue in (("m1", "mail"), ("m2", "mail"), ("d1", "default")):
-        executor.submit("demo.echo", None, task_id=task_id, queue=queue)
+        executor.submit(name, None, task_id=task_id, queue=queue)
     executor.pause_queue("mail")
-    caps = {"demo.echo": 1}
+    caps = {name: 1}
     first = storage.claim("w1", ["mail", "default"], 10, LEASE, name_limits=caps)
     assert [c.task_id for c in first] == ["d1"]
     assert storage.claim("w1", ["mail", "default"], 10, LEASE, name_limits=caps) == []
@@ -174,7 +179,15 @@ def test_resume_wakes_an_idle_worker(executor, storage):
     executor.resume_queue("mail")
     try:
         woken = storage.wait_for_work(["mail"], 20)
+        claimed = claimed_ids(storage, ["mail"])
+        if not claimed and getattr(storage, "sharded", False):
+            # Sharded Redis: the resume wakes every shard, and the wait returns at the first
+            # token; the pop that takes the token of m1's shard may end a moment later, and
+            # that shard counts as quiet for this claim. The worker's next wait returns at
+            # once with that token (it is kept, never lost), and its claim finds m1.
+            woken = storage.wait_for_work(["mail"], 20) and woken
+            claimed = claimed_ids(storage, ["mail"])
     finally:
         storage.stop_waiting()
     assert woken is True
-    assert claimed_ids(storage, ["mail"]) == ["m1"]
+    assert claimed == ["m1"]

@@ -14,8 +14,9 @@ from django.test.utils import CaptureQueriesContext
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.exceptions import InvalidTaskOptionError
+from django_reliable_executor.registry import rate_limits
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
-from tests.support.contract_support import claim_and_start, recording, total
+from tests.support.contract_support import LEASE, claim_and_start, recording, total
 
 
 def read_in_other_thread(executor: ReliableExecutor, task_id: str):
@@ -184,6 +185,26 @@ def test_explicit_options_are_stored(executor, clock):
     assert stored.run_at == clock.now() + dt.timedelta(milliseconds=2500)
 
 
+def test_the_rate_key_is_stored_and_read_back(executor, storage):
+    """submit, get_task, list_tasks, a resubmit and a claim (rate-limited or not, started by it
+    or not) all give the task's rate_key; None for a task without one."""
+    keyed = executor.submit("demo.rated", {}, task_id="rk", rate_key="k", concurrency_key="c")
+    assert (keyed.rate_key, keyed.concurrency_key) == ("k", "c")
+    assert executor.get_task("rk") == keyed
+    plain = executor.submit("demo.echo", None, task_id="no-rk")
+    assert plain.rate_key is None and executor.get_task("no-rk") == plain
+    [many] = executor.submit_many([TaskSubmitRequest("demo.echo", None, "rk-2", rate_key="k2")])
+    assert many.rate_key == "k2" and executor.get_task("rk-2") == many
+    assert executor.submit("demo.rated", {}, task_id="rk", rate_key="other") == keyed
+    assert {t.task_id: t.rate_key for t in executor.list_tasks()} == {
+        "rk": "k",
+        "no-rk": None,
+        "rk-2": "k2",
+    }
+    claims = storage.claim("w-1", ["default"], 10, LEASE, rate_limits=rate_limits(), start=1)
+    assert {c.task_id: c.task.rate_key for c in claims} == {"rk": "k", "no-rk": None, "rk-2": "k2"}
+
+
 def test_run_at_is_stored_in_utc(executor, clock):
     plus_two = dt.timezone(dt.timedelta(hours=2))
     when = (clock.now() + dt.timedelta(hours=1)).astimezone(plus_two)
@@ -270,6 +291,17 @@ def test_submit_many_is_one_write_in_request_order(executor, alias, db_alias):
     assert executor.count_by_status()[TaskStatus.CREATED] == 10
     for info in infos:
         assert executor.get_task(info.task_id) == info
+
+
+def test_submit_many_tasks_are_claimed_in_request_order(executor, storage, clock):
+    """The tasks of one call, due at once, are taken in request order (claims take the oldest
+    first): each request is a microsecond after the one before, the last at the call's now, so
+    none is in the future. Before, they shared one instant and came back in any order."""
+    infos = executor.submit_many([TaskSubmitRequest("demo.echo", {"i": i}) for i in range(12)])
+    assert infos[-1].created_at == clock.now()
+    assert [i.created_at for i in infos] == sorted(i.created_at for i in infos)
+    claimed = [c for n in range(12) for c in storage.claim(f"w{n}", ["default"], 1, LEASE)]
+    assert [c.task.parameter["i"] for c in claimed] == list(range(12))
 
 
 def test_submit_many_with_duplicates_and_existing_ids(executor):

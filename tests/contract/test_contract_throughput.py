@@ -1,5 +1,6 @@
 """Contract: what the admin's summary charts on every backend — tasks completed, failed and
-retried per UTC minute over the last hour, and the oldest due task of each queue."""
+retried per UTC minute over the last hour (and completed per queue, for its sparklines), and
+the oldest due task of each queue."""
 
 from __future__ import annotations
 
@@ -108,6 +109,51 @@ def test_a_task_counts_once_per_ending(executor, storage, clock):
     assert sum(m.total for m in executor.throughput()) == 3
 
 
+def _complete_in(executor, storage, task_id: str, queue: str) -> None:
+    executor.submit("demo.echo", None, task_id=task_id, queue=queue)
+    assert storage.complete(claim_and_start(storage, queue=queue), "ok") is not None
+
+
+def test_completions_are_counted_per_queue_and_minute(executor, storage, clock):
+    """The summary's sparklines: completed per queue per minute, only the queues asked for,
+    in their order, zeros filled; failures and retries are not completions."""
+    _at(clock, 0, 59, 30)
+    _complete_in(executor, storage, "old", "alpha")  # 61 minutes before the end: left out
+    _at(clock, 1, 1, 0)
+    _complete_in(executor, storage, "a-1", "alpha")  # the first minute of the window
+    _complete_in(executor, storage, "b-1", "beta")
+    _at(clock, 1, 30, 5)
+    _complete_in(executor, storage, "b-2", "beta")
+    _complete_in(executor, storage, "b-3", "beta")
+    _run(executor, storage, "beta-failed", "fail")  # its own queue, and not a completion
+    executor.submit("demo.echo", None, task_id="b-bad", queue="beta", retry_limit=3)
+    assert storage.fail(claim_and_start(storage, queue="beta"), "boom", retryable=True)
+    _at(clock, 2, 0, 30)
+    _complete_in(executor, storage, "a-2", "alpha")
+    _complete_in(executor, storage, "o-1", "other")  # not asked for: not read
+
+    found = executor.completed_by_queue(["beta", "alpha", "idle", "beta"])
+    assert list(found) == ["beta", "alpha", "idle"]
+    assert all(len(minutes) == 60 for minutes in found.values())
+    assert found["alpha"] == [1] + [0] * 58 + [1]
+    assert found["beta"] == [1] + [0] * 28 + [2] + [0] * 30  # 01:01, 01:30
+    assert found["idle"] == [0] * 60
+    # the chart's completions are the sum of every queue's
+    total = [m.completed for m in executor.throughput()]
+    other = executor.completed_by_queue(["other"])["other"]
+    assert [
+        a + b + o for a, b, o in zip(found["alpha"], found["beta"], other, strict=True)
+    ] == total
+
+    assert executor.completed_by_queue(["alpha", "beta"], 5) == {
+        "alpha": [0, 0, 0, 0, 1],
+        "beta": [0] * 5,
+    }
+    assert executor.completed_by_queue([]) == {}
+    with pytest.raises(ValueError, match="minutes"):
+        executor.completed_by_queue(["alpha"], 0)
+
+
 def test_the_chart_of_an_empty_store_is_sixty_empty_minutes(executor):
     minutes = executor.throughput()
     assert len(minutes) == 60 and all(m.total == 0 for m in minutes)
@@ -153,8 +199,13 @@ def test_redis_minute_counters_expire_after_two_hours(alias, clock):
             executor = ReliableExecutor(storage, clock=clock)
             _run(executor, storage, "t", "complete")
             client = redis_client()
-            key = f"{{{prefix}}}:tput:{epoch_minute(clock.now())}"
-            assert client.hgetall(key) == {"COMPLETED": "1"}
+            # Each shard counts the endings of its own tasks (the chart sums them): sharded
+            # (TEST_REDIS_SHARDS), the hash is under the hash tag of queue "t"'s shard, not
+            # "{prefix}:".
+            shard_prefix = storage.layout.prefix_of("t")
+            key = f"{shard_prefix}tput:{epoch_minute(clock.now())}"
+            # and the completion by queue, for the summary's sparklines
+            assert client.hgetall(key) == {"COMPLETED": "1", "c:t": "1"}
             assert 7100 < client.ttl(key) <= 7200
             client.close()
         finally:
@@ -178,14 +229,15 @@ def test_database_retry_counts_are_purged_after_two_hours(alias, executor, stora
 
 
 @pytest.mark.parametrize("alias", db_params(DB_ALIASES))
-def test_the_finished_index_holds_the_status_partial_on_postgres(alias):
-    """The chart's count of the last hour by status reads the finished index alone."""
+def test_the_finished_index_holds_the_status_and_queue_partial_on_postgres(alias):
+    """The chart's count of the last hour by status, and the sparklines' completions by queue,
+    read the finished index alone."""
     from django.db import connections
 
     connection = connections[alias]
     with connection.cursor() as cursor:
         found = connection.introspection.get_constraints(cursor, "reliable_executor_task")
-        assert found["rexec_finished_idx"]["columns"] == ["finished_at", "status"]
+        assert found["rexec_finished_idx"]["columns"] == ["finished_at", "status", "queue"]
         if connection.vendor == "postgresql":
             cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'rexec_finished_idx'")
             assert cursor.fetchone()[0].endswith("WHERE (finished_at IS NOT NULL)")

@@ -289,6 +289,14 @@ PAGES = {
         **STEPPED,
         data={"action": "retry_from_step", "step": "invoice"},
     ),
+    # The live stack's endpoint (JSON): reading a request's answer is viewing.
+    "task_stack": Page(
+        "GET",
+        reverse("admin:django_reliable_executor_reliabletask_stack", args=["t-created"])
+        + "?request=0",
+        (VIEW_TASK,),
+        **TASKS,
+    ),
     "queue_resume": Page(
         "POST",
         TASK_LIST,
@@ -315,7 +323,11 @@ PAGES = {
         schedule_url("change", "a-hourly"),
         (VIEW_SCHEDULE,),
         **SCHEDULE_PAGES,
-        buttons={'id="re-pause"': CHANGE_SCHEDULE, 'id="re-delete"': DELETE_SCHEDULE},
+        buttons={
+            'id="re-pause"': CHANGE_SCHEDULE,
+            'id="re-run-now"': CHANGE_SCHEDULE,
+            'id="re-delete"': DELETE_SCHEDULE,
+        },
     ),
     "schedule_list_pause": Page(
         "POST", SCHEDULE_LIST, (VIEW_SCHEDULE, CHANGE_SCHEDULE), **SCHEDULE_PAGES, data=PAUSE

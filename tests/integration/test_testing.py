@@ -4,13 +4,22 @@ the pytest fixture; runexecutor refused inside a transaction."""
 
 from __future__ import annotations
 
+import warnings
+
 from demo.models import Execution
 from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import TestCase, TransactionTestCase, override_settings
 
 from django_reliable_executor import TaskStatus, TaskSubmitRequest, executor, signals
-from django_reliable_executor.testing import TaskTestMixin, reliable_tasks, run_tasks
+from django_reliable_executor.registry import get_handler, name_limits, rate_limits
+from django_reliable_executor.testing import (
+    TasksHeldBackWarning,
+    TaskTestMixin,
+    reliable_tasks,
+    run_tasks,
+    without_flow_limits,
+)
 from tests.conftest import REDIS_URL, require
 from tests.support.contract_support import recording
 
@@ -114,6 +123,67 @@ class RunTasksCases(TaskTestMixin):
         ran = [info.task_id for info in self.run_tasks()]
         assert len(ran) == 3 and ran[-1] == "callback"
         assert executor.get_batch(batch.batch_id).finished
+
+    def test_tasks_held_back_by_a_rate_limit_are_named_in_a_warning(self) -> None:
+        """demo.rated: rate_limit="5/s". Five of eight run; the warning says why the other
+        three did not, and a delayed task (not due) is not counted."""
+        for _ in range(8):
+            executor.submit("demo.rated", None)
+        executor.submit("demo.rated", None, delay_millis=3_600_000)
+        with self.assertWarns(TasksHeldBackWarning) as caught:
+            ran = self.run_tasks()
+        assert 1 <= len(ran) <= 5
+        message = str(caught.warning)
+        assert f'demo.rated: {8 - len(ran)} held back by rate_limit="5/s"' in message, message
+        assert "testing docs" in message and caught.filename == __file__
+
+    def test_without_flow_limits_every_task_runs_and_the_limits_come_back(self) -> None:
+        """docs/testing.md's recipe: submits and run_tasks() inside without_flow_limits()."""
+        hourly = get_handler("demo.noop_hourly")
+        with without_flow_limits("demo.noop_hourly", "demo.capped"):
+            assert get_handler("demo.noop_hourly").rate_limit is None
+            assert "demo.noop_hourly" not in rate_limits() and "demo.capped" not in name_limits()
+            for _ in range(3):
+                executor.submit("demo.noop_hourly", None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", TasksHeldBackWarning)
+                assert len(self.run_tasks()) == 3
+        assert get_handler("demo.noop_hourly") is hourly and hourly.rate_limit is not None
+        assert rate_limits()["demo.noop_hourly"] == hourly.rate_limit
+        assert name_limits()["demo.capped"] == 2
+        with self.assertRaises(ValueError), without_flow_limits("no.such.task"):
+            pass
+
+    def test_tasks_held_back_by_a_cap_or_a_paused_queue_are_named(self) -> None:
+        """demo.outlive_capped (max_concurrency=1) has a task running elsewhere: the next
+        waits for it. A paused queue's due task waits for resume_queue()."""
+        with self.captureOnCommitCallbacks(execute=True):  # stored now on Redis too
+            executor.submit("demo.outlive_capped", {}, task_id="running")
+        limits = {"name_limits": name_limits(), "rate_limits": rate_limits()}
+        [claim] = executor.storage.claim("elsewhere", ["default"], 1, 60, **limits)
+        assert executor.storage.start(claim, 60) is not None
+        executor.submit("demo.outlive_capped", {}, task_id="capped")
+        with self.captureOnCommitCallbacks(execute=True):  # a stored task makes "mail" known
+            executor.submit("demo.echo", 1, queue="mail")
+        executor.pause_queue("mail")
+        with self.assertWarns(TasksHeldBackWarning) as caught:
+            assert self.run_tasks() == []
+        message = str(caught.warning)
+        assert "demo.outlive_capped: 1 held back by max_concurrency=1" in message, message
+        assert "queue 'mail': paused: resume_queue() lets it run" in message, message
+        with self.assertWarns(TasksHeldBackWarning) as caught:
+            self.run_tasks(queues=["mail"])
+        assert "outlive_capped" not in str(caught.warning)
+
+    def test_no_warning_when_every_due_task_ran_or_the_limit_ended_the_call(self) -> None:
+        for i in range(3):
+            executor.submit("demo.echo", i)
+        executor.submit("demo.noop_rated", None, delay_millis=3_600_000)  # not due
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TasksHeldBackWarning)
+            assert len(self.run_tasks(limit=1)) == 1
+            executor.submit("demo.noop_rated", None)
+            assert len(self.run_tasks()) == 3  # two echos and the rated one, within its limit
 
     def test_bad_arguments_are_refused(self) -> None:
         for bad in ({"limit": 0}, {"limit": "2"}, {"queues": "mail"}):

@@ -2,10 +2,10 @@
 time, measured with tracemalloc), with counters that hold every member, and a member's ending
 that costs the same whatever the size of its batch.
 
-A batch of 100,000 members on SQLite and Redis. On MariaDB and PostgreSQL (which share the
-database storage's code with SQLite, but not its drivers and SQL) the same two properties are
-asserted at a lower cost, by comparison: the submit's peak with 20,000 members against 2,000,
-and the queries of a member's ending in the one batch against the other."""
+A batch of 100,000 members on Redis. On the databases (SQLite, MariaDB and PostgreSQL share
+the database storage's code) the same two properties are asserted at a lower cost, by
+comparison: the submit's peak with 20,000 members against 2,000, and the queries of a member's
+ending in the one batch against the other (CI time: the 100,000 took 48 s on SQLite)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def traced_peak(executor, requests: list[TaskSubmitRequest], batch_id: str) -> i
     return peak
 
 
-@pytest.mark.parametrize("alias", db_params(["default", "redis"]))
+@pytest.mark.parametrize("alias", db_params(["redis"]))
 def test_a_batch_of_100000_members_is_submitted_in_bounded_memory(executor, alias):
     requests = [TaskSubmitRequest("demo.noop", task_id=f"n{i}") for i in range(MEMBERS)]
     tracemalloc.start()
@@ -69,7 +69,7 @@ def test_a_batch_of_100000_members_is_submitted_in_bounded_memory(executor, alia
     assert executor.get_task("end") is None
 
 
-@pytest.mark.parametrize("alias", db_params(["mariadb", "postgres"]))
+@pytest.mark.parametrize("alias", db_params(["default", "mariadb", "postgres"]))
 def test_submit_memory_and_an_endings_cost_do_not_grow_with_the_batch(executor, alias):
     executor.submit_batch(members(SMALL, "w"), batch_id="warm-up")  # one-time allocations
     small = traced_peak(executor, members(SMALL, "s"), "small")

@@ -38,6 +38,7 @@ def test_a_paused_queue_runs_nothing_across_a_restart_until_resumed(alias, key_p
     service.submit("demo.record", None, task_id="d2", queue="default")
     wait_until(lambda: ran(backend, "d2"), 60, "d2 did not run", logs=workers.logs)
     assert not executions(backend, "m1").exists()
+    # Logged after the banner that start waits for, but before the worker's first claim.
     assert "paused queues, claimed from once resumed: mail" in second.log()
 
     assert service.resume_queue("mail") is True

@@ -135,7 +135,13 @@ def test_the_reshard_procedure_switches_the_recorded_layout_and_keeps_queues_pau
     assert moved.paused_queues() == {"mail"}
     moved.submit("demo.record", None, task_id="after", queue="mail")
     worker = workers.start(new, "--queues", "mail,default", env=env)
-    assert "paused queues, claimed from once resumed: mail" in worker.log()
+    # The banner (what start waits for) is printed before the worker reads the paused queues.
+    wait_until(
+        lambda: "paused queues, claimed from once resumed: mail" in worker.log(),
+        30,
+        "the worker did not warn of the paused queue",
+        logs=workers.logs,
+    )
     # Submitted after "after" with the same priority: claimed first only if mail is paused.
     moved.submit("demo.record", None, task_id="other", queue="default")
     wait_until(

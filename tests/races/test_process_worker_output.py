@@ -28,6 +28,8 @@ def test_each_transition_is_a_line_and_the_banner_names_handlers_and_schedules(a
     assert f"INFO task {task_id} (demo.echo) RUNNING -> COMPLETED attempt=1" in output, output
     assert "handlers (" in output and "  demo.echo  queue=default" in output, output
     assert "  demo.rated  queue=default rate_limit=5/s" in output, output
+    keyed = "  demo.fair_keyed  queue=default max_concurrency=4 max_concurrency_per_key=2 "
+    assert keyed + "fairness=round_robin\n" in output, output
     assert "schedules declared in code (" in output, output
 
 

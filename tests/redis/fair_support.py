@@ -16,7 +16,7 @@ from tests.support.redis_support import (
     snapshot,
 )
 
-FAIR_FAMILIES = ("fready", "fnames", "fprio", "fsets", "fround")
+FAIR_FAMILIES = ("fready", "fnames", "fprio", "fparked", "fround")
 
 
 def split_fair_set(rest: str) -> tuple[str, str, str]:
@@ -51,12 +51,27 @@ def fair_shard_problems(snap: Snapshot) -> tuple[list[str], Snapshot]:
     tasks = {key[2:]: value for key, (kind, value) in snap.items() if key.startswith("t:")}
     sets: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
     listed: dict[str, tuple[str, object]] = {}
+    fair_parked: dict[tuple[str, str, str], set[tuple[str, int]]] = defaultdict(set)
+    parked: dict[tuple[str, str, str], set[tuple[str, int]]] = defaultdict(set)
     for key, (kind, value) in snap.items():
         family, _, rest = key.partition(":")
         if family == "fready" and kind == "zset":
             sets[split_fair_set(rest)] = value
+        elif family == "fparked" and kind == "zset":
+            fair_parked[split_fair_set(rest)] = {(i, int(float(s))) for i, s in value}
+        elif family == "fround" and kind == "zset":
+            split_fair_set(rest)  # (one of a name, queue and priority)
         elif family in FAIR_FAMILIES:
             listed[key] = (kind, value)
+        if family in ("parked", "kparked") and kind == "zset":  # one with a round: by round
+            for task_id, score in value:
+                task = tasks.get(task_id, {})
+                if "fr" in task:
+                    place = (task["n"], task["q"], task["p"])
+                    if family == "parked":  # by key: not being served, not in fparked
+                        parked[place].add((task_id, int(float(score))))
+                    if task["fr"] != str(int(float(score))):
+                        problems.append(f"{key} holds {task_id} of round {task['fr']} at {score}")
         elif family == "ready" and kind == "list":  # a task with a round waits by its round
             problems += [
                 f"{key} holds {i}, of round {tasks[i]['fr']}"
@@ -65,11 +80,9 @@ def fair_shard_problems(snap: Snapshot) -> tuple[list[str], Snapshot]:
             ]
     names_of: dict[tuple[str, str], set[str]] = defaultdict(set)
     prios_of: dict[str, set[str]] = defaultdict(set)
-    pairs_of: dict[str, set[str]] = defaultdict(set)
     for (name, queue, priority), members in sets.items():
         names_of[queue, priority].add(name)
         prios_of[queue].add(priority)
-        pairs_of[name].add(f"{priority}:{queue}")
         for member, score in members:
             run_at, task_id = fair_member(member)
             task = tasks.get(task_id, {})
@@ -87,11 +100,14 @@ def fair_shard_problems(snap: Snapshot) -> tuple[list[str], Snapshot]:
         found = dict(listed.pop(f"fprio:{queue}", ("zset", []))[1])
         if set(found) != priorities or any(float(s) != float(p) for p, s in found.items()):
             problems.append(f"fprio:{queue} is {found}, the fair sets' priorities {priorities}")
-    for name, pairs in pairs_of.items():
-        if set(listed.pop(f"fsets:{name}", ("set", []))[1]) != pairs:
-            problems.append(f"fsets:{name} does not list {sorted(pairs)}")
+    for place in set(parked) | set(fair_parked):
+        if parked.get(place, set()) != fair_parked.get(place, set()):
+            problems.append(
+                f"fparked of {place} holds {sorted(fair_parked.get(place, set()))}, the tasks"
+                f" with a round parked by name {sorted(parked.get(place, set()))}"
+            )
     for key, (kind, _) in listed.items():
-        if not key.startswith("fround:") or kind != "zset":
+        if not key.startswith(("fround:", "fparked:")) or kind != "zset":
             problems.append(f"{key} ({kind}) indexes no fair set")
     return problems, plain_snapshot(snap, sets, tasks)
 

@@ -5,6 +5,7 @@ client, with every key of a prefix in the prefix's one hash slot, on one node.""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -577,3 +578,27 @@ def test_a_limited_name_keeps_one_cap_and_one_rate_over_the_masters_of_three_sha
     delay = max(0.0, max(s - w for s, w in zip(starts, written, strict=True)))
     assert most_in_a_window(starts, min(1.0, 1.05 - delay - 0.002)) <= 5, (delay, starts)
     assert max(starts) - min(starts) >= 2.0  # 15 starts at 5 a second: one rate, not two
+
+
+def test_parameter_index_filled_and_searched_over_the_masters_of_three_shards(
+    make_executor, prefixes
+):
+    prefix = f"cluster-pidx-{uuid.uuid4().hex[:8]}"
+    prefixes.append(prefix)
+    plain = make_executor(prefix, shards=3)
+    storage = plain.storage
+    for n, queue in enumerate(("default", "alpha", "beta") * 2):
+        plain.submit("demo.echo", {"customer_id": n % 2}, task_id=f"p{n}", queue=queue)
+    searchable = dataclasses.replace(plain.settings, SEARCHABLE_PARAMETERS=("customer_id",))
+    indexed = ReliableExecutor(storage, settings=searchable)
+    assert indexed.list_tasks(parameter={"customer_id": 1}) == []  # stored before: no entry
+    after, read = None, 0
+    while True:  # executor index-parameters: SCAN steps on each shard's master
+        step = storage.index_parameters(("customer_id",), after, 2)
+        read += step.tasks
+        if step.last_task_id is None:
+            break
+        after = step.last_task_id
+    assert read == 6
+    found = indexed.list_tasks(parameter={"customer_id": 1})
+    assert sorted(t.task_id for t in found) == ["p1", "p3", "p5"]

@@ -20,7 +20,15 @@ from django_reliable_executor import TaskSubmitRequest
 from django_reliable_executor.core.progress import make_progress
 from django_reliable_executor.core.states import TaskStatus
 from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
-from tests.conftest import BACKENDS, IN_CI, REDIS_URL, TASK_APPS, own_key_prefix, require
+from tests.conftest import (
+    BACKENDS,
+    IN_CI,
+    REDIS_SHARDS,
+    REDIS_URL,
+    TASK_APPS,
+    own_key_prefix,
+    require,
+)
 from tests.support.contract_support import (
     HOOKS,
     LEASE,
@@ -67,15 +75,19 @@ def admin_params(backends: list[str] | None = None) -> list[Any]:
 
 
 @contextlib.contextmanager
-def executor_on(backend: str) -> Iterator[ReliableExecutor]:
+def executor_on(backend: str, **extra: Any) -> Iterator[ReliableExecutor]:
     """Point the module-level executor (the one the admin uses) at ``backend``: a database
-    alias, or "redis" under a key prefix of its own, deleted afterwards."""
+    alias, or "redis" under a key prefix of its own (in TEST_REDIS_SHARDS shards), deleted
+    afterwards; ``extra``: more of its settings."""
     require(backend)
     with own_key_prefix(backend == "redis") as prefix:
+        config: dict[str, Any]
         if backend == "redis":
             config = {"STORAGE": "redis", "REDIS_URL": REDIS_URL, "KEY_PREFIX": prefix}
+            config["REDIS_SHARDS"] = REDIS_SHARDS
         else:
             config = {"DATABASE_ALIAS": backend}
+        config.update(extra)
         with override_settings(RELIABLE_EXECUTOR=config):
             yield executor
 

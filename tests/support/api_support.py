@@ -15,7 +15,7 @@ from urllib.parse import quote, unquote_to_bytes
 from django.test import Client, override_settings
 
 from django_reliable_executor.service.reliable_executor import ReliableExecutor, executor
-from tests.conftest import REDIS_URL, delete_prefix, redis_client, require
+from tests.conftest import REDIS_SHARDS, REDIS_URL, delete_prefix, redis_client, require
 from tests.support.admin_support import make_user
 
 KEY_ID = "ops-1"
@@ -34,7 +34,9 @@ def api_executor(backend: str, **extra: Any) -> Iterator[ReliableExecutor]:
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     config: dict[str, Any] = {"API_KEYS": {KEY_ID: SECRET}, **extra}
     if backend == "redis":
-        config.update(STORAGE="redis", REDIS_URL=REDIS_URL, KEY_PREFIX=prefix)
+        config.update(
+            STORAGE="redis", REDIS_URL=REDIS_URL, KEY_PREFIX=prefix, REDIS_SHARDS=REDIS_SHARDS
+        )
     else:
         config["DATABASE_ALIAS"] = backend
     try:

@@ -34,4 +34,13 @@ BAD_SETTINGS = {
     "API_SIGNATURE_WINDOW": [0, -5, 3601, "300", True, None],
     "SCHEDULE_MISFIRE_GRACE": [-1, "60", True, None],
     "SCHEDULE_CATCH_UP_LIMIT": [0, -1, 1.5, True],
+    # not a list, a non-string, a blank, a repeat, a key over 100 characters, 21 keys
+    "SEARCHABLE_PARAMETERS": [
+        "customer_id",
+        [1],
+        [" "],
+        ["a", "a"],
+        ["k" * 101],
+        [f"k{i}" for i in range(21)],
+    ],
 }

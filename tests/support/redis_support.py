@@ -116,6 +116,8 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
     schedule_indexes: dict[str, dict[str, str]] = {key: {} for key in SCHEDULE_INDEXES}
     parkprio_sets: dict[str, dict[str, str]] = {}
     belonging: list[tuple[str, str]] = []  # (key, task id) of a task's steps or events
+    tagged: dict[str, dict[str, str]] = {}  # tag -> {task id: score} of the tag: sets
+    indexed: dict[str, dict[str, str]] = {}  # entry -> {task id: score} of the pidx: sets
     waits: dict[str, str] = {}
     wait_counts: dict[str, str] = {}
     for key, (kind, value) in snap.items():
@@ -175,6 +177,10 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
             pass  # REDIS_SHARDS > 1: a batch's last applied message per member
         elif (family, kind) in (("b", "hash"), ("bm", "zset")) or (key, kind) in BATCH_INDEXES:
             pass  # batches: checked by batch_problems
+        elif family == "tag" and kind == "zset":
+            tagged[rest] = dict(value)  # tags (list_tasks(tag=...)): checked below
+        elif family == "pidx" and kind == "zset":
+            indexed[rest] = dict(value)  # the parameter index: parameter_index_problems
         elif family in ("steps", "events") and kind == "hash":
             belonging.append((key, rest))  # durable steps, events sent: of a stored task
         elif key == "waits" and kind == "hash":
@@ -190,6 +196,19 @@ def _shard_problems(snap: Snapshot) -> tuple[list[str], dict[str, dict[str, str]
     for key, task_id in belonging:
         if task_id not in tasks:
             problems.append(f"{key} belongs to no stored task")
+    # Each task is in the set of each of its tags, scored by its creation, and in no other.
+    for tag, members in tagged.items():
+        for task_id, score in members.items():
+            task = tasks.get(task_id)
+            if task is None or tag not in json.loads(task.get("tg", "[]")):
+                problems.append(f"tag:{tag} holds {task_id}, not a stored task of that tag")
+            elif score != task["c"]:
+                problems.append(f"tag:{tag} scores {task_id} {score}, not its creation")
+    for task_id, task in tasks.items():
+        for tag in json.loads(task.get("tg", "[]")):
+            if task_id not in tagged.get(tag, {}):
+                problems.append(f"task {task_id} of tag {tag!r} is not in tag:{tag}")
+    problems += parameter_index_problems(indexed, tasks)
     for task_id, wait_kind in waits.items():
         task = tasks.get(task_id, {})
         if task.get("s") != "PENDING" or "wt" not in task:
@@ -326,6 +345,26 @@ BATCH_COUNTERS["ERROR"] = "ko"
 
 
 BATCH_INDEXES = {("batches", "zset"), ("batches:finished", "zset")}
+
+
+def parameter_index_problems(
+    indexed: dict[str, dict[str, str]], tasks: dict[str, dict[str, str]]
+) -> list[str]:
+    """Each task is in the ``pidx:`` set of each entry its ``px`` lists, scored by its
+    creation, and in no other (storage/redis/parameter_index.py)."""
+    problems = []
+    for entry, members in indexed.items():
+        for task_id, score in members.items():
+            task = tasks.get(task_id)
+            if task is None or entry not in json.loads(task.get("px", "[]")):
+                problems.append(f"pidx:{entry} holds {task_id}, not a stored task of that entry")
+            elif score != task["c"]:
+                problems.append(f"pidx:{entry} scores {task_id} {score}, not its creation")
+    for task_id, task in tasks.items():
+        for entry in json.loads(task.get("px", "[]")):
+            if task_id not in indexed.get(entry, {}):
+                problems.append(f"task {task_id} of entry {entry!r} is not in pidx:{entry}")
+    return problems
 
 
 def _member_of(task: dict[str, str], batch_id: str | None, batches: dict) -> bool:

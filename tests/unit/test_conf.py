@@ -43,6 +43,7 @@ GOOD_SETTINGS = {
     "API_SIGNATURE_WINDOW": 60,
     "SCHEDULE_MISFIRE_GRACE": 0,
     "SCHEDULE_CATCH_UP_LIMIT": 1,
+    "SEARCHABLE_PARAMETERS": ["customer_id", "order_id"],
 }
 
 

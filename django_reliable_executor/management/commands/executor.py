@@ -1,11 +1,12 @@
 """manage.py executor: status, show, retry, cancel and purge tasks, send events to them, pause
-and resume queues; health; shards (the check before changing REDIS_SHARDS).
+and resume queues; health; shards (the check before changing REDIS_SHARDS); index-parameters.
 
 Every action goes through the service (so signals fire and both storages behave alike); the
 exit codes and output lines are documented in docs/command.md for scripts to rely on. Each
 family of actions, its arguments and its handlers, is a module of ``management``:
 ``inspecting`` (status, show, health), ``operating`` (retry, cancel, send-event,
-pause-queue, resume-queue), ``purging`` (purge) and ``sharding`` (shards).
+pause-queue, resume-queue), ``purging`` (purge), ``sharding`` (shards) and ``indexing``
+(index-parameters).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from django_reliable_executor.management.exit_codes import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from django_reliable_executor.management.indexing import Indexing, add_index_parameters
 from django_reliable_executor.management.inspecting import (
     Inspecting,
     add_health,
@@ -57,12 +59,13 @@ def _accept_django_options(action: Any) -> None:
         action.add_argument(flag, action="store_true", default=argparse.SUPPRESS)
 
 
-class Command(Inspecting, Operating, Purging, Sharding):
+class Command(Inspecting, Operating, Purging, Sharding, Indexing):
     help = (
         "Look at and operate reliable-executor tasks: status, show, retry, cancel, "
         "send-event, purge, "
         "pause-queue, resume-queue; health (a probe); shards (the check before changing "
-        "REDIS_SHARDS). Exit codes: 0 done, 1 some id not found or skipped (health: unhealthy; "
+        "REDIS_SHARDS); index-parameters (fill the parameter index of SEARCHABLE_PARAMETERS). "
+        "Exit codes: 0 done, 1 some id not found or skipped (health: unhealthy; "
         "pause/resume: unknown queue; shards: not ready), 2 usage error, 3 task store "
         "unavailable."
     )
@@ -85,6 +88,7 @@ class Command(Inspecting, Operating, Purging, Sharding):
         add_health(actions)
         add_pause_and_resume(actions)
         add_shards(actions)
+        add_index_parameters(actions)
         for action in actions.choices.values():
             _accept_django_options(action)
 
@@ -100,6 +104,7 @@ class Command(Inspecting, Operating, Purging, Sharding):
             "pause-queue": self.pause_queue,
             "resume-queue": self.resume_queue,
             "shards": self.shards,
+            "index-parameters": self.index_parameters,
         }
         try:
             actions[options["action"]](options)

@@ -17,12 +17,14 @@ from .chores import Chores
 from .claiming import Claiming
 from .dependencies import Dependencies
 from .locks import Locks
+from .parameter_rows import ParameterIndexing
 from .pausing import Pausing
 from .progress import ProgressReports
 from .reading import Reading, ThroughputReading
 from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .server_config import mysql_warnings, postgresql_warnings
+from .stacks import Stacks
 from .steps import Steps
 from .submitting import Submitting
 from .transitions import Transitions
@@ -49,6 +51,8 @@ class DatabaseStorage(
     ThroughputReading,
     Pausing,
     Batches,
+    Stacks,
+    ParameterIndexing,
 ):
     """Tasks in the ``reliable_executor_task`` table of one Django database connection: one part
     per role, each built on DatabaseAccess alone, never on another part.

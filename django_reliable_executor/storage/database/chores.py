@@ -14,7 +14,7 @@ from ...core.retries import failure_outcome, timeout_message
 from ...core.states import TaskStatus
 from ...models import ReliableParkedKey, ReliableTask
 from .access import DatabaseAccess
-from .fair_rounds import forget_idle
+from .fair_rounds import FairKeyUpkeep
 from .key_parking import is_parked_lane
 from .retry_counts import add_retries, purge_retry_counts
 from .rows import (
@@ -146,7 +146,8 @@ class Chores(DatabaseAccess):
         names). A parked range (key_parking.py) is left to the claim of its name while a
         parked key names it; one no key names (its name lost its per-key cap, or a task
         parked there ended and was retried by hand after its key was forgotten) is emptied
-        too."""
+        too. Then fairness's upkeep (fair_rounds.FairKeyUpkeep): the tasks whose rounds it
+        cleared count among those changed."""
         changed = self._unpark_unkeyed(self.flow_limits.keyed(), limit)
         lanes = self._lanes()
         parked = [lane for lane in lanes if is_parked_lane(lane)]
@@ -155,9 +156,6 @@ class Chores(DatabaseAccess):
             noted = ReliableParkedKey.objects.using(self.alias).filter(lane__in=chunk)
             known.update(noted.values_list("lane", flat=True))
         lanes = [lane for lane in lanes if lane not in known]
-        # fairness: the rounds of a name with no waiting task start again (fair_rounds.py).
-        parked_names = ReliableParkedKey.objects.using(self.alias).values_list("name", flat=True)
-        forget_idle(self.alias, {*lanes, *parked_names})
         for lane in lanes:
             if lane not in names:
                 changed += self._set_lane("''", "limited_name = %s", [lane], limit)
@@ -165,6 +163,9 @@ class Chores(DatabaseAccess):
             marks = ", ".join(["%s"] * len(names))
             where = f"limited_name = %s AND task_name IN ({marks})"
             changed += self._set_lane("task_name", where, ["", *sorted(names)], limit)
+        # fairness, once the tasks are in their ranges: the rows of keys with nothing waiting
+        # forgotten (numbering never goes back), the rounds of names no longer fair cleared.
+        changed += FairKeyUpkeep(self, limit).run()
         return changed
 
     def _unpark_unkeyed(self, keyed: Collection[str], limit: int) -> int:

@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 
 from django.db import connections
-from django.db.models import Count, Min
+from django.db.models import Count, Min, QuerySet
 from django.db.models.functions import Left, Substr, TruncMinute
 
 from ...core.ids import FIRE_ID_PATTERN, FIRE_TIME_PATTERN
@@ -15,8 +15,19 @@ from ...core.queries import KeyUse, RateUse, TaskQuery, key_uses
 from ...core.rate_limits import RateLimit
 from ...core.records import TaskInfo, copy_with
 from ...core.states import DEAD_LETTER_STATUSES, LIVE_STATUSES, TaskStatus
-from ...models import ReliableDependency, ReliableRateLog, ReliableRetryCount, ReliableUniqueKey
+from ...core.task_count import TaskCount
+from ...models import (
+    ReliableDependency,
+    ReliableRateLog,
+    ReliableRetryCount,
+    ReliableTask,
+    ReliableTaskParameter,
+    ReliableTaskTag,
+    ReliableUniqueKey,
+)
 from .access import DatabaseAccess
+from .parameter_rows import keeps_rows
+from .parameter_search import parameter_filter, parameter_page
 from .rows import (
     HELD_SQL,
     WAITING,
@@ -43,13 +54,18 @@ class Reading(DatabaseAccess):
             return None
         return holder
 
-    def dependents_of(self, task_id: str) -> list[str]:
-        """The tasks that were submitted to wait for ``task_id``, by id."""
-        return sorted(
+    def dependents_of(self, task_id: str, limit: int | None = None) -> list[str]:
+        """The tasks that were submitted to wait for ``task_id``, by id (the first ``limit``)."""
+        rows = (
             ReliableDependency.objects.using(self.alias)
             .filter(dependency_id=task_id)
+            .order_by("dependent_id")
             .values_list("dependent_id", flat=True)
         )
+        return list(rows if limit is None else rows[: max(limit, 0)])
+
+    def count_dependents(self, task_id: str) -> int:
+        return ReliableDependency.objects.using(self.alias).filter(dependency_id=task_id).count()
 
     def get_many(self, task_ids: Sequence[str]) -> dict[str, TaskInfo]:
         found: dict[str, TaskInfo] = {}
@@ -61,6 +77,36 @@ class Reading(DatabaseAccess):
         return found
 
     def _list(self, query: TaskQuery) -> list[TaskInfo]:
+        qs = self._filtered(query)
+        # Two steps: the page's ids from the index alone (an InnoDB secondary index holds the
+        # primary key), then only those rows. Skipping ``offset`` tasks then reads index
+        # entries, not rows: at 1M rows on MariaDB page 50 went from 18-350 ms to 5 ms and
+        # page 500 from 5.8 s to 11 ms (bench/admin_list.py); PostgreSQL is unchanged.
+        newest = qs.order_by("-created_at", "-task_id")
+        if query.parameter is not None:
+            ids = parameter_page(self.vendor, self.alias, newest, query)
+        else:
+            ids = list(newest.values_list("pk", flat=True)[query.offset : query.end])
+        found = self.get_many(ids)  # in chunks: SQLite caps the parameters of one statement
+        return [found[task_id] for task_id in ids if task_id in found]
+
+    def _count_tasks(
+        self, query: TaskQuery, cap: int, since: dt.datetime | None, until: dt.datetime | None
+    ) -> TaskCount:
+        """One COUNT over the list's own filters (``_filtered``), the parameter's included,
+        of at most ``cap`` rows (a LIMIT inside: the database stops at the cap)."""
+        qs = self._filtered(query)
+        if query.parameter is not None:
+            qs = qs.filter(parameter_filter(self.vendor, query.parameter))
+        if since is not None:
+            qs = qs.filter(created_at__gte=since)
+        if until is not None:
+            qs = qs.filter(created_at__lte=until)
+        n = qs.order_by().values("pk")[:cap].count()
+        return TaskCount(n, complete=n < cap)
+
+    def _filtered(self, query: TaskQuery) -> QuerySet[ReliableTask]:
+        """The tasks of every filter of ``query`` but its parameter, in no order."""
         qs = self._tasks()
         if query.statuses is not None and len(query.statuses) == 1:
             qs = qs.filter(status=next(iter(query.statuses)).value)
@@ -72,6 +118,15 @@ class Reading(DatabaseAccess):
             qs = qs.filter(queue=query.queue)
         if query.batch_id is not None:
             qs = qs.filter(batch_id=query.batch_id)
+        if query.tag is not None:
+            # The tag's rows from the tag table's unique index (tag, task_id).
+            tagged = ReliableTaskTag.objects.using(self.alias).filter(tag=query.tag)
+            qs = qs.filter(pk__in=tagged.values("task_id"))
+        for key, value in query.indexed if keeps_rows(self.vendor) else ():
+            # The value's rows from the parameter index's unique index (key, value, task_id);
+            # parameter_page checks every pair of the search on the rows they lead to.
+            entries = ReliableTaskParameter.objects.using(self.alias).filter(key=key, value=value)
+            qs = qs.filter(pk__in=entries.values("task_id"))
         if query.schedule_id is not None:
             # The id's first characters compared exactly (LIKE is case-blind on SQLite), the
             # rest matched as ASCII (MariaDB's REGEXP BINARY counts bytes, not characters).
@@ -83,17 +138,7 @@ class Reading(DatabaseAccess):
             qs = qs.filter(task_id__regex=FIRE_ID_PATTERN)
         elif query.schedule_runs is False:
             qs = qs.exclude(task_id__regex=FIRE_ID_PATTERN)
-        # Two steps: the page's ids from the index alone (an InnoDB secondary index holds the
-        # primary key), then only those rows. Skipping ``offset`` tasks then reads index
-        # entries, not rows: at 1M rows on MariaDB page 50 went from 18-350 ms to 5 ms and
-        # page 500 from 5.8 s to 11 ms (bench/admin_list.py); PostgreSQL is unchanged.
-        ids = list(
-            qs.order_by("-created_at", "-task_id").values_list("pk", flat=True)[
-                query.offset : query.end
-            ]
-        )
-        found = self.get_many(ids)  # in chunks: SQLite caps the parameters of one statement
-        return [found[task_id] for task_id in ids if task_id in found]
+        return qs
 
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
         qs = self._tasks()
@@ -177,7 +222,8 @@ class Reading(DatabaseAccess):
 
 
 class ThroughputReading(DatabaseAccess):
-    """_minute_counts (TaskStorage.throughput) and oldest_due_by_queue: queries only."""
+    """_minute_counts (TaskStorage.throughput), _completed_by_queue and oldest_due_by_queue:
+    queries only."""
 
     def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
         """Two queries: the finished tasks of the window grouped by minute and status (a range
@@ -218,6 +264,35 @@ class ThroughputReading(DatabaseAccess):
             )
             for minute, n in counts.items()
         }
+
+    def _completed_by_queue(
+        self, queues: list[str], first: int, last: int
+    ) -> dict[str, dict[int, int]]:
+        """One query: the window's completed tasks of ``queues`` grouped by queue and minute, a
+        range of the finished index, which holds the queue too (migration 0034): no row is
+        read."""
+        rows = (
+            self._tasks()
+            .filter(
+                finished_at__gte=minute_start(first),
+                finished_at__lt=minute_start(last + 1),
+                status=TaskStatus.COMPLETED.value,
+                queue__in=queues,
+            )
+            .annotate(at=TruncMinute("finished_at", tzinfo=UTC))
+            .order_by()
+            .values("queue", "at")
+            .annotate(n=Count("*"))
+        )
+        counts: dict[str, dict[int, int]] = {}
+        for row in rows:
+            at = row["at"]
+            if at.tzinfo is None:  # backends without time zone support hand back naive UTC
+                at = at.replace(tzinfo=UTC)
+            minutes = counts.setdefault(row["queue"], {})
+            minute = epoch_minute(at)
+            minutes[minute] = minutes.get(minute, 0) + row["n"]
+        return counts
 
     def oldest_due_by_queue(self) -> dict[str, dt.datetime]:
         """One GROUP BY over the waiting, unclaimed tasks that are due (the claim index)."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 from django.db.models import F, Q
 
 from ...core.dependencies import WAITING_RUN_AT, awaited_on_retry
 from ...core.records import Transition
-from ...core.states import TaskStatus
+from ...core.states import RETRYABLE_BY_HAND, TaskStatus
 from ...exceptions import AttemptStillRunningError
 from ...models import ReliableTask
 from .access import DatabaseAccess
@@ -31,19 +32,7 @@ def retry_row(
     changed = (
         storage._tasks()
         .filter(lease_gone, pk=task_id, status=row.status)
-        .update(
-            **_reset(row, now, awaited),
-            # A task parked at its key's cap when it ended (key_parking.py) waits in its
-            # name's range again: no parked key may still name that range.
-            limited_name=row.task_name if row.task_name in storage.flow_limits.names() else "",
-            budget_attempts=0,
-            cancel_requested=False,
-            finished_at=None,
-            result=None,
-            progress=None,  # a fresh run reports afresh
-            lease_expires_at=None,
-            lease_token=F("lease_token") + 1,  # no earlier claim of it counts any more
-        )
+        .update(**_retried_columns(storage, row, now, awaited))
     )
     if changed and row.batch_id is not None:
         storage._reopen_batch_member(row.batch_id, task_id, row.status)
@@ -59,6 +48,11 @@ def retry_row(
         return None
     if not awaited:
         storage._work_committed([row.queue])
+    return _transition(row, now, awaited)
+
+
+def _transition(row: ReliableTask, now: dt.datetime, awaited: tuple[str, ...]) -> Transition:
+    """The retry of ``row`` as written, for the announcer."""
     previous = TaskStatus(row.status)
     row.status = TaskStatus.CREATED.value if awaited else TaskStatus.PENDING.value
     row.run_at, row.finished_at = (WAITING_RUN_AT if awaited else now), None
@@ -66,6 +60,57 @@ def retry_row(
     row.waiting = None
     row.cancel_requested, row.result, row.progress = False, None, None
     return Transition(task=to_info(row), previous=previous)
+
+
+def _retried_columns(
+    storage: DatabaseAccess, row: ReliableTask, now: dt.datetime, awaited: tuple[str, ...]
+) -> dict[str, object]:
+    """Every column a retry of ``row`` writes."""
+    return {
+        **_reset(row, now, awaited),
+        # A task parked at its key's cap when it ended (key_parking.py) waits in its
+        # name's range again: no parked key may still name that range.
+        "limited_name": row.task_name if row.task_name in storage.flow_limits.names() else "",
+        "budget_attempts": 0,
+        "cancel_requested": False,
+        "finished_at": None,
+        "result": None,
+        "progress": None,  # a fresh run reports afresh
+        "lease_expires_at": None,
+        "lease_token": F("lease_token") + 1,  # no earlier claim of it counts any more
+    }
+
+
+def retry_plain_rows(
+    storage: DatabaseAccess, task_ids: Sequence[str]
+) -> tuple[list[Transition], list[str]]:
+    """``TaskStorage.retry_plain`` in the open transaction: the plain rows of ``task_ids``
+    (retryable, no dependencies, no batch, no lease) read under a lock and reset by one
+    UPDATE per group of rows that get the same columns; the rest left to ``retry``."""
+    plain = Q(
+        pk__in=list(task_ids),
+        status__in=sorted(s.value for s in RETRYABLE_BY_HAND),
+        lease_expires_at__isnull=True,
+        batch_id__isnull=True,
+    )
+    if storage.vendor == "sqlite":
+        # The first write takes the database's write lock: the rows read next stay as read.
+        storage._tasks().filter(plain).update(status=F("status"))
+    read = storage._tasks().select_for_update().filter(plain)
+    # A dependent's retry reads its dependencies first (retry_row): left to retry.
+    rows = [row for row in read if row.depends_on in (None, [], "[]")]
+    now = storage.clock.now()
+    groups: dict[tuple[str, int | None, str], list[ReliableTask]] = {}
+    for row in rows:
+        groups.setdefault((row.task_name, row.max_duration_millis, row.status), []).append(row)
+    for group in groups.values():
+        ids = [row.pk for row in group]
+        columns = _retried_columns(storage, group[0], now, ())
+        storage._tasks().filter(plain, pk__in=ids).update(**columns)
+    if rows:
+        storage._work_committed(sorted({row.queue for row in rows}))
+    done = {row.pk for row in rows}
+    return [_transition(row, now, ()) for row in rows], [i for i in task_ids if i not in done]
 
 
 def _reset(row: ReliableTask, now: dt.datetime, awaited: tuple[str, ...]) -> dict[str, object]:

@@ -27,6 +27,9 @@ MYSQL_RETRYABLE = {1213, 1205}
 # PostgreSQL SQLSTATEs worth retrying: deadlock detected, serialization failure.
 POSTGRES_RETRYABLE = {"40P01", "40001"}
 CHUNK = 500  # ids per IN (...) list: well under every backend's parameter limit
+# Rows per OR of (task_id, condition) pairs (keyed): SQLite refuses an expression tree 1000
+# deep, which an OR of about 1000 terms is.
+OR_CHUNK = 200
 
 
 def lock_conflict(exc: BaseException, vendor: str) -> bool:
@@ -70,6 +73,8 @@ def to_info(row: ReliableTask) -> TaskInfo:
         waiting=row.waiting if row.status == TaskStatus.PENDING.value else None,
         resumptions=row.resumptions,
         concurrency_key=row.concurrency_key,
+        rate_key=row.rate_key,
+        tags=tuple(row.tags or ()),
     )
 
 
@@ -206,6 +211,8 @@ def claim_from_row(row: Sequence[Any], **extra: Any) -> Claim:
         if isinstance(values[key], str):
             values[key] = json.loads(values[key])
     values["cancel_requested"] = bool(values["cancel_requested"])  # 0/1 on MySQL, SQLite
+    tags = values["tags"]
+    values["tags"] = tuple(json.loads(tags) if isinstance(tags, str) else tags or ())
     for key in DATETIME_FIELDS:
         value = values[key]
         if isinstance(value, str):

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from django.db import connections, transaction
 from django.db.models import Q
 
+from ...conf import get_settings
+from ...core.parameter_index import with_entries
 from ...core.records import TaskInfo
 from ...schedules.records import ScheduleFire
 from .access import DatabaseAccess
@@ -73,7 +75,9 @@ class ScheduleFires(DatabaseAccess):
             overlapped += [(f.schedule_id, running[f.schedule_id], len(f.tasks)) for f in skipped]
             if hits:
                 self._move_on(hits)
-            tasks = [task for fire in hits for task in fire.tasks]
+            # A run gets its parameter index rows here: no submit prepared it (fire_task).
+            keys = get_settings().SEARCHABLE_PARAMETERS
+            tasks = [with_entries(task, keys) for fire in hits for task in fire.tasks]
             if not tasks:
                 return []
             return [info for info, created in self._enqueue(tasks) if created]

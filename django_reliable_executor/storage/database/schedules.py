@@ -10,8 +10,8 @@ from django.db import transaction
 
 from ...models import ReliableSchedule
 from ...schedules.records import DEFINITION_FIELDS, ScheduleInfo
-from .access import DatabaseAccess
 from .rows import chunks
+from .schedule_skips import ScheduleSkips
 
 _MICRO = dt.timedelta(microseconds=1)
 # Definition fields as model columns (``every`` is stored in microseconds).
@@ -78,7 +78,7 @@ def row_from_schedule(info: ScheduleInfo) -> ReliableSchedule:
     )
 
 
-class Schedules(DatabaseAccess):
+class Schedules(ScheduleSkips):
     """The ``reliable_executor_schedule`` table; fires store tasks and advance schedules in
     one transaction."""
 

@@ -12,7 +12,12 @@ from django.db.models import QuerySet
 
 from ...core.records import StepInfo
 from ...exceptions import UnknownStepError
-from ...models import ReliableTaskEvent, ReliableTaskStep
+from ...models import (
+    ReliableTaskEvent,
+    ReliableTaskParameter,
+    ReliableTaskStep,
+    ReliableTaskTag,
+)
 from .rows import CHUNK, chunks
 
 
@@ -58,10 +63,11 @@ def discard_steps(alias: str, task_id: str, from_id: int) -> int:
 
 
 def purge_steps(alias: str, task_ids: Sequence[str], tasks_table: str) -> None:
-    """Delete the checkpoints, and the events sent (durable waits), of those of ``task_ids``
-    whose task row is gone (just purged; a task the purge's DELETE skipped keeps its own)."""
+    """Delete the checkpoints, the events sent (durable waits) and the index rows of the tags
+    and parameters of those of ``task_ids`` whose task row is gone (just purged; a task the
+    purge's DELETE skipped keeps its own)."""
     quote = connections[alias].ops.quote_name
-    for model in (ReliableTaskStep, ReliableTaskEvent):
+    for model in (ReliableTaskStep, ReliableTaskEvent, ReliableTaskTag, ReliableTaskParameter):
         table = quote(model._meta.db_table)
         for chunk in chunks(list(task_ids), CHUNK // 2):  # each id is two parameters here
             marks = ", ".join(["%s"] * len(chunk))

@@ -13,9 +13,10 @@ from django.db import IntegrityError, connections, transaction
 from ...core.records import NewTask, TaskInfo, new_info
 from ...core.serialization import dumps
 from ...exceptions import ParameterTooLargeError, TaskSubmitConflictError
-from ...models import ReliableTask
+from ...models import ReliableTask, ReliableTaskTag
 from .access import DatabaseAccess
 from .fair_rounds import FairRounds
+from .parameter_rows import insert_task_entries, keeps_rows
 from .rows import (
     chunks,
     to_info,
@@ -158,6 +159,11 @@ class Submitting(DatabaseAccess):
                 rounds = self._fair_rounds.number(tasks)
                 for span in self._spans(texts, refuse):
                     self._insert_rows(tasks[span], texts[span], rounds[span])
+        elif any(task.tags or (task.indexed and keeps_rows(self.vendor)) for task in tasks):
+            # The index rows of the tags and parameters with the tasks, all or nothing.
+            with transaction.atomic(using=self.alias):
+                for span in self._spans(texts, refuse):
+                    self._insert_rows(tasks[span], texts[span])
         else:
             for span in self._spans(texts, refuse):
                 self._insert_rows(tasks[span], texts[span])
@@ -204,6 +210,7 @@ class Submitting(DatabaseAccess):
                 task.attempt_timeout,
                 task.concurrency_key,
                 flow_round,
+                dumps(list(task.tags)) if task.tags else None,
             )
             for task, text, flow_round in zip(tasks, texts, rounds, strict=True)
         ]
@@ -211,11 +218,13 @@ class Submitting(DatabaseAccess):
         if postgresql and len(rows) > 1:
             due = due_queues((task.queue, task.run_at <= task.created_at) for task in tasks)
             self._insert_columns(rows, due)
+            self._insert_tags(tasks)
+            insert_task_entries(self.alias, tasks)
             return
         parameter_sql = "CAST(%s AS jsonb)" if postgresql else "%s"
         values = (
             f"(%s, %s, 'CREATED', %s, %s, {parameter_sql}, 0, 0, %s, %s, %s, %s, %s, %s, %s, "
-            f"FALSE, TRUE, 0, %s, {parameter_sql}, %s, %s, %s, %s, %s, %s)"
+            f"FALSE, TRUE, 0, %s, {parameter_sql}, %s, %s, %s, %s, %s, %s, {parameter_sql})"
         )
         params = list(itertools.chain.from_iterable(rows))
         sql = self._insert_sql() + f"VALUES {', '.join([values] * len(rows))}"
@@ -224,6 +233,22 @@ class Submitting(DatabaseAccess):
             sql = f"WITH inserted AS ({sql}) SELECT pg_notify({self._wakeups.channel}, %s)"
             params.append(tasks[0].queue)
         self._execute(sql, params)
+        self._insert_tags(tasks)
+        insert_task_entries(self.alias, tasks)
+
+    def _insert_tags(self, tasks: Sequence[NewTask]) -> None:
+        """The index rows of the tasks' tags (none: no statement), in the transaction that
+        inserted the tasks (``_insert`` opens one when any task has tags)."""
+        rows = [(tag, task.task_id) for task in tasks for tag in task.tags]
+        if not rows:
+            return
+        table = connections[self.alias].ops.quote_name(ReliableTaskTag._meta.db_table)
+        for chunk in chunks(rows, 500):
+            values = ", ".join(["(%s, %s)"] * len(chunk))
+            self._execute(
+                f"INSERT INTO {table} (tag, task_id) VALUES {values}",
+                list(itertools.chain.from_iterable(chunk)),
+            )
 
     def _insert_columns(self, rows: Sequence[tuple[Any, ...]], due: list[str]) -> None:
         """PostgreSQL: the rows as one array per column, which keeps the statement short:
@@ -241,15 +266,15 @@ class Submitting(DatabaseAccess):
             "t.parameter, 0, 0, t.retry_limit, t.retry_interval, t.backoff, t.max_duration, "
             "t.created, t.run_at, t.deadline, FALSE, TRUE, 0, t.rate_key, t.trace_context, "
             "t.batch_id, t.batch_generation, t.limited_name, t.attempt_timeout, t.ckey, "
-            "t.flow_round "
+            "t.flow_round, t.tags "
             "FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::int[], %s::jsonb[], "
             "%s::int[], %s::bigint[], "
             "%s::varchar[], %s::bigint[], %s::timestamptz[], %s::timestamptz[], "
             "%s::timestamptz[], %s::varchar[], %s::jsonb[], %s::varchar[], %s::varchar[], "
-            "%s::varchar[], %s::float8[], %s::varchar[], %s::bigint[]) "
+            "%s::varchar[], %s::float8[], %s::varchar[], %s::bigint[], %s::jsonb[]) "
             "AS t(id, name, queue, priority, parameter, retry_limit, retry_interval, backoff, "
             "max_duration, created, run_at, deadline, rate_key, trace_context, batch_id, "
-            "batch_generation, limited_name, attempt_timeout, ckey, flow_round)"
+            "batch_generation, limited_name, attempt_timeout, ckey, flow_round, tags)"
         )
         self._execute(f"WITH inserted AS ({insert}) {notify}" if notify else insert, columns)
 
@@ -259,7 +284,7 @@ class Submitting(DatabaseAccess):
             "parameter, attempts, budget_attempts, retry_limit, retry_interval, retry_backoff, "
             "max_duration_millis, created_at, run_at, deadline_at, cancel_requested, available, "
             "lease_token, rate_key, trace_context, batch_id, batch_generation, limited_name, "
-            "attempt_timeout, concurrency_key, flow_round) "
+            "attempt_timeout, concurrency_key, flow_round, tags) "
         )
 
     def _enqueue_one(self, task: NewTask) -> tuple[TaskInfo, bool]:

@@ -21,9 +21,10 @@ from .access import DatabaseAccess
 from .dependencies import json_ids
 from .lease_renewal import renew_skipping_locked
 from .retry_counts import add_retries
-from .retrying import retry_row
+from .retrying import retry_plain_rows, retry_row
 from .rows import (
     NOT_WAITING,
+    OR_CHUNK,
     WAITING,
     chunks,
     claimed_by_holders,
@@ -57,6 +58,12 @@ class Transitions(DatabaseAccess):
         entry writes the entry's time, so the stored start is the one the limit counted."""
         if not claims:
             return []
+        if len(claims) > OR_CHUNK:  # (SQLite refuses an expression tree 1000 deep)
+            return [
+                started
+                for part in chunks(list(claims), OR_CHUNK)
+                for started in self._start_at(part, lease_seconds, now)
+            ]
         held_sql, held_params = claimed_by_holders(claims)
         changed = self._execute(
             f"UPDATE {self._table} SET status = %s, attempts = attempts + 1, "
@@ -182,6 +189,12 @@ class Transitions(DatabaseAccess):
     ) -> set[str]:
         """One UPDATE of these claims to COMPLETED; returns the ids it changed. ``alone``:
         only rows without dependents (their ending needs nothing else)."""
+        if len(claims) > OR_CHUNK:
+            done: set[str] = set()
+            for start in range(0, len(claims), OR_CHUNK):
+                end = start + OR_CHUNK
+                done |= self._complete_rows(claims[start:end], texts[start:end], now, alone)
+            return done
         # Written as JSON text (the worker serialised it once); PostgreSQL casts it to jsonb.
         value_sql = "CAST(%s AS jsonb)" if self.vendor == "postgresql" else "%s"
         if all(text == texts[0] for text in texts):  # JSON equality: 1 and True differ
@@ -420,6 +433,9 @@ class Transitions(DatabaseAccess):
         if retried is not None:
             discard_steps(self.alias, row.task_id, first)
         return retried
+
+    def retry_plain(self, task_ids: Sequence[str]) -> tuple[list[Transition], list[str]]:
+        return self._ending(lambda: retry_plain_rows(self, task_ids))
 
     def retry(self, task_id: str, from_step: str | None = None) -> Transition | None:
         row = self._tasks().filter(pk=task_id).first()

@@ -12,6 +12,7 @@ from ...core.records import NewTask, TaskInfo, copy_with
 from ...core.states import LIVE_STATUSES, TaskStatus
 from ...models import ReliableTask, ReliableUniqueKey
 from .access import DatabaseAccess
+from .parameter_rows import replace_entries
 from .rows import to_info
 
 PURGE_BATCH = 1000  # expired key rows deleted per statement
@@ -88,6 +89,7 @@ class UniqueKeys(DatabaseAccess):
             f"UPDATE {self._keys_table} SET expires_at = %s WHERE {self._key} = %s",
             [self._dt(run_at + KEY_HOLD), task.unique_key],
         )
+        replace_entries(self.alias, holder_id, task.indexed)  # those of its new parameter
         return copy_with(holder, parameter=task.parameter, run_at=run_at, debounced=True)
 
     @property

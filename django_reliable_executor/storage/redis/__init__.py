@@ -28,6 +28,7 @@ them is submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<
                            order; absent: it stored none), wt a PENDING task's durable wait
                            (codec.packed_wait: [kind, name, until, ids]; suspend.lua), rs its
                            resumptions, ck its concurrency key (max_concurrency_per_key),
+                           rk its rate key (rate_limit),
                            jd "1" while a debounced task a submit joined when it waited due
                            already stays in its ready list or parked set with its run at
                            ahead (lua/_common.lua join_debounced; the claim that pops it
@@ -62,14 +63,20 @@ them is submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<
                            oldest first within a round (codec.fair_member). <len> is the name's
                            length in bytes (names may hold ':'). ``P fnames:<queue>:<prio>`` SET of
                            the names with a non-empty one, ``P fprio:<queue>`` ZSET of the
-                           priorities with some (where claims find them), ``P fsets:<name>`` SET of
-                           the name's non-empty ones as "<prio>:<queue>" (where a submit finds the
-                           round the name is at).
-``P fround:<name>``        ZSET of the keys of a fair name (core/fairness.fair_key) scored by
-                           the round each one's next task gets at the earliest (lua/_common.lua
-                           fair_round). A submit drops the entries at or below the lowest
-                           round of the name's due tasks (all but the highest once none is due),
-                           so it holds about the keys with work due, and one entry once idle.
+                           priorities with some (where claims find them).
+``P fparked:<len>:<name>:<queue>:<prio>`` ZSET of the tasks with a round of a name, queue and
+                           priority in the name's parked set (parked at its cap, or let out
+                           there by their key), scored by round (fair_park in lua/_common.lua):
+                           with its fair set, where a submit finds the round the claims of the
+                           name, queue and priority are at. Not a task parked by key: waiting
+                           for its own key's slot, it is not being served.
+``P fround:<len>:<name>:<queue>:<prio>`` ZSET of the keys of a fair name (core/fairness.fair_key)
+                           scored by the round each one's next task of that queue and priority
+                           gets at the earliest (lua/_common.lua fair_round): rounds are counted
+                           per queue and priority, as claims serve them. A submit drops the
+                           entries at or below the lowest round of their due tasks (all but the
+                           highest once none is due), so it holds about the keys with work due,
+                           and one entry once idle.
 ``P sched:<queue>``        ZSET of waiting tasks not due yet (delayed, retrying after a
                            backoff, or in a durable wait), scored by run at. Claims and
                            submits promote due ones.
@@ -96,7 +103,9 @@ them is submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<
                            (the lease and unlease helpers of _common.lua); a name at 0 is
                            removed. Claims compare it with the name's max_concurrency.
 ``P parked:<name>:<prio>`` ZSET of due tasks of a capped name that a claim found at its cap,
-                           scored by run at (a fair name's by round): waiting, out of the ready
+                           scored by run at (one with a round by its round; a set holding both,
+                           its name having gained or lost fairness, gives the earlier due of each
+                           kind's first: first_in in lua/_common.lua): waiting, out of the ready
                            lists' way. Claims take
                            them from here, in order with the ready lists, while the name has a
                            free slot; a slot freed (unlease), or the promote chore while nothing
@@ -107,18 +116,22 @@ them is submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<
                            the leases, kept as ``held`` is (a key at 0 removed). Claims compare
                            it with the name's max_concurrency_per_key.
 ``P kparked:<bucket>:<prio>`` ZSET of due tasks whose key a claim found at its cap, scored by
-                           run at (a fair name's by round); the bucket is ``<length of name
-                           in bytes>:<name>:<key>`` (codec.key_bucket). No claim reads them: a
-                           slot of the key freed (unlease), a task of the key taken while the
-                           key has room left, or a keyed task gone from its waiting place
-                           (unqueue) moves the key's first one (highest priority, then
-                           earliest) to the name's parked set; a claim that does not cap the
-                           name by key moves them all there.
+                           run at (one with a round by its round, as in parked); the bucket is
+                           ``<length of name in bytes>:<name>:<key>`` (codec.key_bucket). No
+                           claim reads them: a slot of the key freed (unlease), a task of the
+                           key taken while the key has room left, or a keyed task gone from its
+                           waiting place (unqueue) moves the key's first one (highest priority,
+                           then earliest, see first_in) to the name's parked set; a claim that
+                           does not cap the name by key moves them all there.
 ``P kparkprio:<bucket>``   ZSET of the priorities that have a non-empty kparked set of the bucket.
 ``P kparkkeys:<name>``     SET of the keys of the name that have tasks parked by key.
 ``P kparked``              SET of the task names that have tasks parked by key.
 ``P lock:<name>``          STRING "<expiry>:<owner>" with a PX expiry: a named lease.
 ``P workers``, ``P workers:seen``  HASH worker id -> JSON, ZSET worker id -> last heartbeat.
+``P stack:<id>``, ``P stackreq:<worker id>``  HASH a live stack request and its answer, LIST
+                           the request ids a worker takes (BLPOP); both expire (stacks.py).
+``P stacklast:<task id>``  STRING the id of the task's last stack request, expiring after
+                           REUSE_SECONDS: an unanswered one is waited for, not stored again.
 ``P s:<id>``               HASH, one per schedule. n task name, j parameter, ev interval (µs) or
                            cr cron + tz time zone, sa start, m misfire policy, q/p/rl/ri/rb/md
                            the task options it fires with, o origin, pa "1" while paused,
@@ -163,6 +176,9 @@ them is submitted to: ``_store_shard`` in access.py), and ``P i:<id>`` STRING "<
 ``P schedules``            ZSET of every schedule id, all scored 0 (listing by id).
 ``P schedules:due``        ZSET of active schedules scored by next run (the master's due scan).
 ``P schedules:paused``     ZSET of paused schedule ids, scored 0.
+``P sskip:<id>``           HASH epoch hour -> runs of the schedule skipped by overlap then (the
+                           schedule pages' last 24 hours; control shard, expires a day after
+                           the last skip, older hours deleted with the next; schedule_skips.py).
 
 A waiting task is in exactly one of a ready list (a fair name's: its fair set), its queue's
 schedule, a parked set (of its name and priority), a kparked set (of its name, key and priority)
@@ -184,12 +200,14 @@ from .chores import Chores
 from .claiming import Claiming
 from .listing import Listing
 from .locks import Locks
+from .parameter_reindex import ParameterReindexing
 from .pausing import Pausing
 from .progress import ProgressReports
 from .reading import RateReading, Reading
 from .schedule_fires import ScheduleFires
 from .schedules import Schedules
 from .server_config import config_warnings
+from .stacks import Stacks
 from .steps import Steps
 from .submitting import Submitting
 from .transitions import Transitions
@@ -214,6 +232,8 @@ class RedisStorage(
     Pausing,
     RateReading,
     Batches,
+    Stacks,
+    ParameterReindexing,
 ):
     """Tasks in Redis under one key prefix (see the module docstring for the key layout): one
     part per role, each built on RedisAccess alone, never on another part.

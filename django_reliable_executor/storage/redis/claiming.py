@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ...core.queries import ClaimRequest
 from ...core.records import Claim
@@ -85,7 +85,7 @@ class Claiming(RedisAccess):
             step,
             request.start,
             *request.queues,
-            *_limit_args(request),
+            *_limit_args(request, self.flow_limits.fair()),
             now=now,
             shard=shard,
         )
@@ -184,11 +184,12 @@ class Claiming(RedisAccess):
         pipe.execute()
 
 
-def _limit_args(request: ClaimRequest) -> list[object]:
+def _limit_args(request: ClaimRequest, fair: Collection[str]) -> list[object]:
     """claim.lua's ARGV after the queues (never empty, so '' ends them): '' and the name, cap
     pairs, '' and the name, count, log window (µs) triples, '' and the name, cap per key
-    pairs, '' and the fair limit (at most that many tasks of fair names); each part left out
-    when it and every later one are empty."""
+    pairs, '' and the fair limit (at most that many tasks of the names in ``fair``, the names
+    fair now, which follow it: a task keeps its round once its name loses fairness, but no
+    longer counts); each part left out when it and every later one are empty."""
     parts: list[list[object]] = [
         [item for name, cap in request.name_limits.items() for item in (name, int(cap))],
         [
@@ -197,7 +198,7 @@ def _limit_args(request: ClaimRequest) -> list[object]:
             for item in (name, rate.count, round(rate.log_window_seconds * 1e6))
         ],
         [item for name, cap in request.key_limits.items() for item in (name, int(cap))],
-        [] if request.fair_limit is None else [int(request.fair_limit)],
+        [] if request.fair_limit is None else [int(request.fair_limit), *sorted(fair)],
     ]
     while parts and not parts[-1]:
         parts.pop()

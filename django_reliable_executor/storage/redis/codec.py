@@ -15,6 +15,7 @@ from ...core.records import Claim, NewTask, StepInfo, TaskInfo
 from ...core.serialization import dumps, loads
 from ...core.states import TaskStatus
 from ...core.waits import EVENT, Wait
+from .parameter_index import index_arg
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 MICROSECOND = dt.timedelta(microseconds=1)
@@ -110,6 +111,8 @@ def to_info(task_id: str, values: dict[str, str]) -> TaskInfo:
         else None,
         resumptions=int(values.get("rs", 0)),
         concurrency_key=values.get("ck"),
+        rate_key=values.get("rk"),
+        tags=tuple(json.loads(values["tg"])) if "tg" in values else (),
     )
 
 
@@ -161,7 +164,7 @@ def to_claim(task_id: str, values: dict[str, str]) -> Claim:
 
 # What claim.lua returns for each claimed task, in this order (a waiting task has no start,
 # finish, result or cancel request yet).
-CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc at rs ck".split()  # noqa: SIM905
+CLAIMED_FIELDS = "n q p s j a b rl ri rb md c r d e w k tc at rs ck rk tg".split()  # noqa: SIM905
 
 
 # Which of CLAIMED_FIELDS are read as text, which as integers.
@@ -181,6 +184,8 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
     n, q, s, j, rb, md, c, r, d, e, w, tc, at = _TEXTS(values)
     rs = values[19]  # resumptions: absent (None) until the first
     ck = values[20]  # concurrency_key: absent (None) for none
+    rk = values[21]  # rate_key: absent (None) for none
+    tg = values[22]  # tags: a JSON list, absent (None) for none
     p, a, b, rl, ri, k = map(int, _INTEGERS(values))  # in C, not a call per field
     created_at = EPOCH + _DELTA(0, 0, int(c))
     status = _STATUSES.get(s) or TaskStatus(s)
@@ -217,6 +222,8 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
             "waiting": None,  # not read by the claim: cleared once the task runs
             "resumptions": int(rs) if rs else 0,
             "concurrency_key": ck or None,
+            "rate_key": rk or None,
+            "tags": tuple(json.loads(tg)) if tg else (),
         }
     )
     claim = object.__new__(Claim)
@@ -231,7 +238,7 @@ def claimed(task_id: str, values: Sequence[Any], now: dt.datetime, shard: int = 
 
 
 def submit_args(task: NewTask, fair: Collection[str] = frozenset()) -> list[str]:
-    """The 19 values (TASK_ARGS) submit.lua takes per task; ``fair``: the names with fairness
+    """The 21 values (TASK_ARGS) submit.lua takes per task; ``fair``: the names with fairness
     (flow_limits.fair()), whose tasks store_task numbers a round under their fair key."""
     return [
         task.task_id,
@@ -254,6 +261,10 @@ def submit_args(task: NewTask, fair: Collection[str] = frozenset()) -> list[str]
         "" if task.attempt_timeout is None else repr(float(task.attempt_timeout)),
         task.concurrency_key or "",
         fair_arg(task.task_name, task.concurrency_key, task.rate_key, fair),
+        # the tags as a JSON list ('' for none): the hash's tg, each in its tag's set
+        json.dumps(list(task.tags), separators=(",", ":")) if task.tags else "",
+        # its parameter index entries ('' for none): the hash's px, each in its entry's set
+        index_arg(task.indexed),
     ]
 
 

@@ -10,6 +10,7 @@ from ...core.serialization import dumps
 from ...core.states import TaskStatus
 from .access import RedisAccess
 from .codec import MICROSECOND, fields, micros, text, to_info
+from .parameter_index import index_arg
 
 
 def debounce_args(task: NewTask) -> tuple[str, str]:
@@ -57,6 +58,7 @@ def join_on(
         *debounce_args(task),
         str(hold),
         task.unique_key if where == home else "",
+        index_arg(task.indexed),
         shard=where,
     )
     if not isinstance(reply, list):

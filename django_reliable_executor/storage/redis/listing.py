@@ -18,14 +18,21 @@ group down to the page's matches.
 from __future__ import annotations
 
 import builtins
+import dataclasses
+import datetime as dt
 import json
 from collections.abc import Collection, Sequence
+from typing import cast
 
+from ...core.parameter_filter import TaskPage, matches
 from ...core.queries import TaskQuery
 from ...core.records import StepInfo, TaskInfo, copy_with
 from ...core.states import LIVE_STATUSES, TERMINAL_STATUSES, TaskStatus
+from ...core.task_count import TaskCount
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
-from .codec import fair_member, key_bucket, text, to_info
+from .codec import fair_member, key_bucket, micros, text, to_info
+from .parameter_index import entry_key
+from .parameter_scan import SCAN_LIMIT, Scan
 from .sharding import CONTROL_SHARD
 
 # Up to this many unfinished tasks, listings that include them are exact (each is read and
@@ -36,6 +43,11 @@ Row = tuple[int, str]  # (created in microseconds, task id): sorted descending =
 BATCH_GROUPS: dict[str, set[TaskStatus]] = {"LIVE": set(LIVE_STATUSES)}
 BATCH_GROUPS.update({status.value: {status} for status in TERMINAL_STATUSES})
 ANY_SHARD = -1  # _matching: each task on whichever shard holds it
+# The index entries a count reads at most, so that the admin's count stays bounded: each costs
+# a task's fields read by the client (about 0.1 ms on a busy two-core machine, mostly redis-py
+# packing the HMGET: docs/benchmarks.md#bulk-action-counts).
+COUNT_SCAN_LIMIT = 20_000
+UNBOUNDED = 2**62  # the scan of a search the parameter index answers: read to the set's end
 
 
 class Listing(RedisAccess):
@@ -43,24 +55,88 @@ class Listing(RedisAccess):
 
     @guarded
     def _list(self, query: TaskQuery) -> list[TaskInfo]:
-        rows: set[tuple[int, str, int]] | None = None
+        scan = Scan(left=SCAN_LIMIT)  # a parameter search's bound (parameter_scan.py)
+        page = self._page(query, scan)
+        return TaskPage(page) if scan.cut_short else page
+
+    @guarded
+    def _count_tasks(
+        self, query: TaskQuery, cap: int, since: dt.datetime | None, until: dt.datetime | None
+    ) -> TaskCount:
+        """The rows a listing of ``cap`` tasks at offset 0 reads (each index walked once, down
+        to its ``cap`` newest matches), counted in the window; read again, further, only while
+        tasks newer than ``until`` took places among them. At most COUNT_SCAN_LIMIT index
+        entries are read (each a task's fields where no index answers the filter, a task
+        name's say): past them the count is incomplete."""
+        low = None if since is None else int(micros(since))
+        high = None if until is None else int(micros(until))
+        end = cap
+        while True:
+            scan = Scan(left=COUNT_SCAN_LIMIT, bounded=True)
+            found = self._count_rows(dataclasses.replace(query, limit=end, offset=0), scan)
+            rows = sorted(found, reverse=True)[:end]  # each index's newest: exact down to end
+            newer = sum(high is not None and c > high for c, _ in rows)
+            n = sum((low is None or c >= low) and (high is None or c <= high) for c, _ in rows)
+            if n >= cap:
+                return TaskCount(cap, complete=False)
+            if len(rows) < end or (low is not None and rows[-1][0] < low):
+                return TaskCount(n, complete=not scan.cut_short)  # the window read whole
+            end = cap + newer  # > end: rows holds end tasks, under cap of them in the window
+
+    def _count_rows(self, query: TaskQuery, scan: Scan) -> set[Row]:
+        """The rows ``_page`` cuts a page of ``query`` from, as (created, task id)."""
+        if query.indexed:  # the parameter index's sets (_indexed_rows): never cut short
+            every = range(len(self.prefixes))
+            return {row for shard in every for row in self._indexed_rows(query, shard)}
         if query.batch_id is not None:
+            found = self._batch_rows(query.batch_id, query, scan)
+            if found is not None:
+                return set(found)
+        if query.tag is not None:
+            shards: Sequence[int] = range(len(self.prefixes))
+            return {row for shard in shards for row in self._tagged_rows(query, shard, scan)}
+        if query.queue is not None:
+            shards = self._queue_shards(query.queue)
+        else:
+            shards = range(len(self.prefixes))
+        return {row for shard in shards for row in self._all_rows(query, shard, scan)}
+
+    def _page(self, query: TaskQuery, scan: Scan) -> list[TaskInfo]:
+        rows: set[tuple[int, str, int]] | None = None
+        if query.indexed:
+            # A search the parameter index answers: the smallest of its sets on each shard
+            # (every task is in its entries' sets on its own shard), read whole if need be.
+            rows = {
+                (c, i, shard)
+                for shard in range(len(self.prefixes))
+                for c, i in self._indexed_rows(query, shard)
+            }
+        if rows is None and query.batch_id is not None:
             # A batch and its member index live on the control shard (batches.py); sharded,
             # its members and callbacks on their queues' shards.
-            found_rows = self._batch_rows(query.batch_id, query)
+            found_rows = self._batch_rows(query.batch_id, query, scan)
             if found_rows is not None and self.sharded:
                 page_ids = [i for _, i in sorted(set(found_rows), reverse=True)]
                 infos = self.get_many(page_ids[query.offset : query.end])
                 return [infos[i] for i in page_ids[query.offset : query.end] if i in infos]
             if found_rows is not None:
                 rows = {(c, i, CONTROL_SHARD) for c, i in found_rows}
+        if rows is None and query.tag is not None:
+            # The tag's set on each shard (every task is in its tags' sets on its own shard).
+            rows = {
+                (c, i, shard)
+                for shard in range(len(self.prefixes))
+                for c, i in self._tagged_rows(query, shard, scan)
+            }
         if rows is None:
             # Each shard's newest ``query.end`` rows, merged: the page is among them.
             if query.queue is not None:  # its shard, and the limited names' home shards
                 shards: Sequence[int] = self._queue_shards(query.queue)
             else:
                 shards = range(len(self.prefixes))
-            rows = {(c, i, shard) for shard in shards for c, i in self._all_rows(query, shard)}
+            rows = {
+                (c, i, shard) for shard in shards for c, i in self._all_rows(query, shard, scan)
+            }
         # A task that changed status between two reads may show up twice: keep it once.
         page = sorted(rows, reverse=True)[query.offset : query.end]
         found: dict[str, dict[str, str]] = {}
@@ -77,25 +153,33 @@ class Listing(RedisAccess):
             if task_id in found
         ]
 
-    def _all_rows(self, query: TaskQuery, shard: int) -> builtins.list[Row]:
+    def _all_rows(self, query: TaskQuery, shard: int, scan: Scan) -> builtins.list[Row]:
         """The rows of one shard the page is cut from, read from the indexes of every task."""
         wanted, queue = query.statuses, query.queue
         rows: builtins.list[Row] = []
         live = frozenset(LIVE) if wanted is None else frozenset(LIVE) & {s.value for s in wanted}
         if live:
-            big = self._unfinished_count(queue, shard) > EXACT_UNFINISHED
-            newest = query.end if big else None
+            unfinished = self._unfinished_count(queue, shard)
+            big = unfinished > EXACT_UNFINISHED
+            # A parameter search reads further, its matches rare among them: a share of its
+            # bound from each ready list and schedule.
+            reach = query.end if query.parameter is None else max(query.end, scan.left // 4)
+            newest = reach if big else None
             ids = sorted(self._unfinished_ids(live, queue, newest, shard))
-            rows += self._matching(ids, live, query, shard)
+            found = self._matching(ids, live, query, shard)
+            if query.parameter is not None or scan.bounded:
+                scan.left -= len(ids)
+                scan.cut_short |= big and unfinished > len(ids) and len(found) < query.end
+            rows += found
         # Each finished status's index is read only down to the ``query.end`` newest matches,
         # then merged here: a page of dead letters (FAILED + TIMEOUT + ERROR) reads at most
         # that many entries of each, never a whole index nor a union stored server side.
         finished = TERMINAL_STATUSES if wanted is None else wanted & TERMINAL_STATUSES
         for done in sorted(finished, key=lambda s: s.value):
-            rows += self._newest_done(done, query, shard)
+            rows += self._newest_done(done, query, shard, scan)
         return rows
 
-    def _batch_rows(self, batch_id: str, query: TaskQuery) -> builtins.list[Row] | None:
+    def _batch_rows(self, batch_id: str, query: TaskQuery, scan: Scan) -> builtins.list[Row] | None:
         """The rows of a batch's members from its member index (lua/_batches.lua), down to the
         ``query.end`` newest matches of each group read, and of its callbacks; None when the
         batch is not stored (purged: members left over are found through every task)."""
@@ -109,32 +193,79 @@ class Listing(RedisAccess):
             accept = {status.value for status in statuses & wanted}
             if accept:
                 key = f"{self.p}bm:{batch_id}:{group}"
-                rows += self._newest_of(key, accept, query, shard, exact=statuses <= wanted)
+                exact = statuses <= wanted
+                rows += self._newest_of(key, accept, query, shard, exact=exact, scan=scan)
         ids = [plain["task_id"] for plain in json.loads(text(callbacks)).values() if plain]
         return rows + self._matching(ids, {status.value for status in wanted}, query, shard)
 
-    def _newest_done(self, status: TaskStatus, query: TaskQuery, shard: int) -> builtins.list[Row]:
+    def _tagged_rows(self, query: TaskQuery, shard: int, scan: Scan) -> builtins.list[Row]:
+        """The ``query.end`` newest tasks of the tag's set (``tag:<tag>``, scored by creation)
+        on one shard that match the query."""
+        key = self.prefixes[shard] + "tag:" + cast(str, query.tag)
+        wanted = TaskStatus if query.statuses is None else query.statuses
+        accept = {s.value for s in wanted}
+        return self._newest_of(key, accept, query, shard, exact=False, scan=scan)
+
+    def _indexed_rows(self, query: TaskQuery, shard: int) -> builtins.list[Row]:
+        """The ``query.end`` newest tasks on one shard that match the query, read from the
+        smallest of the sets of its indexed entries (parameter_index.py) and of its tag, newest
+        first: each task's filters and every pair are checked, and no bound stops the read."""
+        prefix = self.prefixes[shard]
+        keys = [entry_key(prefix, key, value) for key, value in query.indexed]
+        if query.tag is not None:
+            keys.append(prefix + "tag:" + query.tag)
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.zcard(key)
+        size, key = min(zip(pipe.execute(), keys, strict=True))
+        if not size:
+            return []
+        wanted = TaskStatus if query.statuses is None else query.statuses
+        accept = {s.value for s in wanted}
+        return self._newest_of(key, accept, query, shard, exact=False, scan=Scan(left=UNBOUNDED))
+
+    def _newest_done(
+        self, status: TaskStatus, query: TaskQuery, shard: int, scan: Scan
+    ) -> builtins.list[Row]:
         """The ``query.end`` newest tasks of one finished status that match the query."""
         key = self.prefixes[shard] + "done:" + status.value
-        return self._newest_of(key, {status.value}, query, shard, exact=query.batch_id is None)
+        exact = query.batch_id is None
+        return self._newest_of(key, {status.value}, query, shard, exact=exact, scan=scan)
 
     def _newest_of(
-        self, key: str, accept: set[str], query: TaskQuery, shard: int, *, exact: bool
+        self, key: str, accept: set[str], query: TaskQuery, shard: int, *, exact: bool, scan: Scan
     ) -> builtins.list[Row]:
         """The ``query.end`` newest tasks of an index scored by creation whose status is one of
         ``accept`` and that match the query. ``exact``: every task in the index matches it but
         for the name and queue (all of a done index without a batch; a batch's group whose
         statuses are all wanted), so without a name or queue the index alone gives the rows."""
-        if exact and query.task_name is None and query.queue is None and not query.by_origin:
+        if (
+            exact
+            and query.task_name is None
+            and query.queue is None
+            and query.tag is None
+            and query.parameter is None
+            and not query.by_origin
+        ):
             found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
             return [(int(score), text(task_id)) for task_id, score in found]
         rows: builtins.list[Row] = []
         start = 0
+        bounded = query.parameter is not None or scan.bounded
         while len(rows) < query.end:
-            found = self.client.zrevrange(key, start, start + READ_CHUNK - 1, withscores=True)
+            chunk = READ_CHUNK
+            if bounded:
+                if scan.left <= 0:
+                    # The bound of a parameter search (parameter_scan.py), entries left.
+                    scan.cut_short |= bool(self.client.zrevrange(key, start, start))
+                    break
+                chunk = min(chunk, scan.left)
+            found = self.client.zrevrange(key, start, start + chunk - 1, withscores=True)
             if not found:
                 break
             start += len(found)
+            if bounded:
+                scan.left -= len(found)
             rows += self._matching([text(i) for i, _ in found], accept, query, shard)
         return rows[: query.end]
 
@@ -225,18 +356,20 @@ class Listing(RedisAccess):
         if query.by_origin:  # told by the id alone: no read for a task left out
             ids = [task_id for task_id in ids if query.origin_matches(task_id)]
         shards = range(len(self.prefixes)) if shard == ANY_SHARD else [shard]
+        # j: the parameter, read only for a parameter search.
+        names = ("c", "s", "n", "q", "bt", "bc", "tg", "j")[: 7 if query.parameter is None else 8]
         for start in range(0, len(ids), READ_CHUNK):
             chunk = ids[start : start + READ_CHUNK]
             pipe = self.client.pipeline(transaction=False)
             for task_id in chunk:
                 for one in shards:
-                    pipe.hmget(self._tkey(task_id, one), "c", "s", "n", "q", "bt", "bc")
+                    pipe.hmget(self._tkey(task_id, one), *names)
             read = pipe.execute()
             replies = [
                 next((r for r in read[i : i + len(shards)] if r[0] is not None), read[i])
                 for i in range(0, len(read), len(shards))
             ]
-            for task_id, (created, state, name, queue, member_of, callback_of) in zip(
+            for task_id, (created, state, name, queue, member_of, callback_of, tags, *j) in zip(
                 chunk, replies, strict=True
             ):
                 if created is None:
@@ -251,6 +384,14 @@ class Listing(RedisAccess):
                 if query.batch_id is not None and query.batch_id not in (
                     text(member_of) if member_of else None,
                     text(callback_of) if callback_of else None,
+                ):
+                    continue
+                if query.tag is not None and (
+                    tags is None or query.tag not in json.loads(text(tags))
+                ):
+                    continue
+                if query.parameter is not None and not matches(
+                    json.loads(text(j[0])), query.parameter
                 ):
                     continue
                 rows.append((int(created), task_id))

@@ -27,6 +27,9 @@ ENDING_FIELDS = [
     *sorted(s.value for s in DEAD_LETTER_STATUSES),
     RETRIED,
 ]
+# A ``tput:<minute>`` hash's field of the tasks of one queue completed in the minute:
+# ``c:<queue>``.
+COMPLETED_IN = "c:"
 
 
 class Reading(RedisAccess):
@@ -47,10 +50,26 @@ class Reading(RedisAccess):
         return infos
 
     @guarded
-    def dependents_of(self, task_id: str) -> list[str]:
+    def dependents_of(self, task_id: str, limit: int | None = None) -> list[str]:
         key = self.prefixes[self._task_shard(task_id)] + "deps:" + task_id
+        if limit is None:
+            members = self.client.smembers(key)
+        else:
+            # SSCAN a page at a time until ``limit`` are read: a set of 100,000 costs a few
+            # pages, not all of it (SMEMBERS); which ones come first is the set's own order.
+            members, cursor = set(), 0
+            while len(members) < limit:
+                cursor, page = self.client.sscan(key, cursor, count=max(limit - len(members), 10))
+                members.update(page)
+                if not cursor:
+                    break
         # A dependent of another shard is kept as "<shard> <id>" (task ids hold no space).
-        return sorted(text(member).rpartition(" ")[2] for member in self.client.smembers(key))
+        found = sorted(text(member).rpartition(" ")[2] for member in members)
+        return found if limit is None else found[: max(limit, 0)]
+
+    @guarded
+    def count_dependents(self, task_id: str) -> int:
+        return int(self.client.scard(self.prefixes[self._task_shard(task_id)] + "deps:" + task_id))
 
     @guarded
     def count(self, queue: str | None = None) -> dict[TaskStatus, int]:
@@ -148,30 +167,51 @@ class Reading(RedisAccess):
                 seen(name, int(run_at))
         return due
 
-    @guarded
-    def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
-        """One pipelined HMGET per minute of the ``tput:<minute>`` hashes the scripts count
-        endings in (see _common.lua's count_ending)."""
+    def _minute_sums(self, fields: Sequence[str], first: int, last: int) -> dict[int, list[int]]:
+        """``fields`` of the ``tput:<minute>`` hashes the scripts count endings in (see
+        _common.lua's count_ending), summed over the shards, for each minute ``first..last``
+        with any: one pipelined HMGET per minute and shard."""
         minutes = range(first, last + 1)
         pipe = self.client.pipeline(transaction=False)
         for minute in minutes:
             for prefix in self.prefixes:  # each shard counts the endings of its tasks
-                pipe.hmget(f"{prefix}tput:{minute}", ENDING_FIELDS)
+                pipe.hmget(f"{prefix}tput:{minute}", fields)
         replies = pipe.execute()
         shards = len(self.prefixes)
-        counted: dict[int, MinuteCounts] = {}
+        sums: dict[int, list[int]] = {}
         for index, minute in enumerate(minutes):
-            n = dict.fromkeys(ENDING_FIELDS, 0)
+            n = [0] * len(fields)
             for values in replies[index * shards : (index + 1) * shards]:
-                for field, value in zip(ENDING_FIELDS, values, strict=True):
-                    n[field] += int(value) if value is not None else 0
-            if any(n.values()):
-                counted[minute] = MinuteCounts(
-                    minute=minute_start(minute),
-                    completed=n[TaskStatus.COMPLETED.value],
-                    failed=sum(n[s.value] for s in DEAD_LETTER_STATUSES),
-                    retried=n[RETRIED],
-                )
+                for i, value in enumerate(values):
+                    n[i] += int(value) if value is not None else 0
+            if any(n):
+                sums[minute] = n
+        return sums
+
+    @guarded
+    def _minute_counts(self, first: int, last: int) -> dict[int, MinuteCounts]:
+        counted: dict[int, MinuteCounts] = {}
+        for minute, values in self._minute_sums(ENDING_FIELDS, first, last).items():
+            n = dict(zip(ENDING_FIELDS, values, strict=True))
+            counted[minute] = MinuteCounts(
+                minute=minute_start(minute),
+                completed=n[TaskStatus.COMPLETED.value],
+                failed=sum(n[s.value] for s in DEAD_LETTER_STATUSES),
+                retried=n[RETRIED],
+            )
+        return counted
+
+    @guarded
+    def _completed_by_queue(
+        self, queues: builtins.list[str], first: int, last: int
+    ) -> dict[str, dict[int, int]]:
+        """The ``c:<queue>`` fields of the ``tput:<minute>`` hashes, by queue and minute."""
+        fields = [COMPLETED_IN + queue for queue in queues]
+        counted: dict[str, dict[int, int]] = {}
+        for minute, values in self._minute_sums(fields, first, last).items():
+            for queue, value in zip(queues, values, strict=True):
+                if value:
+                    counted.setdefault(queue, {})[minute] = value
         return counted
 
     @guarded

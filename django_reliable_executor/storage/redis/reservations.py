@@ -249,6 +249,7 @@ def take_foreign_keys(
     completed here): the unique key of each task whose home is another shard taken there. The
     ids to store without their key (taken on its home, or by the call: ``reserved``), and
     the positions whose key an earlier position of the call took -> that position."""
+    existing_ids(storage, tasks, shard, held, reserved)
     # Unique keys whose home is another shard are taken there first: a key a live task
     # holds returns that task; a key taken is not taken again on this shard.
     keyless: set[str] = set()
@@ -287,3 +288,56 @@ def take_foreign_keys(
         for directory, ids in sorted(by_directory.items()):
             storage._run("id_release", shard, *ids, shard=directory)
     return keyless, same
+
+
+def existing_ids(
+    storage: RedisAccess,
+    tasks: Sequence[NewTask],
+    shard: int,
+    held: dict[int, tuple[TaskInfo, bool]],
+    reserved: set[str] | None,
+) -> None:
+    """Sharded, before take_foreign_keys takes the unique keys of ``tasks`` on their homes:
+    each task with a key whose home is another shard and whose id is stored already, on
+    ``shard`` or on the shard its directory entry on ``shard`` names, added to ``held`` as
+    that task, unchanged. submit.lua looks at the id before the key (as the databases do): a
+    submit naming an existing id is answered with that task whatever its key, which it does
+    not take. Without this, the key's home would answer with the key's holder, or take the
+    key for a task never stored (id_reserve.lua answers '' for an id stored on this shard off
+    its directory, the same as for a new one). One pipelined read on ``shard``, only for
+    such tasks; ``reserved`` ids (reserve_keys) are known not to be stored."""
+    wanted = [
+        index
+        for index, task in enumerate(tasks)
+        if index not in held
+        and task.unique_key is not None
+        and task.unique_until is not None
+        and not (reserved and task.task_id in reserved)
+        and unique_home(task.unique_key, storage.layout.shards) != shard
+    ]
+    if not wanted:
+        return
+    pipe = storage.client.pipeline(transaction=False)
+    for index in wanted:
+        task_id = tasks[index].task_id
+        pipe.hgetall(storage._tkey(task_id, shard))
+        pipe.get(storage.prefixes[shard] + "i:" + task_id)
+    replies = pipe.execute()
+    elsewhere: dict[int, int] = {}  # position -> the other shard its directory entry names
+    for index, values, entry in zip(wanted, replies[::2], replies[1::2], strict=True):
+        task_id = tasks[index].task_id
+        if values:
+            held[index] = (to_info(task_id, {text(k): text(v) for k, v in values.items()}), False)
+        elif entry is not None and directory_of(task_id, storage.layout.shards) == shard:
+            other = int(text(entry).split(" ", 1)[0])
+            if other != shard:
+                elsewhere[index] = other
+    if not elsewhere:
+        return
+    pipe = storage.client.pipeline(transaction=False)
+    for index, other in elsewhere.items():
+        pipe.hgetall(storage._tkey(tasks[index].task_id, other))
+    for index, values in zip(elsewhere, pipe.execute(), strict=True):
+        if values:
+            info = to_info(tasks[index].task_id, {text(k): text(v) for k, v in values.items()})
+            held[index] = (info, False)

@@ -9,12 +9,14 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...core.ids import fire_task_id_micros
+from ...core.parameter_index import index_entries, with_entries
 from ...core.records import TaskInfo, created_info, new_info
 from ...schedules.planning import overlap_runs, plan, plan_interval
 from ...schedules.records import FiringRound, ScheduleFire
 from . import schedule_moves
 from .access import READ_CHUNK, RedisAccess, guarded
 from .codec import EPOCH, MICROSECOND, fair_arg, micros, submit_args, text
+from .parameter_index import index_arg, searchable_keys
 from .schedule_overlap import overlap_flag, overlap_skipped
 from .schedules import schedule_from_hash
 from .sharding import CONTROL_SHARD, native_id
@@ -144,6 +146,7 @@ class ScheduleFires(RedisAccess):
         """schedule_fire.lua over fires of one shard."""
         args: builtins.list[str] = []
         fair = self.flow_limits.fair()
+        keys = searchable_keys()
         for fire in fires:
             args += (
                 fire.schedule_id,
@@ -155,7 +158,7 @@ class ScheduleFires(RedisAccess):
                 str(len(fire.tasks)),
             )
             for task in fire.tasks:
-                args += submit_args(task, fair)
+                args += submit_args(with_entries(task, keys), fair)
         replies = self._run("schedule_fire", *args, now=now, shard=shard)
         created = []
         for fire, reply in zip(fires, replies, strict=True):
@@ -275,7 +278,9 @@ class ScheduleFires(RedisAccess):
     ) -> builtins.list[TaskInfo]:
         """schedule_fire.lua over planned fires: (id, hash fields, runs, next run)."""
         fair = self.flow_limits.fair()
-        args, ids = _fire_arguments(fires, created_at, shard, self.layout.shards, fair)
+        args, ids = _fire_arguments(
+            fires, created_at, shard, self.layout.shards, fair, searchable_keys()
+        )
         replies = self._run("schedule_fire", *args, now=now, shard=shard)
         created: builtins.list[TaskInfo] = []
         for (schedule_id, values, runs, _), run_ids, reply in zip(fires, ids, replies, strict=True):
@@ -318,11 +323,16 @@ def _plan_runs(
 
 
 def _fire_arguments(
-    fires: Sequence[_Fire], created_at: str, shard: int, shards: int, fair: Collection[str]
+    fires: Sequence[_Fire],
+    created_at: str,
+    shard: int,
+    shards: int,
+    fair: Collection[str],
+    searchable: Collection[str],
 ) -> tuple[list[str], list[list[str]]]:
     """schedule_fire.lua's arguments for planned fires on ``shard`` of ``shards``, and each
     fire's task ids (native to that shard: sharding.native_id); ``fair``: the names with
-    fairness."""
+    fairness; ``searchable``: the parameter keys indexed (SEARCHABLE_PARAMETERS)."""
     now_us = int(created_at)
     args: list[str] = []
     ids: list[list[str]] = []
@@ -347,6 +357,12 @@ def _fire_arguments(
         )
         deadline = str(now_us + int(max_duration) * 1000) if max_duration else ""
         fair_value = fair_arg(values["n"], None, None, fair)  # keyless: the key ""
+        # Its runs' parameter index entries: the schedule's parameter's, the same for each.
+        entries = (
+            index_arg(index_entries(json.loads(values.get("j", "null")), searchable))
+            if searchable
+            else ""
+        )
         args += (
             schedule_id,
             values["nr"],
@@ -361,8 +377,9 @@ def _fire_arguments(
             args += task
             # No rate key, no trace context (a schedule's run starts a trace of its own), no
             # batch (nor its generation), no attempt timeout of its own (its handler's
-            # applies), no concurrency key: the TASK_ARGS values of submit_args.
-            args += (created_at, str(run), deadline, "", "", "", "", "", "", fair_value)
+            # applies), no concurrency key, no tags: the TASK_ARGS values of submit_args.
+            args += (created_at, str(run), deadline, "", "", "", "", "", "", fair_value, "")
+            args.append(entries)
     return args, ids
 
 

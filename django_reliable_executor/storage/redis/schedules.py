@@ -13,8 +13,9 @@ from ...core.records import build
 from ...core.serialization import dumps
 from ...schedules.records import ScheduleInfo
 from . import schedule_moves
-from .access import READ_CHUNK, RedisAccess, guarded
+from .access import READ_CHUNK, guarded
 from .codec import MICROSECOND, fields, from_micros, micros, text
+from .schedule_skips import ScheduleSkips
 from .sharding import CONTROL_SHARD
 
 # Schedule hash fields (see the key layout in storage/redis/__init__.py).
@@ -102,7 +103,7 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     return dict(zip(flat[::2], flat[1::2], strict=False))
 
 
-class Schedules(RedisAccess):
+class Schedules(ScheduleSkips):
     """``P s:<id>`` hashes, ``P schedules`` (by id), ``P schedules:due`` (active, by next run)
     and ``P schedules:paused``; every change one script.
 

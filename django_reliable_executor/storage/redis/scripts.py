@@ -57,6 +57,7 @@ NAMES = (
     "dep_link",
     "batch_join",
     "outbox_apply",
+    "param_reindex",
 )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from ...core.dependencies import WAITING_RUN_AT, first_missing, missing_error
 from ...core.records import NewTask, TaskInfo, copy_with, new_info
 from ...core.serialization import dumps
-from ...core.states import LIVE_STATUSES
+from ...core.states import LIVE_STATUSES, TaskStatus
 from ...exceptions import InvalidDependencyError, TaskSubmitError
 from .access import RedisAccess, guarded
 from .codec import fields, from_micros, micros, submit_args, text, to_info
@@ -134,21 +134,13 @@ class Submitting(RedisAccess):
 
     def _check_dependencies(self, tasks: Sequence[NewTask], reserved: dict[str, int]) -> None:
         """Raise InvalidDependencyError, storing nothing, unless every dependency of ``tasks``
-        is stored or a task before it in ``tasks`` that this call stores: one whose id is not
-        stored and, if it is unique, whose key the call holds (``reserved``: reserve_keys).
-        Decided before the first run writes; each run's write checks again."""
+        is stored or a task before it in ``tasks`` that this call stores (_answered_by_holders:
+        not one a live task holding its unique key answers). Decided before the first run
+        writes; each run's write checks again."""
         wanted = {d for task in tasks for d in task.depends_on}
         wanted.update(task.task_id for task in tasks)
-        stored = set(self.get_many(sorted(wanted)))
-        skipped = {
-            task.task_id
-            for task in tasks
-            if task.unique_key is not None
-            and task.unique_until is not None
-            and task.task_id not in stored
-            and task.task_id not in reserved
-        }
-        error = first_missing(tasks, stored, skipped)
+        found = self.get_many(sorted(wanted))
+        error = first_missing(tasks, set(found), _answered_by_holders(tasks, found, reserved))
         if error is not None:
             raise error
 
@@ -159,6 +151,34 @@ class Submitting(RedisAccess):
         its home already (reserve_keys), and are stored without it."""
         if not self.sharded:
             return self._store(tasks, shard)
+        split = _after_cancellable(tasks, shard, self.layout.shards, reserved)
+        if split is not None and reserved is None:
+            # Split below into two writes: all or nothing needs every refusal the second can
+            # raise known before the first is stored. A missing dependency is one: a request
+            # answered by a live task holding its key (not stored) counts as nothing for the
+            # requests after it, and which requests those are is known only once the call's
+            # keys are held. So the call is reserved and checked as one of several runs is
+            # (_reserve_call: its keys held, its dependencies checked with the requests the
+            # holders answer, its ids reserved so none is refused as being submitted
+            # elsewhere), then written. Only an error of Redis itself between the writes
+            # leaves the first stored, as between the runs of enqueue.
+            def here(_task: NewTask) -> int:
+                return shard
+
+            held_keys = self._reserve_call(tasks, here, [(shard, tasks)], check=True)
+            try:
+                return self._enqueue_on(tasks, shard, held_keys)
+            except BaseException:
+                release_keys(self, tasks, held_keys, here)
+                raise
+        if split is not None:
+            # Each request is settled as if submitted alone after the ones before it: the
+            # task before ``split`` holding its key may be cancelled as it is stored, and then
+            # no longer holds it. Its key is taken off the script (on its home, or by the
+            # call), which cannot see that cancel: the tasks from ``split`` on are submitted
+            # once the ones before are stored (the call reserved and checked whole before).
+            done = self._enqueue_on(tasks[:split], shard, reserved)
+            return done + self._enqueue_on(tasks[split:], shard, reserved)
         # Ids whose directory is another shard are reserved there first: an id held there
         # for another shard is that shard's task, returned unchanged, never stored twice.
         held = reserve_ids(self, tasks, shard)
@@ -395,6 +415,71 @@ def _repeated_keys(tasks: Sequence[NewTask], shard_of: Any, reserved: set[str]) 
             later.add(index)
         seen.add(key)
     return later
+
+
+def _answered_by_holders(
+    tasks: Sequence[NewTask], found: dict[str, TaskInfo], reserved: Collection[str]
+) -> set[str]:
+    """The ids of ``tasks`` (one call, its unique keys held: ``reserved``, reserve_keys) not
+    stored because a live task holding their unique key answers them, each request settled
+    as submit.lua settles it after the ones before (``found``: the tasks stored, by id): a
+    task stored already answers for itself; the first request of a key the call does not
+    hold is answered by its live holder; a later one by the task of the call holding it,
+    unless that task is cancelled as it is stored (a dependency ended other than completed,
+    and it does not say "run": cancelled_at_once), which frees the key for the next."""
+    call_keys = {t.unique_key for t in tasks if t.task_id in reserved}
+    holding: set[str] = set()  # keys a task of the call holds, not cancelled
+    cancelled: set[str] = set()  # tasks of the call cancelled as they are stored
+    skipped: set[str] = set()
+    seen: set[str] = set()  # a repeated id is answered by its first request
+    for task in tasks:
+        if task.task_id in found or task.task_id in seen:
+            continue
+        seen.add(task.task_id)
+        key = task.unique_key if task.unique_until is not None else None
+        if key is not None and (key in holding or key not in call_keys):
+            skipped.add(task.task_id)
+            continue
+        if task.on_dependency_failure != "run" and any(
+            d in cancelled or (d in found and _ended_badly(found[d])) for d in task.depends_on
+        ):
+            cancelled.add(task.task_id)
+        elif key is not None:
+            holding.add(key)
+    return skipped
+
+
+def _ended_badly(info: TaskInfo) -> bool:
+    """Whether a dependency ``info`` cancels a new dependent as it is stored (submit.lua's
+    cancelled_at_once): ended other than completed, its handler not running on."""
+    return (
+        info.status not in LIVE_STATUSES
+        and not info.handler_running
+        and info.status is not TaskStatus.COMPLETED
+    )
+
+
+def _after_cancellable(
+    tasks: Sequence[NewTask], shard: int, shards: int, reserved: set[str] | None
+) -> int | None:
+    """The first position of ``tasks`` (to be stored on ``shard``) whose unique key a task
+    before it has that may be cancelled as it is stored (a dependency already ended badly)
+    and takes the key off submit.lua (its home is another shard, or the call holds it:
+    ``reserved``), else None. submit.lua knows that such a task, cancelled, frees its key
+    for a later request of the call (cancelled_at_once); take_foreign_keys cannot."""
+    cancellable: set[str] = set()
+    for index, task in enumerate(tasks):
+        key = task.unique_key
+        if key is None or task.unique_until is None:
+            continue
+        if key in cancellable:
+            return index
+        off_script = unique_home(key, shards) != shard or (
+            reserved is not None and task.task_id in reserved
+        )
+        if off_script and task.depends_on and task.on_dependency_failure != "run":
+            cancellable.add(key)
+    return None
 
 
 def _missing_reply(replies: list[Any]) -> bool:

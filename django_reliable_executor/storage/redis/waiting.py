@@ -51,7 +51,10 @@ class ShardWaiters:
                         self._pending[pop] = self._pool.submit(
                             self._client.blpop, list(pop[1]), max(remaining, 0.001)
                         )
-                futures = [self._pending[pop] for pop in wanted]
+                # Every pop under way, not only the wanted ones: an earlier wait's pop on
+                # other keys of a wanted shard may take this wait's token (it returned at
+                # its own timeout, up to 5 s late, when only the new pop was watched).
+                futures = list(self._pending.values())
             concurrent.futures.wait(
                 futures, remaining, return_when=concurrent.futures.FIRST_COMPLETED
             )

@@ -236,6 +236,24 @@ def test_search_for_an_unknown_id_says_so(service, viewer):
     assert listed(response) == NEWEST_FIRST
 
 
+def test_search_by_tag_lists_the_tasks_of_that_tag(service, viewer):
+    service.submit("demo.echo", None, task_id="tagged-1", tags=["import", "other"])
+    service.submit("demo.echo", None, task_id="tagged-2", tags=["import"], queue="q2")
+    service.submit("demo.echo", None, task_id="untagged")
+    response = viewer.get(LIST_URL, {"q": "tag:import", "queue": "q2"})
+    assert response.status_code == 302
+    # the tag becomes a filter of the list, the other filters kept
+    assert response["Location"] == LIST_URL + "?queue=q2&tag=import"
+    response = viewer.get(LIST_URL, {"tag": "import"})
+    assert listed(response) == ["tagged-2", "tagged-1"]
+    assert 'value="tag:import"' in response.content.decode()  # the box shows the filter
+    assert listed(viewer.get(LIST_URL, {"tag": "import", "queue": "q2"})) == ["tagged-2"]
+    assert listed(viewer.get(LIST_URL, {"tag": "nothing"})) == []
+    # "tag:" alone drops the filter
+    response = viewer.get(LIST_URL, {"q": "tag:", "tag": "import"})
+    assert response["Location"] == LIST_URL + "?"
+
+
 # -- pagination -------------------------------------------------------------------------------
 def test_pages_walk_every_task_once_with_previous_and_next(service, viewer, monkeypatch):
     monkeypatch.setattr(pages, "PAGE_SIZE", 3)
@@ -496,6 +514,72 @@ def test_summary_shows_the_busiest_concurrency_keys(service, viewer):
     html = response.content.decode()
     assert 'id="re-key-limits"' in html and 'data-task-name="demo.keyed"' in html
     assert '<span class="re-key" data-key="acme"><code>acme</code> 2/2</span>' in html
+
+
+def test_list_and_detail_show_a_tasks_concurrency_key(service, viewer):
+    """demo.keyed (max_concurrency_per_key=2) and demo.fair_keyed (2 per key, round robin): the
+    task's key on its page, with what its handler does with it, and under its name in the list."""
+    service.submit("demo.keyed", {}, task_id="k-acme", concurrency_key="acme <co>")
+    service.submit("demo.fair_keyed", {}, task_id="k-fair", concurrency_key="globex")
+
+    def key_row(task_id: str) -> str:
+        html = viewer.get(detail_url(task_id)).content.decode()
+        found = re.search(r'<tr id="re-concurrency-key">(.*?)</tr>', html)
+        assert found, html
+        return found.group(1)
+
+    assert key_row("k-acme") == (
+        '<th scope="row">Concurrency key</th><td><code>acme &lt;co&gt;</code> <span '
+        'class="re-muted">(at most 2 tasks of this name and key run at once)</span></td>'
+    )
+    assert "(at most 2 tasks of this name and key run at once; the keys take turns)" in key_row(
+        "k-fair"
+    )
+    assert key_row("t-completed").endswith('<td><span class="re-muted">none</span></td>')
+
+    html = viewer.get(LIST_URL).content.decode()
+    row = re.search(r'<tr data-task-id="k-acme".*?</tr>', html, re.S).group(0)
+    shown = '<span class="re-muted re-key-of" title="concurrency_key">key <code>acme &lt;co&gt;'
+    assert shown in row
+    plain = re.search(r'<tr data-task-id="t-completed".*?</tr>', html, re.S).group(0)
+    assert "re-key-of" not in plain
+
+
+def test_list_and_detail_show_a_tasks_rate_key(service, viewer):
+    """demo.rated (rate_limit="5/s") and demo.fair (round robin, no limit): the task's rate key
+    on its page, with what its handler does with it, and under its name in the list unless it
+    is the task's concurrency key too (shown once, as its key)."""
+    service.submit("demo.rated", {}, task_id="r-acme", rate_key="acme <co>")
+    service.submit("demo.fair", {}, task_id="r-fair", rate_key="globex")
+    service.submit("demo.fair_keyed", {}, task_id="r-both", concurrency_key="k", rate_key="k")
+
+    def rate_row(task_id: str) -> str:
+        html = viewer.get(detail_url(task_id)).content.decode()
+        found = re.search(r'<tr id="re-rate-key">(.*?)</tr>', html)
+        assert found, html
+        return found.group(1)
+
+    assert rate_row("r-acme") == (
+        '<th scope="row">Rate key</th><td><code>acme &lt;co&gt;</code> <span '
+        'class="re-muted">(at most 5 tasks of this name and key start in any second)</span></td>'
+    )
+    assert rate_row("r-fair").endswith(
+        '<code>globex</code> <span class="re-muted">(the keys take turns)</span></td>'
+    )
+    # Its turns are its concurrency key's (on that row); its name has no rate limit.
+    assert rate_row("r-both").endswith("<td><code>k</code></td>")
+    assert rate_row("t-completed").endswith('<td><span class="re-muted">none</span></td>')
+
+    html = viewer.get(LIST_URL).content.decode()
+    rows = {
+        task_id: re.search(rf'<tr data-task-id="{task_id}".*?</tr>', html, re.S).group(0)
+        for task_id in ("r-acme", "r-both", "t-completed")
+    }
+    shown = '<span class="re-muted re-key-of" title="rate_key">rate key <code>acme &lt;co&gt;'
+    assert shown in rows["r-acme"]
+    assert 'title="rate_key"' not in rows["r-both"]
+    assert 'title="concurrency_key">key <code>k</code>' in rows["r-both"]
+    assert "re-key-of" not in rows["t-completed"]
 
 
 # -- progress -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from typing import Any
 
 import pytest
@@ -85,6 +86,15 @@ def test_operate_tasks_in_a_real_browser(backend, live_server, browser_page, tmp
         exporting = page.locator('#result_list tr[data-task-id="export-customers"]')
         assert "1840 of 5000 (36%): customers exported" in exporting.inner_text()
         assert page.locator("#re-throughput svg polyline").count() == 3
+        # Each queue's sparkline of completions, beside its counts, visible and named.
+        sparks = page.locator("#re-counts tr[data-queue] svg.re-spark")
+        assert sparks.count() == page.locator("#re-counts tr[data-queue]").count()
+        for index in range(sparks.count()):
+            assert sparks.nth(index).is_visible()
+            box = sparks.nth(index).bounding_box()
+            assert box is not None and box["width"] >= 50 and box["height"] >= 14
+        reports = page.get_by_role("img", name=re.compile(r"^reports: "))
+        assert reports.is_visible()
         assert_filter_beside_the_list(page)
         if backend == "default":
             page.screenshot(path=str(shots / "admin-list.png"), full_page=True)

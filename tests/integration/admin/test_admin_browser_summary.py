@@ -1,7 +1,7 @@
-"""The summary's chart and oldest-due ages in a real browser (Chromium through Playwright), on
-SQLite and Redis: an hour of endings made through the storage's real transitions under a moved
-clock, queues whose oldest due task is fresh, amber and red. With ``RE_UPDATE_SCREENSHOTS=1``
-its screenshot of the summary goes to docs/images/admin-summary.png."""
+"""The summary's chart, sparklines and oldest-due ages in a real browser (Chromium through
+Playwright), on SQLite and Redis: an hour of endings made through the storage's real
+transitions under a moved clock, queues whose oldest due task is fresh, amber and red. With
+``RE_UPDATE_SCREENSHOTS=1`` its screenshot of the summary goes to docs/images/admin-summary.png."""
 
 from __future__ import annotations
 
@@ -138,5 +138,31 @@ def test_the_summary_charts_the_last_hour_and_marks_late_queues(
         keys = page.locator('#re-key-limits tr[data-task-name="demo.keyed"]')
         assert keys.is_visible()
         assert re.fullmatch(r"demo\.keyed\s+2\s+3\s+2\s+acme 2/2 · globex 1/2", keys.inner_text())
+        # Each queue's sparkline of completions beside its counts: drawn, visible, named for
+        # screen readers with its total and peak (the tooltip too); history's hour of waves.
+        rows = page.locator("#re-counts tr[data-queue]")
+        sparks = page.locator("#re-counts tr[data-queue] svg.re-spark")
+        assert sparks.count() == rows.count() > 2
+        for index in range(sparks.count()):
+            spark_box = sparks.nth(index).bounding_box()
+            assert spark_box is not None and spark_box["width"] >= 50 and spark_box["height"] >= 14
+        history = page.get_by_role("img", name=re.compile(r"^history: "))
+        assert history.is_visible()
+        assert history.get_attribute("data-total") == str(totals["completed"])
+        name = history.get_attribute("aria-label")
+        assert re.fullmatch(
+            rf"history: {totals['completed']} completed in the last 60 minutes, "
+            r"peak \d+ a minute",
+            name or "",
+        )
+        assert history.locator("title").text_content() == name
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
         if backend == "default":
             page.locator(".re-summary").screenshot(path=str(shots / "admin-summary.png"))
+            page.screenshot(path=str(tmp_path / "summary-page.png"), full_page=True)
+        # The wider table still fits its box: the last column's buttons are not cut off.
+        table = page.locator("#re-counts table").bounding_box()
+        module = page.locator("#re-counts").bounding_box()
+        assert table is not None and module is not None
+        # (2 px: sub-pixel borders)
+        assert table["x"] + table["width"] <= module["x"] + module["width"] + 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.contrib.messages import get_messages
 
+from django_reliable_executor import TaskSubmitRequest
+from django_reliable_executor.admin import task_detail
 from django_reliable_executor.core.states import TaskStatus
 from tests.support.admin_support import (
     LIST_URL,
@@ -60,3 +62,24 @@ def test_retrying_dependents_says_why_one_whose_dependency_failed_is_skipped(ser
     assert service.get_task("d-after-failure").status is TaskStatus.CANCELLED
     waiting = service.get_task("d-after-slow")
     assert waiting.status is TaskStatus.CREATED and waiting.waiting_for == ("d-slow",)
+
+
+def test_a_task_with_many_dependents_lists_the_first_ones_and_counts_the_rest(
+    service, viewer, monkeypatch
+):
+    # The bound made small (5) so that 8 dependents prove it fast; the page reads and shows
+    # the first ones only, then how many more, with a link to the workflow graph.
+    monkeypatch.setattr(task_detail, "DEPENDENTS_SHOWN", 5)
+    service.submit(HOOK, None, task_id="m-root")
+    service.submit_many(
+        [
+            TaskSubmitRequest(HOOK, None, task_id=f"m-dep-{i}", depends_on=["m-root"])
+            for i in range(8)
+        ]
+    )
+    html = viewer.get(detail_url("m-root")).content.decode()
+    assert html.count('class="re-dependent"') == 5
+    for shown in ("m-dep-0", "m-dep-4"):
+        assert f'href="{detail_url(shown)}" class="re-dependent"' in html
+    assert "m-dep-5" not in html.split('id="re-graph"')[0]
+    assert 'and 3 more (see the <a href="#re-graph">workflow graph</a>)' in html

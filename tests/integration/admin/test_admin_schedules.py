@@ -328,7 +328,7 @@ def test_action_without_selection_or_unknown_action_changes_nothing(service, pau
     response = pauser.post(LIST_URL, {"action": "pause"})
     assert message_texts(response) == ["Select the schedules to act on first: nothing was changed."]
     response = pauser.post(LIST_URL, {"action": "drop", "_selected_action": ["a-hourly"]})
-    assert message_texts(response)[-1] == "Choose an action: pause or resume."
+    assert message_texts(response)[-1] == "Choose an action: pause or resume or run_now."
     assert not paused(service, "a-hourly")
 
 

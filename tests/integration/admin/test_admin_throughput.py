@@ -1,6 +1,6 @@
 """The summary's health parts on every storage: the chart of tasks completed, failed and retried
-per minute (inline SVG, no script) and each queue's oldest due task, amber and red past the
-admin's thresholds."""
+per minute (inline SVG, no script), each queue's sparkline of completions, and each queue's
+oldest due task, amber and red past the admin's thresholds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from django_reliable_executor.admin import ReliableTaskAdmin
-from django_reliable_executor.admin.health import DueThresholds, chart, nice_ceiling
+from django_reliable_executor.admin.health import DueThresholds, chart, nice_ceiling, sparkline
 from django_reliable_executor.core.minute_counts import MinuteCounts
 from tests.support.admin_support import LIST_URL
 
@@ -36,6 +36,65 @@ def test_the_chart_shows_the_last_hours_endings(service, viewer):
     assert [sum(int(t[i]) for t in titles) for i in range(3)] == [1, 2, 1]
     assert 'data-series="failed"' in svg
     assert "Failed <strong>2</strong>" in block.group(1)
+
+
+def test_each_queue_shows_its_sparkline_of_completions(service, viewer):
+    """populate() completed one task in queue "default" and none in "emails" (two failed
+    there and in "default": failures are not completions)."""
+    response = viewer.get(LIST_URL)
+    summary = response.context["summary"]
+    sparks = {q.queue: q.completed for q in summary["queues"]}
+    assert set(sparks) == {"default", "emails"}
+    assert (sparks["default"].total, sparks["default"].peak) == (1, 1)
+    assert (sparks["emails"].total, sparks["emails"].peak) == (0, 0)
+    assert summary["completed_all"].total == 1
+    html = response.content.decode()
+    assert "Completed 60 min</th>" in html
+    for queue, title in [
+        ("default", "default: 1 completed in the last 60 minutes, peak 1 a minute"),
+        ("emails", "emails: none completed in the last 60 minutes"),
+        ("", "All queues: 1 completed in the last 60 minutes, peak 1 a minute"),
+    ]:
+        row = re.search(rf'<tr data-queue="{queue}">(.*?)</tr>', html, re.S)
+        assert row is not None
+        svg = re.search(
+            r'<td class="re-spark-cell">\s*<svg class="re-spark" (.*?)</svg>', row.group(1)
+        )
+        assert svg is not None, queue
+        # The tooltip, and the image's name for screen readers; drawn on the server.
+        assert f'role="img" aria-label="{title}"' in svg.group(1)
+        assert f"<title>{title}</title>" in svg.group(1)
+        points = re.search(r'<polyline class="re-spark-line" points="([^"]*)"', svg.group(1))
+        assert points is not None and len(points.group(1).split()) == 60
+    assert "<script" not in html.split('id="re-counts"', 1)[1].split("</table>", 1)[0]
+
+
+def test_sparklines_are_drawn_for_the_first_queues_only(service, viewer, monkeypatch):
+    monkeypatch.setattr("django_reliable_executor.admin.task_summary.SPARKLINE_QUEUES", 1)
+    response = viewer.get(LIST_URL)
+    sparks = {q.queue: q.completed for q in response.context["summary"]["queues"]}
+    assert sparks["default"] is not None and sparks["emails"] is None
+    html = response.content.decode()
+    row = re.search(r'<tr data-queue="emails">(.*?)</tr>', html, re.S)
+    assert row is not None and "re-spark" not in row.group(1).replace("re-spark-cell", "")
+    assert "sparklines of its first 1 queues only" in row.group(1)
+    assert "drawn for the first 1 queues only" in html
+
+
+def test_sparkline_geometry():
+    drawn = sparkline("q", [0] * 58 + [4, 2])
+    assert (drawn.total, drawn.peak) == (6, 4)
+    points = [tuple(map(float, p.split(","))) for p in drawn.points.split()]
+    assert len(points) == 60
+    assert points[0] == (2.0, drawn.baseline)  # zero sits on the baseline, left edge
+    assert points[-2][1] == 2.0  # the peak touches the top
+    assert points[-1] == (drawn.width - 2.0, drawn.baseline - (drawn.baseline - 2) / 2)
+    assert drawn.area.startswith(f"2.0,{drawn.baseline} ") and drawn.area.endswith(
+        f" {drawn.width - 2.0},{drawn.baseline}"
+    )
+    idle = sparkline("idle", [0] * 60)
+    assert idle.title == "idle: none completed in the last 60 minutes"
+    assert {float(p.split(",")[1]) for p in idle.points.split()} == {idle.baseline}
 
 
 def test_each_queue_shows_its_oldest_due_task_age(service, viewer):

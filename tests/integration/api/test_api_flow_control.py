@@ -1,6 +1,7 @@
-"""The HTTP API on every storage: the per-key cap's ``concurrency_key`` and debounce's options
-are fields of a submit like the others (a bad value is 400 naming the field and stores
-nothing), and a debounced submit's answer says whether it joined a waiting task."""
+"""The HTTP API on every storage: the per-key cap's ``concurrency_key``, the rate limit's
+``rate_key`` and debounce's options are fields of a submit like the others (a bad value is 400
+naming the field and stores nothing), both keys are answered in the task, and a debounced
+submit's answer says whether it joined a waiting task."""
 
 from __future__ import annotations
 
@@ -22,6 +23,17 @@ def test_the_concurrency_key_is_stored_and_answered(service, operator):
     assert response.json()["concurrency_key"] == "customer:42"
     [task] = service.list_tasks()
     assert task.concurrency_key == "customer:42"
+
+
+def test_the_rate_key_is_stored_and_answered(service, operator):
+    response = post(operator, rate_key="customer:42")
+    assert response.status_code == 201, response.content
+    answered = response.json()
+    assert (answered["rate_key"], answered["concurrency_key"]) == ("customer:42", None)
+    [task] = service.list_tasks()
+    assert task.rate_key == "customer:42"
+    assert operator.get(f"{API}{task.task_id}/").json()["rate_key"] == "customer:42"
+    assert post(operator).json()["rate_key"] is None
 
 
 def test_submits_of_a_fair_name_are_claimed_in_turn(service, operator):

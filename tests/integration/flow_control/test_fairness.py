@@ -238,17 +238,21 @@ def test_fair_submits_inside_a_rolled_back_transaction_leave_nothing(
 
 
 @pytest.mark.parametrize("alias", db_params(DB_ALIASES))
-def test_the_chores_forget_the_rounds_of_a_name_with_nothing_waiting(
+def test_the_chores_forget_the_keys_of_a_name_with_nothing_waiting_but_its_highest_round(
     executor, storage, clock, alias
 ):
+    """The rows go, but one per queue and priority keeps the highest next round: the
+    numbering never goes back (test_fairness_places.py)."""
     submit(executor, clock, "A", 2)
+    submit(executor, clock, "B", 1)
     storage.mark_limited(limited_names(), 500)
-    assert ReliableFairKey.objects.using(alias).filter(name=FAIR).exists()
+    assert ReliableFairKey.objects.using(alias).filter(name=FAIR).count() == 2
     for one in storage.claim("w1", ["default"], 10, LEASE):
         started = storage.start(one, LEASE)
         assert started is not None and storage.complete(started, None) is not None
     storage.mark_limited(limited_names(), 500)
-    assert not ReliableFairKey.objects.using(alias).filter(name=FAIR).exists()
+    rows = ReliableFairKey.objects.using(alias).filter(name=FAIR)
+    assert list(rows.values_list("key", "next_round")) == [("A", 2)]
     assert executor.list_tasks(status=TaskStatus.COMPLETED)
 
 
@@ -293,3 +297,19 @@ def test_fair_limit_holds_with_caps_and_rates(executor, storage, clock):
     }
     assert len(storage.claim("w1", ["default"], 10, LEASE, fair_limit=1, **limits)) == 1
     assert len(storage.claim("w2", ["default"], 10, LEASE, fair_limit=3, **limits)) == 3
+
+
+def test_a_submit_many_keeps_request_order_within_each_key(executor, storage, clock):
+    """One call's tasks of a key are numbered in request order and taken so, the keys in turn."""
+    requests = [
+        TaskSubmitRequest(FAIR, {"tenant": key, "i": i}, concurrency_key=key)
+        for i in range(4)
+        for key in ("A", "B")
+    ]
+    executor.submit_many(requests)
+    taken = [
+        (c.task.parameter["tenant"], c.task.parameter["i"]) for c in claim_one_by_one(storage, 8)
+    ]
+    assert [t for t in taken if t[0] == "A"] == [("A", i) for i in range(4)]
+    assert [t for t in taken if t[0] == "B"] == [("B", i) for i in range(4)]
+    assert [k for k, _ in taken] in (["A", "B"] * 4, ["B", "A"] * 4)

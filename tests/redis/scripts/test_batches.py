@@ -47,8 +47,8 @@ def test_a_batch_page_reads_its_members_only(storage, executor, clock, reads):
     others = [TaskSubmitRequest("demo.echo", task_id=f"x{i}") for i in range(50)]
     executor.submit_batch(others, batch_id="another")
     clock.advance(1)
-    # Created at the same time: newest first is by id, descending.
-    names = [f"n{i}" for i in range(5, 0, -1)]
+    # One call's members are a microsecond apart, the last newest.
+    names = [f"n{i}" for i in range(1, 6)]
     executor.submit_batch(
         [TaskSubmitRequest("demo.echo", task_id=task_id) for task_id in names],
         batch_id="b",

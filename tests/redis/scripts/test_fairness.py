@@ -10,6 +10,7 @@ the storage is told the registry's fair names)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 
@@ -27,12 +28,14 @@ from tests.support.redis_support import LEASE
 
 FAIR = "demo.fair"
 QUEUE = "default"
-FAIR_KEYS = ("fready:", "fnames:", "fprio:", "fsets:")
+FAIR_KEYS = ("fready:", "fnames:", "fprio:", "fparked:")
 
 
 def submit(executor, key: str, count: int = 1, **options):
-    """``count`` tasks of demo.fair with concurrency key ``key``, ids ``<key>-<n>`` (so that a
-    round's tasks, tied, are claimed in key order: ties go by id)."""
+    """``count`` tasks of demo.fair with concurrency key ``key``, ids ``<key>-<n>``, a
+    millisecond after the call before (a call's tasks are stamped a microsecond apart, the
+    last at the call's time: at one frozen instant a later call's first would be older)."""
+    executor.clock.advance(0.001)
     requests = [
         TaskSubmitRequest(
             FAIR, {"n": n}, task_id=f"{key or '_'}-{n:03}", concurrency_key=key or None, **options
@@ -60,8 +63,10 @@ def round_of(storage, task_id: str) -> int:
     return int(storage.client.hget(home(storage) + "t:" + task_id, "fr"))
 
 
-def next_rounds(storage, name: str = FAIR) -> dict[str, int]:
-    found = storage.client.zrange(home(storage) + "fround:" + name, 0, -1, withscores=True)
+def next_rounds(storage, name: str = FAIR, queue: str = QUEUE, priority: int = 0) -> dict[str, int]:
+    """Each key's next round in ``name``, ``queue`` and ``priority`` (``fround``)."""
+    rounds = f"fround:{len(name)}:{name}:{queue}:{priority}"
+    found = storage.client.zrange(home(storage) + rounds, 0, -1, withscores=True)
     return {key: int(score) for key, score in found}
 
 
@@ -217,7 +222,8 @@ def test_a_task_keeps_its_round_through_retries_and_hand_backs(executor, storage
     assert [first.task_id, second.task_id] == ["A-000", "B-000"]
     storage.fail(first, "boom", retryable=True)  # due again at once, in round 0
     assert storage.release([second]) == 1  # handed back: round 0 too
-    assert claimed(storage, 4) == ["A-000", "B-000", "A-001", "B-001"]
+    got = claimed(storage, 4)  # round 0 (A-000 due again at once, B-000 due since its submit)
+    assert (sorted(got[:2]), got[2:]) == (["A-000", "B-000"], ["A-001", "B-001"])
     # A manual retry of a failed task: its round again.
     submit(executor, "C", 1, retry_limit=0)
     assert round_of(storage, "C-000") == 2  # where A and B are
@@ -331,7 +337,8 @@ def test_a_released_dependent_keeps_its_round(executor, storage):
     submit(executor, "C", 2)
     [claim] = storage.claim("w1", [QUEUE], 1, LEASE, start=1)
     assert storage.complete(claim, None) is not None  # B-000 released, due in round 0
-    assert claimed(storage) == ["B-000", "C-000", "C-001"]
+    got = claimed(storage)  # round 0: B-000 (released now) and C-000 (submitted before)
+    assert (sorted(got[:2]), got[2:]) == (["B-000", "C-000"], ["C-001"])
     assert_fair_consistent(storage)
 
 
@@ -349,7 +356,7 @@ def test_batch_members_and_callbacks_get_rounds(executor, storage):
 
 
 def test_fair_tasks_are_listed_counted_and_read_as_due(executor, storage, clock):
-    submit(executor, "A", 3)
+    oldest = submit(executor, "A", 3)[0]
     clock.advance(5)
     submit(executor, "B", 1)
     assert {t.task_id for t in executor.list_tasks(statuses=[TaskStatus.CREATED])} == {
@@ -359,7 +366,7 @@ def test_fair_tasks_are_listed_counted_and_read_as_due(executor, storage, clock)
         "B-000",
     }
     assert executor.count_by_status(QUEUE)[TaskStatus.CREATED] == 4
-    assert executor.oldest_due_at(QUEUE) == clock.now() - dt.timedelta(seconds=5)
+    assert executor.oldest_due_at(QUEUE) == oldest.run_at < clock.now() - dt.timedelta(seconds=5)
     assert storage.has_work([QUEUE], 0)
 
 
@@ -386,9 +393,9 @@ def test_schedule_fires_get_rounds_under_the_keyless_key(executor, storage, cloc
 def test_a_random_walk_keeps_the_fair_indexes_consistent(executor, storage, clock, seed):
     """Fair and plain tasks submitted, claimed under caps and limits, started, completed,
     failed, released, cancelled, retried, recovered, expired and purged at random, with clock
-    jumps: after every step each task is in the one place its status allows, fair sets and
-    their indexes included; at the end nothing of the fair sets is left and the next rounds
-    hold one entry."""
+    jumps, demo.fair gaining and losing fairness: after every step each task is in the one
+    place its status allows, fair sets and their indexes included; at the end nothing of the
+    fair sets is left and the next rounds hold at most two entries after a submit."""
     rng = random.Random(seed)
     claims: list[Claim] = []
     ids: list[str] = []
@@ -404,7 +411,7 @@ def test_a_random_walk_keeps_the_fair_indexes_consistent(executor, storage, cloc
         action = rng.choice(
             ["submit"] * 4
             + ["claim"] * 3
-            + ["debounce", "finish", "release", "cancel", "retry", "time"]
+            + ["debounce", "finish", "release", "cancel", "retry", "time", "fairness"]
         )
         if action == "submit":
             first = len(ids)
@@ -464,6 +471,9 @@ def test_a_random_walk_keeps_the_fair_indexes_consistent(executor, storage, cloc
             executor.cancel_task(rng.choice(ids))
         elif action == "retry" and ids:
             executor.retry_task(rng.choice(ids))
+        elif action == "fairness":  # demo.fair gains or loses it, as between two deploys
+            fair = rng.choice([frozenset({FAIR}), frozenset({FAIR}), frozenset()])
+            storage.flow_limits = dataclasses.replace(storage.flow_limits, fair=lambda: fair)
         elif action == "time":
             clock.advance(rng.choice([1, 5, 40, 70]))
             storage.promote_due(1000)
@@ -474,6 +484,7 @@ def test_a_random_walk_keeps_the_fair_indexes_consistent(executor, storage, cloc
         step()
         if n % 5 == 0:
             assert_fair_consistent(storage)
+    storage.flow_limits = dataclasses.replace(storage.flow_limits, fair=lambda: {FAIR})
     # Everything ends, is purged: nothing of the fair sets stays, one next round per name.
     for task_id in ids:
         executor.cancel_task(task_id)
@@ -486,6 +497,9 @@ def test_a_random_walk_keeps_the_fair_indexes_consistent(executor, storage, cloc
     executor.purge_finished(clock.now())
     assert executor.count_by_status() == dict.fromkeys(TaskStatus, 0)
     assert fair_keys(storage) == []
-    submit(executor, "Z")  # the first submit after: drops all but the highest next round
-    assert len(next_rounds(storage)) == 2
+    # The first submit after, in each queue and priority: drops all but the highest next round
+    for queue in (QUEUE, "other"):
+        for priority in (0, 5):
+            executor.submit(FAIR, None, concurrency_key="Z", queue=queue, priority=priority)
+            assert len(next_rounds(storage, queue=queue, priority=priority)) <= 2
     assert_fair_consistent(storage)

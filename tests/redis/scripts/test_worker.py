@@ -246,7 +246,8 @@ def test_complete_batch_changes_only_the_valid_task(storage, executor):
         # the admin chart's count of the minute: one completion
         f"tput:{int(storage.clock.now().timestamp()) // 60}",
     }
-    assert after[f"tput:{int(storage.clock.now().timestamp()) // 60}"][1] == {"COMPLETED": "1"}
+    tput = f"tput:{int(storage.clock.now().timestamp()) // 60}"
+    assert after[tput][1] == {"COMPLETED": "1", "c:default": "1"}  # and per queue
     assert after["leases"][1] == [(i, s) for i, s in before["leases"][1] if i != "a"]
     assert_consistent(storage)
 

@@ -5,6 +5,7 @@ round order, and cancelling, listing and reading find them."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -68,12 +69,17 @@ def test_a_fair_name_s_tasks_take_turns_on_its_home_shard(executor, storage):
         "A-002",
         "A-003",
     ]
-    # C's queue had nothing due: its first round comes after every round handed out.
-    assert storage.client.zrange(home + f"fround:{FAIR}", 0, -1, withscores=True) == [
+    # Each queue's (and priority's) rounds are its own, on the home shard: C's queue had
+    # none handed out, so its first round is 0.
+    rounds = f"fround:{len(FAIR)}:{FAIR}"
+    assert storage.client.zrange(home + f"{rounds}:{ORPHAN}:0", 0, -1, withscores=True) == [
         ("B", 2.0),
         ("A", 4.0),
-        ("C", 5.0),
     ]
+    assert storage.client.zrange(home + f"{rounds}:default:0", 0, -1, withscores=True) == [
+        ("C", 1.0)
+    ]
+    assert storage.client.keys(storage.prefixes[0] + "fround:*") == []
     # Read, listed and counted under their queue, on the home shard.
     assert executor.count_by_status(ORPHAN)[TaskStatus.CREATED] == 6
     assert {t.task_id for t in executor.list_tasks(queue=ORPHAN)} == set(a + b)
@@ -92,3 +98,24 @@ def test_the_fair_limit_bounds_a_claim_over_several_shards(executor, storage):
     claims = storage.claim("w1", [ORPHAN, "default"], 10, LEASE, fair_limit=1)
     assert sorted(c.task_id for c in claims) == sorted(["A-000", plain.task_id])
     assert claimed(storage, ORPHAN) == ["A-001", "A-002"]
+
+
+def test_a_name_that_lost_fairness_is_not_bounded_by_the_fair_limit(executor, storage):
+    """Defect 9, over several shards: demo.fair's tasks keep their rounds on its home shard
+    once it lost fairness, and a claim's fair limit no longer bounds them."""
+    submit(executor, "A", 2, ORPHAN)
+    submit(executor, "B", 1, "default")
+    plain = executor.submit("demo.echo", None, queue=ORPHAN)
+    storage.flow_limits = dataclasses.replace(storage.flow_limits, fair=frozenset)
+    claims = storage.claim("w1", [ORPHAN, "default"], 10, LEASE, fair_limit=0)
+    assert sorted(c.task_id for c in claims) == sorted(["A-000", "A-001", "B-000", plain.task_id])
+
+
+def test_rounds_at_another_queue_do_not_push_a_key_s_next_task_back(executor, storage):
+    """Defect 1, over several shards: A's backlog on "orphan" (home shard) leaves its first
+    task on "default" in round 0, served beside B's."""
+    submit(executor, "A", 5, ORPHAN)
+    executor.submit(FAIR, None, task_id="B-0", concurrency_key="B")
+    executor.submit(FAIR, None, task_id="A-d", concurrency_key="A")
+    assert storage.client.hget(storage._tkey("A-d", HOME), "fr") == "0"
+    assert claimed(storage, "default") == ["A-d", "B-0"]  # (one round: by run at, then id)

@@ -5,6 +5,7 @@ tests/redis/test_redis_cluster.py runs them on a Cluster's masters."""
 from __future__ import annotations
 
 import io
+import time
 import zlib
 from collections.abc import Iterator
 
@@ -177,9 +178,13 @@ def test_an_idle_wait_wakes_on_any_shard_and_loses_no_token(storage: RedisStorag
     assert storage.wait_for_work(QUEUES, 0.05) is False
     storage.wake(["emails"])  # shard 0
     assert storage.wait_for_work(QUEUES, 5.0) is True
-    # Queues of one shard, once the waiters exist: through them too (their pop may hold it).
+    # Queues of one shard, once the waiters exist: through them too (their pop may hold it),
+    # and at once: the earlier wait's pop on that shard's other keys takes the token, and the
+    # wait returned only at its own pop's 5 s timeout when it watched that pop alone.
     storage.wake(["alpha"])
+    started = time.monotonic()
     assert storage.wait_for_work(["default", "alpha"], 5.0) is True
+    assert time.monotonic() - started < 2.5
     # Another key beside a pop under way on its shard (the fetcher's own, while its pool is
     # full): a pop of its own.
     assert storage.wait_for_work(QUEUES, 0.05) is False

@@ -98,9 +98,9 @@ end
 -- claims take it in round order, one task of each key before the second of any, the oldest
 -- first within a round (its member is its run at, zero-padded, then its id: the members of
 -- one score sort as strings). `fnames:<queue>:<prio>` SET of the names with a non-empty one,
--- `fprio:<queue>` ZSET of the priorities with some (where claims find them: no scan),
--- `fsets:<name>` SET of the name's non-empty ones as "<prio>:<queue>" (where a submit finds
--- the round the name is at).
+-- `fprio:<queue>` ZSET of the priorities with some (where claims find them: no scan). A
+-- submit reads the round its name, queue and priority are at from their fair set's first
+-- task and their fair parked set's (fair_view).
 local function fair_set(name, queue, priority)
   return P .. 'fready:' .. #name .. ':' .. name .. ':' .. queue .. ':' .. priority
 end
@@ -119,7 +119,6 @@ local function fair_push(id, name, queue, priority, round, run_at)
   redis.call('ZADD', fair_set(name, queue, priority), round, fair_member(id, run_at))
   redis.call('SADD', P .. 'fnames:' .. queue .. ':' .. priority, name)
   redis.call('ZADD', P .. 'fprio:' .. queue, priority, priority)
-  redis.call('SADD', P .. 'fsets:' .. name, priority .. ':' .. queue)
 end
 
 -- The fair set of `name`, `queue` and `priority` is empty: it leaves the indexes.
@@ -129,6 +128,8 @@ local function fair_emptied(name, queue, priority)
   if redis.call('EXISTS', names) == 0 then
     redis.call('ZREM', P .. 'fprio:' .. queue, priority)
   end
+  -- (`fsets:<name>`, the name's fair sets as "<prio>:<queue>", was kept before rounds were
+  -- counted per queue and priority: drained as those empty, never added to)
   redis.call('SREM', P .. 'fsets:' .. name, priority .. ':' .. queue)
 end
 
@@ -154,13 +155,58 @@ local function push_ready(id, queue, priority, at_head, fair)
 end
 
 -- max_concurrency: a due task of a capped name that a claim could not take (its name held
--- its cap) waits in the name's parked set of its priority, scored by run at (a fair name's
--- task by its round: it keeps its turn). Claims knowing the cap take parked tasks straight
--- from there, in order with the ready lists, while the name has free slots.
+-- its cap) waits in the name's parked set of its priority, scored by run at (a task with a
+-- round, `fr`, by its round: it keeps its turn). Claims knowing the cap take parked tasks
+-- straight from there, in order with the ready lists, while the name has free slots.
 local function park(id, name, priority, score)
   redis.call('ZADD', P .. 'parked:' .. name .. ':' .. priority, score, id)
   redis.call('ZADD', P .. 'parkprio:' .. name, priority, priority)
   redis.call('SADD', PARKED, name)
+end
+
+-- A parked score below this is a round, one at or above it a run at (µs: any time after
+-- 1970-01-13; a key would need 2^40 tasks to reach it in rounds).
+local ROUNDS_BELOW = 1099511627776
+
+-- The first task of a parked set (by name or by key) and its score: the lowest score, but
+-- when the set holds tasks scored by run at beside tasks scored by round (their name gained
+-- or lost fairness while they waited: rounds all sort first), the first of each kind with
+-- the earlier run at, so tasks parked before the change are not left behind those parked
+-- after it (the run at's kind on a tie: the name's older tasks). One more command than a
+-- ZRANGE when the first has a round, two more when the set mixes.
+local function first_in(set)
+  local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  if not first[1] or tonumber(first[2]) >= ROUNDS_BELOW then
+    return first[1], first[2]
+  end
+  local last = redis.call('ZRANGE', set, -1, -1, 'WITHSCORES')
+  if tonumber(last[2]) < ROUNDS_BELOW then
+    return first[1], first[2]
+  end
+  local timed = redis.call('ZRANGEBYSCORE', set, ROUNDS_BELOW, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if tonumber(timed[2]) <= tonumber(redis.call('HGET', tkey(first[1]), 'r') or '0') then
+    return timed[1], timed[2]
+  end
+  return first[1], first[2]
+end
+
+-- fairness: `fparked:<len>:<name>:<queue>:<prio>` ZSET of the tasks with a round of a name,
+-- queue and priority in the name's parked set (parked at its cap, or let out there by their
+-- key), scored by round: where a submit finds the round those are at (fair_round). A task
+-- parked by key (waiting for its own key's slot) is not in it: it is not being served, and a
+-- new key does not join its round (as on the databases, where it leaves the name's range).
+-- A task enters it where it enters the name's parked set (claim.lua's take, key_unpark_next)
+-- and leaves it where it leaves that set (claim.lua, once unparked to be taken, and unqueue).
+local function fair_parked_set(name, queue, priority)
+  return P .. 'fparked:' .. #name .. ':' .. name .. ':' .. queue .. ':' .. priority
+end
+
+local function fair_park(id, name, queue, priority, round)
+  redis.call('ZADD', fair_parked_set(name, queue, priority), round, id)
+end
+
+local function fair_unpark(id, name, queue, priority)
+  redis.call('ZREM', fair_parked_set(name, queue, priority), id)
 end
 
 -- Take one task out of its name's parked set (if it is there).
@@ -174,14 +220,15 @@ local function unpark_one(id, name, priority)
   end
 end
 
--- The next parked task of `name` (highest priority, then earliest): id, priority, run at.
+-- The next parked task of `name` (highest priority, then earliest, see first_in): id,
+-- priority, score (its run at, or its round).
 local function first_parked(name)
   local top = redis.call('ZREVRANGE', P .. 'parkprio:' .. name, 0, 0)
   if not top[1] then
     return nil
   end
-  local first = redis.call('ZRANGE', P .. 'parked:' .. name .. ':' .. top[1], 0, 0, 'WITHSCORES')
-  return first[1], top[1], first[2]
+  local id, score = first_in(P .. 'parked:' .. name .. ':' .. top[1])
+  return id, top[1], score
 end
 
 -- Wake the workers of the queue of the next parked task of `name` (a slot of it is free).
@@ -194,8 +241,8 @@ end
 
 -- max_concurrency_per_key: a due task whose concurrency key (`ck`) held its name's cap per key
 -- waits parked by key, where no claim looks (a thousand full keys cost a claim nothing):
--- `kparked:<bucket>:<prio>` ZSET of its tasks of that priority scored by run at (a fair
--- name's by round, as in its parked set),
+-- `kparked:<bucket>:<prio>` ZSET of its tasks of that priority scored by run at (one with a
+-- round by its round, as in its parked set),
 -- `kparkprio:<bucket>` ZSET of the priorities with some, the bucket being
 -- `<length of name>:<name>:<key>` (names and keys may hold ':', as in rate_bucket);
 -- `kparkkeys:<name>` SET of the name's keys with tasks parked so, KPARKED SET of those names.
@@ -235,20 +282,24 @@ local function key_unpark_one(id, name, ck, priority)
 end
 
 -- A slot of key `ck` of `name` may be free: the key's first parked task (highest priority,
--- then earliest) moves to the name's parked set, where claims take it in order with the
--- ready lists (a claim that finds the key full again parks it by key again). Returns its id
--- and its queue (nil: a stray entry, which the claim drops), or nil when none is parked.
+-- then earliest, see first_in) moves to the name's parked set, where claims take it in order
+-- with the ready lists (a claim that finds the key full again parks it by key again); one
+-- with a round joins its fair parked set there (being served again). Returns its id and its queue (nil: a stray entry,
+-- which the claim drops), or nil when none is parked.
 local function key_unpark_next(name, ck)
   local bucket = key_bucket(name, ck)
   local top = redis.call('ZREVRANGE', P .. 'kparkprio:' .. bucket, 0, 0)
   if not top[1] then
     return nil
   end
-  local first = redis.call('ZRANGE', P .. 'kparked:' .. bucket .. ':' .. top[1], 0, 0,
-    'WITHSCORES')
-  key_unpark_one(first[1], name, ck, top[1])
-  park(first[1], name, top[1], first[2])
-  return first[1], redis.call('HGET', tkey(first[1]), 'q') or nil
+  local id, score = first_in(P .. 'kparked:' .. bucket .. ':' .. top[1])
+  key_unpark_one(id, name, ck, top[1])
+  park(id, name, top[1], score)
+  local task = redis.call('HMGET', tkey(id), 'q', 'fr')
+  if task[1] and task[2] then
+    fair_park(id, name, task[1], top[1], task[2])
+  end
+  return id, task[1] or nil
 end
 
 -- rate_limit (core/rate_limits.py): the sliding log of the claims of one task name and rate key, a
@@ -467,6 +518,9 @@ local function unqueue(id, queue, priority)
   if task[3] then
     redis.call('HDEL', tkey(id), 'jd') -- (see join_debounced: it waits nowhere now)
   end
+  if task[4] then
+    fair_unpark(id, task[1], queue, priority)
+  end
   unpark_one(id, task[1], priority)
   if task[2] and not key_unpark_one(id, task[1], task[2], priority) then
     -- It may be the task a freed slot of its key let out of the key's parked sets: that slot
@@ -479,6 +533,27 @@ local function unqueue(id, queue, priority)
   end
 end
 
+-- The parameter index (SEARCHABLE_PARAMETERS; storage/redis/parameter_index.py): task `id`
+-- joins the `P pidx:<len>:<key>:<text>` set of each entry of `entries` (a JSON list of their
+-- names after 'pidx:', '' = none), scored by its creation `created`, and keeps the list as `px`.
+local function index_parameter(id, entries, created)
+  if entries and entries ~= '' then
+    redis.call('HSET', tkey(id), 'px', entries)
+    for _, entry in ipairs(cjson.decode(entries)) do
+      redis.call('ZADD', P .. 'pidx:' .. entry, created, id)
+    end
+  end
+end
+
+-- Task `id` leaves the index sets its `px` lists (a set emptied goes: ZREM deletes it).
+local function unindex_parameter(id, entries)
+  if entries then
+    for _, entry in ipairs(cjson.decode(entries)) do
+      redis.call('ZREM', P .. 'pidx:' .. entry, id)
+    end
+  end
+end
+
 -- Debounce (core/debouncing.py). A submit of a debounced key may join the task holding it:
 -- one waiting unclaimed (not in the leases), CREATED and never started.
 local function joinable(id)
@@ -486,7 +561,8 @@ local function joinable(id)
   return task[1] == 'CREATED' and task[2] == '0' and not redis.call('ZSCORE', LEASES, id)
 end
 
--- Join task `id` (joinable): its parameter becomes `param` (JSON), and it runs `debounce` µs
+-- Join task `id` (joinable): its parameter becomes `param` (JSON), its parameter index entries
+-- the submit's `entries` (as store_task takes them), and it runs `debounce` µs
 -- after the submit's `created`, but never later than `max_wait` µs ('' = no limit) after its
 -- own creation (debounced_run_at); its max duration counts from then, as the service set it
 -- for the first submit. Not due yet, it moves in the schedule. Due already, it stays where it
@@ -494,9 +570,14 @@ end
 -- rescored (a fair name's task keeps its round there, and in its fair set, where its member
 -- follows its run at); if its run at is now ahead, `jd` marks it, and the claim that pops it
 -- puts it back in the schedule (claim.lua's take). Returns its new run at (µs, a string).
-local function join_debounced(id, param, created, debounce, max_wait)
+local function join_debounced(id, param, created, debounce, max_wait, entries)
   local key = tkey(id)
-  local task = redis.call('HMGET', key, 'q', 'p', 'n', 'ck', 'r', 'c', 'md', 'fr')
+  local task = redis.call('HMGET', key, 'q', 'p', 'n', 'ck', 'r', 'c', 'md', 'fr', 'px')
+  if (task[9] or '') ~= entries then -- its entries move with its parameter, its score kept
+    unindex_parameter(id, task[9])
+    redis.call('HDEL', key, 'px')
+    index_parameter(id, entries, task[6])
+  end
   local run_at = tonumber(created) + tonumber(debounce)
   if max_wait ~= '' then
     run_at = math.min(run_at, tonumber(task[6]) + tonumber(max_wait))
@@ -581,14 +662,19 @@ local function hand_back(id, key, queue, priority)
 end
 
 -- The admin's throughput chart (throughput.py): one HASH per UTC minute, "<status>" (and
--- "RETRIED") -> tasks that ended so in the minute. Its expiry is set by the first count of a
--- field (HINCRBY answers 1), so each ending costs one command, rarely two. Seconds, as
+-- "RETRIED") -> tasks that ended so in the minute, and "c:<queue>" -> tasks of the queue
+-- completed in the minute (the summary's sparklines). Its expiry is set by the first count of
+-- a status (HINCRBY answers 1; a queue's count always follows its COMPLETED's, in the same
+-- hash), so each ending costs one command, a completion two, rarely one more. Seconds, as
 -- throughput.COUNTER_RETENTION_SECONDS.
 local ENDINGS_TTL = 7200
-local function count_ending(field)
+local function count_ending(field, queue)
   local minute = P .. 'tput:' .. string.format('%d', math.floor(NOWN / 60000000))
   if redis.call('HINCRBY', minute, field, 1) == 1 then
     redis.call('EXPIRE', minute, ENDINGS_TTL)
+  end
+  if queue and field == 'COMPLETED' then
+    redis.call('HINCRBY', minute, 'c:' .. queue, 1)
   end
 end
 
@@ -601,7 +687,7 @@ local settle_batch
 -- Only finish (below) and the settling of dependents call it: every other ending goes
 -- through finish, so that its dependents are settled.
 local function end_task(id, key, queue, from, status)
-  count_ending(status)
+  count_ending(status, queue)
   unwait(id)
   redis.call('HSET', key, 's', status, 'f', NOW)
   redis.call('HDEL', key, 'd', 'wf')
@@ -773,38 +859,25 @@ local function record_failure(id, key, queue, priority, status, run_at, err)
 end
 
 
--- The rounds of a fair name's new tasks (core/fairness.py's number_rounds). `fround:<name>`
--- ZSET of its keys (core/fairness.fair_key) scored by the round each one's next task gets. A
--- new task's round is its key's next, but never below the round its fair set is at
--- (`current`: the lowest round of the due tasks of its name, queue and priority, in its fair
--- set or its name's parked set; with none, the highest next round handed out), so a key idle
--- for a while joins the round being served, and a burst after the backlog drained starts
--- after every round numbered so far (tasks still scheduled keep theirs). A key's tasks in one
--- call get consecutive rounds. An entry at or below the lowest round of all the name's due
--- tasks says no more than `current` would: the name's first store of a call drops those
--- (all but the highest when nothing of it is due), so the set keeps about one entry per key
--- with work due, and one per fair name once idle. Tasks parked by key do not count: as on
--- the databases, they wait apart until their key has room.
-local fair_seen = {} -- this call's view of each fair name: its keys' next rounds, currents
+-- The rounds of a fair name's new tasks (core/fairness.py's number_rounds), counted apart for
+-- each queue and priority of the name, as the claims serve them:
+-- `fround:<len>:<name>:<queue>:<prio>` ZSET of the keys (core/fairness.fair_key) of a fair
+-- name, queue and priority, scored by the round each one's next task there gets. A new task's
+-- round is its key's next, but never below the round its name, queue and priority are at
+-- (`current`: the lowest round of their due tasks being served, in their fair set or in
+-- their name's parked set (fparked), not those parked by key; with none, the highest next
+-- round handed out there), so a key idle for a while joins the round being served, and a
+-- burst after the backlog drained starts after every round numbered there so far (tasks
+-- still scheduled keep theirs). A key's tasks in one call get consecutive rounds. An entry at or below that lowest round says no more than
+-- `current` would: the first store of a call in a queue and priority drops those (all but the
+-- highest when nothing there is due), so the set keeps about one entry per key with work due
+-- there, and one once idle.
+local fair_seen = {} -- this call's view of each fair name, queue and priority
 
 -- The round of the first task of a set scored by round, or nil when it is empty.
 local function first_round(set)
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   return first[2] and tonumber(first[2])
-end
-
--- The round of the first task of the parked set of `name` and `priority` if it is a fair task
--- (of `queue`, if given), else nil.
-local function parked_round(name, priority, queue)
-  local first = redis.call('ZRANGE', P .. 'parked:' .. name .. ':' .. priority, 0, 0)
-  if not first[1] then
-    return nil
-  end
-  local task = redis.call('HMGET', tkey(first[1]), 'fr', 'q')
-  if task[1] and (queue == nil or task[2] == queue) then
-    return tonumber(task[1])
-  end
-  return nil
 end
 
 -- The lower of two rounds, either maybe nil.
@@ -815,63 +888,50 @@ local function lower(a, b)
   return a
 end
 
--- The highest next round a fair name handed out (its `fround:<name>`), 0 for none.
+-- The highest next round handed out in a `fround` set, 0 for none.
 local function top_round(rounds)
   local top = redis.call('ZRANGE', rounds, -1, -1, 'WITHSCORES')
   return top[2] and tonumber(top[2]) or 0
 end
 
--- Drop the entries of `fround:<name>` that the lowest round of the name's due tasks makes
--- redundant (see above); the highest always stays.
-local function fair_prune(name)
-  local lowest
-  for _, pair in ipairs(redis.call('SMEMBERS', P .. 'fsets:' .. name)) do
-    local priority, queue = string.match(pair, '^([^:]*):(.*)$')
-    local first = first_round(fair_set(name, queue, priority))
-    if first == nil then
-      fair_emptied(name, queue, priority) -- a stray entry
-    end
-    lowest = lower(lowest, first)
+-- This call's view of the rounds of `name`, `queue` and `priority`: {rounds (the fround
+-- key), current, nexts (key -> next round, once numbered in this call)}. The first look of a
+-- call drops the entries `current` makes redundant (see above); the highest always stays.
+local function fair_view(name, queue, priority)
+  local bucket = #name .. ':' .. name .. ':' .. queue .. ':' .. priority
+  local seen = fair_seen[bucket]
+  if seen then
+    return seen
   end
-  for _, priority in ipairs(redis.call('ZRANGE', P .. 'parkprio:' .. name, 0, -1)) do
-    lowest = lower(lowest, parked_round(name, priority))
-  end
-  local rounds = P .. 'fround:' .. name
-  if lowest and lowest < top_round(rounds) then
+  local rounds = P .. 'fround:' .. bucket
+  local lowest = lower(first_round(fair_set(name, queue, priority)),
+    first_round(fair_parked_set(name, queue, priority)))
+  local top = top_round(rounds)
+  if lowest and lowest < top then
     redis.call('ZREMRANGEBYSCORE', rounds, '-inf', lowest)
   else
     redis.call('ZREMRANGEBYRANK', rounds, 0, -2)
   end
+  seen = {rounds = rounds, current = lowest or top, nexts = {}}
+  fair_seen[bucket] = seen
+  return seen
 end
 
 -- The round of a new task of fair name `name`, `queue` and `priority`, of key `fair_key`, as
 -- a string ('%.0f': exact up to 2^53, where tostring would round past 14 digits).
 local function fair_round(name, queue, priority, fair_key)
-  local seen = fair_seen[name]
-  if not seen then
-    fair_prune(name)
-    seen = {nexts = {}, currents = {}}
-    fair_seen[name] = seen
-  end
-  local rounds = P .. 'fround:' .. name
+  local seen = fair_view(name, queue, priority)
   local round = seen.nexts[fair_key]
   if not round then
-    local pair = priority .. ':' .. queue
-    local current = seen.currents[pair]
-    if not current then
-      current = lower(first_round(fair_set(name, queue, priority)),
-        parked_round(name, priority, queue)) or top_round(rounds)
-      seen.currents[pair] = current
-    end
-    round = math.max(tonumber(redis.call('ZSCORE', rounds, fair_key) or 0), current)
+    round = math.max(tonumber(redis.call('ZSCORE', seen.rounds, fair_key) or 0), seen.current)
   end
   seen.nexts[fair_key] = round + 1
-  redis.call('ZADD', rounds, round + 1, fair_key)
+  redis.call('ZADD', seen.rounds, round + 1, fair_key)
   return string.format('%.0f', round)
 end
 
 -- How many values submit.lua (and schedule_fire.lua) take per task (codec.submit_args).
-local TASK_ARGS = 19
+local TASK_ARGS = 21
 
 -- Store a new task from the TASK_ARGS values submit.lua takes per task, starting at ARGV[i] (its id
 -- must not exist). `promoted` and `woken` are the calling script's sets of queues: promoted
@@ -917,6 +977,14 @@ local function store_task(i, promoted, woken, batch, values)
   if A[i + 17] and A[i + 17] ~= '' then -- (a callback packed before it existed has none)
     redis.call('HSET', key, 'ck', A[i + 17]) -- concurrency_key
   end
+  if A[i + 19] and A[i + 19] ~= '' then -- tags, a JSON list (a callback packed before: none)
+    redis.call('HSET', key, 'tg', A[i + 19])
+    for _, tag in ipairs(cjson.decode(A[i + 19])) do
+      redis.call('ZADD', P .. 'tag:' .. tag, A[i + 9], id) -- list_tasks(tag=...), by creation
+    end
+  end
+  -- its parameter index entries (a JSON list; a callback packed before they existed: none)
+  index_parameter(id, A[i + 20], A[i + 9])
   if not promoted[queue] then
     promoted[queue] = true
     redis.call('SADD', P .. 'queues', queue)

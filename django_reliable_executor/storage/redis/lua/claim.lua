@@ -7,9 +7,10 @@
 -- to run them right now), ARGV[8..] queues, then optionally '' and pairs of task name, cap
 -- (max_concurrency), then optionally '' and triples of task name, count and log window in
 -- microseconds (rate_limit), then optionally '' and pairs of task name, cap per concurrency
--- key (max_concurrency_per_key), then optionally '' and how many tasks of fair names (with a
--- round) to take at most (fairness; absent: no bound); a later part comes after every earlier
--- one, maybe empty.
+-- key (max_concurrency_per_key), then optionally '' and how many tasks of fair names to take
+-- at most (fairness; absent: no bound) followed by those names (the names fair now: a task
+-- keeps its round once its name loses fairness, but counts only while its name is fair); a
+-- later part comes after every earlier one, maybe empty.
 -- The random step (not +1) keeps a claim that a Redis failover lost from sharing its token
 -- with the next claim of the same task.
 -- Starting: the first tasks claimed (up to ARGV[7]) become RUNNING with one more attempt and
@@ -39,13 +40,19 @@
 -- are taken in round order; a fair set's first task competes with the ready lists and parked
 -- sets as they do with each other (higher priority, then the earlier run at), but against its
 -- own name's parked tasks of its queue by round. Parked, by name or by key, it is scored by
--- its round, so it keeps its turn. Every cap and limit above applies to it as to any task. A
--- claim takes at most the fair limit of them (a worker's idle threads): the others wait in
--- their turns here, not in the worker's local queue.
+-- its round, so it keeps its turn (a parked set mixing tasks scored by round and by run at,
+-- its name having gained or lost fairness, gives the older first: first_in in _common.lua).
+-- A task parked by name with a round is also in its fair parked set (fair_park), where
+-- submits find the round being served; one parked by key joins it only once its key's slot
+-- lets it out to its name's parked set (key_unpark_next). Every cap and limit above applies to it as to any task. A claim
+-- takes at most the fair limit of the tasks of the names it is told are fair (a worker's idle
+-- threads): the others wait in their turns here, not in the worker's local queue. A task of a
+-- fair name waiting in a ready list (stored before the name gained fairness) counts, but the
+-- list's pop is not cut short for it.
 -- Returns {next scheduled time of these queues or '', then id, values of each claimed task}
 -- (the values of CLAIMED_FIELDS, in order: codec.CLAIMED_FIELDS reads them).
 local CLAIMED_FIELDS = {'n', 'q', 'p', 's', 'j', 'a', 'b', 'rl', 'ri', 'rb', 'md', 'c', 'r',
-  'd', 'e', 'w', 'k', 'tc', 'at', 'rs', 'ck'}
+  'd', 'e', 'w', 'k', 'tc', 'at', 'rs', 'ck', 'rk', 'tg'}
 local PARK_MAX = 1000
 local worker, lease_until, limit, step = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local to_start = tonumber(ARGV[7])
@@ -81,6 +88,15 @@ while arg < #ARGV and ARGV[arg] ~= '' do
   arg = arg + 2
 end
 local fair_left = ARGV[arg + 1] and tonumber(ARGV[arg + 1]) -- nil: no bound
+local fair_names = {}
+for i = arg + 2, #ARGV do
+  fair_names[ARGV[i]] = true
+end
+
+-- Whether this call may take no more tasks of `name`: fair, and the fair limit reached.
+local function fair_full(name)
+  return fair_left ~= nil and fair_left <= 0 and fair_names[name] == true
+end
 
 -- Tasks held back under another rate limit than this call's (or under one it no longer has:
 -- the worker's handlers are the code in force) are planned again, before anything is promoted.
@@ -175,18 +191,21 @@ local function best()
       consider({prio = tonumber(top[2]), list = P .. 'ready:' .. q .. ':' .. top[1], queue = q,
         member = top[1]})
     end
-    top = fair_left ~= 0 and redis.call('ZREVRANGE', P .. 'fprio:' .. q, 0, 0, 'WITHSCORES')
-    if top and top[1] and (chosen == nil or tonumber(top[2]) >= chosen.prio) then
+    top = redis.call('ZREVRANGE', P .. 'fprio:' .. q, 0, 0, 'WITHSCORES')
+    if top[1] and (chosen == nil or tonumber(top[2]) >= chosen.prio) then
       for _, name in ipairs(redis.call('SMEMBERS', P .. 'fnames:' .. q .. ':' .. top[1])) do
-        local set = fair_set(name, q, top[1])
-        local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
-        if first[1] then
-          -- (its member starts with its run at: no read of its hash)
-          consider({prio = tonumber(top[2]), fset = set, name = name, queue = q,
-            member = top[1], round = tonumber(first[2]),
-            at = tonumber(string.sub(first[1], 1, 20))})
-        else
-          fair_emptied(name, q, top[1]) -- a stray entry
+        -- (a fair name at the fair limit: its turns wait for the next claim)
+        if not fair_full(name) then
+          local set = fair_set(name, q, top[1])
+          local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+          if first[1] then
+            -- (its member starts with its run at: no read of its hash)
+            consider({prio = tonumber(top[2]), fset = set, name = name, queue = q,
+              member = top[1], round = tonumber(first[2]),
+              at = tonumber(string.sub(first[1], 1, 20))})
+          else
+            fair_emptied(name, q, top[1]) -- a stray entry
+          end
         end
       end
     end
@@ -195,7 +214,7 @@ local function best()
     if not caps[name] or held(name) < caps[name] then
       local id, prio_text, score = first_parked(name)
       local task = id and redis.call('HMGET', tkey(id), 'q', 'r', 'fr')
-      if task and claimed_queue[task[1]] and not (task[3] and fair_left == 0) then
+      if task and claimed_queue[task[1]] and not fair_full(name) then
         -- (a fair name's parked tasks are scored by round: its run at is in its hash)
         consider({prio = tonumber(prio_text), pid = id, name = name, pprio = prio_text,
           queue = task[1], at = tonumber(task[3] and task[2] or score),
@@ -257,8 +276,10 @@ local function take(id)
     end
     return
   end
-  local score = task[11] or task[4] -- parked by round (a fair name's task) or by run at
+  local score = task[11] or task[4] -- parked by round (a task with one) or by run at
   if key_cap and held_by_key(task[2], ck) >= key_cap then
+    -- Not in its fair parked set: waiting for its own key's slot, it is not being served, so
+    -- its round is not the one a new key joins (key_unpark_next adds it once let out).
     key_park(id, task[2], ck, task[3], score)
     parked = parked + 1
     return
@@ -266,6 +287,9 @@ local function take(id)
   local cap = capped and caps[task[2]]
   if cap and held(task[2]) >= cap then
     park(id, task[2], task[3], score)
+    if task[11] then
+      fair_park(id, task[2], task[5], task[3], task[11])
+    end
     parked = parked + 1
     return
   end
@@ -281,7 +305,7 @@ local function take(id)
       return
     end
   end
-  if task[11] and fair_left then
+  if fair_left and fair_names[task[2]] then
     fair_left = fair_left - 1
   end
   local token = redis.call('HINCRBY', key, 'k', step)
@@ -317,9 +341,17 @@ while taken < limit and parked < PARK_MAX do
     break
   elseif source.pid then
     unpark_one(source.pid, source.name, source.pprio)
+    if source.round then
+      fair_unpark(source.pid, source.name, source.queue, source.pprio)
+    end
     take(source.pid)
   elseif source.fset then
-    local n = tie and 1 or math.min(limit - taken, fair_left or limit)
+    local n = limit - taken
+    if tie then
+      n = 1
+    elseif fair_left and fair_names[source.name] then
+      n = math.min(n, fair_left)
+    end
     local popped = redis.call('ZPOPMIN', source.fset, n)
     if redis.call('EXISTS', source.fset) == 0 then
       fair_emptied(source.name, source.queue, source.member)

@@ -2,14 +2,16 @@
 -- held, within its window, by a task that is not terminal is not stored either. A debounced
 -- task whose key is held, within its window, by a task waiting unclaimed and never started
 -- joins that task instead (join_debounced in _common.lua); else it is stored and takes the key.
--- ARGV[3..]: TASK_ARGS + 6 values per task: the TASK_ARGS (19) of store_task (id, name, queue,
+-- ARGV[3..]: TASK_ARGS + 6 values per task: the TASK_ARGS (21) of store_task (id, name, queue,
 -- priority, parameter JSON, retry limit, retry interval, backoff, max duration ('' = none),
 -- created, run at, deadline ('' = none), rate key ('' = none), trace context JSON ('' =
 -- none), batch id ('' = none: counted in the batch's total when stored), batch generation
 -- ('' = none; see _batches.lua), attempt timeout in seconds ('' = none), concurrency key
 -- ('' = none), fair key: ':' and the key it takes turns under (core/fairness.fair_key) for a
--- name with fairness="round_robin", numbered a round by store_task ('' = none)), then the
--- unique key digest ('' = not unique) and the end of the key's window
+-- name with fairness="round_robin", numbered a round by store_task ('' = none), tags as a
+-- JSON list ('' = none), its parameter index entries as a JSON list of `P pidx:` set names
+-- ('' = none; storage/redis/parameter_index.py)), then the unique key digest ('' = not
+-- unique) and the end of the key's window
 -- (a debounced task's: its run at + KEY_HOLD). Then its dependencies: a JSON list of task
 -- ids ('' = none; the task then comes with run at WAITING_RUN_AT and no deadline) and the
 -- on-failure policy ('run', or '' = cancel). Sharded, a dependency of another shard comes as
@@ -232,7 +234,7 @@ end
 -- the holder's new run at as the submit's own window would past its run at (KEY_HOLD).
 local function join(i, holder)
   local run_at = join_debounced(holder, ARGV[i + 4], ARGV[i + 9], ARGV[i + TASK_ARGS + 4],
-    ARGV[i + TASK_ARGS + 5])
+    ARGV[i + TASK_ARGS + 5], ARGV[i + 20])
   local hold = tonumber(ARGV[i + TASK_ARGS + 1]) - tonumber(ARGV[i + 10])
   extend_key(P .. 'u:' .. ARGV[i + TASK_ARGS], holder,
     string.format('%.0f', tonumber(run_at) + hold))

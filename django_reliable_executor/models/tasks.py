@@ -1,12 +1,13 @@
-"""Tables of the database storage: tasks, their durable steps, unique keys, the master lock, the
-worker registry, paused queues, retries per minute."""
+"""Tables of tasks: the task rows, their dependencies, durable steps, tags, searchable
+parameters, events, unique keys and batches."""
 
 from __future__ import annotations
 
 from django.db import models
 
-from .core.ids import MAX_ID_LENGTH
-from .core.states import TaskStatus
+from ..core.ids import MAX_ID_LENGTH
+from ..core.parameter_index import MAX_KEY_CHARS, MAX_VALUE_CHARS
+from ..core.states import TaskStatus
 
 
 class ReliableTask(models.Model):
@@ -86,6 +87,9 @@ class ReliableTask(models.Model):
     # Which batch of that id (ReliableBatch.generation): a member counts only in the batch it
     # was submitted to, not in a later one reusing the id of its purged batch.
     batch_generation = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
+    # The tags it was submitted with (a JSON list, None for none): what its TaskInfo reads;
+    # ReliableTaskTag indexes them. A default in the database for the hand-written INSERTs.
+    tags = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "reliable_executor_task"
@@ -107,10 +111,11 @@ class ReliableTask(models.Model):
             models.Index(fields=["status", "created_at"], name="rexec_status_idx"),
             models.Index(fields=["queue", "status"], name="rexec_queue_status_idx"),
             models.Index(fields=["task_name", "status"], name="rexec_name_status_idx"),
-            # Purge (finished before, of some statuses) and the admin's chart (finished in the
-            # last hour, by status): status in the index, so neither reads rows. Partial on
-            # PostgreSQL (0003, 0017): only finished rows are in it there.
-            models.Index(fields=["finished_at", "status"], name="rexec_finished_idx"),
+            # Purge (finished before, of some statuses), the admin's chart (finished in the
+            # last hour, by status) and its sparklines (completed in the last hour, by queue):
+            # status and queue in the index, so none reads rows. Partial on PostgreSQL (0003,
+            # 0017, 0034): only finished rows are in it there.
+            models.Index(fields=["finished_at", "status", "queue"], name="rexec_finished_idx"),
             models.Index(fields=["created_at"], name="rexec_created_idx"),
             models.Index(fields=["batch_id", "status"], name="rexec_batch_idx"),
             # max_concurrency: count the held (claimed, not finished) tasks of one name.
@@ -171,6 +176,53 @@ class ReliableTaskStep(models.Model):
         return f"{self.task_id} step {self.name}"
 
 
+class ReliableTaskTag(models.Model):
+    """One tag of one task (the submit option ``tags``): what ``list_tasks(tag=...)`` reads,
+    the tag's tasks found by the unique index without reading other rows. Inserted with the
+    task (storage/database/submitting.py), deleted with it by the purge (step_rows.py)."""
+
+    id = models.BigAutoField(primary_key=True)
+    tag = models.CharField(max_length=64)
+    task_id = models.CharField(max_length=MAX_ID_LENGTH)
+
+    class Meta:
+        db_table = "reliable_executor_task_tag"
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["tag", "task_id"], name="rexec_tag_unique"),
+        ]
+        indexes = [models.Index(fields=["task_id"], name="rexec_tag_task_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} tag {self.tag}"
+
+
+class ReliableTaskParameter(models.Model):
+    """One searchable parameter value of one task (setting SEARCHABLE_PARAMETERS): a top-level
+    key and its value's canonical JSON text (core/parameter_index.py), what
+    ``list_tasks(parameter=...)`` reads to find the value's tasks without reading other rows.
+    Inserted with the task (storage/database/submitting.py), replaced when a debounced submit
+    joins it, deleted with it by the purge (step_rows.py); ``executor index-parameters`` fills
+    those of tasks stored before their key was searchable. SQLite and MySQL/MariaDB only:
+    PostgreSQL's GIN index of the parameters (migration 0036) answers every key there."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=MAX_KEY_CHARS)
+    value = models.CharField(max_length=MAX_VALUE_CHARS)
+    task_id = models.CharField(max_length=MAX_ID_LENGTH)
+
+    class Meta:
+        db_table = "reliable_executor_task_param"
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["key", "value", "task_id"], name="rexec_param_unique"),
+        ]
+        indexes = [models.Index(fields=["task_id"], name="rexec_param_task_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.key}={self.value}"
+
+
 class ReliableTaskEvent(models.Model):
     """An event sent to a task (``executor.send_event``), which ``context.wait_for_event`` of
     that name returns: the first payload sent is kept (unique on task and name). Written and
@@ -193,164 +245,6 @@ class ReliableTaskEvent(models.Model):
         return f"{self.task_id} event {self.name}"
 
 
-class ReliableLock(models.Model):
-    """A named lease (the master lock): taken and renewed by conditional UPDATE, never held open."""
-
-    name = models.CharField(max_length=100, primary_key=True)
-    owner = models.CharField(max_length=MAX_ID_LENGTH, default="")
-    expires_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "reliable_executor_lock"
-
-    def __str__(self) -> str:
-        return f"{self.name} held by {self.owner or 'nobody'} until {self.expires_at}"
-
-
-class ReliableNameLock(models.Model):
-    """One row per task name with a ``max_concurrency``: claims of that name lock it (FOR UPDATE,
-    or a write on SQLite) for the length of their transaction, so two workers never both see
-    the same free slot. It holds no state of its own."""
-
-    name = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
-
-    class Meta:
-        db_table = "reliable_executor_name_lock"
-        default_permissions = ()
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class ReliableParkedKey(models.Model):
-    """One row per (task name, ``concurrency_key``, queue) whose waiting tasks a claim parked: found
-    over the key's ``max_concurrency_per_key``, they were moved out of the name's range of
-    the claim index into a range of their own (``lane``, the value of their
-    ``limited_name``), which no claim reads, so later claims do not read past them. The claim
-    of the name moves them back as the key's slots free (storage/database/key_parking.py).
-    Written only under the name's lock row."""
-
-    lane = models.CharField(max_length=64, primary_key=True)
-    name = models.CharField(max_length=MAX_ID_LENGTH)
-    key = models.CharField(max_length=MAX_ID_LENGTH)
-    queue = models.CharField(max_length=100)  # a range per queue: read in the index's order
-
-    class Meta:
-        db_table = "reliable_executor_parked_key"
-        default_permissions = ()
-        indexes = [models.Index(fields=["name"], name="rexec_parked_key_name_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.name} [{self.key}]"
-
-
-class ReliableFairKey(models.Model):
-    """One row per (task name with ``fairness="round_robin"``, key) with tasks numbered: the
-    round the key's next task gets at the earliest (core/fairness.py). Locked by the submits
-    of the key (FOR UPDATE) for their transaction; the master's chores delete a name's rows
-    once it has no waiting task (storage/database/fair_rounds.py)."""
-
-    name = models.CharField(max_length=MAX_ID_LENGTH)
-    key = models.CharField(max_length=MAX_ID_LENGTH)
-    next_round = models.BigIntegerField()
-
-    class Meta:
-        db_table = "reliable_executor_fair_key"
-        default_permissions = ()
-        constraints = [models.UniqueConstraint(fields=["name", "key"], name="rexec_fair_key_uniq")]
-
-    def __str__(self) -> str:
-        return f"{self.name} [{self.key}] {self.next_round}"
-
-
-class ReliablePausedQueue(models.Model):
-    """A paused queue (``executor.pause_queue``): claims take nothing from it while the row is
-    here. Its claims read this table in the claiming statement itself."""
-
-    queue = models.CharField(max_length=100, primary_key=True)
-    paused_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "reliable_executor_paused_queue"
-        default_permissions = ()
-
-    def __str__(self) -> str:
-        return self.queue
-
-
-class ReliableRateLog(models.Model):
-    """rate_limit's sliding log: one row per claim round, rate key and time of a rate-limited
-    task name, counting that round's claims (``claims``), at the claim's time; a start that
-    waited too long moves its claim out of the row to one at the start's time. Counted for the
-    limit's window (plus its margin, see core/rate_limits.py), then trimmed by a claim of the name
-    (at most once per margin in each process). Claims and starts of the name read and write it
-    under the name's ReliableNameLock row."""
-
-    id = models.BigAutoField(primary_key=True)
-    name = models.CharField(max_length=MAX_ID_LENGTH)
-    rate_key = models.CharField(max_length=MAX_ID_LENGTH, default="")  # "": the name's own limit
-    claims = models.PositiveIntegerField(default=1)  # how many claims the entry counts
-    claimed_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "reliable_executor_rate_log"
-        default_permissions = ()
-        indexes = [
-            models.Index(fields=["name", "claimed_at"], name="rexec_rate_log_idx"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.name} [{self.rate_key}] {self.claims} at {self.claimed_at}"
-
-
-class ReliableRetryCount(models.Model):
-    """Automatic retries scheduled in one UTC minute (failed attempts sent back to PENDING), for
-    the admin's throughput chart: one upsert per failure that retries, rows older than two
-    hours deleted by the master's purge. Completed and failed tasks need no counter: they are
-    counted from the task table's finished index."""
-
-    minute = models.BigIntegerField(primary_key=True)  # throughput.epoch_minute
-    retried = models.BigIntegerField(default=0)
-
-    class Meta:
-        db_table = "reliable_executor_retry_count"
-        default_permissions = ()
-
-    def __str__(self) -> str:
-        return f"minute {self.minute}: {self.retried} retried"
-
-
-class ReliableWorker(models.Model):
-    """A runexecutor process, kept fresh by its heartbeat; stale rows are dead workers."""
-
-    worker_id = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
-    hostname = models.CharField(max_length=MAX_ID_LENGTH, default="")
-    pid = models.IntegerField(default=0)
-    queues = models.TextField(default="")  # comma-separated: any number of queues
-    started_at = models.DateTimeField()
-    last_seen_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "reliable_executor_worker"
-
-    def __str__(self) -> str:
-        return self.worker_id
-
-
-class ReliableApiNonce(models.Model):
-    """A nonce of a signed API request, kept until its signature window has passed."""
-
-    key = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)  # "<key id>:<nonce>"
-    expires_at = models.DateTimeField(db_index=True)
-
-    class Meta:
-        db_table = "reliable_executor_api_nonce"
-        default_permissions = ()
-
-    def __str__(self) -> str:
-        return f"{self.key} until {self.expires_at}"
-
-
 class ReliableUniqueKey(models.Model):
     """The key of a unique task (``unique_for``): which task holds it, and until when. The
     primary key makes concurrent submits of one key wait for each other; a row past its
@@ -367,50 +261,6 @@ class ReliableUniqueKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} held by {self.task_id} until {self.expires_at}"
-
-
-class ReliableSchedule(models.Model):
-    """A periodic schedule (database storage): its definition, and when it fires next."""
-
-    schedule_id = models.CharField(max_length=MAX_ID_LENGTH, primary_key=True)
-    task_name = models.CharField(max_length=MAX_ID_LENGTH)
-    parameter = models.JSONField(null=True, blank=True)
-    every_micros = models.BigIntegerField(null=True, blank=True, help_text="Interval schedules.")
-    cron = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - None: interval
-    timezone = models.CharField(max_length=64, default="UTC")
-    start_at = models.DateTimeField()
-    misfire = models.CharField(max_length=16, default="skip")
-    queue = models.CharField(max_length=100, default="default")
-    priority = models.IntegerField(default=0)
-    retry_limit = models.PositiveIntegerField(default=3)
-    retry_interval = models.BigIntegerField(default=2000, help_text="Milliseconds.")
-    retry_backoff = models.CharField(max_length=16, default="fixed")
-    max_duration_millis = models.BigIntegerField(null=True, blank=True)
-    paused = models.BooleanField(default=False)
-    next_run_at = models.DateTimeField()
-    last_run_at = models.DateTimeField(null=True, blank=True)
-    last_task_id = models.CharField(max_length=MAX_ID_LENGTH, null=True, blank=True)  # noqa: DJ001
-    origin = models.CharField(max_length=16, default="api")
-    created_at = models.DateTimeField()
-    updated_at = models.DateTimeField()
-    # "skip": a run due while the previous run (last_task_id) is not terminal is not fired.
-    overlap = models.CharField(max_length=8, default="allow")
-    overlap_skipped = models.BigIntegerField(default=0, help_text="Runs skipped for overlap.")
-    last_skipped_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        db_table = "reliable_executor_schedule"
-        verbose_name = "reliable schedule"
-        ordering = ["schedule_id"]
-        # view: see schedules; change: pause and resume; add: create through the HTTP API;
-        # delete: in the admin and the HTTP API.
-        indexes = [
-            # The master's "due now" query: active schedules by next run.
-            models.Index(fields=["paused", "next_run_at"], name="rexec_sched_due_idx"),
-        ]
-
-    def __str__(self) -> str:
-        return self.schedule_id
 
 
 class ReliableBatch(models.Model):
