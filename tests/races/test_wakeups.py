@@ -265,8 +265,10 @@ def test_an_idle_worker_queries_once_per_poll_interval(alias):
         start = time.monotonic()
         time.sleep(window)
         idle = log.between(start, start + window) / per_claim
-        # Fewer on a slow machine (each claim takes time too), never more.
-        assert window / poll / 2 <= idle <= window / poll + 1, (idle, log.sqls[-30:])
+        # Never more than one claim per poll interval. Fewer on a loaded machine (each claim,
+        # and the thread's wake-up after each wait, take time too: CI's 2 cores saw 5.5 of 12);
+        # a quarter still shows that an idle worker keeps polling.
+        assert window / poll / 4 <= idle <= window / poll + 1, (idle, log.sqls[-30:])
 
         service.submit("demo.noop", task_id="one")
         wait_until(lambda: service.get_task("one").status is TaskStatus.COMPLETED, 10, "no run")
