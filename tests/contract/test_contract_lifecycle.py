@@ -11,7 +11,7 @@ import time
 import pytest
 from django.db import connections
 
-from django_reliable_executor import TaskStatus, signals
+from django_reliable_executor import TaskStatus, TaskSubmitRequest, signals
 from django_reliable_executor.conf import ExecutorSettings
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.worker.runner import TaskRunner
@@ -154,6 +154,29 @@ def test_complete_many_stores_each_result_exactly(executor, storage):
     same = storage.start_many(storage.claim("w1", ["default"], 10, LEASE), LEASE)
     assert all(storage.complete_many([(c, {"ok": 1}) for c in same]))
     assert {executor.get_task(c.task_id).result["ok"] for c in same} == {1}
+
+
+def test_a_thousand_claims_start_and_complete_in_one_call(executor, storage):
+    """A drain of a big batch claims, starts and completes 1,000 tasks per call: SQLite refuses
+    an OR of (task_id, token) pairs that deep (an expression tree over 1,000 levels), so the
+    storage splits it; every claim must still start once and store its own result."""
+    executor.submit_many(
+        [TaskSubmitRequest("demo.echo", None, task_id=f"k-{i:04d}") for i in range(1000)]
+    )
+    claims: list = []
+    while len(claims) < 1000:
+        got = storage.claim("w1", ["default"], 1000 - len(claims), LEASE)
+        assert got, len(claims)
+        claims += got
+    started = storage.start_many(claims, LEASE)
+    assert all(c is not None and c.task.status is TaskStatus.RUNNING for c in started)
+    assert len({c.task_id for c in started}) == 1000
+    # Different results take the CASE path (one WHEN per row), chunked the same way.
+    transitions = storage.complete_many([(c, {"i": c.task_id}) for c in started])
+    assert all(t is not None and t.status is TaskStatus.COMPLETED for t in transitions)
+    done = executor.list_tasks(status="COMPLETED", limit=1000)
+    assert len(done) == 1000
+    assert all(t.result == {"i": t.task_id} and t.attempts == 1 for t in done)
 
 
 def test_a_runner_without_its_writer_runs_nothing(executor, storage):
