@@ -32,7 +32,7 @@ from ...core.task_count import TaskCount
 from .access import LIVE, READ_CHUNK, WAITING, RedisAccess, guarded
 from .codec import fair_member, key_bucket, micros, text, to_info
 from .parameter_index import entry_key
-from .parameter_scan import SCAN_LIMIT, Scan
+from .parameter_scan import SCAN_LIMIT, SERVER_SCAN_LIMIT, Scan
 from .sharding import CONTROL_SHARD
 
 # Up to this many unfinished tasks, listings that include them are exact (each is read and
@@ -48,6 +48,9 @@ ANY_SHARD = -1  # _matching: each task on whichever shard holds it
 # packing the HMGET: docs/benchmarks.md#bulk-action-counts).
 COUNT_SCAN_LIMIT = 20_000
 UNBOUNDED = 2**62  # the scan of a search the parameter index answers: read to the set's end
+# Index entries one index_match call checks: about 5 ms of the server's time, so that other
+# clients wait no longer than that behind a count.
+SERVER_CHUNK = 5_000
 
 
 class Listing(RedisAccess):
@@ -72,7 +75,7 @@ class Listing(RedisAccess):
         high = None if until is None else int(micros(until))
         end = cap
         while True:
-            scan = Scan(left=COUNT_SCAN_LIMIT, bounded=True)
+            scan = Scan(left=COUNT_SCAN_LIMIT, bounded=True, server_left=SERVER_SCAN_LIMIT)
             found = self._count_rows(dataclasses.replace(query, limit=end, offset=0), scan)
             rows = sorted(found, reverse=True)[:end]  # each index's newest: exact down to end
             newer = sum(high is not None and c > high for c, _ in rows)
@@ -249,6 +252,14 @@ class Listing(RedisAccess):
         ):
             found = self.client.zrevrange(key, 0, query.end - 1, withscores=True)
             return [(int(score), text(task_id)) for task_id, score in found]
+        if (
+            query.tag is None
+            and query.parameter is None
+            and query.batch_id is None
+            and not query.by_origin
+            and shard != ANY_SHARD
+        ):
+            return self._newest_on_server(key, accept, query, shard, scan)
         rows: builtins.list[Row] = []
         start = 0
         bounded = query.parameter is not None or scan.bounded
@@ -267,6 +278,33 @@ class Listing(RedisAccess):
             if bounded:
                 scan.left -= len(found)
             rows += self._matching([text(i) for i, _ in found], accept, query, shard)
+        return rows[: query.end]
+
+    def _newest_on_server(
+        self, key: str, accept: set[str], query: TaskQuery, shard: int, scan: Scan
+    ) -> builtins.list[Row]:
+        """``_newest_of`` for a query filtered only by status, name and queue: the server checks
+        each entry's task (lua/index_match.lua), SERVER_CHUNK entries a call, so a count reads
+        up to SERVER_SCAN_LIMIT of them where the client would stop at COUNT_SCAN_LIMIT."""
+        name = "" if query.task_name is None else "=" + query.task_name
+        queue = "" if query.queue is None else "=" + query.queue
+        rows: builtins.list[Row] = []
+        start = 0
+        while len(rows) < query.end:
+            chunk = SERVER_CHUNK
+            if scan.bounded:
+                if scan.server_left <= 0:
+                    scan.cut_short |= bool(self.client.zrevrange(key, start, start))
+                    break
+                chunk = min(chunk, scan.server_left)
+            reply = self._run("index_match", key, start, chunk, name, queue, *accept, shard=shard)
+            read = int(reply[0])
+            start += read
+            if scan.bounded:
+                scan.server_left -= read
+            rows += [(int(reply[i]), text(reply[i + 1])) for i in range(1, len(reply), 2)]
+            if read < chunk:
+                break
         return rows[: query.end]
 
     def _unfinished_count(self, queue: str | None, shard: int) -> int:

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 # Index entries one parameter search reads at most (about 0.3 s of reads, docs/benchmarks.md).
 SCAN_LIMIT = 10_000
+# Index entries a count reads at most where the server checks them (lua/index_match.lua: a
+# finished status's index filtered by name or queue): a few microseconds of Redis time each.
+SERVER_SCAN_LIMIT = 1_000_000
 
 
 @dataclass
@@ -30,3 +33,5 @@ class Scan:
     # Every read counts against ``left``, not only a parameter search's: a count's (Listing.
     # _count_tasks), which reads each task's fields wherever no index answers its filter.
     bounded: bool = False
+    # A bounded scan's entries checked by the server instead (Listing._newest_on_server).
+    server_left: int = SERVER_SCAN_LIMIT

@@ -58,6 +58,7 @@ NAMES = (
     "batch_join",
     "outbox_apply",
     "param_reindex",
+    "index_match",
 )
 
 
