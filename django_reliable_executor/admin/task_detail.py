@@ -7,13 +7,21 @@ import dataclasses
 import datetime as dt
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 from ..core.records import TaskInfo
 from ..core.states import WAITING_STATUSES, TaskStatus
 from ..core.waits import RECORD_KEY, wait_text
 from ..registry import get_handler
 from ..service.reliable_executor import ReliableExecutor
-from .task_pages import batch_url, change_url, format_duration, pretty_json, row
+from .task_pages import (
+    batch_url,
+    change_url,
+    changelist_url,
+    format_duration,
+    pretty_json,
+    row,
+)
 
 #: A task page lists this many of the task's dependents, then says how many more.
 DEPENDENTS_SHOWN = 100
@@ -115,6 +123,10 @@ def task_detail(executor: ReliableExecutor, task: TaskInfo, site_name: str) -> d
         "flow_control": key_flow_text(task),
         "rate_control": rate_flow_text(task),
         "batch_url": batch_url(task.batch_id, site_name) if task.batch_id else None,
+        # Each tag links to the list of the tasks with it (the search box's "tag:...").
+        "tag_links": [
+            (tag, changelist_url(site_name) + "?" + urlencode({"tag": tag})) for tag in task.tags
+        ],
         "steps": step_timeline(executor, task),
         "waiting": waiting_detail(task, site_name),
     }

@@ -254,6 +254,23 @@ def test_search_by_tag_lists_the_tasks_of_that_tag(service, viewer):
     assert response["Location"] == LIST_URL + "?"
 
 
+def test_a_tasks_page_shows_its_tags_each_linking_to_its_list(service, viewer):
+    service.submit("demo.echo", None, task_id="tagged", tags=["import", "customer:42 & co"])
+    service.submit("demo.echo", None, task_id="plain")
+    page = viewer.get(detail_url("tagged")).content.decode()
+    row = page[page.index('<tr id="re-tags">') :]
+    row = row[: row.index("</tr>")]
+    assert f'<a href="{LIST_URL}?tag=import"><code>import</code></a>' in row
+    assert (
+        f'<a href="{LIST_URL}?tag=customer%3A42+%26+co"><code>customer:42 &amp; co</code></a>'
+        in row
+    )
+    plain = viewer.get(detail_url("plain")).content.decode()
+    assert (
+        '<tr id="re-tags"><th scope="row">Tags</th><td><span class="re-muted">none</span>' in plain
+    )
+
+
 # -- pagination -------------------------------------------------------------------------------
 def test_pages_walk_every_task_once_with_previous_and_next(service, viewer, monkeypatch):
     monkeypatch.setattr(pages, "PAGE_SIZE", 3)
