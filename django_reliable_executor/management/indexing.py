@@ -22,8 +22,9 @@ def add_index_parameters(actions: Any) -> None:
         "SEARCHABLE_PARAMETERS names that a task lacks (tasks stored before the key was "
         "added), and delete those of keys it no longer names. Idempotent: run it again, or "
         "from the last position it printed (--after: a task id on the databases, "
-        "<shard>:<cursor> on Redis), after an interruption. PostgreSQL needs none (its GIN "
-        "index covers every key).",
+        "<shard>:<cursor>:<run id> on Redis, where a cursor holds for that server process "
+        "only: after a restart or failover the shard is walked again from its start), after "
+        "an interruption. PostgreSQL needs none (its GIN index covers every key).",
     )
     action.add_argument(
         "--chunk",
@@ -35,7 +36,7 @@ def add_index_parameters(actions: Any) -> None:
         "--after",
         metavar="POSITION",
         help="start after this position, as the last walk printed it (a task id; on Redis "
-        "<shard>:<cursor>)",
+        "<shard>:<cursor>:<run id>)",
     )
 
 
@@ -63,6 +64,8 @@ class Indexing(BaseCommand):
         try:
             while True:
                 step = index(keys, after, options["chunk"])
+                if step.note:  # Redis: why a shard's walk started again
+                    self.stdout.write(step.note)
                 tasks, written, deleted = (
                     tasks + step.tasks,
                     written + step.written,

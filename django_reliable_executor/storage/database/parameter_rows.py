@@ -105,6 +105,7 @@ class IndexStep:
     written: int
     deleted: int
     last_task_id: str | None
+    note: str | None = None  # (Redis's steps say why a shard's walk started again)
 
 
 class ParameterIndexing(DatabaseAccess):

@@ -66,7 +66,8 @@ class ParameterReindexing(RedisAccess):
             why = (
                 f"names no server process ({after!r}, an older version's position)"
                 if given_by is None
-                else f"was given by Redis process {given_by}, the server is {run_id} now"
+                else f"is Redis process {given_by}'s, the server is process {run_id} now "
+                "(restarted or failed over)"
             )
             note = f"shard {shard}: its cursor {why}: walking shard {shard} again from the start"
             cursor = 0
