@@ -13,6 +13,8 @@ condition then checks only those.
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from typing import Any, cast
 
 from django.db import connections
@@ -26,7 +28,8 @@ COLUMN = '"reliable_executor_task"."parameter"'
 MYSQL_COLUMN = "`reliable_executor_task`.`parameter`"
 # A stored JSON scalar's type as each database names it, by the searched value's Python type.
 MYSQL_TYPES = {str: "'STRING'", bool: "'BOOLEAN'", type(None): "'NULL'"}
-MYSQL_NUMBER = "('INTEGER', 'DOUBLE')"
+# (MySQL names an integer past 2**63 - 1 "UNSIGNED INTEGER"; MariaDB has no such type.)
+MYSQL_NUMBER = "('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE')"
 SQLITE_TYPES = {True: "'true'", False: "'false'", None: "'null'"}
 # MySQL/MariaDB: how many of the newest tasks (of the other filters) a search checks first.
 PROBE = 2000
@@ -65,9 +68,7 @@ def parameter_filter(vendor: str, pairs: Pairs) -> Q:
     """The condition, for ``QuerySet.filter``, that the row's parameter is a JSON object
     holding every (key, value) pair, values compared as JSON values (42 is not "42")."""
     if vendor == "postgresql":
-        # The index's own predicate (migration 0036), so that the planner may use it.
-        sql = f"jsonb_typeof({COLUMN}) = 'object' AND {COLUMN} @> CAST(%s AS jsonb)"
-        params = [pairs_json(pairs)]
+        sql, params = _postgresql(pairs)
     elif vendor == "mysql":
         sql, params = _mysql(pairs)
     else:
@@ -75,18 +76,89 @@ def parameter_filter(vendor: str, pairs: Pairs) -> Q:
     return Q(RawSQL(sql, params, output_field=BooleanField()))
 
 
+def _postgresql(pairs: Pairs) -> tuple[str, list[Any]]:
+    """``parameter @> '{...}'``, with the index's own predicate (migration 0036), so that the
+    planner may use it. jsonb compares numbers as the decimals written, where same_json
+    compares a float by its exact value: 2.0**60 is stored as ``1.152921504606847e+18``
+    (1152921504606847000), which equals 2**60 (1152921504606846976) only as a double. So a
+    whole number that both texts name (a double past 1e16) is searched as either."""
+    parts, params = [f"jsonb_typeof({COLUMN}) = 'object'"], []
+    plain = tuple((key, value) for key, value in pairs if _two_texts(value) is None)
+    if plain:
+        parts.append(f"{COLUMN} @> CAST(%s AS jsonb)")
+        params.append(pairs_json(plain))
+    for key, value in pairs:
+        texts = _two_texts(value)
+        if texts is not None:
+            parts.append(f"({COLUMN} @> CAST(%s AS jsonb) OR {COLUMN} @> CAST(%s AS jsonb))")
+            params += [pairs_json(((key, number),)) for number in texts]
+    return " AND ".join(parts), params
+
+
+def _two_texts(value: Any) -> tuple[int, float] | None:
+    """A whole number as an int and as the double of its value, when it is exactly a double
+    whose JSON text (its repr) names another decimal: None for any other value."""
+    if not _is_number(value) or not (isinstance(value, int) or value.is_integer()):
+        return None
+    try:
+        double = float(value)
+    except OverflowError:  # past the largest double: no double holds it
+        return None
+    if double != value or Decimal(float.__repr__(double)) == int(value):
+        return None
+    return int(value), double
+
+
 def _mysql(pairs: Pairs) -> tuple[str, list[Any]]:
     """JSON_CONTAINS compares a value as JSON (true is not 1, "42" not 42); the types are
     checked too, as it also finds a value inside an array (``{"id": [42]}`` holds 42 to it).
     The candidate is written as the stored text was (core.serialization.dumps: no \\u escapes
-    of non-ASCII), because MariaDB compares strings as written."""
+    of non-ASCII), because MariaDB compares strings as written. A number is then compared
+    exactly (``_mysql_number``): JSON_CONTAINS alone finds near ones."""
     parts = [f"JSON_TYPE({MYSQL_COLUMN}) = 'OBJECT'", f"JSON_CONTAINS({MYSQL_COLUMN}, %s)"]
     params: list[Any] = [pairs_json(pairs)]
     for key, value in pairs:
         kind = _mysql_kind(value)
         parts.append(f"JSON_TYPE(JSON_EXTRACT({MYSQL_COLUMN}, %s)) IN {kind}")
         params.append(json_path(key))
+    for key, value in pairs:
+        if _is_number(value):
+            sql, args = _mysql_number(json_path(key), value)
+            parts.append(sql)
+            params += args
     return " AND ".join(parts), params
+
+
+def _is_number(value: Any) -> bool:
+    """Whether ``value`` is searched for as a JSON number (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _mysql_number(path: str, value: int | float) -> tuple[str, list[Any]]:
+    """The test that the number at ``path`` equals ``value`` exactly, as same_json compares.
+
+    MariaDB's JSON_CONTAINS compares two numbers as doubles within 1e-12 of each other: 2**53
+    finds 2**53 + 1 (a 64-bit id finds its neighbours), 0 finds 1e-13, 42 finds
+    42.0000000000001. So a number written as an integer (its JSON text all digits, whatever
+    its size) is compared by its text, the integer's own digits; one written as a double (a
+    "." or an exponent: not by JSON_TYPE, which calls ``1e-13`` an INTEGER on MariaDB) by its
+    double, when ``value`` is exactly one (no double equals 2**53 + 1). MySQL's JSON prints
+    an integer as its digits and a double with a "." or an exponent too; CAST AS DOUBLE
+    needs MySQL 8.0.17 or MariaDB 10.4."""
+    stored = f"JSON_EXTRACT({MYSQL_COLUMN}, %s)"
+    text = f"CAST({stored} AS CHAR)"
+    arms, params = [], []
+    if isinstance(value, int) or value.is_integer():
+        arms.append(f"{text} = %s")
+        params += [path, int.__repr__(int(value))]
+    try:
+        double = float(value)
+    except OverflowError:  # past the largest double: only an integer can hold it
+        double = None
+    if double is not None and double == value:
+        arms.append(f"({text} REGEXP '[.eE]' AND CAST({stored} AS DOUBLE) = CAST(%s AS DOUBLE))")
+        params += [path, path, float.__repr__(double)]
+    return "(" + " OR ".join(arms) + ")", params
 
 
 def _mysql_kind(value: Any) -> str:
@@ -109,6 +181,8 @@ def _sqlite(pairs: Pairs) -> tuple[str, list[Any]]:
             test, args = _sqlite_test("p.type", "p.atom", value)
             test = f"EXISTS (SELECT 1 FROM json_each({COLUMN}) AS p WHERE p.key = %s AND {test})"
             args = [key, *args]
+        elif _is_number(value) and not -(2**63) <= value < 2**63:
+            test, args = _sqlite_big(f'$."{key}"', int(value))  # (such a float is whole)
         else:
             kind, scalar = f"json_type({COLUMN}, %s)", f"json_extract({COLUMN}, %s)"
             test, args = _sqlite_test(kind, scalar, value)
@@ -119,6 +193,27 @@ def _sqlite(pairs: Pairs) -> tuple[str, list[Any]]:
     return " AND ".join(parts), params
 
 
+def _sqlite_big(path: str, value: int) -> tuple[str, list[Any]]:
+    """The test that the number at ``path`` is ``value``, a whole number past SQLite's 64
+    bits (an int, or a float's value).
+
+    SQLite reads such a JSON integer as a real (2**64 + 1 as 2**64), but keeps its text: the
+    JSON array that json_extract answers for two paths holds it as written. So a stored
+    integer is compared by its digits; a stored real by its value, when ``value`` is exactly
+    a double (no double equals 2**64 + 1)."""
+    digits = int.__repr__(value)
+    test = f"json_type({COLUMN}, %s) = 'integer' AND json_extract({COLUMN}, %s, %s) = %s"
+    args: list[Any] = [path, path, path, f"[{digits},{digits}]"]
+    try:
+        double = float(value)
+    except OverflowError:  # past the largest double: only an integer can hold it
+        double = None
+    if double is not None and double == value:
+        test = f"{test} OR json_type({COLUMN}, %s) = 'real' AND json_extract({COLUMN}, %s) = %s"
+        args += [path, path, double]
+    return f"({test})", args
+
+
 def _sqlite_test(kind: str, scalar: str, value: Any) -> tuple[str, list[Any]]:
     """The test that a value of SQLite JSON type ``kind`` and SQL value ``scalar`` is ``value``."""
     if value is None or isinstance(value, bool):
@@ -126,9 +221,14 @@ def _sqlite_test(kind: str, scalar: str, value: Any) -> tuple[str, list[Any]]:
     if isinstance(value, str):
         return f"{kind} = 'text' AND {scalar} = %s", [value]
     if isinstance(value, int) and not -(2**63) <= value < 2**63:
-        # Past SQLite's 64-bit integers (its driver cannot bind them): SQLite reads such a
-        # JSON number as a real, so it is compared as one.
-        value = float(value)
+        # Past SQLite's 64-bit integers (its driver cannot bind them), under a key only
+        # json_each can name (_sqlite_big needs a path): compared as a real, as SQLite reads
+        # such a JSON number (past the largest double, as infinity), so 2**64 finds 2**64 + 1
+        # there.
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf if value > 0 else -math.inf
     return f"{kind} IN ('integer', 'real') AND {scalar} = %s", [value]
 
 
