@@ -13,7 +13,9 @@ has no server, loses the connection's handle there instead. Redis is a spare ser
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import itertools
 import re
 import threading
 import time
@@ -33,6 +35,7 @@ from django_reliable_executor.service import bulk_actions
 from django_reliable_executor.service.reliable_executor import ReliableExecutor
 from django_reliable_executor.service.reliable_executor import executor as module_executor
 from django_reliable_executor.storage.database.parameter_rows import keeps_rows
+from django_reliable_executor.storage.redis.scripts import source
 from tests.conftest import REDIS_SHARDS, SERVERS, db_params, new_storage, require
 from tests.support.redis_support import index_problems
 
@@ -241,8 +244,15 @@ def test_a_submit_whose_redis_is_killed_stores_each_task_with_its_entries(
     service = ReliableExecutor(storage)
     count = 2000  # four scripts of 500 tasks (submit.lua stores a task and its entries at once)
     ids = task_ids(count)
-    # Killed as the second script is sent: the first is stored, the last ones never run.
-    watcher = kill_on_command(server, lambda command: "EVALSHA" in command and ids[500] in command)
+    # Killed as the second submit script is sent (sharded, after the id reservations): the
+    # first is stored, the last ones never run.
+    submit_sha = hashlib.sha1(source("submit").encode(), usedforsecurity=False).hexdigest()
+    scripts = itertools.count(1)
+
+    def second_submit(command: str) -> bool:
+        return command.startswith(f"EVALSHA {submit_sha}") and next(scripts) == 2
+
+    watcher = kill_on_command(server, second_submit)
     started = time.monotonic()
     with pytest.raises(Exception) as raised:
         service.submit_many(requests(count))
