@@ -80,6 +80,8 @@ class Filters:
             page = max(int(query.get("page", "1")), 1)
         except ValueError:
             page = 1
+        if page > task_pages.MAX_PAGE:  # past any schedule stored: a bad value, as above
+            page = 1
         return cls(state=state if state in STATES else None, page=page)
 
     @property

@@ -25,11 +25,14 @@ from ..core.progress import percent, progress_summary
 from ..core.records import TaskInfo
 from ..core.states import DEAD_LETTER_STATUSES, WAITING_STATUSES, TaskStatus
 from ..registry import all_handlers
+from ..service.listing import MAX_OFFSET
 from ..service.reliable_executor import ReliableExecutor
 from . import parameter_search
 from .operations import can_cancel, can_retry
 
 PAGE_SIZE = 100
+# The last page whose offset list_tasks takes (service/listing.py MAX_OFFSET).
+MAX_PAGE = MAX_OFFSET // PAGE_SIZE + 1
 # The filters a list URL may carry, in the order they appear in it.
 FILTERS = ("status", "queue", "task_name", "origin", "schedule", "batch_id", "tag", "parameter")
 # ``?origin=``: the tasks submitted (schedule runs left out), or only the schedules' runs.
@@ -112,6 +115,8 @@ class Filters:
         try:
             page = max(int(query.get("page", "1")), 1)
         except ValueError:
+            page = 1
+        if page > MAX_PAGE:  # past any task stored: a bad value too, not a storage error
             page = 1
         return cls(
             status=status,

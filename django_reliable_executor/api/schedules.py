@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ..core.numbers import is_int, is_number
 from ..exceptions import InvalidScheduleError, TaskSubmitError, UnknownScheduleError
 from ..schedules.records import ScheduleInfo
+from ..service.listing import MAX_OFFSET
 from ..service.reliable_executor import executor
 from .auth import may
 from .tasks import (
@@ -141,7 +142,7 @@ def _list(request: HttpRequest) -> HttpResponse:
     if unknown:
         raise BadRequest(f"unknown query parameter {unknown[0]!r}", unknown[0])
     limit = query_int(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)
-    offset = query_int(request, "offset", 0, None)
+    offset = query_int(request, "offset", 0, MAX_OFFSET)
     paused_text = query_value(request, "paused")
     paused: bool | None = None
     if paused_text is not None:

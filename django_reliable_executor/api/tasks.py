@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,11 +15,12 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ..core.parameter_filter import cut_short
+from ..core.parameter_filter import checked_parameter, cut_short
 from ..core.records import TaskInfo, TaskSubmitRequest
 from ..core.steps import check_step_name
 from ..core.task_json import task_to_json
 from ..exceptions import StorageUnavailableError, TaskSubmitError, UnknownStepError
+from ..service.listing import MAX_OFFSET
 from ..service.reliable_executor import executor
 from .auth import Denied, authorize, may
 
@@ -168,7 +170,7 @@ def _list(request: HttpRequest) -> HttpResponse:
         raise BadRequest(f"unknown query parameter {unknown[0]!r}", unknown[0])
     value = functools.partial(query_value, request)
     limit = query_int(request, "limit", DEFAULT_LIMIT, MAX_LIMIT)
-    offset = query_int(request, "offset", 0, None)
+    offset = query_int(request, "offset", 0, MAX_OFFSET)
     parameter = query_parameter(request)
     try:
         tasks = executor.list_tasks(
@@ -182,26 +184,46 @@ def _list(request: HttpRequest) -> HttpResponse:
             offset=offset,
         )
     except ValueError as exc:
-        field = next((name for name in LIST_FILTERS if name in str(exc)), None)
-        raise BadRequest(str(exc), field) from None
+        raise BadRequest(str(exc), blamed_filter(str(exc))) from None
     page: dict[str, Any] = {"tasks": [task_to_json(info) for info in tasks]}
     if parameter is not None:  # whether a bounded search stopped early (Redis)
         page["cut_short"] = cut_short(tasks)
     return JsonResponse(page)
 
 
+def blamed_filter(message: str) -> str | None:
+    """The filter a ValueError of list_tasks is about: the one of LIST_FILTERS its message
+    names first, as a word ("unknown status 'tag'" is about status), None when it names none."""
+    named = [
+        (found.start(), name)
+        for name in LIST_FILTERS
+        if (found := re.search(rf"\b{name}\b", message)) is not None
+    ]
+    return min(named)[1] if named else None
+
+
 def query_parameter(request: HttpRequest) -> Any:
-    """``?parameter=``: a JSON object of top-level keys and values (None when absent);
-    list_tasks checks what it holds."""
+    """``?parameter=``: a JSON object of top-level keys and scalar values (None when absent),
+    checked here as list_tasks checks it, so that any problem with it is a 400 naming
+    ``parameter`` (a key named like another filter, "status", makes the message name it too)."""
     text = query_value(request, "parameter")
     if text is None:
         return None
     try:
-        return json.loads(text)
+        parameter = json.loads(text)
     except ValueError as exc:
         raise BadRequest(
             f'parameter must be a JSON object such as {{"customer_id": 42}}: {exc}', "parameter"
         ) from None
+    except RecursionError:
+        raise BadRequest(
+            "parameter is not valid JSON: it is nested too deeply", "parameter"
+        ) from None
+    try:
+        checked_parameter(parameter)
+    except ValueError as exc:
+        raise BadRequest(str(exc), "parameter") from None
+    return parameter
 
 
 def query_value(request: HttpRequest, name: str) -> str | None:
@@ -213,16 +235,19 @@ def query_value(request: HttpRequest, name: str) -> str | None:
 
 
 def query_int(request: HttpRequest, name: str, default: int, maximum: int | None) -> int:
-    """The query parameter ``name`` as a whole number >= 0 (``default`` when absent)."""
+    """The query parameter ``name`` as a whole number from 0 to ``maximum`` (None: no
+    maximum), ``default`` when absent."""
     value = query_value(request, name)
     if value is None:
         return default
     if not value.isascii() or not value.isdigit():
-        raise BadRequest(f"{name} must be a whole number >= 0, got {value!r}", name)
-    number = int(value)
-    if maximum is not None and number > maximum:
-        raise BadRequest(f"{name} must be at most {maximum}, got {number}", name)
-    return number
+        raise BadRequest(f"{name} must be a whole number >= 0, got {value[:100]!r}", name)
+    digits = value.lstrip("0") or "0"
+    # Compared by length first: int() refuses a text of more than 4300 digits (ValueError).
+    if maximum is not None and (len(digits) > len(str(maximum)) or int(digits) > maximum):
+        shown = digits if len(digits) <= 30 else f"a number of {len(digits)} digits"
+        raise BadRequest(f"{name} must be at most {maximum}, got {shown}", name)
+    return int(digits)
 
 
 @api_view("GET", VIEW)

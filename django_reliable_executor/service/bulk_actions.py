@@ -26,6 +26,7 @@ from typing import Any
 from ..core.records import TaskInfo, TaskSubmitRequest
 from ..core.states import TaskStatus
 from ..core.task_count import TaskCount
+from ..core.text import unstorable_char
 from .bulk_walk import ACTIONS, BULK_ACTION, CHUNK, BulkAction, WalkState, walk_chunk
 from .listing import listing_query
 from .reliable_executor import ReliableExecutor
@@ -81,6 +82,34 @@ def checked_filters(executor: ReliableExecutor, filters: Mapping[str, Any]) -> d
     except TypeError as exc:
         raise ValueError(f"bad filter: {exc}") from None
     return checked
+
+
+def _check_storable(checked: Mapping[str, Any]) -> None:
+    """ValueError naming the first filter holding text no storage can hold. Such a filter
+    matches nothing (list_tasks and a walk answer nothing), but a bulk action stores its
+    filters in its own parameter, which could not hold it either: refused here, in the
+    filter's name, rather than by that submit in the name of its parameter."""
+    for name, value in checked.items():
+        problem = _unstorable_in(value)
+        if problem is not None:
+            raise ValueError(
+                f"filter {name} contains {problem}, which no storage can hold: got "
+                f"{repr(value)[:100]}"
+            )
+
+
+def _unstorable_in(value: Any) -> str | None:
+    """The first character no storage can hold in a filter's value (its strings, a
+    parameter's keys and values, the items of a list), described; None when there is none."""
+    if isinstance(value, str):
+        return unstorable_char(value)
+    if isinstance(value, Mapping):
+        items: list[Any] = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        return None
+    return next((p for p in map(_unstorable_in, items) if p is not None), None)
 
 
 def _checked_window(
@@ -166,6 +195,7 @@ def start_bulk_action(
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     since, until = _checked_window(since, until)
     checked = checked_filters(executor, filters)
+    _check_storable(checked)
     bulk = BulkAction(action, checked, since, until, total, chunk)
     what = [action, checked, bulk.to_json()["since"]]
     submitted = executor.submit_many_created(

@@ -16,6 +16,12 @@ from ..core.tags import tag_problem
 from ..core.text import unstorable_char
 from ..storage.checks import task_query
 
+# The largest offset a listing passes to its storage: past any number of tasks stored, and
+# small enough that offset + limit (a limit below 8 * 10**18) stays a signed 64-bit integer,
+# as every storage's LIMIT, OFFSET and range arguments must: a larger offset lists nothing
+# rather than make the storage raise.
+MAX_OFFSET = 10**18
+
 
 def as_status(value: TaskStatus | str) -> TaskStatus:
     try:
@@ -50,7 +56,7 @@ def plausible_filters(
     schedule_id: str | None,
 ) -> bool:
     """Check the other filters (ValueError naming a wrong one); False when no stored task can
-    match them."""
+    match them, or the page starts past MAX_OFFSET."""
     if not is_int(limit) or limit < 0 or not is_int(offset) or offset < 0:
         raise ValueError("limit and offset must be integers >= 0")
     if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
@@ -63,6 +69,8 @@ def plausible_filters(
         raise ValueError("schedule_id lists schedule runs: it cannot go with schedule_runs=False")
     if schedule_id is not None and len(schedule_id) > MAX_SCHEDULE_ID_LENGTH:
         return False  # no schedule has such an id, so no run either
+    if offset > MAX_OFFSET:
+        return False  # no task stands that far down any listing
     texts = (task_name, queue, batch_id, schedule_id)
     # No stored task holds such text (submits refuse it).
     return not any(isinstance(t, str) and unstorable_char(t) for t in texts)

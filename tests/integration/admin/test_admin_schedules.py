@@ -189,6 +189,8 @@ def test_pages_walk_every_schedule_once_without_counting(service, viewer, monkey
     assert "Schedules 4&ndash;4 of 4" in second.content.decode()
     assert listed(viewer.get(LIST_URL + "?page=9")) == []
     assert listed(viewer.get(LIST_URL + "?page=bad")) == IDS[:3]
+    # Past any offset a storage takes (a 64-bit LIMIT): a bad value too, never a 500.
+    assert listed(viewer.get(LIST_URL + "?page=" + "9" * 20)) == IDS[:3]
     # A filter is kept from page to page.
     monkeypatch.setattr(schedule_pages, "PAGE_SIZE", 2)
     active = viewer.get(LIST_URL + "?state=active")
