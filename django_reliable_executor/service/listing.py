@@ -59,6 +59,8 @@ def plausible_filters(
     match them, or the page starts past MAX_OFFSET."""
     if not is_int(limit) or limit < 0 or not is_int(offset) or offset < 0:
         raise ValueError("limit and offset must be integers >= 0")
+    if limit > MAX_OFFSET:  # offset + limit must stay a signed 64-bit integer (see above)
+        raise ValueError(f"limit must be at most 10**18, got {limit}")
     if batch_id is not None and (not isinstance(batch_id, str) or not batch_id):
         raise ValueError("batch_id must be a non-empty string")
     if schedule_runs is not None and not isinstance(schedule_runs, bool):

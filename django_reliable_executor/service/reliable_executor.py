@@ -209,7 +209,8 @@ class ReliableExecutor(TaskInterventions, LiveStacks):
         (``statuses=FAILURE_STATUSES``: FAILED, TIMEOUT and ERROR); give it or ``status``, not
         both. ``schedule_runs=False`` leaves out the tasks schedules fired (their ids are
         ``<schedule id>@<planned time>``), ``True`` lists only them; ``schedule_id`` lists
-        the runs of one schedule."""
+        the runs of one schedule. ``limit`` is at most 10**18 (ValueError past it); an
+        ``offset`` past 10**18 lists nothing."""
         checked, chosen = checked_statuses(status, statuses)
         pairs = checked_parameter(parameter)
         if not plausible_filters(

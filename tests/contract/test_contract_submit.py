@@ -457,6 +457,12 @@ def test_list_tasks_rejects_bad_arguments(executor):
         executor.list_tasks(limit=-1)
     with pytest.raises(ValueError, match="offset"):
         executor.list_tasks(offset=-1)
+    # Past a signed 64-bit LIMIT once added to the offset: refused, not sent to the storage.
+    with pytest.raises(
+        ValueError, match=r"limit must be at most 10\*\*18, got 9223372036854775808"
+    ):
+        executor.list_tasks(limit=2**63)
+    assert executor.list_tasks(offset=2**63, limit=10**18) == []  # past any task: nothing
 
 
 def test_count_by_status_lists_every_status(executor, clock):
