@@ -132,6 +132,14 @@ class Filters:
         )
 
     @property
+    def may_cancel(self) -> bool:
+        """Whether the filtered tasks may include some a cancel changes (waiting or running):
+        the list offers "Cancel all matching" only then (not over dead letters, say)."""
+        if self.dead_letters:
+            return False
+        return self.status is None or self.status in WAITING_STATUSES | {TaskStatus.RUNNING}
+
+    @property
     def active(self) -> bool:
         values = (
             self.status_param,

@@ -398,3 +398,21 @@ def test_times_labelled_utc_are_shown_in_utc_whatever_the_time_zone(sqlite_servi
     assert 'name="since" value="2026-01-01T08:00:00+00:00"' in text
     counted = page.context["counted_at"].astimezone(dt.UTC)
     assert f"Counted at {counted:%Y-%m-%d %H:%M:%S} UTC" in text
+
+
+def test_the_list_offers_cancel_all_only_where_a_cancel_can_change_a_task(sqlite_service, operator):
+    sqlite_service.submit("demo.echo", None, task_id="waiting")
+    offered = {
+        query: 'id="re-bulk-cancel"' in operator.get(LIST_URL, {"status": query}).content.decode()
+        for query in ("dead", "FAILED", "COMPLETED", "CANCELLED", "PENDING", "RUNNING")
+    }
+    assert offered == {
+        "dead": False,
+        "FAILED": False,
+        "COMPLETED": False,
+        "CANCELLED": False,
+        "PENDING": True,
+        "RUNNING": True,
+    }
+    by_queue = operator.get(LIST_URL, {"queue": "default"}).content.decode()
+    assert 'id="re-bulk-cancel"' in by_queue and 'id="re-bulk-retry"' in by_queue
