@@ -33,11 +33,15 @@ def fail_all(storage, queue: str, n: int) -> None:
 @pytest.fixture
 def mixed(storage, clock):
     """120 failed tasks of demo.echo in queue a, 60 of demo.noop in a, 40 of demo.echo in b,
-    submitted interleaved (the name's tasks are spread through the done index)."""
+    submitted interleaved (the name's tasks are spread through the done index); the odd
+    demo.echo tasks of a are tagged "odd"."""
     service = ReliableExecutor(storage, clock=clock)
     requests = []
     for i in range(120):
-        requests.append(TaskSubmitRequest("demo.echo", None, task_id=f"e-{i:03d}", queue="a"))
+        tags = ["odd"] if i % 2 else []
+        requests.append(
+            TaskSubmitRequest("demo.echo", None, task_id=f"e-{i:03d}", queue="a", tags=tags)
+        )
         if i % 2:
             requests.append(TaskSubmitRequest("demo.noop", None, task_id=f"n-{i:03d}", queue="a"))
         if i % 3 == 0:
@@ -59,6 +63,11 @@ def test_a_count_past_the_clients_bound_is_exact(mixed, monkeypatch):
     assert count(mixed, {"task_name": "demo.noop", "status": "FAILED"}, cap=1000) == TaskCount(60)
     assert count(mixed, {**echo, "status": "COMPLETED"}, cap=1000) == TaskCount(0)
     assert count(mixed, echo, cap=100) == TaskCount(100, complete=False)  # the cap still holds
+    # A tag's set, checked on the server too (its 60 tasks among 220).
+    assert count(mixed, {"tag": "odd"}, cap=1000) == TaskCount(60, complete=True)
+    assert count(mixed, {"tag": "odd", "task_name": "demo.noop"}, cap=1000) == TaskCount(0)
+    page = mixed.list_tasks(tag="odd", status="FAILED", queue="a", limit=4)
+    assert [t.task_id for t in page] == ["e-119", "e-117", "e-115", "e-113"]
 
 
 def test_the_servers_bound_stops_a_count_and_says_so(mixed, monkeypatch):

@@ -207,6 +207,9 @@ class Listing(RedisAccess):
         key = self.prefixes[shard] + "tag:" + cast(str, query.tag)
         wanted = TaskStatus if query.statuses is None else query.statuses
         accept = {s.value for s in wanted}
+        if query.parameter is None and query.batch_id is None and not query.by_origin:
+            # Every task of the set has the tag: the server checks the rest.
+            return self._newest_on_server(key, accept, query, shard, scan)
         return self._newest_of(key, accept, query, shard, exact=False, scan=scan)
 
     def _indexed_rows(self, query: TaskQuery, shard: int) -> builtins.list[Row]:
@@ -283,9 +286,10 @@ class Listing(RedisAccess):
     def _newest_on_server(
         self, key: str, accept: set[str], query: TaskQuery, shard: int, scan: Scan
     ) -> builtins.list[Row]:
-        """``_newest_of`` for a query filtered only by status, name and queue: the server checks
-        each entry's task (lua/index_match.lua), SERVER_CHUNK entries a call, so a count reads
-        up to SERVER_SCAN_LIMIT of them where the client would stop at COUNT_SCAN_LIMIT."""
+        """``_newest_of`` for a query filtered only by status, name and queue (or a tag, read
+        from the tag's own set): the server checks each entry's task (lua/index_match.lua),
+        SERVER_CHUNK entries a call, so a count reads up to SERVER_SCAN_LIMIT of them where the
+        client would stop at COUNT_SCAN_LIMIT."""
         name = "" if query.task_name is None else "=" + query.task_name
         queue = "" if query.queue is None else "=" + query.queue
         rows: builtins.list[Row] = []

@@ -1,5 +1,5 @@
 -- index_match: a listing's or a count's read of an index scored by creation time (a finished
--- status's done:<STATUS>), newest first, its tasks' status, name and queue checked here on
+-- status's done:<STATUS>, a tag's tag:<tag>), newest first, its tasks' status, name and queue checked here on
 -- the server (storage/redis/listing.py): in the client each entry costs a task's fields read
 -- and parsed, about 0.1 ms; here a few microseconds, so a count of dead letters of one name
 -- reads its whole index instead of stopping at "at least".
