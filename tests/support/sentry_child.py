@@ -13,8 +13,11 @@ def main(submits: list[dict]) -> None:
     import django
 
     django.setup()
+    import logging
+
     import sentry_sdk
     from sentry_sdk.integrations.django import DjangoIntegration
+    from sentry_sdk.integrations.logging import LoggingIntegration
     from sentry_sdk.transport import Transport
 
     class KeptEvents(Transport):
@@ -28,8 +31,12 @@ def main(submits: list[dict]) -> None:
                     self.events.append(item.payload.json)
 
     transport = KeptEvents()
+    # As docs/logs.md tells: ERROR lines as events (sentry-sdk 2's default; 3 makes none).
+    logged = LoggingIntegration(event_level=logging.ERROR)
     sentry_sdk.init(
-        dsn="https://key@sentry.invalid/1", transport=transport, integrations=[DjangoIntegration()]
+        dsn="https://key@sentry.invalid/1",
+        transport=transport,
+        integrations=[DjangoIntegration(), logged],
     )
     from django_reliable_executor import executor
     from django_reliable_executor.worker.worker import Worker, WorkerOptions
