@@ -4,6 +4,7 @@ barrier file, submit, print the task id as JSON. Imports nothing of Django's bef
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,9 @@ def _race(folder: Path, number: str, submit: dict) -> None:
     if hold is None:
         info = executor.submit(**submit)
     else:
-        with transaction.atomic():
+        # The storage's own database (RE_DATABASE, as the settings read it): an atomic() on
+        # "default" would leave a MariaDB or PostgreSQL submit outside any transaction.
+        with transaction.atomic(using=os.environ.get("RE_DATABASE", "default")):
             info = executor.submit(**submit)
             time.sleep(hold)
     print(json.dumps({"task_id": info.task_id}))
