@@ -27,7 +27,16 @@ from ..core.records import TaskInfo, TaskSubmitRequest
 from ..core.states import TaskStatus
 from ..core.task_count import TaskCount
 from ..core.text import unstorable_char
-from .bulk_walk import ACTIONS, BULK_ACTION, CHUNK, BulkAction, WalkState, walk_chunk
+from .bulk_walk import (
+    ACTIONS,
+    BULK_ACTION,
+    CHUNK,
+    BulkAction,
+    ChunkPlan,
+    WalkState,
+    act_chunk,
+    plan_chunk,
+)
 from .listing import listing_query
 from .reliable_executor import ReliableExecutor
 
@@ -234,27 +243,45 @@ def _digest(value: Any) -> str:
 
 
 def run_bulk_action(executor: ReliableExecutor, parameter: Any, context: Any) -> dict[str, Any]:
-    """The handler's work: walk the filter a chunk at a time, each chunk a durable step
-    ("chunk-1", "chunk-2", ...), reporting its progress as it goes; returns what it did
-    (``result_of``). Raises BulkActionStopped when its cancel is requested."""
+    """The handler's work: walk the filter a chunk at a time, each chunk two durable steps:
+    the tasks it will act on ("plan-1", ...), then what acting on them left ("chunk-1", ...),
+    reporting its progress as it goes; returns what it did (``result_of``). Raises
+    BulkActionStopped when its cancel is requested."""
     bulk = BulkAction.from_json(parameter)
     state = WalkState()
     report = _reporter(bulk, context.set_progress)
     number = 0
     while not state.done:
-        if context.is_cancelled():
+        if _stop_requested(executor, context):
             raise BulkActionStopped(f"stopped by request: {state.summary(bulk.action)}")
         number += 1
         current = state.to_json()
+        # The plan is stored before any task is acted on: a walk resumed after its worker was
+        # lost mid-chunk acts again on the same tasks rather than listing past the ones it
+        # had already changed (a retried dead letter has left a "dead letters" filter).
+        plan = context.step(
+            f"plan-{number}",
+            lambda current=current: plan_chunk(
+                executor, bulk, WalkState.from_json(current)
+            ).to_json(),
+        )
         stored = context.step(
             f"chunk-{number}",
-            lambda current=current: walk_chunk(
-                executor, bulk, WalkState.from_json(current), report
+            lambda current=current, plan=plan: act_chunk(
+                executor, bulk, WalkState.from_json(current), ChunkPlan.from_json(plan), report
             ).to_json(),
         )
         state = WalkState.from_json(stored)
         report(state)
     return result_of(bulk, state)
+
+
+def _stop_requested(executor: ReliableExecutor, context: Any) -> bool:
+    """Whether the walk is to stop before its next chunk: read from the storage each time, not
+    through ``context.is_cancelled`` (which reads it at most once a second, long enough for
+    a fast walk to finish after its Stop was pressed: "Stop after the current chunk")."""
+    task = executor.get_task(context.task_id)
+    return task is None or task.cancel_requested or context.is_cancelled()
 
 
 def _reporter(bulk: BulkAction, set_progress: Callable[..., None]) -> Callable[[WalkState], None]:

@@ -119,10 +119,10 @@ class WalkState:
             return False
         return task.created_at > self.cursor_at or task.task_id in self.cursor_ids
 
-    def moved_past(self, task: TaskInfo) -> None:
-        if task.created_at != self.cursor_at:
-            self.cursor_at, self.cursor_ids = task.created_at, []
-        self.cursor_ids.append(task.task_id)
+    def move_past(self, task_id: str, created_at: dt.datetime) -> None:
+        if created_at != self.cursor_at:
+            self.cursor_at, self.cursor_ids = created_at, []
+        self.cursor_ids.append(task_id)
 
     def skip(self, reason: str) -> None:
         if reason not in self.skipped and len(self.skipped) >= MAX_REASONS:
@@ -146,41 +146,79 @@ class WalkState:
 Report = Callable[[WalkState], object]
 
 
-def walk_chunk(
-    executor: ReliableExecutor, bulk: BulkAction, state: WalkState, report: Report
-) -> WalkState:
-    """Act on up to ``bulk.chunk`` tasks not handled yet, from where ``state`` stands."""
-    acted = 0
+@dataclasses.dataclass
+class ChunkPlan:
+    """The tasks one chunk acts on, chosen and stored (a durable step) before it acts on any:
+    a walk resumed after its worker was lost mid-chunk acts again on exactly these, skipping
+    those already changed (*PENDING cannot be retried*), where a new listing would miss them:
+    a retried dead letter has left a "dead letters" filter."""
+
+    start: int  # the offset the page was read from
+    taken: list[tuple[str, str, str]]  # the page's head: (task id, created_at, status listed)
+    new: list[str]  # the ids among them not handled yet: the ones acted on
+    ended: bool  # the walk ends with this chunk
+    cut_short: bool  # the page's parameter search stopped at its storage's bound
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> ChunkPlan:
+        taken = [(t[0], t[1], t[2]) for t in value["taken"]]
+        return cls(**{**value, "taken": taken})
+
+
+def plan_chunk(executor: ReliableExecutor, bulk: BulkAction, state: WalkState) -> ChunkPlan:
+    """Read the page of up to ``bulk.chunk`` tasks not handled yet, from where ``state``
+    stands (stepping back when tasks before its offset left the filter)."""
     read = bulk.chunk
-    wanted = bulk.statuses
-    while acted < bulk.chunk and not state.done:
-        start = max(state.offset - 1, 0)  # one handled task first, to tell nothing shifted
+    offset = state.offset
+    while True:
+        start = max(offset - 1, 0)  # one handled task first, to tell nothing shifted
         page = executor.list_tasks(**bulk.filters, limit=read + 1, offset=start)
-        state.cut_short = state.cut_short or cut_short(page)
-        if state.offset > 0 and (not page or not state.handled(page[0], bulk.until)):
+        if offset > 0 and (not page or not state.handled(page[0], bulk.until)):
             # Tasks before the offset left the filter: step back so that none is skipped.
-            state.offset = max(start - read, 0)
+            offset = max(start - read, 0)
             continue
-        taken, ended = _taken(page, bulk, state, bulk.chunk - acted)
-        new = [task for task in taken if not state.handled(task, bulk.until)]
-        now = _act(executor, bulk.action, new, state, bulk.until)
-        for task in new:
-            state.moved_past(task)
-        state.examined += len(new)
-        acted += len(new)
-        # What the page read still holds of the filter: where the next page starts.
-        kept = [now.get(task.task_id, frozenset({task.status})) for task in taken]
-        state.offset = start + sum(wanted is None or bool(statuses & wanted) for statuses in kept)
-        state.done = ended
-        report(state)
+        taken, ended = _taken(page, bulk, state, bulk.chunk)
+        return ChunkPlan(
+            start=start,
+            taken=[(t.task_id, t.created_at.isoformat(), t.status.value) for t in taken],
+            new=[t.task_id for t in taken if not state.handled(t, bulk.until)],
+            ended=ended,
+            cut_short=cut_short(page),
+        )
+
+
+def act_chunk(
+    executor: ReliableExecutor, bulk: BulkAction, state: WalkState, plan: ChunkPlan, report: Report
+) -> WalkState:
+    """Act on the tasks ``plan`` chose, as they are now (read again: some may have been
+    changed by this very chunk before its worker was lost, or by anyone since)."""
+    fresh = executor.storage.get_many(plan.new)
+    gone = [task_id for task_id in plan.new if task_id not in fresh]
+    for _ in gone:
+        state.skip("purged meanwhile")
+    now = _act(executor, bulk.action, [fresh[i] for i in plan.new if i in fresh], state, bulk.until)
+    created = {task_id: dt.datetime.fromisoformat(at) for task_id, at, _ in plan.taken}
+    for task_id in plan.new:
+        state.move_past(task_id, created[task_id])
+    state.examined += len(plan.new)
+    # What the page read still holds of the filter: where the next page starts.
+    wanted = bulk.statuses
+    kept = [now.get(task_id, frozenset({TaskStatus(status)})) for task_id, _, status in plan.taken]
+    state.offset = plan.start + sum(wanted is None or bool(s & wanted) for s in kept)
+    state.done = plan.ended
+    state.cut_short = state.cut_short or plan.cut_short
+    report(state)
     return state
 
 
 def _taken(
     page: list[TaskInfo], bulk: BulkAction, state: WalkState, budget: int
 ) -> tuple[list[TaskInfo], bool]:
-    """The head of ``page`` this round goes through (up to ``budget`` tasks not handled
-    yet, and the handled ones among them), and whether the walk ends with it."""
+    """The head of ``page`` a chunk goes through (up to ``budget`` tasks not handled yet,
+    and the handled ones among them), and whether the walk ends with it."""
     taken: list[TaskInfo] = []
     for task in page:
         if bulk.since is not None and task.created_at < bulk.since:
@@ -270,3 +308,10 @@ def _reason_kind(reason: str) -> str:
     if reason.startswith("its dependency "):
         return "a dependency ended otherwise than COMPLETED"
     return reason
+
+
+def walk_chunk(
+    executor: ReliableExecutor, bulk: BulkAction, state: WalkState, report: Report
+) -> WalkState:
+    """One chunk in one go, plan and act (the bulk action's handler stores each apart)."""
+    return act_chunk(executor, bulk, state, plan_chunk(executor, bulk, state), report)

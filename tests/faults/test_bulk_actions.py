@@ -24,7 +24,8 @@ from tests.conftest import BACKENDS, db_params, require
 from tests.support.processes import FAST, LEASE, Backend, service_for, wait_until
 
 TASKS = 1000
-CHUNK = 20  # tasks per durable step: 50 steps, so that a kill or a stop lands half way
+CHUNK = 20  # tasks per chunk (a plan and an act, two durable steps): 50 chunks, so that a
+# kill or a stop lands half way
 OPS = "ops"  # the bulk actions' queue: the only one the workers serve
 FAILING = "demo.always_fails"
 # A walk whose worker was lost is retried after this (the app's own, RETRY_INTERVAL_MS, is
@@ -106,9 +107,10 @@ def test_a_walk_whose_worker_is_killed_is_finished_by_another_each_task_retried_
     dead = {"statuses": sorted(s.value for s in DEAD_LETTER_STATUSES), "task_name": FAILING}
     task_id = start(service, "retry", dead)
 
-    # The one that runs the walk is killed once it has stored a few chunks, before the end.
+    # The one that runs the walk is killed once it has stored a few chunks and the plan of
+    # the next (an odd number of steps), most likely while it acts on that plan.
     wait_until(
-        lambda: len(service.get_task(task_id).steps) >= 3,
+        lambda: len(service.get_task(task_id).steps) >= 5,
         30,
         "the walk stored no chunk",
         interval=0.01,
@@ -118,7 +120,7 @@ def test_a_walk_whose_worker_is_killed_is_finished_by_another_each_task_retried_
     assert victim is not None
     faults.kill(victim)
     stored = len(service.get_task(task_id).steps)
-    assert stored * CHUNK < TASKS, "the walk ended before the kill"
+    assert stored // 2 * CHUNK < TASKS, "the walk ended before the kill"
     (second,) = [process for process in both if process is not victim]
     done = wait_until(
         lambda: (t := service.get_task(task_id)).status.is_terminal and t,
@@ -130,7 +132,8 @@ def test_a_walk_whose_worker_is_killed_is_finished_by_another_each_task_retried_
     assert done.attempts == 2 and done.worker_id == second.worker_id
     # Resumed from its stored chunks (returned as stored, not walked again), then on to the end.
     assert len(done.steps) > stored
-    assert [s.name for s in done.steps[:stored]] == [f"chunk-{n}" for n in range(1, stored + 1)]
+    names = [f"{kind}-{n}" for n in range(1, stored // 2 + 2) for kind in ("plan", "chunk")]
+    assert [s.name for s in done.steps[:stored]] == names[:stored]
     # Every task retried, once: none left a dead letter, none run again (attempts as they
     # were); the chunk the kill cut short was walked again, its retried tasks skipped then.
     tasks = service.storage.get_many(ids)

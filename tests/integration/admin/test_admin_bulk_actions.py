@@ -20,6 +20,8 @@ from django_reliable_executor.service.bulk_walk import (
     BULK_ACTION,
     BulkAction,
     WalkState,
+    act_chunk,
+    plan_chunk,
     walk_chunk,
 )
 from django_reliable_executor.testing import run_tasks
@@ -103,7 +105,9 @@ def test_a_retry_submitted_twice_retries_each_dead_letter_once(service):
         "cut_short": False,
     }
     assert done.progress["current"] == 100 and done.progress["total"] == 100
-    assert [s.name for s in done.steps] == [f"chunk-{n}" for n in range(1, 4)]  # 40 a chunk
+    assert [s.name for s in done.steps] == [  # 40 a chunk, each planned then acted on
+        f"{kind}-{n}" for n in range(1, 4) for kind in ("plan", "chunk")
+    ]
     assert statuses(service, ids) == {"PENDING": 100}
     assert statuses(service, others) == {"FAILED": 5}
 
@@ -259,6 +263,30 @@ def test_the_walk_acts_once_on_each_task_while_the_list_shifts_under_it(service)
     assert state.skipped == {"COMPLETED cannot be retried": 40}
     assert reports[-1] == 80
     assert statuses(service, dead) == {"PENDING": 20, "FAILED": 20}  # each retried once
+
+
+def test_a_chunk_whose_checkpoint_was_lost_is_acted_on_again_from_its_stored_plan(service):
+    """The walk's worker dies after a chunk's retries but before its checkpoint. The retried
+    tasks have left the dead-letters filter, so a new listing would never meet them again:
+    the chunk acts again on its stored plan, finds them retried and skips them, and the walk
+    ends having examined every task it counted (docs/admin.md: the chunk under way is walked
+    again)."""
+    dead = failed(service, 30, "plan-")
+    until = service.clock.now()
+    bulk = BulkAction("retry", {**DEAD, "queue": "in"}, None, until, 30, chunk=20)
+    stored = WalkState()  # the last checkpoint: before the chunk
+    plan = plan_chunk(service, bulk, stored)  # stored as the chunk's first step
+    assert len(plan.new) == 20
+    lost = act_chunk(service, bulk, WalkState.from_json(stored.to_json()), plan, lambda s: None)
+    assert lost.changed == 20  # and then the worker died: this state was never stored
+    state = act_chunk(service, bulk, WalkState.from_json(stored.to_json()), plan, lambda s: None)
+    while not state.done:
+        state = walk_chunk(service, bulk, state, lambda s: None)
+    assert (state.examined, state.changed) == (30, 10), state
+    assert state.skipped == {"PENDING cannot be retried": 20}
+    assert statuses(service, dead) == {"PENDING": 30}
+    attempts = {task.attempts for task in service.storage.get_many(dead).values()}
+    assert attempts == {1}  # each retried once: none ran again
 
 
 def test_a_chunk_walked_again_after_a_lost_worker_retries_nothing_twice(service):
